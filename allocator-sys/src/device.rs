@@ -1,0 +1,342 @@
+//! The device contract: everything cudalloc asks of a GPU driver.
+//!
+//! The caching allocator never calls the driver directly; it calls a [`Device`]. Two
+//! implementations exist: [`crate::CudaDevice`] (the CUDA driver through cudarc) and
+//! [`crate::SimDevice`] (host only, deterministic). Wrappers in [`crate::wrap`] add behaviour for
+//! tests and debugging (a byte limit, failing calls, call counting) around any device.
+//!
+//! # Addresses and sizes
+//!
+//! - Addresses are device virtual addresses as `u64` ([`DevicePtr`]); `0` is never a valid result.
+//! - [`Device::malloc`] returns memory aligned to at least [`MALLOC_ALIGNMENT`] (256 B, CUDA's
+//!   guarantee). A zero-size request is an [`DeviceError::InvalidArgument`]: the allocator never
+//!   asks the device for zero bytes (it rounds every request up to at least 512 B first).
+//! - Virtual memory works in multiples of [`Device::granularity`] (2 MiB on the H200). `reserve`,
+//!   `create_page`, `map`, `unmap` and `set_access` take sizes and addresses that are multiples of
+//!   it; anything else is [`DeviceError::InvalidArgument`].
+//! - A reserved range holds no memory until a physical page is created and mapped into it, and is
+//!   not readable or writable until `set_access` was called on the mapped range.
+//!
+//! # Calls and their pairs
+//!
+//! | acquire | release | precondition of the release |
+//! | --- | --- | --- |
+//! | `malloc(size) -> ptr` | `free(ptr, size)` | `ptr` came from `malloc` with that `size` |
+//! | `reserve(size) -> va` | `unreserve(va, size)` | nothing is mapped inside it any more |
+//! | `create_page(size) -> page` | `release_page(page)` | the page is not mapped anywhere |
+//! | `map(va, size, page)` | `unmap(va, size)` | `va..va+size` is exactly one mapped page's range |
+//! | `create_event() -> ev` | `destroy_event(ev)` | none |
+//!
+//! Releasing something that was not acquired, or releasing it twice, is
+//! [`DeviceError::InvalidArgument`], never undefined behaviour.
+//!
+//! # Errors
+//!
+//! - [`DeviceError::OutOfMemory`] means *only* that the device could not supply the memory asked
+//!   for (`malloc`, `create_page`, and `reserve` when the address space is exhausted). The caller
+//!   may free cached memory and retry. Nothing was acquired.
+//! - [`DeviceError::Driver`] is any other failure reported by the driver (the call name and the
+//!   driver's code and message are kept). Nothing was acquired.
+//! - [`DeviceError::Unavailable`] means there is no driver at all (no `libcuda`, no GPU). Every
+//!   call of a [`crate::CudaDevice`] on such a machine returns it; none panics.
+//! - [`DeviceError::InvalidArgument`] is a caller bug caught at the boundary (misaligned size,
+//!   unknown handle, double release).
+//!
+//! A failed call leaves the device exactly as it was before the call.
+//!
+//! # Streams and events
+//!
+//! A [`StreamId`] is the raw `CUstream` handle as a number (`0` is the legacy default stream). The
+//! device does not own streams; it records events on them. `query_event` returns `true` once all
+//! work submitted to the stream before `record_event` has completed. An event may be recorded
+//! again after it completed; the allocator pools events rather than creating one per free.
+//!
+//! # Threads
+//!
+//! Every method takes `&self`; implementations are `Send + Sync` and may be called from any thread.
+
+use std::fmt;
+
+/// A device virtual address.
+pub type DevicePtr = u64;
+
+/// Alignment of every [`Device::malloc`] result, in bytes.
+pub const MALLOC_ALIGNMENT: u64 = 256;
+
+/// A CUDA stream, as the raw handle value (`0` is the legacy default stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The legacy default stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {:#x}", self.0)
+    }
+}
+
+/// A physical memory page created by [`Device::create_page`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PageHandle(pub u64);
+
+/// An event created by [`Device::create_event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventHandle(pub u64);
+
+/// Why a device call failed. See the module documentation for what each kind promises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceError {
+    /// The device could not supply `requested` bytes.
+    OutOfMemory {
+        /// The call that ran out of memory.
+        call: &'static str,
+        /// Bytes asked for.
+        requested: u64,
+    },
+    /// The driver reported an error other than out-of-memory.
+    Driver {
+        /// The driver entry point.
+        call: &'static str,
+        /// The driver's error code (a `CUresult` value on CUDA, 999 for an injected fault).
+        code: i32,
+        /// The driver's message.
+        message: String,
+    },
+    /// No driver is present (no `libcuda`, no GPU): the message says what was missing.
+    Unavailable(String),
+    /// The caller broke the contract (misaligned size, unknown handle, double release).
+    InvalidArgument {
+        /// The call that rejected its arguments.
+        call: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl DeviceError {
+    /// True for [`DeviceError::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. })
+    }
+
+    /// Shorthand for an [`DeviceError::InvalidArgument`].
+    pub fn invalid(call: &'static str, message: impl Into<String>) -> Self {
+        DeviceError::InvalidArgument {
+            call,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::OutOfMemory { call, requested } => {
+                write!(f, "{call}: out of device memory ({requested} bytes requested)")
+            }
+            DeviceError::Driver {
+                call,
+                code,
+                message,
+            } => write!(f, "{call}: driver error {code}: {message}"),
+            DeviceError::Unavailable(why) => write!(f, "no CUDA device available: {why}"),
+            DeviceError::InvalidArgument { call, message } => {
+                write!(f, "{call}: invalid argument: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// Result of a device call.
+pub type DeviceResult<T> = Result<T, DeviceError>;
+
+/// The kinds of device call, for counters and fault injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Call {
+    /// [`Device::malloc`]
+    Malloc,
+    /// [`Device::free`]
+    Free,
+    /// [`Device::reserve`]
+    Reserve,
+    /// [`Device::unreserve`]
+    Unreserve,
+    /// [`Device::create_page`]
+    CreatePage,
+    /// [`Device::release_page`]
+    ReleasePage,
+    /// [`Device::map`]
+    Map,
+    /// [`Device::unmap`]
+    Unmap,
+    /// [`Device::set_access`]
+    SetAccess,
+    /// [`Device::create_event`]
+    CreateEvent,
+    /// [`Device::destroy_event`]
+    DestroyEvent,
+    /// [`Device::record_event`]
+    RecordEvent,
+    /// [`Device::query_event`]
+    QueryEvent,
+    /// [`Device::synchronize_event`]
+    SynchronizeEvent,
+    /// [`Device::mem_info`]
+    MemInfo,
+}
+
+impl Call {
+    /// Every kind of call, in declaration order.
+    pub const ALL: [Call; 15] = [
+        Call::Malloc,
+        Call::Free,
+        Call::Reserve,
+        Call::Unreserve,
+        Call::CreatePage,
+        Call::ReleasePage,
+        Call::Map,
+        Call::Unmap,
+        Call::SetAccess,
+        Call::CreateEvent,
+        Call::DestroyEvent,
+        Call::RecordEvent,
+        Call::QueryEvent,
+        Call::SynchronizeEvent,
+        Call::MemInfo,
+    ];
+
+    /// Index into [`Call::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The call's name as the contract spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::Malloc => "malloc",
+            Call::Free => "free",
+            Call::Reserve => "reserve",
+            Call::Unreserve => "unreserve",
+            Call::CreatePage => "create_page",
+            Call::ReleasePage => "release_page",
+            Call::Map => "map",
+            Call::Unmap => "unmap",
+            Call::SetAccess => "set_access",
+            Call::CreateEvent => "create_event",
+            Call::DestroyEvent => "destroy_event",
+            Call::RecordEvent => "record_event",
+            Call::QueryEvent => "query_event",
+            Call::SynchronizeEvent => "synchronize_event",
+            Call::MemInfo => "mem_info",
+        }
+    }
+
+    /// True for calls that release something; wrappers never inject faults into these, so that
+    /// cleanup paths stay testable (a real driver does not fail a free of valid memory).
+    pub fn is_release(self) -> bool {
+        matches!(
+            self,
+            Call::Free | Call::Unreserve | Call::ReleasePage | Call::Unmap | Call::DestroyEvent
+        )
+    }
+}
+
+/// A GPU as the allocator sees it. The module documentation is the contract.
+pub trait Device: Send + Sync {
+    /// The device ordinal (0 for the first GPU).
+    fn ordinal(&self) -> usize;
+
+    /// Allocates `size` bytes of device memory, aligned to [`MALLOC_ALIGNMENT`].
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr>;
+    /// Frees memory from [`Device::malloc`]; `size` is the size it was allocated with.
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()>;
+    /// Free and total device memory in bytes.
+    fn mem_info(&self) -> DeviceResult<(u64, u64)>;
+
+    /// The virtual-memory page granularity in bytes (a power of two).
+    fn granularity(&self) -> DeviceResult<u64>;
+    /// Reserves `size` bytes of virtual address space (a multiple of the granularity).
+    fn reserve(&self, size: u64) -> DeviceResult<DevicePtr>;
+    /// Frees a reservation; nothing may be mapped inside it.
+    fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()>;
+    /// Creates one physical page of `size` bytes (a multiple of the granularity).
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle>;
+    /// Releases a physical page that is not mapped.
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
+    /// Maps `page` (of exactly `size` bytes) at `va` inside a reservation.
+    fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()>;
+    /// Unmaps the page mapped at exactly `va..va + size`.
+    fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()>;
+    /// Makes a mapped range readable and writable from this device (and from `peers`).
+    fn set_access(&self, va: DevicePtr, size: u64, peers: &[usize]) -> DeviceResult<()>;
+
+    /// Creates an event.
+    fn create_event(&self) -> DeviceResult<EventHandle>;
+    /// Destroys an event.
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()>;
+    /// Records `event` on `stream`: it completes once the stream's earlier work has.
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()>;
+    /// True once the work before the last `record_event` has completed.
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;
+    /// Blocks until the event has completed.
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()>;
+}
+
+impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
+    fn ordinal(&self) -> usize {
+        (**self).ordinal()
+    }
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        (**self).malloc(size)
+    }
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        (**self).free(ptr, size)
+    }
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        (**self).mem_info()
+    }
+    fn granularity(&self) -> DeviceResult<u64> {
+        (**self).granularity()
+    }
+    fn reserve(&self, size: u64) -> DeviceResult<DevicePtr> {
+        (**self).reserve(size)
+    }
+    fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        (**self).unreserve(va, size)
+    }
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        (**self).create_page(size)
+    }
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        (**self).release_page(page)
+    }
+    fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        (**self).map(va, size, page)
+    }
+    fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        (**self).unmap(va, size)
+    }
+    fn set_access(&self, va: DevicePtr, size: u64, peers: &[usize]) -> DeviceResult<()> {
+        (**self).set_access(va, size, peers)
+    }
+    fn create_event(&self) -> DeviceResult<EventHandle> {
+        (**self).create_event()
+    }
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
+        (**self).destroy_event(event)
+    }
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
+        (**self).record_event(event, stream)
+    }
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
+        (**self).query_event(event)
+    }
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
+        (**self).synchronize_event(event)
+    }
+}

@@ -1,0 +1,23 @@
+//! # cudalloc-sys: the device boundary
+//!
+//! Everything cudalloc needs from a GPU goes through the [`Device`] trait, whose contract is
+//! written once in the [`device`] module. This crate holds every line of `unsafe` code in the
+//! project; each `unsafe` block carries a `// SAFETY:` comment.
+//!
+//! - [`CudaDevice`]: the CUDA driver through cudarc 0.19, loaded dynamically. On a machine without
+//!   `libcuda` every call returns [`DeviceError::Unavailable`]; none panics.
+//! - [`SimDevice`]: a deterministic, host-only device with a capacity, a VMM granularity,
+//!   driver-like address assignment, call counters, fault injection and optional host backing.
+//! - [`wrap`]: adaptors around any device (limit bytes, fail calls, count calls, log calls).
+
+pub mod cuda;
+pub mod device;
+pub mod sim;
+pub mod wrap;
+
+pub use cuda::CudaDevice;
+pub use device::{
+    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+    MALLOC_ALIGNMENT,
+};
+pub use sim::{SimConfig, SimDevice};
