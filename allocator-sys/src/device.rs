@@ -135,7 +135,10 @@ impl fmt::Display for DeviceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DeviceError::OutOfMemory { call, requested } => {
-                write!(f, "{call}: out of device memory ({requested} bytes requested)")
+                write!(
+                    f,
+                    "{call}: out of device memory ({requested} bytes requested)"
+                )
             }
             DeviceError::Driver {
                 call,

@@ -1,1 +1,44 @@
+//! # cudalloc: a caching GPU memory allocator
+//!
+//! cudalloc keeps the device memory a program frees and hands it out again without calling the
+//! driver, the way PyTorch's `CUDACachingAllocator` does, and replays recorded allocation traces
+//! against any policy on a simulated device.
+//!
+//! ## The hierarchy, from the driver up
+//!
+//! | level | what | size |
+//! | --- | --- | --- |
+//! | device | the driver boundary ([`cudalloc_sys::Device`]): CUDA, or simulated | the card (141 GiB on an H200) |
+//! | segment | one `malloc` result, or one reserved virtual range (*expandable*) | 2 MiB (small pool), 20 MiB or the rounded request (large pool); expandable: 1.125 x the card |
+//! | page | a physical allocation mapped into an expandable segment | `torch-expandable`: 2 MiB small / 20 MiB large; `default`: the device granularity (2 MiB), mapped in batches |
+//! | block | a sub-range of a segment, allocated, free or unmapped, on one stream | a multiple of 512 B |
+//! | pool | the free blocks of one size class, by (stream, size, address) | small: requests up to 1 MiB; large: the rest |
+//!
+//! Requests are rounded ([`sizes::round_size`]), served by best fit from their pool, split when
+//! the rest is worth keeping, and merged with free neighbours when freed. When no cached block
+//! fits, the [`Policy`] decides how to get memory; when the device is full, the out-of-memory
+//! ladder releases cached memory and retries before returning [`AllocError::OutOfMemory`].
+//!
+//! ## Entry points
+//!
+//! - [`CachingAllocator`]: the thread-safe allocator.
+//! - [`Pool`]: the single-threaded pool underneath (what the replayer drives).
+//! - [`trace`] and [`replay`]: reading allocation traces and replaying them.
 
+pub mod allocator;
+pub mod config;
+pub mod error;
+pub mod fmt;
+pub mod pool;
+pub mod sizes;
+pub mod snapshot;
+pub mod stats;
+pub mod sync;
+pub mod trace;
+
+pub use allocator::CachingAllocator;
+pub use config::{Config, ConfigError, Policy};
+pub use error::AllocError;
+pub use pool::{Allocation, Pool};
+pub use snapshot::{Fragmentation, Snapshot};
+pub use stats::Stats;

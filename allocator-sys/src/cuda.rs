@@ -1,0 +1,717 @@
+//! [`CudaDevice`]: the [`Device`] contract over the CUDA driver API, through cudarc 0.19.
+//!
+//! # Driver calls
+//!
+//! | method | driver call |
+//! | --- | --- |
+//! | [`CudaDevice::new`] | `cuInit`, `cuDevicePrimaryCtxRetain` (through `CudaContext::new`) |
+//! | `malloc` / `free` | `cuMemAlloc_v2` / `cuMemFree_v2` |
+//! | `mem_info` | `cuMemGetInfo_v2` |
+//! | `granularity` | `cuMemGetAllocationGranularity` (minimum, pinned memory on this device), cached |
+//! | `reserve` / `unreserve` | `cuMemAddressReserve` (default alignment) / `cuMemAddressFree` |
+//! | `create_page` / `release_page` | `cuMemCreate` (pinned, on this device) / `cuMemRelease` |
+//! | `map` / `unmap` | `cuMemMap` (offset 0) / `cuMemUnmap` |
+//! | `set_access` | `cuMemSetAccess`, read/write for this device and every peer |
+//! | `create_event` / `destroy_event` | `cuEventCreate` (`CU_EVENT_DISABLE_TIMING`) / `cuEventDestroy_v2` |
+//! | `record_event` / `query_event` / `synchronize_event` | `cuEventRecord` / `cuEventQuery` / `cuEventSynchronize` |
+//! | `copy_to_device` / `copy_from_device` | `cuMemcpyHtoD_v2` / `cuMemcpyDtoH_v2` (synchronous) |
+//! | `memset_async` | `cuMemsetD8Async` |
+//! | `create_stream` / `destroy_stream` | `cuStreamCreate` (`CU_STREAM_DEFAULT`) / `cuStreamDestroy_v2` |
+//! | `synchronize` | `cuCtxSynchronize` |
+//! | `device_count` / `can_access_peer` | `cuDeviceGetCount` / `cuDeviceCanAccessPeer` |
+//! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
+//!
+//! Page handles are the raw `CUmemGenericAllocationHandle`, events the raw `CUevent` pointer and
+//! streams the raw `CUstream` pointer, each as a `u64`.
+//!
+//! # Loading the driver
+//!
+//! cudarc loads `libcuda` on first use and panics when the library or a symbol is missing. The
+//! first call that needs the driver therefore checks, once per process and cached in a
+//! `OnceLock`: the library is present (`cudarc::driver::sys::is_culib_present`), every symbol this
+//! module calls resolves (inside `catch_unwind`), and `cuInit(0)` succeeds. If any step fails,
+//! that call and every later one return [`DeviceError::Unavailable`] with the reason; none panics.
+//!
+//! # Contexts and threads
+//!
+//! A `CudaDevice` holds the device's primary context (`CudaContext::new`). CUDA contexts are
+//! current per thread, so every method first makes the context current on the calling thread
+//! (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context is current) and leaves it
+//! current. Methods take `&self` and may be called from any thread.
+//!
+//! # Bookkeeping
+//!
+//! The driver does not reliably reject stale handles (destroying an event twice is undefined
+//! behaviour), so the device records what it handed out: allocations with their sizes,
+//! reservations, pages with their mapping counts, mappings, events and streams. Releasing anything
+//! else, a size that does not match, a release whose precondition does not hold, or a map outside
+//! a reservation or over an existing mapping is [`DeviceError::InvalidArgument`] before the driver
+//! is called. The memory tables' lock is held across the driver call, so table and driver agree;
+//! events sit behind a read-write lock, so a `synchronize_event` does not block other queries.
+//!
+//! Dropping a `CudaDevice` releases nothing it handed out; the driver reclaims it when the
+//! primary context's last user goes away.
+//!
+//! # Errors
+//!
+//! - `CUDA_ERROR_OUT_OF_MEMORY` from `cuMemAlloc_v2`, `cuMemCreate` or `cuMemAddressReserve` is
+//!   [`DeviceError::OutOfMemory`].
+//! - Any other failing `CUresult` is [`DeviceError::Driver`] with the entry point's name, the
+//!   numeric code and `cuGetErrorString`'s message; `cuEventQuery`'s `CUDA_ERROR_NOT_READY` is
+//!   `Ok(false)`, and `cuCtxEnablePeerAccess`'s `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` is `Ok`.
+//! - Zero sizes, sizes or addresses that are not multiples of the granularity and the bookkeeping
+//!   checks above are [`DeviceError::InvalidArgument`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{result, sys, CudaContext};
+use parking_lot::{Mutex, RwLock};
+
+use crate::device::{
+    Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+};
+
+// Sizes and addresses cross between `u64` and `usize` with `as`; that is lossless only here.
+const _: () = assert!(usize::BITS == 64, "cudalloc needs a 64-bit target");
+
+/// Every driver entry point that this module or `CudaContext::new`/`drop` calls.
+const SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuGetErrorString",
+    "cuDeviceGet",
+    "cuDeviceGetCount",
+    "cuDeviceGetAttribute",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxGetCurrent",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxEnablePeerAccess",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemsetD8Async",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+];
+
+/// Ok once the driver is loaded and initialised; the reason otherwise. Checked once per process.
+fn driver() -> DeviceResult<()> {
+    static STATE: OnceLock<Result<(), String>> = OnceLock::new();
+    STATE
+        .get_or_init(load_driver)
+        .clone()
+        .map_err(DeviceError::Unavailable)
+}
+
+fn load_driver() -> Result<(), String> {
+    // SAFETY: `is_culib_present` only tries to open candidate library names and closes them.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda) was not found".into());
+    }
+    let resolved = std::panic::catch_unwind(resolve_symbols)
+        .unwrap_or_else(|_| Err("loading libcuda panicked".into()));
+    resolved?;
+    // SAFETY: every symbol resolved above; `cuInit` takes no pointers.
+    let code = unsafe { sys::cuInit(0) };
+    check("cuInit", code).map_err(|e| format!("cuInit failed: {e}"))
+}
+
+fn resolve_symbols() -> Result<(), String> {
+    // SAFETY: the library is present (checked by the caller); opening it runs its initialisers,
+    // which is what loading the CUDA driver means. A panic here is caught by the caller.
+    let lib = unsafe { sys::culib() };
+    for name in SYMBOLS {
+        // SAFETY: looking a symbol up does not call it; the pointer type is never used.
+        let found = unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) };
+        found.map_err(|e| format!("libcuda lacks {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The driver's message for a `CUresult`.
+fn describe(code: sys::CUresult) -> String {
+    match result::DriverError(code).error_string() {
+        Ok(message) => message.to_string_lossy().into_owned(),
+        Err(_) => format!("{code:?}"),
+    }
+}
+
+fn driver_error(call: &'static str, code: sys::CUresult) -> DeviceError {
+    DeviceError::Driver {
+        call,
+        code: code as i32,
+        message: describe(code),
+    }
+}
+
+/// Maps a `CUresult` to Ok or [`DeviceError::Driver`].
+fn check(call: &'static str, code: sys::CUresult) -> DeviceResult<()> {
+    match code {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        code => Err(driver_error(call, code)),
+    }
+}
+
+/// Like [`check`], but out-of-memory is [`DeviceError::OutOfMemory`] for `requested` bytes.
+fn check_alloc(call: &'static str, requested: u64, code: sys::CUresult) -> DeviceResult<()> {
+    match code {
+        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+            Err(DeviceError::OutOfMemory { call, requested })
+        }
+        code => check(call, code),
+    }
+}
+
+/// A device memory location for `ordinal`. `CUmemLocation` changed shape in cudarc's CUDA 13.2+
+/// bindings (the id moved into an anonymous union); this is the only place that builds one.
+fn device_location(ordinal: usize) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal as i32,
+    }
+}
+
+/// Properties of pinned device memory on `ordinal`, without export handles or special flags.
+fn pinned_memory(ordinal: usize) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: device_location(ordinal),
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// `va + size`, or InvalidArgument when it overflows.
+fn end_of(call: &'static str, va: u64, size: u64) -> DeviceResult<u64> {
+    va.checked_add(size)
+        .ok_or_else(|| DeviceError::invalid(call, format!("{va:#x} + {size} overflows")))
+}
+
+#[derive(Debug)]
+struct Page {
+    size: u64,
+    mappings: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    size: u64,
+    page: u64,
+}
+
+/// What the device handed out and has not got back.
+#[derive(Debug, Default)]
+struct Memory {
+    /// `malloc` pointer -> size.
+    mallocs: HashMap<u64, u64>,
+    /// Reservation start -> size.
+    reservations: BTreeMap<u64, u64>,
+    /// Page handle -> size and how often it is mapped.
+    pages: HashMap<u64, Page>,
+    /// Mapping start -> size and page.
+    mappings: BTreeMap<u64, Mapping>,
+}
+
+impl Memory {
+    /// True if `va..end` lies inside one reservation.
+    fn reserved(&self, va: u64, end: u64) -> bool {
+        let before = self.reservations.range(..=va).next_back();
+        before.is_some_and(|(&start, &size)| end <= start + size)
+    }
+
+    /// True if some mapping overlaps `va..end`.
+    fn overlaps_mapping(&self, va: u64, end: u64) -> bool {
+        let before = self.mappings.range(..end).next_back();
+        before.is_some_and(|(&start, m)| start + m.size > va)
+    }
+
+    /// True if mappings cover every byte of `va..end`.
+    fn fully_mapped(&self, va: u64, end: u64) -> bool {
+        let mut at = va;
+        while at < end {
+            match self.mappings.range(..=at).next_back() {
+                Some((&start, m)) if start + m.size > at => at = start + m.size,
+                _ => return false,
+            }
+        }
+        true
+    }
+}
+
+/// A CUDA GPU as a [`Device`]. See the module documentation.
+#[derive(Debug)]
+pub struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    granularity: OnceLock<u64>,
+    memory: Mutex<Memory>,
+    events: RwLock<HashSet<u64>>,
+    streams: Mutex<HashSet<u64>>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal` (retaining its primary context). [`DeviceError::Unavailable`] without
+    /// a driver or GPU; [`DeviceError::InvalidArgument`] for an ordinal past the device count.
+    pub fn new(ordinal: usize) -> DeviceResult<CudaDevice> {
+        let count = Self::device_count()?;
+        if ordinal >= count {
+            let message = format!("ordinal {ordinal} but only {count} device(s)");
+            return Err(DeviceError::invalid("new", message));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("CudaContext::new", e.0))?;
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            granularity: OnceLock::new(),
+            memory: Mutex::new(Memory::default()),
+            events: RwLock::new(HashSet::new()),
+            streams: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The number of CUDA devices; [`DeviceError::Unavailable`] without a driver.
+    pub fn device_count() -> DeviceResult<usize> {
+        driver()?;
+        let mut count = 0;
+        // SAFETY: the driver is initialised and `count` is a valid out-pointer.
+        check("cuDeviceGetCount", unsafe {
+            sys::cuDeviceGetCount(&mut count)
+        })?;
+        Ok(count.max(0) as usize)
+    }
+
+    /// Whether device `a` can access memory on device `b` directly.
+    pub fn can_access_peer(a: usize, b: usize) -> DeviceResult<bool> {
+        driver()?;
+        let (dev_a, dev_b) = (Self::handle_of(a)?, Self::handle_of(b)?);
+        let mut can = 0;
+        // SAFETY: both handles came from `cuDeviceGet`; `can` is a valid out-pointer.
+        let code = unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev_a, dev_b) };
+        check("cuDeviceCanAccessPeer", code)?;
+        Ok(can != 0)
+    }
+
+    fn handle_of(ordinal: usize) -> DeviceResult<sys::CUdevice> {
+        let mut dev = 0;
+        // SAFETY: the driver is initialised and `dev` is a valid out-pointer.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal as i32)
+        })?;
+        Ok(dev)
+    }
+
+    /// Lets this device's context access `peer`'s `malloc` memory (`cuCtxEnablePeerAccess`).
+    /// Already enabled is Ok. Virtual-memory ranges use `set_access` with `peers` instead.
+    pub fn enable_peer_access(&self, peer: &CudaDevice) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: `peer.ctx` is a live primary context; our context is current on this thread.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
+            sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            code => check("cuCtxEnablePeerAccess", code),
+        }
+    }
+
+    /// The cudarc context (the device's primary context), for work outside this crate.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Makes this device's context current on the calling thread.
+    fn bind(&self) -> DeviceResult<()> {
+        let ours = self.ctx.cu_ctx();
+        match result::ctx::get_current() {
+            Ok(Some(current)) if current == ours => Ok(()),
+            // SAFETY: `ours` is the primary context retained by `self.ctx`, alive while `self` is.
+            Ok(_) => check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ours) }),
+            Err(e) => Err(driver_error("cuCtxGetCurrent", e.0)),
+        }
+    }
+
+    /// Copies `data` to device memory at `ptr` and waits for the copy.
+    pub fn copy_to_device(&self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
+        self.bind()?;
+        let src = data.as_ptr().cast::<c_void>();
+        // SAFETY: `src` is valid for `data.len()` bytes for the whole (synchronous) call; the
+        // driver validates `ptr` and returns an error for memory it does not know.
+        let code = unsafe { sys::cuMemcpyHtoD_v2(ptr, src, data.len()) };
+        check("cuMemcpyHtoD_v2", code)
+    }
+
+    /// Copies device memory at `ptr` into `out` and waits for the copy.
+    pub fn copy_from_device(&self, ptr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        self.bind()?;
+        let dst = out.as_mut_ptr().cast::<c_void>();
+        // SAFETY: `dst` is valid for writes of `out.len()` bytes for the whole (synchronous) call,
+        // and `out` is exclusively borrowed; the driver validates `ptr`.
+        let code = unsafe { sys::cuMemcpyDtoH_v2(dst, ptr, out.len()) };
+        check("cuMemcpyDtoH_v2", code)
+    }
+
+    /// Enqueues a fill of `len` bytes at `ptr` with `value` on `stream`; returns at once.
+    pub fn memset_async(
+        &self,
+        ptr: DevicePtr,
+        value: u8,
+        len: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()> {
+        self.bind()?;
+        let raw = stream.0 as sys::CUstream;
+        // SAFETY: no host memory is involved; the driver validates `ptr` and the stream handle.
+        let code = unsafe { sys::cuMemsetD8Async(ptr, value, len as usize, raw) };
+        check("cuMemsetD8Async", code)
+    }
+
+    /// Creates a stream (`CU_STREAM_DEFAULT`: it synchronises with the legacy default stream).
+    pub fn create_stream(&self) -> DeviceResult<StreamId> {
+        self.bind()?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; our context is current on this thread.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, 0)
+        })?;
+        self.streams.lock().insert(raw as u64);
+        Ok(StreamId(raw as u64))
+    }
+
+    /// Destroys a stream from [`CudaDevice::create_stream`] (its pending work still completes).
+    pub fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let mut streams = self.streams.lock();
+        if !streams.contains(&stream.0) {
+            return Err(DeviceError::invalid(
+                "destroy_stream",
+                format!("unknown {stream}"),
+            ));
+        }
+        self.bind()?;
+        // SAFETY: the stream was created by `create_stream` and not destroyed (it is in the set).
+        let code = unsafe { sys::cuStreamDestroy_v2(stream.0 as sys::CUstream) };
+        check("cuStreamDestroy_v2", code)?;
+        streams.remove(&stream.0);
+        Ok(())
+    }
+
+    /// Waits for all work on this device's context.
+    pub fn synchronize(&self) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: our context is current on this thread; the call takes no pointers.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    /// InvalidArgument unless `size` is a positive multiple of the granularity (and `va` one).
+    fn check_granular(&self, call: &'static str, va: u64, size: u64) -> DeviceResult<()> {
+        let g = self.granularity()?; // a power of two
+        if size == 0 || size & (g - 1) != 0 {
+            let message = format!("size {size} is not a positive multiple of {g}");
+            return Err(DeviceError::invalid(call, message));
+        }
+        if va & (g - 1) != 0 {
+            let message = format!("address {va:#x} is not a multiple of {g}");
+            return Err(DeviceError::invalid(call, message));
+        }
+        Ok(())
+    }
+
+    /// InvalidArgument unless `event` came from `create_event` and was not destroyed.
+    fn check_event(
+        events: &HashSet<u64>,
+        call: &'static str,
+        event: EventHandle,
+    ) -> DeviceResult<()> {
+        if events.contains(&event.0) {
+            Ok(())
+        } else {
+            Err(DeviceError::invalid(
+                call,
+                format!("unknown event {:#x}", event.0),
+            ))
+        }
+    }
+
+    /// InvalidArgument unless `va..va + size` may receive `page` as a new mapping.
+    fn check_map(mem: &Memory, va: u64, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let end = end_of("map", va, size)?;
+        let problem = match mem.pages.get(&page.0) {
+            None => Some(format!("unknown page {:#x}", page.0)),
+            Some(p) if p.size != size => Some(format!("page has {} bytes, not {size}", p.size)),
+            _ if !mem.reserved(va, end) => Some(format!("{va:#x}+{size} is not reserved")),
+            _ if mem.overlaps_mapping(va, end) => Some(format!("{va:#x}+{size} is mapped")),
+            _ => None,
+        };
+        problem.map_or(Ok(()), |message| Err(DeviceError::invalid("map", message)))
+    }
+
+    /// One read/write access descriptor for this device and each distinct peer.
+    fn access_descriptors(&self, peers: &[usize]) -> Vec<sys::CUmemAccessDesc> {
+        let mut ordinals = vec![self.ordinal];
+        ordinals.extend(peers.iter().copied().filter(|p| *p != self.ordinal));
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        let read_write = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        let desc = |ordinal| sys::CUmemAccessDesc {
+            location: device_location(ordinal),
+            flags: read_write,
+        };
+        ordinals.into_iter().map(desc).collect()
+    }
+}
+
+impl Device for CudaDevice {
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        if size == 0 {
+            return Err(DeviceError::invalid("malloc", "zero-size request"));
+        }
+        self.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; our context is current on this thread.
+        let code = unsafe { sys::cuMemAlloc_v2(&mut ptr, size as usize) };
+        check_alloc("cuMemAlloc_v2", size, code)?;
+        self.memory.lock().mallocs.insert(ptr, size);
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        let mut mem = self.memory.lock();
+        match mem.mallocs.get(&ptr) {
+            Some(&known) if known == size => {}
+            Some(&known) => {
+                let message = format!("{ptr:#x} has {known} bytes, not {size}");
+                return Err(DeviceError::invalid("free", message));
+            }
+            None => {
+                return Err(DeviceError::invalid(
+                    "free",
+                    format!("unknown pointer {ptr:#x}"),
+                ))
+            }
+        }
+        self.bind()?;
+        // SAFETY: `ptr` came from `cuMemAlloc_v2` and was not freed (it is in the table).
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })?;
+        mem.mallocs.remove(&ptr);
+        Ok(())
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers; our context is current on this thread.
+        let code = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
+        check("cuMemGetInfo_v2", code)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn granularity(&self) -> DeviceResult<u64> {
+        if let Some(&g) = self.granularity.get() {
+            return Ok(g);
+        }
+        self.bind()?;
+        let prop = pinned_memory(self.ordinal);
+        let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        let mut g = 0usize;
+        // SAFETY: `g` is a valid out-pointer and `prop` a fully initialised property struct.
+        let code = unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, minimum) };
+        check("cuMemGetAllocationGranularity", code)?;
+        if !g.is_power_of_two() {
+            return Err(DeviceError::Driver {
+                call: "cuMemGetAllocationGranularity",
+                code: 0,
+                message: format!("granularity {g} is not a power of two"),
+            });
+        }
+        Ok(*self.granularity.get_or_init(|| g as u64))
+    }
+
+    fn reserve(&self, size: u64) -> DeviceResult<DevicePtr> {
+        self.check_granular("reserve", 0, size)?;
+        self.bind()?;
+        let mut va: sys::CUdeviceptr = 0;
+        // SAFETY: `va` is a valid out-pointer; alignment 0 and address 0 let the driver choose.
+        let code = unsafe { sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0) };
+        check_alloc("cuMemAddressReserve", size, code)?;
+        self.memory.lock().reservations.insert(va, size);
+        Ok(va)
+    }
+
+    fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        let mut mem = self.memory.lock();
+        if mem.reservations.get(&va) != Some(&size) {
+            let message = format!("no reservation of {size} bytes at {va:#x}");
+            return Err(DeviceError::invalid("unreserve", message));
+        }
+        if mem.overlaps_mapping(va, va + size) {
+            let message = format!("{va:#x}+{size} still has mappings");
+            return Err(DeviceError::invalid("unreserve", message));
+        }
+        self.bind()?;
+        // SAFETY: the range is a live reservation from `cuMemAddressReserve` with nothing mapped.
+        check("cuMemAddressFree", unsafe {
+            sys::cuMemAddressFree(va, size as usize)
+        })?;
+        mem.reservations.remove(&va);
+        Ok(())
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.check_granular("create_page", 0, size)?;
+        self.bind()?;
+        let prop = pinned_memory(self.ordinal);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: `handle` is a valid out-pointer and `prop` a fully initialised property struct.
+        let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
+        check_alloc("cuMemCreate", size, code)?;
+        let page = Page { size, mappings: 0 };
+        self.memory.lock().pages.insert(handle, page);
+        Ok(PageHandle(handle))
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        let mut mem = self.memory.lock();
+        match mem.pages.get(&page.0) {
+            Some(p) if p.mappings == 0 => {}
+            Some(_) => return Err(DeviceError::invalid("release_page", "the page is mapped")),
+            None => {
+                let message = format!("unknown page {:#x}", page.0);
+                return Err(DeviceError::invalid("release_page", message));
+            }
+        }
+        self.bind()?;
+        // SAFETY: the handle came from `cuMemCreate` and was not released (it is in the table).
+        check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
+        mem.pages.remove(&page.0);
+        Ok(())
+    }
+
+    fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        self.check_granular("map", va, size)?;
+        let mut mem = self.memory.lock();
+        Self::check_map(&mem, va, size, page)?;
+        self.bind()?;
+        // SAFETY: `va..va+size` is unmapped inside a live reservation and `page` is a live handle
+        // of exactly `size` bytes (checked against the tables above).
+        let code = unsafe { sys::cuMemMap(va, size as usize, 0, page.0, 0) };
+        check("cuMemMap", code)?;
+        mem.mappings.insert(va, Mapping { size, page: page.0 });
+        if let Some(p) = mem.pages.get_mut(&page.0) {
+            p.mappings += 1;
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        self.check_granular("unmap", va, size)?;
+        let mut mem = self.memory.lock();
+        let Some(mapping) = mem.mappings.get(&va).copied().filter(|m| m.size == size) else {
+            let message = format!("no mapping of {size} bytes at {va:#x}");
+            return Err(DeviceError::invalid("unmap", message));
+        };
+        self.bind()?;
+        // SAFETY: `va..va+size` is exactly one live mapping made by `cuMemMap`.
+        check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size as usize) })?;
+        mem.mappings.remove(&va);
+        if let Some(p) = mem.pages.get_mut(&mapping.page) {
+            p.mappings -= 1;
+        }
+        Ok(())
+    }
+
+    fn set_access(&self, va: DevicePtr, size: u64, peers: &[usize]) -> DeviceResult<()> {
+        self.check_granular("set_access", va, size)?;
+        let end = end_of("set_access", va, size)?;
+        let mem = self.memory.lock();
+        if !mem.fully_mapped(va, end) {
+            let message = format!("{va:#x}+{size} is not entirely mapped");
+            return Err(DeviceError::invalid("set_access", message));
+        }
+        let descs = self.access_descriptors(peers);
+        self.bind()?;
+        // SAFETY: the range is mapped (checked above); `descs` holds `descs.len()` initialised
+        // descriptors and outlives the call.
+        let code = unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) };
+        check("cuMemSetAccess", code)
+    }
+
+    fn create_event(&self) -> DeviceResult<EventHandle> {
+        self.bind()?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: `raw` is a valid out-pointer; our context is current on this thread.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut raw, flags)
+        })?;
+        self.events.write().insert(raw as u64);
+        Ok(EventHandle(raw as u64))
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let mut events = self.events.write();
+        Self::check_event(&events, "destroy_event", event)?;
+        self.bind()?;
+        // SAFETY: the event is live (in the set), and the write lock keeps every other use of it
+        // out until it is removed.
+        let code = unsafe { sys::cuEventDestroy_v2(event.0 as sys::CUevent) };
+        check("cuEventDestroy_v2", code)?;
+        events.remove(&event.0);
+        Ok(())
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
+        let events = self.events.read();
+        Self::check_event(&events, "record_event", event)?;
+        self.bind()?;
+        let raw_stream = stream.0 as sys::CUstream;
+        // SAFETY: the event is live and cannot be destroyed while the read lock is held; the
+        // driver validates the stream handle (0 is the legacy default stream).
+        let code = unsafe { sys::cuEventRecord(event.0 as sys::CUevent, raw_stream) };
+        check("cuEventRecord", code)
+    }
+
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
+        let events = self.events.read();
+        Self::check_event(&events, "query_event", event)?;
+        self.bind()?;
+        // SAFETY: the event is live and cannot be destroyed while the read lock is held.
+        match unsafe { sys::cuEventQuery(event.0 as sys::CUevent) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => check("cuEventQuery", code).map(|()| true),
+        }
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let events = self.events.read();
+        Self::check_event(&events, "synchronize_event", event)?;
+        self.bind()?;
+        // SAFETY: the event is live and cannot be destroyed while the read lock is held.
+        let code = unsafe { sys::cuEventSynchronize(event.0 as sys::CUevent) };
+        check("cuEventSynchronize", code)
+    }
+}

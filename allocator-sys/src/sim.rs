@@ -1,0 +1,830 @@
+//! [`SimDevice`]: a deterministic, host-only device for tests, fuzzing and trace replay.
+//!
+//! It follows the [`Device`] contract to the letter and adds test hooks: call counters
+//! ([`CallCounters`]), fault injection ([`FaultPlan`]), simulated streams whose work completes
+//! only when a test says so, introspection of what is outstanding, and optional host backing so
+//! that data written to a segment or a page can be read back. Like a driver, it knows nothing of
+//! the blocks the allocator carves out of its segments and pages.
+//!
+//! # Address assignment
+//!
+//! `malloc` hands out segments first fit, lowest address first, from a region starting at
+//! `0x7000_0000_0000`; `reserve` does the same for virtual address ranges from a separate region
+//! at `0x7f00_0000_0000`. Each region spans 2^46 bytes. Every result is aligned to the
+//! granularity and occupies its size rounded up to the granularity; freed ranges are coalesced
+//! with their neighbours and reused. The same sequence of calls always yields the same addresses.
+//!
+//! # Capacity
+//!
+//! Used bytes are the exact sizes of live segments plus live physical pages (not rounded). A
+//! `malloc` or `create_page` that would push them over the capacity is out of memory.
+//!
+//! # Invariants (checked by [`SimDevice::check_invariants`])
+//!
+//! - No two live segments (malloc results, rounded to the granularity) overlap, and no two
+//!   reservations overlap; each region's free ranges and live ranges tile it exactly.
+//! - Used bytes equal the live segment bytes plus the live page bytes, and never exceed the
+//!   capacity.
+//! - Every mapped range lies inside one reservation, and mapped ranges do not overlap.
+//! - A page is mapped at most once, and a page's recorded mapping agrees with the mapping table.
+//! - On every stream, completed work never exceeds submitted work, and every recorded event
+//!   targets work that was submitted.
+//!
+//! # Streams
+//!
+//! Each stream has a count of submitted and of completed work. `record_event` submits one unit
+//! and remembers it as the event's target; the event is complete once the stream's completed
+//! count reaches the target. With auto-complete on (the default) work completes at once; with it
+//! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`]
+//! or `synchronize_event` (which completes the stream up to that event, like a wait).
+
+use std::collections::{BTreeMap, HashMap};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::device::{
+    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+    MALLOC_ALIGNMENT,
+};
+use crate::wrap::{CallCounters, FaultPlan};
+
+/// Start of the region `malloc` assigns segments from.
+pub const MALLOC_BASE: u64 = 0x7000_0000_0000;
+/// Start of the region `reserve` assigns virtual address ranges from.
+pub const RESERVE_BASE: u64 = 0x7f00_0000_0000;
+/// Size of each address region.
+pub const REGION_SIZE: u64 = 1 << 46;
+/// Host backing storage is allocated lazily in chunks of this many bytes.
+const CHUNK: u64 = 64 << 10;
+
+/// How a [`SimDevice`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Device memory in bytes (segments plus pages).
+    pub capacity: u64,
+    /// VMM granularity in bytes: a power of two, at least [`MALLOC_ALIGNMENT`].
+    pub granularity: u64,
+    /// Keep the contents of segments and pages in sparse host memory (see [`SimDevice::write`]).
+    pub host_backing: bool,
+    /// The ordinal the device reports.
+    pub ordinal: usize,
+}
+
+impl Default for SimConfig {
+    /// An H200: 143 771 MiB, 2 MiB granularity, no host backing, ordinal 0.
+    fn default() -> Self {
+        Self {
+            capacity: 143_771 << 20,
+            granularity: 2 << 20,
+            host_backing: false,
+            ordinal: 0,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The default configuration with `bytes` of capacity.
+    pub fn with_capacity(bytes: u64) -> Self {
+        Self::default().capacity(bytes)
+    }
+
+    /// Sets the capacity in bytes.
+    pub fn capacity(mut self, bytes: u64) -> Self {
+        self.capacity = bytes;
+        self
+    }
+
+    /// Sets the VMM granularity in bytes.
+    pub fn granularity(mut self, bytes: u64) -> Self {
+        self.granularity = bytes;
+        self
+    }
+
+    /// Turns host backing on or off.
+    pub fn host_backing(mut self, on: bool) -> Self {
+        self.host_backing = on;
+        self
+    }
+
+    /// Sets the device ordinal.
+    pub fn ordinal(mut self, ordinal: usize) -> Self {
+        self.ordinal = ordinal;
+        self
+    }
+}
+
+/// Free ranges of one address region, keyed by start, coalesced.
+#[derive(Debug, Default)]
+struct Space {
+    base: u64,
+    free: BTreeMap<u64, u64>,
+}
+
+impl Space {
+    fn new(base: u64) -> Self {
+        Self {
+            base,
+            free: BTreeMap::from([(base, REGION_SIZE)]),
+        }
+    }
+
+    /// Takes `len` bytes from the lowest free range that fits.
+    fn take(&mut self, len: u64) -> Option<u64> {
+        let (&start, &have) = self.free.iter().find(|(_, &have)| have >= len)?;
+        self.free.remove(&start);
+        if have > len {
+            self.free.insert(start + len, have - len);
+        }
+        Some(start)
+    }
+
+    /// Gives `start..start + len` back, merging it with its free neighbours.
+    fn give(&mut self, mut start: u64, mut len: u64) {
+        if let Some((&prev, &plen)) = self.free.range(..start).next_back() {
+            if prev + plen == start {
+                self.free.remove(&prev);
+                start = prev;
+                len += plen;
+            }
+        }
+        if let Some(next_len) = self.free.remove(&(start + len)) {
+            len += next_len;
+        }
+        self.free.insert(start, len);
+    }
+
+    /// Asserts that the free ranges are coalesced and, with `used`, tile the region exactly.
+    fn check(&self, used: &BTreeMap<u64, u64>, what: &str) {
+        let mut all: Vec<(u64, u64, bool)> =
+            self.free.iter().map(|(&s, &l)| (s, l, true)).collect();
+        all.extend(used.iter().map(|(&s, &l)| (s, l, false)));
+        all.sort_unstable();
+        let mut at = self.base;
+        let mut prev_free = false;
+        for (start, len, free) in all {
+            assert_eq!(start, at, "{what}: gap or overlap at {start:#x}");
+            assert!(
+                !(free && prev_free),
+                "{what}: free ranges not coalesced at {start:#x}"
+            );
+            at = start + len;
+            prev_free = free;
+        }
+        assert_eq!(at, self.base + REGION_SIZE, "{what}: region not covered");
+    }
+}
+
+/// Sparse, lazily allocated host storage; never-written bytes read as zero.
+#[derive(Default)]
+struct Sparse {
+    chunks: HashMap<u64, Box<[u8]>>,
+}
+
+impl std::fmt::Debug for Sparse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sparse({} chunks)", self.chunks.len())
+    }
+}
+
+impl Sparse {
+    /// Splits `off..off + len` into (chunk index, offset in chunk, offset in buffer, length).
+    fn pieces(off: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize, usize)> {
+        let mut done = 0usize;
+        std::iter::from_fn(move || {
+            if done == len {
+                return None;
+            }
+            let at = off + done as u64;
+            let inner = (at % CHUNK) as usize;
+            let n = (CHUNK as usize - inner).min(len - done);
+            let piece = (at / CHUNK, inner, done, n);
+            done += n;
+            Some(piece)
+        })
+    }
+
+    fn write(&mut self, off: u64, data: &[u8]) {
+        for (chunk, inner, from, n) in Self::pieces(off, data.len()) {
+            let buf = self
+                .chunks
+                .entry(chunk)
+                .or_insert_with(|| vec![0; CHUNK as usize].into_boxed_slice());
+            buf[inner..inner + n].copy_from_slice(&data[from..from + n]);
+        }
+    }
+
+    fn read(&self, off: u64, out: &mut [u8]) {
+        for (chunk, inner, from, n) in Self::pieces(off, out.len()) {
+            let dst = &mut out[from..from + n];
+            match self.chunks.get(&chunk) {
+                Some(buf) => dst.copy_from_slice(&buf[inner..inner + n]),
+                None => dst.fill(0),
+            }
+        }
+    }
+}
+
+/// A physical page.
+#[derive(Debug)]
+struct Page {
+    size: u64,
+    mapped_at: Option<u64>,
+    data: Sparse,
+}
+
+/// A mapped page inside a reservation.
+#[derive(Debug)]
+struct Mapping {
+    size: u64,
+    page: u64,
+    accessible: bool,
+}
+
+/// Work counts of one simulated stream.
+#[derive(Clone, Copy, Debug, Default)]
+struct Work {
+    submitted: u64,
+    completed: u64,
+}
+
+/// Where a piece of a host read or write lands.
+enum Target {
+    Segment(u64),
+    Page(u64),
+}
+
+/// Everything behind the device's one lock.
+#[derive(Debug, Default)]
+struct State {
+    malloc_space: Space,
+    va_space: Space,
+    /// Live segments: address -> exact size.
+    segments: BTreeMap<u64, u64>,
+    segment_data: HashMap<u64, Sparse>,
+    /// Live reservations: address -> size.
+    reservations: BTreeMap<u64, u64>,
+    pages: HashMap<u64, Page>,
+    /// Mapped pages: virtual address -> mapping.
+    mappings: BTreeMap<u64, Mapping>,
+    /// Events: handle -> (stream, target) of the last record, if any.
+    events: HashMap<u64, Option<(StreamId, u64)>>,
+    streams: HashMap<StreamId, Work>,
+    malloc_bytes: u64,
+    page_bytes: u64,
+    next_handle: u64,
+    auto_complete: bool,
+    faults: FaultPlan,
+}
+
+/// A deterministic, host-only [`Device`]; see the module documentation.
+#[derive(Debug)]
+pub struct SimDevice {
+    cfg: SimConfig,
+    counters: CallCounters,
+    state: Mutex<State>,
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        Self::new(SimConfig::default())
+    }
+}
+
+/// Returns [`DeviceError::InvalidArgument`] for `Call::$call` with a formatted message.
+macro_rules! bail {
+    ($call:ident, $($msg:tt)+) => {
+        return Err(DeviceError::invalid(Call::$call.name(), format!($($msg)+)))
+    };
+}
+
+fn oom(call: Call, requested: u64) -> DeviceError {
+    DeviceError::OutOfMemory {
+        call: call.name(),
+        requested,
+    }
+}
+
+impl SimDevice {
+    /// A device configured by `cfg`.
+    ///
+    /// # Panics
+    /// If the granularity is not a power of two of at least [`MALLOC_ALIGNMENT`] bytes.
+    pub fn new(cfg: SimConfig) -> Self {
+        let g = cfg.granularity;
+        assert!(
+            g.is_power_of_two() && g >= MALLOC_ALIGNMENT,
+            "bad granularity {g}"
+        );
+        let state = State {
+            malloc_space: Space::new(MALLOC_BASE),
+            va_space: Space::new(RESERVE_BASE),
+            next_handle: 1,
+            auto_complete: true,
+            ..State::default()
+        };
+        let counters = CallCounters::new();
+        let state = Mutex::new(state);
+        Self {
+            cfg,
+            counters,
+            state,
+        }
+    }
+
+    /// The default configuration with `bytes` of capacity.
+    pub fn with_capacity(bytes: u64) -> Self {
+        Self::new(SimConfig::with_capacity(bytes))
+    }
+
+    /// The configuration the device was made with.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// Counts `call`, applies the fault plan, and returns the locked state.
+    fn enter(&self, call: Call, requested: u64) -> DeviceResult<MutexGuard<'_, State>> {
+        self.counters.record(call);
+        let mut s = self.state.lock();
+        s.faults.check(call, requested)?;
+        Ok(s)
+    }
+
+    /// True if `value` is a multiple of the granularity.
+    fn aligned(&self, value: u64) -> bool {
+        value & (self.cfg.granularity - 1) == 0
+    }
+
+    /// Checks that `size` is a non-zero multiple of the granularity.
+    fn size_ok(&self, call: Call, size: u64) -> DeviceResult<()> {
+        if size == 0 || !self.aligned(size) {
+            let g = self.cfg.granularity;
+            let msg = format!("size {size:#x} is not a non-zero multiple of {g:#x}");
+            return Err(DeviceError::invalid(call.name(), msg));
+        }
+        Ok(())
+    }
+
+    // ---- test hooks: counters, faults, streams ------------------------------------------------
+
+    /// How many calls of kind `call` were made (successful or not).
+    pub fn calls(&self, call: Call) -> u64 {
+        self.counters.get(call)
+    }
+
+    /// How many calls were made in all.
+    pub fn total_calls(&self) -> u64 {
+        self.counters.total()
+    }
+
+    /// Sets every call counter back to zero.
+    pub fn reset_calls(&self) {
+        self.counters.reset();
+    }
+
+    /// The `k`-th acquiring call from now fails (1-based); see [`FaultPlan`].
+    pub fn fail_call(&self, k: u64) {
+        self.state.lock().faults.fail_call(k);
+    }
+
+    /// Every `k`-th acquiring call fails; `k = 0` disables it.
+    pub fn fail_every(&self, k: u64) {
+        self.state.lock().faults.fail_every(k);
+    }
+
+    /// The next acquiring call fails.
+    pub fn fail_next(&self) {
+        self.state.lock().faults.fail_next();
+    }
+
+    /// Disarms every fault.
+    pub fn clear_faults(&self) {
+        self.state.lock().faults.clear();
+    }
+
+    /// Whether work on every stream completes as soon as it is recorded (default `true`).
+    /// Turning it on does not complete work already pending.
+    pub fn set_auto_complete(&self, on: bool) {
+        self.state.lock().auto_complete = on;
+    }
+
+    /// Completes everything recorded on `stream` so far.
+    pub fn complete_stream(&self, stream: StreamId) {
+        if let Some(work) = self.state.lock().streams.get_mut(&stream) {
+            work.completed = work.submitted;
+        }
+    }
+
+    /// Completes everything recorded on every stream so far.
+    pub fn complete_all(&self) {
+        for work in self.state.lock().streams.values_mut() {
+            work.completed = work.submitted;
+        }
+    }
+
+    // ---- test hooks: introspection ------------------------------------------------------------
+
+    /// Bytes in live segments plus live pages.
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.state.lock().used()
+    }
+
+    /// Bytes in live segments (exact malloc sizes).
+    pub fn malloc_bytes(&self) -> u64 {
+        self.state.lock().malloc_bytes
+    }
+
+    /// Bytes in live physical pages.
+    pub fn page_bytes(&self) -> u64 {
+        self.state.lock().page_bytes
+    }
+
+    /// Bytes of virtual address space with a page mapped.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.state.lock().mappings.values().map(|m| m.size).sum()
+    }
+
+    /// Bytes of virtual address space reserved.
+    pub fn reserved_va_bytes(&self) -> u64 {
+        self.state.lock().reservations.values().sum()
+    }
+
+    /// Number of live segments.
+    pub fn live_mallocs(&self) -> usize {
+        self.state.lock().segments.len()
+    }
+
+    /// Number of live physical pages.
+    pub fn live_pages(&self) -> usize {
+        self.state.lock().pages.len()
+    }
+
+    /// Number of live events.
+    pub fn live_events(&self) -> usize {
+        self.state.lock().events.len()
+    }
+
+    // ---- host backing -------------------------------------------------------------------------
+
+    /// Copies `data` to device address `addr` (needs host backing). The range must lie inside
+    /// one live segment, or inside consecutive mapped pages that were made accessible.
+    pub fn write(&self, addr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
+        let mut s = self.state.lock();
+        for (target, off, from, n) in self.route("write", &s, addr, data.len())? {
+            let bytes = &data[from..from + n];
+            let store = match target {
+                Target::Segment(p) => s.segment_data.entry(p).or_default(),
+                Target::Page(id) => &mut s.pages.get_mut(&id).expect("routed").data,
+            };
+            store.write(off, bytes);
+        }
+        Ok(())
+    }
+
+    /// Copies device memory at `addr` into `out` (needs host backing); never-written bytes read
+    /// as zero. The same addresses as for [`SimDevice::write`] are valid.
+    pub fn read(&self, addr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        let s = self.state.lock();
+        for (target, off, from, n) in self.route("read", &s, addr, out.len())? {
+            let dst = &mut out[from..from + n];
+            let store = match target {
+                Target::Segment(p) => s.segment_data.get(&p),
+                Target::Page(id) => Some(&s.pages[&id].data),
+            };
+            match store {
+                Some(store) => store.read(off, dst),
+                None => dst.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits a host access of `len` bytes at `addr` into (target, offset in target, offset in
+    /// buffer, length) pieces, or says which address is not accessible.
+    fn route(&self, call: &'static str, s: &State, addr: u64, len: usize) -> DeviceResult<Route> {
+        let fail = |msg: String| Err(DeviceError::invalid(call, msg));
+        if !self.cfg.host_backing {
+            return fail("the device has no host backing".into());
+        }
+        let Some(end) = addr.checked_add(len as u64).filter(|_| len > 0) else {
+            return if len == 0 {
+                Ok(Vec::new())
+            } else {
+                fail(format!("{addr:#x} overflows"))
+            };
+        };
+        if let Some((&p, &size)) = s.segments.range(..=addr).next_back() {
+            if addr < p + size && end <= p + size {
+                return Ok(vec![(Target::Segment(p), addr - p, 0, len)]);
+            }
+            if addr < p + size {
+                return fail(format!("{:#x} is past the segment at {p:#x}", p + size));
+            }
+        }
+        let mut pieces = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let hit = s.mappings.range(..=at).next_back();
+            let Some((&va, m)) = hit.filter(|(&va, m)| at < va + m.size && m.accessible) else {
+                return fail(format!("{at:#x} is not in a segment or an accessible page"));
+            };
+            let n = (va + m.size).min(end) - at;
+            pieces.push((
+                Target::Page(m.page),
+                at - va,
+                (at - addr) as usize,
+                n as usize,
+            ));
+            at += n;
+        }
+        Ok(pieces)
+    }
+
+    /// Asserts every invariant listed in the module documentation.
+    ///
+    /// # Panics
+    /// If one does not hold.
+    pub fn check_invariants(&self) {
+        let s = self.state.lock();
+        let g = self.cfg.granularity;
+        let spans = s.segments.iter().map(|(&p, &n)| (p, n.next_multiple_of(g)));
+        s.malloc_space.check(&spans.collect(), "malloc region");
+        s.va_space.check(&s.reservations, "reserve region");
+        let seg_bytes: u64 = s.segments.values().sum();
+        let page_bytes: u64 = s.pages.values().map(|p| p.size).sum();
+        assert_eq!((s.malloc_bytes, s.page_bytes), (seg_bytes, page_bytes));
+        assert!(s.used() <= self.cfg.capacity, "used bytes over capacity");
+        let mut prev_end = 0;
+        for (&va, m) in &s.mappings {
+            assert!(va >= prev_end, "mappings overlap at {va:#x}");
+            prev_end = va + m.size;
+            assert!(
+                s.reservation_of(va, m.size).is_some(),
+                "{va:#x} not reserved"
+            );
+            let page = &s.pages[&m.page];
+            assert_eq!((page.mapped_at, page.size), (Some(va), m.size));
+        }
+        let mapped = s.pages.values().filter(|p| p.mapped_at.is_some());
+        assert_eq!(mapped.count(), s.mappings.len(), "a page mapped twice");
+        for w in s.streams.values() {
+            assert!(w.completed <= w.submitted, "completed > submitted");
+        }
+        for &(stream, target) in s.events.values().flatten() {
+            assert!(target <= s.streams[&stream].submitted, "unsubmitted event");
+        }
+    }
+}
+
+/// Pieces of a host access: (target, offset in target, offset in buffer, length).
+type Route = Vec<(Target, u64, usize, usize)>;
+
+impl State {
+    fn used(&self) -> u64 {
+        self.malloc_bytes + self.page_bytes
+    }
+
+    fn fits(&self, size: u64, capacity: u64) -> bool {
+        self.used().checked_add(size).is_some_and(|n| n <= capacity)
+    }
+
+    fn handle(&mut self) -> u64 {
+        self.next_handle += 1;
+        self.next_handle - 1
+    }
+
+    /// The reservation containing `va..va + size`, if one does.
+    fn reservation_of(&self, va: u64, size: u64) -> Option<u64> {
+        let (&r, &len) = self.reservations.range(..=va).next_back()?;
+        (va.checked_add(size)? <= r + len).then_some(r)
+    }
+
+    /// True if some mapping intersects `va..va + size`.
+    fn any_mapped(&self, va: u64, size: u64) -> bool {
+        let before = self.mappings.range(..va).next_back();
+        before.is_some_and(|(&m, info)| m + info.size > va)
+            || self.mappings.range(va..va + size).next().is_some()
+    }
+
+    /// The last record of `event` (`None` if never recorded), or an error if it is unknown.
+    fn event(&mut self, call: Call, event: EventHandle) -> DeviceResult<&mut Recorded> {
+        let unknown = || DeviceError::invalid(call.name(), format!("unknown event {}", event.0));
+        self.events.get_mut(&event.0).ok_or_else(unknown)
+    }
+}
+
+/// The stream an event was last recorded on and the work count it waits for.
+type Recorded = Option<(StreamId, u64)>;
+
+impl Device for SimDevice {
+    fn ordinal(&self) -> usize {
+        self.cfg.ordinal
+    }
+
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        let mut s = self.enter(Call::Malloc, size)?;
+        if size == 0 {
+            bail!(Malloc, "zero-size allocation");
+        }
+        let span = size.checked_next_multiple_of(self.cfg.granularity);
+        let ptr = span
+            .filter(|_| s.fits(size, self.cfg.capacity))
+            .and_then(|span| s.malloc_space.take(span))
+            .ok_or_else(|| oom(Call::Malloc, size))?;
+        s.segments.insert(ptr, size);
+        s.malloc_bytes += size;
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        let mut s = self.enter(Call::Free, size)?;
+        if s.segments.get(&ptr) != Some(&size) {
+            bail!(Free, "no live segment of {size} bytes at {ptr:#x}");
+        }
+        s.segments.remove(&ptr);
+        s.segment_data.remove(&ptr);
+        s.malloc_bytes -= size;
+        let span = size.next_multiple_of(self.cfg.granularity);
+        s.malloc_space.give(ptr, span);
+        Ok(())
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        let s = self.enter(Call::MemInfo, 0)?;
+        Ok((self.cfg.capacity - s.used(), self.cfg.capacity))
+    }
+
+    fn granularity(&self) -> DeviceResult<u64> {
+        Ok(self.cfg.granularity)
+    }
+
+    fn reserve(&self, size: u64) -> DeviceResult<DevicePtr> {
+        let mut s = self.enter(Call::Reserve, size)?;
+        self.size_ok(Call::Reserve, size)?;
+        let va = s.va_space.take(size);
+        let va = va.ok_or_else(|| oom(Call::Reserve, size))?;
+        s.reservations.insert(va, size);
+        Ok(va)
+    }
+
+    fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        let mut s = self.enter(Call::Unreserve, size)?;
+        if s.reservations.get(&va) != Some(&size) {
+            bail!(Unreserve, "no reservation of {size} bytes at {va:#x}");
+        }
+        if s.any_mapped(va, size) {
+            bail!(Unreserve, "a page is still mapped inside {va:#x}");
+        }
+        s.reservations.remove(&va);
+        s.va_space.give(va, size);
+        Ok(())
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        let mut s = self.enter(Call::CreatePage, size)?;
+        self.size_ok(Call::CreatePage, size)?;
+        if !s.fits(size, self.cfg.capacity) {
+            return Err(oom(Call::CreatePage, size));
+        }
+        let id = s.handle();
+        let data = Sparse::default();
+        s.pages.insert(
+            id,
+            Page {
+                size,
+                mapped_at: None,
+                data,
+            },
+        );
+        s.page_bytes += size;
+        Ok(PageHandle(id))
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        let mut s = self.enter(Call::ReleasePage, 0)?;
+        let Some(p) = s.pages.get(&page.0) else {
+            bail!(ReleasePage, "unknown page {}", page.0);
+        };
+        if let Some(va) = p.mapped_at {
+            bail!(ReleasePage, "page {} is still mapped at {va:#x}", page.0);
+        }
+        let size = p.size;
+        s.pages.remove(&page.0);
+        s.page_bytes -= size;
+        Ok(())
+    }
+
+    fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let mut s = self.enter(Call::Map, size)?;
+        if !self.aligned(va) {
+            bail!(Map, "address {va:#x} is not aligned to the granularity");
+        }
+        let Some(p) = s.pages.get(&page.0) else {
+            bail!(Map, "unknown page {}", page.0);
+        };
+        if p.size != size {
+            bail!(Map, "page {} has {} bytes, not {size}", page.0, p.size);
+        }
+        if let Some(at) = p.mapped_at {
+            bail!(Map, "page {} is already mapped at {at:#x}", page.0);
+        }
+        if s.reservation_of(va, size).is_none() {
+            bail!(Map, "{va:#x} + {size} is not inside one reservation");
+        }
+        if s.any_mapped(va, size) {
+            bail!(Map, "{va:#x} + {size} is already mapped");
+        }
+        s.pages.get_mut(&page.0).expect("checked").mapped_at = Some(va);
+        let (page, accessible) = (page.0, false);
+        s.mappings.insert(
+            va,
+            Mapping {
+                size,
+                page,
+                accessible,
+            },
+        );
+        Ok(())
+    }
+
+    fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        let mut s = self.enter(Call::Unmap, size)?;
+        let page = match s.mappings.get(&va) {
+            Some(m) if m.size == size => m.page,
+            _ => bail!(Unmap, "no page of {size} bytes is mapped at {va:#x}"),
+        };
+        s.mappings.remove(&va);
+        s.pages.get_mut(&page).expect("mapped page").mapped_at = None;
+        Ok(())
+    }
+
+    /// Peers are accepted and ignored: the simulated device has no peers to grant access to.
+    fn set_access(&self, va: DevicePtr, size: u64, _peers: &[usize]) -> DeviceResult<()> {
+        let mut s = self.enter(Call::SetAccess, size)?;
+        self.size_ok(Call::SetAccess, size)?;
+        let Some(end) = va.checked_add(size).filter(|_| self.aligned(va)) else {
+            bail!(
+                SetAccess,
+                "address {va:#x} is misaligned or the range overflows"
+            );
+        };
+        let mut at = va;
+        for (&m, info) in s.mappings.range(va..end) {
+            if m != at {
+                break;
+            }
+            at = m + info.size;
+        }
+        if at < end {
+            bail!(SetAccess, "{at:#x} is not mapped");
+        }
+        for (_, info) in s.mappings.range_mut(va..end) {
+            info.accessible = true;
+        }
+        Ok(())
+    }
+
+    fn create_event(&self) -> DeviceResult<EventHandle> {
+        let mut s = self.enter(Call::CreateEvent, 0)?;
+        let id = s.handle();
+        s.events.insert(id, None);
+        Ok(EventHandle(id))
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let mut s = self.enter(Call::DestroyEvent, 0)?;
+        s.event(Call::DestroyEvent, event)?;
+        s.events.remove(&event.0);
+        Ok(())
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
+        let mut s = self.enter(Call::RecordEvent, 0)?;
+        s.event(Call::RecordEvent, event)?;
+        let auto = s.auto_complete;
+        let work = s.streams.entry(stream).or_default();
+        work.submitted += 1;
+        if auto {
+            work.completed = work.submitted;
+        }
+        let target = work.submitted;
+        *s.event(Call::RecordEvent, event)? = Some((stream, target));
+        Ok(())
+    }
+
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
+        let mut s = self.enter(Call::QueryEvent, 0)?;
+        let Some((stream, target)) = *s.event(Call::QueryEvent, event)? else {
+            return Ok(true);
+        };
+        Ok(s.streams[&stream].completed >= target)
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let mut s = self.enter(Call::SynchronizeEvent, 0)?;
+        if let Some((stream, target)) = *s.event(Call::SynchronizeEvent, event)? {
+            let work = s.streams.get_mut(&stream).expect("recorded stream");
+            work.completed = work.completed.max(target);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,727 @@
+//! Adaptors around any [`Device`]: a byte limit, injected faults, call counters and a call log.
+//!
+//! # Why wrappers and not flags in the pool
+//!
+//! The caching allocator should only know how to carve blocks out of segments and pages and hand
+//! them to streams. Testing and debugging concerns ("pretend the device has 4 GiB", "fail the
+//! third malloc", "how many times did we call the driver?", "print every driver call") are not
+//! part of that job, and each would need a branch on the allocator's hot path if it lived there
+//! as a flag. Instead, each concern is a small type that *is* a [`Device`] and holds another
+//! device: it does its one thing and forwards the call. The allocator cannot tell a wrapped
+//! device from a bare one, so wrappers stack in any order (`LogCalls<Limit<CudaDevice>>`), work
+//! over the real driver as well as over [`crate::SimDevice`], and cost nothing when unused. This
+//! is the idea behind RMM's resource adaptors, applied at the device boundary.
+//!
+//! The building blocks [`CallCounters`] and [`FaultPlan`] are public so that
+//! [`crate::SimDevice`] shares the exact same counting and fault semantics as [`CountCalls`] and
+//! [`FailCalls`].
+//!
+//! Only the fifteen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
+//! are plain queries and are forwarded untouched.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::device::{
+    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+};
+
+/// One counter per [`Call`] kind; lock-free, shared by [`crate::SimDevice`] and [`CountCalls`].
+#[derive(Debug, Default)]
+pub struct CallCounters {
+    counts: [AtomicU64; Call::ALL.len()],
+}
+
+impl CallCounters {
+    /// All counters at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one call of kind `call`.
+    pub fn record(&self, call: Call) {
+        self.counts[call.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many calls of kind `call` were recorded since creation or the last reset.
+    pub fn get(&self, call: Call) -> u64 {
+        self.counts[call.index()].load(Ordering::Relaxed)
+    }
+
+    /// Calls of every kind together.
+    pub fn total(&self) -> u64 {
+        Call::ALL.iter().map(|&c| self.get(c)).sum()
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset(&self) {
+        for c in &self.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Which upcoming calls fail: shared by [`crate::SimDevice`] and [`FailCalls`].
+///
+/// Only acquiring calls (those with `!call.is_release()`) are counted and failed; release calls
+/// never fail, so cleanup paths stay testable. A one-shot fault ([`FaultPlan::fail_call`]) and a
+/// periodic fault ([`FaultPlan::fail_every`]) may be armed together; a call fails if either fires.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultPlan {
+    /// Acquiring calls left until the one-shot fault (1 = the next one).
+    countdown: Option<u64>,
+    /// Period of the periodic fault; 0 disables it.
+    every: u64,
+    /// Acquiring calls seen since the periodic fault last fired (or was armed).
+    seen: u64,
+}
+
+impl FaultPlan {
+    /// A plan that fails nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The `k`-th acquiring call from now fails (1-based); `k = 0` disarms the one-shot fault.
+    pub fn fail_call(&mut self, k: u64) {
+        self.countdown = (k > 0).then_some(k);
+    }
+
+    /// Every `k`-th acquiring call from now fails; `k = 0` disables the periodic fault.
+    pub fn fail_every(&mut self, k: u64) {
+        self.every = k;
+        self.seen = 0;
+    }
+
+    /// The next acquiring call fails; shorthand for `fail_call(1)`.
+    pub fn fail_next(&mut self) {
+        self.fail_call(1);
+    }
+
+    /// Disarms every fault.
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    /// True while some fault is still to come.
+    pub fn is_armed(&self) -> bool {
+        self.countdown.is_some() || self.every > 0
+    }
+
+    /// Advances the plan by one call and says whether that call must fail.
+    pub fn tick(&mut self, call: Call) -> bool {
+        if call.is_release() {
+            return false;
+        }
+        let one_shot = match self.countdown {
+            Some(1) => {
+                self.countdown = None;
+                true
+            }
+            Some(n) => {
+                self.countdown = Some(n - 1);
+                false
+            }
+            None => false,
+        };
+        let periodic = self.every > 0 && {
+            self.seen += 1;
+            self.seen == self.every
+        };
+        if periodic {
+            self.seen = 0;
+        }
+        one_shot || periodic
+    }
+
+    /// [`FaultPlan::tick`], turned into the injected error when the call must fail.
+    /// `requested` is the size argument of the call, if it has one.
+    pub fn check(&mut self, call: Call, requested: u64) -> DeviceResult<()> {
+        if self.tick(call) {
+            Err(Self::injected(call, requested))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The error an injected fault produces: out-of-memory for the calls that supply memory or
+    /// address space (`malloc`, `create_page`, `reserve`), driver error 999 for the others.
+    pub fn injected(call: Call, requested: u64) -> DeviceError {
+        match call {
+            Call::Malloc | Call::CreatePage | Call::Reserve => DeviceError::OutOfMemory {
+                call: call.name(),
+                requested,
+            },
+            _ => DeviceError::Driver {
+                call: call.name(),
+                code: 999,
+                message: "injected fault".into(),
+            },
+        }
+    }
+}
+
+/// Outstanding physical bytes (malloc'd segments plus created pages) seen through a wrapper.
+#[derive(Debug, Default)]
+struct Bytes {
+    outstanding: u64,
+    pages: HashMap<PageHandle, u64>,
+}
+
+impl Bytes {
+    /// Adds `size` unless that would exceed `limit`.
+    fn try_add(&mut self, size: u64, limit: u64) -> bool {
+        match self.outstanding.checked_add(size) {
+            Some(n) if n <= limit => {
+                self.outstanding = n;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn sub(&mut self, size: u64) {
+        self.outstanding = self.outstanding.saturating_sub(size);
+    }
+
+    fn release_page(&mut self, page: PageHandle) {
+        let size = self.pages.remove(&page).unwrap_or(0);
+        self.sub(size);
+    }
+}
+
+/// Forwards the [`Device`] methods whose behaviour a wrapper does not change.
+macro_rules! forward {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret { self.inner.$name($($arg),*) })*
+    };
+}
+
+/// Caps the physical bytes outstanding on the inner device (malloc sizes plus page sizes, minus
+/// frees and releases). A request over the limit is [`DeviceError::OutOfMemory`] and never
+/// reaches the inner device. The limit may be changed at any time; lowering it below what is
+/// outstanding only makes later requests fail.
+#[derive(Debug)]
+pub struct Limit<D> {
+    inner: D,
+    limit: AtomicU64,
+    bytes: Mutex<Bytes>,
+}
+
+impl<D: Device> Limit<D> {
+    /// Wraps `inner` with a limit of `limit` bytes.
+    pub fn new(inner: D, limit: u64) -> Self {
+        Self {
+            inner,
+            limit: AtomicU64::new(limit),
+            bytes: Mutex::new(Bytes::default()),
+        }
+    }
+
+    /// The current limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the limit.
+    pub fn set_limit(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Bytes malloc'd or held in pages through this wrapper and not yet given back.
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.bytes.lock().outstanding
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Unwraps the device.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    /// Books `size` bytes against the limit, or fails without touching the inner device.
+    fn book(&self, call: Call, size: u64) -> DeviceResult<()> {
+        if self.bytes.lock().try_add(size, self.limit()) {
+            Ok(())
+        } else {
+            Err(DeviceError::OutOfMemory {
+                call: call.name(),
+                requested: size,
+            })
+        }
+    }
+
+    /// Gives `size` booked bytes back when the inner call failed.
+    fn unbook<T>(&self, result: DeviceResult<T>, size: u64) -> DeviceResult<T> {
+        if result.is_err() {
+            self.bytes.lock().sub(size);
+        }
+        result
+    }
+}
+
+impl<D: Device> Device for Limit<D> {
+    forward! {
+        ordinal() -> usize;
+        granularity() -> DeviceResult<u64>;
+        reserve(size: u64) -> DeviceResult<DevicePtr>;
+        unreserve(va: DevicePtr, size: u64) -> DeviceResult<()>;
+        map(va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()>;
+        unmap(va: DevicePtr, size: u64) -> DeviceResult<()>;
+        set_access(va: DevicePtr, size: u64, peers: &[usize]) -> DeviceResult<()>;
+        create_event() -> DeviceResult<EventHandle>;
+        destroy_event(event: EventHandle) -> DeviceResult<()>;
+        record_event(event: EventHandle, stream: StreamId) -> DeviceResult<()>;
+        query_event(event: EventHandle) -> DeviceResult<bool>;
+        synchronize_event(event: EventHandle) -> DeviceResult<()>;
+    }
+
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        self.book(Call::Malloc, size)?;
+        self.unbook(self.inner.malloc(size), size)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        self.inner.free(ptr, size)?;
+        self.bytes.lock().sub(size);
+        Ok(())
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        let (free, total) = self.inner.mem_info()?;
+        let limit = self.limit();
+        let limit_free = limit.saturating_sub(self.outstanding_bytes());
+        Ok((free.min(limit_free), total.min(limit)))
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.book(Call::CreatePage, size)?;
+        let page = self.unbook(self.inner.create_page(size), size)?;
+        self.bytes.lock().pages.insert(page, size);
+        Ok(page)
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        self.inner.release_page(page)?;
+        self.bytes.lock().release_page(page);
+        Ok(())
+    }
+}
+
+/// Injects faults into the inner device following a [`FaultPlan`]: a failed call returns the
+/// injected error and never reaches the inner device, so it changes nothing.
+#[derive(Debug)]
+pub struct FailCalls<D> {
+    inner: D,
+    plan: Mutex<FaultPlan>,
+}
+
+impl<D: Device> FailCalls<D> {
+    /// Wraps `inner` with no fault armed.
+    pub fn new(inner: D) -> Self {
+        Self {
+            inner,
+            plan: Mutex::new(FaultPlan::new()),
+        }
+    }
+
+    /// The `k`-th acquiring call from now fails (1-based).
+    pub fn fail_call(&self, k: u64) {
+        self.plan.lock().fail_call(k);
+    }
+
+    /// Every `k`-th acquiring call fails; `k = 0` disables it.
+    pub fn fail_every(&self, k: u64) {
+        self.plan.lock().fail_every(k);
+    }
+
+    /// The next acquiring call fails.
+    pub fn fail_next(&self) {
+        self.plan.lock().fail_next();
+    }
+
+    /// Disarms every fault.
+    pub fn clear_faults(&self) {
+        self.plan.lock().clear();
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Unwraps the device.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    fn check(&self, call: Call, requested: u64) -> DeviceResult<()> {
+        self.plan.lock().check(call, requested)
+    }
+}
+
+/// Implements every [`Call`] method of a wrapper as `self.$hook(Call, size)?` followed by the
+/// forwarded call; `$size` names the argument reported as `requested` (or `0`).
+macro_rules! hooked {
+    ($hook:ident; $($name:ident => $call:ident ($($arg:ident: $ty:ty),*) [$size:expr] -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret {
+            self.$hook(Call::$call, $size)?;
+            self.inner.$name($($arg),*)
+        })*
+    };
+}
+
+impl<D: Device> Device for FailCalls<D> {
+    forward! {
+        ordinal() -> usize;
+        granularity() -> DeviceResult<u64>;
+    }
+    hooked! { check;
+        malloc => Malloc(size: u64) [size] -> DeviceResult<DevicePtr>;
+        free => Free(ptr: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+        mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
+        reserve => Reserve(size: u64) [size] -> DeviceResult<DevicePtr>;
+        unreserve => Unreserve(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+        create_page => CreatePage(size: u64) [size] -> DeviceResult<PageHandle>;
+        release_page => ReleasePage(page: PageHandle) [0] -> DeviceResult<()>;
+        map => Map(va: DevicePtr, size: u64, page: PageHandle) [size] -> DeviceResult<()>;
+        unmap => Unmap(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+        set_access => SetAccess(va: DevicePtr, size: u64, peers: &[usize]) [size]
+            -> DeviceResult<()>;
+        create_event => CreateEvent() [0] -> DeviceResult<EventHandle>;
+        destroy_event => DestroyEvent(event: EventHandle) [0] -> DeviceResult<()>;
+        record_event => RecordEvent(event: EventHandle, stream: StreamId) [0]
+            -> DeviceResult<()>;
+        query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
+        synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
+    }
+}
+
+/// Counts every call per [`Call`] kind (successful or not) and tracks the physical bytes
+/// outstanding on the inner device (malloc'd segments plus created pages).
+#[derive(Debug)]
+pub struct CountCalls<D> {
+    inner: D,
+    counters: CallCounters,
+    bytes: Mutex<Bytes>,
+}
+
+impl<D: Device> CountCalls<D> {
+    /// Wraps `inner` with every counter at zero.
+    pub fn new(inner: D) -> Self {
+        Self {
+            inner,
+            counters: CallCounters::new(),
+            bytes: Mutex::new(Bytes::default()),
+        }
+    }
+
+    /// How many calls of kind `call` were made.
+    pub fn calls(&self, call: Call) -> u64 {
+        self.counters.get(call)
+    }
+
+    /// How many calls were made in all.
+    pub fn total_calls(&self) -> u64 {
+        self.counters.total()
+    }
+
+    /// Sets every call counter back to zero (outstanding bytes are kept).
+    pub fn reset_calls(&self) {
+        self.counters.reset();
+    }
+
+    /// The counters themselves.
+    pub fn counters(&self) -> &CallCounters {
+        &self.counters
+    }
+
+    /// Bytes malloc'd or held in pages through this wrapper and not yet given back.
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.bytes.lock().outstanding
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Unwraps the device.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    fn count(&self, call: Call, _size: u64) -> DeviceResult<()> {
+        self.counters.record(call);
+        Ok(())
+    }
+
+    fn add(&self, size: u64) {
+        self.bytes.lock().try_add(size, u64::MAX);
+    }
+}
+
+impl<D: Device> Device for CountCalls<D> {
+    forward! {
+        ordinal() -> usize;
+        granularity() -> DeviceResult<u64>;
+    }
+    hooked! { count;
+        mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
+        reserve => Reserve(size: u64) [size] -> DeviceResult<DevicePtr>;
+        unreserve => Unreserve(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+        map => Map(va: DevicePtr, size: u64, page: PageHandle) [size] -> DeviceResult<()>;
+        unmap => Unmap(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+        set_access => SetAccess(va: DevicePtr, size: u64, peers: &[usize]) [size]
+            -> DeviceResult<()>;
+        create_event => CreateEvent() [0] -> DeviceResult<EventHandle>;
+        destroy_event => DestroyEvent(event: EventHandle) [0] -> DeviceResult<()>;
+        record_event => RecordEvent(event: EventHandle, stream: StreamId) [0]
+            -> DeviceResult<()>;
+        query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
+        synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
+    }
+
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        self.counters.record(Call::Malloc);
+        let ptr = self.inner.malloc(size)?;
+        self.add(size);
+        Ok(ptr)
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        self.counters.record(Call::Free);
+        self.inner.free(ptr, size)?;
+        self.bytes.lock().sub(size);
+        Ok(())
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.counters.record(Call::CreatePage);
+        let page = self.inner.create_page(size)?;
+        self.add(size);
+        self.bytes.lock().pages.insert(page, size);
+        Ok(page)
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        self.counters.record(Call::ReleasePage);
+        self.inner.release_page(page)?;
+        self.bytes.lock().release_page(page);
+        Ok(())
+    }
+}
+
+/// Where [`LogCalls`] puts its lines.
+enum Sink {
+    Lines(Vec<String>),
+    Writer(Box<dyn Write + Send>),
+}
+
+/// Writes one line per call, such as `malloc(2097152) -> Ok(0x700000000000)`, into an internal
+/// list (read it with [`LogCalls::lines`]) or to a writer given at construction. Addresses are
+/// printed in hex, sizes in decimal bytes; errors are printed with their `Display` text. Write
+/// errors of the writer are ignored: logging never changes what the device returns.
+pub struct LogCalls<D> {
+    inner: D,
+    sink: Mutex<Sink>,
+}
+
+impl<D> std::fmt::Debug for LogCalls<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogCalls").finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> LogCalls<D> {
+    /// Wraps `inner`, keeping the lines in memory.
+    pub fn new(inner: D) -> Self {
+        Self {
+            inner,
+            sink: Mutex::new(Sink::Lines(Vec::new())),
+        }
+    }
+
+    /// Wraps `inner`, writing each line (with a trailing newline) to `writer`.
+    pub fn with_writer(inner: D, writer: Box<dyn Write + Send>) -> Self {
+        Self {
+            inner,
+            sink: Mutex::new(Sink::Writer(writer)),
+        }
+    }
+
+    /// The lines logged so far (empty when logging to a writer).
+    pub fn lines(&self) -> Vec<String> {
+        match &*self.sink.lock() {
+            Sink::Lines(lines) => lines.clone(),
+            Sink::Writer(_) => Vec::new(),
+        }
+    }
+
+    /// Removes and returns the lines logged so far (empty when logging to a writer).
+    pub fn take_lines(&self) -> Vec<String> {
+        match &mut *self.sink.lock() {
+            Sink::Lines(lines) => std::mem::take(lines),
+            Sink::Writer(_) => Vec::new(),
+        }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Unwraps the device.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    /// Logs `call(args) -> result` and passes the result through.
+    fn log<T>(&self, call: Call, args: String, result: DeviceResult<T>) -> DeviceResult<T>
+    where
+        T: LogValue,
+    {
+        let shown = match &result {
+            Ok(v) => format!("Ok({})", v.show()),
+            Err(e) => format!("Err({e})"),
+        };
+        let line = format!("{}({args}) -> {shown}", call.name());
+        match &mut *self.sink.lock() {
+            Sink::Lines(lines) => lines.push(line),
+            Sink::Writer(w) => {
+                let _ = writeln!(w, "{line}");
+            }
+        }
+        result
+    }
+}
+
+/// How a call's successful result is shown in a log line.
+trait LogValue {
+    fn show(&self) -> String;
+}
+
+impl LogValue for u64 {
+    /// Only addresses are returned as bare `u64`s.
+    fn show(&self) -> String {
+        format!("{self:#x}")
+    }
+}
+
+impl LogValue for () {
+    fn show(&self) -> String {
+        "()".into()
+    }
+}
+
+impl LogValue for bool {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl LogValue for (u64, u64) {
+    fn show(&self) -> String {
+        format!("free {}, total {}", self.0, self.1)
+    }
+}
+
+impl LogValue for PageHandle {
+    fn show(&self) -> String {
+        format!("page {}", self.0)
+    }
+}
+
+impl LogValue for EventHandle {
+    fn show(&self) -> String {
+        format!("event {}", self.0)
+    }
+}
+
+impl<D: Device> Device for LogCalls<D> {
+    forward! {
+        ordinal() -> usize;
+        granularity() -> DeviceResult<u64>;
+    }
+
+    fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
+        self.log(Call::Malloc, format!("{size}"), self.inner.malloc(size))
+    }
+
+    fn free(&self, ptr: DevicePtr, size: u64) -> DeviceResult<()> {
+        let args = format!("{ptr:#x}, {size}");
+        self.log(Call::Free, args, self.inner.free(ptr, size))
+    }
+
+    fn mem_info(&self) -> DeviceResult<(u64, u64)> {
+        self.log(Call::MemInfo, String::new(), self.inner.mem_info())
+    }
+
+    fn reserve(&self, size: u64) -> DeviceResult<DevicePtr> {
+        self.log(Call::Reserve, format!("{size}"), self.inner.reserve(size))
+    }
+
+    fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        let args = format!("{va:#x}, {size}");
+        self.log(Call::Unreserve, args, self.inner.unreserve(va, size))
+    }
+
+    fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        let result = self.inner.create_page(size);
+        self.log(Call::CreatePage, format!("{size}"), result)
+    }
+
+    fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        let args = format!("page {}", page.0);
+        self.log(Call::ReleasePage, args, self.inner.release_page(page))
+    }
+
+    fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()> {
+        let args = format!("{va:#x}, {size}, page {}", page.0);
+        self.log(Call::Map, args, self.inner.map(va, size, page))
+    }
+
+    fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
+        let args = format!("{va:#x}, {size}");
+        self.log(Call::Unmap, args, self.inner.unmap(va, size))
+    }
+
+    fn set_access(&self, va: DevicePtr, size: u64, peers: &[usize]) -> DeviceResult<()> {
+        let args = format!("{va:#x}, {size}, peers {peers:?}");
+        let result = self.inner.set_access(va, size, peers);
+        self.log(Call::SetAccess, args, result)
+    }
+
+    fn create_event(&self) -> DeviceResult<EventHandle> {
+        self.log(Call::CreateEvent, String::new(), self.inner.create_event())
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let args = format!("event {}", event.0);
+        self.log(Call::DestroyEvent, args, self.inner.destroy_event(event))
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
+        let args = format!("event {}, {stream}", event.0);
+        let result = self.inner.record_event(event, stream);
+        self.log(Call::RecordEvent, args, result)
+    }
+
+    fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
+        let args = format!("event {}", event.0);
+        self.log(Call::QueryEvent, args, self.inner.query_event(event))
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
+        let args = format!("event {}", event.0);
+        let result = self.inner.synchronize_event(event);
+        self.log(Call::SynchronizeEvent, args, result)
+    }
+}

@@ -1,0 +1,376 @@
+//! Policy configuration: PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax plus cudalloc's own keys.
+//!
+//! A config string is a comma-separated list of `key:value` entries, for example
+//! `max_split_size_mb:128,roundup_power2_divisions:[64:8,256:4,>:1],garbage_collection_threshold:0.8`.
+//! The environment variable `CUDALLOC_CONF` is read by [`Config::from_env`].
+//!
+//! | key | value | meaning |
+//! | --- | --- | --- |
+//! | `policy` | `torch`, `torch-expandable`, `default` | the rule set (see [`Policy`]) |
+//! | `max_split_size_mb` | integer >= 20 | blocks this large are never split (PyTorch) |
+//! | `max_non_split_rounding_mb` | integer >= 20 | how much larger an unsplit oversize block may be than the request (PyTorch) |
+//! | `roundup_power2_divisions` | power of two, or `[MB:div,...,>:div]` | rounding of request sizes (PyTorch) |
+//! | `garbage_collection_threshold` | 0 < x < 1 | free old cached segments above this fraction of the memory limit (PyTorch) |
+//! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments (same as `policy:torch-expandable`) |
+//! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
+//! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
+//! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
+//!
+//! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key.
+
+use std::fmt;
+
+/// Number of power-of-two size intervals of `roundup_power2_divisions` (1 MiB .. 64 GiB).
+pub const DIVISION_INTERVALS: usize = 16;
+
+/// The rule set an allocator follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// PyTorch's caching allocator, rule for rule.
+    Torch,
+    /// PyTorch's caching allocator with `expandable_segments:True`.
+    TorchExpandable,
+    /// cudalloc's own: one growable virtual range per pool and stream, 2 MiB pages mapped in
+    /// batches, cached pages released once they exceed a fragmentation budget.
+    Default,
+}
+
+impl Policy {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [Policy; 3] = [Policy::Torch, Policy::TorchExpandable, Policy::Default];
+
+    /// The policy's name as the command line and config strings spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Torch => "torch",
+            Policy::TorchExpandable => "torch-expandable",
+            Policy::Default => "default",
+        }
+    }
+
+    /// Parses a policy name.
+    pub fn parse(s: &str) -> Result<Policy, ConfigError> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "policy",
+                    format!("unknown policy `{s}` (expected torch, torch-expandable or default)"),
+                )
+            })
+    }
+
+    /// True when the policy maps pages into reserved virtual ranges.
+    pub fn is_expandable(self) -> bool {
+        !matches!(self, Policy::Torch)
+    }
+}
+
+/// A config key that could not be accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key (or the offending token when no key could be read).
+    pub key: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config key `{}`: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A complete policy configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// The rule set.
+    pub policy: Policy,
+    /// Blocks of at least this size are never split (`u64::MAX`: no limit).
+    pub max_split_size: u64,
+    /// An oversize cached block may exceed the request by less than this.
+    pub max_non_split_rounding: u64,
+    /// Divisions per power-of-two interval, indexed from 1 MiB up (0 or 1: plain 512 B rounding).
+    pub roundup_power2_divisions: [u64; DIVISION_INTERVALS],
+    /// Fraction of the memory limit above which old cached segments are freed (0: off).
+    pub garbage_collection_threshold: f64,
+    /// `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it.
+    pub fragmentation_budget: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::for_policy(Policy::Default)
+    }
+}
+
+/// The `default` policy's fragmentation budget when none is given.
+pub const DEFAULT_FRAGMENTATION_BUDGET: f64 = 0.02;
+
+impl Config {
+    /// The configuration a policy has with no further keys.
+    pub fn for_policy(policy: Policy) -> Config {
+        Config {
+            policy,
+            max_split_size: u64::MAX,
+            max_non_split_rounding: crate::sizes::LARGE_BUFFER,
+            roundup_power2_divisions: [0; DIVISION_INTERVALS],
+            garbage_collection_threshold: 0.0,
+            fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
+        }
+    }
+
+    /// Parses a config string on top of `base` (whose policy a `policy` key may change).
+    pub fn parse_onto(base: Config, s: &str) -> Result<Config, ConfigError> {
+        let mut cfg = base;
+        let tokens = lex(s);
+        let mut p = Parser { tokens, i: 0 };
+        while !p.done() {
+            let key = p.next_word("(start of entry)")?;
+            p.expect(&key, ":")?;
+            cfg.apply(&key, &mut p)?;
+            if !p.done() {
+                p.expect(&key, ",")?;
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Parses a config string on top of the `default` policy.
+    pub fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse_onto(Config::default(), s)
+    }
+
+    /// Reads `CUDALLOC_CONF` (absent: the `default` policy).
+    pub fn from_env() -> Result<Config, ConfigError> {
+        match std::env::var("CUDALLOC_CONF") {
+            Ok(s) => Config::parse(&s),
+            Err(_) => Ok(Config::default()),
+        }
+    }
+
+    /// Divisions that apply to a request of `size` bytes.
+    pub fn divisions_for(&self, size: u64) -> u64 {
+        let log = 63 - size.max(1).leading_zeros() as usize;
+        let index = log.saturating_sub(20).min(DIVISION_INTERVALS - 1);
+        self.roundup_power2_divisions[index]
+    }
+
+    fn apply(&mut self, key: &str, p: &mut Parser) -> Result<(), ConfigError> {
+        match key {
+            "policy" => self.policy = Policy::parse(&p.next_word(key)?)?,
+            "max_split_size_mb" => self.max_split_size = p.megabytes(key)?,
+            "max_non_split_rounding_mb" => self.max_non_split_rounding = p.megabytes(key)?,
+            "garbage_collection_threshold" => {
+                let v = p.number(key)?;
+                if !(v > 0.0 && v < 1.0) {
+                    return Err(ConfigError::new(key, format!("{v} is not in (0, 1)")));
+                }
+                self.garbage_collection_threshold = v;
+            }
+            "fragmentation_budget" => {
+                let v = p.number(key)?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(ConfigError::new(key, format!("{v} is not in [0, 1]")));
+                }
+                self.fragmentation_budget = v;
+            }
+            "roundup_power2_divisions" => self.parse_divisions(key, p)?,
+            "expandable_segments" => {
+                let on = p.boolean(key)?;
+                self.policy = match (on, self.policy) {
+                    (true, Policy::Torch) => Policy::TorchExpandable,
+                    (false, Policy::TorchExpandable) => Policy::Torch,
+                    (_, other) => other,
+                };
+            }
+            "backend" => {
+                let v = p.next_word(key)?;
+                if v != "native" {
+                    return Err(ConfigError::new(
+                        key,
+                        format!("`{v}` is not supported (only `native`)"),
+                    ));
+                }
+            }
+            "pinned_use_cuda_host_register"
+            | "pinned_num_register_threads"
+            | "pinned_use_background_threads"
+            | "release_lock_on_cudamalloc" => {
+                p.next_word(key)?;
+            }
+            _ => return Err(ConfigError::new(key, "unknown key")),
+        }
+        Ok(())
+    }
+
+    fn parse_divisions(&mut self, key: &str, p: &mut Parser) -> Result<(), ConfigError> {
+        if p.peek() != Some("[") {
+            let v = p.integer(key)?;
+            check_division(key, v, false)?;
+            self.roundup_power2_divisions = [v; DIVISION_INTERVALS];
+            return Ok(());
+        }
+        p.expect(key, "[")?;
+        let mut first = true;
+        let mut last_index = 0usize;
+        loop {
+            let bound = p.next_word(key)?;
+            if bound == "]" {
+                return Ok(());
+            }
+            p.expect(key, ":")?;
+            let v = p.integer(key)?;
+            check_division(key, v, true)?;
+            if bound == ">" {
+                for d in
+                    &mut self.roundup_power2_divisions[(last_index + 1).min(DIVISION_INTERVALS)..]
+                {
+                    *d = v;
+                }
+            } else {
+                let mb: u64 = bound.parse().map_err(|_| {
+                    ConfigError::new(key, format!("interval `{bound}` is not a number of MB"))
+                })?;
+                if !mb.is_power_of_two() {
+                    return Err(ConfigError::new(
+                        key,
+                        format!("interval {mb} MB is not a power of two"),
+                    ));
+                }
+                let index = (mb.trailing_zeros() as usize).min(DIVISION_INTERVALS - 1);
+                if first {
+                    for d in &mut self.roundup_power2_divisions[..index] {
+                        *d = v;
+                    }
+                    first = false;
+                }
+                self.roundup_power2_divisions[index] = v;
+                last_index = index;
+            }
+            match p.peek() {
+                Some("]") => {}
+                _ => p.expect(key, ",")?,
+            }
+        }
+    }
+}
+
+fn check_division(key: &str, v: u64, zero_ok: bool) -> Result<(), ConfigError> {
+    if (zero_ok && v == 0) || v.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            key,
+            format!("{v} divisions is not a power of two"),
+        ))
+    }
+}
+
+/// Splits a config string into words and the punctuation `,` `:` `[` `]`; spaces are dropped.
+fn lex(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for c in s.chars() {
+        match c {
+            ',' | ':' | '[' | ']' => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+                out.push(c.to_string());
+            }
+            c if c.is_whitespace() => {}
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        out.push(word);
+    }
+    out
+}
+
+struct Parser {
+    tokens: Vec<String>,
+    i: usize,
+}
+
+impl Parser {
+    fn done(&self) -> bool {
+        self.i >= self.tokens.len()
+    }
+
+    fn peek(&self) -> Option<&str> {
+        self.tokens.get(self.i).map(String::as_str)
+    }
+
+    fn next_word(&mut self, key: &str) -> Result<String, ConfigError> {
+        let t = self
+            .tokens
+            .get(self.i)
+            .cloned()
+            .ok_or_else(|| ConfigError::new(key, "missing value"))?;
+        self.i += 1;
+        Ok(t)
+    }
+
+    fn expect(&mut self, key: &str, what: &str) -> Result<(), ConfigError> {
+        match self.peek() {
+            Some(t) if t == what => {
+                self.i += 1;
+                Ok(())
+            }
+            Some(t) => Err(ConfigError::new(
+                key,
+                format!("expected `{what}`, found `{t}`"),
+            )),
+            None => Err(ConfigError::new(
+                key,
+                format!("expected `{what}`, found the end"),
+            )),
+        }
+    }
+
+    fn integer(&mut self, key: &str) -> Result<u64, ConfigError> {
+        let w = self.next_word(key)?;
+        w.parse()
+            .map_err(|_| ConfigError::new(key, format!("`{w}` is not a non-negative integer")))
+    }
+
+    fn number(&mut self, key: &str) -> Result<f64, ConfigError> {
+        let w = self.next_word(key)?;
+        w.parse()
+            .map_err(|_| ConfigError::new(key, format!("`{w}` is not a number")))
+    }
+
+    fn boolean(&mut self, key: &str) -> Result<bool, ConfigError> {
+        let w = self.next_word(key)?;
+        match w.as_str() {
+            "True" | "true" | "1" => Ok(true),
+            "False" | "false" | "0" => Ok(false),
+            _ => Err(ConfigError::new(key, format!("`{w}` is not True or False"))),
+        }
+    }
+
+    fn megabytes(&mut self, key: &str) -> Result<u64, ConfigError> {
+        let mb = self.integer(key)?;
+        if mb < crate::sizes::LARGE_BUFFER >> 20 {
+            return Err(ConfigError::new(
+                key,
+                format!("{mb} MB is below the minimum of 20 MB"),
+            ));
+        }
+        Ok(mb.saturating_mul(1 << 20))
+    }
+}

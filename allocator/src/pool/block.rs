@@ -1,0 +1,150 @@
+//! Blocks and the arena that owns them.
+//!
+//! A block is a sub-range of a segment. Blocks of one segment form a doubly linked list in address
+//! order (`prev`/`next`) that tiles the segment exactly. A block is in exactly one state:
+//! allocated (handed out, or waiting for stream events), free (mapped, in its pool's free index)
+//! or unmapped (expandable segments only: addresses with no page behind them, in the pool's
+//! unmapped index). Blocks are referred to by [`BlockId`], an index into the [`Arena`]; ids of
+//! released blocks are reused.
+
+use crate::sizes::PoolKind;
+use cudalloc_sys::StreamId;
+
+/// Index of a block in the [`Arena`].
+pub type BlockId = u32;
+/// "No block".
+pub const NIL: BlockId = u32::MAX;
+/// "Not in an expandable segment".
+pub const NO_SEGMENT: u32 = u32::MAX;
+
+/// One block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// First device address.
+    pub addr: u64,
+    /// Size in bytes (a multiple of 512).
+    pub size: u64,
+    /// Bytes the caller asked for, while allocated.
+    pub requested: u64,
+    /// The stream the block belongs to.
+    pub stream: StreamId,
+    /// The pool the block belongs to.
+    pub pool: PoolKind,
+    /// Neighbour at lower addresses in the same segment.
+    pub prev: BlockId,
+    /// Neighbour at higher addresses in the same segment.
+    pub next: BlockId,
+    /// Handed out to a caller (or waiting for events after being freed).
+    pub allocated: bool,
+    /// Backed by device memory (always true outside expandable segments).
+    pub mapped: bool,
+    /// Index of the expandable segment, or [`NO_SEGMENT`].
+    pub segment: u32,
+    /// Stream events still pending before the block may return to its pool.
+    pub event_count: u32,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    pub stream_uses: Vec<StreamId>,
+    /// The pool's free-search counter when the block was last freed (garbage collection age).
+    pub gc_base: u64,
+}
+
+impl Block {
+    /// A fresh unsplit block.
+    pub fn new(addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            prev: NIL,
+            next: NIL,
+            allocated: false,
+            mapped: true,
+            segment: NO_SEGMENT,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base: 0,
+        }
+    }
+
+    /// True when the block shares its segment with other blocks.
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+
+    /// True when the block lives in an expandable segment.
+    pub fn is_expandable(&self) -> bool {
+        self.segment != NO_SEGMENT
+    }
+
+    /// One past the last address.
+    pub fn end(&self) -> u64 {
+        self.addr + self.size
+    }
+}
+
+/// Owner of all blocks; ids stay valid until [`Arena::remove`].
+#[derive(Default)]
+pub struct Arena {
+    slots: Vec<Option<Block>>,
+    vacant: Vec<BlockId>,
+}
+
+impl Arena {
+    /// Stores a block and returns its id.
+    pub fn insert(&mut self, b: Block) -> BlockId {
+        if let Some(id) = self.vacant.pop() {
+            self.slots[id as usize] = Some(b);
+            id
+        } else {
+            self.slots.push(Some(b));
+            (self.slots.len() - 1) as BlockId
+        }
+    }
+
+    /// Drops a block; its id may be reused.
+    pub fn remove(&mut self, id: BlockId) -> Block {
+        let b = self.slots[id as usize]
+            .take()
+            .expect("removing a block twice");
+        self.vacant.push(id);
+        b
+    }
+
+    /// The block with this id, if it exists.
+    pub fn get(&self, id: BlockId) -> Option<&Block> {
+        self.slots.get(id as usize).and_then(Option::as_ref)
+    }
+
+    /// Every live block with its id.
+    pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.as_ref().map(|b| (i as BlockId, b)))
+    }
+
+    /// Number of live blocks.
+    pub fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
+    }
+
+    /// True when no block lives.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::ops::Index<BlockId> for Arena {
+    type Output = Block;
+    fn index(&self, id: BlockId) -> &Block {
+        self.slots[id as usize].as_ref().expect("stale block id")
+    }
+}
+
+impl std::ops::IndexMut<BlockId> for Arena {
+    fn index_mut(&mut self, id: BlockId) -> &mut Block {
+        self.slots[id as usize].as_mut().expect("stale block id")
+    }
+}

@@ -1,0 +1,114 @@
+//! The `default` policy: expandable segments with device-granularity pages mapped in batches,
+//! and a fragmentation budget that bounds cached memory.
+//!
+//! Growth works like PyTorch's expandable segments (one reserved range per stream and pool, the
+//! lowest-addressed run of free and unmapped blocks that fits) with two differences: pages are
+//! the device's granularity (2 MiB on the H200) in both pools, and every growth maps its pages as
+//! one chunk, in one map operation.
+//!
+//! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
+//! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
+//! this allocation)`, unmapping cached chunks (largest free block first) when it would not hold.
+//! Cached memory below the budget is kept, so a loop that frees and allocates again does not
+//! unmap and map in turn.
+
+use super::block::BlockId;
+use super::{Pool, Request};
+use cudalloc_sys::{Device, DeviceError};
+
+impl<D: Device> Pool<D> {
+    /// Gets memory for a request under the `default` policy; `Ok(None)` is out of memory.
+    pub(crate) fn budget_allocate(
+        &mut self,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let page = self.device.granularity()?;
+        let need = req.size.div_ceil(page) * page;
+        let live_after = self.stats.requested_bytes.0[0].current as u64 + req.size;
+        let base = self.peak_requested.max(live_after);
+        let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
+        let cap = self.limit.map_or(ceiling, |l| l.min(ceiling));
+        if self.reserved + need > cap {
+            self.release_free_chunks(self.reserved + need - cap)?;
+        }
+        self.budget_map(req, page)
+    }
+
+    /// Finds room and maps the missing pages as one chunk per unmapped block touched.
+    fn budget_map(&mut self, req: &Request, page: u64) -> Result<Option<BlockId>, DeviceError> {
+        let Some(mut c) = self.find_budget_block(req, page)? else {
+            return Ok(None);
+        };
+        if !self.blocks[c].mapped {
+            let want = self.blocks[c].size.min(req.size);
+            if self.over_limit(want.div_ceil(page) * page) {
+                return Ok(None);
+            }
+            match self.map_block(c, want, true)? {
+                Some(id) => c = id,
+                None => return Ok(None),
+            }
+        }
+        while self.blocks[c].size < req.size {
+            let next = self.blocks[c].next;
+            let want = (req.size - self.blocks[c].size).min(self.blocks[next].size);
+            if self.over_limit(want.div_ceil(page) * page) {
+                return Ok(None);
+            }
+            match self.map_block(next, want, true)? {
+                Some(id) => c = id,
+                None => return Ok(None),
+            }
+        }
+        let removed = self.unindex_free(c);
+        debug_assert!(removed);
+        Ok(Some(c))
+    }
+
+    fn find_budget_block(
+        &mut self,
+        req: &Request,
+        page: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let candidates: Vec<BlockId> = self.index(req.pool).unmapped_of(req.stream.0).collect();
+        for mut c in candidates {
+            let prev = self.blocks[c].prev;
+            if prev != super::block::NIL
+                && !self.blocks[prev].allocated
+                && self.blocks[prev].event_count == 0
+                && self.blocks[prev].stream_uses.is_empty()
+            {
+                c = prev;
+            }
+            if self.has_room(c, req.size) {
+                return Ok(Some(c));
+            }
+        }
+        self.new_segment(req.stream, req.pool, page)
+    }
+
+    /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is left.
+    pub(crate) fn release_free_chunks(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let mut free: Vec<(u64, BlockId)> = self
+            .small
+            .all_free()
+            .chain(self.large.all_free())
+            .filter(|&id| self.blocks[id].is_expandable())
+            .map(|id| (self.blocks[id].size, id))
+            .collect();
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        let mut released = 0;
+        for (_, id) in free {
+            if released >= bytes {
+                break;
+            }
+            if self.blocks.get(id).is_none_or(|b| !b.mapped || b.allocated) {
+                continue;
+            }
+            let before = self.reserved;
+            self.unmap_block(id)?;
+            released += before - self.reserved;
+        }
+        Ok(released)
+    }
+}

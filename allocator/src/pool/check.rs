@@ -1,0 +1,202 @@
+//! Snapshot and the full invariant scan of a pool.
+
+use super::block::{BlockId, NIL, NO_SEGMENT};
+use super::Pool;
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
+use cudalloc_sys::Device;
+
+impl<D: Device> Pool<D> {
+    /// Every segment with its blocks, and the statistics.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut segments = Vec::new();
+        for (id, b) in self.blocks.iter() {
+            if b.prev != NIL {
+                continue;
+            }
+            let (size, mapped, expandable) = if b.segment == NO_SEGMENT {
+                (self.chain_bytes(id), self.chain_bytes(id), false)
+            } else {
+                let s = self.segments[b.segment as usize]
+                    .as_ref()
+                    .expect("live segment");
+                (s.size, s.mapped, true)
+            };
+            segments.push(SegmentInfo {
+                addr: b.addr,
+                size,
+                mapped,
+                pool: b.pool,
+                stream: b.stream,
+                expandable,
+                blocks: self.chain(id).map(|c| self.block_info(c)).collect(),
+            });
+        }
+        segments.sort_by_key(|s| s.addr);
+        Snapshot {
+            segments,
+            stats: self.stats.clone(),
+        }
+    }
+
+    fn chain(&self, first: BlockId) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::successors(Some(first), move |&id| {
+            let n = self.blocks[id].next;
+            (n != NIL).then_some(n)
+        })
+    }
+
+    fn chain_bytes(&self, first: BlockId) -> u64 {
+        self.chain(first).map(|id| self.blocks[id].size).sum()
+    }
+
+    fn block_info(&self, id: BlockId) -> BlockInfo {
+        let b = &self.blocks[id];
+        let state = if b.allocated {
+            BlockState::Allocated
+        } else if b.event_count > 0 {
+            BlockState::PendingEvents
+        } else if b.mapped {
+            BlockState::Free
+        } else {
+            BlockState::Unmapped
+        };
+        BlockInfo {
+            addr: b.addr,
+            size: b.size,
+            requested: b.requested,
+            state,
+        }
+    }
+
+    /// Checks every invariant of the module documentation; the error says which one broke.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let snap = self.snapshot();
+        for seg in &snap.segments {
+            check_segment(seg)?;
+        }
+        check_no_overlap(&snap.segments)?;
+        self.check_indexes()?;
+        self.check_expandable_mapping()?;
+        let (got, want) = (snap.recorded(), snap.recompute());
+        if got != want {
+            return Err(format!(
+                "statistics {got:?} differ from the snapshot's {want:?}"
+            ));
+        }
+        let reserved = self.stats.reserved_bytes.0[0].current as u64;
+        if reserved != self.reserved {
+            return Err(format!(
+                "reserved_bytes {reserved} != held bytes {}",
+                self.reserved
+            ));
+        }
+        let counted = self.blocks.len();
+        let chained: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
+        if counted != chained {
+            return Err(format!(
+                "{counted} blocks exist but {chained} are reachable from segments"
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_indexes(&self) -> Result<(), String> {
+        let mut free = 0;
+        let mut unmapped = 0;
+        for (_, b) in self.blocks.iter() {
+            let idle = !b.allocated && b.event_count == 0;
+            if idle && b.mapped {
+                free += 1;
+            } else if idle {
+                unmapped += 1;
+            } else if !b.mapped {
+                return Err(format!("block {:#x} is in use but unmapped", b.addr));
+            }
+            if b.size % crate::sizes::MIN_BLOCK != 0 {
+                return Err(format!(
+                    "block {:#x} has size {} (not a multiple of 512)",
+                    b.addr, b.size
+                ));
+            }
+        }
+        let indexed = self.small.free_len() + self.large.free_len();
+        let indexed_unmapped = self.small.unmapped_len() + self.large.unmapped_len();
+        if indexed != free || indexed_unmapped != unmapped {
+            return Err(format!(
+                "index holds {indexed} free / {indexed_unmapped} unmapped blocks, blocks say {free} / {unmapped}"
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_expandable_mapping(&self) -> Result<(), String> {
+        for (_, b) in self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.is_expandable() && b.mapped)
+        {
+            let seg = self.segments[b.segment as usize]
+                .as_ref()
+                .ok_or("block of a released segment")?;
+            if !seg.is_mapped(b.addr, b.size) {
+                return Err(format!(
+                    "mapped block {:#x}+{} is not fully mapped",
+                    b.addr, b.size
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_segment(seg: &SegmentInfo) -> Result<(), String> {
+    let mut at = seg.addr;
+    let mut prev_free = false;
+    let mut prev_unmapped = false;
+    for b in &seg.blocks {
+        if b.addr != at {
+            return Err(format!(
+                "segment {:#x}: block at {:#x}, expected {:#x}",
+                seg.addr, b.addr, at
+            ));
+        }
+        let free = b.state == BlockState::Free;
+        if free && prev_free {
+            return Err(format!(
+                "segment {:#x}: two free neighbours at {:#x}",
+                seg.addr, b.addr
+            ));
+        }
+        let unmapped = b.state == BlockState::Unmapped;
+        if unmapped && prev_unmapped {
+            return Err(format!(
+                "segment {:#x}: two unmapped neighbours at {:#x}",
+                seg.addr, b.addr
+            ));
+        }
+        prev_free = free;
+        prev_unmapped = unmapped;
+        at += b.size;
+    }
+    if at != seg.addr + seg.size {
+        return Err(format!(
+            "segment {:#x}: blocks end at {:#x}, segment at {:#x}",
+            seg.addr,
+            at,
+            seg.addr + seg.size
+        ));
+    }
+    Ok(())
+}
+
+fn check_no_overlap(segments: &[SegmentInfo]) -> Result<(), String> {
+    for w in segments.windows(2) {
+        if w[0].addr + w[0].size > w[1].addr {
+            return Err(format!(
+                "segments {:#x} and {:#x} overlap",
+                w[0].addr, w[1].addr
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Cross-stream use: a block used on other streams returns to its pool only after an event
+//! recorded on each of those streams at free time has completed.
+//!
+//! Events are pooled: a completed event goes back to `spare_events` and is recorded again later.
+//! Invariant: a block with `event_count > 0` is neither allocated to a caller nor indexed, and
+//! appears `event_count` times in `pending`.
+
+use super::block::BlockId;
+use super::Pool;
+use crate::error::AllocError;
+use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
+
+impl<D: Device> Pool<D> {
+    /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
+    pub fn record_stream(
+        &mut self,
+        block: BlockId,
+        ptr: u64,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let b = self
+            .blocks
+            .get(block)
+            .filter(|b| b.allocated && b.addr == ptr && b.event_count == 0)
+            .ok_or(AllocError::NotAllocated(ptr))?;
+        if b.stream == stream || b.stream_uses.contains(&stream) {
+            return Ok(());
+        }
+        self.blocks[block].stream_uses.push(stream);
+        Ok(())
+    }
+
+    fn take_event(&mut self) -> Result<EventHandle, DeviceError> {
+        match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.device.create_event(),
+        }
+    }
+
+    /// Records one event per stream that used the block and marks it freed; it stays out of its
+    /// pool until they complete. If an event cannot be recorded, nothing changes (the block stays
+    /// allocated and the error is returned), so the block is never reused too early.
+    pub(crate) fn insert_events(&mut self, id: BlockId) -> Result<(), DeviceError> {
+        let streams = self.blocks[id].stream_uses.clone();
+        let mut recorded = Vec::with_capacity(streams.len());
+        for &s in &streams {
+            let ev = match self.take_event() {
+                Ok(ev) => ev,
+                Err(e) => {
+                    self.spare_events
+                        .extend(recorded.iter().map(|r: &(StreamId, EventHandle)| r.1));
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.device.record_event(ev, s) {
+                self.spare_events.push(ev);
+                self.spare_events.extend(recorded.iter().map(|r| r.1));
+                return Err(e);
+            }
+            recorded.push((s, ev));
+        }
+        let b = &mut self.blocks[id];
+        b.stream_uses.clear();
+        b.allocated = false;
+        b.event_count = recorded.len() as u32;
+        for (s, ev) in recorded {
+            self.pending.entry(s).or_default().push_back((ev, id));
+        }
+        Ok(())
+    }
+
+    /// Returns blocks whose events have all completed to their pools.
+    pub(crate) fn process_events(&mut self) -> Result<(), DeviceError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let streams: Vec<StreamId> = self.pending.keys().copied().collect();
+        for s in streams {
+            while let Some(&(ev, id)) = self.pending[&s].front() {
+                if !self.device.query_event(ev)? {
+                    break;
+                }
+                self.pending.get_mut(&s).expect("stream queue").pop_front();
+                self.event_done(ev, id);
+            }
+            if self.pending[&s].is_empty() {
+                self.pending.remove(&s);
+            }
+        }
+        Ok(())
+    }
+
+    fn event_done(&mut self, ev: EventHandle, id: BlockId) {
+        self.spare_events.push(ev);
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every pending event and returns their blocks to the pools.
+    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), DeviceError> {
+        self.stats.num_sync_all_streams += 1;
+        while let Some((&s, _)) = self.pending.iter().next() {
+            while let Some(&(ev, id)) = self.pending[&s].front() {
+                self.device.synchronize_event(ev)?;
+                self.pending.get_mut(&s).expect("stream queue").pop_front();
+                self.event_done(ev, id);
+            }
+            self.pending.remove(&s);
+        }
+        Ok(())
+    }
+
+    /// Number of blocks waiting for events.
+    pub fn pending_events(&self) -> usize {
+        self.pending.values().map(|q| q.len()).sum()
+    }
+
+    /// Destroys pooled events (on drop).
+    pub(crate) fn destroy_spare_events(&mut self) {
+        for ev in self.spare_events.drain(..) {
+            let _ = self.device.destroy_event(ev);
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Expandable segments (PyTorch's `expandable_segments:True`): growing by mapping pages into a
+//! reserved virtual range, and shrinking by unmapping the pages free blocks cover entirely.
+//!
+//! A segment is made of blocks in three states: allocated, free (mapped) and unmapped. Growth
+//! looks for the lowest-addressed run of free and unmapped blocks with room for the request,
+//! maps the unmapped part and merges it with its free neighbours.
+
+use super::block::{Block, BlockId, NIL};
+use super::segment::{ExpSegment, Range};
+use super::{Pool, Request};
+use crate::sizes::{PoolKind, LARGE_BUFFER, SMALL_BUFFER};
+use cudalloc_sys::{Device, DeviceError, StreamId};
+use std::collections::BTreeMap;
+
+impl<D: Device> Pool<D> {
+    /// True when the block may take part in growth (free, or unmapped, with nothing pending).
+    fn allocatable(&self, id: BlockId) -> bool {
+        id != NIL && {
+            let b = &self.blocks[id];
+            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+        }
+    }
+
+    /// True when the free and unmapped blocks from `id` on add up to `size` bytes.
+    pub(crate) fn has_room(&self, mut id: BlockId, size: u64) -> bool {
+        let mut bytes = 0;
+        while bytes < size && self.allocatable(id) {
+            bytes += self.blocks[id].size;
+            id = self.blocks[id].next;
+        }
+        bytes >= size
+    }
+
+    /// The lowest-addressed block from which a run of free and unmapped blocks holds `size`
+    /// bytes; reserves a new segment when none does.
+    fn find_expandable_block(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        size: u64,
+        page: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let candidates: Vec<BlockId> = self.index(pool).unmapped_of(stream.0).collect();
+        for mut c in candidates {
+            let prev = self.blocks[c].prev;
+            if self.allocatable(prev) {
+                c = prev;
+            }
+            if self.has_room(c, size) {
+                return Ok(Some(c));
+            }
+        }
+        self.new_segment(stream, pool, page)
+    }
+
+    /// Reserves a virtual range of 1.125 times the device's memory, as PyTorch does.
+    pub(crate) fn new_segment(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        page: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let (_, total) = self.device.mem_info()?;
+        let size = (total + total / 8).div_ceil(page) * page;
+        let va = match self.device.reserve(size) {
+            Ok(va) => va,
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let seg = ExpSegment {
+            va,
+            size,
+            page,
+            stream,
+            pool,
+            chunks: BTreeMap::new(),
+            mapped: 0,
+        };
+        let index = match self.segments.iter().position(Option::is_none) {
+            Some(i) => {
+                self.segments[i] = Some(seg);
+                i
+            }
+            None => {
+                self.segments.push(Some(seg));
+                self.segments.len() - 1
+            }
+        };
+        let mut b = Block::new(va, size, stream, pool);
+        b.mapped = false;
+        b.segment = index as u32;
+        let id = self.blocks.insert(b);
+        self.index_unmapped(id);
+        Ok(Some(id))
+    }
+
+    /// PyTorch's `try_allocate_expandable_block`: find room, map what is missing, and return a
+    /// free block of at least `req.size` bytes taken out of the free index.
+    pub(crate) fn try_allocate_expandable_block(
+        &mut self,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let page = match req.pool {
+            PoolKind::Small => SMALL_BUFFER,
+            PoolKind::Large => LARGE_BUFFER,
+        };
+        let Some(mut c) = self.find_expandable_block(req.stream, req.pool, req.size, page)? else {
+            return Ok(None);
+        };
+        if !self.blocks[c].mapped {
+            let want = self.blocks[c].size.min(req.size);
+            match self.map_block(c, want, false)? {
+                Some(id) => c = id,
+                None => return Ok(None),
+            }
+        }
+        while self.blocks[c].size < req.size {
+            let remaining = req.size - self.blocks[c].size;
+            let next = self.blocks[c].next;
+            let want = remaining.min(self.blocks[next].size);
+            match self.map_block(next, want, false)? {
+                Some(id) => c = id,
+                None => return Ok(None),
+            }
+        }
+        let removed = self.unindex_free(c);
+        debug_assert!(removed);
+        Ok(Some(c))
+    }
+
+    /// Maps the first `size` bytes (rounded up to pages) of unmapped block `id`; the rest stays
+    /// unmapped. The mapped block merges with free neighbours and enters the free index; its id
+    /// (after merging) is returned. `Ok(None)`: out of memory, nothing changed.
+    pub(crate) fn map_block(
+        &mut self,
+        id: BlockId,
+        size: u64,
+        batch: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let b = &self.blocks[id];
+        debug_assert!(!b.mapped && size <= b.size);
+        let (addr, seg_index, pool) = (b.addr, b.segment as usize, b.pool);
+        let seg = self.segments[seg_index]
+            .as_mut()
+            .expect("block of a released segment");
+        let range = seg.map(&self.device, addr, size, batch, &self.peers)?;
+        if range.size == 0 {
+            return Ok(None);
+        }
+        let removed = self.unindex_unmapped(id);
+        debug_assert!(removed);
+        self.blocks[id].mapped = true;
+        if range.size < self.blocks[id].size {
+            self.split_unmapped_tail(id, range.size);
+        }
+        let prev = self.blocks[id].prev;
+        self.try_merge(id, prev);
+        let next = self.blocks[id].next;
+        self.try_merge(id, next);
+        self.insert_free(id);
+        self.count_mapped(pool, range);
+        Ok(Some(id))
+    }
+
+    /// Cuts block `id` to `keep` bytes; the rest becomes a new unmapped block after it.
+    fn split_unmapped_tail(&mut self, id: BlockId, keep: u64) {
+        let b = &self.blocks[id];
+        let mut tail = Block::new(b.addr + keep, b.size - keep, b.stream, b.pool);
+        tail.mapped = false;
+        tail.segment = b.segment;
+        tail.prev = id;
+        tail.next = b.next;
+        let tail_id = self.blocks.insert(tail);
+        let next = self.blocks[id].next;
+        if next != NIL {
+            self.blocks[next].prev = tail_id;
+        }
+        let b = &mut self.blocks[id];
+        b.next = tail_id;
+        b.size = keep;
+        let pool = b.pool;
+        let _ = pool;
+        self.index_unmapped(tail_id);
+    }
+
+    fn count_mapped(&mut self, pool: PoolKind, range: Range) {
+        self.reserved += range.size;
+        self.stats.reserved_bytes.increase(pool, range.size);
+        self.stats.num_device_alloc += 1;
+        self.stats.calls.maps += range.ops;
+    }
+
+    /// Unmaps the pages free block `id` covers entirely. The unmapped part becomes its own
+    /// unmapped block (merged with unmapped neighbours); mapped slivers before and after stay
+    /// free. Returns the id of the unmapped block, or `id` when nothing was unmapped.
+    pub(crate) fn unmap_block(&mut self, id: BlockId) -> Result<BlockId, DeviceError> {
+        let b = &self.blocks[id];
+        let (addr, size, pool, seg_index) = (b.addr, b.size, b.pool, b.segment as usize);
+        let seg = self.segments[seg_index]
+            .as_mut()
+            .expect("block of a released segment");
+        let range = seg.unmap(&self.device, addr, size)?;
+        if range.size == 0 {
+            return Ok(id);
+        }
+        let removed = self.unindex_free(id);
+        debug_assert!(removed);
+        let before = range.addr - addr;
+        if before > 0 {
+            self.split_mapped_front(id, before);
+        }
+        let after = self.blocks[id].size - range.size;
+        if after > 0 {
+            self.split_mapped_back(id, after);
+        }
+        self.blocks[id].mapped = false;
+        let prev = self.blocks[id].prev;
+        self.try_merge(id, prev);
+        let next = self.blocks[id].next;
+        self.try_merge(id, next);
+        self.index_unmapped(id);
+        self.reserved -= range.size;
+        self.stats.reserved_bytes.decrease(pool, range.size);
+        self.stats.num_device_free += 1;
+        self.stats.calls.unmaps += range.ops;
+        Ok(id)
+    }
+
+    /// Splits `len` bytes off the front of block `id` into a new free mapped block.
+    fn split_mapped_front(&mut self, id: BlockId, len: u64) {
+        let b = &self.blocks[id];
+        let mut front = Block::new(b.addr, len, b.stream, b.pool);
+        front.segment = b.segment;
+        front.prev = b.prev;
+        front.next = id;
+        let fid = self.blocks.insert(front);
+        let prev = self.blocks[id].prev;
+        if prev != NIL {
+            self.blocks[prev].next = fid;
+        }
+        let b = &mut self.blocks[id];
+        b.prev = fid;
+        b.addr += len;
+        b.size -= len;
+        self.insert_free(fid);
+    }
+
+    /// Splits `len` bytes off the back of block `id` into a new free mapped block.
+    fn split_mapped_back(&mut self, id: BlockId, len: u64) {
+        let b = &self.blocks[id];
+        let mut back = Block::new(b.end() - len, len, b.stream, b.pool);
+        back.segment = b.segment;
+        back.prev = id;
+        back.next = b.next;
+        let bid = self.blocks.insert(back);
+        let next = self.blocks[id].next;
+        if next != NIL {
+            self.blocks[next].prev = bid;
+        }
+        let b = &mut self.blocks[id];
+        b.next = bid;
+        b.size -= len;
+        self.insert_free(bid);
+    }
+
+    /// Frees a segment whose single block is unmapped.
+    pub(crate) fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), DeviceError> {
+        let b = &self.blocks[id];
+        let seg_index = b.segment as usize;
+        let seg = self.segments[seg_index]
+            .as_ref()
+            .expect("segment released twice");
+        debug_assert!(b.size == seg.size && !b.mapped && seg.chunks.is_empty());
+        self.device.unreserve(seg.va, seg.size)?;
+        self.segments[seg_index] = None;
+        let b = self.blocks.remove(id);
+        let removed = self.index(b.pool).remove_unmapped(&b);
+        debug_assert!(removed);
+        Ok(())
+    }
+}

@@ -1,0 +1,194 @@
+//! Snapshots: every segment and its blocks, and the fragmentation figures derived from them.
+//!
+//! A snapshot is the ground truth the statistics are checked against: every `current` value of
+//! [`crate::Stats`] can be recomputed from it ([`Snapshot::recompute`]).
+
+use crate::sizes::PoolKind;
+use crate::stats::{StatArray, Stats};
+use cudalloc_sys::StreamId;
+
+/// What a block is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out to a caller.
+    Allocated,
+    /// Freed by the caller, waiting for events on other streams.
+    PendingEvents,
+    /// Cached: free and mapped.
+    Free,
+    /// Addresses of an expandable segment with no memory behind them.
+    Unmapped,
+}
+
+impl BlockState {
+    /// Lower-case name used in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::Allocated => "allocated",
+            BlockState::PendingEvents => "pending_events",
+            BlockState::Free => "free",
+            BlockState::Unmapped => "unmapped",
+        }
+    }
+}
+
+/// One block of a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// First address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Bytes the caller asked for (0 unless allocated or pending).
+    pub requested: u64,
+    /// State.
+    pub state: BlockState,
+}
+
+/// One segment with its blocks in address order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// First address.
+    pub addr: u64,
+    /// Bytes of address space.
+    pub size: u64,
+    /// Bytes backed by device memory (equal to `size` unless expandable).
+    pub mapped: u64,
+    /// Pool.
+    pub pool: PoolKind,
+    /// Stream.
+    pub stream: StreamId,
+    /// A reserved virtual range with pages mapped on demand.
+    pub expandable: bool,
+    /// Blocks, tiling the segment.
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// Segments and statistics at one moment.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    /// Segments in address order.
+    pub segments: Vec<SegmentInfo>,
+    /// Statistics at the same moment.
+    pub stats: Stats,
+}
+
+/// Fragmentation figures PyTorch does not report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fragmentation {
+    /// Bytes in free mapped blocks.
+    pub free_bytes: u64,
+    /// The largest free mapped block.
+    pub largest_free_block: u64,
+    /// 1 - largest free block / free bytes (0 when nothing is free).
+    pub external_fragmentation: f64,
+    /// Allocated bytes / reserved bytes (1 when nothing is reserved).
+    pub utilisation: f64,
+    /// Free mapped blocks by size: (lower bound of a power-of-two bucket, count, bytes).
+    pub free_histogram: Vec<(u64, u64, u64)>,
+    /// Bytes backed by device memory.
+    pub mapped_bytes: u64,
+    /// Bytes of address space held (fixed segments plus reserved virtual ranges).
+    pub virtual_bytes: u64,
+}
+
+impl Snapshot {
+    /// Recomputes the `current` value of every per-pool statistic from the blocks; returns
+    /// (allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,
+    /// active_bytes, inactive_split_bytes, requested_bytes) as `current` triples.
+    pub fn recompute(&self) -> [[i64; 3]; 9] {
+        let mut r = [[0i64; 3]; 9];
+        for seg in &self.segments {
+            let p = if seg.pool == PoolKind::Small { 1 } else { 2 };
+            let mut add = |k: usize, v: u64| {
+                r[k][0] += v as i64;
+                r[k][p] += v as i64;
+            };
+            if !seg.expandable {
+                add(1, 1);
+            }
+            add(5, seg.mapped);
+            let split = seg.blocks.len() > 1;
+            for b in &seg.blocks {
+                match b.state {
+                    BlockState::Allocated => {
+                        add(0, 1);
+                        add(4, b.size);
+                        add(2, 1);
+                        add(6, b.size);
+                        add(8, b.requested);
+                    }
+                    BlockState::PendingEvents => {
+                        add(2, 1);
+                        add(6, b.size);
+                        add(8, b.requested);
+                    }
+                    BlockState::Free if split && !seg.expandable => {
+                        add(3, 1);
+                        add(7, b.size);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        r
+    }
+
+    /// The `current` values the statistics hold, in [`Snapshot::recompute`]'s order.
+    pub fn recorded(&self) -> [[i64; 3]; 9] {
+        let arrays = self.stats.arrays();
+        let mut r = [[0i64; 3]; 9];
+        for (i, (_, a)) in arrays.iter().enumerate() {
+            r[i] = current3(a);
+        }
+        r
+    }
+
+    /// Fragmentation figures.
+    pub fn fragmentation(&self) -> Fragmentation {
+        let mut free_bytes = 0;
+        let mut largest = 0;
+        let mut hist: Vec<(u64, u64, u64)> = Vec::new();
+        let (mut mapped, mut virt) = (0, 0);
+        for seg in &self.segments {
+            mapped += seg.mapped;
+            virt += seg.size;
+            for b in seg.blocks.iter().filter(|b| b.state == BlockState::Free) {
+                free_bytes += b.size;
+                largest = largest.max(b.size);
+                let bucket = 1u64 << (63 - b.size.leading_zeros());
+                match hist.iter_mut().find(|h| h.0 == bucket) {
+                    Some(h) => {
+                        h.1 += 1;
+                        h.2 += b.size;
+                    }
+                    None => hist.push((bucket, 1, b.size)),
+                }
+            }
+        }
+        hist.sort_unstable();
+        let allocated = self.stats.allocated_bytes.0[0].current as f64;
+        let reserved = self.stats.reserved_bytes.0[0].current as f64;
+        Fragmentation {
+            free_bytes,
+            largest_free_block: largest,
+            external_fragmentation: if free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - largest as f64 / free_bytes as f64
+            },
+            utilisation: if reserved == 0.0 {
+                1.0
+            } else {
+                allocated / reserved
+            },
+            free_histogram: hist,
+            mapped_bytes: mapped,
+            virtual_bytes: virt,
+        }
+    }
+}
+
+fn current3(a: &StatArray) -> [i64; 3] {
+    [a.0[0].current, a.0[1].current, a.0[2].current]
+}

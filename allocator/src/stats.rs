@@ -1,0 +1,235 @@
+//! Statistics with PyTorch's meaning (`torch.cuda.memory_stats()`), plus what PyTorch lacks.
+//!
+//! A [`Stat`] counts a quantity: `current`, `peak` (highest `current` since the last
+//! [`Stats::reset_peak`]), `allocated` (sum of increases) and `freed` (sum of decreases); so
+//! `current == allocated - freed` always holds. A [`StatArray`] holds one [`Stat`] for all pools,
+//! the small pool and the large pool; every change to a pool's stat also changes `all`.
+//!
+//! Invariant (checked by `check_invariants`): every `current` equals what the snapshot recomputes.
+
+use crate::sizes::PoolKind;
+
+/// One counted quantity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Present value.
+    pub current: i64,
+    /// Highest `current` since the last reset of peaks.
+    pub peak: i64,
+    /// Sum of all increases.
+    pub allocated: i64,
+    /// Sum of all decreases.
+    pub freed: i64,
+}
+
+impl Stat {
+    /// Adds `n`.
+    pub fn increase(&mut self, n: u64) {
+        self.current += n as i64;
+        self.allocated += n as i64;
+        self.peak = self.peak.max(self.current);
+    }
+
+    /// Subtracts `n`.
+    pub fn decrease(&mut self, n: u64) {
+        self.current -= n as i64;
+        self.freed += n as i64;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Index into a [`StatArray`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatType {
+    /// All pools together.
+    All = 0,
+    /// The small pool.
+    SmallPool = 1,
+    /// The large pool.
+    LargePool = 2,
+}
+
+impl StatType {
+    /// PyTorch's spelling of the three types.
+    pub const NAMES: [&'static str; 3] = ["all", "small_pool", "large_pool"];
+}
+
+/// A stat for all pools, the small pool and the large pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatArray(pub [Stat; 3]);
+
+impl StatArray {
+    /// Adds `n` to the pool's stat and to `all`.
+    pub fn increase(&mut self, pool: PoolKind, n: u64) {
+        self.0[0].increase(n);
+        self.0[pool_index(pool)].increase(n);
+    }
+
+    /// Subtracts `n` from the pool's stat and from `all`.
+    pub fn decrease(&mut self, pool: PoolKind, n: u64) {
+        self.0[0].decrease(n);
+        self.0[pool_index(pool)].decrease(n);
+    }
+
+    /// The stat of one type.
+    pub fn get(&self, t: StatType) -> &Stat {
+        &self.0[t as usize]
+    }
+
+    /// The `current` value for one pool.
+    pub fn current(&self, pool: PoolKind) -> i64 {
+        self.0[pool_index(pool)].current
+    }
+
+    fn reset_peak(&mut self) {
+        self.0.iter_mut().for_each(Stat::reset_peak);
+    }
+}
+
+fn pool_index(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 1,
+        PoolKind::Large => 2,
+    }
+}
+
+/// The allocator's statistics: PyTorch's `DeviceStats` plus driver-call counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live allocations (blocks handed out).
+    pub allocation: StatArray,
+    /// Segments (for expandable policies: reserved virtual ranges).
+    pub segment: StatArray,
+    /// Blocks that are allocated or waiting for stream events.
+    pub active: StatArray,
+    /// Free blocks inside segments that also hold other blocks (they cannot be released).
+    pub inactive_split: StatArray,
+    /// Bytes of live allocations (rounded block sizes).
+    pub allocated_bytes: StatArray,
+    /// Bytes held from the device (mapped bytes for expandable policies).
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the callers asked for (before rounding).
+    pub requested_bytes: StatArray,
+    /// Allocations that needed the last step of the out-of-memory ladder.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed with out-of-memory.
+    pub num_ooms: u64,
+    /// Times all pending stream events were waited for.
+    pub num_sync_all_streams: u64,
+    /// Device allocations: `malloc` calls, or for expandable policies map operations.
+    pub num_device_alloc: u64,
+    /// Device frees: `free` calls, or for expandable policies unmap operations.
+    pub num_device_free: u64,
+    /// Live allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+    /// The configured `max_split_size` (PyTorch reports `u64::MAX` as -1... here as is).
+    pub max_split_size: u64,
+    /// Driver calls by kind, as the allocator issued them.
+    pub calls: DriverCalls,
+}
+
+/// Driver calls the allocator issued, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverCalls {
+    /// `malloc` calls (successful).
+    pub mallocs: u64,
+    /// `free` calls.
+    pub frees: u64,
+    /// Map operations (one physical chunk created, mapped and made accessible).
+    pub maps: u64,
+    /// Unmap operations (one chunk unmapped and released).
+    pub unmaps: u64,
+}
+
+impl DriverCalls {
+    /// Sum of all calls.
+    pub fn total(&self) -> u64 {
+        self.mallocs + self.frees + self.maps + self.unmaps
+    }
+}
+
+impl Stats {
+    /// Resets every peak to its current value.
+    pub fn reset_peak(&mut self) {
+        for a in self.arrays_mut() {
+            a.reset_peak();
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// The nine stat arrays with PyTorch's names.
+    pub fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ]
+    }
+
+    /// Every key of `torch.cuda.memory_stats()`, with its value, in PyTorch's spelling
+    /// (`allocated_bytes.all.current`, ..., `num_ooms`, `max_split_size`).
+    pub fn to_torch_dict(&self) -> Vec<(String, i64)> {
+        let mut out = Vec::with_capacity(128);
+        for (name, array) in self.arrays() {
+            for (t, stat) in StatType::NAMES.iter().zip(array.0.iter()) {
+                push_stat(&mut out, &format!("{name}.{t}"), stat);
+            }
+        }
+        push_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
+        push_stat(&mut out, "oversize_segments", &self.oversize_segments);
+        let scalars = [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ];
+        for (k, v) in scalars {
+            out.push((k.to_string(), v as i64));
+        }
+        let mss = if self.max_split_size == u64::MAX {
+            -1
+        } else {
+            self.max_split_size as i64
+        };
+        out.push(("max_split_size".to_string(), mss));
+        out
+    }
+}
+
+fn push_stat(out: &mut Vec<(String, i64)>, prefix: &str, s: &Stat) {
+    out.push((format!("{prefix}.current"), s.current));
+    out.push((format!("{prefix}.peak"), s.peak));
+    out.push((format!("{prefix}.allocated"), s.allocated));
+    out.push((format!("{prefix}.freed"), s.freed));
+}

@@ -1,0 +1,309 @@
+//! Allocation traces: the events, a compact form for replay, and the readers.
+//!
+//! Readers stream their input into a [`TraceBuilder`], which turns events into [`Op`]s: each
+//! `alloc` gets a slot number, each `free_completed` names the slot of the allocation live under
+//! its address at that moment (addresses are reused later in a trace). Nothing of the input is
+//! kept as text. A free of an address that is not live, or an alloc of an address already live,
+//! is counted in [`Trace::anomalies`] with the first line where it happened, never a panic.
+//!
+//! Formats: our CSV ([`csv`], plain or gzip), PyTorch memory snapshots ([`pytorch`]) and RMM's
+//! logging adaptor CSV ([`rmm`]). [`read`] picks the reader from the file's content.
+
+pub mod csv;
+pub mod pytorch;
+pub mod record;
+pub mod rmm;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// PyTorch's trace actions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A block was handed out.
+    Alloc,
+    /// The program dropped the tensor.
+    FreeRequested,
+    /// The block went back to the pool.
+    FreeCompleted,
+    /// PyTorch called `cudaMalloc`.
+    SegmentAlloc,
+    /// PyTorch called `cudaFree`.
+    SegmentFree,
+    /// PyTorch mapped pages of an expandable segment.
+    SegmentMap,
+    /// PyTorch unmapped pages of an expandable segment.
+    SegmentUnmap,
+    /// A snapshot was taken.
+    Snapshot,
+    /// An allocation failed.
+    Oom,
+}
+
+impl Action {
+    /// Every action with its spelling.
+    pub const NAMES: [(Action, &'static str); 9] = [
+        (Action::Alloc, "alloc"),
+        (Action::FreeRequested, "free_requested"),
+        (Action::FreeCompleted, "free_completed"),
+        (Action::SegmentAlloc, "segment_alloc"),
+        (Action::SegmentFree, "segment_free"),
+        (Action::SegmentMap, "segment_map"),
+        (Action::SegmentUnmap, "segment_unmap"),
+        (Action::Snapshot, "snapshot"),
+        (Action::Oom, "oom"),
+    ];
+
+    /// Parses PyTorch's spelling.
+    pub fn parse(s: &str) -> Option<Action> {
+        Action::NAMES.iter().find(|(_, n)| *n == s).map(|(a, _)| *a)
+    }
+
+    /// PyTorch's spelling.
+    pub fn name(self) -> &'static str {
+        Action::NAMES
+            .iter()
+            .find(|(a, _)| *a == self)
+            .map(|(_, n)| *n)
+            .unwrap_or("?")
+    }
+}
+
+/// One trace event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// What happened.
+    pub action: Action,
+    /// Device address.
+    pub addr: u64,
+    /// Requested bytes (`alloc`, `free_*`) or segment bytes (`segment_*`).
+    pub size: u64,
+    /// CUDA stream handle.
+    pub stream: u64,
+    /// Timestamp in microseconds.
+    pub time_us: u64,
+}
+
+/// A replayable operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Allocate `size` bytes on stream number `stream` into `slot`.
+    Alloc {
+        /// Slot the allocation is remembered under.
+        slot: u32,
+        /// Index into [`Trace::streams`].
+        stream: u32,
+        /// Requested bytes.
+        size: u64,
+    },
+    /// Free the allocation in `slot`.
+    Free {
+        /// Slot of the allocation.
+        slot: u32,
+    },
+}
+
+/// Odd events a trace contained (they are skipped in replay).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Anomalies {
+    /// `free_completed` of an address that was not live.
+    pub unmatched_frees: u64,
+    /// `alloc` of an address that was already live (the older allocation is treated as freed).
+    pub double_allocs: u64,
+    /// First line (1-based) with an anomaly.
+    pub first_line: Option<u64>,
+}
+
+/// A trace in compact form.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    /// File name without directory and `.gz`.
+    pub name: String,
+    /// The operations to replay.
+    pub ops: Vec<Op>,
+    /// Stream handles, indexed by [`Op::Alloc::stream`].
+    pub streams: Vec<u64>,
+    /// Number of slots used.
+    pub slots: u32,
+    /// Events read (every action).
+    pub events: u64,
+    /// `segment_alloc` events (PyTorch's `cudaMalloc` calls).
+    pub segment_allocs: u64,
+    /// Sizes of the `segment_alloc` events in order.
+    pub segment_sizes: Vec<u64>,
+    /// Peak of the summed requested bytes of live allocations.
+    pub peak_live: u64,
+    /// Odd events.
+    pub anomalies: Anomalies,
+}
+
+/// A trace that could not be read.
+#[derive(Debug)]
+pub struct TraceError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line (or record) number, when the error belongs to one.
+    pub line: Option<u64>,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl TraceError {
+    /// An error at a line of a file.
+    pub fn at(file: &Path, line: u64, message: impl Into<String>) -> Self {
+        TraceError {
+            file: file.to_path_buf(),
+            line: Some(line),
+            message: message.into(),
+        }
+    }
+
+    /// An error of a whole file.
+    pub fn file(file: &Path, message: impl Into<String>) -> Self {
+        TraceError {
+            file: file.to_path_buf(),
+            line: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{}: {}", self.file.display(), l, self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+/// Turns a stream of events into a [`Trace`].
+#[derive(Default)]
+pub struct TraceBuilder {
+    trace: Trace,
+    live: HashMap<u64, (u32, u64)>,
+    free_slots: Vec<u32>,
+    stream_index: HashMap<u64, u32>,
+    live_bytes: u64,
+}
+
+impl TraceBuilder {
+    /// A builder for a trace with this name.
+    pub fn new(name: impl Into<String>) -> Self {
+        let mut b = TraceBuilder::default();
+        b.trace.name = name.into();
+        b
+    }
+
+    /// Adds one event; `line` is where it came from (for anomaly reports).
+    pub fn push(&mut self, e: Event, line: u64) {
+        self.trace.events += 1;
+        match e.action {
+            Action::Alloc => self.alloc(e, line),
+            Action::FreeCompleted => self.free(e.addr, line),
+            Action::SegmentAlloc => {
+                self.trace.segment_allocs += 1;
+                self.trace.segment_sizes.push(e.size);
+            }
+            _ => {}
+        }
+    }
+
+    fn alloc(&mut self, e: Event, line: u64) {
+        if self.live.contains_key(&e.addr) {
+            self.anomaly(line);
+            self.trace.anomalies.double_allocs += 1;
+            self.free(e.addr, line);
+        }
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.trace.slots += 1;
+            self.trace.slots - 1
+        });
+        let next = self.stream_index.len() as u32;
+        let stream = *self.stream_index.entry(e.stream).or_insert_with(|| {
+            self.trace.streams.push(e.stream);
+            next
+        });
+        self.live.insert(e.addr, (slot, e.size));
+        self.live_bytes += e.size;
+        self.trace.peak_live = self.trace.peak_live.max(self.live_bytes);
+        self.trace.ops.push(Op::Alloc {
+            slot,
+            stream,
+            size: e.size,
+        });
+    }
+
+    fn free(&mut self, addr: u64, line: u64) {
+        match self.live.remove(&addr) {
+            Some((slot, size)) => {
+                self.live_bytes -= size;
+                self.free_slots.push(slot);
+                self.trace.ops.push(Op::Free { slot });
+            }
+            None => {
+                self.anomaly(line);
+                self.trace.anomalies.unmatched_frees += 1;
+            }
+        }
+    }
+
+    fn anomaly(&mut self, line: u64) {
+        self.trace.anomalies.first_line.get_or_insert(line);
+    }
+
+    /// The finished trace.
+    pub fn finish(self) -> Trace {
+        self.trace
+    }
+}
+
+/// The trace's display name: the file name without directory and `.gz`.
+pub fn trace_name(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    name.strip_suffix(".gz").map(str::to_string).unwrap_or(name)
+}
+
+/// Opens a file, decompressing gzip when its first bytes say so.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
+    let f = std::fs::File::open(path).map_err(|e| TraceError::file(path, e.to_string()))?;
+    let mut r = BufReader::with_capacity(1 << 16, f);
+    let head = r
+        .fill_buf()
+        .map_err(|e| TraceError::file(path, e.to_string()))?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        let gz = flate2::bufread::MultiGzDecoder::new(r);
+        Ok(Box::new(BufReader::with_capacity(1 << 16, gz)))
+    } else {
+        Ok(Box::new(r))
+    }
+}
+
+/// Reads a trace in any supported format, chosen by content: a pickle (PyTorch snapshot), a CSV
+/// whose header is `action,addr,size,stream,time_us` (ours) or `Thread,Time,Action,Pointer,Size,Stream` (RMM).
+pub fn read(path: &Path) -> Result<Trace, TraceError> {
+    let mut r = open(path)?;
+    let head = r
+        .fill_buf()
+        .map_err(|e| TraceError::file(path, e.to_string()))?;
+    if head.first() == Some(&0x80) {
+        let mut bytes = Vec::new();
+        r.read_to_end(&mut bytes)
+            .map_err(|e| TraceError::file(path, e.to_string()))?;
+        return pytorch::read_snapshot(path, &bytes);
+    }
+    let text = String::from_utf8_lossy(&head[..head.len().min(256)]).to_string();
+    let first = text.lines().next().unwrap_or("").trim().to_string();
+    if first.starts_with("Thread,") || first.starts_with("Thread ,") {
+        rmm::read(path, r)
+    } else {
+        csv::read(path, r)
+    }
+}

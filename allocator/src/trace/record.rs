@@ -1,0 +1,1 @@
+//! Recording traces from a running allocator.
