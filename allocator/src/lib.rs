@@ -30,6 +30,7 @@ pub mod config;
 pub mod error;
 pub mod fmt;
 pub mod pool;
+pub mod replay;
 pub mod sizes;
 pub mod snapshot;
 pub mod stats;

@@ -1,0 +1,205 @@
+//! Replaying a trace against a policy on the simulated device, and the figures it yields.
+//!
+//! `alloc` allocates, `free_completed` frees (see [`crate::trace`]); allocations still live at
+//! the end are freed. Figures: peak live bytes (sum of requested sizes), peak allocated and
+//! reserved bytes, driver calls, out-of-memory events and time per event. With a capacity the
+//! pool is capped at that many bytes (as PyTorch's memory fraction does) and the replay stops at
+//! the first allocation that fails even after the out-of-memory ladder.
+
+use crate::config::Config;
+use crate::error::AllocError;
+use crate::pool::{Allocation, Pool};
+use crate::trace::{Op, Trace};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::time::Instant;
+
+/// Capacity of the simulated device: an H200's 143,771 MiB.
+pub const DEVICE_CAPACITY: u64 = 143_771 << 20;
+
+/// One point of a memory timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Index of the operation.
+    pub op: u32,
+    /// Live (requested) bytes.
+    pub live: u64,
+    /// Allocated (rounded) bytes.
+    pub allocated: u64,
+    /// Reserved bytes.
+    pub reserved: u64,
+}
+
+/// Where a capped replay failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    /// Index of the operation that failed.
+    pub op: usize,
+    /// The error.
+    pub error: AllocError,
+}
+
+/// What a replay measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayResult {
+    /// Operations replayed.
+    pub events: u64,
+    /// Peak of the sum of requested bytes of live allocations.
+    pub peak_live_bytes: u64,
+    /// Peak allocated (rounded) bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Device `malloc` calls.
+    pub device_mallocs: u64,
+    /// Device `free` calls.
+    pub device_frees: u64,
+    /// Map operations.
+    pub device_maps: u64,
+    /// Unmap operations.
+    pub device_unmaps: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Wall time per operation.
+    pub ns_per_event: f64,
+    /// The first failure, when capped.
+    pub failure: Option<Failure>,
+    /// Memory over time (when asked for).
+    pub timeline: Vec<Sample>,
+}
+
+impl ReplayResult {
+    /// Driver calls of every kind.
+    pub fn driver_calls(&self) -> u64 {
+        self.device_mallocs + self.device_frees + self.device_maps + self.device_unmaps
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOptions {
+    /// Cap on the pool's bytes (`None`: only the device's capacity).
+    pub capacity: Option<u64>,
+    /// Record about this many timeline samples (0: none).
+    pub samples: usize,
+}
+
+/// Replays `trace` under `cfg`.
+pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
+    let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    let mut pool = Pool::new(device, cfg.clone());
+    pool.set_limit(opts.capacity);
+    let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
+    let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
+    let every = if opts.samples == 0 {
+        usize::MAX
+    } else {
+        (trace.ops.len() / opts.samples).max(1)
+    };
+    let mut timeline = Vec::new();
+    let mut failure = None;
+    let start = Instant::now();
+    for (i, op) in trace.ops.iter().enumerate() {
+        if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
+            failure = Some(Failure { op: i, error });
+            break;
+        }
+        if i % every == 0 {
+            timeline.push(sample(&pool, i));
+        }
+    }
+    let elapsed = start.elapsed();
+    let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
+    for a in slots.iter().flatten() {
+        let _ = pool.free(a);
+    }
+    if opts.samples > 0 {
+        timeline.push(sample(&pool, done));
+    }
+    let s = pool.stats();
+    ReplayResult {
+        events: done as u64,
+        peak_live_bytes: s.requested_bytes.0[0].peak as u64,
+        peak_allocated_bytes: s.allocated_bytes.0[0].peak as u64,
+        peak_reserved_bytes: s.reserved_bytes.0[0].peak as u64,
+        device_mallocs: s.calls.mallocs,
+        device_frees: s.calls.frees,
+        device_maps: s.calls.maps,
+        device_unmaps: s.calls.unmaps,
+        ooms: s.num_ooms,
+        ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
+        failure,
+        timeline,
+    }
+}
+
+fn step(
+    pool: &mut Pool<SimDevice>,
+    slots: &mut [Option<Allocation>],
+    streams: &[StreamId],
+    op: &Op,
+) -> Result<(), AllocError> {
+    match *op {
+        Op::Alloc { slot, stream, size } => {
+            let a = pool.allocate(size, streams[stream as usize])?;
+            slots[slot as usize] = Some(a);
+        }
+        Op::Free { slot } => {
+            if let Some(a) = slots[slot as usize].take() {
+                pool.free(&a)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sample(pool: &Pool<SimDevice>, op: usize) -> Sample {
+    let s = pool.stats();
+    Sample {
+        op: op as u32,
+        live: s.requested_bytes.0[0].current as u64,
+        allocated: s.allocated_bytes.0[0].current as u64,
+        reserved: s.reserved_bytes.0[0].current as u64,
+    }
+}
+
+/// The smallest cap under which the replay completes, found by bisection to within
+/// max(2 MiB, 0.2% of peak live bytes). `upper` must be a cap that completes (the peak reserved
+/// bytes of an uncapped replay). `progress` is told each probe.
+pub fn min_capacity(
+    trace: &Trace,
+    cfg: &Config,
+    upper: u64,
+    mut progress: impl FnMut(u64, bool),
+) -> u64 {
+    let tolerance = (2u64 << 20).max(trace.peak_live / 500);
+    let completes = |cap: u64| {
+        let r = replay(
+            trace,
+            cfg,
+            &ReplayOptions {
+                capacity: Some(cap),
+                samples: 0,
+            },
+        );
+        r.failure.is_none()
+    };
+    let mut hi = upper;
+    if !completes(hi) {
+        // The uncapped run's peak should always complete; search upward if it does not.
+        while !completes(hi) {
+            hi = hi.saturating_mul(2);
+        }
+    }
+    let mut lo = trace.peak_live.saturating_sub(1);
+    while hi - lo > tolerance {
+        let mid = lo + (hi - lo) / 2;
+        let ok = completes(mid);
+        progress(mid, ok);
+        if ok {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
