@@ -13,6 +13,7 @@
 //! | `garbage_collection_threshold` | 0 < x < 1 | free old cached segments above this fraction of the memory limit (PyTorch) |
 //! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments (same as `policy:torch-expandable`) |
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
+//! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
 //!
@@ -108,6 +109,8 @@ pub struct Config {
     pub garbage_collection_threshold: f64,
     /// `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it.
     pub fragmentation_budget: f64,
+    /// `default` policy: largest chunk mapped in one driver call, in bytes.
+    pub max_chunk: u64,
 }
 
 impl Default for Config {
@@ -115,6 +118,9 @@ impl Default for Config {
         Config::for_policy(Policy::Default)
     }
 }
+
+/// The `default` policy's largest chunk when none is given.
+pub const DEFAULT_MAX_CHUNK: u64 = 32 << 20;
 
 /// The `default` policy's fragmentation budget when none is given.
 pub const DEFAULT_FRAGMENTATION_BUDGET: f64 = 0.02;
@@ -129,6 +135,7 @@ impl Config {
             roundup_power2_divisions: [0; DIVISION_INTERVALS],
             garbage_collection_threshold: 0.0,
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
+            max_chunk: DEFAULT_MAX_CHUNK,
         }
     }
 
@@ -188,6 +195,16 @@ impl Config {
                 self.fragmentation_budget = v;
             }
             "roundup_power2_divisions" => self.parse_divisions(key, p)?,
+            "max_chunk_mb" => {
+                let mb = p.integer(key)?;
+                if !(2..=1 << 20).contains(&mb) {
+                    return Err(ConfigError::new(
+                        key,
+                        format!("{mb} MB is not in [2, 1048576]"),
+                    ));
+                }
+                self.max_chunk = mb << 20;
+            }
             "expandable_segments" => {
                 let on = p.boolean(key)?;
                 self.policy = match (on, self.policy) {

@@ -3,8 +3,11 @@
 //!
 //! Growth works like PyTorch's expandable segments (one reserved range per stream and pool, the
 //! lowest-addressed run of free and unmapped blocks that fits) with two differences: pages are
-//! the device's granularity (2 MiB on the H200) in both pools, and every growth maps its pages as
-//! one chunk, in one map operation.
+//! the device's granularity (2 MiB on the H200) in both pools, and a growth maps its pages in
+//! chunks of up to `max_chunk_mb` (32 MiB by default), one map operation each, aligned to
+//! multiples of that size inside the segment. Larger chunks mean fewer driver calls; smaller
+//! ones mean that a free range in the middle of a segment more often covers whole chunks, which
+//! can then be unmapped: `max_chunk_mb` is the knob that trades memory against driver calls.
 //!
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
@@ -44,7 +47,7 @@ impl<D: Device> Pool<D> {
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(c, want, true)? {
+            match self.map_block(c, want, self.cfg.max_chunk)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -55,7 +58,7 @@ impl<D: Device> Pool<D> {
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(next, want, true)? {
+            match self.map_block(next, want, self.cfg.max_chunk)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }

@@ -109,7 +109,7 @@ impl<D: Device> Pool<D> {
         };
         if !self.blocks[c].mapped {
             let want = self.blocks[c].size.min(req.size);
-            match self.map_block(c, want, false)? {
+            match self.map_block(c, want, page)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -118,7 +118,7 @@ impl<D: Device> Pool<D> {
             let remaining = req.size - self.blocks[c].size;
             let next = self.blocks[c].next;
             let want = remaining.min(self.blocks[next].size);
-            match self.map_block(next, want, false)? {
+            match self.map_block(next, want, page)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -135,7 +135,7 @@ impl<D: Device> Pool<D> {
         &mut self,
         id: BlockId,
         size: u64,
-        batch: bool,
+        max_chunk: u64,
     ) -> Result<Option<BlockId>, DeviceError> {
         let b = &self.blocks[id];
         debug_assert!(!b.mapped && size <= b.size);
@@ -143,7 +143,7 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
-        let range = seg.map(&self.device, addr, size, batch, &self.peers)?;
+        let range = seg.map(&self.device, addr, size, max_chunk, &self.peers)?;
         if range.size == 0 {
             return Ok(None);
         }

@@ -177,7 +177,10 @@ impl<D: Device> Pool<D> {
             size: rounded,
             alloc_size: sizes::segment_size(rounded),
         };
-        let id = match self.get_free_block(&req) {
+        let found = match self.get_free_block(&req) {
+            other => other,
+        };
+        let id = match found {
             Some(id) => id,
             None => self.grow(&req, size)?,
         };

@@ -64,7 +64,10 @@ impl ExpSegment {
     }
 
     /// Maps the pages covering `addr..addr + size`, which must all be unmapped and start on a
-    /// page boundary. `batch`: one chunk for the whole range; otherwise one chunk per page.
+    /// page boundary, as chunks of at most `max_chunk` bytes that never cross a multiple of
+    /// `max_chunk` from the segment's start (so a chunk lies inside one aligned window, and a
+    /// large free range holds whole chunks that can be unmapped). `max_chunk` is a multiple of
+    /// the page size.
     /// Out of memory yields an empty [`Range`] with nothing left mapped; other errors are returned
     /// with nothing left mapped either.
     pub fn map<D: Device>(
@@ -72,17 +75,18 @@ impl ExpSegment {
         dev: &D,
         addr: u64,
         size: u64,
-        batch: bool,
+        max_chunk: u64,
         peers: &[usize],
     ) -> Result<Range, DeviceError> {
         let begin = self.page_floor(addr);
         let end = self.page_ceil(addr + size).min(self.va + self.size);
         debug_assert_eq!(begin, addr, "map must start on a page boundary");
-        let step = if batch { end - begin } else { self.page };
+        let window = max_chunk.max(self.page);
         let mut at = begin;
         let mut ops = 0;
         while at < end {
-            let len = step.min(end - at);
+            let boundary = self.va + ((at - self.va) / window + 1) * window;
+            let len = (end - at).min(boundary - at);
             match map_chunk(dev, at, len, peers) {
                 Ok(handle) => {
                     self.chunks.insert(at, Chunk { size: len, handle });
