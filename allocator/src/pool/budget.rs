@@ -47,7 +47,7 @@ impl<D: Device> Pool<D> {
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(c, want, self.cfg.max_chunk)? {
+            match self.map_block(c, want, self.chunk_limit(page))? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -58,7 +58,7 @@ impl<D: Device> Pool<D> {
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(next, want, self.cfg.max_chunk)? {
+            match self.map_block(next, want, self.chunk_limit(page))? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -88,6 +88,16 @@ impl<D: Device> Pool<D> {
             }
         }
         self.new_segment(req.stream, req.pool, page)
+    }
+
+    /// The largest chunk to map now: `max_chunk_mb`, or single pages once a memory limit is
+    /// within 64 chunks of the reserved bytes (a pool near its cap needs every fully free page to
+    /// be releasable; far from it, fewer driver calls matter more).
+    fn chunk_limit(&self, page: u64) -> u64 {
+        match self.limit {
+            Some(l) if self.reserved + self.cfg.max_chunk * 64 >= l => page,
+            _ => self.cfg.max_chunk,
+        }
     }
 
     /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is left.
