@@ -90,11 +90,11 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
     pool.set_limit(opts.capacity);
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
     let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
-    let every = if opts.samples == 0 {
-        usize::MAX
-    } else {
-        (trace.ops.len() / opts.samples).max(1)
-    };
+    let every = trace
+        .ops
+        .len()
+        .checked_div(opts.samples)
+        .map_or(usize::MAX, |n| n.max(1));
     let mut timeline = Vec::new();
     let mut failure = None;
     let start = Instant::now();

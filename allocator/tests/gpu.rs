@@ -34,12 +34,17 @@ fn roundtrip(dev: &CudaDevice, ptr: u64, len: usize, seed: u64) {
     let data = pattern(len, seed);
     dev.copy_to_device(ptr, &data).expect("copy to device");
     let mut back = vec![0u8; len];
-    dev.copy_from_device(ptr, &mut back).expect("copy from device");
+    dev.copy_from_device(ptr, &mut back)
+        .expect("copy from device");
     assert!(data == back, "data at {ptr:#x} (+{len}) did not read back");
 }
 
 fn free_bytes() -> u64 {
-    CudaDevice::new(0).expect("device").mem_info().expect("mem_info").0
+    CudaDevice::new(0)
+        .expect("device")
+        .mem_info()
+        .expect("mem_info")
+        .0
 }
 
 #[test]
@@ -49,17 +54,22 @@ fn conformance_every_policy() {
     let baseline = free_bytes();
     for policy in Policy::ALL {
         {
-            let alloc = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
+            let alloc =
+                CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
             let mut live = Vec::new();
             for (i, size) in [0u64, 4, 1024, MIB, 1 << 30].into_iter().enumerate() {
-                let a = alloc.allocate(size, StreamId::DEFAULT).unwrap_or_else(|e| panic!("{policy:?} {size}: {e}"));
+                let a = alloc
+                    .allocate(size, StreamId::DEFAULT)
+                    .unwrap_or_else(|e| panic!("{policy:?} {size}: {e}"));
                 assert_eq!(a.ptr % 512, 0, "alignment");
                 let len = size.max(1) as usize;
                 alloc.with_device(|d| roundtrip(d, a.ptr, len, i as u64 + 1));
                 live.push(a);
             }
             let total = alloc.with_device(|d| d.mem_info().unwrap().1);
-            let err = alloc.allocate(total + (1 << 30), StreamId::DEFAULT).unwrap_err();
+            let err = alloc
+                .allocate(total + (1 << 30), StreamId::DEFAULT)
+                .unwrap_err();
             assert!(err.is_out_of_memory(), "{policy:?}: {err}");
             alloc.check_invariants().unwrap();
             for a in live {
@@ -69,7 +79,10 @@ fn conformance_every_policy() {
             println!("{policy:?}: {:?}", alloc.stats().calls);
         }
         let now = free_bytes();
-        assert!(now + 64 * MIB >= baseline, "{policy:?}: free memory {now} below baseline {baseline}");
+        assert!(
+            now + 64 * MIB >= baseline,
+            "{policy:?}: free memory {now} below baseline {baseline}"
+        );
     }
 }
 
@@ -80,10 +93,14 @@ fn expandable_growth_across_pages_and_remap() {
     let baseline = free_bytes();
     for policy in [Policy::TorchExpandable, Policy::Default] {
         {
-            let alloc = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
+            let alloc =
+                CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
             // Many allocations that straddle page boundaries, in a segment that keeps growing.
             let sizes: Vec<u64> = (0..40).map(|i| 3 * MIB + i * 777 * 1024).collect();
-            let live: Vec<_> = sizes.iter().map(|&s| alloc.allocate(s, StreamId::DEFAULT).unwrap()).collect();
+            let live: Vec<_> = sizes
+                .iter()
+                .map(|&s| alloc.allocate(s, StreamId::DEFAULT).unwrap())
+                .collect();
             for (i, a) in live.iter().enumerate() {
                 alloc.with_device(|d| roundtrip(d, a.ptr, a.size as usize, 100 + i as u64));
             }
@@ -93,16 +110,27 @@ fn expandable_growth_across_pages_and_remap() {
                 alloc.free(a).unwrap();
             }
             alloc.empty_cache().unwrap();
-            assert_eq!(alloc.reserved_bytes(), 0, "{policy:?}: empty_cache unmaps every page");
+            assert_eq!(
+                alloc.reserved_bytes(),
+                0,
+                "{policy:?}: empty_cache unmaps every page"
+            );
             let again = alloc.allocate(64 * MIB, StreamId::DEFAULT).unwrap();
             alloc.with_device(|d| roundtrip(d, again.ptr, again.size as usize, 7));
             let s = alloc.stats();
-            assert!(s.calls.maps > 0 && s.calls.unmaps > 0, "{policy:?}: {:?}", s.calls);
+            assert!(
+                s.calls.maps > 0 && s.calls.unmaps > 0,
+                "{policy:?}: {:?}",
+                s.calls
+            );
             alloc.free(again).unwrap();
             alloc.check_invariants().unwrap();
         }
         let now = free_bytes();
-        assert!(now + 64 * MIB >= baseline, "{policy:?}: free memory {now} below baseline {baseline}");
+        assert!(
+            now + 64 * MIB >= baseline,
+            "{policy:?}: free memory {now} below baseline {baseline}"
+        );
     }
 }
 
@@ -121,11 +149,16 @@ fn limited_device_gives_out_of_memory_and_recovers() {
             }
             assert!(live.len() < 100, "{policy:?}: the limit was not enforced");
         };
-        assert!(matches!(err, AllocError::OutOfMemory { .. }), "{policy:?}: {err}");
+        assert!(
+            matches!(err, AllocError::OutOfMemory { .. }),
+            "{policy:?}: {err}"
+        );
         assert!(!live.is_empty());
         let a = live.pop().unwrap();
         alloc.free(a).unwrap();
-        let b = alloc.allocate(30 * MIB, StreamId::DEFAULT).expect("usable after out-of-memory");
+        let b = alloc
+            .allocate(30 * MIB, StreamId::DEFAULT)
+            .expect("usable after out-of-memory");
         alloc.with_device(|d| roundtrip(d.inner(), b.ptr, b.size as usize, 9));
         alloc.free(b).unwrap();
         for a in live {

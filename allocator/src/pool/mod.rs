@@ -177,9 +177,7 @@ impl<D: Device> Pool<D> {
             size: rounded,
             alloc_size: sizes::segment_size(rounded),
         };
-        let found = match self.get_free_block(&req) {
-            other => other,
-        };
+        let found = self.get_free_block(&req);
         let id = match found {
             Some(id) => id,
             None => self.grow(&req, size)?,

@@ -1,0 +1,195 @@
+//! The command line: subcommands, options, and the parsers of their values (policy names,
+//! config strings, byte counts with units).
+
+use clap::{Args, Parser, Subcommand};
+use cudalloc::{Config, Policy};
+use std::path::PathBuf;
+
+/// Replays recorded GPU allocation traces against cudalloc's policies on a simulated H200.
+#[derive(Parser, Debug)]
+#[command(name = "cudalloc", version)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Replay traces under one or more policies and compare the memory each reserves.
+    ///
+    /// Exit status: 0 when every replay completed, 1 when one failed (out of memory under
+    /// --capacity, or beyond the simulated device), 2 on a usage or input error.
+    Replay(ReplayArgs),
+    /// Replay one trace and print PyTorch-style memory statistics as JSON.
+    ///
+    /// The statistics are `torch.cuda.memory_stats()`'s keys, sorted, taken at the end of the
+    /// trace before leftover allocations are freed, with the fragmentation of the pool then.
+    /// Exit status: 0, 1 when an allocation failed, 2 on a usage or input error.
+    Stats(StatsArgs),
+}
+
+/// Options of `cudalloc replay`.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Add a policy to compare: torch, torch-expandable or default (repeatable; with neither
+    /// --policy nor --config, all three are compared).
+    #[arg(long = "policy", value_name = "POLICY", value_parser = parse_policy)]
+    pub policies: Vec<Policy>,
+
+    /// Add a configuration to compare, in PYTORCH_CUDA_ALLOC_CONF syntax plus cudalloc's keys,
+    /// e.g. `policy:torch,max_split_size_mb:128` (repeatable; labelled by the string itself).
+    #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
+    pub configs: Vec<Variant>,
+
+    /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
+    /// where a replay fails.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+
+    /// Also find, by bisection, the smallest cap each replay completes under.
+    #[arg(long)]
+    pub min_capacity: bool,
+
+    /// Write live, allocated and reserved bytes over each trace to a self-contained HTML file.
+    #[arg(long, value_name = "FILE.html")]
+    pub plot: Option<PathBuf>,
+
+    /// Print one JSON object per (trace, policy) per line instead of tables.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Trace files (our CSV, plain or gzip; PyTorch snapshot pickles; RMM logs). None: the
+    /// bundled traces in `traces/`.
+    #[arg(value_name = "TRACE")]
+    pub traces: Vec<PathBuf>,
+}
+
+impl ReplayArgs {
+    /// The configurations to compare, in order: the policies, then the config strings.
+    pub fn variants(&self) -> Vec<Variant> {
+        if self.policies.is_empty() && self.configs.is_empty() {
+            return Policy::ALL.into_iter().map(Variant::policy).collect();
+        }
+        let policies = self.policies.iter().copied().map(Variant::policy);
+        policies.chain(self.configs.iter().cloned()).collect()
+    }
+}
+
+/// Options of `cudalloc stats`.
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    /// The trace file.
+    #[arg(value_name = "TRACE")]
+    pub trace: PathBuf,
+
+    /// The policy: torch, torch-expandable or default.
+    #[arg(long, value_name = "POLICY", default_value = "torch", value_parser = parse_policy)]
+    pub policy: Policy,
+
+    /// A config string instead of --policy (see `cudalloc replay --help`).
+    #[arg(long, value_name = "STR", value_parser = parse_variant)]
+    pub config: Option<Variant>,
+}
+
+impl StatsArgs {
+    /// The configuration asked for.
+    pub fn variant(&self) -> Variant {
+        self.config
+            .clone()
+            .unwrap_or_else(|| Variant::policy(self.policy))
+    }
+}
+
+/// A configuration to replay under, with the label reports give it.
+#[derive(Clone, Debug)]
+pub struct Variant {
+    /// The policy name or the config string.
+    pub label: String,
+    /// The configuration.
+    pub cfg: Config,
+}
+
+impl Variant {
+    /// A policy with no further keys, labelled by its name.
+    pub fn policy(p: Policy) -> Variant {
+        Variant {
+            label: p.name().to_string(),
+            cfg: Config::for_policy(p),
+        }
+    }
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    Policy::parse(s).map_err(|e| e.message)
+}
+
+fn parse_variant(s: &str) -> Result<Variant, String> {
+    let cfg = Config::parse(s).map_err(|e| e.to_string())?;
+    Ok(Variant {
+        label: s.to_string(),
+        cfg,
+    })
+}
+
+/// Byte units: decimal (`kB`, `MB`, `GB`, `TB`) and binary (`KiB`, `MiB`, `GiB`, `TiB`).
+const UNITS: [(&str, u64); 9] = [
+    ("b", 1),
+    ("kb", 1_000),
+    ("mb", 1_000_000),
+    ("gb", 1_000_000_000),
+    ("tb", 1_000_000_000_000),
+    ("kib", 1 << 10),
+    ("mib", 1 << 20),
+    ("gib", 1 << 30),
+    ("tib", 1 << 40),
+];
+
+/// Parses `1073741824`, `80GiB`, `512 MiB`, `1.5GB` (units are case-insensitive).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    if unit.is_empty() {
+        return number.parse::<u64>().map_err(|_| {
+            format!("`{s}` is not a byte count (e.g. 80GiB, 512MiB, 1.5GB, 1048576)")
+        });
+    }
+    let scale = UNITS
+        .iter()
+        .find(|(u, _)| u.eq_ignore_ascii_case(unit))
+        .map(|(_, m)| *m)
+        .ok_or_else(|| {
+            format!("unknown unit `{unit}` in `{s}` (use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)")
+        })?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{number}` in `{s}` is not a number"))?;
+    let bytes = (value * scale as f64).round();
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("`{s}` is too large"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn bytes_with_units() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("80GiB"), Ok(80 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("2gib"), Ok(2 << 30));
+        assert!(parse_bytes("1.5").is_err());
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("-1GiB").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}

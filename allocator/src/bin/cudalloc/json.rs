@@ -1,0 +1,33 @@
+//! `cudalloc replay --json`: one JSON object per (trace, configuration) per line.
+
+use crate::replay_cmd::{Report, Run};
+use serde_json::{json, Value};
+use std::io::{self, Write};
+
+/// The object of one replay, with exactly the documented keys.
+pub fn object(trace: &str, run: &Run) -> Value {
+    let r = &run.result;
+    json!({
+        "trace": trace,
+        "policy": run.label,
+        "events": r.events,
+        "peak_live_bytes": r.peak_live_bytes,
+        "peak_allocated_bytes": r.peak_allocated_bytes,
+        "peak_reserved_bytes": r.peak_reserved_bytes,
+        "min_capacity_bytes": run.min_capacity,
+        "device_mallocs": r.device_mallocs,
+        "device_frees": r.device_frees,
+        "device_maps": r.device_maps,
+        "device_unmaps": r.device_unmaps,
+        "ooms": r.ooms,
+        "ns_per_event": (r.ns_per_event * 10.0).round() / 10.0,
+    })
+}
+
+/// Writes the lines of one trace.
+pub fn write_lines(out: &mut impl Write, report: &Report) -> io::Result<()> {
+    for run in &report.runs {
+        writeln!(out, "{}", object(&report.name, run))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! `cudalloc replay`: every trace under every configuration, reported as tables, JSON lines
+//! and optionally a plot.
+
+use crate::args::{ReplayArgs, Variant};
+use crate::progress::{Progress, LONG_OPS};
+use crate::{bundled, json, plot, table, CliError};
+use cudalloc::replay::{min_capacity, replay, ReplayOptions, ReplayResult};
+use cudalloc::trace::{self, Anomalies, Trace};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Timeline samples per replay when plotting.
+const PLOT_SAMPLES: usize = 2000;
+
+/// One replay of a trace under one configuration.
+pub struct Run {
+    /// The configuration's label.
+    pub label: String,
+    /// What the replay measured.
+    pub result: ReplayResult,
+    /// The smallest cap the replay completes under, when asked for and found.
+    pub min_capacity: Option<u64>,
+}
+
+/// A trace and its replays.
+pub struct Report {
+    /// The trace's name (file name without directory and `.gz`).
+    pub name: String,
+    /// Events read.
+    pub events: u64,
+    /// Operations to replay.
+    pub ops: u64,
+    /// `segment_alloc` events (PyTorch's `cudaMalloc` calls).
+    pub segment_allocs: u64,
+    /// Peak of the summed requested bytes of live allocations.
+    pub peak_live: u64,
+    /// Odd events of the trace.
+    pub anomalies: Anomalies,
+    /// The replays, in the order of the configurations.
+    pub runs: Vec<Run>,
+}
+
+/// What a replay is asked to do besides measuring.
+struct Plan {
+    capacity: Option<u64>,
+    min_capacity: bool,
+    samples: usize,
+}
+
+/// Runs the command; exit status 1 when a replay failed.
+pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
+    let variants = args.variants();
+    let paths = if args.traces.is_empty() {
+        bundled::find()?
+    } else {
+        args.traces.clone()
+    };
+    let traces = read_all(&paths)?;
+    let plan = Plan {
+        capacity: args.capacity,
+        min_capacity: args.min_capacity,
+        samples: if args.plot.is_some() { PLOT_SAMPLES } else { 0 },
+    };
+    let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
+    let steps = (traces.len() * variants.len()) as u64;
+    let progress = Progress::new(steps, args.min_capacity || long);
+    let mut out = std::io::stdout().lock();
+    let mut reports = Vec::with_capacity(traces.len());
+    for t in &traces {
+        let report = replay_trace(t, &variants, &plan, &progress);
+        progress.suspend(|| print_report(&mut out, &report, args))?;
+        reports.push(report);
+    }
+    progress.finish();
+    if !args.json && variants.len() > 1 {
+        table::write_summary(&mut out, &reports)?;
+    }
+    out.flush()?;
+    if let Some(path) = &args.plot {
+        write_plot(path, &reports)?;
+    }
+    let mut runs = reports.iter().flat_map(|r| &r.runs);
+    if runs.any(|r| r.result.failure.is_some()) {
+        Ok(ExitCode::from(1))
+    } else {
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn read_all(paths: &[PathBuf]) -> Result<Vec<Trace>, CliError> {
+    paths
+        .iter()
+        .map(|p| trace::read(p).map_err(|e| CliError::msg(e.to_string())))
+        .collect()
+}
+
+fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Result<(), CliError> {
+    if args.json {
+        json::write_lines(out, report)?;
+        table::report_failures(&mut std::io::stderr(), report)?;
+    } else {
+        table::write_report(out, report, args.capacity)?;
+    }
+    Ok(())
+}
+
+fn write_plot(path: &std::path::Path, reports: &[Report]) -> Result<(), CliError> {
+    let html = plot::html(reports);
+    std::fs::write(path, html)
+        .map_err(|e| CliError::msg(format!("cannot write the plot to {}: {e}", path.display())))?;
+    eprintln!("plot written to {}", path.display());
+    Ok(())
+}
+
+fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progress) -> Report {
+    let runs = variants
+        .iter()
+        .map(|v| replay_variant(t, v, plan, progress))
+        .collect();
+    Report {
+        name: t.name.clone(),
+        events: t.events,
+        ops: t.ops.len() as u64,
+        segment_allocs: t.segment_allocs,
+        peak_live: t.peak_live,
+        anomalies: t.anomalies.clone(),
+        runs,
+    }
+}
+
+fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> Run {
+    progress.message(format!("{} / {}", t.name, v.label));
+    let opts = ReplayOptions {
+        capacity: plan.capacity,
+        samples: plan.samples,
+    };
+    let result = replay(t, &v.cfg, &opts);
+    progress.step();
+    let min_capacity = if plan.min_capacity {
+        find_min_capacity(t, v, &result, plan.capacity, progress)
+    } else {
+        None
+    };
+    Run {
+        label: v.label.clone(),
+        result,
+        min_capacity,
+    }
+}
+
+/// Bisects for the smallest completing cap, starting from the peak reserved bytes of an uncapped
+/// replay; `None` when even the uncapped replay does not fit on the simulated device.
+fn find_min_capacity(
+    t: &Trace,
+    v: &Variant,
+    measured: &ReplayResult,
+    capacity: Option<u64>,
+    progress: &Progress,
+) -> Option<u64> {
+    let uncapped;
+    let upper_run = match capacity {
+        None => measured,
+        Some(_) => {
+            progress.add(1);
+            uncapped = replay(t, &v.cfg, &ReplayOptions::default());
+            progress.step();
+            &uncapped
+        }
+    };
+    if upper_run.failure.is_some() {
+        return None;
+    }
+    let upper = upper_run.peak_reserved_bytes;
+    progress.message(format!("{} / {}: min capacity", t.name, v.label));
+    progress.add(expected_probes(t.peak_live, upper));
+    Some(min_capacity(t, &v.cfg, upper, |_, _| progress.step()))
+}
+
+/// How many probes `min_capacity` makes between the peak live bytes and `upper`.
+fn expected_probes(peak_live: u64, upper: u64) -> u64 {
+    let tolerance = (2u64 << 20).max(peak_live / 500);
+    let mut gap = upper.saturating_sub(peak_live.saturating_sub(1));
+    let mut probes = 0;
+    while gap > tolerance {
+        gap -= gap / 2;
+        probes += 1;
+    }
+    probes
+}

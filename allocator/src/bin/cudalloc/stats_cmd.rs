@@ -1,0 +1,94 @@
+//! `cudalloc stats`: replays one trace on the simulated device, driving the pool directly (so
+//! that its statistics and a snapshot can be read at the end of the trace, before leftover
+//! allocations are freed), and prints them as pretty JSON with sorted keys.
+
+use crate::args::StatsArgs;
+use crate::CliError;
+use cudalloc::replay::DEVICE_CAPACITY;
+use cudalloc::trace::{self, Op, Trace};
+use cudalloc::{AllocError, Allocation, Pool};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Runs the command; exit status 1 when an allocation failed.
+pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
+    let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
+    let variant = args.variant();
+    let pool = Pool::new(
+        SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
+        variant.cfg.clone(),
+    );
+    let (pool, failure) = drive(pool, &t);
+    let mut doc = Map::new();
+    doc.insert("trace".into(), json!(t.name));
+    doc.insert("policy".into(), json!(variant.label));
+    doc.insert(
+        "events".into(),
+        json!(failure.as_ref().map_or(t.ops.len(), |f| f.0 + 1)),
+    );
+    doc.insert("failure".into(), failure_json(&failure));
+    doc.insert("fragmentation_at_end".into(), fragmentation(&pool));
+    doc.insert("memory_stats".into(), memory_stats(&pool));
+    let text = serde_json::to_string_pretty(&Value::Object(doc))
+        .map_err(|e| CliError::msg(e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()?;
+    Ok(if failure.is_some() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+type Failure = Option<(usize, AllocError)>;
+
+/// Replays the operations (as `cudalloc::replay::replay` does) and stops at the first failure.
+fn drive(mut pool: Pool<SimDevice>, t: &Trace) -> (Pool<SimDevice>, Failure) {
+    let streams: Vec<StreamId> = t.streams.iter().map(|&s| StreamId(s)).collect();
+    let mut slots: Vec<Option<Allocation>> = vec![None; t.slots as usize];
+    for (i, op) in t.ops.iter().enumerate() {
+        let done = match *op {
+            Op::Alloc { slot, stream, size } => pool
+                .allocate(size, streams[stream as usize])
+                .map(|a| slots[slot as usize] = Some(a)),
+            Op::Free { slot } => match slots[slot as usize].take() {
+                Some(a) => pool.free(&a),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = done {
+            return (pool, Some((i, e)));
+        }
+    }
+    (pool, None)
+}
+
+fn failure_json(f: &Failure) -> Value {
+    match f {
+        Some((op, e)) => json!({ "op": op, "error": e.to_string() }),
+        None => Value::Null,
+    }
+}
+
+fn fragmentation(pool: &Pool<SimDevice>) -> Value {
+    let f = pool.snapshot().fragmentation();
+    json!({
+        "free_bytes": f.free_bytes,
+        "largest_free_block": f.largest_free_block,
+        "external_fragmentation": f.external_fragmentation,
+        "utilisation": f.utilisation,
+        "mapped_bytes": f.mapped_bytes,
+        "virtual_bytes": f.virtual_bytes,
+    })
+}
+
+/// `torch.cuda.memory_stats()`'s keys with their values, sorted by key.
+fn memory_stats(pool: &Pool<SimDevice>) -> Value {
+    let sorted: BTreeMap<String, i64> = pool.stats().to_torch_dict().into_iter().collect();
+    let map: Map<String, Value> = sorted.into_iter().map(|(k, v)| (k, json!(v))).collect();
+    Value::Object(map)
+}

@@ -1,0 +1,196 @@
+//! Human-readable output of `cudalloc replay`: a header line and a table per trace, the
+//! failures of capped replays, and the geometric-mean summary across traces.
+
+use crate::replay_cmd::{Report, Run};
+use cudalloc::fmt::bytes;
+use cudalloc::trace::Anomalies;
+use std::io::{self, Write};
+
+const HEADERS: [&str; 13] = [
+    "policy",
+    "events",
+    "peak live",
+    "peak allocated",
+    "peak reserved",
+    "reserved/live",
+    "min capacity",
+    "mallocs",
+    "frees",
+    "maps",
+    "unmaps",
+    "OOMs",
+    "ns/event",
+];
+
+/// Writes the header line, the table and the failures of one trace.
+pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> io::Result<()> {
+    writeln!(out, "{}", header_line(r, capacity))?;
+    let rows: Vec<Vec<String>> = r.runs.iter().map(|run| row(run, r.peak_live)).collect();
+    write_table(out, &HEADERS, &rows)?;
+    report_failures(out, r)?;
+    writeln!(out)
+}
+
+fn header_line(r: &Report, capacity: Option<u64>) -> String {
+    let mut line = format!(
+        "{}: {} events read, {} ops replayed, {} segment_alloc, peak live {}",
+        r.name,
+        thousands(r.events),
+        thousands(r.ops),
+        thousands(r.segment_allocs),
+        bytes(r.peak_live)
+    );
+    if let Some(c) = capacity {
+        line += &format!(", capacity {}", bytes(c));
+    }
+    if let Some(a) = anomalies(&r.anomalies) {
+        line += &format!("; anomalies: {a}");
+    }
+    line
+}
+
+fn anomalies(a: &Anomalies) -> Option<String> {
+    let first = a.first_line?;
+    Some(format!(
+        "{} unmatched frees, {} double allocs (first at line {first})",
+        a.unmatched_frees, a.double_allocs
+    ))
+}
+
+fn row(run: &Run, peak_live: u64) -> Vec<String> {
+    let r = &run.result;
+    vec![
+        run.label.clone(),
+        thousands(r.events),
+        bytes(r.peak_live_bytes),
+        bytes(r.peak_allocated_bytes),
+        bytes(r.peak_reserved_bytes),
+        ratio(r.peak_reserved_bytes, peak_live).map_or("-".into(), |x| format!("{x:.3}")),
+        run.min_capacity.map_or("-".into(), bytes),
+        thousands(r.device_mallocs),
+        thousands(r.device_frees),
+        thousands(r.device_maps),
+        thousands(r.device_unmaps),
+        thousands(r.ooms),
+        format!("{:.0}", r.ns_per_event),
+    ]
+}
+
+/// Peak reserved over peak live bytes (`None` when nothing was live).
+pub fn ratio(reserved: u64, live: u64) -> Option<f64> {
+    (live > 0).then(|| reserved as f64 / live as f64)
+}
+
+/// Writes a line per replay that stopped at a failed allocation.
+pub fn report_failures(out: &mut impl Write, r: &Report) -> io::Result<()> {
+    for run in &r.runs {
+        if let Some(f) = &run.result.failure {
+            writeln!(
+                out,
+                "{} / {}: failed at op {} of {}: {}",
+                r.name, run.label, f.op, r.ops, f.error
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes, per configuration, the geometric mean of reserved/live over the traces where its
+/// replay completed.
+pub fn write_summary(out: &mut impl Write, reports: &[Report]) -> io::Result<()> {
+    let Some(first) = reports.first() else {
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "geometric mean of peak reserved / peak live over {} trace(s):",
+        reports.len()
+    )?;
+    let width = first.runs.iter().map(|r| r.label.len()).max().unwrap_or(0);
+    for (i, run) in first.runs.iter().enumerate() {
+        let ratios: Vec<f64> = reports
+            .iter()
+            .filter_map(|r| r.runs.get(i).map(|run| (run, r.peak_live)))
+            .filter(|(run, _)| run.result.failure.is_none())
+            .filter_map(|(run, live)| ratio(run.result.peak_reserved_bytes, live))
+            .collect();
+        let mean = geometric_mean(&ratios).map_or("-".into(), |g| format!("{g:.3}"));
+        let note = if ratios.len() == reports.len() {
+            String::new()
+        } else {
+            format!("  ({} of {} traces)", ratios.len(), reports.len())
+        };
+        writeln!(out, "  {:<width$}  {mean}{note}", run.label)?;
+    }
+    Ok(())
+}
+
+fn geometric_mean(xs: &[f64]) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let log_sum: f64 = xs.iter().map(|x| x.ln()).sum();
+    Some((log_sum / xs.len() as f64).exp())
+}
+
+/// Writes a table: the first column left-aligned, the others right-aligned.
+fn write_table(out: &mut impl Write, headers: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
+    write_row(out, &header, &widths)?;
+    let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+    write_row(out, &rule, &widths)?;
+    for row in rows {
+        write_row(out, row, &widths)?;
+    }
+    Ok(())
+}
+
+fn write_row(out: &mut impl Write, cells: &[String], widths: &[usize]) -> io::Result<()> {
+    let mut line = String::new();
+    for (i, (cell, &w)) in cells.iter().zip(widths).enumerate() {
+        if i == 0 {
+            line += &format!("{cell:<w$}");
+        } else {
+            line += &format!("  {cell:>w$}");
+        }
+    }
+    writeln!(out, "{}", line.trim_end())
+}
+
+/// `1234567` -> `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let (head, tail) = digits.split_at((digits.len() - 1) % 3 + 1);
+    let mut out = head.to_string();
+    for group in tail.as_bytes().chunks(3) {
+        out.push(',');
+        out.extend(group.iter().map(|&d| d as char));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{geometric_mean, thousands};
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn geometric_mean_of_ratios() {
+        assert_eq!(geometric_mean(&[]), None);
+        let g = geometric_mean(&[1.0, 4.0]).unwrap();
+        assert!((g - 2.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,254 @@
+//! The `cudalloc` command line, run as a built binary: JSON output and its figures on a bundled
+//! trace, discovery of the bundled traces, the plot, capped replays, the `stats` subcommand, and
+//! the errors (unknown policy, bad config key, bad capacity, missing or malformed trace) that must
+//! exit with status 2 and say what was wrong.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cudalloc(args: &[&str]) -> Output {
+    cudalloc_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+fn cudalloc_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the cudalloc binary runs")
+}
+
+fn bundled(name: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    dir.join(name).to_string_lossy().into_owned()
+}
+
+fn bert() -> String {
+    bundled("bert_dynamic.trace.csv.gz")
+}
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    dir
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every stdout line is JSON"))
+        .collect()
+}
+
+const KEYS: [&str; 13] = [
+    "trace",
+    "policy",
+    "events",
+    "peak_live_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "min_capacity_bytes",
+    "device_mallocs",
+    "device_frees",
+    "device_maps",
+    "device_unmaps",
+    "ooms",
+    "ns_per_event",
+];
+
+#[test]
+fn json_has_exactly_the_keys_and_the_torch_figures() {
+    let o = cudalloc(&["replay", "--json", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let policies: Vec<&str> = lines
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["torch", "torch-expandable", "default"]);
+    for v in &lines {
+        let obj = v.as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut expected = KEYS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+        assert_eq!(v["trace"], "bert_dynamic.trace.csv");
+        assert_eq!(v["events"], 29722);
+        assert_eq!(v["peak_live_bytes"], 615862208);
+        assert!(v["min_capacity_bytes"].is_null());
+        assert_eq!(v["ooms"], 0);
+        let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
+        assert!(615862208 <= allocated && allocated <= v["peak_reserved_bytes"].as_u64().unwrap());
+        assert!(v["ns_per_event"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(lines[0]["peak_reserved_bytes"], 1272971264u64);
+    assert_eq!(lines[0]["device_mallocs"], 33);
+}
+
+#[test]
+fn min_capacity_lies_between_live_and_reserved() {
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--min-capacity",
+        "--policy",
+        "torch",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let min = v["min_capacity_bytes"]
+        .as_u64()
+        .expect("a number when asked");
+    assert!((615862208..=1272971264).contains(&min), "{min}");
+}
+
+#[test]
+fn no_trace_replays_the_bundled_ones_from_anywhere() {
+    let dir = scratch("bundled");
+    let o = cudalloc_in(&dir, &["replay", "--json", "--policy", "default"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let names: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["trace"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.len() >= 4, "{names:?}");
+    assert!(names.contains(&"gpt2_train.trace.csv".to_string()));
+}
+
+#[test]
+fn human_output_has_a_table_and_a_summary() {
+    let o = cudalloc(&["replay", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.starts_with("bert_dynamic.trace.csv: 44,615 events read"),
+        "{out}"
+    );
+    assert!(
+        out.contains("reserved/live") && out.contains("ns/event"),
+        "{out}"
+    );
+    assert!(out.contains("2.067"), "{out}");
+    assert!(out.contains("geometric mean"), "{out}");
+}
+
+#[test]
+fn unknown_policy_exits_2_naming_it() {
+    let o = cudalloc(&["replay", "--policy", "tensorflow", &bert()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("tensorflow"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_config_key_exits_2_naming_the_key() {
+    let o = cudalloc(&[
+        "replay",
+        "--config",
+        "policy:torch,max_splat_mb:128",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("max_splat_mb"), "{}", stderr(&o));
+}
+
+#[test]
+fn config_strings_label_their_rows() {
+    let cfg = "policy:torch,max_split_size_mb:128";
+    let o = cudalloc(&["replay", "--json", "--config", cfg, &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(json_lines(&o)[0]["policy"], cfg);
+}
+
+#[test]
+fn bad_capacity_exits_2() {
+    let o = cudalloc(&["replay", "--capacity", "12 parsecs", &bert()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("parsecs"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_file_exits_2() {
+    let o = cudalloc(&["replay", "no/such/trace.csv.gz"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no/such/trace.csv.gz"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn malformed_trace_names_the_line() {
+    let dir = scratch("malformed");
+    let path = dir.join("malformed.csv");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nalloc,zzz,512,0,2\n";
+    std::fs::write(&path, text).unwrap();
+    let o = cudalloc(&["replay", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("malformed.csv:3:"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn plot_writes_self_contained_html() {
+    let path = scratch("plot").join("memory.html");
+    let o = cudalloc(&["replay", "--plot", path.to_str().unwrap(), &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&path).expect("the plot was written");
+    assert!(html.contains("<svg") || html.contains("<canvas"));
+    assert!(html.contains("torch-expandable") && html.contains("GiB"));
+    assert!(!html.contains("<script src") && !html.contains("http://cdn"));
+}
+
+#[test]
+fn capacity_below_peak_live_reports_the_failure() {
+    let o = cudalloc(&[
+        "replay",
+        "--capacity",
+        "256MiB",
+        "--policy",
+        "torch",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("failed at op"), "{out}");
+    assert!(out.contains("out of memory"), "{out}");
+}
+
+#[test]
+fn stats_prints_sorted_torch_keys() {
+    let o = cudalloc(&["stats", &bert(), "--policy", "torch"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    let stats = v["memory_stats"].as_object().unwrap();
+    assert_eq!(stats["reserved_bytes.all.peak"], 1272971264u64);
+    let keys: Vec<&String> = stats.keys().collect();
+    assert!(keys.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn help_exits_0() {
+    for args in [
+        &["--help"][..],
+        &["replay", "--help"][..],
+        &["stats", "--help"][..],
+    ] {
+        let o = cudalloc(args);
+        assert_eq!(o.status.code(), Some(0));
+        assert!(stdout(&o).contains("Usage"));
+    }
+}
