@@ -13,23 +13,38 @@ fn traces_dir() -> PathBuf {
 }
 
 fn anchors() -> serde_json::Value {
-    let text = std::fs::read_to_string(traces_dir().join("anchors.json")).expect("traces/anchors.json");
+    let text =
+        std::fs::read_to_string(traces_dir().join("anchors.json")).expect("traces/anchors.json");
     serde_json::from_str(&text).expect("anchors.json parses")
 }
 
 fn check(name: &str, policy: Policy, key: &str, tolerance: f64) {
     let path = traces_dir().join(format!("{name}.trace.csv.gz"));
     let trace = cudalloc::trace::read(&path).expect("bundled trace reads");
-    let r = replay(&trace, &Config::for_policy(policy), &ReplayOptions::default());
+    let r = replay(
+        &trace,
+        &Config::for_policy(policy),
+        &ReplayOptions::default(),
+    );
     assert!(r.failure.is_none(), "{name}: {:?}", r.failure);
-    let want = anchors()["traces"][name][key]["peak_reserved_bytes"].as_u64().expect("anchor");
+    let want = anchors()["traces"][name][key]["peak_reserved_bytes"]
+        .as_u64()
+        .expect("anchor");
     let diff = (r.peak_reserved_bytes as f64 / want as f64 - 1.0).abs();
-    assert!(diff <= tolerance, "{name} {key}: peak reserved {} vs PyTorch {want} ({:.3}%)", r.peak_reserved_bytes, diff * 100.0);
+    assert!(
+        diff <= tolerance,
+        "{name} {key}: peak reserved {} vs PyTorch {want} ({:.3}%)",
+        r.peak_reserved_bytes,
+        diff * 100.0
+    );
     assert_eq!(r.peak_live_bytes, trace.peak_live, "{name}: peak live");
     if policy == Policy::Torch {
         let segs = trace.segment_allocs as f64;
         let calls = r.device_mallocs as f64;
-        assert!((calls / segs - 1.0).abs() <= 0.02, "{name}: {calls} mallocs vs {segs} segment_alloc events");
+        assert!(
+            (calls / segs - 1.0).abs() <= 0.02,
+            "{name}: {calls} mallocs vs {segs} segment_alloc events"
+        );
     }
 }
 
