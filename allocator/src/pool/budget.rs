@@ -30,9 +30,12 @@ impl<D: Device> Pool<D> {
         let live_after = self.stats.requested_bytes.0[0].current as u64 + req.size;
         let base = self.peak_requested.max(live_after);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
-        let cap = self.limit.map_or(ceiling, |l| l.min(ceiling));
-        if self.reserved + need > cap {
-            self.release_free_chunks(self.reserved + need - cap)?;
+        let mut excess = (self.reserved + need).saturating_sub(ceiling);
+        if let Some(l) = self.limit {
+            excess = excess.max((self.total_reserved() + need).saturating_sub(l));
+        }
+        if excess > 0 {
+            self.release_free_chunks(excess)?;
         }
         self.budget_map(req, page)
     }
@@ -95,7 +98,7 @@ impl<D: Device> Pool<D> {
     /// be releasable; far from it, fewer driver calls matter more).
     fn chunk_limit(&self, page: u64) -> u64 {
         match self.limit {
-            Some(l) if self.reserved + self.cfg.max_chunk * 64 >= l => page,
+            Some(l) if self.total_reserved() + self.cfg.max_chunk * 64 >= l => page,
             _ => self.cfg.max_chunk,
         }
     }

@@ -184,7 +184,7 @@ impl<D: Device> Pool<D> {
     }
 
     fn count_mapped(&mut self, pool: PoolKind, range: Range) {
-        self.reserved += range.size;
+        self.add_reserved(range.size);
         self.stats.reserved_bytes.increase(pool, range.size);
         self.stats.num_device_alloc += 1;
         self.stats.calls.maps += range.ops;
@@ -219,7 +219,7 @@ impl<D: Device> Pool<D> {
         let next = self.blocks[id].next;
         self.try_merge(id, next);
         self.index_unmapped(id);
-        self.reserved -= range.size;
+        self.sub_reserved(range.size);
         self.stats.reserved_bytes.decrease(pool, range.size);
         self.stats.num_device_free += 1;
         self.stats.calls.unmaps += range.ops;

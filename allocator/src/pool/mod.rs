@@ -27,6 +27,7 @@ use crate::config::{Config, Policy};
 use crate::error::AllocError;
 use crate::sizes::{self, PoolKind, MIN_BLOCK, SMALL_SIZE};
 use crate::stats::Stats;
+use crate::sync::{Arc, AtomicU64, Ordering};
 use block::{Arena, Block, BlockId, NIL};
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
@@ -74,6 +75,8 @@ pub struct Pool<D: Device> {
     pub(crate) peers: Vec<usize>,
     /// Highest sum of requested bytes seen (the `default` policy's budget base).
     pub(crate) peak_requested: u64,
+    /// Reserved bytes of every pool sharing this pool's device and limit.
+    pub(crate) shared: Option<Arc<AtomicU64>>,
 }
 
 impl<D: Device> Pool<D> {
@@ -97,6 +100,7 @@ impl<D: Device> Pool<D> {
             spare_events: Vec::new(),
             peers: Vec::new(),
             peak_requested: 0,
+            shared: None,
         }
     }
 
@@ -500,8 +504,37 @@ impl<D: Device> Pool<D> {
         }
     }
 
+    fn add_reserved(&mut self, n: u64) {
+        self.reserved += n;
+        if let Some(s) = &self.shared {
+            s.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn sub_reserved(&mut self, n: u64) {
+        self.reserved -= n;
+        if let Some(s) = &self.shared {
+            s.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes held from the device by this pool and every pool sharing its limit.
+    pub(crate) fn total_reserved(&self) -> u64 {
+        self.shared
+            .as_ref()
+            .map_or(self.reserved, |s| s.load(Ordering::Relaxed))
+    }
+
+    /// Makes this pool count its reserved bytes into `counter`, which pools sharing one device
+    /// and one memory limit have in common; the limit applies to the counter's total.
+    pub fn share_reserved(&mut self, counter: Arc<AtomicU64>) {
+        counter.fetch_add(self.reserved, Ordering::Relaxed);
+        self.shared = Some(counter);
+    }
+
     pub(crate) fn over_limit(&self, extra: u64) -> bool {
-        self.limit.is_some_and(|l| self.reserved + extra > l)
+        self.limit
+            .is_some_and(|l| self.total_reserved() + extra > l)
     }
 
     /// One `malloc` of `req.alloc_size` bytes: a new segment holding one free block.
@@ -515,7 +548,7 @@ impl<D: Device> Pool<D> {
             Err(e) if e.is_out_of_memory() => return Ok(None),
             Err(e) => return Err(e),
         };
-        self.reserved += size;
+        self.add_reserved(size);
         self.stats.segment.increase(req.pool, 1);
         self.stats.reserved_bytes.increase(req.pool, size);
         if size >= self.cfg.max_split_size {

@@ -15,7 +15,7 @@ impl<D: Device> Pool<D> {
         let b = self.blocks.remove(id);
         let removed = self.index(b.pool).remove(&b);
         debug_assert!(removed);
-        self.reserved -= b.size;
+        self.sub_reserved(b.size);
         self.stats.segment.decrease(b.pool, 1);
         self.stats.reserved_bytes.decrease(b.pool, b.size);
         if b.size >= self.cfg.max_split_size {
@@ -95,10 +95,11 @@ impl<D: Device> Pool<D> {
             return Ok(());
         };
         let threshold = (self.cfg.garbage_collection_threshold * limit as f64) as u64;
-        if self.reserved <= threshold {
+        let reserved = self.total_reserved();
+        if reserved <= threshold {
             return Ok(());
         }
-        let target = self.reserved - threshold;
+        let target = reserved - threshold;
         let clock = self.large.searches;
         let age = |p: &Self, id: BlockId| clock - p.blocks[id].gc_base;
         let freeable: Vec<BlockId> = self

@@ -1,12 +1,187 @@
-//! PyTorch memory snapshots (`torch.cuda.memory._dump_snapshot()`): reading `device_traces`.
+//! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot()` writes, or the
+//! dict `torch.cuda.memory._snapshot()` returns saved with `pickle.dump` (the same shape).
+//!
+//! Only `device_traces[device]` is read: a list of dicts, one per event, with the keys `action`,
+//! `addr`, `size`, `stream` and `time_us`; other keys (`frames`, `compile_context`, ...) and
+//! the rest of the snapshot (`segments`, ...) are ignored. Entry `i` (1-based) is pushed into the
+//! [`TraceBuilder`] as line `i`.
+//!
+//! Guarantees, shared with the Python converter `python/cudalloc_trace/convert.py` (both turn
+//! one snapshot into the same events):
+//! - `oom` entries carry `device_free` instead of `addr`; it becomes the event's address (as in
+//!   PyTorch's own `TraceEntry`), or 0 when absent. Every other action needs `addr`.
+//! - `time_us` is optional (older PyTorch versions lack it) and reads as 0 when absent.
+//! - `stream` is PyTorch's `int64` cast of the handle: a negative value is read as its 64-bit
+//!   two's complement.
+//! - A missing key, a value of the wrong type or an unknown action is a [`TraceError`] whose line
+//!   is the entry number and whose message names the entry and the key. Bytes that are not a
+//!   pickle (garbage, a truncated file) are a [`TraceError`] of the file, not a panic.
+//!
+//! Why `serde-pickle`: it decodes every pickle protocol (0-5) in pure Rust into a dynamic
+//! [`Value`], so no Python is needed, and it never runs anything from the file. With
+//! `replace_unresolved_globals` an object of a class it does not know (a snapshot may hold torch
+//! objects) decodes as `None` instead of failing the whole file. The cost: the whole pickle is
+//! decoded in memory before the first event is read, about 1.3 KB and 6 us per trace entry in a
+//! release build (a 1.4 M-event snapshot: ~1.8 GB, ~9 s). For snapshots that large, convert once
+//! with `python -m cudalloc_trace.convert` and read the CSV, which streams.
 
-use super::{Trace, TraceError};
+use super::{Action, Event, Trace, TraceBuilder, TraceError};
+use serde_pickle::{DeOptions, HashableValue, Value};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Reads the `device_traces` of a snapshot pickle.
-pub fn read_snapshot(path: &Path, _bytes: &[u8]) -> Result<Trace, TraceError> {
-    Err(TraceError::file(
-        path,
-        "PyTorch snapshot pickles are not supported yet",
-    ))
+type Dict = BTreeMap<HashableValue, Value>;
+
+/// Reads device 0's `device_traces` of a snapshot pickle.
+pub fn read_snapshot(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
+    read_snapshot_device(path, bytes, 0)
+}
+
+/// Reads the `device_traces` of device `device` of a snapshot pickle.
+pub fn read_snapshot_device(path: &Path, bytes: &[u8], device: usize) -> Result<Trace, TraceError> {
+    let entries = device_entries(bytes, device).map_err(|m| TraceError::file(path, m))?;
+    let keys = Keys::new();
+    let mut b = TraceBuilder::new(super::trace_name(path));
+    for (i, entry) in entries.into_iter().enumerate() {
+        let line = i as u64 + 1;
+        let e = parse_entry(&keys, &entry)
+            .map_err(|m| TraceError::at(path, line, format!("trace entry {line}: {m}")))?;
+        b.push(e, line);
+    }
+    Ok(b.finish())
+}
+
+/// Decodes the pickle and takes out the entry list of one device.
+fn device_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
+    let opts = DeOptions::new()
+        .replace_unresolved_globals()
+        .replace_recursive_structures();
+    let value = serde_pickle::value_from_slice(bytes, opts)
+        .map_err(|e| format!("not a readable snapshot pickle: {e}"))?;
+    let Value::Dict(mut top) = value else {
+        return Err(format!(
+            "expected a dict at the top, found {}",
+            kind(&value)
+        ));
+    };
+    let traces = top
+        .remove(&key("device_traces"))
+        .ok_or("the snapshot has no `device_traces` key")?;
+    let Value::List(mut devices) = traces else {
+        return Err(format!(
+            "`device_traces` is a {}, not a list",
+            kind(&traces)
+        ));
+    };
+    if device >= devices.len() {
+        return Err(format!(
+            "device {device} asked for; the snapshot has traces of {} device(s)",
+            devices.len()
+        ));
+    }
+    match devices.swap_remove(device) {
+        Value::List(entries) => Ok(entries),
+        other => Err(format!(
+            "`device_traces[{device}]` is a {}, not a list",
+            kind(&other)
+        )),
+    }
+}
+
+/// The dict keys, built once.
+struct Keys {
+    action: HashableValue,
+    addr: HashableValue,
+    device_free: HashableValue,
+    size: HashableValue,
+    stream: HashableValue,
+    time_us: HashableValue,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        Keys {
+            action: key("action"),
+            addr: key("addr"),
+            device_free: key("device_free"),
+            size: key("size"),
+            stream: key("stream"),
+            time_us: key("time_us"),
+        }
+    }
+}
+
+fn key(name: &str) -> HashableValue {
+    HashableValue::String(name.to_string())
+}
+
+/// One trace entry as an [`Event`]; the error names the key.
+fn parse_entry(k: &Keys, entry: &Value) -> Result<Event, String> {
+    let Value::Dict(d) = entry else {
+        return Err(format!("a {}, not a dict", kind(entry)));
+    };
+    let action = action(required(d, &k.action, "action")?)?;
+    let addr = match d.get(&k.addr) {
+        Some(v) => uint(v, "addr")?,
+        None if action == Action::Oom => d
+            .get(&k.device_free)
+            .map_or(Ok(0), |v| uint(v, "device_free"))?,
+        None => return Err("missing key `addr`".to_string()),
+    };
+    let size = uint(required(d, &k.size, "size")?, "size")?;
+    let stream = stream(required(d, &k.stream, "stream")?)?;
+    let time_us = d.get(&k.time_us).map_or(Ok(0), |v| uint(v, "time_us"))?;
+    Ok(Event {
+        action,
+        addr,
+        size,
+        stream,
+        time_us,
+    })
+}
+
+fn required<'a>(d: &'a Dict, k: &HashableValue, name: &str) -> Result<&'a Value, String> {
+    d.get(k).ok_or_else(|| format!("missing key `{name}`"))
+}
+
+fn action(v: &Value) -> Result<Action, String> {
+    match v {
+        Value::String(s) => Action::parse(s).ok_or_else(|| format!("unknown action `{s}`")),
+        other => Err(format!("key `action` is a {}, not a str", kind(other))),
+    }
+}
+
+/// A non-negative integer that fits 64 bits.
+fn uint(v: &Value, name: &str) -> Result<u64, String> {
+    let n = match v {
+        Value::I64(i) => u64::try_from(*i).ok(),
+        Value::Int(big) => u64::try_from(big).ok(),
+        other => return Err(format!("key `{name}` is a {}, not an int", kind(other))),
+    };
+    n.ok_or_else(|| format!("key `{name}` = {v:?} is not a 64-bit unsigned value"))
+}
+
+/// A stream handle: PyTorch writes `int64_t(stream)`, so negative values wrap.
+fn stream(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::I64(i) => Ok(*i as u64),
+        _ => uint(v, "stream"),
+    }
+}
+
+/// Python's name for the type of a value.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::None => "None",
+        Value::Bool(_) => "bool",
+        Value::I64(_) | Value::Int(_) => "int",
+        Value::F64(_) => "float",
+        Value::Bytes(_) => "bytes",
+        Value::String(_) => "str",
+        Value::List(_) => "list",
+        Value::Tuple(_) => "tuple",
+        Value::Set(_) => "set",
+        Value::FrozenSet(_) => "frozenset",
+        Value::Dict(_) => "dict",
+    }
 }

@@ -1,0 +1,217 @@
+"""Convert a PyTorch memory snapshot to cudalloc's trace CSV.
+
+A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (``_dump_snapshot()`` pickles
+it). Only ``snapshot["device_traces"][device]`` is used: a list of dicts, one per event, with the
+keys ``action``, ``addr``, ``size``, ``stream`` and ``time_us``; other keys (``frames``, ...)
+are ignored.
+
+What this module guarantees (the Rust reader ``allocator/src/trace/pytorch.rs`` follows the same
+rules, so both turn one snapshot into the same events):
+
+- ``oom`` entries carry ``device_free`` instead of ``addr``; it is written as the address (as in
+  PyTorch's own ``TraceEntry``), or 0 when absent. Every other action needs ``addr``.
+- ``time_us`` is optional (older PyTorch versions lack it) and is written as 0 when absent.
+- ``stream`` is PyTorch's ``int64`` cast of the stream handle; a negative value is written as its
+  64-bit two's complement.
+- A missing key, a value of the wrong type or an unknown action raises :class:`SnapshotError`
+  naming the entry (1-based) and the key.
+- Loading a pickle never runs code from it: only plain containers and numbers are rebuilt; any
+  other global (a torch class, a function) becomes an inert :class:`Opaque` object, so torch is
+  not needed to read a snapshot.
+
+Usage: ``python -m cudalloc_trace.convert snapshot.pickle out.csv.gz [--device N]``.
+"""
+
+import argparse
+import builtins
+import codecs
+import gzip
+import os
+import pickle
+import sys
+
+HEADER = "action,addr,size,stream,time_us"
+
+ACTIONS = frozenset(
+    [
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "snapshot",
+        "oom",
+    ]
+)
+
+U64 = (1 << 64) - 1
+
+# Globals a snapshot pickle may use to rebuild plain data; every other global becomes `Opaque`.
+_SAFE_BUILTINS = frozenset(
+    ["set", "frozenset", "bytearray", "list", "dict", "tuple", "int", "float", "str", "bytes", "bool"]
+)
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be converted; the message names the entry and key."""
+
+
+class Opaque:
+    """Stands in for any object of a class the loader does not rebuild."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return getattr(builtins, name)
+        if (module, name) == ("_codecs", "encode"):
+            return codecs.encode
+        return Opaque
+
+
+def load_snapshot(path):
+    """Loads a snapshot pickle without running any code from it."""
+    with open(path, "rb") as f:
+        return _SafeUnpickler(f).load()
+
+
+def device_entries(snapshot, device=0):
+    """The trace entries of one device."""
+    if not isinstance(snapshot, dict):
+        raise SnapshotError(f"expected a dict at the top, found {type(snapshot).__name__}")
+    if "device_traces" not in snapshot:
+        raise SnapshotError("the snapshot has no `device_traces` key")
+    traces = snapshot["device_traces"]
+    if not isinstance(traces, list):
+        raise SnapshotError(f"`device_traces` is a {type(traces).__name__}, not a list")
+    if device < 0 or device >= len(traces):
+        raise SnapshotError(f"device {device} asked for; the snapshot has traces of {len(traces)} device(s)")
+    entries = traces[device]
+    if not isinstance(entries, list):
+        raise SnapshotError(f"`device_traces[{device}]` is a {type(entries).__name__}, not a list")
+    return entries
+
+
+def _uint(entry, key, index):
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SnapshotError(f"trace entry {index}: key `{key}` is a {type(value).__name__}, not an int")
+    if value < 0 or value > U64:
+        raise SnapshotError(f"trace entry {index}: key `{key}` = {value} is not a 64-bit unsigned value")
+    return value
+
+
+def _require(entry, key, index):
+    if key not in entry:
+        raise SnapshotError(f"trace entry {index}: missing key `{key}`")
+
+
+def _action(entry, index):
+    _require(entry, "action", index)
+    action = entry["action"]
+    if not isinstance(action, str):
+        raise SnapshotError(f"trace entry {index}: key `action` is a {type(action).__name__}, not a str")
+    if action not in ACTIONS:
+        raise SnapshotError(f"trace entry {index}: unknown action `{action}`")
+    return action
+
+
+def _addr(entry, action, index):
+    if "addr" in entry:
+        return _uint(entry, "addr", index)
+    if action == "oom":
+        return _uint(entry, "device_free", index) if "device_free" in entry else 0
+    raise SnapshotError(f"trace entry {index}: missing key `addr`")
+
+
+def _stream(entry, index):
+    _require(entry, "stream", index)
+    value = entry["stream"]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SnapshotError(f"trace entry {index}: key `stream` is a {type(value).__name__}, not an int")
+    if value < -(1 << 63) or value > U64:
+        raise SnapshotError(f"trace entry {index}: key `stream` = {value} does not fit 64 bits")
+    return value & U64
+
+
+def entry_to_row(entry, index):
+    """One trace entry (a dict) as the tuple ``(action, addr, size, stream, time_us)``.
+
+    ``index`` is the entry's 1-based position, used in error messages.
+    """
+    if not isinstance(entry, dict):
+        raise SnapshotError(f"trace entry {index}: a {type(entry).__name__}, not a dict")
+    action = _action(entry, index)
+    addr = _addr(entry, action, index)
+    _require(entry, "size", index)
+    size = _uint(entry, "size", index)
+    stream = _stream(entry, index)
+    time_us = _uint(entry, "time_us", index) if "time_us" in entry else 0
+    return (action, addr, size, stream, time_us)
+
+
+def device_events(snapshot, device=0):
+    """Yields the rows of one device's trace, in order."""
+    for i, entry in enumerate(device_entries(snapshot, device), start=1):
+        yield entry_to_row(entry, i)
+
+
+def write_csv(rows, out_path):
+    """Writes rows in cudalloc's CSV format (gzip'd when ``out_path`` ends in ``.gz``).
+
+    Returns the number of rows written. The rows go to a temporary file beside ``out_path``,
+    renamed to it once complete: on an error no partial trace is left under that name.
+    """
+    out_path = os.fspath(out_path)
+    tmp_path = out_path + ".part"
+    opener = gzip.open if out_path.endswith(".gz") else open
+    n = 0
+    try:
+        with opener(tmp_path, "wt", encoding="ascii", newline="\n") as out:
+            out.write(HEADER + "\n")
+            for row in rows:
+                out.write("%s,%d,%d,%d,%d\n" % row)
+                n += 1
+        os.replace(tmp_path, out_path)
+    finally:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+    return n
+
+
+def convert(snapshot_path, out_path, device=0):
+    """Converts a snapshot pickle to a trace file; returns the number of events."""
+    return write_csv(device_events(load_snapshot(snapshot_path), device), out_path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m cudalloc_trace.convert",
+        description="Convert a torch.cuda.memory snapshot pickle to cudalloc's trace CSV.",
+    )
+    p.add_argument("snapshot", help="pickle written by torch.cuda.memory._dump_snapshot()")
+    p.add_argument("out", help="output trace (.csv or .csv.gz)")
+    p.add_argument("--device", type=int, default=0, help="device whose trace to write (default 0)")
+    args = p.parse_args(argv)
+    try:
+        n = convert(args.snapshot, args.out, args.device)
+    except (SnapshotError, OSError, pickle.UnpicklingError, EOFError) as e:
+        print(f"{args.snapshot}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {n} events to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Tests of cudalloc_trace's snapshot conversion (no torch needed).
+
+Run with ``python3 -m unittest discover -s python/tests`` or ``python3 -m pytest python/tests``.
+"""
+
+import contextlib
+import gzip
+import io
+import os
+import pathlib
+import pickle
+import sys
+import tempfile
+import types
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+from cudalloc_trace import convert as conv  # noqa: E402
+from cudalloc_trace import record  # noqa: E402
+
+FIXTURES = ROOT / "allocator" / "tests" / "data"
+
+
+def entry(action, addr, size, stream=0, time_us=0, **extra):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us}
+    e.update(extra)
+    return e
+
+
+def snapshot(*devices):
+    return {"segments": [], "device_traces": [list(d) for d in devices]}
+
+
+class Sneaky:
+    """Unpickling this with plain pickle would call os.getcwd; the safe loader must not."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+class ConvertTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = pathlib.Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_rows(self):
+        snap = snapshot(
+            [
+                entry("segment_alloc", 1 << 40, 2 << 20, frames=[{"filename": "a.py", "line": 1}]),
+                entry("alloc", 1 << 40, 100, time_us=7),
+                {"action": "oom", "device_free": 5, "size": 9, "stream": 0},
+                {"action": "free_completed", "addr": 1 << 40, "size": 100, "stream": -1},
+            ]
+        )
+        rows = list(conv.device_events(snap))
+        self.assertEqual(
+            rows,
+            [
+                ("segment_alloc", 1 << 40, 2 << 20, 0, 0),
+                ("alloc", 1 << 40, 100, 0, 7),
+                ("oom", 5, 9, 0, 0),
+                ("free_completed", 1 << 40, 100, (1 << 64) - 1, 0),
+            ],
+        )
+
+    def test_errors_name_entry_and_key(self):
+        bad = snapshot([entry("alloc", 1, 2), {"action": "alloc", "addr": 3, "stream": 0}])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 2: missing key `size`"):
+            list(conv.device_events(bad))
+        bad = snapshot([entry("alloc", 1, "2")])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: key `size` is a str"):
+            list(conv.device_events(bad))
+        bad = snapshot([entry("alloc", 1, True)])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: key `size` is a bool"):
+            list(conv.device_events(bad))
+        bad = snapshot([entry("alloc", -1, 2)])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: key `addr`"):
+            list(conv.device_events(bad))
+        bad = snapshot([entry("realloc", 1, 2)])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: unknown action `realloc`"):
+            list(conv.device_events(bad))
+        bad = snapshot([{"action": "alloc", "size": 1, "stream": 0}])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: missing key `addr`"):
+            list(conv.device_events(bad))
+
+    def test_device_choice(self):
+        snap = snapshot([entry("alloc", 1, 2)], [entry("alloc", 3, 4)])
+        self.assertEqual(list(conv.device_events(snap, 1)), [("alloc", 3, 4, 0, 0)])
+        with self.assertRaisesRegex(conv.SnapshotError, "device 2"):
+            list(conv.device_events(snap, 2))
+        with self.assertRaisesRegex(conv.SnapshotError, "device_traces"):
+            list(conv.device_events({"segments": []}))
+
+    def test_convert_plain_and_gzip(self):
+        snap = snapshot([entry("alloc", 4096, 10, time_us=1), entry("free_completed", 4096, 10, time_us=2)])
+        src = self.dir / "snap.pickle"
+        src.write_bytes(pickle.dumps(snap))
+        expected = "action,addr,size,stream,time_us\nalloc,4096,10,0,1\nfree_completed,4096,10,0,2\n"
+        self.assertEqual(conv.convert(src, self.dir / "t.csv"), 2)
+        self.assertEqual((self.dir / "t.csv").read_text(), expected)
+        self.assertEqual(conv.main([str(src), str(self.dir / "t.csv.gz")]), 0)
+        self.assertEqual(gzip.decompress((self.dir / "t.csv.gz").read_bytes()).decode(), expected)
+
+    def test_failed_conversion_leaves_no_file(self):
+        src = self.dir / "bad.pickle"
+        src.write_bytes(pickle.dumps(snapshot([entry("alloc", 1, 2), {"action": "alloc"}])))
+        out = self.dir / "t.csv.gz"
+        self.assertEqual(conv.main([str(src), str(out)]), 1)
+        self.assertEqual(list(self.dir.iterdir()), [src])
+
+    def test_loader_runs_no_code(self):
+        src = self.dir / "sneaky.pickle"
+        snap = snapshot([entry("alloc", 1, 2)])
+        snap["sneaky"] = Sneaky()
+        snap["pool"] = {(1, 2)}  # protocol 2 rebuilds a set through builtins.set
+        src.write_bytes(pickle.dumps(snap, protocol=2))
+        loaded = conv.load_snapshot(src)
+        self.assertIsInstance(loaded["sneaky"], conv.Opaque)
+        self.assertEqual(loaded["pool"], {(1, 2)})
+        self.assertEqual(list(conv.device_events(loaded)), [("alloc", 1, 2, 0, 0)])
+
+    def test_committed_fixture(self):
+        out = self.dir / "fixture.csv"
+        conv.convert(FIXTURES / "snapshot.pickle", out)
+        self.assertEqual(out.read_text(), (FIXTURES / "snapshot.csv").read_text())
+        out2 = self.dir / "fixture_p2.csv"
+        conv.convert(FIXTURES / "snapshot_p2.pickle", out2)
+        self.assertEqual(out2.read_text(), out.read_text())
+
+    def test_real_torch_snapshot(self):
+        out = self.dir / "torch.csv"
+        self.assertEqual(conv.convert(FIXTURES / "torch211_snapshot.pickle", out), 167)
+        self.assertEqual(out.read_text(), (FIXTURES / "torch211_snapshot.csv").read_text())
+
+
+class FakeMemory:
+    """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _record_memory_history(self, enabled="all", context="all", max_entries=0):
+        self.calls.append(("history", enabled, context))
+
+    def _snapshot(self):
+        self.calls.append(("snapshot",))
+        return snapshot([entry("alloc", 4096, 10, time_us=1)], [])
+
+
+class RecordTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = pathlib.Path(self.tmp.name)
+        self.memory = FakeMemory()
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(memory=self.memory)
+        self.saved = (sys.modules.get("torch"), list(sys.argv), list(sys.path))
+        sys.modules["torch"] = torch
+
+    def tearDown(self):
+        torch, sys.argv[:], sys.path[:] = self.saved
+        if torch is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = torch
+        self.tmp.cleanup()
+
+    def test_script_runs_under_recording_and_trace_is_written(self):
+        script = self.dir / "prog.py"
+        script.write_text("import sys\nopen(sys.argv[1], 'w').write('ran')\nsys.exit(3)\n")
+        out, marker = self.dir / "t.csv.gz", self.dir / "marker"
+        with contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(SystemExit) as exit:
+                record.main(["--out", str(out), "--", str(script), str(marker)])
+        self.assertEqual(exit.exception.code, 3)
+        self.assertEqual(marker.read_text(), "ran")
+        self.assertEqual(
+            self.memory.calls,
+            [("history", "all", None), ("snapshot",), ("history", None, "all")],
+        )
+        text = gzip.decompress(out.read_bytes()).decode()
+        self.assertEqual(text, "action,addr,size,stream,time_us\nalloc,4096,10,0,1\n")
+
+
+class RecordArgsTest(unittest.TestCase):
+    def test_split_at_double_dash(self):
+        args = record.parse_args(["--out", "t.csv.gz", "--device", "1", "--", "train.py", "--lr", "3"])
+        self.assertEqual(args.out, "t.csv.gz")
+        self.assertEqual(args.device, 1)
+        self.assertEqual(args.target, ["train.py", "--lr", "3"])
+
+    def test_module_target(self):
+        args = record.parse_args(["--out", "t.csv", "--", "-m", "pkg.train"])
+        self.assertEqual(args.target, ["-m", "pkg.train"])
+
+    def test_no_program_is_an_error(self):
+        with open(os.devnull, "w") as devnull:
+            saved, sys.stderr = sys.stderr, devnull
+            try:
+                with self.assertRaises(SystemExit):
+                    record.parse_args(["--out", "t.csv"])
+            finally:
+                sys.stderr = saved
+
+
+if __name__ == "__main__":
+    unittest.main()
