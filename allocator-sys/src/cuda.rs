@@ -92,6 +92,8 @@ const SYMBOLS: &[&str] = &[
     "cuCtxEnablePeerAccess",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
     "cuMemGetInfo_v2",
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",
@@ -385,6 +387,30 @@ impl CudaDevice {
         // SAFETY: no host memory is involved; the driver validates `ptr` and the stream handle.
         let code = unsafe { sys::cuMemsetD8Async(ptr, value, len as usize, raw) };
         check("cuMemsetD8Async", code)
+    }
+
+    /// Stream-ordered allocation from the device's default memory pool (`cuMemAllocAsync`); the
+    /// baseline the benchmarks compare against.
+    pub fn malloc_async(&self, size: u64, stream: StreamId) -> DeviceResult<DevicePtr> {
+        if size == 0 {
+            return Err(DeviceError::invalid("malloc_async", "zero bytes"));
+        }
+        self.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the driver validates the stream handle.
+        let code =
+            unsafe { sys::cuMemAllocAsync(&mut ptr, size as usize, stream.0 as sys::CUstream) };
+        check_alloc("cuMemAllocAsync", size, code)?;
+        Ok(ptr)
+    }
+
+    /// Stream-ordered free of memory from [`CudaDevice::malloc_async`] (`cuMemFreeAsync`).
+    pub fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: no host memory is involved; the driver validates `ptr` and the stream handle
+        // and returns an error for memory it did not allocate.
+        let code = unsafe { sys::cuMemFreeAsync(ptr, stream.0 as sys::CUstream) };
+        check("cuMemFreeAsync", code)
     }
 
     /// Creates a stream (`CU_STREAM_DEFAULT`: it synchronises with the legacy default stream).

@@ -16,13 +16,13 @@ use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
 use crate::snapshot::Snapshot;
 use crate::stats::{Stat, StatArray, Stats};
-use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use cudalloc_sys::{Device, StreamId};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Number of stream shards.
-const SHARDS: usize = 16;
+const SHARDS: usize = 64;
 
 /// A caching allocator over one device; `Send + Sync`.
 ///
@@ -30,7 +30,7 @@ const SHARDS: usize = 16;
 /// [`CachingAllocator::free`] (or by address with [`CachingAllocator::free_ptr`]).
 pub struct CachingAllocator<D: Device> {
     device: Arc<D>,
-    shards: Box<[Mutex<Shard<D>>]>,
+    shards: Box<[CachePadded<Mutex<Shard<D>>>]>,
     reserved: Arc<AtomicU64>,
 }
 
@@ -59,7 +59,7 @@ impl Hasher for AddrHasher {
 
 fn shard_of(stream: StreamId) -> usize {
     let h = stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (h >> 60) as usize % SHARDS
+    (h >> 58) as usize % SHARDS
 }
 
 impl<D: Device> CachingAllocator<D> {
@@ -71,10 +71,10 @@ impl<D: Device> CachingAllocator<D> {
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
-                Mutex::new(Shard {
+                CachePadded::new(Mutex::new(Shard {
                     pool,
                     live: HashMap::default(),
-                })
+                }))
             })
             .collect();
         CachingAllocator {

@@ -4,3 +4,4 @@
 pub use parking_lot::{Mutex, MutexGuard};
 pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 pub use std::sync::Arc;
+pub use crossbeam_utils::CachePadded;

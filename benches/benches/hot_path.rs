@@ -1,0 +1,88 @@
+//! Alloc+free pairs through `CachingAllocator` with 1, 4 and 16 threads, each on its own stream
+//! and all on one stream, for 512 B .. 256 MiB; on `SimDevice`, and on `CudaDevice` beside the
+//! same loop through `cuMemAllocAsync`/`cuMemFreeAsync` when a GPU is present. Throughput is in
+//! pairs (elements) per second over all threads.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use cudalloc::{CachingAllocator, Config};
+use cudalloc_benches::{pairs, Streams};
+use cudalloc_sys::{CudaDevice, Device, SimDevice, StreamId};
+use std::time::Duration;
+
+const SIZES: [u64; 5] = [512, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+const THREADS: [usize; 3] = [1, 4, 16];
+
+fn label(size: u64) -> String {
+    match size {
+        s if s >= 1 << 20 => format!("{}MiB", s >> 20),
+        s if s >= 1 << 10 => format!("{}KiB", s >> 10),
+        s => format!("{s}B"),
+    }
+}
+
+fn cached<D: Device>(c: &mut Criterion, name: &str, make: impl Fn() -> D) {
+    for streams in [Streams::Own, Streams::Shared] {
+        let mut g = c.benchmark_group(format!("{name}/{streams:?}"));
+        g.measurement_time(Duration::from_secs(2))
+            .warm_up_time(Duration::from_millis(300))
+            .sample_size(10);
+        for threads in THREADS {
+            for size in SIZES {
+                g.throughput(Throughput::Elements(threads as u64));
+                let alloc = CachingAllocator::new(make(), Config::default());
+                let id = BenchmarkId::new(format!("{threads}t"), label(size));
+                g.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        pairs(threads, streams, iters, |s| {
+                            let a = alloc.allocate(size, StreamId(s)).expect("allocate");
+                            alloc.free(a).expect("free");
+                        })
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
+    for streams in [Streams::Own, Streams::Shared] {
+        let mut g = c.benchmark_group(format!("cuMemAllocAsync/{streams:?}"));
+        g.measurement_time(Duration::from_secs(2))
+            .warm_up_time(Duration::from_millis(300))
+            .sample_size(10);
+        let real: Vec<StreamId> = (0..16)
+            .map(|_| dev.create_stream().expect("stream"))
+            .collect();
+        for threads in THREADS {
+            for size in SIZES {
+                g.throughput(Throughput::Elements(threads as u64));
+                let id = BenchmarkId::new(format!("{threads}t"), label(size));
+                g.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        pairs(threads, streams, iters, |s| {
+                            let stream = real[((s - 0x1000) / 0x40) as usize % real.len()];
+                            let p = dev.malloc_async(size, stream).expect("cuMemAllocAsync");
+                            dev.free_async(p, stream).expect("cuMemFreeAsync");
+                        })
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    cached(c, "sim", SimDevice::default);
+    match CudaDevice::new(0) {
+        Ok(dev) => {
+            cached(c, "cuda", || CudaDevice::new(0).expect("device"));
+            stream_ordered(c, &dev);
+        }
+        Err(e) => eprintln!("skipping the CUDA benchmarks: {e}"),
+    }
+}
+
+criterion_group!(hot, benches);
+criterion_main!(hot);

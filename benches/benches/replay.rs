@@ -1,0 +1,48 @@
+//! Replay speed (operations per second) of each policy on the bundled traces, and parsing speed
+//! of gzip CSV (lines per second).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use cudalloc::replay::{replay, ReplayOptions};
+use cudalloc::{Config, Policy};
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn traces() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("bundled traces")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
+        .collect();
+    if let Ok(extra) = std::env::var("CUDALLOC_BENCH_TRACE") {
+        v.push(PathBuf::from(extra));
+    }
+    v.sort();
+    v
+}
+
+fn bench(c: &mut Criterion) {
+    for path in traces() {
+        let trace = cudalloc::trace::read(&path).expect("trace");
+        let mut g = c.benchmark_group(format!("replay/{}", trace.name));
+        g.measurement_time(Duration::from_secs(3)).sample_size(10);
+        g.throughput(Throughput::Elements(trace.ops.len() as u64));
+        for policy in Policy::ALL {
+            let cfg = Config::for_policy(policy);
+            g.bench_function(policy.name(), |b| {
+                b.iter(|| replay(&trace, &cfg, &ReplayOptions::default()))
+            });
+        }
+        g.finish();
+        let mut g = c.benchmark_group(format!("parse/{}", trace.name));
+        g.measurement_time(Duration::from_secs(3)).sample_size(10);
+        g.throughput(Throughput::Elements(trace.events + 1));
+        g.bench_function("gzip-csv", |b| {
+            b.iter(|| cudalloc::trace::read(&path).expect("trace"))
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(replay_benches, bench);
+criterion_main!(replay_benches);
