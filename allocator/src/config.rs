@@ -120,7 +120,7 @@ impl Default for Config {
 }
 
 /// The `default` policy's largest chunk when none is given.
-pub const DEFAULT_MAX_CHUNK: u64 = 32 << 20;
+pub const DEFAULT_MAX_CHUNK: u64 = 40 << 20;
 
 /// The `default` policy's fragmentation budget when none is given.
 pub const DEFAULT_FRAGMENTATION_BUDGET: f64 = 0.02;

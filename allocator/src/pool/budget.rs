@@ -4,7 +4,7 @@
 //! Growth works like PyTorch's expandable segments (one reserved range per stream and pool, the
 //! lowest-addressed run of free and unmapped blocks that fits) with two differences: pages are
 //! the device's granularity (2 MiB on the H200) in both pools, and a growth maps its pages in
-//! chunks of up to `max_chunk_mb` (32 MiB by default), one map operation each, aligned to
+//! chunks of up to `max_chunk_mb` (40 MiB by default), one map operation each, aligned to
 //! multiples of that size inside the segment. Larger chunks mean fewer driver calls; smaller
 //! ones mean that a free range in the middle of a segment more often covers whole chunks, which
 //! can then be unmapped: `max_chunk_mb` is the knob that trades memory against driver calls.
@@ -37,20 +37,48 @@ impl<D: Device> Pool<D> {
         if excess > 0 {
             self.release_free_chunks(excess)?;
         }
-        self.budget_map(req, page)
+        let mut room = ceiling.saturating_sub(self.reserved + need);
+        if let Some(l) = self.limit {
+            room = room.min(l.saturating_sub(self.total_reserved() + need));
+        }
+        self.budget_map(req, page, room)
+    }
+
+    /// `want` bytes from the start of unmapped block `id`, extended to the end of the chunk
+    /// window they end in when the extension fits in `room`: the chunk is then mapped whole
+    /// (no extra driver call), and the next growth finds it already mapped.
+    fn with_slack(&self, id: BlockId, want: u64, window: u64, room: u64) -> u64 {
+        let b = &self.blocks[id];
+        let seg = self.segments[b.segment as usize]
+            .as_ref()
+            .expect("live segment");
+        let end = b.addr + want;
+        let window_end = seg.va + (end - seg.va).div_ceil(window) * window;
+        let extended = (window_end - b.addr).min(b.size);
+        if extended - want <= room {
+            extended
+        } else {
+            want
+        }
     }
 
     /// Finds room and maps the missing pages as one chunk per unmapped block touched.
-    fn budget_map(&mut self, req: &Request, page: u64) -> Result<Option<BlockId>, DeviceError> {
+    fn budget_map(
+        &mut self,
+        req: &Request,
+        page: u64,
+        room: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
         let Some(mut c) = self.find_budget_block(req, page)? else {
             return Ok(None);
         };
+        let window = self.chunk_limit(page);
         if !self.blocks[c].mapped {
-            let want = self.blocks[c].size.min(req.size);
+            let want = self.with_slack(c, self.blocks[c].size.min(req.size), window, room);
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(c, want, self.chunk_limit(page))? {
+            match self.map_block(c, want, window)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -58,10 +86,11 @@ impl<D: Device> Pool<D> {
         while self.blocks[c].size < req.size {
             let next = self.blocks[c].next;
             let want = (req.size - self.blocks[c].size).min(self.blocks[next].size);
+            let want = self.with_slack(next, want, window, room);
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
-            match self.map_block(next, want, self.chunk_limit(page))? {
+            match self.map_block(next, want, window)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -93,13 +122,14 @@ impl<D: Device> Pool<D> {
         self.new_segment(req.stream, req.pool, page)
     }
 
-    /// The largest chunk to map now: `max_chunk_mb`, or single pages once a memory limit is
-    /// within 64 chunks of the reserved bytes (a pool near its cap needs every fully free page to
-    /// be releasable; far from it, fewer driver calls matter more).
+    /// The largest chunk to map now: `max_chunk_mb`, or single pages once a memory limit is set
+    /// (a capped pool needs every fully free page to be releasable, and its owner asked for
+    /// memory first; without a cap, fewer driver calls matter more).
     fn chunk_limit(&self, page: u64) -> u64 {
-        match self.limit {
-            Some(l) if self.total_reserved() + self.cfg.max_chunk * 64 >= l => page,
-            _ => self.cfg.max_chunk,
+        if self.limit.is_some() {
+            page
+        } else {
+            self.cfg.max_chunk
         }
     }
 
