@@ -9,17 +9,24 @@
 //! Statistics are the sums over shards. With one stream (one shard) they are exactly PyTorch's;
 //! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak.
 //!
-//! Lock order: at most one shard lock is held at a time.
+//! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the
+//! freeing thread's cache and serve that thread's next request of the same size and stream
+//! without any pool lock ([`crate::tcache`]). Cached blocks are subtracted from the statistics'
+//! current values; peaks may include them.
+//!
+//! Lock order: a stream shard, then a live-table shard; a thread cache is never held together
+//! with either.
 
 use crate::config::Config;
 use crate::error::AllocError;
+use crate::live::{Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
+use crate::sizes::PoolKind;
 use crate::snapshot::Snapshot;
 use crate::stats::{Stat, StatArray, Stats};
 use crate::sync::{Arc, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
+use crate::tcache::{Caches, Totals};
 use cudalloc_sys::{Device, StreamId};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// Number of stream shards.
 const SHARDS: usize = 64;
@@ -30,32 +37,15 @@ const SHARDS: usize = 64;
 /// [`CachingAllocator::free`] (or by address with [`CachingAllocator::free_ptr`]).
 pub struct CachingAllocator<D: Device> {
     device: Arc<D>,
-    shards: Box<[CachePadded<Mutex<Shard<D>>>]>,
+    shards: Box<[Shard<D>]>,
     reserved: Arc<AtomicU64>,
+    live: LiveMap,
+    caches: Option<Caches>,
+    cfg: Config,
 }
 
-struct Shard<D: Device> {
-    pool: Pool<Arc<D>>,
-    live: HashMap<u64, Allocation, BuildHasherDefault<AddrHasher>>,
-}
-
-/// A hasher for device addresses (multiplicative; addresses are 512-byte aligned).
-#[derive(Default)]
-struct AddrHasher(u64);
-
-impl Hasher for AddrHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+/// One stream shard: a pool behind its own lock, on its own cache lines.
+type Shard<D> = CachePadded<Mutex<Pool<Arc<D>>>>;
 
 fn shard_of(stream: StreamId) -> usize {
     let h = stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -71,16 +61,16 @@ impl<D: Device> CachingAllocator<D> {
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
-                CachePadded::new(Mutex::new(Shard {
-                    pool,
-                    live: HashMap::default(),
-                }))
+                CachePadded::new(Mutex::new(pool))
             })
             .collect();
         CachingAllocator {
             device,
             shards,
             reserved,
+            live: LiveMap::new(),
+            caches: cfg.thread_cache_on().then(Caches::new),
+            cfg,
         }
     }
 
@@ -89,7 +79,7 @@ impl<D: Device> CachingAllocator<D> {
         Ok(Self::new(device, Config::from_env()?))
     }
 
-    fn shard(&self, stream: StreamId) -> MutexGuard<'_, Shard<D>> {
+    fn shard(&self, stream: StreamId) -> MutexGuard<'_, Pool<Arc<D>>> {
         self.shards[shard_of(stream)].lock()
     }
 
@@ -101,9 +91,13 @@ impl<D: Device> CachingAllocator<D> {
                 "{size} bytes is larger than any device"
             )));
         }
+        if let Some(e) = self.caches.as_ref().and_then(|c| c.take(size, stream.0)) {
+            self.live.mark_live(e.alloc.ptr);
+            return Ok(e.alloc);
+        }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {
-                if !self.release_other_shards(shard_of(stream))? {
+                if !self.release_everything_else(shard_of(stream))? {
                     return Err(e);
                 }
                 self.try_allocate(size, stream)
@@ -113,73 +107,102 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     fn try_allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        let mut g = self.shard(stream);
-        let a = g.pool.allocate(size, stream)?;
-        g.live.insert(a.ptr, a);
+        let mut pool = self.shard(stream);
+        let a = pool.allocate(size, stream)?;
+        let b = pool.block(a.block).expect("allocated block");
+        self.live.insert(Entry {
+            alloc: a,
+            block_size: b.size,
+            pool: b.pool,
+            cached: false,
+            recorded: false,
+        });
         Ok(a)
     }
 
-    /// Empties the caches of every shard but `except`; true when anything was released.
-    fn release_other_shards(&self, except: usize) -> Result<bool, AllocError> {
+    /// Flushes the thread caches and empties the caches of every shard but `except`; true when
+    /// anything was released.
+    fn release_everything_else(&self, except: usize) -> Result<bool, AllocError> {
         let before = self.reserved.load(Ordering::Relaxed);
+        let flushed = self.flush_thread_caches()?;
         for (i, s) in self.shards.iter().enumerate() {
             if i != except {
-                s.lock().pool.empty_cache()?;
+                s.lock().empty_cache()?;
             }
         }
-        Ok(self.reserved.load(Ordering::Relaxed) < before)
+        Ok(flushed > 0 || self.reserved.load(Ordering::Relaxed) < before)
+    }
+
+    /// Returns every block held in thread caches to its pool; returns how many there were.
+    fn flush_thread_caches(&self) -> Result<usize, AllocError> {
+        let Some(c) = &self.caches else { return Ok(0) };
+        let entries = c.drain_all();
+        let n = entries.len();
+        for e in entries {
+            self.free_to_pool(&e.alloc)?;
+        }
+        Ok(n)
     }
 
     /// Frees an allocation. A block used on other streams ([`CachingAllocator::record_stream`])
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        let mut g = self.shard(a.stream);
-        let Shard { pool, live } = &mut *g;
-        match live.get(&a.ptr) {
-            Some(found) if *found == a => {}
-            _ => return Err(AllocError::NotAllocated(a.ptr)),
+        if let Some(c) = &self.caches {
+            let e = self.live.mark_cached(&a)?;
+            if e.cached {
+                for evicted in c.put(e) {
+                    self.free_to_pool(&evicted.alloc)?;
+                }
+                return Ok(());
+            }
+            return self.free_to_pool(&a);
         }
-        pool.free(&a)?;
-        live.remove(&a.ptr);
+        self.live.check_live(&a)?;
+        self.free_to_pool(&a)
+    }
+
+    /// Gives a block back to its pool and forgets its pointer.
+    fn free_to_pool(&self, a: &Allocation) -> Result<(), AllocError> {
+        let mut pool = self.shard(a.stream);
+        pool.free(a)?;
+        self.live.remove(a.ptr);
         Ok(())
     }
 
-    /// Frees the allocation at `ptr` (searching every stream's shard).
+    /// Frees the allocation at `ptr`.
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
-        let a = self.find(ptr)?;
-        self.free(a)
+        let e = self.live.live(ptr)?;
+        self.free(e.alloc)
     }
 
-    /// Frees the allocation at `ptr` that was made on `stream` (no search; PyTorch's pluggable
-    /// allocator passes the stream).
+    /// Frees the allocation at `ptr` that was made on `stream` (PyTorch's pluggable allocator
+    /// passes the stream); a different stream is an error.
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let a = *self
-            .shard(stream)
-            .live
-            .get(&ptr)
-            .ok_or(AllocError::NotAllocated(ptr))?;
-        self.free(a)
-    }
-
-    fn find(&self, ptr: u64) -> Result<Allocation, AllocError> {
-        self.shards
-            .iter()
-            .find_map(|s| s.lock().live.get(&ptr).copied())
-            .ok_or(AllocError::NotAllocated(ptr))
+        let e = self.live.live(ptr)?;
+        if e.alloc.stream != stream {
+            return Err(AllocError::InvalidArgument(format!(
+                "{ptr:#x} was allocated on {}, freed on {stream}",
+                e.alloc.stream
+            )));
+        }
+        self.free(e.alloc)
     }
 
     /// Marks the allocation at `ptr` as used on `stream` too.
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let a = self.find(ptr)?;
-        self.shard(a.stream)
-            .pool
-            .record_stream(a.block, ptr, stream)
+        let a = self.live.live(ptr)?.alloc;
+        self.shard(a.stream).record_stream(a.block, ptr, stream)?;
+        if stream != a.stream {
+            self.live.mark_recorded(ptr);
+        }
+        Ok(())
     }
 
     /// Returns every cached block that can go back to the device.
     pub fn empty_cache(&self) -> Result<(), AllocError> {
+        self.flush_thread_caches()?;
         for s in self.shards.iter() {
-            s.lock().pool.empty_cache()?;
+            s.lock().empty_cache()?;
         }
         Ok(())
     }
@@ -199,28 +222,31 @@ impl<D: Device> CachingAllocator<D> {
     /// Caps the allocator at `bytes` (`None`: no cap).
     pub fn set_memory_limit(&self, bytes: Option<u64>) {
         for s in self.shards.iter() {
-            s.lock().pool.set_limit(bytes);
+            s.lock().set_limit(bytes);
         }
     }
 
-    /// The statistics, summed over stream shards.
+    /// The statistics, summed over stream shards, without the blocks held in thread caches.
     pub fn stats(&self) -> Stats {
         let mut total: Option<Stats> = None;
         for s in self.shards.iter() {
             let g = s.lock();
-            let st = g.pool.stats();
             match &mut total {
-                None => total = Some(st.clone()),
-                Some(t) => add_stats(t, st),
+                None => total = Some(g.stats().clone()),
+                Some(t) => add_stats(t, g.stats()),
             }
         }
-        total.unwrap_or_default()
+        let mut total = total.unwrap_or_default();
+        if let Some(c) = &self.caches {
+            subtract_cached(&mut total, &c.totals());
+        }
+        total
     }
 
     /// Resets peak statistics.
     pub fn reset_peak_stats(&self) {
         for s in self.shards.iter() {
-            s.lock().pool.reset_peak_stats();
+            s.lock().reset_peak_stats();
         }
     }
 
@@ -228,7 +254,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::new();
         for s in self.shards.iter() {
-            segments.extend(s.lock().pool.snapshot().segments);
+            segments.extend(s.lock().snapshot().segments);
         }
         segments.sort_by_key(|s| s.addr);
         Snapshot {
@@ -237,28 +263,36 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// Runs the full invariant scan of every shard.
+    /// Runs the full invariant scan of every shard, and checks the live table against them.
+    /// Holds every shard's lock (in shard order) so that the counts agree with each other even
+    /// while other threads allocate.
     pub fn check_invariants(&self) -> Result<(), String> {
+        let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut reserved = 0;
-        for s in self.shards.iter() {
-            let g = s.lock();
-            g.pool.check_invariants()?;
-            let allocated = g.pool.stats().allocation.0[0].current as usize;
-            if allocated != g.live.len() {
-                return Err(format!(
-                    "{} live pointers but {allocated} allocations",
-                    g.live.len()
-                ));
-            }
-            reserved += g.pool.reserved();
+        let mut allocations = 0;
+        for pool in &pools {
+            pool.check_invariants()?;
+            allocations += pool.stats().allocation.0[0].current as usize;
+            reserved += pool.reserved();
         }
-        let shared = self.reserved.load(Ordering::Relaxed);
+        let live = self.live.len();
+        if allocations != live {
+            return Err(format!(
+                "{live} pointers in the live table but {allocations} allocations"
+            ));
+        }
+        let shared = self.reserved.load(Ordering::Acquire);
         if shared != reserved {
             return Err(format!(
                 "shared reserved counter {shared} != sum of shards {reserved}"
             ));
         }
         Ok(())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     /// Runs `f` on the device.
@@ -269,6 +303,37 @@ impl<D: Device> CachingAllocator<D> {
     /// Bytes held from the device.
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved.load(Ordering::Relaxed)
+    }
+}
+
+impl<D: Device> std::fmt::Debug for CachingAllocator<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("policy", &self.cfg.policy)
+            .field("reserved_bytes", &self.reserved_bytes())
+            .field("thread_cache", &self.caches.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Device> Drop for CachingAllocator<D> {
+    fn drop(&mut self) {
+        let _ = self.flush_thread_caches();
+    }
+}
+
+fn subtract_cached(t: &mut Stats, c: &Totals) {
+    for (i, pool) in [PoolKind::Small, PoolKind::Large].into_iter().enumerate() {
+        for (a, n) in [
+            (&mut t.allocation, c.blocks[i]),
+            (&mut t.active, c.blocks[i]),
+            (&mut t.allocated_bytes, c.bytes[i]),
+            (&mut t.active_bytes, c.bytes[i]),
+            (&mut t.requested_bytes, c.requested[i]),
+        ] {
+            a.0[0].current -= n as i64;
+            a.0[if pool == PoolKind::Small { 1 } else { 2 }].current -= n as i64;
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments (same as `policy:torch-expandable`) |
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
+//! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
 //!
@@ -111,6 +112,9 @@ pub struct Config {
     pub fragmentation_budget: f64,
     /// `default` policy: largest chunk mapped in one driver call, in bytes.
     pub max_chunk: u64,
+    /// Per-thread caches of freed blocks in [`crate::CachingAllocator`] (`None`: the policy's
+    /// default, on for `default` only).
+    pub thread_cache: Option<bool>,
 }
 
 impl Default for Config {
@@ -136,6 +140,7 @@ impl Config {
             garbage_collection_threshold: 0.0,
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
             max_chunk: DEFAULT_MAX_CHUNK,
+            thread_cache: None,
         }
     }
 
@@ -166,6 +171,11 @@ impl Config {
             Ok(s) => Config::parse(&s),
             Err(_) => Ok(Config::default()),
         }
+    }
+
+    /// True when [`crate::CachingAllocator`] keeps per-thread caches of freed blocks.
+    pub fn thread_cache_on(&self) -> bool {
+        self.thread_cache.unwrap_or(self.policy == Policy::Default)
     }
 
     /// Divisions that apply to a request of `size` bytes.
@@ -213,6 +223,7 @@ impl Config {
                     (_, other) => other,
                 };
             }
+            "thread_cache" => self.thread_cache = Some(p.boolean(key)?),
             "backend" => {
                 let v = p.next_word(key)?;
                 if v != "native" {

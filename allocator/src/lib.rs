@@ -29,12 +29,14 @@ pub mod allocator;
 pub mod config;
 pub mod error;
 pub mod fmt;
+mod live;
 pub mod pool;
 pub mod replay;
 pub mod sizes;
 pub mod snapshot;
 pub mod stats;
 pub mod sync;
+pub mod tcache;
 pub mod trace;
 
 pub use allocator::CachingAllocator;

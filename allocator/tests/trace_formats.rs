@@ -436,7 +436,7 @@ fn recording_round_trip() {
             frees += 1;
         }
     }
-    let oom = rec.allocate(1 << 50, StreamId(0)).unwrap_err();
+    let oom = rec.allocate(1 << 40, StreamId(0)).unwrap_err();
     assert!(oom.is_out_of_memory());
     rec.finish().unwrap().finish().unwrap();
 

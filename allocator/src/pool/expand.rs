@@ -141,12 +141,27 @@ impl<D: Device> Pool<D> {
         debug_assert!(!b.mapped && size <= b.size);
         let (addr, seg_index, pool) = (b.addr, b.segment as usize, b.pool);
         let seg = self.segments[seg_index]
-            .as_mut()
+            .as_ref()
             .expect("block of a released segment");
-        let range = seg.map(&self.device, addr, size, max_chunk, &self.peers)?;
-        if range.size == 0 {
+        let len = seg.page_ceil(addr + size).min(seg.va + seg.size) - addr;
+        if !self.claim(len) {
             return Ok(None);
         }
+        let seg = self.segments[seg_index]
+            .as_mut()
+            .expect("block of a released segment");
+        let range = match seg.map(&self.device, addr, size, max_chunk, &self.peers) {
+            Ok(r) if r.size == len => r,
+            Ok(r) => {
+                debug_assert_eq!(r.size, 0, "a map is all or nothing");
+                self.sub_reserved(len);
+                return Ok(None);
+            }
+            Err(e) => {
+                self.sub_reserved(len);
+                return Err(e);
+            }
+        };
         let removed = self.unindex_unmapped(id);
         debug_assert!(removed);
         self.blocks[id].mapped = true;
@@ -178,13 +193,10 @@ impl<D: Device> Pool<D> {
         let b = &mut self.blocks[id];
         b.next = tail_id;
         b.size = keep;
-        let pool = b.pool;
-        let _ = pool;
         self.index_unmapped(tail_id);
     }
 
     fn count_mapped(&mut self, pool: PoolKind, range: Range) {
-        self.add_reserved(range.size);
         self.stats.reserved_bytes.increase(pool, range.size);
         self.stats.num_device_alloc += 1;
         self.stats.calls.maps += range.ops;

@@ -77,6 +77,11 @@ impl FreeIndex {
             .map(|(_, id)| *id)
     }
 
+    /// Every unmapped block id (any stream).
+    pub fn all_unmapped(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.unmapped.values().copied()
+    }
+
     /// Number of unmapped blocks.
     pub fn unmapped_len(&self) -> usize {
         self.unmapped.len()

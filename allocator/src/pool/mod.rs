@@ -172,6 +172,11 @@ impl<D: Device> Pool<D> {
 
     /// Allocates `size` bytes on `stream`.
     pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        if size > sizes::MAX_REQUEST {
+            return Err(AllocError::InvalidArgument(format!(
+                "{size} bytes is larger than any device"
+            )));
+        }
         self.process_events()?;
         let rounded = sizes::round_size(size, &self.cfg);
         let pool = PoolKind::for_size(rounded);
@@ -504,17 +509,29 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    fn add_reserved(&mut self, n: u64) {
-        self.reserved += n;
-        if let Some(s) = &self.shared {
-            s.fetch_add(n, Ordering::Relaxed);
+    /// Counts `n` more bytes as held from the device, before asking the device for them. When
+    /// pools share a limit, the check and the count are one atomic step, so concurrent pools
+    /// cannot pass the limit together; false (and nothing counted) when `n` would pass it.
+    pub(crate) fn claim(&mut self, n: u64) -> bool {
+        if let (Some(s), Some(l)) = (&self.shared, self.limit) {
+            let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
+            if s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+                .is_err()
+            {
+                return false;
+            }
+        } else if let Some(s) = &self.shared {
+            s.fetch_add(n, Ordering::AcqRel);
         }
+        self.reserved += n;
+        true
     }
 
-    fn sub_reserved(&mut self, n: u64) {
+    /// Gives back bytes counted by [`Pool::claim`].
+    pub(crate) fn sub_reserved(&mut self, n: u64) {
         self.reserved -= n;
         if let Some(s) = &self.shared {
-            s.fetch_sub(n, Ordering::Relaxed);
+            s.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
@@ -540,15 +557,20 @@ impl<D: Device> Pool<D> {
     /// One `malloc` of `req.alloc_size` bytes: a new segment holding one free block.
     fn alloc_segment(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
         let size = req.alloc_size;
-        if self.over_limit(size) {
+        if self.over_limit(size) || !self.claim(size) {
             return Ok(None);
         }
         let ptr = match self.device.malloc(size) {
             Ok(p) => p,
-            Err(e) if e.is_out_of_memory() => return Ok(None),
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.sub_reserved(size);
+                return if e.is_out_of_memory() {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
+            }
         };
-        self.add_reserved(size);
         self.stats.segment.increase(req.pool, 1);
         self.stats.reserved_bytes.increase(req.pool, size);
         if size >= self.cfg.max_split_size {

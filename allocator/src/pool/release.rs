@@ -52,6 +52,15 @@ impl<D: Device> Pool<D> {
                 self.release_expandable_segment(id)?;
             }
         }
+        // Segments left entirely unmapped earlier (a growth that failed after reserving).
+        let unmapped: Vec<BlockId> = self.index(pool).all_unmapped().collect();
+        let empty: Vec<BlockId> = unmapped
+            .into_iter()
+            .filter(|&id| !self.blocks[id].is_split())
+            .collect();
+        for id in empty {
+            self.release_expandable_segment(id)?;
+        }
         Ok(())
     }
 

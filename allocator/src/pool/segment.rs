@@ -168,6 +168,9 @@ impl ExpSegment {
             Some((a, c)) if *a + c.size > at => at = *a + c.size,
             _ => return size == 0,
         }
+        if at >= end {
+            return true;
+        }
         for (a, c) in self.chunks.range(at..end) {
             if *a != at {
                 return false;

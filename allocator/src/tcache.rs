@@ -1,0 +1,141 @@
+//! Per-thread caches of freed blocks: the lock-free fast path of [`crate::CachingAllocator`].
+//!
+//! When a caller frees a block, the block may stay in the freeing thread's cache instead of
+//! going back to its pool; the next request of exactly the same size on the same stream from
+//! that thread takes it back without touching the pool's lock. A cache holds at most
+//! [`MAX_BLOCKS`] blocks and [`MAX_BYTES`] bytes; the oldest block leaves first. Cached blocks
+//! are still allocated from the pool's point of view: the statistics subtract them
+//! ([`Totals`]), and every cache is flushed back to the pools on `empty_cache`, on
+//! out-of-memory, and when the allocator is dropped.
+//!
+//! Each thread's cache is an `Arc<Mutex<_>>` shared by the thread (through a thread local) and
+//! the allocator's registry (for flushing); the thread's own lock is uncontended except while a
+//! flush runs.
+
+use crate::live::Entry;
+use crate::sizes::PoolKind;
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use std::cell::RefCell;
+
+/// Blocks a thread cache holds at most.
+pub const MAX_BLOCKS: usize = 16;
+/// Bytes a thread cache holds at most.
+pub const MAX_BYTES: u64 = 512 << 20;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Default)]
+struct ThreadCache {
+    entries: Vec<Entry>,
+    bytes: u64,
+}
+
+type Shared = Arc<Mutex<ThreadCache>>;
+
+thread_local! {
+    static MINE: RefCell<Vec<(u64, Shared)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What the caches hold, per pool: blocks, block bytes, requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Blocks in the small pool / large pool.
+    pub blocks: [u64; 2],
+    /// Their block bytes.
+    pub bytes: [u64; 2],
+    /// Their requested bytes.
+    pub requested: [u64; 2],
+}
+
+/// The thread caches of one allocator.
+pub(crate) struct Caches {
+    id: u64,
+    all: Mutex<Vec<Shared>>,
+}
+
+impl Caches {
+    pub fn new() -> Self {
+        Caches {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            all: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `f` on this thread's cache, creating and registering it on first use.
+    fn with_mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R {
+        MINE.with(|m| {
+            let mut m = m.borrow_mut();
+            let i = match m.iter().position(|(id, _)| *id == self.id) {
+                Some(i) => i,
+                None => {
+                    // Forget caches of allocators that are gone (only this thread holds them).
+                    m.retain(|(_, c)| Arc::strong_count(c) > 1);
+                    let c: Shared = Arc::default();
+                    self.all.lock().push(c.clone());
+                    m.push((self.id, c));
+                    m.len() - 1
+                }
+            };
+            let mut c = m[i].1.lock();
+            f(&mut c)
+        })
+    }
+
+    /// Takes a cached block for exactly `size` bytes on `stream`.
+    pub fn take(&self, size: u64, stream: u64) -> Option<Entry> {
+        self.with_mine(|c| {
+            let i = c
+                .entries
+                .iter()
+                .rposition(|e| e.alloc.size == size && e.alloc.stream.0 == stream)?;
+            let e = c.entries.swap_remove(i);
+            c.bytes -= e.block_size;
+            Some(e)
+        })
+    }
+
+    /// Caches a freed block; returns the blocks that no longer fit (to be freed to the pool).
+    pub fn put(&self, e: Entry) -> Vec<Entry> {
+        if e.block_size > MAX_BYTES {
+            return vec![e];
+        }
+        self.with_mine(|c| {
+            c.bytes += e.block_size;
+            c.entries.push(e);
+            let mut out = Vec::new();
+            while c.entries.len() > MAX_BLOCKS || c.bytes > MAX_BYTES {
+                let old = c.entries.remove(0);
+                c.bytes -= old.block_size;
+                out.push(old);
+            }
+            out
+        })
+    }
+
+    /// Empties every thread's cache and returns what they held.
+    pub fn drain_all(&self) -> Vec<Entry> {
+        let all = self.all.lock().clone();
+        let mut out = Vec::new();
+        for c in all {
+            let mut c = c.lock();
+            c.bytes = 0;
+            out.append(&mut c.entries);
+        }
+        self.all.lock().retain(|c| Arc::strong_count(c) > 1);
+        out
+    }
+
+    /// What all caches hold.
+    pub fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for c in self.all.lock().iter() {
+            for e in &c.lock().entries {
+                let p = usize::from(e.pool == PoolKind::Large);
+                t.blocks[p] += 1;
+                t.bytes[p] += e.block_size;
+                t.requested[p] += e.alloc.size;
+            }
+        }
+        t
+    }
+}
