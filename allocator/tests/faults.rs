@@ -1,0 +1,432 @@
+//! Fault injection (testing tier 3): every k-th device call fails, a single call fails, or the
+//! device is capped, while random operations run, for every policy.
+//!
+//! Invariants checked:
+//! - a failure surfaces as `AllocError::OutOfMemory` or `AllocError::Device(_)` (frees and
+//!   `empty_cache`: `Device(_)` only), never as a panic or another error;
+//! - after every operation, failed or not: `Pool::check_invariants`, `SimDevice::check_invariants`,
+//!   and device outstanding bytes == the pool's reserved bytes (nothing leaks on an error path);
+//! - a free that fails leaves the allocation live, and freeing it again later works;
+//! - once faults are cleared the allocator works again: everything frees, new allocations of
+//!   every size class succeed, `empty_cache` returns every byte, and dropping the pool leaves no
+//!   segment, page, reservation or event behind;
+//! - the same holds behind the `Limit` and `FailCalls` wrappers.
+
+use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
+use cudalloc_sys::wrap::{FailCalls, Limit};
+use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const OPS: usize = 10_000;
+
+/// SplitMix64: a small deterministic generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo)
+    }
+
+    fn size(&mut self) -> u64 {
+        match self.below(10) {
+            0..=2 => self.range(1, 2049),
+            3..=5 => self.range(KIB, MIB),
+            6..=8 => self.range(MIB, 64 * MIB),
+            _ => 0,
+        }
+    }
+}
+
+/// A pool over any device stacked on a simulated one, with the live allocations.
+struct Harness<D: Device> {
+    sim: Arc<SimDevice>,
+    pool: Pool<D>,
+    live: Vec<Allocation>,
+    rng: Rng,
+    /// Failures seen: (out of memory, device errors).
+    failures: (u64, u64),
+    /// Extra check of the device stack (e.g. a wrapper's own byte count).
+    extra: fn(&Pool<D>),
+}
+
+impl<D: Device> Harness<D> {
+    fn new(sim: Arc<SimDevice>, device: D, policy: Policy, seed: u64) -> Self {
+        sim.set_auto_complete(false);
+        Harness {
+            sim,
+            pool: Pool::new(device, Config::for_policy(policy)),
+            live: Vec::new(),
+            rng: Rng(seed),
+            failures: (0, 0),
+            extra: |_| {},
+        }
+    }
+
+    fn check(&self, what: &str) {
+        if let Err(e) = self.pool.check_invariants() {
+            panic!("after {what}: {e}");
+        }
+        self.sim.check_invariants();
+        assert_eq!(
+            self.sim.outstanding_bytes(),
+            self.pool.reserved(),
+            "after {what}: device outstanding bytes != reserved bytes"
+        );
+        (self.extra)(&self.pool);
+    }
+
+    fn pick(&mut self) -> Option<usize> {
+        (!self.live.is_empty()).then(|| self.rng.below(self.live.len() as u64) as usize)
+    }
+
+    fn stream(&mut self) -> StreamId {
+        StreamId(self.rng.below(3))
+    }
+
+    /// One random operation; returns its name for messages.
+    fn random_op(&mut self) -> String {
+        let r = self.rng.below(100);
+        match r {
+            0..=35 => {
+                let (size, stream) = (self.rng.size(), self.stream());
+                self.alloc(size, stream);
+                format!("allocate({size}, {stream})")
+            }
+            36..=71 => {
+                let Some(i) = self.pick() else {
+                    return "nothing".into();
+                };
+                let record = (r >= 65).then(|| self.stream());
+                if let Some(s) = record {
+                    let a = self.live[i];
+                    self.pool.record_stream(a.block, a.ptr, s).unwrap();
+                }
+                self.free(i);
+                format!("free (recorded on {record:?})")
+            }
+            72..=76 => {
+                let Some(i) = self.pick() else {
+                    return "nothing".into();
+                };
+                let (a, s) = (self.live[i], self.stream());
+                self.pool.record_stream(a.block, a.ptr, s).unwrap();
+                "record_stream".into()
+            }
+            77..=84 => {
+                let s = self.stream();
+                self.sim.complete_stream(s);
+                "complete_stream".into()
+            }
+            85..=87 => {
+                self.sim.complete_all();
+                "complete_all".into()
+            }
+            88..=91 => {
+                if let Err(e) = self.pool.empty_cache() {
+                    assert!(matches!(e, AllocError::Device(_)), "empty_cache: {e:?}");
+                    self.failures.1 += 1;
+                }
+                "empty_cache".into()
+            }
+            92..=95 => {
+                let limit = match self.rng.below(3) {
+                    0 => None,
+                    _ => Some(self.rng.range(64 * MIB, GIB)),
+                };
+                self.pool.set_limit(limit);
+                format!("set_limit({limit:?})")
+            }
+            _ => {
+                self.pool.reset_peak_stats();
+                let _ = self.pool.snapshot().fragmentation();
+                "reset_peak_stats".into()
+            }
+        }
+    }
+
+    fn alloc(&mut self, size: u64, stream: StreamId) {
+        match self.pool.allocate(size, stream) {
+            Ok(a) => {
+                assert_eq!(a.ptr % 512, 0);
+                self.live.push(a);
+            }
+            Err(AllocError::OutOfMemory {
+                requested,
+                reserved,
+                ..
+            }) => {
+                assert_eq!(requested, size);
+                assert_eq!(reserved, self.pool.reserved());
+                self.failures.0 += 1;
+            }
+            Err(AllocError::Device(_)) => self.failures.1 += 1,
+            Err(e) => panic!("allocate({size}): unexpected {e:?}"),
+        }
+    }
+
+    fn free(&mut self, i: usize) {
+        let a = self.live[i];
+        match self.pool.free(&a) {
+            Ok(()) => {
+                self.live.swap_remove(i);
+            }
+            Err(AllocError::Device(_)) => {
+                self.failures.1 += 1;
+                let b = self.pool.block(a.block).expect("block of a failed free");
+                assert!(
+                    b.allocated && b.addr == a.ptr,
+                    "a failed free must change nothing"
+                );
+            }
+            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr),
+        }
+    }
+
+    /// Runs `ops` random operations, checking after each; a panic names the operation.
+    fn run(&mut self, ops: usize, label: &str) {
+        for n in 0..ops {
+            let what = match catch_unwind(AssertUnwindSafe(|| self.random_op())) {
+                Ok(what) => what,
+                Err(p) => panic!("{label}: op {n} panicked: {}", panic_text(&p)),
+            };
+            self.check(&format!("{label}: op {n} ({what})"));
+        }
+    }
+
+    /// With faults cleared: everything frees, every size class allocates, and every byte goes
+    /// back to the device.
+    fn recover_and_finish(mut self, label: &str) {
+        self.pool.set_limit(None);
+        for a in std::mem::take(&mut self.live) {
+            self.pool
+                .free(&a)
+                .unwrap_or_else(|e| panic!("{label}: free after clearing faults: {e:?}"));
+        }
+        self.sim.complete_all();
+        self.check(&format!("{label}: freeing everything"));
+        let mut fresh = Vec::new();
+        for (i, size) in [0, 1000, 700 * KIB, 5 * MIB, 12 * MIB, 40 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            let a = self
+                .pool
+                .allocate(size, StreamId(i as u64 % 3))
+                .unwrap_or_else(|e| panic!("{label}: allocate({size}) after clearing: {e:?}"));
+            fresh.push(a);
+        }
+        self.check(&format!("{label}: allocating after clearing"));
+        for a in &fresh {
+            self.pool.free(a).unwrap();
+        }
+        self.pool.empty_cache().unwrap();
+        self.check(&format!("{label}: empty_cache"));
+        assert_eq!(
+            self.pool.reserved(),
+            0,
+            "{label}: reserved after empty_cache"
+        );
+        assert_eq!(self.sim.outstanding_bytes(), 0, "{label}");
+        let sim = self.sim.clone();
+        drop(self);
+        sim.check_invariants();
+        assert_eq!(
+            sim.outstanding_bytes(),
+            0,
+            "{label}: outstanding after drop"
+        );
+        assert_eq!(sim.live_pages(), 0, "{label}: pages after drop");
+        assert_eq!(
+            sim.reserved_va_bytes(),
+            0,
+            "{label}: reservations after drop"
+        );
+        assert_eq!(sim.live_events(), 0, "{label}: events after drop");
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(non-string panic)".into())
+}
+
+fn new_sim() -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)))
+}
+
+fn fail_every_k(policy: Policy) {
+    for k in 2..13 {
+        let sim = new_sim();
+        let mut h = Harness::new(sim.clone(), sim.clone(), policy, 0xfa17 + k);
+        sim.fail_every(k);
+        let label = format!("{policy:?}, fail_every({k})");
+        h.run(OPS, &label);
+        let (ooms, device) = h.failures;
+        assert!(
+            ooms > 0 && device > 0,
+            "{label}: {ooms} OOMs, {device} device errors"
+        );
+        sim.clear_faults();
+        h.recover_and_finish(&label);
+    }
+}
+
+#[test]
+fn fail_every_k_torch() {
+    fail_every_k(Policy::Torch);
+}
+
+#[test]
+fn fail_every_k_torch_expandable() {
+    fail_every_k(Policy::TorchExpandable);
+}
+
+#[test]
+fn fail_every_k_default() {
+    fail_every_k(Policy::Default);
+}
+
+/// A fixed scenario touching every device call the pool makes (mallocs, pages, reservations,
+/// events, the ladder); run once with the `j`-th acquiring call failing, for every `j`.
+fn scenario<D: Device>(h: &mut Harness<D>) {
+    let steps: &[(u64, u64)] = &[
+        (1000, 0),
+        (5 * MIB, 1),
+        (700 * KIB, 2),
+        (40 * MIB, 0),
+        (0, 1),
+        (12 * MIB, 2),
+    ];
+    for (n, &(size, stream)) in steps.iter().enumerate() {
+        h.alloc(size, StreamId(stream));
+        h.check(&format!("scenario alloc {n}"));
+    }
+    for i in (0..h.live.len()).rev().step_by(2) {
+        let a = h.live[i];
+        h.pool.record_stream(a.block, a.ptr, StreamId(2)).unwrap();
+        h.free(i);
+        h.check("scenario record+free");
+    }
+    h.sim.complete_all();
+    h.pool.set_limit(Some(60 * MIB));
+    h.alloc(50 * MIB, StreamId(0));
+    h.check("scenario alloc under limit");
+    if let Err(e) = h.pool.empty_cache() {
+        assert!(matches!(e, AllocError::Device(_)), "{e:?}");
+    }
+    h.check("scenario empty_cache");
+    h.pool.set_limit(None);
+    h.alloc(3 * MIB, StreamId(1));
+    h.check("scenario last alloc");
+}
+
+#[test]
+fn fail_each_call_of_a_scenario_in_turn() {
+    for policy in Policy::ALL {
+        // A clean run tells how many calls the scenario makes; fail each of them once.
+        let sim = new_sim();
+        let mut h = Harness::new(sim.clone(), sim.clone(), policy, 1);
+        scenario(&mut h);
+        let calls = sim.total_calls();
+        h.recover_and_finish(&format!("{policy:?}, clean run"));
+        for j in 1..=calls + 5 {
+            let sim = new_sim();
+            let mut h = Harness::new(sim.clone(), sim.clone(), policy, 1);
+            sim.fail_call(j);
+            let label = format!("{policy:?}, fail_call({j})");
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| scenario(&mut h))) {
+                panic!("{label}: {}", panic_text(&p));
+            }
+            sim.clear_faults();
+            h.recover_and_finish(&label);
+        }
+    }
+}
+
+#[test]
+fn a_failed_record_event_keeps_the_block_allocated() {
+    for policy in Policy::ALL {
+        let sim = new_sim();
+        let mut h = Harness::new(sim.clone(), sim.clone(), policy, 2);
+        h.alloc(1000, StreamId(0));
+        let a = h.live[0];
+        h.pool.record_stream(a.block, a.ptr, StreamId(1)).unwrap();
+        h.pool.record_stream(a.block, a.ptr, StreamId(2)).unwrap();
+        // Free needs create_event, record_event (stream 1), create_event, record_event (stream
+        // 2); a failed attempt keeps its events for the next one. Fail: the first create_event;
+        // the first record_event; then (with one spare event) the second record_event.
+        for j in [1, 2, 3] {
+            sim.fail_call(j);
+            let r = h.pool.free(&a);
+            assert!(
+                matches!(r, Err(AllocError::Device(_))),
+                "{policy:?} j={j}: {r:?}"
+            );
+            sim.clear_faults();
+            h.check("failed free");
+            assert!(h.pool.block(a.block).unwrap().allocated);
+            assert_eq!(h.pool.pending_events(), 0);
+        }
+        h.pool.free(&a).unwrap();
+        h.live.clear();
+        assert_eq!(h.pool.pending_events(), 2);
+        h.check("free");
+        h.recover_and_finish(&format!("{policy:?}"));
+    }
+}
+
+#[test]
+fn a_capped_device_runs_out_of_memory_cleanly() {
+    for policy in Policy::ALL {
+        let sim = new_sim();
+        let limit = Limit::new(sim.clone(), 200 * MIB);
+        let mut h = Harness::new(sim.clone(), limit, policy, 3);
+        h.extra = |pool| {
+            assert_eq!(pool.device().outstanding_bytes(), pool.reserved());
+            assert!(pool.reserved() <= 200 * MIB || pool.device().limit() != 200 * MIB);
+        };
+        let label = format!("{policy:?}, Limit(200 MiB)");
+        h.run(OPS / 2, &label);
+        assert!(
+            h.pool.stats().num_ooms > 0,
+            "{label}: the cap was never reached"
+        );
+        // Lower the cap below what is held: later requests fail, nothing breaks.
+        h.pool.device().set_limit(16 * MIB);
+        h.run(500, &format!("{label}, lowered to 16 MiB"));
+        h.pool.device().set_limit(u64::MAX);
+        h.recover_and_finish(&label);
+    }
+}
+
+#[test]
+fn fail_calls_wrapper_faults_never_reach_the_device() {
+    for policy in Policy::ALL {
+        let sim = new_sim();
+        let fail = FailCalls::new(sim.clone());
+        fail.fail_every(3);
+        let mut h = Harness::new(sim.clone(), fail, policy, 4);
+        let label = format!("{policy:?}, FailCalls::fail_every(3)");
+        h.run(OPS / 2, &label);
+        h.pool.device().clear_faults();
+        h.recover_and_finish(&label);
+    }
+}
