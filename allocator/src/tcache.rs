@@ -14,15 +14,16 @@
 
 use crate::live::Entry;
 use crate::sizes::PoolKind;
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crate::sync::{thread_local, Arc, IdCounter, Mutex};
 use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 
 /// Blocks a thread cache holds at most.
 pub const MAX_BLOCKS: usize = 16;
 /// Bytes a thread cache holds at most.
 pub const MAX_BYTES: u64 = 512 << 20;
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_ID: IdCounter = IdCounter::new(1);
 
 #[derive(Default)]
 struct ThreadCache {
@@ -33,7 +34,9 @@ struct ThreadCache {
 type Shared = Arc<Mutex<ThreadCache>>;
 
 thread_local! {
-    static MINE: RefCell<Vec<(u64, Shared)>> = const { RefCell::new(Vec::new()) };
+    // Not `const { .. }`: loom's `thread_local!` does not take that form.
+    #[allow(clippy::missing_const_for_thread_local)]
+    static MINE: RefCell<Vec<(u64, Shared)>> = RefCell::new(Vec::new());
 }
 
 /// What the caches hold, per pool: blocks, block bytes, requested bytes.
