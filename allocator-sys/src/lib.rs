@@ -12,6 +12,7 @@
 
 pub mod cuda;
 pub mod device;
+pub mod ffi;
 pub mod sim;
 pub mod wrap;
 

@@ -1,0 +1,137 @@
+/*
+ * cudalloc.h: the C ABI of cudalloc, a caching CUDA memory allocator (libcudalloc.so).
+ *
+ * Build:  cargo build --release -p cudalloc-capi   ->  target/release/libcudalloc.so
+ * Link:   -I capi/include -L target/release -lcudalloc   (or dlopen the library)
+ *
+ * PyTorch: cudalloc_malloc and cudalloc_free have the signatures that
+ * torch.cuda.memory.CUDAPluggableAllocator(path, "cudalloc_malloc", "cudalloc_free") loads;
+ * python/cudalloc_torch does that for you (see docs/pytorch.md).
+ *
+ * Devices and configuration
+ *   There is one allocator per CUDA device, made on that device's first cudalloc_malloc,
+ *   cudalloc_set_memory_fraction or JSON call. It uses the device's primary context (the one
+ *   the CUDA runtime and PyTorch use) and leaves it current on the calling thread, as
+ *   cudaSetDevice would. The configuration is read once per process, on the first call, from
+ *   the environment variable CUDALLOC_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax plus
+ *   cudalloc's keys, e.g. "policy:torch-expandable" or "policy:default,fragmentation_budget:0.05";
+ *   unset: policy "default"). A bad configuration makes every call fail with the config error;
+ *   without a driver or a GPU every call fails with "no CUDA device ...".
+ *
+ * Errors
+ *   Functions returning a pointer return NULL on failure, those returning int return 0 on
+ *   success and -1 on failure, the JSON functions return 0 on failure. The reason is then in
+ *   cudalloc_last_error(), per thread. No function aborts or unwinds into the caller.
+ *
+ * Threads
+ *   Every function may be called from any thread at any time.
+ *
+ * Pointer arguments (the caller's promise)
+ *   - const char* arguments are NULL or NUL-terminated strings that stay valid and unchanged
+ *     during the call;
+ *   - a (char* buf, size_t len) pair is NULL, or memory writable for len bytes that no other
+ *     thread touches during the call.
+ *   Device pointers (void* ptr) and streams are never dereferenced on the host.
+ */
+#ifndef CUDALLOC_H
+#define CUDALLOC_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A CUDA stream: the same value as cudaStream_t / CUstream (NULL: the legacy default stream).
+ * Declared as void* so that this header does not need the CUDA headers; a cudaStream_t
+ * converts to it implicitly in C, and with a static_cast from C++. */
+typedef void *cudalloc_stream_t;
+
+/* Reads CUDALLOC_CONF and finds the driver and the devices, as the first call of any other
+ * function would, without opening a device (no context is created). Returns the number of
+ * devices, or -1 (bad config, no driver, no device) with the reason in cudalloc_last_error(). */
+int cudalloc_check(void);
+
+/* Allocates size bytes on device for use on stream. Returns the device pointer (aligned to at
+ * least 256 bytes, like cudaMalloc), or NULL on any failure, out of memory included. size 0
+ * returns a valid 512-byte block (free it like any other). */
+void *cudalloc_malloc(size_t size, int device, cudalloc_stream_t stream);
+
+/* What cudalloc_malloc does when it fails, besides setting the last error. Returns the previous
+ * action, or -1 for an unknown one. PyTorch's CUDAPluggableAllocator does not check the pointer
+ * it gets (a NULL becomes a tensor at address 0 and a later "illegal memory access"), so
+ * python/cudalloc_torch sets CUDALLOC_MALLOC_ABORT. */
+#define CUDALLOC_MALLOC_RETURN_NULL 0 /* return NULL (the default) */
+#define CUDALLOC_MALLOC_WARN 1        /* print the reason to stderr, return NULL */
+#define CUDALLOC_MALLOC_ABORT 2       /* print the reason to stderr, abort the process */
+int cudalloc_set_malloc_failure_action(int action);
+
+/* Frees ptr, returned by cudalloc_malloc for device. NULL is ignored. size and stream are
+ * accepted for PyTorch's signature and not needed (the allocator knows both). As in PyTorch's
+ * caching allocator, the memory goes back to the pool of the allocation's stream, so work
+ * already queued on that stream may still use it; streams declared with cudalloc_record_stream
+ * are waited for first. A failure (ptr is not a live allocation of device) sets
+ * cudalloc_last_error() and counts in the stats (capi.free_errors). */
+void cudalloc_free(void *ptr, size_t size, int device, cudalloc_stream_t stream);
+
+/* Releases every cached, unused block of device to the driver (nothing to do for a device that
+ * has not been used). 0 or -1. */
+int cudalloc_empty_cache(int device);
+
+/* Marks the live allocation ptr as used on stream too: once freed, its memory is reused only
+ * after the work queued on stream up to its free has completed. 0 or -1. */
+int cudalloc_record_stream(void *ptr, int device, cudalloc_stream_t stream);
+
+/* Caps device's allocator at fraction (0 <= fraction <= 1) of the device's memory; requests
+ * beyond the cap fail with out of memory. 0 or -1. */
+int cudalloc_set_memory_fraction(double fraction, int device);
+
+/* Resets every peak statistic of device to its current value (nothing to do for a device that
+ * has not been used). 0 or -1. */
+int cudalloc_reset_peak_stats(int device);
+
+/* Statistics of device as a JSON object. Writes the JSON and a terminating NUL into buf if
+ * len >= (returned length + 1); writes nothing otherwise (buf may be NULL with len 0). Always
+ * returns the JSON's length without the NUL, so a caller can retry with a bigger buffer (the
+ * length may grow between calls); 0 on failure.
+ *
+ * Every top-level integer is a torch.cuda.memory_stats() key ("allocated_bytes.all.peak",
+ * "reserved_bytes.all.current", "num_ooms", ...). The other top-level entries:
+ *   "policy":        the policy's name (string);
+ *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
+ *                     "utilisation", "mapped_bytes", "virtual_bytes",
+ *                     "free_histogram": [[bucket_bytes, count, bytes], ...]};
+ *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total"};
+ *   "capi":          {"device", "free_errors"}. */
+size_t cudalloc_stats_json(int device, char *buf, size_t len);
+
+/* Segments and blocks of device as JSON, with the same buffer protocol as cudalloc_stats_json:
+ * {"device", "policy", "segments": [{"addr", "size", "mapped", "pool" ("small"|"large"),
+ * "stream", "expandable", "blocks": [{"addr", "size", "requested", "state", "stream"}]}]},
+ * state one of "allocated", "pending_events", "free", "unmapped". */
+size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
+
+/* Starts recording device 0's allocations and frees to path, in cudalloc's trace format
+ * (CSV "action,addr,size,stream,time_us"; gzip'd when path ends in ".gz"), for
+ * `cudalloc replay`. The trace begins with an "alloc" at time 0 for every allocation live now;
+ * then cudalloc_malloc writes "alloc" ("oom" when it runs out of memory), cudalloc_free writes
+ * "free_requested" and "free_completed"; time_us counts from the start. Other devices are not
+ * recorded (the format has no device column). 0 or -1 (a trace is already running, the file
+ * cannot be created). */
+int cudalloc_trace_start(const char *path);
+
+/* Stops the trace and closes its file (call it before the process exits, or a gzip'd trace is
+ * cut short). 0 or -1 (no trace running, a write failed). */
+int cudalloc_trace_stop(void);
+
+/* The calling thread's last error: the message of its most recent failed cudalloc call (cut to
+ * 1023 bytes), or "" if none has failed (a successful call does not clear it). Never NULL. The
+ * string lives in per-thread storage that stays valid until the thread exits; a later failure
+ * on the same thread overwrites it, so copy it before the next call if you need to keep it. */
+const char *cudalloc_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUDALLOC_H */

@@ -1,0 +1,224 @@
+//! The bodies of the exported functions: safe Rust, each inside [`guard`], so that errors and
+//! panics become a failure value plus the thread's last error.
+
+use crate::error::{guard, last_error_message};
+use crate::json;
+use crate::registry::{self, Dev};
+use crate::trace::Tracer;
+use crate::{
+    CUDALLOC_MALLOC_ABORT as ABORT, CUDALLOC_MALLOC_RETURN_NULL as RETURN_NULL,
+    CUDALLOC_MALLOC_WARN as WARN,
+};
+use cudalloc_core::{AllocError, Allocation};
+use cudalloc_sys::ffi::{CBuf, CBufLen, CStrArg};
+use cudalloc_sys::StreamId;
+use std::ffi::{c_int, c_void};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The trace of device 0's calls.
+static TRACER: Tracer = Tracer::new();
+
+/// Success of the functions that return `int`.
+const OK: c_int = 0;
+/// Failure of the functions that return `int`.
+const FAILED: c_int = -1;
+
+/// What `cudalloc_malloc` does on failure.
+static ON_MALLOC_FAILURE: AtomicI32 = AtomicI32::new(RETURN_NULL);
+
+fn stream_id(stream: *mut c_void) -> StreamId {
+    StreamId(stream as usize as u64)
+}
+
+fn address(ptr: *mut c_void) -> u64 {
+    ptr as usize as u64
+}
+
+/// Allocates on `dev`, through the tracer for device 0 (the only one traces record).
+fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+    if dev.ordinal == 0 {
+        TRACER.allocate(&dev.alloc, size, stream)
+    } else {
+        dev.alloc.allocate(size, stream)
+    }
+}
+
+fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
+    if dev.ordinal == 0 {
+        TRACER.free(&dev.alloc, ptr)
+    } else {
+        dev.alloc.free_ptr(ptr)
+    }
+}
+
+pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let p = guard(std::ptr::null_mut(), || {
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_malloc: {e}"))?;
+        let a = allocate(dev, size as u64, stream_id(stream))
+            .map_err(|e| format!("cudalloc_malloc({size} bytes, device {device}): {e}"))?;
+        Ok(a.ptr as usize as *mut c_void)
+    });
+    if p.is_null() {
+        report_malloc_failure();
+    }
+    p
+}
+
+/// Prints the failure and aborts, as `cudalloc_set_malloc_failure_action` asked.
+fn report_malloc_failure() {
+    let action = ON_MALLOC_FAILURE.load(Ordering::Relaxed);
+    if action == RETURN_NULL {
+        return;
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "cudalloc: {}", last_error_message());
+    if action == ABORT {
+        // Close a running trace first, so that it ends complete, with its `oom` event.
+        if TRACER.is_recording() {
+            if let Err(e) = TRACER.stop() {
+                let _ = writeln!(err, "cudalloc: {e}");
+            }
+        }
+        let _ = writeln!(
+            err,
+            "cudalloc: aborting the process (malloc failure action: abort)"
+        );
+        drop(err);
+        std::process::abort();
+    }
+}
+
+pub(crate) fn set_malloc_failure_action(action: c_int) -> c_int {
+    guard(FAILED, || {
+        if ![RETURN_NULL, WARN, ABORT].contains(&action) {
+            return Err(format!(
+                "cudalloc_set_malloc_failure_action: {action} is not 0 (return NULL), 1 (warn) or 2 (abort)"
+            ));
+        }
+        Ok(ON_MALLOC_FAILURE.swap(action, Ordering::Relaxed))
+    })
+}
+
+pub(crate) fn free(ptr: *mut c_void, device: c_int) {
+    guard((), || {
+        if ptr.is_null() {
+            return Ok(());
+        }
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_free: {e}"))?;
+        free_ptr(dev, address(ptr)).map_err(|e| {
+            dev.count_free_error();
+            format!("cudalloc_free({ptr:p}, device {device}): {e}")
+        })
+    })
+}
+
+pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void) -> c_int {
+    guard(FAILED, || {
+        if ptr.is_null() {
+            return Err("cudalloc_record_stream: the pointer is NULL".to_string());
+        }
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
+        dev.alloc
+            .record_stream(address(ptr), stream_id(stream))
+            .map_err(|e| format!("cudalloc_record_stream({ptr:p}, device {device}): {e}"))?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn check() -> c_int {
+    guard(FAILED, || {
+        let n = registry::check().map_err(|e| format!("cudalloc_check: {e}"))?;
+        Ok(c_int::try_from(n).unwrap_or(c_int::MAX))
+    })
+}
+
+pub(crate) fn empty_cache(device: c_int) -> c_int {
+    guard(FAILED, || {
+        let used =
+            registry::device_if_used(device).map_err(|e| format!("cudalloc_empty_cache: {e}"))?;
+        if let Some(dev) = used {
+            dev.alloc
+                .empty_cache()
+                .map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
+        }
+        Ok(OK)
+    })
+}
+
+pub(crate) fn set_memory_fraction(fraction: f64, device: c_int) -> c_int {
+    guard(FAILED, || {
+        let dev =
+            registry::device(device).map_err(|e| format!("cudalloc_set_memory_fraction: {e}"))?;
+        dev.alloc.set_memory_fraction(fraction).map_err(|e| {
+            format!("cudalloc_set_memory_fraction({fraction}, device {device}): {e}")
+        })?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn reset_peak_stats(device: c_int) -> c_int {
+    guard(FAILED, || {
+        let used = registry::device_if_used(device)
+            .map_err(|e| format!("cudalloc_reset_peak_stats: {e}"))?;
+        if let Some(dev) = used {
+            dev.alloc.reset_peak_stats();
+        }
+        Ok(OK)
+    })
+}
+
+pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    guard(0, || {
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_stats_json: {e}"))?;
+        let text = json::stats(&dev.alloc, dev.policy, dev.ordinal, dev.free_errors());
+        Ok(buf.write_c_string(len, text.as_bytes()))
+    })
+}
+
+pub(crate) fn snapshot_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    guard(0, || {
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_snapshot_json: {e}"))?;
+        let text = json::snapshot(&dev.alloc, dev.policy, dev.ordinal);
+        Ok(buf.write_c_string(len, text.as_bytes()))
+    })
+}
+
+#[cfg(unix)]
+fn path_from(bytes: &[u8]) -> Result<PathBuf, String> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+#[cfg(not(unix))]
+fn path_from(bytes: &[u8]) -> Result<PathBuf, String> {
+    std::str::from_utf8(bytes)
+        .map(PathBuf::from)
+        .map_err(|_| "the path is not valid UTF-8".to_string())
+}
+
+pub(crate) fn trace_start(path: CStrArg<'_>) -> c_int {
+    guard(FAILED, || {
+        let fail = |e: String| format!("cudalloc_trace_start: {e}");
+        let bytes = path
+            .to_bytes()
+            .ok_or_else(|| fail("the path is NULL".into()))?;
+        if bytes.is_empty() {
+            return Err(fail("the path is empty".into()));
+        }
+        let path = path_from(bytes).map_err(fail)?;
+        let existing = registry::existing(0).map(|d| &d.alloc);
+        TRACER.start(&path, existing).map_err(fail)?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn trace_stop() -> c_int {
+    guard(FAILED, || {
+        TRACER
+            .stop()
+            .map_err(|e| format!("cudalloc_trace_stop: {e}"))?;
+        Ok(OK)
+    })
+}

@@ -1,0 +1,147 @@
+//! The JSON documents of `cudalloc_stats_json` and `cudalloc_snapshot_json`.
+//!
+//! Stats: one object. Every top-level integer is a `torch.cuda.memory_stats()` key
+//! ([`cudalloc_core::Stats::to_torch_dict`]); the other top-level entries are
+//! - `"policy"`: the policy's name;
+//! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
+//!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
+//! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total;
+//! - `"capi"`: the device ordinal and the number of failed `cudalloc_free` calls.
+//!
+//! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
+//! `mapped`, `pool` (`small`/`large`), `stream`, `expandable` and `blocks`, each block with
+//! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`) and
+//! `stream`.
+
+use cudalloc_core::{CachingAllocator, Policy};
+use cudalloc_sys::Device;
+use serde_json::{json, Map, Value};
+
+/// The stats document.
+pub fn stats<D: Device>(
+    alloc: &CachingAllocator<D>,
+    policy: Policy,
+    device: usize,
+    free_errors: u64,
+) -> String {
+    let snap = alloc.snapshot();
+    let mut out = Map::new();
+    for (key, value) in snap.stats.to_torch_dict() {
+        out.insert(key, Value::from(value));
+    }
+    let f = snap.fragmentation();
+    let calls = snap.stats.calls;
+    out.insert("policy".into(), Value::from(policy.name()));
+    out.insert(
+        "fragmentation".into(),
+        json!({
+            "free_bytes": f.free_bytes,
+            "largest_free_block": f.largest_free_block,
+            "external_fragmentation": f.external_fragmentation,
+            "utilisation": f.utilisation,
+            "mapped_bytes": f.mapped_bytes,
+            "virtual_bytes": f.virtual_bytes,
+            "free_histogram": f.free_histogram.iter().map(|&(b, n, s)| json!([b, n, s])).collect::<Vec<_>>(),
+        }),
+    );
+    out.insert(
+        "driver_calls".into(),
+        json!({
+            "mallocs": calls.mallocs,
+            "frees": calls.frees,
+            "maps": calls.maps,
+            "unmaps": calls.unmaps,
+            "total": calls.total(),
+        }),
+    );
+    out.insert(
+        "capi".into(),
+        json!({ "device": device, "free_errors": free_errors }),
+    );
+    Value::Object(out).to_string()
+}
+
+/// The snapshot document.
+pub fn snapshot<D: Device>(alloc: &CachingAllocator<D>, policy: Policy, device: usize) -> String {
+    let snap = alloc.snapshot();
+    let segments: Vec<Value> = snap
+        .segments
+        .iter()
+        .map(|seg| {
+            let blocks: Vec<Value> = seg
+                .blocks
+                .iter()
+                .map(|b| {
+                    json!({
+                        "addr": b.addr,
+                        "size": b.size,
+                        "requested": b.requested,
+                        "state": b.state.name(),
+                        "stream": seg.stream.0,
+                    })
+                })
+                .collect();
+            json!({
+                "addr": seg.addr,
+                "size": seg.size,
+                "mapped": seg.mapped,
+                "pool": seg.pool.name(),
+                "stream": seg.stream.0,
+                "expandable": seg.expandable,
+                "blocks": blocks,
+            })
+        })
+        .collect();
+    json!({ "device": device, "policy": policy.name(), "segments": segments }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudalloc_core::Config;
+    use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+
+    #[test]
+    fn stats_hold_every_torch_key_as_a_top_level_integer() {
+        let alloc = CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(Policy::Torch),
+        );
+        let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
+        let b = alloc.allocate(100, StreamId(5)).unwrap();
+        alloc.free(b).unwrap();
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Torch, 0, 2)).unwrap();
+        let torch = alloc.stats().to_torch_dict();
+        for (k, val) in &torch {
+            assert_eq!(v[k].as_i64(), Some(*val), "{k}");
+        }
+        let ints = v
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|x| x.is_i64())
+            .count();
+        assert_eq!(ints, torch.len(), "only torch keys are top-level integers");
+        assert_eq!(v["policy"], "torch");
+        assert_eq!(v["allocated_bytes.all.current"], 3 << 20);
+        assert!(v["fragmentation"]["free_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(v["capi"]["free_errors"], 2);
+        assert!(v["driver_calls"]["total"].as_u64().unwrap() >= 2);
+
+        let s: Value = serde_json::from_str(&snapshot(&alloc, Policy::Torch, 0)).unwrap();
+        let segs = s["segments"].as_array().unwrap();
+        let blocks: Vec<&Value> = segs
+            .iter()
+            .flat_map(|g| g["blocks"].as_array().unwrap())
+            .collect();
+        let live: Vec<&&Value> = blocks
+            .iter()
+            .filter(|b| b["state"] == "allocated")
+            .collect();
+        assert_eq!(live.len(), 1);
+        assert_eq!(live[0]["addr"], a.ptr);
+        assert_eq!(live[0]["requested"], 3 << 20);
+        assert_eq!(live[0]["stream"], 5);
+        assert!(segs.iter().any(|g| g["pool"] == "small"));
+    }
+}

@@ -1,0 +1,174 @@
+//! # cudalloc-capi: the C ABI of cudalloc
+//!
+//! Builds `libcudalloc.so` (`cargo build --release -p cudalloc-capi`), whose functions are
+//! declared in `capi/include/cudalloc.h`. `cudalloc_malloc` and `cudalloc_free` have exactly the
+//! signatures PyTorch's `torch.cuda.memory.CUDAPluggableAllocator` loads; the package
+//! `python/cudalloc_torch` switches PyTorch over and reads the statistics.
+//!
+//! - One [`cudalloc_core::CachingAllocator`] per CUDA device, made on a device's first call and
+//!   configured from `CUDALLOC_CONF`, read once per process (see `registry`). A bad config makes
+//!   every call fail with the config error; without a driver or GPU every call fails with
+//!   "no CUDA device: ...".
+//! - Every function is thread-safe and never unwinds into its caller: each body runs under
+//!   `catch_unwind`; an error or a panic becomes the failure value (NULL, -1, 0) and the calling
+//!   thread's last error (`cudalloc_last_error`).
+//! - Traces (`cudalloc_trace_start`) record device 0's calls only (our trace format has no
+//!   device column).
+//!
+//! ## Unsafe code
+//!
+//! The crate denies `unsafe_code`. The one exception is `#[no_mangle]` on the exported
+//! functions (the lint counts it as unsafe, since two libraries exporting one name is undefined
+//! behaviour at link time): each exported function allows it and is one call into `api`, which
+//! is under the crate-wide `deny`. Pointers that C passes in are read and written by the types
+//! of `cudalloc_sys::ffi` (`CStrArg`, `CBuf`/`CBufLen`), so every `unsafe` block stays in
+//! `cudalloc-sys`. Device pointers and streams are only converted to and from integers.
+//!
+//! ## From Rust
+//!
+//! The crate is also an rlib, so Rust code and tests can call the exported functions directly;
+//! output buffers come from [`with_c_buffer`], path arguments from [`CStrArg::new`].
+
+#![deny(unsafe_code)]
+
+mod api;
+mod error;
+pub mod json;
+mod registry;
+pub mod trace;
+
+pub use cudalloc_sys::ffi::{with_c_buffer, CBuf, CBufLen, CStrArg};
+pub use error::last_error_message;
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`; NULL is the
+/// legacy default stream). Returns the device pointer, or NULL on any failure (out of memory
+/// included) with the reason in [`cudalloc_last_error`]. Zero bytes yield a valid 512-byte
+/// block.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    api::malloc(size, device, stream)
+}
+
+/// [`cudalloc_set_malloc_failure_action`]: return NULL (the default).
+pub const CUDALLOC_MALLOC_RETURN_NULL: c_int = 0;
+/// [`cudalloc_set_malloc_failure_action`]: print the reason to stderr and return NULL.
+pub const CUDALLOC_MALLOC_WARN: c_int = 1;
+/// [`cudalloc_set_malloc_failure_action`]: print the reason to stderr and abort the process.
+pub const CUDALLOC_MALLOC_ABORT: c_int = 2;
+
+/// What [`cudalloc_malloc`] does when it fails, besides setting the last error: 0 returns NULL
+/// (the default), 1 also prints the reason to stderr, 2 prints it and aborts the process (for
+/// callers that cannot handle NULL, such as PyTorch's pluggable allocator). Returns the previous
+/// action, or -1 for an unknown one.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_set_malloc_failure_action(action: c_int) -> c_int {
+    api::set_malloc_failure_action(action)
+}
+
+/// Frees `ptr`, returned by [`cudalloc_malloc`] for `device`. NULL is ignored. `size` and
+/// `stream` (PyTorch passes the allocation's) are not needed: the allocator knows both. A
+/// failure (a pointer that is not live) sets [`cudalloc_last_error`] and is counted in the
+/// stats (`capi.free_errors`).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {
+    let _ = (size, stream);
+    api::free(ptr, device)
+}
+
+/// Reads `CUDALLOC_CONF` and finds the driver and the devices, as the first call of any other
+/// function would, without opening a device. Returns the number of devices, or -1 on failure
+/// (a bad config, no driver, no device).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_check() -> c_int {
+    api::check()
+}
+
+/// Returns every cached block of `device` that can go back to the driver (nothing to do for a
+/// device not used yet). 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_empty_cache(device: c_int) -> c_int {
+    api::empty_cache(device)
+}
+
+/// Marks the allocation at `ptr` as used on `stream` too: when freed, its block returns to the
+/// pool only after the work queued on `stream` until now has completed. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_record_stream(
+    ptr: *mut c_void,
+    device: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    api::record_stream(ptr, device, stream)
+}
+
+/// Caps `device`'s allocator at `fraction` (0..=1) of the device's memory. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_set_memory_fraction(fraction: f64, device: c_int) -> c_int {
+    api::set_memory_fraction(fraction, device)
+}
+
+/// Resets every peak statistic of `device` to its current value (nothing to do for a device not
+/// used yet). 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_reset_peak_stats(device: c_int) -> c_int {
+    api::reset_peak_stats(device)
+}
+
+/// Writes `device`'s statistics as NUL-terminated JSON into `buf` if they fit in `len` bytes
+/// (NUL included); writes nothing otherwise. Returns the JSON's length without the NUL (retry
+/// with a buffer of at least that plus one), or 0 on failure. See [`json`] for the keys.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_stats_json<'id>(
+    device: c_int,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    api::stats_json(device, buf, len)
+}
+
+/// Like [`cudalloc_stats_json`], for `device`'s segments and blocks.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_snapshot_json<'id>(
+    device: c_int,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    api::snapshot_json(device, buf, len)
+}
+
+/// Starts recording device 0's allocations and frees to `path` in cudalloc's trace format
+/// (gzip'd when the name ends in `.gz`), beginning with the allocations live now. 0, or -1 on
+/// failure (a trace already running, a file that cannot be created).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_trace_start(path: CStrArg<'_>) -> c_int {
+    api::trace_start(path)
+}
+
+/// Stops the trace and closes its file. 0, or -1 on failure (no trace running, a write error).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_trace_stop() -> c_int {
+    api::trace_stop()
+}
+
+/// The calling thread's last error: the message of its most recent failed cudalloc call (cut to
+/// 1023 bytes), or "" if none failed (successful calls do not clear it). Never NULL; the
+/// per-thread storage stays valid until the thread exits and is overwritten by later failures.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `error`.
+#[no_mangle]
+pub extern "C" fn cudalloc_last_error() -> *const c_char {
+    error::last_error_ptr()
+}

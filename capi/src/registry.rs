@@ -1,0 +1,124 @@
+//! One [`CachingAllocator`] per CUDA device, made on first use.
+//!
+//! The first call of any device reads `CUDALLOC_CONF` (once per process) and asks the driver
+//! for the device count (once per process); the first call for device `d` opens it
+//! ([`CudaDevice::new`]) and builds its allocator. Each of these outcomes, success or failure,
+//! is kept for the life of the process: a bad config, a missing driver or a device that cannot
+//! be opened makes every later call for it fail with the same message.
+
+use cudalloc_core::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{CudaDevice, DeviceError};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// A device's allocator and what the C ABI counts about it.
+pub(crate) struct Dev {
+    /// The allocator.
+    pub alloc: CachingAllocator<CudaDevice>,
+    /// The policy it was configured with.
+    pub policy: Policy,
+    /// Ordinal.
+    pub ordinal: usize,
+    /// `cudalloc_free` calls that failed (they return nothing, so they are counted here).
+    free_errors: AtomicU64,
+}
+
+impl Dev {
+    /// Counts a failed `cudalloc_free`.
+    pub fn count_free_error(&self) {
+        self.free_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failed `cudalloc_free` calls so far.
+    pub fn free_errors(&self) -> u64 {
+        self.free_errors.load(Ordering::Relaxed)
+    }
+}
+
+type Slot = OnceLock<Result<Dev, String>>;
+
+/// The configuration from `CUDALLOC_CONF`.
+static CONFIG: OnceLock<Result<Config, String>> = OnceLock::new();
+
+/// One slot per device the driver reports.
+static SLOTS: OnceLock<Result<Vec<Slot>, String>> = OnceLock::new();
+
+/// The configuration from `CUDALLOC_CONF`, read once.
+fn config() -> Result<&'static Config, String> {
+    CONFIG
+        .get_or_init(|| Config::from_env().map_err(|e| format!("bad CUDALLOC_CONF: {e}")))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// One slot per device the driver reports, made once.
+fn slots() -> Result<&'static [Slot], String> {
+    SLOTS
+        .get_or_init(|| match CudaDevice::device_count() {
+            Ok(0) => Err("no CUDA device: the driver reports 0 devices".to_string()),
+            Ok(n) => Ok((0..n).map(|_| OnceLock::new()).collect()),
+            // "no CUDA device available: <why>"
+            Err(e @ DeviceError::Unavailable(_)) => Err(e.to_string()),
+            Err(e) => Err(format!("no CUDA device: {e}")),
+        })
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(Clone::clone)
+}
+
+/// Reads the configuration and counts the devices (each once per process); the device count.
+pub(crate) fn check() -> Result<usize, String> {
+    config()?;
+    Ok(slots()?.len())
+}
+
+/// The slot of device `device`, after the checks every call makes.
+fn slot(device: c_int) -> Result<(&'static Slot, &'static Config, usize), String> {
+    let cfg = config()?;
+    let slots = slots()?;
+    let ordinal = usize::try_from(device)
+        .ok()
+        .filter(|&d| d < slots.len())
+        .ok_or_else(|| {
+            format!(
+                "no CUDA device {device}: the driver reports {} device(s)",
+                slots.len()
+            )
+        })?;
+    Ok((&slots[ordinal], cfg, ordinal))
+}
+
+/// The allocator of device `device` if a call has made it; None if none has (a valid device
+/// that was never used). Errors as [`device`].
+pub(crate) fn device_if_used(device: c_int) -> Result<Option<&'static Dev>, String> {
+    let (slot, _, _) = slot(device)?;
+    match slot.get() {
+        None => Ok(None),
+        Some(made) => made.as_ref().map(Some).map_err(Clone::clone),
+    }
+}
+
+/// The allocator of device `device`, made on first use.
+pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
+    let (slot, cfg, ordinal) = slot(device)?;
+    slot.get_or_init(|| {
+        let dev = CudaDevice::new(ordinal)
+            .map_err(|e| format!("cannot open CUDA device {ordinal}: {e}"))?;
+        Ok(Dev {
+            alloc: CachingAllocator::new(dev, cfg.clone()),
+            policy: cfg.policy,
+            ordinal,
+            free_errors: AtomicU64::new(0),
+        })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// The allocator of device `ordinal` if it has been made already; makes nothing and does not
+/// call the driver.
+pub(crate) fn existing(ordinal: usize) -> Option<&'static Dev> {
+    let slots = SLOTS.get()?.as_ref().ok()?;
+    slots.get(ordinal)?.get()?.as_ref().ok()
+}

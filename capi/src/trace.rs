@@ -1,0 +1,345 @@
+//! Recording the calls of one allocator (device 0 in the C ABI) as a trace in our CSV format,
+//! switched on and off while the program runs.
+//!
+//! - `cudalloc_malloc` writes `alloc` (address, requested size, stream), or `oom` (address 0)
+//!   when the allocator ran out of memory;
+//! - `cudalloc_free` writes `free_requested` then `free_completed` with the size and stream of
+//!   the allocation;
+//! - starting a trace while allocations are live writes an `alloc` at time 0 for each of them
+//!   (from a snapshot), so that their frees match and a replay starts from the same live set;
+//! - `time_us` counts microseconds since the start and never decreases.
+//!
+//! While a trace is on, the tracer's lock is held across each allocator call it records, so
+//! events are written in the order the allocator served them, across threads. While it is off,
+//! calls go straight to the allocator (one atomic load), so the allocator's own concurrency
+//! (stream shards, thread caches) is untouched. A call already running when the trace starts
+//! may be missed: its allocation, or its free of an allocation the start wrote as live.
+//!
+//! The starting live set comes from [`CachingAllocator::snapshot`]: blocks it shows as
+//! allocated. A block that the caller freed but the allocator still holds as allocated (a
+//! per-thread cache) is written as live until its address is handed out again.
+//!
+//! A write error is kept, later events are dropped, and stopping reports it; recording never
+//! changes what the allocator returns.
+
+use cudalloc_core::snapshot::BlockState;
+use cudalloc_core::trace::{csv, Action, Event};
+use cudalloc_core::{AllocError, Allocation, CachingAllocator};
+use cudalloc_sys::{Device, StreamId};
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Where events go: a plain or a gzip'd file.
+enum Sink {
+    Plain(BufWriter<File>),
+    Gzip(GzEncoder<BufWriter<File>>),
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sink::Plain(w) => w.write(buf),
+            Sink::Gzip(w) => w.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::Plain(w) => w.flush(),
+            Sink::Gzip(w) => w.flush(),
+        }
+    }
+}
+
+impl Sink {
+    /// Opens `path` (truncating it); gzip when the name ends in `.gz`.
+    fn create(path: &Path) -> io::Result<Sink> {
+        let file = BufWriter::new(File::create(path)?);
+        let gz = path.extension().is_some_and(|e| e == "gz");
+        Ok(if gz {
+            Sink::Gzip(GzEncoder::new(file, Compression::default()))
+        } else {
+            Sink::Plain(file)
+        })
+    }
+
+    /// Writes everything out (the gzip trailer included) and closes the file.
+    fn close(self) -> io::Result<()> {
+        let file = match self {
+            Sink::Plain(w) => w,
+            Sink::Gzip(w) => w.finish()?,
+        };
+        file.into_inner()
+            .map_err(io::IntoInnerError::into_error)?
+            .sync_all()
+    }
+}
+
+/// A trace being written.
+struct Recording {
+    path: PathBuf,
+    writer: csv::Writer<Sink>,
+    start: Instant,
+    /// Address -> (requested size, stream) of each live allocation.
+    live: HashMap<u64, (u64, u64)>,
+    /// The first write error.
+    error: Option<io::Error>,
+}
+
+impl Recording {
+    fn emit(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: u64) {
+        if self.error.is_some() {
+            return;
+        }
+        let e = Event {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+        };
+        if let Err(err) = self.writer.write(&e) {
+            self.error = Some(err);
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+}
+
+/// Records the calls of one allocator while switched on; see the module documentation.
+pub struct Tracer {
+    /// True while `state` holds a recording (a hint read without the lock).
+    on: AtomicBool,
+    state: Mutex<Option<Recording>>,
+}
+
+impl Default for Tracer {
+    fn default() -> Self {
+        Tracer::new()
+    }
+}
+
+impl Tracer {
+    /// A tracer that records nothing yet.
+    pub const fn new() -> Self {
+        Tracer {
+            on: AtomicBool::new(false),
+            state: parking_lot::const_mutex(None),
+        }
+    }
+
+    /// Starts writing a trace to `path`, with an `alloc` for each allocation `alloc` holds now.
+    pub fn start<D: Device>(
+        &self,
+        path: &Path,
+        alloc: Option<&CachingAllocator<D>>,
+    ) -> Result<(), String> {
+        let mut state = self.state.lock();
+        if let Some(r) = state.as_ref() {
+            return Err(format!(
+                "a trace is already being recorded to {}",
+                r.path.display()
+            ));
+        }
+        let fail = |e: io::Error| format!("cannot write a trace to {}: {e}", path.display());
+        let sink = Sink::create(path).map_err(fail)?;
+        let mut r = Recording {
+            path: path.to_path_buf(),
+            writer: csv::Writer::new(sink).map_err(fail)?,
+            start: Instant::now(),
+            live: HashMap::new(),
+            error: None,
+        };
+        for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
+            let allocated = seg
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Allocated);
+            for b in allocated {
+                r.live.insert(b.addr, (b.requested, seg.stream.0));
+                r.emit(Action::Alloc, b.addr, b.requested, seg.stream.0, 0);
+            }
+        }
+        *state = Some(r);
+        self.on.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Stops the trace and closes its file; the first write error if there was one.
+    pub fn stop(&self) -> Result<(), String> {
+        let r = {
+            let mut state = self.state.lock();
+            self.on.store(false, Ordering::SeqCst);
+            state.take()
+        }
+        .ok_or_else(|| "no trace is being recorded".to_string())?;
+        let path = r.path.display().to_string();
+        let fail = |e: io::Error| format!("writing the trace to {path} failed: {e}");
+        let closed = r.writer.finish().and_then(Sink::close);
+        match r.error {
+            Some(e) => Err(fail(e)),
+            None => closed.map_err(fail),
+        }
+    }
+
+    /// True while a trace is being recorded.
+    pub fn is_recording(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// [`CachingAllocator::allocate`], recorded while a trace is on.
+    pub fn allocate<D: Device>(
+        &self,
+        alloc: &CachingAllocator<D>,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Allocation, AllocError> {
+        if !self.on.load(Ordering::Relaxed) {
+            return alloc.allocate(size, stream);
+        }
+        let mut state = self.state.lock();
+        let result = alloc.allocate(size, stream);
+        if let Some(r) = state.as_mut() {
+            let t = r.now();
+            match &result {
+                Ok(a) => {
+                    r.live.insert(a.ptr, (a.size, stream.0));
+                    r.emit(Action::Alloc, a.ptr, a.size, stream.0, t);
+                }
+                Err(e) if e.is_out_of_memory() => r.emit(Action::Oom, 0, size, stream.0, t),
+                Err(_) => {}
+            }
+        }
+        result
+    }
+
+    /// [`CachingAllocator::free_ptr`], recorded while a trace is on. A free of an allocation
+    /// the trace never saw made is not written.
+    pub fn free<D: Device>(&self, alloc: &CachingAllocator<D>, ptr: u64) -> Result<(), AllocError> {
+        if !self.on.load(Ordering::Relaxed) {
+            return alloc.free_ptr(ptr);
+        }
+        let mut state = self.state.lock();
+        alloc.free_ptr(ptr)?;
+        if let Some(r) = state.as_mut() {
+            if let Some((size, stream)) = r.live.remove(&ptr) {
+                let t = r.now();
+                r.emit(Action::FreeRequested, ptr, size, stream, t);
+                r.emit(Action::FreeCompleted, ptr, size, stream, t);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudalloc_core::trace::read;
+    use cudalloc_core::Config;
+    use cudalloc_sys::{SimConfig, SimDevice};
+
+    /// PyTorch's rules: no per-thread caches, so a freed block is free in the snapshot.
+    fn sim_allocator() -> CachingAllocator<SimDevice> {
+        CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(cudalloc_core::Policy::Torch),
+        )
+    }
+
+    fn lines(path: &Path) -> Vec<String> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn records_only_while_on_and_starts_from_the_live_set() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        let alloc = sim_allocator();
+        let t = Tracer::new();
+        let s = StreamId(7);
+        let before = t.allocate(&alloc, 1000, s).unwrap();
+        let gone = t.allocate(&alloc, 3000, s).unwrap();
+        t.free(&alloc, gone.ptr).unwrap();
+        t.start(&path, Some(&alloc)).unwrap();
+        assert!(t.is_recording());
+        assert!(t
+            .start(&path, Some(&alloc))
+            .unwrap_err()
+            .contains("already"));
+        let a = t.allocate(&alloc, 2 << 20, s).unwrap();
+        assert!(t.allocate(&alloc, 4 << 30, s).is_err());
+        t.free(&alloc, before.ptr).unwrap();
+        t.free(&alloc, a.ptr).unwrap();
+        t.stop().unwrap();
+        assert!(!t.is_recording());
+        let after = t.allocate(&alloc, 10, s).unwrap();
+        t.free(&alloc, after.ptr).unwrap();
+        let l = lines(&path);
+        assert_eq!(l[0], csv::HEADER);
+        assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr));
+        let actions: Vec<&str> = l[1..]
+            .iter()
+            .map(|x| x.split(',').next().unwrap())
+            .collect();
+        assert_eq!(
+            actions,
+            [
+                "alloc",
+                "alloc",
+                "oom",
+                "free_requested",
+                "free_completed",
+                "free_requested",
+                "free_completed"
+            ]
+        );
+        assert!(l[3].starts_with(&format!("oom,0,{},7,", 4u64 << 30)));
+        let trace = read(&path).unwrap();
+        assert_eq!(trace.anomalies.unmatched_frees, 0);
+        assert!(t.stop().unwrap_err().contains("no trace"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn gzip_when_the_name_ends_in_gz() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-gz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv.gz");
+        let alloc = sim_allocator();
+        let t = Tracer::new();
+        t.start::<SimDevice>(&path, None).unwrap();
+        let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+        t.free(&alloc, a.ptr).unwrap();
+        t.stop().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
+        let trace = read(&path).unwrap();
+        assert_eq!(trace.anomalies, Default::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bad_path_is_an_error() {
+        let t = Tracer::new();
+        let e = t
+            .start::<SimDevice>(Path::new("/nonexistent-dir/x/t.csv"), None)
+            .unwrap_err();
+        assert!(
+            e.contains("cannot write a trace to /nonexistent-dir/x/t.csv"),
+            "{e}"
+        );
+        assert!(!t.is_recording());
+    }
+}

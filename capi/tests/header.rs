@@ -1,0 +1,186 @@
+//! `include/cudalloc.h` against the built `libcudalloc.so`: a C program (and the header as C++)
+//! compiled with the system's `cc`/`c++` and run, once normally and once with the abort action
+//! (which must close a running trace before aborting). Skipped, with a note, where there is no
+//! compiler or the shared library is not next to this test binary (`cargo test` builds it into
+//! the same `deps` folder).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PROGRAM: &str = r#"
+#include "cudalloc.h"
+#include <stdio.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    char small[4] = {'x', 'x', 'x', 'x'};
+    if (argc > 1) {
+        printf("trace %d\n", cudalloc_trace_start(argv[1]));
+        printf("previous %d\n", cudalloc_set_malloc_failure_action(CUDALLOC_MALLOC_ABORT));
+        fflush(stdout);
+        cudalloc_malloc((size_t)1 << 50, 0, NULL);
+        printf("survived\n");
+        return 0;
+    }
+    void *p = cudalloc_malloc(1024, 0, NULL);
+    int gpu = p != NULL;
+    printf("gpu %d\n", gpu);
+    if (!gpu) {
+        printf("error %s\n", cudalloc_last_error());
+    }
+    size_t need = cudalloc_stats_json(0, small, sizeof small);
+    printf("need %zu untouched %d\n", need, small[0] == 'x' && small[3] == 'x');
+    if (gpu) {
+        char big[65536];
+        size_t got = cudalloc_stats_json(0, big, sizeof big);
+        printf("got %zu nul %d\n", got, got < sizeof big && big[got] == '\0');
+        printf("has_key %d\n", strstr(big, "\"allocated_bytes.all.peak\"") != NULL);
+        cudalloc_free(p, 1024, 0, NULL);
+    }
+    cudalloc_free(NULL, 0, 0, NULL);
+    int bad = cudalloc_trace_start("/nonexistent-cudalloc-dir/t.csv");
+    printf("trace_start %d %s\n", bad, cudalloc_last_error());
+    printf("trace_stop %d\n", cudalloc_trace_stop());
+    return 0;
+}
+"#;
+
+fn tool(name: &str) -> bool {
+    Command::new(name)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn library_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.to_path_buf();
+    dir.join("libcudalloc.so").exists().then_some(dir)
+}
+
+fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("include")
+}
+
+#[test]
+fn the_header_compiles_as_c_and_cxx_and_links() {
+    if !tool("cc") {
+        eprintln!("no C compiler (cc): skipped");
+        return;
+    }
+    if !include_dir().join("cudalloc.h").exists() {
+        eprintln!(
+            "{} is not here (a test binary moved to another machine): skipped",
+            include_dir().display()
+        );
+        return;
+    }
+    let Some(lib) = library_dir() else {
+        eprintln!("libcudalloc.so is not next to the test binary: skipped");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("smoke.c");
+    std::fs::write(&src, PROGRAM).unwrap();
+    let exe = dir.join("smoke");
+    let rpath = format!("-Wl,-rpath,{}", lib.display());
+    let out = Command::new("cc")
+        .args(["-std=c99", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I"])
+        .arg(include_dir())
+        .arg(&src)
+        .arg("-L")
+        .arg(&lib)
+        .args(["-lcudalloc", &rpath, "-o"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let run = Command::new(&exe)
+        .env_remove("CUDALLOC_CONF")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = String::from_utf8(run.stdout).unwrap();
+    eprintln!("{text}");
+    let line = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key).map(str::trim).map(str::to_string))
+            .unwrap_or_else(|| panic!("no `{key}` in\n{text}"))
+    };
+    if line("gpu ") == "0" {
+        assert!(line("error ").contains("no CUDA device"), "{text}");
+        assert_eq!(
+            line("need "),
+            "0 untouched 1",
+            "failure: 0 and nothing written"
+        );
+    } else {
+        let need: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("need "))
+            .unwrap()
+            .split(' ')
+            .collect();
+        assert!(need[1].parse::<usize>().unwrap() > 4, "{text}");
+        assert_eq!(need[3], "1", "a too-small buffer is left alone");
+        assert!(line("got ").ends_with("nul 1"), "{text}");
+        assert_eq!(line("has_key "), "1");
+    }
+    assert!(line("trace_start ").starts_with("-1 cudalloc_trace_start: cannot write"));
+    assert_eq!(line("trace_stop "), "-1");
+
+    // With the abort action a failed malloc prints its reason and aborts.
+    let trace = dir.join("aborted.trace.csv.gz");
+    let aborted = Command::new(&exe).arg(&trace).output().unwrap();
+    let out = String::from_utf8_lossy(&aborted.stdout);
+    let err = String::from_utf8_lossy(&aborted.stderr);
+    assert!(!aborted.status.success(), "{out}");
+    assert!(
+        out.contains("previous 0") && !out.contains("survived"),
+        "{out}"
+    );
+    assert!(err.contains("cudalloc: cudalloc_malloc"), "{err}");
+    assert!(err.contains("aborting"), "{err}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(aborted.status.signal(), Some(6), "SIGABRT");
+    }
+    // The trace was closed before the abort: a complete gzip file that reads back.
+    let t = cudalloc_core::trace::read(&trace).unwrap();
+    assert_eq!(t.anomalies, Default::default());
+
+    if tool("c++") {
+        let out = Command::new("c++")
+            .args([
+                "-std=c++17",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-fsyntax-only",
+                "-x",
+                "c++",
+                "-I",
+            ])
+            .arg(include_dir())
+            .arg(&src)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

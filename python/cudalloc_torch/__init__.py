@@ -1,0 +1,255 @@
+"""cudalloc_torch: run PyTorch on cudalloc (``libcudalloc.so``) instead of its caching allocator.
+
+Three lines, before the program allocates anything on a GPU::
+
+    import cudalloc_torch
+    cudalloc_torch.enable(conf="policy:default")   # or "policy:torch-expandable", ...
+    # ... the program, unchanged
+
+:func:`enable` loads the library with ``torch.cuda.memory.CUDAPluggableAllocator`` and makes it
+PyTorch's CUDA allocator (``torch.cuda.memory.change_current_allocator``). PyTorch's own
+statistics functions (``torch.cuda.memory_stats``, ``max_memory_allocated``, ...) raise for a
+pluggable allocator, and ``torch.cuda.empty_cache`` does nothing; use :func:`memory_stats`,
+:func:`empty_cache` and the others here instead.
+
+The library is ``$CUDALLOC_LIB`` if set, else ``target/release/libcudalloc.so`` in this
+repository (``cargo build --release -p cudalloc-capi``). See ``docs/pytorch.md``.
+
+Only :func:`enable` imports torch; the other functions talk to the library through ctypes.
+"""
+
+import atexit
+import collections
+import ctypes
+import json
+import os
+import threading
+
+__all__ = [
+    "enable",
+    "is_enabled",
+    "library_path",
+    "load",
+    "device_count",
+    "memory_stats",
+    "stats",
+    "snapshot",
+    "empty_cache",
+    "reset_peak_memory_stats",
+    "set_memory_fraction",
+    "record_stream",
+    "trace_start",
+    "trace_stop",
+    "last_error",
+    "CudallocError",
+]
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_LIB = os.path.join(_REPO, "target", "release", "libcudalloc.so")
+
+# cudalloc_set_malloc_failure_action values (capi/include/cudalloc.h).
+_ON_FAILURE = {"null": 0, "warn": 1, "abort": 2}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+_allocator = None  # the CUDAPluggableAllocator, kept alive for the life of the process
+_atexit_registered = False
+
+
+class CudallocError(RuntimeError):
+    """A cudalloc call failed; the message is the library's last error."""
+
+
+def library_path(lib_path=None):
+    """The library :func:`enable` and :func:`load` use: ``lib_path``, ``$CUDALLOC_LIB`` or
+    ``target/release/libcudalloc.so`` in this repository, as an absolute path."""
+    return os.path.abspath(lib_path or os.environ.get("CUDALLOC_LIB") or DEFAULT_LIB)
+
+
+def _declare(lib):
+    c_int, c_size_t, c_void_p, c_char_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+    buf = ctypes.POINTER(ctypes.c_char)
+    signatures = {
+        "cudalloc_check": ([], c_int),
+        "cudalloc_malloc": ([c_size_t, c_int, c_void_p], c_void_p),
+        "cudalloc_free": ([c_void_p, c_size_t, c_int, c_void_p], None),
+        "cudalloc_empty_cache": ([c_int], c_int),
+        "cudalloc_record_stream": ([c_void_p, c_int, c_void_p], c_int),
+        "cudalloc_set_memory_fraction": ([ctypes.c_double, c_int], c_int),
+        "cudalloc_reset_peak_stats": ([c_int], c_int),
+        "cudalloc_set_malloc_failure_action": ([c_int], c_int),
+        "cudalloc_stats_json": ([c_int, buf, c_size_t], c_size_t),
+        "cudalloc_snapshot_json": ([c_int, buf, c_size_t], c_size_t),
+        "cudalloc_trace_start": ([c_char_p], c_int),
+        "cudalloc_trace_stop": ([], c_int),
+        "cudalloc_last_error": ([], c_char_p),
+    }
+    for name, (args, res) in signatures.items():
+        f = getattr(lib, name)
+        f.argtypes = args
+        f.restype = res
+
+
+def load(lib_path=None):
+    """Loads the library through ctypes (once; later calls return the same handle). PyTorch's
+    ``CUDAPluggableAllocator`` opens the same file, and the dynamic loader gives both the same
+    copy, so these functions see the allocators PyTorch uses."""
+    global _lib, _lib_path
+    with _lock:
+        path = library_path(lib_path)
+        if _lib is not None:
+            if lib_path is not None and path != _lib_path:
+                raise CudallocError(f"cudalloc is already loaded from {_lib_path}, not {path}")
+            return _lib
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path} does not exist: build it with `cargo build --release -p cudalloc-capi` "
+                "or point CUDALLOC_LIB at it"
+            )
+        lib = ctypes.CDLL(path)
+        _declare(lib)
+        _lib, _lib_path = lib, path
+        return lib
+
+
+def last_error():
+    """The calling thread's last cudalloc error message ("" if none)."""
+    return load().cudalloc_last_error().decode("utf-8", "replace")
+
+
+def _check(result):
+    if result < 0:
+        raise CudallocError(last_error())
+    return result
+
+
+def device_count():
+    """Reads CUDALLOC_CONF and counts the devices the way the allocator will (no device is
+    opened); raises :class:`CudallocError` for a bad config or no driver/GPU."""
+    return _check(load().cudalloc_check())
+
+
+def is_enabled():
+    """True once :func:`enable` has made cudalloc PyTorch's allocator in this process."""
+    return _allocator is not None
+
+
+def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
+    """Makes cudalloc PyTorch's CUDA allocator; call it before anything is allocated on a GPU.
+
+    ``conf`` (optional) becomes ``CUDALLOC_CONF``, e.g. ``"policy:torch-expandable"``; it is read
+    once, here. ``on_malloc_failure`` is what a failed allocation does: ``"abort"`` (print the
+    reason and abort the process: PyTorch's pluggable allocator does not check for NULL, so the
+    alternative is a tensor at address 0 and an "illegal memory access" later), ``"warn"``
+    (print it, return NULL) or ``"null"``. Returns the ``CUDAPluggableAllocator``. Calling it
+    again with the same library is a no-op.
+    """
+    global _allocator
+    if on_malloc_failure not in _ON_FAILURE:
+        raise ValueError(f"on_malloc_failure must be one of {sorted(_ON_FAILURE)}")
+    if conf is not None:
+        if _allocator is not None and os.environ.get("CUDALLOC_CONF") != conf:
+            raise CudallocError("cudalloc is already enabled; its config cannot change")
+        os.environ["CUDALLOC_CONF"] = conf
+    lib = load(lib_path)
+    if _allocator is not None:
+        return _allocator
+    device_count()  # a bad config or a missing GPU fails here, not at the first tensor
+    import torch
+
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cudalloc_malloc", "cudalloc_free")
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise CudallocError(
+            "PyTorch's CUDA allocator is already in use: call cudalloc_torch.enable() before "
+            f"anything is allocated on a GPU ({e})"
+        ) from e
+    lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure])
+    _allocator = allocator
+    return allocator
+
+
+def _json(fn, device):
+    lib = load()
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        need = fn(device, buf, size)
+        if need == 0:
+            raise CudallocError(last_error())
+        if need < size:
+            return json.loads(buf.raw[:need].decode("utf-8"))
+        size = need + 1 + need // 4  # it may grow before the retry
+
+
+def stats(device=0):
+    """Everything ``cudalloc_stats_json`` reports for ``device``: the ``torch.cuda.memory_stats()``
+    keys plus ``policy``, ``fragmentation``, ``driver_calls`` and ``capi``."""
+    return _json(load().cudalloc_stats_json, device)
+
+
+def memory_stats(device=0):
+    """``torch.cuda.memory_stats()`` for cudalloc: the same keys, sorted, as an OrderedDict."""
+    s = stats(device)
+    torch_keys = {k: v for k, v in s.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return collections.OrderedDict(sorted(torch_keys.items()))
+
+
+def snapshot(device=0):
+    """Segments and blocks of ``device`` (``cudalloc_snapshot_json``)."""
+    return _json(load().cudalloc_snapshot_json, device)
+
+
+def empty_cache(device=None):
+    """Releases cached, unused memory of ``device`` (default: every device) to the driver."""
+    lib = load()
+    devices = range(device_count()) if device is None else [device]
+    for d in devices:
+        _check(lib.cudalloc_empty_cache(d))
+
+
+def reset_peak_memory_stats(device=0):
+    """Resets the peak statistics of ``device`` to their current values."""
+    _check(load().cudalloc_reset_peak_stats(device))
+
+
+def set_memory_fraction(fraction, device=0):
+    """Caps ``device``'s allocator at ``fraction`` of the device's memory."""
+    _check(load().cudalloc_set_memory_fraction(float(fraction), device))
+
+
+def record_stream(tensor, stream):
+    """``tensor.record_stream(stream)`` for cudalloc. PyTorch's pluggable allocator ignores
+    ``Tensor.record_stream``; call this instead when a tensor is used on a side stream."""
+    ptr = tensor.untyped_storage().data_ptr()
+    _check(load().cudalloc_record_stream(ptr, tensor.device.index, stream.cuda_stream))
+
+
+def trace_start(path):
+    """Starts recording device 0's allocations to ``path`` (cudalloc's trace format, gzip'd if
+    it ends in ``.gz``) for ``cudalloc replay``. The trace is closed by :func:`trace_stop`, or at
+    interpreter exit."""
+    global _atexit_registered
+    lib = load()
+    _check(lib.cudalloc_trace_start(os.fsencode(os.path.abspath(path))))
+    with _lock:
+        if not _atexit_registered:
+            atexit.register(_stop_at_exit)
+            _atexit_registered = True
+
+
+def trace_stop():
+    """Stops the trace and closes its file."""
+    _check(load().cudalloc_trace_stop())
+
+
+def _stop_at_exit():
+    lib = load()
+    if lib.cudalloc_trace_stop() < 0:
+        msg = last_error()
+        if "no trace is being recorded" not in msg:
+            import sys
+
+            print(f"cudalloc_torch: {msg}", file=sys.stderr)
