@@ -23,8 +23,8 @@ fn label(size: u64) -> String {
 fn cached<D: Device>(c: &mut Criterion, name: &str, make: impl Fn() -> D) {
     for streams in [Streams::Own, Streams::Shared] {
         let mut g = c.benchmark_group(format!("{name}/{streams:?}"));
-        g.measurement_time(Duration::from_secs(2))
-            .warm_up_time(Duration::from_millis(300))
+        g.measurement_time(Duration::from_secs(1))
+            .warm_up_time(Duration::from_millis(200))
             .sample_size(10);
         for threads in THREADS {
             for size in SIZES {
@@ -48,8 +48,8 @@ fn cached<D: Device>(c: &mut Criterion, name: &str, make: impl Fn() -> D) {
 fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
     for streams in [Streams::Own, Streams::Shared] {
         let mut g = c.benchmark_group(format!("cuMemAllocAsync/{streams:?}"));
-        g.measurement_time(Duration::from_secs(2))
-            .warm_up_time(Duration::from_millis(300))
+        g.measurement_time(Duration::from_secs(1))
+            .warm_up_time(Duration::from_millis(200))
             .sample_size(10);
         let real: Vec<StreamId> = (0..16)
             .map(|_| dev.create_stream().expect("stream"))
