@@ -93,6 +93,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemAllocAsync",
+    "cuLaunchHostFunc",
+    "cuStreamSynchronize",
     "cuMemFreeAsync",
     "cuMemGetInfo_v2",
     "cuMemcpyHtoD_v2",
@@ -147,6 +149,11 @@ fn resolve_symbols() -> Result<(), String> {
         found.map_err(|e| format!("libcuda lacks {name}: {e}"))?;
     }
     Ok(())
+}
+
+/// Host function for [`CudaDevice::sleep_on_stream`]: `data` carries the milliseconds.
+extern "C" fn sleep_host_fn(data: *mut c_void) {
+    std::thread::sleep(std::time::Duration::from_millis(data as usize as u64));
 }
 
 /// The driver's message for a `CUresult`.
@@ -411,6 +418,28 @@ impl CudaDevice {
         // and returns an error for memory it did not allocate.
         let code = unsafe { sys::cuMemFreeAsync(ptr, stream.0 as sys::CUstream) };
         check("cuMemFreeAsync", code)
+    }
+
+    /// Enqueues on `stream` a host function that sleeps `ms` milliseconds: the stream's later
+    /// work (and events recorded after it) waits for it, as it would for a long kernel. For
+    /// tests of stream-ordered reuse.
+    pub fn sleep_on_stream(&self, stream: StreamId, ms: u32) -> DeviceResult<()> {
+        self.bind()?;
+        let data = ms as usize as *mut c_void;
+        // SAFETY: `sleep_host_fn` only reads `data` as an integer (no pointer is dereferenced),
+        // and it does not call into CUDA, as host functions must not.
+        let code =
+            unsafe { sys::cuLaunchHostFunc(stream.0 as sys::CUstream, Some(sleep_host_fn), data) };
+        check("cuLaunchHostFunc", code)
+    }
+
+    /// Waits for all work on `stream`.
+    pub fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        self.bind()?;
+        // SAFETY: no host memory is involved; the driver validates the stream handle.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream.0 as sys::CUstream)
+        })
     }
 
     /// Creates a stream (`CU_STREAM_DEFAULT`: it synchronises with the legacy default stream).

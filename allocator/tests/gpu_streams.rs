@@ -1,0 +1,83 @@
+//! Stream-ordered reuse on a real GPU (needs a CUDA GPU; ignored elsewhere).
+//!
+//! A block used on a second stream by work that runs for 50 ms (a host function that sleeps,
+//! enqueued before the use) and then freed must not be handed to a new allocation of the same
+//! size on the first stream before that work ends; it comes back once it has. Data written on
+//! one stream reads back intact from another after the streams are ordered.
+
+use cudalloc::snapshot::BlockState;
+use cudalloc::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{CudaDevice, Device};
+use std::time::{Duration, Instant};
+
+const SIZE: u64 = 1 << 20;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_block_used_on_another_stream_waits_for_its_work() {
+    for policy in Policy::ALL {
+        let alloc = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
+        let (s1, s2) = alloc.with_device(|d| (d.create_stream().unwrap(), d.create_stream().unwrap()));
+        let a = alloc.allocate(SIZE, s1).unwrap();
+        let start = Instant::now();
+        alloc.with_device(|d| {
+            d.sleep_on_stream(s2, 50).unwrap();
+            d.memset_async(a.ptr, 0xAB, SIZE, s2).unwrap();
+        });
+        alloc.record_stream(a.ptr, s2).unwrap();
+        alloc.free(a).unwrap();
+        let b = alloc.allocate(SIZE, s1).unwrap();
+        let early = start.elapsed();
+        assert!(early < Duration::from_millis(50), "{policy:?}: the test itself was too slow ({early:?})");
+        assert_ne!(b.ptr, a.ptr, "{policy:?}: block reused while stream 2 still used it");
+        let pending = alloc
+            .snapshot()
+            .segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .any(|blk| blk.addr == a.ptr && blk.state == BlockState::PendingEvents);
+        assert!(pending, "{policy:?}: the freed block should wait for its event");
+        alloc.with_device(|d| d.synchronize_stream(s2).unwrap());
+        let mut back = vec![0u8; SIZE as usize];
+        alloc.with_device(|d| d.copy_from_device(a.ptr, &mut back).unwrap());
+        assert!(back.iter().all(|&x| x == 0xAB), "{policy:?}: stream 2's write was lost");
+        // After the work completed, the block is reusable on stream 1 again.
+        let again: Vec<_> = (0..4).map(|_| alloc.allocate(SIZE, s1).unwrap()).collect();
+        let stats = alloc.stats();
+        assert_eq!(stats.active.0[0].current as usize, again.len() + 1, "{policy:?}");
+        alloc.free(b).unwrap();
+        for x in again {
+            alloc.free(x).unwrap();
+        }
+        alloc.check_invariants().unwrap();
+        alloc.with_device(|d| {
+            d.destroy_stream(s1).unwrap();
+            d.destroy_stream(s2).unwrap();
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn data_written_on_one_stream_reads_back_on_another() {
+    let alloc = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::default());
+    let (s1, s2) = alloc.with_device(|d| (d.create_stream().unwrap(), d.create_stream().unwrap()));
+    let a = alloc.allocate(64 << 20, s1).unwrap();
+    alloc.with_device(|d| {
+        d.sleep_on_stream(s1, 20).unwrap();
+        d.memset_async(a.ptr, 0x5A, a.size, s1).unwrap();
+        d.synchronize_stream(s1).unwrap();
+        d.memset_async(a.ptr, 0x3C, a.size / 2, s2).unwrap();
+        d.synchronize_stream(s2).unwrap();
+        let mut back = vec![0u8; a.size as usize];
+        d.copy_from_device(a.ptr, &mut back).unwrap();
+        let half = back.len() / 2;
+        assert!(back[..half].iter().all(|&x| x == 0x3C));
+        assert!(back[half..].iter().all(|&x| x == 0x5A));
+    });
+    alloc.record_stream(a.ptr, s2).unwrap();
+    alloc.free(a).unwrap();
+    alloc.empty_cache().unwrap();
+    alloc.check_invariants().unwrap();
+    let _ = alloc.with_device(|d| d.mem_info());
+}
