@@ -433,8 +433,8 @@ impl CudaDevice {
         check("cuLaunchHostFunc", code)
     }
 
-    /// Waits for all work on `stream`.
-    pub fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+    /// Waits for all work on `stream` (also [`Device::synchronize_stream`]).
+    pub fn wait_stream(&self, stream: StreamId) -> DeviceResult<()> {
         self.bind()?;
         // SAFETY: no host memory is involved; the driver validates the stream handle.
         check("cuStreamSynchronize", unsafe {
@@ -759,6 +759,10 @@ impl Device for CudaDevice {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             code => check("cuEventQuery", code).map(|()| true),
         }
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        self.wait_stream(stream)
     }
 
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {

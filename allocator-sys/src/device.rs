@@ -189,13 +189,15 @@ pub enum Call {
     QueryEvent,
     /// [`Device::synchronize_event`]
     SynchronizeEvent,
+    /// [`Device::synchronize_stream`]
+    SynchronizeStream,
     /// [`Device::mem_info`]
     MemInfo,
 }
 
 impl Call {
     /// Every kind of call, in declaration order.
-    pub const ALL: [Call; 15] = [
+    pub const ALL: [Call; 16] = [
         Call::Malloc,
         Call::Free,
         Call::Reserve,
@@ -211,6 +213,7 @@ impl Call {
         Call::QueryEvent,
         Call::SynchronizeEvent,
         Call::MemInfo,
+        Call::SynchronizeStream,
     ];
 
     /// Index into [`Call::ALL`].
@@ -235,6 +238,7 @@ impl Call {
             Call::RecordEvent => "record_event",
             Call::QueryEvent => "query_event",
             Call::SynchronizeEvent => "synchronize_event",
+            Call::SynchronizeStream => "synchronize_stream",
             Call::MemInfo => "mem_info",
         }
     }
@@ -288,6 +292,10 @@ pub trait Device: Send + Sync {
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;
     /// Blocks until the event has completed.
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()>;
+    /// Blocks until all work submitted to `stream` so far has completed. The allocator calls it
+    /// before unmapping pages that blocks of that stream used: work queued on them must finish
+    /// before their memory goes away.
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()>;
 }
 
 impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
@@ -341,5 +349,8 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         (**self).synchronize_event(event)
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        (**self).synchronize_stream(stream)
     }
 }

@@ -10,6 +10,7 @@
 //!   driver-like address assignment, call counters, fault injection and optional host backing.
 //! - [`wrap`]: adaptors around any device (limit bytes, fail calls, count calls, log calls).
 
+pub mod buffer;
 pub mod cuda;
 pub mod device;
 pub mod ffi;

@@ -819,6 +819,14 @@ impl Device for SimDevice {
         Ok(s.streams[&stream].completed >= target)
     }
 
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let mut s = self.enter(Call::SynchronizeStream, 0)?;
+        if let Some(work) = s.streams.get_mut(&stream) {
+            work.completed = work.submitted;
+        }
+        Ok(())
+    }
+
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         let mut s = self.enter(Call::SynchronizeEvent, 0)?;
         if let Some((stream, target)) = *s.event(Call::SynchronizeEvent, event)? {

@@ -281,6 +281,7 @@ impl<D: Device> Device for Limit<D> {
         record_event(event: EventHandle, stream: StreamId) -> DeviceResult<()>;
         query_event(event: EventHandle) -> DeviceResult<bool>;
         synchronize_event(event: EventHandle) -> DeviceResult<()>;
+        synchronize_stream(stream: StreamId) -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -401,6 +402,7 @@ impl<D: Device> Device for FailCalls<D> {
             -> DeviceResult<()>;
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
+        synchronize_stream => SynchronizeStream(stream: StreamId) [0] -> DeviceResult<()>;
     }
 }
 
@@ -487,6 +489,7 @@ impl<D: Device> Device for CountCalls<D> {
             -> DeviceResult<()>;
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
+        synchronize_stream => SynchronizeStream(stream: StreamId) [0] -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -723,5 +726,11 @@ impl<D: Device> Device for LogCalls<D> {
         let args = format!("event {}", event.0);
         let result = self.inner.synchronize_event(event);
         self.log(Call::SynchronizeEvent, args, result)
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let args = format!("{stream}");
+        let result = self.inner.synchronize_stream(stream);
+        self.log(Call::SynchronizeStream, args, result)
     }
 }

@@ -91,9 +91,14 @@ impl<D: Device> CachingAllocator<D> {
                 "{size} bytes is larger than any device"
             )));
         }
-        if let Some(e) = self.caches.as_ref().and_then(|c| c.take(size, stream.0)) {
-            self.live.mark_live(e.alloc.ptr);
-            return Ok(e.alloc);
+        if let Some(c) = &self.caches {
+            if let Some(e) = c.take(size, stream.0) {
+                self.live.mark_live(e.alloc.ptr);
+                return Ok(e.alloc);
+            }
+            for orphan in c.adopt_orphans() {
+                self.free_to_pool(&orphan.alloc)?;
+            }
         }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {

@@ -29,6 +29,7 @@ pub mod allocator;
 pub mod config;
 pub mod error;
 pub mod fmt;
+pub mod interop;
 mod live;
 pub mod pool;
 pub mod replay;
@@ -38,6 +39,7 @@ pub mod stats;
 pub mod sync;
 pub mod tcache;
 pub mod trace;
+pub mod workspace;
 
 pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, Policy};

@@ -58,9 +58,10 @@ impl PoolKind {
     }
 }
 
-/// Rounds `x` up to a multiple of `to` (a non-zero number).
+/// Rounds `x` up to a multiple of `to` (a non-zero number), saturating at the largest multiple
+/// that fits in 64 bits.
 pub fn round_up(x: u64, to: u64) -> u64 {
-    x.div_ceil(to) * to
+    x.div_ceil(to).saturating_mul(to) / to * to
 }
 
 /// Rounds a request the way PyTorch's `round_size` does: at least 512 B, then either to the next
@@ -70,7 +71,7 @@ pub fn round_size(size: u64, cfg: &Config) -> u64 {
         return MIN_BLOCK;
     }
     let divisions = cfg.divisions_for(size);
-    if divisions > 1 && size > MIN_BLOCK * divisions {
+    if divisions > 1 && size > MIN_BLOCK.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {
         round_up(size, MIN_BLOCK)
@@ -85,13 +86,13 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
     let floor = 1u64 << (63 - size.leading_zeros());
     let step = floor >> divisions.trailing_zeros();
     if step == 0 {
-        return floor << 1;
+        return floor.saturating_mul(2);
     }
     let down = size & !(step - 1);
     if down == size {
         size
     } else {
-        down + step
+        down.saturating_add(step)
     }
 }
 

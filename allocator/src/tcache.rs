@@ -10,13 +10,14 @@
 //!
 //! Each thread's cache is an `Arc<Mutex<_>>` shared by the thread (through a thread local) and
 //! the allocator's registry (for flushing); the thread's own lock is uncontended except while a
-//! flush runs.
+//! flush runs. When a thread exits, its cache is orphaned; the next allocation that misses its
+//! own cache returns orphaned blocks to their pools ([`Caches::adopt_orphans`]).
 
 use crate::live::Entry;
 use crate::sizes::PoolKind;
-use crate::sync::{thread_local, Arc, IdCounter, Mutex};
+use crate::sync::Ordering;
+use crate::sync::{thread_local, Arc, AtomicUsize, IdCounter, Mutex};
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
 
 /// Blocks a thread cache holds at most.
 pub const MAX_BLOCKS: usize = 16;
@@ -33,10 +34,24 @@ struct ThreadCache {
 
 type Shared = Arc<Mutex<ThreadCache>>;
 
+/// A thread's handle on its cache for one allocator; dropped when the thread exits, which tells
+/// the allocator that the cache's blocks have no owner any more.
+struct Mine {
+    id: u64,
+    cache: Shared,
+    exited: Arc<AtomicUsize>,
+}
+
+impl Drop for Mine {
+    fn drop(&mut self) {
+        self.exited.fetch_add(1, Ordering::Release);
+    }
+}
+
 thread_local! {
     // Not `const { .. }`: loom's `thread_local!` does not take that form.
     #[allow(clippy::missing_const_for_thread_local)]
-    static MINE: RefCell<Vec<(u64, Shared)>> = RefCell::new(Vec::new());
+    static MINE: RefCell<Vec<Mine>> = RefCell::new(Vec::new());
 }
 
 /// What the caches hold, per pool: blocks, block bytes, requested bytes.
@@ -54,6 +69,8 @@ pub struct Totals {
 pub(crate) struct Caches {
     id: u64,
     all: Mutex<Vec<Shared>>,
+    /// Threads that left a cache behind since the last [`Caches::adopt_orphans`].
+    exited: Arc<AtomicUsize>,
 }
 
 impl Caches {
@@ -61,6 +78,7 @@ impl Caches {
         Caches {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             all: Mutex::new(Vec::new()),
+            exited: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -68,18 +86,22 @@ impl Caches {
     fn with_mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R {
         MINE.with(|m| {
             let mut m = m.borrow_mut();
-            let i = match m.iter().position(|(id, _)| *id == self.id) {
+            let i = match m.iter().position(|x| x.id == self.id) {
                 Some(i) => i,
                 None => {
                     // Forget caches of allocators that are gone (only this thread holds them).
-                    m.retain(|(_, c)| Arc::strong_count(c) > 1);
+                    m.retain(|x| Arc::strong_count(&x.cache) > 1);
                     let c: Shared = Arc::default();
                     self.all.lock().push(c.clone());
-                    m.push((self.id, c));
+                    m.push(Mine {
+                        id: self.id,
+                        cache: c,
+                        exited: self.exited.clone(),
+                    });
                     m.len() - 1
                 }
             };
-            let mut c = m[i].1.lock();
+            let mut c = m[i].cache.lock();
             f(&mut c)
         })
     }
@@ -125,6 +147,23 @@ impl Caches {
             out.append(&mut c.entries);
         }
         self.all.lock().retain(|c| Arc::strong_count(c) > 1);
+        out
+    }
+
+    /// Empties the caches of threads that have exited and returns what they held.
+    pub fn adopt_orphans(&self) -> Vec<Entry> {
+        if self.exited.swap(0, Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut all = self.all.lock();
+        let mut out = Vec::new();
+        all.retain(|c| {
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
+            out.append(&mut c.lock().entries);
+            false
+        });
         out
     }
 

@@ -17,7 +17,8 @@ const SIZE: u64 = 1 << 20;
 fn a_block_used_on_another_stream_waits_for_its_work() {
     for policy in Policy::ALL {
         let alloc = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
-        let (s1, s2) = alloc.with_device(|d| (d.create_stream().unwrap(), d.create_stream().unwrap()));
+        let (s1, s2) =
+            alloc.with_device(|d| (d.create_stream().unwrap(), d.create_stream().unwrap()));
         let a = alloc.allocate(SIZE, s1).unwrap();
         let start = Instant::now();
         alloc.with_device(|d| {
@@ -28,23 +29,39 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
         alloc.free(a).unwrap();
         let b = alloc.allocate(SIZE, s1).unwrap();
         let early = start.elapsed();
-        assert!(early < Duration::from_millis(50), "{policy:?}: the test itself was too slow ({early:?})");
-        assert_ne!(b.ptr, a.ptr, "{policy:?}: block reused while stream 2 still used it");
+        assert!(
+            early < Duration::from_millis(50),
+            "{policy:?}: the test itself was too slow ({early:?})"
+        );
+        assert_ne!(
+            b.ptr, a.ptr,
+            "{policy:?}: block reused while stream 2 still used it"
+        );
         let pending = alloc
             .snapshot()
             .segments
             .iter()
             .flat_map(|s| s.blocks.iter())
             .any(|blk| blk.addr == a.ptr && blk.state == BlockState::PendingEvents);
-        assert!(pending, "{policy:?}: the freed block should wait for its event");
-        alloc.with_device(|d| d.synchronize_stream(s2).unwrap());
+        assert!(
+            pending,
+            "{policy:?}: the freed block should wait for its event"
+        );
+        alloc.with_device(|d| Device::synchronize_stream(d, s2).unwrap());
         let mut back = vec![0u8; SIZE as usize];
         alloc.with_device(|d| d.copy_from_device(a.ptr, &mut back).unwrap());
-        assert!(back.iter().all(|&x| x == 0xAB), "{policy:?}: stream 2's write was lost");
+        assert!(
+            back.iter().all(|&x| x == 0xAB),
+            "{policy:?}: stream 2's write was lost"
+        );
         // After the work completed, the block is reusable on stream 1 again.
         let again: Vec<_> = (0..4).map(|_| alloc.allocate(SIZE, s1).unwrap()).collect();
         let stats = alloc.stats();
-        assert_eq!(stats.active.0[0].current as usize, again.len() + 1, "{policy:?}");
+        assert_eq!(
+            stats.active.0[0].current as usize,
+            again.len() + 1,
+            "{policy:?}"
+        );
         alloc.free(b).unwrap();
         for x in again {
             alloc.free(x).unwrap();
@@ -66,9 +83,9 @@ fn data_written_on_one_stream_reads_back_on_another() {
     alloc.with_device(|d| {
         d.sleep_on_stream(s1, 20).unwrap();
         d.memset_async(a.ptr, 0x5A, a.size, s1).unwrap();
-        d.synchronize_stream(s1).unwrap();
+        Device::synchronize_stream(d, s1).unwrap();
         d.memset_async(a.ptr, 0x3C, a.size / 2, s2).unwrap();
-        d.synchronize_stream(s2).unwrap();
+        Device::synchronize_stream(d, s2).unwrap();
         let mut back = vec![0u8; a.size as usize];
         d.copy_from_device(a.ptr, &mut back).unwrap();
         let half = back.len() / 2;

@@ -368,3 +368,27 @@ fn allocator_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Alloc>();
 }
+
+/// Blocks left in the cache of a thread that exited go back to their pool: a later allocation
+/// of the same size on another thread reuses them instead of asking the device for more.
+#[test]
+fn caches_of_exited_threads_are_adopted() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Default));
+    for _ in 0..8 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+                alloc.free(a).unwrap();
+            });
+        });
+    }
+    let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    assert!(
+        alloc.reserved_bytes() <= 128 * MIB,
+        "{} MiB reserved: blocks of exited threads were not reused",
+        alloc.reserved_bytes() >> 20
+    );
+    alloc.free(a).unwrap();
+    alloc.check_invariants().unwrap();
+}

@@ -1,7 +1,7 @@
 /*
- * cudalloc.h: the C ABI of cudalloc, a caching CUDA memory allocator (libcudalloc.so).
+ * cudalloc.h: the C ABI of cudalloc, a caching CUDA memory allocator (libcudalloc_capi.so).
  *
- * Build:  cargo build --release -p cudalloc-capi   ->  target/release/libcudalloc.so
+ * Build:  cargo build --release -p cudalloc-capi   ->  target/release/libcudalloc_capi.so
  * Link:   -I capi/include -L target/release -lcudalloc   (or dlopen the library)
  *
  * PyTorch: cudalloc_malloc and cudalloc_free have the signatures that

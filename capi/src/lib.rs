@@ -1,6 +1,6 @@
 //! # cudalloc-capi: the C ABI of cudalloc
 //!
-//! Builds `libcudalloc.so` (`cargo build --release -p cudalloc-capi`), whose functions are
+//! Builds `libcudalloc_capi.so` (`cargo build --release -p cudalloc-capi`), whose functions are
 //! declared in `capi/include/cudalloc.h`. `cudalloc_malloc` and `cudalloc_free` have exactly the
 //! signatures PyTorch's `torch.cuda.memory.CUDAPluggableAllocator` loads; the package
 //! `python/cudalloc_torch` switches PyTorch over and reads the statistics.

@@ -1,7 +1,7 @@
 //! A bad `CUDALLOC_CONF` makes every call fail with the config error, GPU or not. Its own test
 //! binary: the config is read once per process, on the first call.
 
-use cudalloc::{
+use cudalloc_capi::{
     cudalloc_check, cudalloc_empty_cache, cudalloc_free, cudalloc_malloc, cudalloc_stats_json,
     last_error_message, with_c_buffer,
 };

@@ -4,7 +4,7 @@
 //! skipped, since there the calls succeed); the GPU test is `#[ignore = "needs a CUDA GPU"]`.
 //! The allocators and the trace are process-wide, so every test takes the `serial` lock.
 
-use cudalloc::{
+use cudalloc_capi::{
     cudalloc_check, cudalloc_empty_cache, cudalloc_free, cudalloc_last_error, cudalloc_malloc,
     cudalloc_record_stream, cudalloc_reset_peak_stats, cudalloc_set_malloc_failure_action,
     cudalloc_set_memory_fraction, cudalloc_snapshot_json, cudalloc_stats_json,
@@ -70,7 +70,7 @@ fn without_a_gpu_malloc_returns_null_and_says_why() {
 fn the_malloc_failure_action_can_be_set() {
     let _g = serial();
     assert_eq!(
-        cudalloc_set_malloc_failure_action(cudalloc::CUDALLOC_MALLOC_WARN),
+        cudalloc_set_malloc_failure_action(cudalloc_capi::CUDALLOC_MALLOC_WARN),
         0
     );
     assert_eq!(cudalloc_set_malloc_failure_action(7), -1);
@@ -79,7 +79,7 @@ fn the_malloc_failure_action_can_be_set() {
     assert!(cudalloc_malloc(1 << 50, 0, null()).is_null());
     assert_eq!(
         cudalloc_set_malloc_failure_action(0),
-        cudalloc::CUDALLOC_MALLOC_WARN
+        cudalloc_capi::CUDALLOC_MALLOC_WARN
     );
 }
 
@@ -112,7 +112,7 @@ fn too_small_buffers_get_the_needed_length_and_no_bytes() {
         Config::for_policy(Policy::Default),
     );
     let a = alloc.allocate(5 << 20, StreamId::DEFAULT).unwrap();
-    let text = cudalloc::json::stats(&alloc, Policy::Default, 0, 0);
+    let text = cudalloc_capi::json::stats(&alloc, Policy::Default, 0, 0);
     let n = text.len();
     let mut small = vec![b'x'; 16];
     assert_eq!(
@@ -299,7 +299,7 @@ fn fetch_snapshot(device: i32) -> Value {
 }
 
 /// Asks for the length with an empty buffer, then fetches into one that fits.
-fn fetch(f: impl for<'id> Fn(CBuf<'id>, cudalloc::CBufLen<'id>) -> usize) -> Value {
+fn fetch(f: impl for<'id> Fn(CBuf<'id>, cudalloc_capi::CBufLen<'id>) -> usize) -> Value {
     let need = with_c_buffer(&mut [], &f);
     assert!(need > 0, "{}", last_error_message());
     let mut buf = vec![0u8; need + 1];

@@ -1,4 +1,4 @@
-//! `include/cudalloc.h` against the built `libcudalloc.so`: a C program (and the header as C++)
+//! `include/cudalloc.h` against the built `libcudalloc_capi.so`: a C program (and the header as C++)
 //! compiled with the system's `cc`/`c++` and run, once normally and once with the abort action
 //! (which must close a running trace before aborting). Skipped, with a note, where there is no
 //! compiler or the shared library is not next to this test binary (`cargo test` builds it into
@@ -55,7 +55,7 @@ fn tool(name: &str) -> bool {
 fn library_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?.to_path_buf();
-    dir.join("libcudalloc.so").exists().then_some(dir)
+    dir.join("libcudalloc_capi.so").exists().then_some(dir)
 }
 
 fn include_dir() -> PathBuf {
@@ -64,21 +64,14 @@ fn include_dir() -> PathBuf {
 
 #[test]
 fn the_header_compiles_as_c_and_cxx_and_links() {
-    if !tool("cc") {
-        eprintln!("no C compiler (cc): skipped");
-        return;
-    }
-    if !include_dir().join("cudalloc.h").exists() {
-        eprintln!(
-            "{} is not here (a test binary moved to another machine): skipped",
-            include_dir().display()
-        );
-        return;
-    }
-    let Some(lib) = library_dir() else {
-        eprintln!("libcudalloc.so is not next to the test binary: skipped");
-        return;
-    };
+    // Nothing here is skipped silently: a missing compiler, header or library fails the test.
+    assert!(tool("cc"), "this test needs a C compiler (cc)");
+    assert!(
+        include_dir().join("cudalloc.h").exists(),
+        "{} is missing (run the test from the repository)",
+        include_dir().display()
+    );
+    let lib = library_dir().expect("libcudalloc_capi.so is not next to the test binary");
     let dir = std::env::temp_dir().join(format!("cudalloc-capi-header-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("smoke.c");

@@ -1,4 +1,4 @@
-"""cudalloc_torch: run PyTorch on cudalloc (``libcudalloc.so``) instead of its caching allocator.
+"""cudalloc_torch: run PyTorch on cudalloc (``libcudalloc_capi.so``) instead of its caching allocator.
 
 Three lines, before the program allocates anything on a GPU::
 
@@ -12,7 +12,7 @@ statistics functions (``torch.cuda.memory_stats``, ``max_memory_allocated``, ...
 pluggable allocator, and ``torch.cuda.empty_cache`` does nothing; use :func:`memory_stats`,
 :func:`empty_cache` and the others here instead.
 
-The library is ``$CUDALLOC_LIB`` if set, else ``target/release/libcudalloc.so`` in this
+The library is ``$CUDALLOC_LIB`` if set, else ``target/release/libcudalloc_capi.so`` in this
 repository (``cargo build --release -p cudalloc-capi``). See ``docs/pytorch.md``.
 
 Only :func:`enable` imports torch; the other functions talk to the library through ctypes.
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_LIB = os.path.join(_REPO, "target", "release", "libcudalloc.so")
+DEFAULT_LIB = os.path.join(_REPO, "target", "release", "libcudalloc_capi.so")
 
 # cudalloc_set_malloc_failure_action values (capi/include/cudalloc.h).
 _ON_FAILURE = {"null": 0, "warn": 1, "abort": 2}
@@ -63,7 +63,7 @@ class CudallocError(RuntimeError):
 
 def library_path(lib_path=None):
     """The library :func:`enable` and :func:`load` use: ``lib_path``, ``$CUDALLOC_LIB`` or
-    ``target/release/libcudalloc.so`` in this repository, as an absolute path."""
+    ``target/release/libcudalloc_capi.so`` in this repository, as an absolute path."""
     return os.path.abspath(lib_path or os.environ.get("CUDALLOC_LIB") or DEFAULT_LIB)
 
 

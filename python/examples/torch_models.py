@@ -22,7 +22,7 @@ relative, since allocators can change which kernels run and nondeterministic ker
 slightly; generated ids equal). ``--out DIR`` receives ``results.json`` and ``log.txt`` (and,
 with ``--trace``, one cudalloc trace per workload x cudalloc mode).
 
-Usage (from the repository root, with ``libcudalloc.so`` built by
+Usage (from the repository root, with ``libcudalloc_capi.so`` built by
 ``cargo build --release -p cudalloc-capi`` or pointed at by ``CUDALLOC_LIB``)::
 
     python3 python/examples/torch_models.py --out /tmp/models            # everything
@@ -380,7 +380,7 @@ def main():
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help="parent: comma-separated modes")
     ap.add_argument("--quick", action="store_true", help="tiny models and batches (seconds)")
     ap.add_argument("--out", default="torch_models_out", help="directory for results.json and log.txt")
-    ap.add_argument("--lib", default=None, help="libcudalloc.so (default: $CUDALLOC_LIB or target/release)")
+    ap.add_argument("--lib", default=None, help="libcudalloc_capi.so (default: $CUDALLOC_LIB or target/release)")
     ap.add_argument("--trace", nargs="?", const=True, default=None,
                     help="parent: also record a cudalloc trace per workload x cudalloc mode into --out")
     ap.add_argument("--deterministic", action="store_true",

@@ -111,7 +111,8 @@ impl ExpSegment {
         })
     }
 
-    /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`.
+    /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, after waiting
+    /// for the work queued on the segment's stream.
     pub fn unmap<D: Device>(
         &mut self,
         dev: &D,
@@ -131,6 +132,9 @@ impl ExpSegment {
                 ops: 0,
             });
         };
+        // Work queued on the segment's stream may still use these pages (a block is freed in
+        // stream order, before its kernels ran): wait for it, as PyTorch does before unmapping.
+        dev.synchronize_stream(self.stream)?;
         let mut total = 0;
         for (a, c) in &inside {
             release_chunk(dev, *a, c)?;

@@ -10,6 +10,7 @@
 //! logging adaptor CSV ([`rmm`]). [`read`] picks the reader from the file's content.
 
 pub mod csv;
+mod pickle_scan;
 pub mod pytorch;
 pub mod record;
 pub mod rmm;
@@ -229,7 +230,7 @@ impl TraceBuilder {
             next
         });
         self.live.insert(e.addr, (slot, e.size));
-        self.live_bytes += e.size;
+        self.live_bytes = self.live_bytes.saturating_add(e.size);
         self.trace.peak_live = self.trace.peak_live.max(self.live_bytes);
         self.trace.ops.push(Op::Alloc {
             slot,
@@ -241,7 +242,7 @@ impl TraceBuilder {
     fn free(&mut self, addr: u64, line: u64) {
         match self.live.remove(&addr) {
             Some((slot, size)) => {
-                self.live_bytes -= size;
+                self.live_bytes = self.live_bytes.saturating_sub(size);
                 self.free_slots.push(slot);
                 self.trace.ops.push(Op::Free { slot });
             }

@@ -51,8 +51,27 @@ pub fn read_snapshot_device(path: &Path, bytes: &[u8], device: usize) -> Result<
     Ok(b.finish())
 }
 
-/// Decodes the pickle and takes out the entry list of one device.
+/// Stack of the thread that decodes a pickle: deep enough for values nested through memo
+/// references, which the opcode scan cannot bound.
+const DECODE_STACK: usize = 512 << 20;
+
+/// Decodes the pickle (on a thread with a large stack, after the nesting check) and takes out
+/// the entry list of one device.
 fn device_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
+    super::pickle_scan::check_nesting(bytes)
+        .map_err(|m| format!("not a readable snapshot pickle: {m}"))?;
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("pickle".into())
+            .stack_size(DECODE_STACK)
+            .spawn_scoped(s, || decode_entries(bytes, device))
+            .map_err(|e| format!("cannot start the pickle decoder: {e}"))?
+            .join()
+            .map_err(|_| "the pickle decoder failed".to_string())?
+    })
+}
+
+fn decode_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
     let opts = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();

@@ -1,0 +1,125 @@
+//! cudarc interop: typed [`Buffer`]s from a [`CachingAllocator<CudaDevice>`].
+//!
+//! A `Buffer<T>` (defined in `cudalloc-sys`, where the `unsafe` trait implementations live) is
+//! accepted by cudarc 0.19 wherever a `CudaSlice<T>` is: copies, memsets, `CudaBlas` gemm and
+//! kernel launches. It is allocated for one stream and goes back to this allocator on that
+//! stream when dropped; see `cudalloc_sys::buffer` for the synchronization rules.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use cudalloc::{CachingAllocator, Config};
+//! use cudalloc_sys::CudaDevice;
+//! use std::sync::Arc;
+//!
+//! let alloc = Arc::new(CachingAllocator::new(CudaDevice::new(0)?, Config::parse("policy:default")?));
+//! let stream = alloc.with_device(|d| d.context().new_stream())?;
+//! let mut x = alloc.buffer::<f32>(1 << 20, &stream)?;      // zeroed
+//! stream.memcpy_htod(&vec![1.0f32; 1 << 20], &mut x)?;    // cudarc accepts it unchanged
+//! let back: Vec<f32> = stream.clone_dtoh(&x)?;
+//! drop(x);                                                 // back to the pool, stream-ordered
+//! # Ok(()) }
+//! ```
+//!
+//! The constructors check the stream belongs to the allocator's device context and that
+//! `len * size_of::<T>()` does not overflow ([`AllocError::InvalidArgument`]); running out of
+//! memory is [`AllocError::OutOfMemory`], after the allocator released what it could.
+
+use crate::allocator::CachingAllocator;
+use crate::error::AllocError;
+use crate::sync::Arc;
+use cudalloc_sys::buffer::cudarc::driver::{CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, PoolError};
+use cudalloc_sys::{CudaDevice, DeviceError, StreamId};
+
+/// Bytes of `len` elements of `T`, or [`AllocError::InvalidArgument`] if that overflows.
+pub fn buffer_bytes<T>(len: usize) -> Result<u64, AllocError> {
+    let elem = std::mem::size_of::<T>();
+    len.checked_mul(elem)
+        .and_then(|b| u64::try_from(b).ok())
+        .ok_or_else(|| {
+            AllocError::InvalidArgument(format!(
+                "{len} elements of {} ({elem} bytes each): the size overflows",
+                std::any::type_name::<T>()
+            ))
+        })
+}
+
+/// The allocator's name for a cudarc stream (its raw `CUstream` handle).
+pub fn stream_id(stream: &CudaStream) -> StreamId {
+    StreamId(stream.cu_stream() as u64)
+}
+
+/// A cudarc driver error as an allocator error.
+pub(crate) fn driver_error(call: &'static str, e: DriverError) -> AllocError {
+    AllocError::Device(DeviceError::Driver {
+        call,
+        code: e.0 as i32,
+        message: e.to_string(),
+    })
+}
+
+impl BufferPool for CachingAllocator<CudaDevice> {
+    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
+        Ok(self.free_on(ptr, stream)?)
+    }
+
+    fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
+        Ok(CachingAllocator::record_stream(self, ptr, stream)?)
+    }
+}
+
+impl CachingAllocator<CudaDevice> {
+    /// A zeroed buffer of `len` elements for use on `stream` (one `cuMemsetD8Async` on it).
+    pub fn buffer<T: DeviceRepr + ValidAsZeroBits>(
+        self: &Arc<Self>,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<T>, AllocError> {
+        let mut b = self.raw_buffer::<T>(len, stream)?;
+        stream
+            .memset_zeros(&mut b)
+            .map_err(|e| driver_error("cuMemsetD8Async", e))?;
+        Ok(b)
+    }
+
+    /// A buffer of `len` elements for use on `stream`, holding whatever its block held (no
+    /// device work at all); only for types where every bit pattern is a value.
+    pub fn buffer_uninit<T: AnyBitPattern>(
+        self: &Arc<Self>,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<T>, AllocError> {
+        self.raw_buffer::<T>(len, stream)
+    }
+
+    /// A buffer holding a copy of `data`, for use on `stream` (`cuMemcpyHtoDAsync` on it).
+    pub fn buffer_from<T: DeviceRepr>(
+        self: &Arc<Self>,
+        data: &[T],
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<T>, AllocError> {
+        let mut b = self.raw_buffer::<T>(data.len(), stream)?;
+        stream
+            .memcpy_htod(data, &mut b)
+            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
+        Ok(b)
+    }
+
+    /// Allocates the block; the caller initializes it before anyone can read it.
+    fn raw_buffer<T>(
+        self: &Arc<Self>,
+        len: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<T>, AllocError> {
+        let bytes = buffer_bytes::<T>(len)?;
+        let same = self.with_device(|d| **d.context() == **stream.context());
+        if !same {
+            return Err(AllocError::InvalidArgument(
+                "the stream belongs to another CUDA context than the allocator's device".into(),
+            ));
+        }
+        let a = self.allocate(bytes, stream_id(stream))?;
+        let pool: Arc<dyn BufferPool> = self.clone();
+        Ok(Buffer::from_pool(pool, a.ptr, len, stream.clone()))
+    }
+}
