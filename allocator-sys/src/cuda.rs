@@ -433,7 +433,7 @@ impl CudaDevice {
         check("cuLaunchHostFunc", code)
     }
 
-    /// Waits for all work on `stream` (also [`Device::synchronize_stream`]).
+    /// Waits for all work on `stream`.
     pub fn wait_stream(&self, stream: StreamId) -> DeviceResult<()> {
         self.bind()?;
         // SAFETY: no host memory is involved; the driver validates the stream handle.
@@ -761,8 +761,8 @@ impl Device for CudaDevice {
         }
     }
 
-    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        self.wait_stream(stream)
+    fn synchronize_device(&self) -> DeviceResult<()> {
+        self.synchronize()
     }
 
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {

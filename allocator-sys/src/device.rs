@@ -189,8 +189,8 @@ pub enum Call {
     QueryEvent,
     /// [`Device::synchronize_event`]
     SynchronizeEvent,
-    /// [`Device::synchronize_stream`]
-    SynchronizeStream,
+    /// [`Device::synchronize_device`]
+    SynchronizeDevice,
     /// [`Device::mem_info`]
     MemInfo,
 }
@@ -213,7 +213,7 @@ impl Call {
         Call::QueryEvent,
         Call::SynchronizeEvent,
         Call::MemInfo,
-        Call::SynchronizeStream,
+        Call::SynchronizeDevice,
     ];
 
     /// Index into [`Call::ALL`].
@@ -238,7 +238,7 @@ impl Call {
             Call::RecordEvent => "record_event",
             Call::QueryEvent => "query_event",
             Call::SynchronizeEvent => "synchronize_event",
-            Call::SynchronizeStream => "synchronize_stream",
+            Call::SynchronizeDevice => "synchronize_device",
             Call::MemInfo => "mem_info",
         }
     }
@@ -292,10 +292,11 @@ pub trait Device: Send + Sync {
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;
     /// Blocks until the event has completed.
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()>;
-    /// Blocks until all work submitted to `stream` so far has completed. The allocator calls it
-    /// before unmapping pages that blocks of that stream used: work queued on them must finish
-    /// before their memory goes away.
-    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()>;
+    /// Blocks until all work submitted to the device so far has completed. The allocator calls
+    /// it before unmapping pages: work queued on blocks that were freed in stream order must
+    /// finish before their memory goes away. (It waits for the whole device rather than the
+    /// blocks' stream, because that stream may have been destroyed since.)
+    fn synchronize_device(&self) -> DeviceResult<()>;
 }
 
 impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
@@ -350,7 +351,7 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         (**self).synchronize_event(event)
     }
-    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        (**self).synchronize_stream(stream)
+    fn synchronize_device(&self) -> DeviceResult<()> {
+        (**self).synchronize_device()
     }
 }

@@ -819,9 +819,9 @@ impl Device for SimDevice {
         Ok(s.streams[&stream].completed >= target)
     }
 
-    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let mut s = self.enter(Call::SynchronizeStream, 0)?;
-        if let Some(work) = s.streams.get_mut(&stream) {
+    fn synchronize_device(&self) -> DeviceResult<()> {
+        let mut s = self.enter(Call::SynchronizeDevice, 0)?;
+        for work in s.streams.values_mut() {
             work.completed = work.submitted;
         }
         Ok(())

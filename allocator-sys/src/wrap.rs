@@ -281,7 +281,7 @@ impl<D: Device> Device for Limit<D> {
         record_event(event: EventHandle, stream: StreamId) -> DeviceResult<()>;
         query_event(event: EventHandle) -> DeviceResult<bool>;
         synchronize_event(event: EventHandle) -> DeviceResult<()>;
-        synchronize_stream(stream: StreamId) -> DeviceResult<()>;
+        synchronize_device() -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -402,7 +402,7 @@ impl<D: Device> Device for FailCalls<D> {
             -> DeviceResult<()>;
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        synchronize_stream => SynchronizeStream(stream: StreamId) [0] -> DeviceResult<()>;
+        synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
     }
 }
 
@@ -489,7 +489,7 @@ impl<D: Device> Device for CountCalls<D> {
             -> DeviceResult<()>;
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        synchronize_stream => SynchronizeStream(stream: StreamId) [0] -> DeviceResult<()>;
+        synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -728,9 +728,8 @@ impl<D: Device> Device for LogCalls<D> {
         self.log(Call::SynchronizeEvent, args, result)
     }
 
-    fn synchronize_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let args = format!("{stream}");
-        let result = self.inner.synchronize_stream(stream);
-        self.log(Call::SynchronizeStream, args, result)
+    fn synchronize_device(&self) -> DeviceResult<()> {
+        let result = self.inner.synchronize_device();
+        self.log(Call::SynchronizeDevice, String::new(), result)
     }
 }

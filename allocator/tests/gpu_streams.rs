@@ -47,7 +47,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             pending,
             "{policy:?}: the freed block should wait for its event"
         );
-        alloc.with_device(|d| Device::synchronize_stream(d, s2).unwrap());
+        alloc.with_device(|d| d.wait_stream(s2).unwrap());
         let mut back = vec![0u8; SIZE as usize];
         alloc.with_device(|d| d.copy_from_device(a.ptr, &mut back).unwrap());
         assert!(
@@ -83,9 +83,9 @@ fn data_written_on_one_stream_reads_back_on_another() {
     alloc.with_device(|d| {
         d.sleep_on_stream(s1, 20).unwrap();
         d.memset_async(a.ptr, 0x5A, a.size, s1).unwrap();
-        Device::synchronize_stream(d, s1).unwrap();
+        d.wait_stream(s1).unwrap();
         d.memset_async(a.ptr, 0x3C, a.size / 2, s2).unwrap();
-        Device::synchronize_stream(d, s2).unwrap();
+        d.wait_stream(s2).unwrap();
         let mut back = vec![0u8; a.size as usize];
         d.copy_from_device(a.ptr, &mut back).unwrap();
         let half = back.len() / 2;

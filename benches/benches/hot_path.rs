@@ -20,7 +20,17 @@ fn label(size: u64) -> String {
     }
 }
 
-fn cached<D: Device>(c: &mut Criterion, name: &str, make: impl Fn() -> D) {
+/// The thread's stream: `real` streams when given (a CUDA device syncs and records on them),
+/// else the bench's stream number itself.
+fn stream_of(real: &[StreamId], s: u64) -> StreamId {
+    if real.is_empty() {
+        StreamId(s)
+    } else {
+        real[((s - 0x1000) / 0x40) as usize % real.len()]
+    }
+}
+
+fn cached<D: Device>(c: &mut Criterion, name: &str, real: &[StreamId], make: impl Fn() -> D) {
     for streams in [Streams::Own, Streams::Shared] {
         let mut g = c.benchmark_group(format!("{name}/{streams:?}"));
         g.measurement_time(Duration::from_secs(1))
@@ -34,7 +44,7 @@ fn cached<D: Device>(c: &mut Criterion, name: &str, make: impl Fn() -> D) {
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         pairs(threads, streams, iters, |s| {
-                            let a = alloc.allocate(size, StreamId(s)).expect("allocate");
+                            let a = alloc.allocate(size, stream_of(real, s)).expect("allocate");
                             alloc.free(a).expect("free");
                         })
                     })
@@ -61,7 +71,7 @@ fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         pairs(threads, streams, iters, |s| {
-                            let stream = real[((s - 0x1000) / 0x40) as usize % real.len()];
+                            let stream = stream_of(&real, s);
                             let p = dev.malloc_async(size, stream).expect("cuMemAllocAsync");
                             dev.free_async(p, stream).expect("cuMemFreeAsync");
                         })
@@ -74,10 +84,13 @@ fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
 }
 
 fn benches(c: &mut Criterion) {
-    cached(c, "sim", SimDevice::default);
+    cached(c, "sim", &[], SimDevice::default);
     match CudaDevice::new(0) {
         Ok(dev) => {
-            cached(c, "cuda", || CudaDevice::new(0).expect("device"));
+            let real: Vec<StreamId> = (0..16)
+                .map(|_| dev.create_stream().expect("stream"))
+                .collect();
+            cached(c, "cuda", &real, || CudaDevice::new(0).expect("device"));
             stream_ordered(c, &dev);
         }
         Err(e) => eprintln!("skipping the CUDA benchmarks: {e}"),

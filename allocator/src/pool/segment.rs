@@ -112,7 +112,7 @@ impl ExpSegment {
     }
 
     /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, after waiting
-    /// for the work queued on the segment's stream.
+    /// for the work queued on the device.
     pub fn unmap<D: Device>(
         &mut self,
         dev: &D,
@@ -132,9 +132,10 @@ impl ExpSegment {
                 ops: 0,
             });
         };
-        // Work queued on the segment's stream may still use these pages (a block is freed in
-        // stream order, before its kernels ran): wait for it, as PyTorch does before unmapping.
-        dev.synchronize_stream(self.stream)?;
+        // Work queued on these pages may still run (a block is freed in stream order, before
+        // its kernels ran): wait for it, as PyTorch does before unmapping. The whole device,
+        // since the segment's stream may have been destroyed.
+        dev.synchronize_device()?;
         let mut total = 0;
         for (a, c) in &inside {
             release_chunk(dev, *a, c)?;
