@@ -3,7 +3,8 @@
 //! When a caller frees a block, the block may stay in the freeing thread's cache instead of
 //! going back to its pool; the next request of exactly the same size on the same stream from
 //! that thread takes it back without touching the pool's lock. A cache holds at most
-//! [`MAX_BLOCKS`] blocks and [`MAX_BYTES`] bytes; the oldest block leaves first. Cached blocks
+//! [`MAX_BLOCKS`] blocks and [`MAX_BYTES`] bytes, of blocks up to [`MAX_BLOCK`] bytes; the
+//! oldest block leaves first. Cached blocks
 //! are still allocated from the pool's point of view: the statistics subtract them
 //! ([`Totals`]), and every cache is flushed back to the pools on `empty_cache`, on
 //! out-of-memory, and when the allocator is dropped.
@@ -22,7 +23,10 @@ use std::cell::RefCell;
 /// Blocks a thread cache holds at most.
 pub const MAX_BLOCKS: usize = 16;
 /// Bytes a thread cache holds at most.
-pub const MAX_BYTES: u64 = 512 << 20;
+pub const MAX_BYTES: u64 = 32 << 20;
+/// Largest block a thread cache takes: larger blocks go straight back to their pool, where
+/// other threads and the memory budget can use them (cached blocks count as allocated).
+pub const MAX_BLOCK: u64 = 2 << 20;
 
 static NEXT_ID: IdCounter = IdCounter::new(1);
 
@@ -121,7 +125,7 @@ impl Caches {
 
     /// Caches a freed block; returns the blocks that no longer fit (to be freed to the pool).
     pub fn put(&self, e: Entry) -> Vec<Entry> {
-        if e.block_size > MAX_BYTES {
+        if e.block_size > MAX_BLOCK {
             return vec![e];
         }
         self.with_mine(|c| {
