@@ -69,7 +69,9 @@ impl<D: Device> CachingAllocator<D> {
             shards,
             reserved,
             live: LiveMap::new(),
-            caches: cfg.thread_cache_on().then(Caches::new),
+            caches: cfg
+                .thread_cache_on()
+                .then(|| Caches::new(cfg.thread_cache_bytes, cfg.thread_cache_block)),
             cfg,
         }
     }

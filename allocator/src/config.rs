@@ -15,6 +15,8 @@
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
+//! | `thread_cache_mb` | integer | bytes a thread cache holds at most (default 32); cached blocks count as allocated, so more is faster but reserves more |
+//! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache takes (default 2) |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
 //!
@@ -115,6 +117,10 @@ pub struct Config {
     /// Per-thread caches of freed blocks in [`crate::CachingAllocator`] (`None`: the policy's
     /// default, on for `default` only).
     pub thread_cache: Option<bool>,
+    /// Bytes one thread cache holds at most.
+    pub thread_cache_bytes: u64,
+    /// Largest block a thread cache takes.
+    pub thread_cache_block: u64,
 }
 
 impl Default for Config {
@@ -141,6 +147,8 @@ impl Config {
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
             max_chunk: DEFAULT_MAX_CHUNK,
             thread_cache: None,
+            thread_cache_bytes: 32 << 20,
+            thread_cache_block: 2 << 20,
         }
     }
 
@@ -224,6 +232,17 @@ impl Config {
                 };
             }
             "thread_cache" => self.thread_cache = Some(p.boolean(key)?),
+            "thread_cache_mb" => self.thread_cache_bytes = p.integer(key)?.saturating_mul(1 << 20),
+            "thread_cache_block_mb" => {
+                let mb = p.integer(key)?;
+                if mb == 0 {
+                    return Err(ConfigError::new(
+                        key,
+                        "0 MB: use thread_cache:False to turn the cache off",
+                    ));
+                }
+                self.thread_cache_block = mb.saturating_mul(1 << 20);
+            }
             "backend" => {
                 let v = p.next_word(key)?;
                 if v != "native" {

@@ -3,8 +3,9 @@
 //! When a caller frees a block, the block may stay in the freeing thread's cache instead of
 //! going back to its pool; the next request of exactly the same size on the same stream from
 //! that thread takes it back without touching the pool's lock. A cache holds at most
-//! [`MAX_BLOCKS`] blocks and [`MAX_BYTES`] bytes, of blocks up to [`MAX_BLOCK`] bytes; the
-//! oldest block leaves first. Cached blocks
+//! [`MAX_BLOCKS`] blocks and `thread_cache_mb` bytes, of blocks up to `thread_cache_block_mb`
+//! (32 MiB and 2 MiB by default: larger blocks go straight back to their pool, where other
+//! threads and the memory budget can use them); the oldest block leaves first. Cached blocks
 //! are still allocated from the pool's point of view: the statistics subtract them
 //! ([`Totals`]), and every cache is flushed back to the pools on `empty_cache`, on
 //! out-of-memory, and when the allocator is dropped.
@@ -22,11 +23,6 @@ use std::cell::RefCell;
 
 /// Blocks a thread cache holds at most.
 pub const MAX_BLOCKS: usize = 16;
-/// Bytes a thread cache holds at most.
-pub const MAX_BYTES: u64 = 32 << 20;
-/// Largest block a thread cache takes: larger blocks go straight back to their pool, where
-/// other threads and the memory budget can use them (cached blocks count as allocated).
-pub const MAX_BLOCK: u64 = 2 << 20;
 
 static NEXT_ID: IdCounter = IdCounter::new(1);
 
@@ -72,15 +68,19 @@ pub struct Totals {
 /// The thread caches of one allocator.
 pub(crate) struct Caches {
     id: u64,
+    max_bytes: u64,
+    max_block: u64,
     all: Mutex<Vec<Shared>>,
     /// Threads that left a cache behind since the last [`Caches::adopt_orphans`].
     exited: Arc<AtomicUsize>,
 }
 
 impl Caches {
-    pub fn new() -> Self {
+    pub fn new(max_bytes: u64, max_block: u64) -> Self {
         Caches {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            max_bytes,
+            max_block,
             all: Mutex::new(Vec::new()),
             exited: Arc::new(AtomicUsize::new(0)),
         }
@@ -125,14 +125,14 @@ impl Caches {
 
     /// Caches a freed block; returns the blocks that no longer fit (to be freed to the pool).
     pub fn put(&self, e: Entry) -> Vec<Entry> {
-        if e.block_size > MAX_BLOCK {
+        if e.block_size > self.max_block || e.block_size > self.max_bytes {
             return vec![e];
         }
         self.with_mine(|c| {
             c.bytes += e.block_size;
             c.entries.push(e);
             let mut out = Vec::new();
-            while c.entries.len() > MAX_BLOCKS || c.bytes > MAX_BYTES {
+            while c.entries.len() > MAX_BLOCKS || c.bytes > self.max_bytes {
                 let old = c.entries.remove(0);
                 c.bytes -= old.block_size;
                 out.push(old);

@@ -30,7 +30,13 @@ fn stream_of(real: &[StreamId], s: u64) -> StreamId {
     }
 }
 
-fn cached<D: Device>(c: &mut Criterion, name: &str, real: &[StreamId], make: impl Fn() -> D) {
+fn cached<D: Device>(
+    c: &mut Criterion,
+    name: &str,
+    cfg: &Config,
+    real: &[StreamId],
+    make: impl Fn() -> D,
+) {
     for streams in [Streams::Own, Streams::Shared] {
         let mut g = c.benchmark_group(format!("{name}/{streams:?}"));
         g.measurement_time(Duration::from_secs(1))
@@ -39,7 +45,7 @@ fn cached<D: Device>(c: &mut Criterion, name: &str, real: &[StreamId], make: imp
         for threads in THREADS {
             for size in SIZES {
                 g.throughput(Throughput::Elements(threads as u64));
-                let alloc = CachingAllocator::new(make(), Config::default());
+                let alloc = CachingAllocator::new(make(), cfg.clone());
                 let id = BenchmarkId::new(format!("{threads}t"), label(size));
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
@@ -84,13 +90,21 @@ fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
 }
 
 fn benches(c: &mut Criterion) {
-    cached(c, "sim", &[], SimDevice::default);
+    let dflt = Config::default();
+    // Thread caches big enough for every benchmarked size: speed before memory.
+    let speed = Config::parse("thread_cache_mb:1024,thread_cache_block_mb:512").expect("config");
+    cached(c, "sim", &dflt, &[], SimDevice::default);
     match CudaDevice::new(0) {
         Ok(dev) => {
             let real: Vec<StreamId> = (0..16)
                 .map(|_| dev.create_stream().expect("stream"))
                 .collect();
-            cached(c, "cuda", &real, || CudaDevice::new(0).expect("device"));
+            cached(c, "cuda", &dflt, &real, || {
+                CudaDevice::new(0).expect("device")
+            });
+            cached(c, "cuda-bigcache", &speed, &real, || {
+                CudaDevice::new(0).expect("device")
+            });
             stream_ordered(c, &dev);
         }
         Err(e) => eprintln!("skipping the CUDA benchmarks: {e}"),
