@@ -2,7 +2,7 @@
  * cudalloc.h: the C ABI of cudalloc, a caching CUDA memory allocator (libcudalloc_capi.so).
  *
  * Build:  cargo build --release -p cudalloc-capi   ->  target/release/libcudalloc_capi.so
- * Link:   -I capi/include -L target/release -lcudalloc   (or dlopen the library)
+ * Link:   -I capi/include -L target/release -lcudalloc_capi   (or dlopen the library)
  *
  * PyTorch: cudalloc_malloc and cudalloc_free have the signatures that
  * torch.cuda.memory.CUDAPluggableAllocator(path, "cudalloc_malloc", "cudalloc_free") loads;

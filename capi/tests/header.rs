@@ -84,7 +84,7 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
         .arg(&src)
         .arg("-L")
         .arg(&lib)
-        .args(["-lcudalloc", &rpath, "-o"])
+        .args(["-lcudalloc_capi", &rpath, "-o"])
         .arg(&exe)
         .output()
         .unwrap();
