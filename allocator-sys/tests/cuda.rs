@@ -283,13 +283,13 @@ fn free_memory_returns_to_baseline() {
 }
 
 #[test]
-#[ignore = "needs two CUDA GPUs (passes trivially with one)"]
+#[ignore = "needs two CUDA GPUs with peer access"]
 fn peers_read_vmm_memory() {
     let (_lock, dev) = gpu();
-    if CudaDevice::device_count().unwrap() < 2 || !CudaDevice::can_access_peer(1, 0).unwrap() {
-        eprintln!("skipped: device 1 cannot access device 0");
-        return;
-    }
+    assert!(
+        CudaDevice::device_count().unwrap() >= 2 && CudaDevice::can_access_peer(1, 0).unwrap(),
+        "this test needs two GPUs where device 1 can access device 0"
+    );
     let peer = CudaDevice::new(1).expect("CUDA device 1");
     dev.enable_peer_access(&peer).expect("enable");
     dev.enable_peer_access(&peer).expect("enable again is Ok");

@@ -233,6 +233,14 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// Makes every page mapped from now on accessible from the peer devices `peers` too
+    /// (expandable policies; the peers' contexts must have peer access to this device enabled).
+    pub fn set_peer_access(&self, peers: &[usize]) {
+        for s in self.shards.iter() {
+            s.lock().set_peers(peers.to_vec());
+        }
+    }
+
     /// The statistics, summed over stream shards, without the blocks held in thread caches.
     pub fn stats(&self) -> Stats {
         let mut total: Option<Stats> = None;

@@ -167,3 +167,47 @@ fn limited_device_gives_out_of_memory_and_recovers() {
         alloc.check_invariants().unwrap();
     }
 }
+
+/// Two GPUs: one allocator per device; pages come from the allocator's own device; with peer
+/// access asked for, device 1 reads what device 0 wrote into device 0's pages.
+#[test]
+#[ignore = "needs two CUDA GPUs with peer access"]
+fn one_allocator_per_device_and_peer_access() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        CudaDevice::device_count().unwrap() >= 2,
+        "this test needs two GPUs"
+    );
+    assert!(
+        CudaDevice::can_access_peer(1, 0).unwrap(),
+        "device 1 cannot access device 0"
+    );
+    let free = |i: usize| CudaDevice::new(i).unwrap().mem_info().unwrap().0;
+    for policy in [Policy::TorchExpandable, Policy::Default] {
+        let a0 = CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::for_policy(policy));
+        let a1 = CachingAllocator::new(CudaDevice::new(1).unwrap(), Config::for_policy(policy));
+        let peer = CudaDevice::new(1).unwrap();
+        a0.with_device(|d| d.enable_peer_access(&peer)).unwrap();
+        a0.set_peer_access(&[1]);
+        let (f0, f1) = (free(0), free(1));
+        let x = a1.allocate(1 << 30, StreamId::DEFAULT).unwrap();
+        assert!(
+            free(1) + (1 << 30) <= f1 + 64 * MIB,
+            "{policy:?}: device 1's pages are on device 1"
+        );
+        assert!(
+            free(0) + 64 * MIB >= f0,
+            "{policy:?}: device 0 untouched by device 1's allocator"
+        );
+        let y = a0.allocate(64 * MIB, StreamId::DEFAULT).unwrap();
+        let data = pattern(y.size as usize, 77);
+        a0.with_device(|d| d.copy_to_device(y.ptr, &data)).unwrap();
+        let mut back = vec![0u8; data.len()];
+        peer.copy_from_device(y.ptr, &mut back).unwrap();
+        assert!(back == data, "{policy:?}: device 1 reads device 0's pages");
+        a1.free(x).unwrap();
+        a0.free(y).unwrap();
+        a0.check_invariants().unwrap();
+        a1.check_invariants().unwrap();
+    }
+}
