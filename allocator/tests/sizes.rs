@@ -415,8 +415,13 @@ fn parse_onto_keeps_the_base_fields() {
 fn thread_cache_keys() {
     let c = Config::parse("thread_cache:True,thread_cache_mb:64,thread_cache_block_mb:8").unwrap();
     assert!(c.thread_cache_on());
-    assert_eq!((c.thread_cache_bytes, c.thread_cache_block), (64 << 20, 8 << 20));
-    assert!(!Config::parse("thread_cache:False").unwrap().thread_cache_on());
+    assert_eq!(
+        (c.thread_cache_bytes, c.thread_cache_block),
+        (64 << 20, 8 << 20)
+    );
+    assert!(!Config::parse("thread_cache:False")
+        .unwrap()
+        .thread_cache_on());
     assert!(!Config::for_policy(Policy::Torch).thread_cache_on());
     let e = Config::parse("thread_cache_block_mb:0").unwrap_err();
     assert_eq!(e.key, "thread_cache_block_mb");
