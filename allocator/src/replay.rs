@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
 use crate::trace::{Op, Trace};
-use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
 use std::time::Instant;
 
 /// Capacity of the simulated device: an H200's 143,771 MiB.
@@ -81,11 +81,50 @@ pub struct ReplayOptions {
     pub capacity: Option<u64>,
     /// Record about this many timeline samples (0: none).
     pub samples: usize,
+    /// Replay on GPU 0 (real driver calls) instead of the simulated device.
+    pub cuda: bool,
 }
 
-/// Replays `trace` under `cfg`.
+/// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
+/// (a missing GPU is a failure at operation 0).
 pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
-    let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    if !opts.cuda {
+        return replay_on(
+            SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
+            trace,
+            cfg,
+            opts,
+        );
+    }
+    match cudalloc_sys::CudaDevice::new(0) {
+        Ok(dev) => replay_on(dev, trace, cfg, opts),
+        Err(e) => ReplayResult {
+            events: 0,
+            peak_live_bytes: 0,
+            peak_allocated_bytes: 0,
+            peak_reserved_bytes: 0,
+            device_mallocs: 0,
+            device_frees: 0,
+            device_maps: 0,
+            device_unmaps: 0,
+            ooms: 0,
+            ns_per_event: 0.0,
+            failure: Some(Failure {
+                op: 0,
+                error: e.into(),
+            }),
+            timeline: Vec::new(),
+        },
+    }
+}
+
+/// Replays `trace` under `cfg` on `device`.
+pub fn replay_on<D: Device>(
+    device: D,
+    trace: &Trace,
+    cfg: &Config,
+    opts: &ReplayOptions,
+) -> ReplayResult {
     let mut pool = Pool::new(device, cfg.clone());
     pool.set_limit(opts.capacity);
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
@@ -132,8 +171,8 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
     }
 }
 
-fn step(
-    pool: &mut Pool<SimDevice>,
+fn step<D: Device>(
+    pool: &mut Pool<D>,
     slots: &mut [Option<Allocation>],
     streams: &[StreamId],
     op: &Op,
@@ -152,7 +191,7 @@ fn step(
     Ok(())
 }
 
-fn sample(pool: &Pool<SimDevice>, op: usize) -> Sample {
+fn sample<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
     let s = pool.stats();
     Sample {
         op: op as u32,
@@ -178,7 +217,7 @@ pub fn min_capacity(
             cfg,
             &ReplayOptions {
                 capacity: Some(cap),
-                samples: 0,
+                ..ReplayOptions::default()
             },
         );
         r.failure.is_none()

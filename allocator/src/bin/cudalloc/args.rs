@@ -52,6 +52,11 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub min_capacity: bool,
 
+    /// Replay on GPU 0 through the CUDA driver instead of the simulated device (real mallocs,
+    /// page maps and unmaps; ns/event then includes driver time).
+    #[arg(long)]
+    pub cuda: bool,
+
     /// Write live, allocated and reserved bytes over each trace to a self-contained HTML file.
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,

@@ -46,6 +46,7 @@ struct Plan {
     capacity: Option<u64>,
     min_capacity: bool,
     samples: usize,
+    cuda: bool,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -61,6 +62,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         capacity: args.capacity,
         min_capacity: args.min_capacity,
         samples: if args.plot.is_some() { PLOT_SAMPLES } else { 0 },
+        cuda: args.cuda,
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -134,6 +136,7 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
     let opts = ReplayOptions {
         capacity: plan.capacity,
         samples: plan.samples,
+        cuda: plan.cuda,
     };
     let result = replay(t, &v.cfg, &opts);
     progress.step();
