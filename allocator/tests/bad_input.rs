@@ -1,0 +1,719 @@
+//! Bad input at every public entry point and at the command line: each must give a clear error
+//! (the right `AllocError` / `ConfigError` / `TraceError`, or exit status 1 or 2 with a message
+//! naming what was wrong), never a panic, and leave the allocator intact (`check_invariants()`
+//! Ok, device outstanding bytes == reserved bytes, and it still allocates and frees).
+//!
+//! What is tried:
+//! - `Pool` (every policy) and `CachingAllocator` (every policy): sizes `u64::MAX`,
+//!   `u64::MAX - 511`, `2^63`, `2^62`, `MAX_REQUEST + 1`, `MAX_REQUEST` and 200 GiB (larger than
+//!   the device); allocations, `record_stream` and frees on streams never seen before
+//!   (`u64::MAX`, `0xdead_beef`); double frees; frees of foreign pointers (an address inside a
+//!   live allocation, a made-up address, a block id that does not exist, an `Allocation` with its
+//!   size, stream or block changed); `record_stream` on a freed pointer and on a foreign one;
+//!   `free_ptr(0)`; `free_on` with the wrong stream; `set_memory_fraction` with -1.0, 2.0, NaN,
+//!   +/-infinity (the limit must not change) and a cap of 0 bytes (typed out-of-memory, then
+//!   recovery); peers that do not exist; `empty_cache` on an empty allocator.
+//! - `Config::parse`: 30 malformed strings (missing values, unknown keys and policies, numbers out
+//!   of range, NaN and infinity, bad division lists, unbalanced brackets, separators only, a NUL,
+//!   non-ASCII keys, 100,000 commas); each error names the key or offending token.
+//! - Trace readers (`trace::read`, `csv::read`, `rmm::read`, `pytorch::read_snapshot`): an empty
+//!   file, a directory, a missing file, garbage bytes, a gzip truncated in the middle, gzip magic
+//!   followed by garbage, a gzip of garbage, a pickle of the wrong shape or truncated, a device
+//!   index that does not exist, non-UTF-8 lines, lines with fields missing or extra.
+//! - The `cudalloc` binary: each bad trace file above, bad `--config` strings, bad
+//!   `--capacity` values (negative, NaN, infinity, unknown unit, empty), an unknown subcommand and
+//!   flag, a trace whose single request is `u64::MAX` bytes (exit 1: the replay fails with an
+//!   error, not a panic), and `--min-capacity` on a trace no cap can hold (it must finish).
+
+use cudalloc::sizes::MAX_REQUEST;
+use cudalloc::trace::{self, csv, pytorch, rmm};
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const S0: StreamId = StreamId(0);
+const UNKNOWN_STREAMS: [StreamId; 2] = [StreamId(u64::MAX), StreamId(0xdead_beef)];
+const HUGE: [u64; 7] = [
+    u64::MAX,
+    u64::MAX - 511,
+    1 << 63,
+    1 << 62,
+    MAX_REQUEST + 1,
+    MAX_REQUEST,
+    200 * GIB,
+];
+
+type Sim = Arc<SimDevice>;
+
+fn sim() -> Sim {
+    Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)))
+}
+
+fn check_pool(sim: &SimDevice, pool: &Pool<Sim>, what: &str) {
+    pool.check_invariants()
+        .unwrap_or_else(|e| panic!("after {what}: {e}"));
+    sim.check_invariants();
+    assert_eq!(sim.outstanding_bytes(), pool.reserved(), "after {what}");
+}
+
+fn check_front(sim: &SimDevice, a: &CachingAllocator<Sim>, what: &str) {
+    a.check_invariants()
+        .unwrap_or_else(|e| panic!("after {what}: {e}"));
+    sim.check_invariants();
+    assert_eq!(sim.outstanding_bytes(), a.reserved_bytes(), "after {what}");
+}
+
+/// The pool still allocates every size class and frees it.
+fn pool_still_works(sim: &SimDevice, pool: &mut Pool<Sim>, what: &str) {
+    for size in [0, 1000, 700 << 10, 5 * MIB, 40 * MIB] {
+        let a = pool
+            .allocate(size, S0)
+            .unwrap_or_else(|e| panic!("after {what}: allocate({size}): {e}"));
+        pool.free(&a).unwrap();
+    }
+    check_pool(sim, pool, what);
+}
+
+// ---- Pool ---------------------------------------------------------------------------------------
+
+#[test]
+fn pool_rejects_sizes_no_device_holds() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        let keep = pool.allocate(1000, S0).unwrap();
+        for size in HUGE {
+            match pool.allocate(size, S0) {
+                Err(AllocError::InvalidArgument(m)) => {
+                    assert!(size > MAX_REQUEST, "{policy:?} {size}: {m}");
+                    assert!(m.contains(&size.to_string()), "{m}");
+                }
+                Err(AllocError::OutOfMemory {
+                    requested,
+                    rounded,
+                    reserved,
+                    ..
+                }) => {
+                    assert!(size <= MAX_REQUEST);
+                    assert_eq!(requested, size);
+                    assert!(rounded >= size);
+                    assert_eq!(reserved, pool.reserved());
+                }
+                other => panic!("{policy:?}: allocate({size}) = {other:?}"),
+            }
+            check_pool(&sim, &pool, &format!("{policy:?} allocate({size})"));
+        }
+        pool.free(&keep).unwrap();
+        pool_still_works(&sim, &mut pool, &format!("{policy:?} huge sizes"));
+    }
+}
+
+#[test]
+fn pool_serves_streams_it_has_never_seen() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        sim.set_auto_complete(false);
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        for s in UNKNOWN_STREAMS {
+            let a = pool.allocate(3 * MIB, s).unwrap();
+            assert_eq!(a.stream, s);
+            pool.record_stream(a.block, a.ptr, UNKNOWN_STREAMS[0])
+                .unwrap();
+            pool.record_stream(a.block, a.ptr, StreamId(7)).unwrap();
+            pool.free(&a).unwrap();
+            check_pool(&sim, &pool, &format!("{policy:?} stream {s}"));
+        }
+        sim.complete_all();
+        pool.empty_cache().unwrap();
+        assert_eq!(pool.reserved(), 0, "{policy:?}");
+        check_pool(&sim, &pool, &format!("{policy:?} unknown streams"));
+    }
+}
+
+#[test]
+fn pool_rejects_double_and_foreign_frees() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        let a = pool.allocate(4096, S0).unwrap();
+        let b = pool.allocate(4096, S0).unwrap();
+        let foreign = [
+            Allocation {
+                ptr: a.ptr + 512,
+                ..a
+            },
+            Allocation { ptr: 0, ..a },
+            Allocation {
+                ptr: 0xdead_b000,
+                block: 12345,
+                ..a
+            },
+            Allocation {
+                block: u32::MAX,
+                ..a
+            },
+            Allocation {
+                block: b.block,
+                ..a
+            },
+        ];
+        for f in foreign {
+            assert_eq!(
+                pool.free(&f),
+                Err(AllocError::NotAllocated(f.ptr)),
+                "{policy:?} {f:?}"
+            );
+            let r = pool.record_stream(f.block, f.ptr, StreamId(1));
+            assert_eq!(r, Err(AllocError::NotAllocated(f.ptr)), "{policy:?} {f:?}");
+            check_pool(&sim, &pool, &format!("{policy:?} foreign {f:?}"));
+        }
+        assert!(pool.block(u32::MAX).is_none());
+        pool.free(&a).unwrap();
+        assert_eq!(
+            pool.free(&a),
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?} double free"
+        );
+        let r = pool.record_stream(a.block, a.ptr, StreamId(1));
+        assert_eq!(
+            r,
+            Err(AllocError::NotAllocated(a.ptr)),
+            "record_stream after free"
+        );
+        check_pool(&sim, &pool, &format!("{policy:?} double free"));
+        assert_eq!(
+            pool.stats().allocation.0[0].current,
+            1,
+            "{policy:?}: b is still live"
+        );
+        pool.free(&b).unwrap();
+        pool_still_works(&sim, &mut pool, &format!("{policy:?} bad frees"));
+    }
+}
+
+#[test]
+fn pool_rejects_bad_memory_fractions() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        pool.set_limit(Some(GIB));
+        for f in [
+            -1.0,
+            2.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1.0 + f64::EPSILON,
+        ] {
+            match pool.set_memory_fraction(f) {
+                Err(AllocError::InvalidArgument(m)) => assert!(m.contains("fraction"), "{m}"),
+                other => panic!("{policy:?}: set_memory_fraction({f}) = {other:?}"),
+            }
+            assert_eq!(
+                pool.limit(),
+                Some(GIB),
+                "{policy:?}: a bad fraction changed the limit"
+            );
+        }
+        pool.set_memory_fraction(0.0).unwrap();
+        let e = pool.allocate(1000, S0).unwrap_err();
+        assert!(
+            matches!(e, AllocError::OutOfMemory { limit: Some(0), .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("out of memory"), "{e}");
+        check_pool(&sim, &pool, "a cap of 0 bytes");
+        pool.set_memory_fraction(1.0).unwrap();
+        pool_still_works(&sim, &mut pool, &format!("{policy:?} fractions"));
+    }
+}
+
+#[test]
+fn pool_with_peers_that_do_not_exist_still_works() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        pool.set_peers(vec![usize::MAX, 99]);
+        pool.empty_cache().unwrap();
+        match pool.allocate(5 * MIB, S0) {
+            Ok(a) => pool.free(&a).unwrap(),
+            Err(e) => assert!(matches!(e, AllocError::Device(_)), "{policy:?}: {e:?}"),
+        }
+        check_pool(&sim, &pool, &format!("{policy:?} peers"));
+    }
+}
+
+// ---- CachingAllocator ---------------------------------------------------------------------------
+
+#[test]
+fn front_rejects_every_kind_of_bad_call() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        alloc.empty_cache().unwrap();
+        for size in HUGE {
+            match alloc.allocate(size, S0) {
+                Err(AllocError::InvalidArgument(_)) => assert!(size > MAX_REQUEST),
+                Err(AllocError::OutOfMemory { requested, .. }) => assert_eq!(requested, size),
+                other => panic!("{policy:?}: allocate({size}) = {other:?}"),
+            }
+            check_front(&sim, &alloc, &format!("{policy:?} allocate({size})"));
+        }
+        let a = alloc.allocate(4096, S0).unwrap();
+        let b = alloc.allocate(8192, UNKNOWN_STREAMS[0]).unwrap();
+        alloc.record_stream(b.ptr, UNKNOWN_STREAMS[1]).unwrap();
+        let tampered = [
+            Allocation { size: 1, ..a },
+            Allocation {
+                stream: StreamId(1),
+                ..a
+            },
+            Allocation {
+                block: a.block + 1000,
+                ..a
+            },
+            Allocation {
+                ptr: a.ptr + 512,
+                ..a
+            },
+        ];
+        for t in tampered {
+            assert_eq!(
+                alloc.free(t),
+                Err(AllocError::NotAllocated(t.ptr)),
+                "{policy:?} {t:?}"
+            );
+        }
+        for p in [0, a.ptr + 512, 0xdead_b000, u64::MAX] {
+            assert_eq!(
+                alloc.free_ptr(p),
+                Err(AllocError::NotAllocated(p)),
+                "{policy:?}"
+            );
+            assert_eq!(
+                alloc.free_on(p, S0),
+                Err(AllocError::NotAllocated(p)),
+                "{policy:?}"
+            );
+            let r = alloc.record_stream(p, StreamId(1));
+            assert_eq!(r, Err(AllocError::NotAllocated(p)), "{policy:?}");
+        }
+        match alloc.free_on(a.ptr, StreamId(1)) {
+            Err(AllocError::InvalidArgument(m)) => assert!(m.contains("stream"), "{m}"),
+            other => panic!("{policy:?}: free_on with the wrong stream = {other:?}"),
+        }
+        check_front(&sim, &alloc, &format!("{policy:?} foreign frees"));
+        alloc.free(a).unwrap();
+        assert_eq!(
+            alloc.free(a),
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?} double free"
+        );
+        assert_eq!(
+            alloc.free_ptr(a.ptr),
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?}"
+        );
+        let r = alloc.record_stream(a.ptr, StreamId(1));
+        assert_eq!(
+            r,
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?} record after free"
+        );
+        for f in [-1.0, 2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let r = alloc.set_memory_fraction(f);
+            assert!(
+                matches!(r, Err(AllocError::InvalidArgument(_))),
+                "{policy:?} {f}: {r:?}"
+            );
+        }
+        let big = alloc.allocate(3 * GIB, S0).unwrap();
+        alloc.free(big).unwrap();
+        check_front(
+            &sim,
+            &alloc,
+            &format!("{policy:?} bad fractions leave no cap"),
+        );
+        alloc.free_on(b.ptr, UNKNOWN_STREAMS[0]).unwrap();
+        alloc.empty_cache().unwrap();
+        check_front(&sim, &alloc, &format!("{policy:?} after everything"));
+        assert_eq!(alloc.stats().allocation.0[0].current, 0);
+        drop(alloc);
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: leak after drop");
+    }
+}
+
+// ---- Config -------------------------------------------------------------------------------------
+
+#[test]
+fn malformed_configs_are_errors_naming_the_key() {
+    let long_commas = ",".repeat(100_000);
+    let cases: &[(&str, &str)] = &[
+        (",", ","),
+        (":", ":"),
+        (":::", ":"),
+        ("max_split_size_mb", "max_split_size_mb"),
+        ("max_split_size_mb:", "max_split_size_mb"),
+        ("max_split_size_mb:abc", "max_split_size_mb"),
+        ("max_split_size_mb:-5", "max_split_size_mb"),
+        ("max_split_size_mb:19", "max_split_size_mb"),
+        (
+            "max_split_size_mb:18446744073709551616",
+            "max_split_size_mb",
+        ),
+        ("max_non_split_rounding_mb:1.5", "max_non_split_rounding_mb"),
+        (
+            "garbage_collection_threshold:1.5",
+            "garbage_collection_threshold",
+        ),
+        (
+            "garbage_collection_threshold:0",
+            "garbage_collection_threshold",
+        ),
+        (
+            "garbage_collection_threshold:NaN",
+            "garbage_collection_threshold",
+        ),
+        (
+            "garbage_collection_threshold:inf",
+            "garbage_collection_threshold",
+        ),
+        ("fragmentation_budget:-0.1", "fragmentation_budget"),
+        ("fragmentation_budget:nan", "fragmentation_budget"),
+        ("roundup_power2_divisions:3", "roundup_power2_divisions"),
+        (
+            "roundup_power2_divisions:[64:3]",
+            "roundup_power2_divisions",
+        ),
+        (
+            "roundup_power2_divisions:[63:4]",
+            "roundup_power2_divisions",
+        ),
+        ("roundup_power2_divisions:[64:4", "roundup_power2_divisions"),
+        ("roundup_power2_divisions:[", "roundup_power2_divisions"),
+        ("roundup_power2_divisions:[x:4]", "roundup_power2_divisions"),
+        ("expandable_segments:maybe", "expandable_segments"),
+        ("policy:pytorch", "policy"),
+        ("policy:torch max_split_size_mb:40", "policy"),
+        ("backend:cudaMallocAsync", "backend"),
+        ("max_chunk_mb:1", "max_chunk_mb"),
+        ("max_chunk_mb:99999999", "max_chunk_mb"),
+        ("policy:torch,,max_split_size_mb:40", ","),
+        ("ключ:1", "ключ"),
+        ("\0:1", "\0"),
+        (&long_commas, ","),
+    ];
+    for (s, key) in cases {
+        let shown: String = s.chars().take(40).collect();
+        let e = Config::parse(s).expect_err(&shown);
+        assert_eq!(&e.key, key, "{shown}: {e}");
+        assert!(!e.message.is_empty(), "{shown}");
+        assert!(e.to_string().contains(key), "{shown}: {e}");
+    }
+}
+
+// ---- trace readers ------------------------------------------------------------------------------
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bad-input-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    dir
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+fn good_csv() -> String {
+    let mut s = String::from("action,addr,size,stream,time_us\n");
+    for i in 0..2000u64 {
+        s += &format!("alloc,{},{},0,{i}\n", 4096 + i * 8192, 1000 + i);
+    }
+    s
+}
+
+/// Bad trace files, by name, with what the error must mention.
+fn bad_trace_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
+    let good = gzip(good_csv().as_bytes());
+    let mut pickle_of_list = vec![0x80, 2, b']', b'.'];
+    pickle_of_list.truncate(4);
+    let files: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty.csv", vec![], "empty"),
+        (
+            "garbage.csv",
+            b"\x00\x01garbage\xff\xfe\n1,2,3\n".to_vec(),
+            "header",
+        ),
+        ("truncated.csv.gz", good[..good.len() / 2].to_vec(), ""),
+        (
+            "magic_then_garbage.csv.gz",
+            b"\x1f\x8b\x08garbage garbage".to_vec(),
+            "",
+        ),
+        (
+            "gzip_of_garbage.gz",
+            gzip(b"\x13\x37 not a trace at all\n"),
+            "header",
+        ),
+        (
+            "missing_field.csv",
+            b"action,addr,size,stream,time_us\nalloc,1,2,3\n".to_vec(),
+            "field",
+        ),
+        (
+            "extra_field.csv",
+            b"action,addr,size,stream,time_us\nalloc,1,2,3,4,5\n".to_vec(),
+            "fields",
+        ),
+        (
+            "negative.csv",
+            b"action,addr,size,stream,time_us\nalloc,1,-2,3,4\n".to_vec(),
+            "size",
+        ),
+        (
+            "overflow.csv",
+            b"action,addr,size,stream,time_us\nalloc,1,99999999999999999999,0,4\n".to_vec(),
+            "size",
+        ),
+        (
+            "not_utf8.rmm.csv",
+            b"Thread,Time,Action,Pointer,Size,Stream\n1,\xff\xfe,allocate,0x10,1,0\n".to_vec(),
+            "UTF-8",
+        ),
+        (
+            "short.rmm.csv",
+            b"Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.0,allocate,0x10\n".to_vec(),
+            "field",
+        ),
+        (
+            "pickle_garbage.pickle",
+            b"\x80\x04garbage".to_vec(),
+            "pickle",
+        ),
+        ("pickle_list.pickle", pickle_of_list, "dict"),
+        (
+            "pickle_truncated.pickle",
+            std::fs::read(data("snapshot.pickle")).unwrap()[..600].to_vec(),
+            "pickle",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, bytes, needle) in files {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        out.push((p, needle));
+    }
+    out.push((dir.join("no_such_file.csv"), "No such file"));
+    let d = dir.join("a_directory.csv");
+    std::fs::create_dir_all(&d).unwrap();
+    out.push((d, ""));
+    out
+}
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+#[test]
+fn bad_trace_files_are_errors_naming_the_file() {
+    let dir = scratch("readers");
+    for (path, needle) in bad_trace_files(&dir) {
+        let e = match trace::read(&path) {
+            Err(e) => e,
+            Ok(t) => panic!(
+                "{}: read {} ops from a bad file",
+                path.display(),
+                t.ops.len()
+            ),
+        };
+        assert_eq!(e.file, path);
+        let text = e.to_string();
+        assert!(text.contains(&*path.to_string_lossy()), "{text}");
+        assert!(text.contains(needle), "{}: {text}", path.display());
+        if let Some(l) = e.line {
+            assert!(l >= 1, "{text}");
+        }
+    }
+}
+
+#[test]
+fn readers_given_bytes_directly_report_errors() {
+    let p = Path::new("direct");
+    let e = csv::read(
+        p,
+        &b"action,addr,size,stream,time_us\nalloc,1,2,3,4\nfree,1,2,3,4\n"[..],
+    );
+    let e = e.unwrap_err();
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("free"), "{e}");
+    let e = csv::read(p, &b""[..]).unwrap_err();
+    assert!(e.message.contains("empty"), "{e}");
+    let e = rmm::read(p, &b"Thread,Time,Action\n"[..]).unwrap_err();
+    assert_eq!(e.line, Some(1));
+    let e = rmm::read(
+        p,
+        &b"Thread,Time,Action,Pointer,Size,Stream\n1,2,allocate,0xzz,1,0\n"[..],
+    );
+    assert_eq!(e.unwrap_err().line, Some(2));
+    let fixture = std::fs::read(data("snapshot.pickle")).unwrap();
+    for device in [7, usize::MAX] {
+        let e = pytorch::read_snapshot_device(p, &fixture, device).unwrap_err();
+        assert!(e.message.contains("device"), "{e}");
+    }
+    for cut in [0, 1, 2, 10, 100, fixture.len() - 1] {
+        assert!(
+            pytorch::read_snapshot(p, &fixture[..cut]).is_err(),
+            "cut at {cut}"
+        );
+    }
+    assert!(pytorch::read_snapshot(p, b"\x80\x05\x95\xff\xff\xff\xff\xff\xff\xff\x7f").is_err());
+}
+
+// ---- the command line ---------------------------------------------------------------------------
+
+fn cudalloc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+        .args(args)
+        .output()
+        .expect("the cudalloc binary runs")
+}
+
+fn assert_no_panic(o: &Output, what: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{what}: {err}");
+    assert_ne!(
+        o.status.code(),
+        Some(101),
+        "{what}: exit status of a panic; {err}"
+    );
+}
+
+fn assert_exit(o: &Output, code: i32, needle: &str, what: &str) {
+    assert_no_panic(o, what);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{what}: {err}");
+    assert!(
+        err.contains(needle),
+        "{what}: stderr lacks `{needle}`: {err}"
+    );
+}
+
+#[test]
+fn cli_bad_trace_files_exit_2_naming_the_file() {
+    let dir = scratch("cli-traces");
+    for (path, _) in bad_trace_files(&dir) {
+        let p = path.to_string_lossy().into_owned();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let o = cudalloc(&["replay", "--policy", "torch", &p]);
+        assert_exit(&o, 2, &name, &format!("replay {name}"));
+        let o = cudalloc(&["stats", &p]);
+        assert_exit(&o, 2, &name, &format!("stats {name}"));
+    }
+}
+
+#[test]
+fn cli_bad_options_exit_2() {
+    let trace = data("snapshot.csv");
+    let trace = trace.to_string_lossy();
+    for cfg in [
+        "max_split_size_mb:abc",
+        "bogus:1",
+        "roundup_power2_divisions:[64:3]",
+        ":",
+        ",",
+    ] {
+        let o = cudalloc(&["replay", "--config", cfg, &trace]);
+        assert_exit(&o, 2, "", &format!("--config {cfg}"));
+        let o = cudalloc(&["stats", "--config", cfg, &trace]);
+        assert_exit(&o, 2, "", &format!("stats --config {cfg}"));
+    }
+    for cap in [
+        "-1",
+        "-1GiB",
+        "NaNGiB",
+        "infGiB",
+        "1e400GiB",
+        "",
+        "12 parsecs",
+        "GiB",
+    ] {
+        let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
+        assert_exit(&o, 2, "capacity", &format!("--capacity {cap:?}"));
+    }
+    let o = cudalloc(&["replay", "--policy", "pytorch", &trace]);
+    assert_exit(&o, 2, "pytorch", "--policy pytorch");
+    let o = cudalloc(&["frobnicate"]);
+    assert_exit(&o, 2, "frobnicate", "unknown subcommand");
+    let o = cudalloc(&["replay", "--no-such-flag", &trace]);
+    assert_exit(&o, 2, "no-such-flag", "unknown flag");
+}
+
+#[test]
+fn cli_request_of_u64_max_bytes_fails_the_replay_cleanly() {
+    let dir = scratch("cli-huge");
+    let p = dir.join("huge.csv");
+    let text = format!(
+        "action,addr,size,stream,time_us\nalloc,8192,{},0,1\nfree_completed,8192,{},0,2\n\
+         alloc,4096,1000,0,3\n",
+        u64::MAX,
+        u64::MAX
+    );
+    std::fs::write(&p, text).unwrap();
+    let p = p.to_string_lossy();
+    for policy in ["torch", "torch-expandable", "default"] {
+        let o = cudalloc(&["replay", "--policy", policy, &p]);
+        assert_exit(
+            &o,
+            1,
+            "",
+            &format!("replay --policy {policy} of a u64::MAX request"),
+        );
+        let o = cudalloc(&["stats", "--policy", policy, &p]);
+        assert_exit(
+            &o,
+            1,
+            "",
+            &format!("stats --policy {policy} of a u64::MAX request"),
+        );
+    }
+}
+
+#[test]
+fn cli_min_capacity_of_a_trace_no_cap_holds_finishes() {
+    let dir = scratch("cli-min-capacity");
+    let p = dir.join("too_big.csv");
+    let text = format!(
+        "action,addr,size,stream,time_us\nalloc,4096,{},0,1\n",
+        200 * GIB
+    );
+    std::fs::write(&p, text).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+        .args(["replay", "--min-capacity", "--json", "--policy", "torch"])
+        .arg(&p)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("--min-capacity did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_exit(&o, 1, "", "--min-capacity of a 200 GiB request");
+}

@@ -1,0 +1,192 @@
+//! Regression tests: minimal reproductions of the crashes met while building and running the
+//! fuzz targets (`fuzz/`, see `docs/guarantees.md`) and the reliability tests. Each test says
+//! how the bug was found, the input, what went wrong and where; all were fixed in commit 467c8b1
+//! (saturating rounding, saturating live bytes, a nesting bound before pickle decoding) and must
+//! stay fixed.
+//!
+//! Invariant checked throughout: bad input (a config string, a trace, a request size) is an
+//! error or a sane result, never a panic (integer overflow panics in debug builds and silently
+//! wraps in release builds, which is worse: a wrong result).
+
+use cudalloc::sizes::{round_size, MAX_REQUEST};
+use cudalloc::trace::{csv, rmm};
+use cudalloc::{AllocError, CachingAllocator, Config, Policy, Pool};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Found while writing the `config` fuzz target's rounding check (reading `round_size`; a strict
+/// 180 s run of the target from its seeds did not reach a 17-digit power of two by itself):
+/// `roundup_power2_divisions:36028797018963968` (2^55, a power of two, so it parses) made
+/// `round_size` compute `MIN_BLOCK * divisions` (`sizes.rs`), which overflows for any request of
+/// 512 B or more: a panic in debug builds, and in release a wrapped product (0 for 2^55) that
+/// changes the rounding. Reachable from `Config::parse`, `CUDALLOC_CONF`,
+/// `cudalloc replay --config` and every allocation after.
+#[test]
+fn huge_roundup_power2_divisions_do_not_overflow() {
+    for s in [
+        "roundup_power2_divisions:36028797018963968",
+        "roundup_power2_divisions:9223372036854775808",
+        "roundup_power2_divisions:[1:36028797018963968,>:1]",
+    ] {
+        let cfg = match Config::parse(s) {
+            Err(e) => {
+                assert_eq!(e.key, "roundup_power2_divisions", "{s}: {e}");
+                continue;
+            }
+            Ok(cfg) => cfg,
+        };
+        for size in [512, 513, MIB, MIB + 1, 3 * GIB + 1, MAX_REQUEST - 1] {
+            let r = round_size(size, &cfg);
+            assert!(
+                r >= size && r.is_multiple_of(512),
+                "{s}: round_size({size}) = {r}"
+            );
+        }
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
+        let mut pool = Pool::new(sim.clone(), cfg);
+        let a = pool.allocate(MIB + 1, StreamId(0)).unwrap();
+        pool.free(&a).unwrap();
+        pool.check_invariants().unwrap();
+    }
+}
+
+/// Found while writing the `config` fuzz target's rounding check: `round_size` of a size of
+/// 2^63 or more with `roundup_power2_divisions` >= 2 overflowed `down + step`
+/// (`roundup_power2_next_division`), and without divisions any size above `u64::MAX - 511`
+/// overflowed `round_up`. `Pool::allocate` does not reach it (requests above `MAX_REQUEST` are
+/// refused first), but `round_size` is public; it now saturates. Any non-panicking answer
+/// passes.
+#[test]
+fn round_size_of_sizes_above_2_pow_63_does_not_panic() {
+    let cfgs = [
+        Config::for_policy(Policy::Torch),
+        Config::parse("roundup_power2_divisions:2").unwrap(),
+    ];
+    for cfg in &cfgs {
+        for size in [(1 << 63) + (1 << 62) + 1, u64::MAX - 511, u64::MAX] {
+            let r = std::panic::catch_unwind(|| round_size(size, cfg));
+            assert!(r.is_ok(), "round_size({size}) panicked");
+        }
+    }
+}
+
+const HUGE: u64 = u64::MAX - 1000;
+
+fn csv_text() -> String {
+    format!("action,addr,size,stream,time_us\nalloc,4096,{HUGE},0,1\nalloc,8192,2000,0,2\n")
+}
+
+/// Found by fuzz target `trace_csv` (and `trace_rmm`, `trace_pytorch`: the same builder): two
+/// live allocations whose sizes add up past `u64::MAX` overflow `TraceBuilder::live_bytes`
+/// (`trace/mod.rs`, `TraceBuilder::alloc`, `self.live_bytes += e.size`): a panic in debug
+/// builds; in release the sum wraps, so `Trace::peak_live` (the lower bound of
+/// `--min-capacity` and the "peak live" column) is garbage. Expected: an error naming the line,
+/// or a trace whose `peak_live` saturates (is at least the largest request).
+#[test]
+fn trace_whose_live_bytes_pass_u64_max() {
+    let text = csv_text();
+    match csv::read(Path::new("huge.csv"), text.as_bytes()) {
+        Err(e) => assert_eq!(e.line, Some(3), "{e}"),
+        Ok(t) => assert!(t.peak_live >= HUGE, "peak_live wrapped to {}", t.peak_live),
+    }
+    let rmm_text = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.1,allocate,0x1000,{HUGE},0x0\n\
+         1,00:00:00.2,allocate,0x2000,2000,0x0\n"
+    );
+    match rmm::read(Path::new("huge.rmm.csv"), rmm_text.as_bytes()) {
+        Err(e) => assert_eq!(e.line, Some(3), "{e}"),
+        Ok(t) => assert!(t.peak_live >= HUGE, "peak_live wrapped to {}", t.peak_live),
+    }
+}
+
+/// The same bug through the command line: `cudalloc replay` of that trace panics (exit status
+/// 101) in a debug build. Expected: exit status 1 (the replay fails: the request is larger than
+/// any device) or 2 (the trace is refused), with a message.
+#[test]
+fn cli_replay_of_a_trace_whose_live_bytes_pass_u64_max() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("regressions-live-bytes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("huge.csv");
+    std::fs::write(&p, csv_text()).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+        .args(["replay", "--policy", "torch"])
+        .arg(&p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        matches!(o.status.code(), Some(1) | Some(2)),
+        "{:?}: {err}",
+        o.status
+    );
+}
+
+/// Found while probing the bad-input cases at commit 41d7e5c, and fixed since by `MAX_REQUEST`:
+/// `Pool::allocate(u64::MAX)` overflowed `round_up` in `round_size` (only `CachingAllocator`
+/// refused such sizes), so the replayer, which drives `Pool` directly, panicked on a trace with
+/// such a request. Kept so that it stays fixed.
+#[test]
+fn pool_allocate_of_u64_max_is_an_error() {
+    for policy in Policy::ALL {
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        for size in [u64::MAX, u64::MAX - 511, 1 << 63] {
+            let r = pool.allocate(size, StreamId(0));
+            assert!(
+                matches!(r, Err(AllocError::InvalidArgument(_))),
+                "{policy:?}: {r:?}"
+            );
+        }
+        pool.check_invariants().unwrap();
+        let front = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        let r = front.allocate(u64::MAX, StreamId(0));
+        assert!(
+            matches!(r, Err(AllocError::InvalidArgument(_))),
+            "{policy:?}: {r:?}"
+        );
+    }
+}
+
+/// Found by probing `trace_pytorch` with nesting bombs: serde-pickle turns the decoded pickle
+/// into a `Value` recursively (`serde_pickle::de::Deserializer::convert_value`), one stack frame
+/// per level, so a pickle nested about 5,000 deep (10 KB: `\x80\x02`, then `(` MARK 5,000 times,
+/// `l` LIST 5,000 times, `.` STOP) overflows the main thread's 8 MiB stack: `trace::read`,
+/// `pytorch::read_snapshot` and `cudalloc replay`/`stats` abort with "thread 'main' has
+/// overflowed its stack" (exit status 134) instead of returning an error. A stack overflow
+/// cannot be caught, so this runs the command line. Expected: exit status 2 with a message
+/// (a depth limit checked before decoding, or the decode on a thread whose stack is sized to
+/// the input).
+#[test]
+fn cli_replay_of_a_deeply_nested_pickle_is_an_error() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("regressions-deep-pickle");
+    std::fs::create_dir_all(&dir).unwrap();
+    for depth in [10_000, 100_000] {
+        let mut bytes = b"\x80\x02".to_vec();
+        bytes.extend(std::iter::repeat_n(b'(', depth));
+        bytes.extend(std::iter::repeat_n(b'l', depth));
+        bytes.push(b'.');
+        let p = dir.join(format!("nested{depth}.pickle"));
+        std::fs::write(&p, bytes).unwrap();
+        for cmd in ["replay", "stats"] {
+            let o = Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+                .arg(cmd)
+                .arg(&p)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(
+                o.status.code(),
+                Some(2),
+                "{cmd}, depth {depth}: {:?}: {err}",
+                o.status
+            );
+            assert!(err.contains("nested"), "{cmd}, depth {depth}: {err}");
+        }
+    }
+}
