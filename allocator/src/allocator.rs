@@ -88,7 +88,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Allocates `size` bytes for use on `stream`. Zero bytes yield a valid 512-byte block, as
     /// in PyTorch's allocator.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        if size > (1u64 << 62) {
+        if size > crate::sizes::MAX_REQUEST {
             return Err(AllocError::InvalidArgument(format!(
                 "{size} bytes is larger than any device"
             )));
