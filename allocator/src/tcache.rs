@@ -38,12 +38,15 @@ type Shared = Arc<Mutex<ThreadCache>>;
 /// the allocator that the cache's blocks have no owner any more.
 struct Mine {
     id: u64,
-    cache: Shared,
+    cache: Option<Shared>,
     exited: Arc<AtomicUsize>,
 }
 
 impl Drop for Mine {
+    /// Lets go of the cache first, then signals: an allocation that sees the signal finds the
+    /// cache with no owner left.
     fn drop(&mut self) {
+        drop(self.cache.take());
         self.exited.fetch_add(1, Ordering::Release);
     }
 }
@@ -94,18 +97,18 @@ impl Caches {
                 Some(i) => i,
                 None => {
                     // Forget caches of allocators that are gone (only this thread holds them).
-                    m.retain(|x| Arc::strong_count(&x.cache) > 1);
+                    m.retain(|x| x.cache.as_ref().is_some_and(|c| Arc::strong_count(c) > 1));
                     let c: Shared = Arc::default();
                     self.all.lock().push(c.clone());
                     m.push(Mine {
                         id: self.id,
-                        cache: c,
+                        cache: Some(c),
                         exited: self.exited.clone(),
                     });
                     m.len() - 1
                 }
             };
-            let mut c = m[i].cache.lock();
+            let mut c = m[i].cache.as_ref().expect("a live thread's cache").lock();
             f(&mut c)
         })
     }

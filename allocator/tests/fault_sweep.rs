@@ -41,26 +41,15 @@ const OPS: usize = 1000;
 const SEED: u64 = 0x5eed_fa17;
 const STREAMS: u64 = 3;
 
-/// SplitMix64: a small deterministic generator.
-struct Rng(u64);
+mod common;
+use common::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+/// Request sizes for this file's sequences.
+trait Sizes {
+    fn size(&mut self) -> u64;
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo)
-    }
-
+impl Sizes for Rng {
     fn size(&mut self) -> u64 {
         match self.below(20) {
             0 => 0,

@@ -30,21 +30,15 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-struct Rng(u64);
+mod common;
+use common::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+/// Request sizes for this file's sequences.
+trait Sizes {
+    fn size(&mut self) -> u64;
+}
 
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
+impl Sizes for Rng {
     fn size(&mut self) -> u64 {
         match self.below(20) {
             0..=8 => self.below(2049),
