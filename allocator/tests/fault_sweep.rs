@@ -42,7 +42,7 @@ const SEED: u64 = 0x5eed_fa17;
 const STREAMS: u64 = 3;
 
 mod common;
-use common::Rng;
+use common::{panic_text, Rng};
 
 /// Request sizes for this file's sequences.
 trait Sizes {
@@ -267,27 +267,8 @@ impl Replay {
         self.check("allocating after the sequence");
         let sim = self.sim.clone();
         drop(self);
-        sim.check_invariants();
-        assert_eq!(
-            sim.outstanding_bytes(),
-            0,
-            "{label}: outstanding after drop"
-        );
-        assert_eq!(sim.live_pages(), 0, "{label}: pages after drop");
-        assert_eq!(
-            sim.reserved_va_bytes(),
-            0,
-            "{label}: reservations after drop"
-        );
-        assert_eq!(sim.live_events(), 0, "{label}: events after drop");
+        common::assert_device_empty(&sim, &label);
     }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "(non-string panic)".into())
 }
 
 /// Replays the sequence once per acquiring call of a clean run, with that call failing.

@@ -24,7 +24,7 @@ const GIB: u64 = 1 << 30;
 const OPS: usize = 10_000;
 
 mod common;
-use common::Rng;
+use common::{panic_text, Rng};
 
 /// Request sizes for this file's sequences.
 trait Sizes {
@@ -234,27 +234,8 @@ impl<D: Device> Harness<D> {
         assert_eq!(self.sim.outstanding_bytes(), 0, "{label}");
         let sim = self.sim.clone();
         drop(self);
-        sim.check_invariants();
-        assert_eq!(
-            sim.outstanding_bytes(),
-            0,
-            "{label}: outstanding after drop"
-        );
-        assert_eq!(sim.live_pages(), 0, "{label}: pages after drop");
-        assert_eq!(
-            sim.reserved_va_bytes(),
-            0,
-            "{label}: reservations after drop"
-        );
-        assert_eq!(sim.live_events(), 0, "{label}: events after drop");
+        common::assert_device_empty(&sim, label);
     }
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "(non-string panic)".into())
 }
 
 fn new_sim() -> Arc<SimDevice> {

@@ -24,3 +24,31 @@ impl Rng {
         lo + self.below(hi - lo)
     }
 }
+
+/// Checks that a simulated device holds nothing any more: no memory, no pages, no reserved
+/// address space, no events (after the allocator that used it was dropped).
+#[allow(dead_code)]
+pub fn assert_device_empty(sim: &cudalloc_sys::SimDevice, label: &str) {
+    sim.check_invariants();
+    assert_eq!(
+        sim.outstanding_bytes(),
+        0,
+        "{label}: outstanding after drop"
+    );
+    assert_eq!(sim.live_pages(), 0, "{label}: pages after drop");
+    assert_eq!(
+        sim.reserved_va_bytes(),
+        0,
+        "{label}: reservations after drop"
+    );
+    assert_eq!(sim.live_events(), 0, "{label}: events after drop");
+}
+
+/// The message of a caught panic.
+#[allow(dead_code)]
+pub fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(non-string panic)".into())
+}
