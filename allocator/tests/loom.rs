@@ -127,3 +127,31 @@ fn sanity_loom_finds_a_lost_update() {
     });
     assert!(r.is_err(), "loom did not explore the interleaving");
 }
+
+/// The claim protocol alone: two pools sharing one reserved counter under one limit, each
+/// growing by one segment at the same time; at most one may pass.
+#[test]
+fn two_pools_claim_against_one_limit() {
+    model(|| {
+        let shared = std::sync::Arc::new(cudalloc::sync::AtomicU64::new(0));
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let shared = shared.clone();
+                thread::spawn(move || {
+                    let mut pool = cudalloc::Pool::new(
+                        SimDevice::default(),
+                        Config::for_policy(Policy::Torch),
+                    );
+                    pool.share_reserved(shared);
+                    pool.set_limit(Some(30 * MIB));
+                    let ok = pool.allocate(5 * MIB, StreamId(0)).is_ok();
+                    (ok, pool)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let held = shared.load(cudalloc::sync::Ordering::SeqCst);
+        assert!(held <= 30 * MIB, "{held} bytes held under a 30 MiB limit");
+        assert_eq!(results.iter().filter(|r| r.0).count(), 1);
+    });
+}
