@@ -252,3 +252,26 @@ fn help_exits_0() {
         assert!(stdout(&o).contains("Usage"));
     }
 }
+
+/// `--cuda` on a machine without a GPU: a clear error and exit status 1, no panic.
+#[test]
+fn cuda_replay_without_a_gpu_says_why() {
+    if cudalloc_sys::CudaDevice::new(0).is_ok() {
+        // On a GPU machine the replay runs for real; the GPU run checks that path.
+        let out = cudalloc(&["replay", "--cuda", "--policy", "torch", "--json", &bert()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let out = cudalloc(&["replay", "--cuda", "--policy", "torch", &bert()]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("no CUDA device available"), "{text}");
+}

@@ -1331,3 +1331,35 @@ fn a_segment_unmapped_by_the_budget_is_unreserved_on_drop() {
         "virtual address reservation leaked"
     );
 }
+
+/// Pages are unmapped only after the device's queued work has completed: a block freed in
+/// stream order may still be used by kernels (the simulated device completes work only when
+/// asked, so an event on a busy stream stays pending until the unmap waits for the device).
+#[test]
+fn unmapping_waits_for_the_device() {
+    use cudalloc_sys::Device;
+    for policy in [Policy::TorchExpandable, Policy::Default] {
+        let (sim, mut pool) = pool_with(Config::for_policy(policy), 4 * GIB);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 64 * MIB, S0);
+        let work = sim.create_event().unwrap();
+        sim.record_event(work, S0).unwrap();
+        assert!(
+            !sim.query_event(work).unwrap(),
+            "{policy:?}: work still queued"
+        );
+        free(&mut pool, &a);
+        assert!(
+            !sim.query_event(work).unwrap(),
+            "{policy:?}: freeing alone does not wait"
+        );
+        pool.empty_cache().unwrap();
+        assert_eq!(pool.reserved(), 0, "{policy:?}: pages unmapped");
+        assert!(
+            sim.query_event(work).unwrap(),
+            "{policy:?}: unmapped before the work ended"
+        );
+        assert!(sim.calls(Call::SynchronizeDevice) > 0);
+        sim.destroy_event(work).unwrap();
+    }
+}
