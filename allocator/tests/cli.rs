@@ -214,6 +214,23 @@ fn plot_writes_self_contained_html() {
 }
 
 #[test]
+fn plot_refuses_to_overwrite_a_trace() {
+    let dir = scratch("plot-guard");
+    let trace = dir.join("copy.trace.csv.gz");
+    std::fs::copy(bert(), &trace).unwrap();
+    let before = std::fs::read(&trace).unwrap();
+    // `--plot` takes the first trace as its value: the mistake this guards against.
+    let o = cudalloc(&["replay", "--plot", trace.to_str().unwrap(), &bert()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(".html"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        before,
+        "the trace was overwritten"
+    );
+}
+
+#[test]
 fn capacity_below_peak_live_reports_the_failure() {
     let o = cudalloc(&[
         "replay",

@@ -52,6 +52,9 @@ struct Plan {
 /// Runs the command; exit status 1 when a replay failed.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants();
+    if let Some(path) = &args.plot {
+        check_plot_path(path)?;
+    }
     let paths = if args.traces.is_empty() {
         bundled::find()?
     } else {
@@ -105,6 +108,23 @@ fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Res
         table::write_report(out, report, args.capacity)?;
     }
     Ok(())
+}
+
+/// Refuses a plot path that does not end in `.html` or `.htm`: `--plot` takes a value, so
+/// `--plot trace.csv.gz` would otherwise overwrite the trace with the page.
+fn check_plot_path(path: &std::path::Path) -> Result<(), CliError> {
+    let html = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+    if html {
+        Ok(())
+    } else {
+        Err(CliError::msg(format!(
+            "--plot writes an HTML page; give it a file ending in .html, not {}",
+            path.display()
+        )))
+    }
 }
 
 fn write_plot(path: &std::path::Path, reports: &[Report]) -> Result<(), CliError> {
