@@ -136,15 +136,21 @@ pub fn replay_on<D: Device>(
         .map_or(usize::MAX, |n| n.max(1));
     let mut timeline = Vec::new();
     let mut failure = None;
+    // Counts down to the next sample (a division per operation would cost more than the check).
+    let mut until_sample = 0;
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
             failure = Some(Failure { op: i, error });
             break;
         }
-        if i % every == 0 {
-            timeline.push(sample(&pool, i));
+        if until_sample == 0 {
+            if opts.samples > 0 {
+                timeline.push(sample(&pool, i));
+            }
+            until_sample = every;
         }
+        until_sample -= 1;
     }
     let elapsed = start.elapsed();
     let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
