@@ -22,6 +22,18 @@ pub enum AllocError {
         /// The allocator's memory limit, if one is set.
         limit: Option<u64>,
     },
+    /// The device's virtual address space ran out before its memory did: no range could be
+    /// reserved for an expandable segment (each stream and pool has its own ranges).
+    AddressSpace {
+        /// Bytes asked for.
+        requested: u64,
+        /// Virtual ranges this pool holds.
+        ranges: u64,
+        /// Their bytes of address space.
+        range_bytes: u64,
+        /// Free device memory as the driver reports it.
+        device_free: u64,
+    },
     /// A driver error other than out-of-memory.
     Device(DeviceError),
     /// The pointer is not a live allocation of this allocator (a double free, a foreign pointer).
@@ -31,9 +43,13 @@ pub enum AllocError {
 }
 
 impl AllocError {
-    /// True for [`AllocError::OutOfMemory`].
+    /// True for [`AllocError::OutOfMemory`] and [`AllocError::AddressSpace`]: the request
+    /// could not be met now, and freeing memory (or streams) may help.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, AllocError::OutOfMemory { .. })
+        matches!(
+            self,
+            AllocError::OutOfMemory { .. } | AllocError::AddressSpace { .. }
+        )
     }
 }
 
@@ -68,6 +84,20 @@ impl fmt::Display for AllocError {
                 }
                 Ok(())
             }
+            AllocError::AddressSpace {
+                requested,
+                ranges,
+                range_bytes,
+                device_free,
+            } => write!(
+                f,
+                "out of address space: tried to allocate {} with {} free on the device, but no \
+                 virtual range could be reserved; this pool holds {ranges} ranges of {} in all \
+                 (each stream has its own)",
+                crate::fmt::bytes(*requested),
+                crate::fmt::bytes(*device_free),
+                crate::fmt::bytes(*range_bytes)
+            ),
             AllocError::Device(e) => write!(f, "device error: {e}"),
             AllocError::NotAllocated(p) => {
                 write!(f, "{p:#x} is not a live allocation of this allocator")

@@ -175,6 +175,11 @@ impl Replay {
                         assert_eq!(reserved, self.pool.reserved());
                     }
                     Err(AllocError::Device(_)) if self.faulty => self.device_errors += 1,
+                    // An injected out-of-memory on `reserve` reads as exhausted address space.
+                    Err(AllocError::AddressSpace { requested, .. }) if self.faulty => {
+                        assert_eq!(requested, size);
+                        self.device_errors += 1;
+                    }
                     Err(e) => panic!("allocate({size}): unexpected {e:?}"),
                 }
             }

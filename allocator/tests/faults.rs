@@ -165,6 +165,11 @@ impl<D: Device> Harness<D> {
                 self.failures.0 += 1;
             }
             Err(AllocError::Device(_)) => self.failures.1 += 1,
+            // An injected out-of-memory on `reserve` reads as exhausted address space.
+            Err(AllocError::AddressSpace { requested, .. }) => {
+                assert_eq!(requested, size);
+                self.failures.0 += 1;
+            }
             Err(e) => panic!("allocate({size}): unexpected {e:?}"),
         }
     }

@@ -1,8 +1,11 @@
 //! The `default` policy: expandable segments with device-granularity pages mapped in batches,
 //! and a fragmentation budget that bounds cached memory.
 //!
-//! Growth works like PyTorch's expandable segments (one reserved range per stream and pool, the
-//! lowest-addressed run of free and unmapped blocks that fits) with two differences: pages are
+//! Growth works like PyTorch's expandable segments (reserved ranges per stream and pool, the
+//! lowest-addressed run of free and unmapped blocks that fits) with three differences: a range
+//! is an eighth of the device's memory in the large pool and a 64th in the small pool (or the
+//! request, when larger) rather than 1.125 times it, and a stream that fills one gets another,
+//! so address space lasts for thousands of streams instead of about 400; pages are
 //! the device's granularity (2 MiB on the H200) in both pools, and a growth maps its pages in
 //! chunks of up to `max_chunk_mb` (40 MiB by default), one map operation each, aligned to
 //! multiples of that size inside the segment. Larger chunks mean fewer driver calls; smaller
@@ -17,6 +20,7 @@
 
 use super::block::BlockId;
 use super::{Pool, Request};
+use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError};
 
 impl<D: Device> Pool<D> {
@@ -119,7 +123,16 @@ impl<D: Device> Pool<D> {
                 return Ok(Some(c));
             }
         }
-        self.new_segment(req.stream, req.pool, page)
+        let (_, total) = self.device.mem_info()?;
+        if req.size > total {
+            // More than the device holds: out of memory, whatever the address space.
+            return Ok(None);
+        }
+        let range = match req.pool {
+            PoolKind::Small => total / 64,
+            PoolKind::Large => total / 8,
+        };
+        self.new_segment(req.stream, req.pool, page, range.max(req.size))
     }
 
     /// The largest chunk to map now: `max_chunk_mb`, or single pages once a memory limit is set

@@ -32,7 +32,8 @@ impl<D: Device> Pool<D> {
     }
 
     /// The lowest-addressed block from which a run of free and unmapped blocks holds `size`
-    /// bytes; reserves a new segment when none does.
+    /// bytes; reserves a new segment of 1.125 times the device's memory (as PyTorch does) when
+    /// none does.
     fn find_expandable_block(
         &mut self,
         stream: StreamId,
@@ -50,21 +51,27 @@ impl<D: Device> Pool<D> {
                 return Ok(Some(c));
             }
         }
-        self.new_segment(stream, pool, page)
+        let (_, total) = self.device.mem_info()?;
+        self.new_segment(stream, pool, page, total + total / 8)
     }
 
-    /// Reserves a virtual range of 1.125 times the device's memory, as PyTorch does.
+    /// Reserves a virtual range of at least `size` bytes (rounded up to pages) for `stream`'s
+    /// blocks of `pool`. `Ok(None)` when the address space is exhausted
+    /// ([`Pool::reserve_failed`] is then set).
     pub(crate) fn new_segment(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
         page: u64,
+        size: u64,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let (_, total) = self.device.mem_info()?;
-        let size = (total + total / 8).div_ceil(page) * page;
+        let size = size.div_ceil(page) * page;
         let va = match self.device.reserve(size) {
             Ok(va) => va,
-            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) if e.is_out_of_memory() => {
+                self.reserve_failed = true;
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
         let seg = ExpSegment {

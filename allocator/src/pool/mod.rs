@@ -77,6 +77,9 @@ pub struct Pool<D: Device> {
     pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
+    /// A virtual range could not be reserved during the current growth (address space, not
+    /// memory, ran out): the out-of-memory error then says so.
+    pub(crate) reserve_failed: bool,
 }
 
 impl<D: Device> Pool<D> {
@@ -101,6 +104,7 @@ impl<D: Device> Pool<D> {
             peers: Vec::new(),
             peak_requested: 0,
             shared: None,
+            reserve_failed: false,
         }
     }
 
@@ -226,6 +230,15 @@ impl<D: Device> Pool<D> {
 
     fn oom_error(&self, orig: u64, req: &Request) -> AllocError {
         let device_free = self.device.mem_info().map(|m| m.0).unwrap_or(0);
+        if self.reserve_failed {
+            let ranges = self.segments.iter().flatten();
+            return AllocError::AddressSpace {
+                requested: orig,
+                ranges: ranges.clone().count() as u64,
+                range_bytes: ranges.map(|s| s.size).sum(),
+                device_free,
+            };
+        }
         AllocError::OutOfMemory {
             requested: orig,
             rounded: req.size,
@@ -497,6 +510,7 @@ impl<D: Device> Pool<D> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        self.reserve_failed = false;
         match self.cfg.policy {
             Policy::Torch => self.alloc_segment(req),
             Policy::TorchExpandable => {
