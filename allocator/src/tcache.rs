@@ -6,7 +6,7 @@
 //!
 //! - *small*: up to [`MAX_BLOCKS`] blocks of at most `thread_cache_block_mb` (2 MiB by default)
 //!   and at most `thread_cache_mb` bytes together (32 MiB);
-//! - *large*: up to `thread_cache_large` blocks (0 by default, at most [`MAX_LARGE`]) of any
+//! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
 //!   size that the small part does not take: the last ones this thread freed.
 //!
 //! The oldest block of a full part leaves first. So one thread holds at most
