@@ -27,7 +27,7 @@ use crate::sizes::PoolKind;
 use crate::snapshot::Snapshot;
 use crate::stats::{Stat, StatArray, Stats};
 use crate::sync::{Arc, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
-use crate::tcache::{Caches, Totals};
+use crate::tcache::{Cached, Caches, Totals};
 use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
@@ -104,7 +104,7 @@ impl<D: Device> CachingAllocator<D> {
                 return Ok(a);
             }
             for orphan in c.adopt_orphans() {
-                self.free_cached_to_pool(&orphan)?;
+                self.free_cached_to_pool(&orphan.alloc, orphan.token)?;
             }
         }
         match self.try_allocate(size, stream) {
@@ -146,19 +146,19 @@ impl<D: Device> CachingAllocator<D> {
         }
         let mut n = 0;
         for e in self.live.cached_entries() {
-            n += usize::from(self.free_cached_to_pool(&e)?);
+            n += usize::from(self.free_cached_to_pool(&e.alloc, e.token)?);
         }
         Ok(n)
     }
 
-    /// Gives a cached block back to its pool unless `e` is a stale copy (another thread took
-    /// the block first); true when it went back.
-    fn free_cached_to_pool(&self, e: &Entry) -> Result<bool, AllocError> {
-        let mut pool = self.shard(e.alloc.stream);
-        if self.live.take_cached(e.alloc.ptr, e.token).is_none() {
+    /// Gives the block of `a`, cached under `token`, back to its pool, unless that is a stale
+    /// copy (another thread took the block first); true when it went back.
+    fn free_cached_to_pool(&self, a: &Allocation, token: u64) -> Result<bool, AllocError> {
+        let mut pool = self.shard(a.stream);
+        if self.live.take_cached(a.ptr, token).is_none() {
             return Ok(false);
         }
-        pool.free(&e.alloc)?;
+        pool.free(a)?;
         Ok(true)
     }
 
@@ -166,7 +166,7 @@ impl<D: Device> CachingAllocator<D> {
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
         if let Some(c) = &self.caches {
-            let evict = |e: &Entry| self.free_cached_to_pool(e).map(drop);
+            let evict = |e: &Cached| self.free_cached_to_pool(&e.alloc, e.token).map(drop);
             if c.put(&self.live, &a, evict)? {
                 return Ok(());
             }

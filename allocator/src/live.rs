@@ -138,6 +138,7 @@ impl LiveMap {
     /// the token to `keep`, unless
     /// it was used on another stream or its block is larger than `max_block` (then it stays
     /// live).
+    #[inline]
     pub fn mark_cached(
         &self,
         a: &Allocation,
@@ -166,6 +167,7 @@ impl LiveMap {
 
     /// Turns the entry at `ptr` cached under `token` live again; false when it is not (a flush
     /// took it: the caller's copy is stale).
+    #[inline]
     pub fn claim(&self, ptr: u64, token: u64) -> bool {
         let mut g = self.shard(ptr);
         let s = &mut *g;

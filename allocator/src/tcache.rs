@@ -51,6 +51,15 @@ fn fresh_id() -> u64 {
     NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// A thread cache's copy of a cached entry: what it needs to find the block, claim it with its
+/// token, and send it to its pool.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cached {
+    pub alloc: Allocation,
+    pub block_size: u64,
+    pub token: u64,
+}
+
 /// What one thread cache may hold.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
@@ -68,10 +77,10 @@ impl Limits {
 
 /// One thread's cache for one allocator; only its thread touches it.
 struct Local {
-    small: Vec<Entry>,
+    small: Vec<Cached>,
     /// Block bytes in `small`.
     bytes: u64,
-    large: Vec<Entry>,
+    large: Vec<Cached>,
     /// The last token handed out.
     token: u64,
 }
@@ -95,8 +104,8 @@ impl Local {
     }
 
     /// Takes the newest entry for `size` bytes on `stream` (maybe stale).
-    fn take(&mut self, size: u64, stream: u64) -> Option<Entry> {
-        let hit = |e: &Entry| e.alloc.size == size && e.alloc.stream.0 == stream;
+    fn take(&mut self, size: u64, stream: u64) -> Option<Cached> {
+        let hit = |e: &Cached| e.alloc.size == size && e.alloc.stream.0 == stream;
         if let Some(i) = self.small.iter().rposition(hit) {
             let e = remove(&mut self.small, i);
             self.bytes -= e.block_size;
@@ -108,7 +117,11 @@ impl Local {
 
     /// Adds `e` as cached under `token` (then [`Local::pop_excess`] until `None`).
     fn push(&mut self, e: &Entry, token: u64, lim: &Limits) {
-        let e = Entry { token, ..*e };
+        let e = Cached {
+            alloc: e.alloc,
+            block_size: e.block_size,
+            token,
+        };
         if lim.small(e.block_size) {
             self.bytes += e.block_size;
             self.small.push(e);
@@ -118,7 +131,7 @@ impl Local {
     }
 
     /// An entry that has to leave: the oldest of a part over its limits.
-    fn pop_excess(&mut self, lim: &Limits) -> Option<Entry> {
+    fn pop_excess(&mut self, lim: &Limits) -> Option<Cached> {
         if self.small.len() > MAX_BLOCKS || self.bytes > lim.max_bytes {
             let old = self.small.remove(0);
             self.bytes -= old.block_size;
@@ -130,7 +143,7 @@ impl Local {
         None
     }
 
-    fn drain(&mut self, out: &mut Vec<Entry>) {
+    fn drain(&mut self, out: &mut Vec<Cached>) {
         out.append(&mut self.small);
         out.append(&mut self.large);
         self.bytes = 0;
@@ -138,7 +151,7 @@ impl Local {
 }
 
 /// Removes entry `i` keeping the order; the newest (the usual hit) without a `memmove` call.
-fn remove(v: &mut Vec<Entry>, i: usize) -> Entry {
+fn remove(v: &mut Vec<Cached>, i: usize) -> Cached {
     if i + 1 == v.len() {
         v.pop().expect("entry i")
     } else {
@@ -149,7 +162,7 @@ fn remove(v: &mut Vec<Entry>, i: usize) -> Entry {
 /// Blocks left by threads that exited, waiting to go back to their pools.
 #[derive(Default)]
 struct Orphans {
-    entries: Mutex<Vec<Entry>>,
+    entries: Mutex<Vec<Cached>>,
     /// Set when `entries` may be non-empty.
     pending: AtomicBool,
 }
@@ -289,7 +302,7 @@ impl Caches {
         &self,
         live: &LiveMap,
         a: &Allocation,
-        mut evict: impl FnMut(&Entry) -> Result<(), AllocError>,
+        mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
     ) -> Result<bool, AllocError> {
         let (max, lim) = (self.max_cached_block(), self.limits);
         let put = self.with_mine(|c| {
@@ -308,7 +321,7 @@ impl Caches {
     }
 
     /// Takes the entries of threads that exited (maybe stale), if any are waiting.
-    pub fn adopt_orphans(&self) -> Vec<Entry> {
+    pub fn adopt_orphans(&self) -> Vec<Cached> {
         // A load first: misses on every thread must not all write the one flag.
         if !self.orphans.pending.load(Ordering::Relaxed)
             || !self.orphans.pending.swap(false, Ordering::Acquire)
