@@ -512,6 +512,22 @@ fn out_of_memory_releases_thread_cached_large_blocks() {
     assert_eq!(alloc.reserved_bytes(), 0);
 }
 
+/// A block recorded on another stream never enters a thread cache (small or large part): it
+/// goes back through its pool, which waits for the other stream's work.
+#[test]
+fn a_recorded_block_skips_the_thread_cache() {
+    for size in [4096, 64 * MIB] {
+        let (_sim, alloc) = default_alloc(4 * GIB);
+        let a = alloc.allocate(size, StreamId(1)).unwrap();
+        alloc.record_stream(a.ptr, StreamId(2)).unwrap();
+        let frees = alloc.stats().allocation.get(StatType::All).freed;
+        alloc.free(a).unwrap();
+        let now = alloc.stats().allocation.get(StatType::All).freed;
+        assert_eq!(now, frees + 1, "{size} bytes: a recorded block was cached");
+        alloc.check_invariants().unwrap();
+    }
+}
+
 /// `thread_cache_large:0` turns the large part off: large blocks go straight back to the pool.
 #[test]
 fn thread_cache_large_zero_sends_large_blocks_to_the_pool() {
