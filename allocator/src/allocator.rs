@@ -106,6 +106,9 @@ impl<D: Device> CachingAllocator<D> {
             for orphan in c.adopt_orphans() {
                 self.free_cached_to_pool(&orphan.alloc, orphan.token)?;
             }
+            if size > crate::sizes::SMALL_SIZE {
+                c.release_large(|e| self.free_cached_to_pool(&e.alloc, e.token).map(drop))?;
+            }
         }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {

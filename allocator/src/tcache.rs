@@ -9,7 +9,9 @@
 //! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
 //!   size that the small part does not take: the last ones this thread freed.
 //!
-//! The oldest block of a full part leaves first. So one thread holds at most
+//! The oldest block of a full part leaves first, and a request of the large pool that misses
+//! empties its thread's large part first (so those blocks can serve it from their pool: the
+//! large part never makes its own thread reserve more). So one thread holds at most
 //! `thread_cache_mb` + `thread_cache_large` x (the largest block it freed) bytes in its cache,
 //! and never a block it did not free itself. Cached blocks are still allocated from the pool's
 //! point of view: the statistics subtract them ([`Totals`]), and every cache is flushed back to
@@ -318,6 +320,21 @@ impl Caches {
             Ok(true)
         });
         put.unwrap_or_else(|| live.check_live(a).map(|_| false))
+    }
+
+    /// Sends this thread's large part to `evict` (a large request missed: in their pools the
+    /// blocks can serve it, so the large part never makes its own thread reserve more).
+    pub fn release_large(
+        &self,
+        mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
+    ) -> Result<(), AllocError> {
+        self.with_mine(|c| {
+            while let Some(e) = c.large.pop() {
+                evict(&e)?;
+            }
+            Ok(())
+        })
+        .unwrap_or(Ok(()))
     }
 
     /// Takes the entries of threads that exited (maybe stale), if any are waiting.

@@ -512,6 +512,22 @@ fn out_of_memory_releases_thread_cached_large_blocks() {
     assert_eq!(alloc.reserved_bytes(), 0);
 }
 
+/// A large request that misses the thread cache sends the thread's large part back to its pool
+/// first: a 64 MiB block cached by this thread serves its next 32 MiB request (split in its
+/// pool) instead of the pool reserving more.
+#[test]
+fn a_large_miss_returns_the_large_part_first() {
+    let (_sim, alloc) = default_alloc(4 * GIB);
+    let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    free_into_thread_cache(&alloc, a);
+    let held = alloc.reserved_bytes();
+    let b = alloc.allocate(32 * MIB, StreamId(1)).unwrap();
+    assert_eq!(alloc.reserved_bytes(), held, "the pool reserved more");
+    assert_eq!(b.ptr, a.ptr);
+    alloc.free(b).unwrap();
+    alloc.check_invariants().unwrap();
+}
+
 /// A block recorded on another stream never enters a thread cache (small or large part): it
 /// goes back through its pool, which waits for the other stream's work.
 #[test]
