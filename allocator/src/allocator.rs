@@ -103,12 +103,7 @@ impl<D: Device> CachingAllocator<D> {
             if let Some(a) = c.take(&self.live, size, stream.0) {
                 return Ok(a);
             }
-            for orphan in c.adopt_orphans() {
-                self.free_cached_to_pool(&orphan.alloc, orphan.token)?;
-            }
-            if size > crate::sizes::SMALL_SIZE {
-                c.release_large(|e| self.free_cached_to_pool(&e.alloc, e.token).map(drop))?;
-            }
+            self.after_miss(c, size)?;
         }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {
@@ -119,6 +114,23 @@ impl<D: Device> CachingAllocator<D> {
             }
             other => other,
         }
+    }
+
+    /// A thread-cache miss for `size` bytes: the blocks of exited threads' caches and, for a
+    /// request of the large pool, this thread's large part go back to their pools first.
+    fn after_miss(&self, c: &Caches, size: u64) -> Result<(), AllocError> {
+        for orphan in c.adopt_orphans() {
+            self.evict(&orphan)?;
+        }
+        if size > crate::sizes::SMALL_SIZE {
+            c.release_large(|e| self.evict(e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends a block leaving a thread cache to its pool (nothing if the copy is stale).
+    fn evict(&self, e: &Cached) -> Result<(), AllocError> {
+        self.free_cached_to_pool(&e.alloc, e.token).map(drop)
     }
 
     fn try_allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
@@ -169,8 +181,7 @@ impl<D: Device> CachingAllocator<D> {
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
         if let Some(c) = &self.caches {
-            let evict = |e: &Cached| self.free_cached_to_pool(&e.alloc, e.token).map(drop);
-            if c.put(&self.live, &a, evict)? {
+            if c.put(&self.live, &a, |e| self.evict(e))? {
                 return Ok(());
             }
             return self.free_to_pool(&a);
