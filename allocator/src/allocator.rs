@@ -11,11 +11,13 @@
 //!
 //! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the
 //! freeing thread's cache and serve that thread's next request of the same size and stream
-//! without any pool lock ([`crate::tcache`]). Cached blocks are subtracted from the statistics'
-//! current values; peaks may include them.
+//! without any pool lock ([`crate::tcache`]): a cache hit and the free before it take one
+//! live-table lock each. Cached blocks are subtracted from the statistics' current values
+//! (the live table keeps their totals); peaks may include them.
 //!
-//! Lock order: a stream shard, then a live-table shard; a thread cache is never held together
-//! with either.
+//! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
+//! only under its stream shard's lock, removed from the live table in the same critical
+//! section, so the shards and the live table agree whenever all shard locks are held.
 
 use crate::config::Config;
 use crate::error::AllocError;
@@ -25,7 +27,7 @@ use crate::sizes::PoolKind;
 use crate::snapshot::Snapshot;
 use crate::stats::{Stat, StatArray, Stats};
 use crate::sync::{Arc, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
-use crate::tcache::{Caches, Totals};
+use crate::tcache::{Cached, Caches, Totals};
 use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
@@ -69,9 +71,13 @@ impl<D: Device> CachingAllocator<D> {
             shards,
             reserved,
             live: LiveMap::new(),
-            caches: cfg
-                .thread_cache_on()
-                .then(|| Caches::new(cfg.thread_cache_bytes, cfg.thread_cache_block)),
+            caches: cfg.thread_cache_on().then(|| {
+                Caches::new(
+                    cfg.thread_cache_bytes,
+                    cfg.thread_cache_block,
+                    cfg.thread_cache_large,
+                )
+            }),
             cfg,
         }
     }
@@ -94,13 +100,10 @@ impl<D: Device> CachingAllocator<D> {
             )));
         }
         if let Some(c) = &self.caches {
-            if let Some(e) = c.take(size, stream.0) {
-                self.live.mark_live(e.alloc.ptr);
-                return Ok(e.alloc);
+            if let Some(a) = c.take(&self.live, size, stream.0) {
+                return Ok(a);
             }
-            for orphan in c.adopt_orphans() {
-                self.free_to_pool(&orphan.alloc)?;
-            }
+            self.after_miss(c, size)?;
         }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {
@@ -113,17 +116,28 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// A thread-cache miss for `size` bytes: the blocks of exited threads' caches and, for a
+    /// request of the large pool, this thread's large part go back to their pools first.
+    fn after_miss(&self, c: &Caches, size: u64) -> Result<(), AllocError> {
+        for orphan in c.adopt_orphans() {
+            self.evict(&orphan)?;
+        }
+        if size > crate::sizes::SMALL_SIZE {
+            c.release_large(|e| self.evict(e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends a block leaving a thread cache to its pool (nothing if the copy is stale).
+    fn evict(&self, e: &Cached) -> Result<(), AllocError> {
+        self.free_cached_to_pool(&e.alloc, e.token).map(drop)
+    }
+
     fn try_allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         let mut pool = self.shard(stream);
         let a = pool.allocate(size, stream)?;
         let b = pool.block(a.block).expect("allocated block");
-        self.live.insert(Entry {
-            alloc: a,
-            block_size: b.size,
-            pool: b.pool,
-            cached: false,
-            recorded: false,
-        });
+        self.live.insert(Entry::live(a, b.size, b.pool));
         Ok(a)
     }
 
@@ -142,24 +156,32 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Returns every block held in thread caches to its pool; returns how many there were.
     fn flush_thread_caches(&self) -> Result<usize, AllocError> {
-        let Some(c) = &self.caches else { return Ok(0) };
-        let entries = c.drain_all();
-        let n = entries.len();
-        for e in entries {
-            self.free_to_pool(&e.alloc)?;
+        if self.caches.is_none() {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for e in self.live.cached_entries() {
+            n += usize::from(self.free_cached_to_pool(&e.alloc, e.token)?);
         }
         Ok(n)
+    }
+
+    /// Gives the block of `a`, cached under `token`, back to its pool, unless that is a stale
+    /// copy (another thread took the block first); true when it went back.
+    fn free_cached_to_pool(&self, a: &Allocation, token: u64) -> Result<bool, AllocError> {
+        let mut pool = self.shard(a.stream);
+        if self.live.take_cached(a.ptr, token).is_none() {
+            return Ok(false);
+        }
+        pool.free(a)?;
+        Ok(true)
     }
 
     /// Frees an allocation. A block used on other streams ([`CachingAllocator::record_stream`])
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
         if let Some(c) = &self.caches {
-            let e = self.live.mark_cached(&a)?;
-            if e.cached {
-                for evicted in c.put(e) {
-                    self.free_to_pool(&evicted.alloc)?;
-                }
+            if c.put(&self.live, &a, |e| self.evict(e))? {
                 return Ok(());
             }
             return self.free_to_pool(&a);
@@ -252,8 +274,8 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         let mut total = total.unwrap_or_default();
-        if let Some(c) = &self.caches {
-            subtract_cached(&mut total, &c.totals());
+        if self.caches.is_some() {
+            subtract_cached(&mut total, &self.live.cached_totals());
         }
         total
     }
@@ -290,6 +312,7 @@ impl<D: Device> CachingAllocator<D> {
             allocations += pool.stats().allocation.0[0].current as usize;
             reserved += pool.reserved();
         }
+        self.live.check_invariants()?;
         let live = self.live.len();
         if allocations != live {
             return Err(format!(

@@ -16,7 +16,8 @@
 //! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache holds at most (default 32); cached blocks count as allocated, so more is faster but reserves more |
-//! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache takes (default 2) |
+//! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 2) |
+//! | `thread_cache_large` | integer 0..=4 | blocks of any size a thread cache keeps besides (the last freed; default 1); each thread may hold this many blocks beyond `thread_cache_mb` |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
 //!
@@ -119,8 +120,11 @@ pub struct Config {
     pub thread_cache: Option<bool>,
     /// Bytes one thread cache holds at most.
     pub thread_cache_bytes: u64,
-    /// Largest block a thread cache takes.
+    /// Largest block a thread cache's small part takes.
     pub thread_cache_block: u64,
+    /// Blocks of any size a thread cache's large part holds (at most
+    /// [`crate::tcache::MAX_LARGE`]).
+    pub thread_cache_large: usize,
 }
 
 impl Default for Config {
@@ -149,6 +153,7 @@ impl Config {
             thread_cache: None,
             thread_cache_bytes: 32 << 20,
             thread_cache_block: 2 << 20,
+            thread_cache_large: 1,
         }
     }
 
@@ -242,6 +247,16 @@ impl Config {
                     ));
                 }
                 self.thread_cache_block = mb.saturating_mul(1 << 20);
+            }
+            "thread_cache_large" => {
+                let n = p.integer(key)?;
+                if n > crate::tcache::MAX_LARGE as u64 {
+                    return Err(ConfigError::new(
+                        key,
+                        "at most 4 large blocks per thread cache",
+                    ));
+                }
+                self.thread_cache_large = n as usize;
             }
             "backend" => {
                 let v = p.next_word(key)?;

@@ -2,14 +2,23 @@
 //! address, sharded by address so threads freeing different blocks rarely meet.
 //!
 //! An entry is either *live* (owned by a caller) or *cached* (freed by its caller and held in a
-//! thread cache, still allocated from the pool's point of view). Only a live entry may be freed
-//! or recorded on a stream; that is what turns a double free into an error even when the first
-//! free went to a thread cache.
+//! thread cache, still allocated from the pool's point of view). The table, not the thread
+//! caches, is the authority on who owns a cached block:
+//!
+//! - a cached entry carries the nonzero *token* the caching thread gave it; taking the block
+//!   back ([`LiveMap::claim`]) or sending it to its pool ([`LiveMap::take_cached`]) must present
+//!   that token, and succeeds once: a thread cache's copy of an entry that a flush already took
+//!   is *stale*, and fails;
+//! - only a live entry may be freed or recorded on a stream: a double free is an error even when
+//!   the first free went to a thread cache;
+//! - each shard keeps the [`Totals`] of its cached entries, changed under the shard's lock
+//!   together with the entries: the statistics subtract exactly what is cached.
 
 use crate::error::AllocError;
 use crate::pool::Allocation;
 use crate::sizes::PoolKind;
 use crate::sync::{CachePadded, Mutex, MutexGuard};
+use crate::tcache::Totals;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -40,41 +49,78 @@ pub(crate) struct Entry {
     /// Size of the block behind it (rounded).
     pub block_size: u64,
     pub pool: PoolKind,
-    /// Held in a thread cache rather than by a caller.
-    pub cached: bool,
+    /// 0 while a caller owns it; the caching thread's token while a thread cache holds it.
+    pub token: u64,
     /// Used on another stream (`record_stream`): it must go back through its pool's events.
     pub recorded: bool,
 }
 
+impl Entry {
+    /// An entry for a block just handed out by its pool.
+    pub fn live(alloc: Allocation, block_size: u64, pool: PoolKind) -> Entry {
+        Entry {
+            alloc,
+            block_size,
+            pool,
+            token: 0,
+            recorded: false,
+        }
+    }
+
+    /// Held in a thread cache rather than by a caller.
+    pub fn cached(&self) -> bool {
+        self.token != 0
+    }
+}
+
+/// What [`LiveMap::mark_cached`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Marked {
+    /// The entry is cached now.
+    Cached,
+    /// The entry stays live (recorded on another stream, or too large): free it to its pool.
+    Live,
+    /// No live entry for that allocation (a double free, a foreign pointer).
+    Missing,
+}
+
 type Map = HashMap<u64, Entry, BuildHasherDefault<AddrHasher>>;
+
+/// One shard: its entries and what its cached ones add up to.
+#[derive(Default)]
+struct Shard {
+    map: Map,
+    cached: Totals,
+}
 
 /// Pointer -> entry, sharded by address.
 pub(crate) struct LiveMap {
-    shards: Box<[CachePadded<Mutex<Map>>]>,
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
 }
 
 impl LiveMap {
     pub fn new() -> Self {
         LiveMap {
             shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(Map::default())))
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
         }
     }
 
-    fn shard(&self, ptr: u64) -> MutexGuard<'_, Map> {
+    fn shard(&self, ptr: u64) -> MutexGuard<'_, Shard> {
         let h = (ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
         self.shards[h as usize % SHARDS].lock()
     }
 
     pub fn insert(&self, e: Entry) {
-        self.shard(e.alloc.ptr).insert(e.alloc.ptr, e);
+        debug_assert!(!e.cached());
+        self.shard(e.alloc.ptr).map.insert(e.alloc.ptr, e);
     }
 
     /// The live entry for `ptr`.
     pub fn live(&self, ptr: u64) -> Result<Entry, AllocError> {
-        match self.shard(ptr).get(&ptr) {
-            Some(e) if !e.cached => Ok(*e),
+        match self.shard(ptr).map.get(&ptr) {
+            Some(e) if !e.cached() => Ok(*e),
             _ => Err(AllocError::NotAllocated(ptr)),
         }
     }
@@ -88,40 +134,120 @@ impl LiveMap {
         Ok(e)
     }
 
-    /// Turns the live entry of `a` into a cached one, unless it was used on another stream
-    /// (then it stays live and is returned with `cached == false`).
-    pub fn mark_cached(&self, a: &Allocation) -> Result<Entry, AllocError> {
+    /// Turns the live entry of `a` into one cached under `token` and hands it (still live) and
+    /// the token to `keep`, unless
+    /// it was used on another stream or its block is larger than `max_block` (then it stays
+    /// live).
+    #[inline]
+    pub fn mark_cached(
+        &self,
+        a: &Allocation,
+        token: u64,
+        max_block: u64,
+        keep: impl FnOnce(&Entry, u64),
+    ) -> Marked {
+        debug_assert_ne!(token, 0);
         let mut g = self.shard(a.ptr);
-        match g.get_mut(&a.ptr) {
-            Some(e) if !e.cached && e.alloc == *a => {
-                e.cached = !e.recorded;
-                Ok(*e)
+        let s = &mut *g;
+        match s.map.get_mut(&a.ptr) {
+            Some(e) if !e.cached() && e.alloc == *a => {
+                if e.recorded || e.block_size > max_block {
+                    return Marked::Live;
+                }
+                // `keep` copies the entry before the token is stored in it: a copy that reads a
+                // field just written stalls on store forwarding.
+                keep(e, token);
+                e.token = token;
+                s.cached.add(e);
+                Marked::Cached
             }
-            _ => Err(AllocError::NotAllocated(a.ptr)),
+            _ => Marked::Missing,
         }
+    }
+
+    /// Turns the entry at `ptr` cached under `token` live again; false when it is not (a flush
+    /// took it: the caller's copy is stale).
+    #[inline]
+    pub fn claim(&self, ptr: u64, token: u64) -> bool {
+        let mut g = self.shard(ptr);
+        let s = &mut *g;
+        match s.map.get_mut(&ptr) {
+            Some(e) if e.token == token => {
+                e.token = 0;
+                s.cached.sub(e);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes the entry at `ptr` cached under `token` (its block goes back to its pool); `None`
+    /// when it is not cached under that token.
+    pub fn take_cached(&self, ptr: u64, token: u64) -> Option<Entry> {
+        let mut g = self.shard(ptr);
+        let s = &mut *g;
+        match s.map.get(&ptr) {
+            Some(e) if e.token == token && token != 0 => {
+                let e = s.map.remove(&ptr).expect("present");
+                s.cached.sub(&e);
+                Some(e)
+            }
+            _ => None,
+        }
+    }
+
+    /// Every cached entry, shard by shard (each shard's list is consistent; the whole is not a
+    /// snapshot: blocks may be cached or claimed meanwhile).
+    pub fn cached_entries(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for s in self.shards.iter() {
+            let s = s.lock();
+            if s.cached.is_empty() {
+                continue;
+            }
+            out.extend(s.map.values().filter(|e| e.cached()).copied());
+        }
+        out
+    }
+
+    /// What the cached entries add up to.
+    pub fn cached_totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for s in self.shards.iter() {
+            t.merge(&s.lock().cached);
+        }
+        t
     }
 
     /// Notes that the live allocation at `ptr` was used on another stream.
     pub fn mark_recorded(&self, ptr: u64) {
-        if let Some(e) = self.shard(ptr).get_mut(&ptr) {
+        if let Some(e) = self.shard(ptr).map.get_mut(&ptr) {
             e.recorded = true;
         }
     }
 
-    /// Turns a cached entry live again.
-    pub fn mark_live(&self, ptr: u64) {
-        if let Some(e) = self.shard(ptr).get_mut(&ptr) {
-            debug_assert!(e.cached);
-            e.cached = false;
-        }
-    }
-
     pub fn remove(&self, ptr: u64) {
-        self.shard(ptr).remove(&ptr);
+        self.shard(ptr).map.remove(&ptr);
     }
 
     /// Number of entries, live and cached.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    /// Checks each shard's cached totals against its entries.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (i, s) in self.shards.iter().enumerate() {
+            let s = s.lock();
+            let mut t = Totals::default();
+            s.map.values().filter(|e| e.cached()).for_each(|e| t.add(e));
+            if t != s.cached {
+                return Err(format!(
+                    "live shard {i}: cached totals {:?}, entries add up to {t:?}",
+                    s.cached
+                ));
+            }
+        }
+        Ok(())
     }
 }

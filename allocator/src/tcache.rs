@@ -1,53 +1,190 @@
-//! Per-thread caches of freed blocks: the lock-free fast path of [`crate::CachingAllocator`].
+//! Per-thread caches of freed blocks: the fast path of [`crate::CachingAllocator`].
 //!
 //! When a caller frees a block, the block may stay in the freeing thread's cache instead of
 //! going back to its pool; the next request of exactly the same size on the same stream from
-//! that thread takes it back without touching the pool's lock. A cache holds at most
-//! [`MAX_BLOCKS`] blocks and `thread_cache_mb` bytes, of blocks up to `thread_cache_block_mb`
-//! (32 MiB and 2 MiB by default: larger blocks go straight back to their pool, where other
-//! threads and the memory budget can use them); the oldest block leaves first. Cached blocks
-//! are still allocated from the pool's point of view: the statistics subtract them
-//! ([`Totals`]), and every cache is flushed back to the pools on `empty_cache`, on
-//! out-of-memory, and when the allocator is dropped.
+//! that thread takes it back without touching the pool's lock. A cache has two parts:
 //!
-//! Each thread's cache is an `Arc<Mutex<_>>` shared by the thread (through a thread local) and
-//! the allocator's registry (for flushing); the thread's own lock is uncontended except while a
-//! flush runs. When a thread exits, its cache is orphaned; the next allocation that misses its
-//! own cache returns orphaned blocks to their pools ([`Caches::adopt_orphans`]).
+//! - *small*: up to [`MAX_BLOCKS`] blocks of at most `thread_cache_block_mb` (2 MiB by default)
+//!   and at most `thread_cache_mb` bytes together (32 MiB);
+//! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
+//!   size that the small part does not take: the last ones this thread freed.
+//!
+//! The oldest block of a full part leaves first, and a request of the large pool that misses
+//! empties its thread's large part first (so those blocks can serve it from their pool: the
+//! large part never makes its own thread reserve more). So one thread holds at most
+//! `thread_cache_mb` + `thread_cache_large` x (the largest block it freed) bytes in its cache,
+//! and never a block it did not free itself. Cached blocks are still allocated from the pool's
+//! point of view: the statistics subtract them ([`Totals`]), and every cache is flushed back to
+//! the pools on `empty_cache`, on out-of-memory (before the error is returned), and when the
+//! allocator is dropped; the cache of a thread that exited is returned by the next allocation
+//! (on any thread) that misses its own cache.
+//!
+//! Invariants:
+//! - a thread's cache is touched only by its thread (a thread local, no lock); other threads
+//!   find cached blocks through the live table ([`crate::live`]), where each cached entry
+//!   carries the token its thread gave it;
+//! - a block leaves the cached state exactly once: a thread taking it back, a flush or an
+//!   eviction must win [`LiveMap::claim`] or [`LiveMap::take_cached`] with the token first; the
+//!   losers' copies are stale and are dropped when met;
+//! - tokens are never reused (for the first 2^32 ranges): a thread's tokens come from a range
+//!   of 2^32 - 1 starting at a fresh process-wide id shifted by 32 bits, and a thread that uses
+//!   up its range takes a fresh one, so a stale copy can never match a later caching.
 
-use crate::live::Entry;
+use crate::error::AllocError;
+use crate::live::{Entry, LiveMap, Marked};
+use crate::pool::Allocation;
 use crate::sizes::PoolKind;
 use crate::sync::Ordering;
-use crate::sync::{thread_local, Arc, AtomicUsize, IdCounter, Mutex};
+use crate::sync::{thread_local, Arc, AtomicBool, IdCounter, Mutex};
 use std::cell::RefCell;
 
-/// Blocks a thread cache holds at most.
+/// Small blocks a thread cache holds at most.
 pub const MAX_BLOCKS: usize = 16;
+
+/// Largest `thread_cache_large`: large blocks a thread cache may hold.
+pub const MAX_LARGE: usize = 4;
+
+/// Low bits of a token: the sequence number within a thread's range.
+const SEQ_MASK: u64 = 0xFFFF_FFFF;
 
 static NEXT_ID: IdCounter = IdCounter::new(1);
 
-#[derive(Default)]
-struct ThreadCache {
-    entries: Vec<Entry>,
-    bytes: u64,
+fn fresh_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-type Shared = Arc<Mutex<ThreadCache>>;
+/// A thread cache's copy of a cached entry: what it needs to find the block, claim it with its
+/// token, and send it to its pool.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cached {
+    pub alloc: Allocation,
+    pub block_size: u64,
+    pub token: u64,
+}
 
-/// A thread's handle on its cache for one allocator; dropped when the thread exits, which tells
-/// the allocator that the cache's blocks have no owner any more.
+/// What one thread cache may hold.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    max_bytes: u64,
+    max_block: u64,
+    max_large: usize,
+}
+
+impl Limits {
+    /// The small part takes the block.
+    fn small(&self, block_size: u64) -> bool {
+        block_size <= self.max_block && block_size <= self.max_bytes
+    }
+}
+
+/// One thread's cache for one allocator; only its thread touches it.
+struct Local {
+    small: Vec<Cached>,
+    /// Block bytes in `small`.
+    bytes: u64,
+    large: Vec<Cached>,
+    /// The last token handed out.
+    token: u64,
+}
+
+impl Local {
+    fn new() -> Local {
+        Local {
+            small: Vec::with_capacity(MAX_BLOCKS + 1),
+            bytes: 0,
+            large: Vec::with_capacity(MAX_LARGE + 1),
+            token: fresh_id() << 32,
+        }
+    }
+
+    fn next_token(&mut self) -> u64 {
+        if self.token & SEQ_MASK == SEQ_MASK {
+            self.token = fresh_id() << 32;
+        }
+        self.token += 1;
+        self.token
+    }
+
+    /// Takes the newest entry for `size` bytes on `stream` (maybe stale).
+    fn take(&mut self, size: u64, stream: u64) -> Option<Cached> {
+        let hit = |e: &Cached| e.alloc.size == size && e.alloc.stream.0 == stream;
+        if let Some(i) = self.small.iter().rposition(hit) {
+            let e = remove(&mut self.small, i);
+            self.bytes -= e.block_size;
+            return Some(e);
+        }
+        let i = self.large.iter().rposition(hit)?;
+        Some(remove(&mut self.large, i))
+    }
+
+    /// Adds `e` as cached under `token` (then [`Local::pop_excess`] until `None`).
+    fn push(&mut self, e: &Entry, token: u64, lim: &Limits) {
+        let e = Cached {
+            alloc: e.alloc,
+            block_size: e.block_size,
+            token,
+        };
+        if lim.small(e.block_size) {
+            self.bytes += e.block_size;
+            self.small.push(e);
+        } else {
+            self.large.push(e);
+        }
+    }
+
+    /// An entry that has to leave: the oldest of a part over its limits.
+    fn pop_excess(&mut self, lim: &Limits) -> Option<Cached> {
+        if self.small.len() > MAX_BLOCKS || self.bytes > lim.max_bytes {
+            let old = self.small.remove(0);
+            self.bytes -= old.block_size;
+            return Some(old);
+        }
+        if self.large.len() > lim.max_large {
+            return Some(self.large.remove(0));
+        }
+        None
+    }
+
+    fn drain(&mut self, out: &mut Vec<Cached>) {
+        out.append(&mut self.small);
+        out.append(&mut self.large);
+        self.bytes = 0;
+    }
+}
+
+/// Removes entry `i` keeping the order; the newest (the usual hit) without a `memmove` call.
+fn remove(v: &mut Vec<Cached>, i: usize) -> Cached {
+    if i + 1 == v.len() {
+        v.pop().expect("entry i")
+    } else {
+        v.remove(i)
+    }
+}
+
+/// Blocks left by threads that exited, waiting to go back to their pools.
+#[derive(Default)]
+struct Orphans {
+    entries: Mutex<Vec<Cached>>,
+    /// Set when `entries` may be non-empty.
+    pending: AtomicBool,
+}
+
+/// A thread's cache for one allocator; dropped when the thread exits, which hands the blocks
+/// to the allocator's orphans.
 struct Mine {
     id: u64,
-    cache: Option<Shared>,
-    exited: Arc<AtomicUsize>,
+    local: Local,
+    orphans: Arc<Orphans>,
 }
 
 impl Drop for Mine {
-    /// Lets go of the cache first, then signals: an allocation that sees the signal finds the
-    /// cache with no owner left.
     fn drop(&mut self) {
-        drop(self.cache.take());
-        self.exited.fetch_add(1, Ordering::Release);
+        let mut left = Vec::new();
+        self.local.drain(&mut left);
+        if !left.is_empty() {
+            self.orphans.entries.lock().append(&mut left);
+            self.orphans.pending.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -68,123 +205,146 @@ pub struct Totals {
     pub requested: [u64; 2],
 }
 
-/// The thread caches of one allocator.
-pub(crate) struct Caches {
-    id: u64,
-    max_bytes: u64,
-    max_block: u64,
-    all: Mutex<Vec<Shared>>,
-    /// Threads that left a cache behind since the last [`Caches::adopt_orphans`].
-    exited: Arc<AtomicUsize>,
-}
+impl Totals {
+    pub(crate) fn add(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] += 1;
+        self.bytes[p] += e.block_size;
+        self.requested[p] += e.alloc.size;
+    }
 
-impl Caches {
-    pub fn new(max_bytes: u64, max_block: u64) -> Self {
-        Caches {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            max_bytes,
-            max_block,
-            all: Mutex::new(Vec::new()),
-            exited: Arc::new(AtomicUsize::new(0)),
+    pub(crate) fn sub(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] -= 1;
+        self.bytes[p] -= e.block_size;
+        self.requested[p] -= e.alloc.size;
+    }
+
+    pub(crate) fn merge(&mut self, o: &Totals) {
+        for p in 0..2 {
+            self.blocks[p] += o.blocks[p];
+            self.bytes[p] += o.bytes[p];
+            self.requested[p] += o.requested[p];
         }
     }
 
-    /// Runs `f` on this thread's cache, creating and registering it on first use.
-    fn with_mine<R>(&self, f: impl FnOnce(&mut ThreadCache) -> R) -> R {
-        MINE.with(|m| {
+    /// No block counted.
+    pub fn is_empty(&self) -> bool {
+        self.blocks == [0, 0]
+    }
+}
+
+/// The thread caches of one allocator.
+pub(crate) struct Caches {
+    id: u64,
+    limits: Limits,
+    orphans: Arc<Orphans>,
+}
+
+impl Caches {
+    pub fn new(max_bytes: u64, max_block: u64, max_large: usize) -> Self {
+        Caches {
+            id: fresh_id(),
+            limits: Limits {
+                max_bytes,
+                max_block,
+                max_large: max_large.min(MAX_LARGE),
+            },
+            orphans: Arc::default(),
+        }
+    }
+
+    /// Largest block a cache takes.
+    fn max_cached_block(&self) -> u64 {
+        match self.limits.max_large {
+            0 => self.limits.max_block.min(self.limits.max_bytes),
+            _ => u64::MAX,
+        }
+    }
+
+    /// Runs `f` on this thread's cache, creating it on first use; `None` while the thread's
+    /// locals are being destroyed.
+    fn with_mine<R>(&self, f: impl FnOnce(&mut Local) -> R) -> Option<R> {
+        MINE.try_with(|m| {
             let mut m = m.borrow_mut();
             let i = match m.iter().position(|x| x.id == self.id) {
                 Some(i) => i,
                 None => {
                     // Forget caches of allocators that are gone (only this thread holds them).
-                    m.retain(|x| x.cache.as_ref().is_some_and(|c| Arc::strong_count(c) > 1));
-                    let c: Shared = Arc::default();
-                    self.all.lock().push(c.clone());
+                    m.retain(|x| Arc::strong_count(&x.orphans) > 1);
                     m.push(Mine {
                         id: self.id,
-                        cache: Some(c),
-                        exited: self.exited.clone(),
+                        local: Local::new(),
+                        orphans: self.orphans.clone(),
                     });
                     m.len() - 1
                 }
             };
-            let mut c = m[i].cache.as_ref().expect("a live thread's cache").lock();
-            f(&mut c)
+            f(&mut m[i].local)
         })
+        .ok()
     }
 
-    /// Takes a cached block for exactly `size` bytes on `stream`.
-    pub fn take(&self, size: u64, stream: u64) -> Option<Entry> {
+    /// Takes back a block this thread cached for exactly `size` bytes on `stream`.
+    pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Allocation> {
         self.with_mine(|c| {
-            let i = c
-                .entries
-                .iter()
-                .rposition(|e| e.alloc.size == size && e.alloc.stream.0 == stream)?;
-            let e = c.entries.swap_remove(i);
-            c.bytes -= e.block_size;
-            Some(e)
-        })
-    }
-
-    /// Caches a freed block; returns the blocks that no longer fit (to be freed to the pool).
-    pub fn put(&self, e: Entry) -> Vec<Entry> {
-        if e.block_size > self.max_block || e.block_size > self.max_bytes {
-            return vec![e];
-        }
-        self.with_mine(|c| {
-            c.bytes += e.block_size;
-            c.entries.push(e);
-            let mut out = Vec::new();
-            while c.entries.len() > MAX_BLOCKS || c.bytes > self.max_bytes {
-                let old = c.entries.remove(0);
-                c.bytes -= old.block_size;
-                out.push(old);
+            while let Some(e) = c.take(size, stream) {
+                if live.claim(e.alloc.ptr, e.token) {
+                    return Some(e.alloc);
+                }
             }
-            out
+            None
         })
+        .flatten()
     }
 
-    /// Empties every thread's cache and returns what they held.
-    pub fn drain_all(&self) -> Vec<Entry> {
-        let all = self.all.lock().clone();
-        let mut out = Vec::new();
-        for c in all {
-            let mut c = c.lock();
-            c.bytes = 0;
-            out.append(&mut c.entries);
-        }
-        self.all.lock().retain(|c| Arc::strong_count(c) > 1);
-        out
+    /// Frees `a` into this thread's cache if it may be cached, handing the entries that leave
+    /// the cache to `evict` (they may be stale); false when `a` stays live, for its pool.
+    pub fn put(
+        &self,
+        live: &LiveMap,
+        a: &Allocation,
+        mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
+    ) -> Result<bool, AllocError> {
+        let (max, lim) = (self.max_cached_block(), self.limits);
+        let put = self.with_mine(|c| {
+            let token = c.next_token();
+            match live.mark_cached(a, token, max, |e, t| c.push(e, t, &lim)) {
+                Marked::Missing => return Err(AllocError::NotAllocated(a.ptr)),
+                Marked::Live => return Ok(false),
+                Marked::Cached => {}
+            }
+            while let Some(old) = c.pop_excess(&lim) {
+                evict(&old)?;
+            }
+            Ok(true)
+        });
+        put.unwrap_or_else(|| live.check_live(a).map(|_| false))
     }
 
-    /// Empties the caches of threads that have exited and returns what they held.
-    pub fn adopt_orphans(&self) -> Vec<Entry> {
-        if self.exited.swap(0, Ordering::Acquire) == 0 {
+    /// Sends this thread's large part to `evict` (a large request missed: in their pools the
+    /// blocks can serve it, so the large part never makes its own thread reserve more).
+    pub fn release_large(
+        &self,
+        mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
+    ) -> Result<(), AllocError> {
+        self.with_mine(|c| {
+            while let Some(e) = c.large.pop() {
+                evict(&e)?;
+            }
+            Ok(())
+        })
+        .unwrap_or(Ok(()))
+    }
+
+    /// Takes the entries of threads that exited (maybe stale), if any are waiting.
+    pub fn adopt_orphans(&self) -> Vec<Cached> {
+        // A load first: misses on every thread must not all write the one flag.
+        if !self.orphans.pending.load(Ordering::Relaxed)
+            || !self.orphans.pending.swap(false, Ordering::Acquire)
+        {
             return Vec::new();
         }
-        let mut all = self.all.lock();
-        let mut out = Vec::new();
-        all.retain(|c| {
-            if Arc::strong_count(c) > 1 {
-                return true;
-            }
-            out.append(&mut c.lock().entries);
-            false
-        });
-        out
-    }
-
-    /// What all caches hold.
-    pub fn totals(&self) -> Totals {
-        let mut t = Totals::default();
-        for c in self.all.lock().iter() {
-            for e in &c.lock().entries {
-                let p = usize::from(e.pool == PoolKind::Large);
-                t.blocks[p] += 1;
-                t.bytes[p] += e.block_size;
-                t.requested[p] += e.alloc.size;
-            }
-        }
-        t
+        std::mem::take(&mut *self.orphans.entries.lock())
     }
 }

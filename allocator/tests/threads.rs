@@ -17,6 +17,11 @@
 //! - at the end, after every free: `allocation.all.current == 0`, allocated and active bytes are 0,
 //!   `empty_cache` returns every byte (device outstanding bytes == 0), and dropping the allocator
 //!   leaves no event or reservation behind.
+//!
+//! The large part of a thread cache (one block of any size by default) is checked on its own:
+//! a large block freed and asked for again by the same thread comes back without a pool call;
+//! it leaves the cache when replaced, on `empty_cache`, on out-of-memory and when its thread
+//! exits; while cached it is not counted as allocated.
 
 use cudalloc::stats::StatType;
 use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy};
@@ -364,17 +369,22 @@ fn allocator_is_send_and_sync() {
 }
 
 /// Blocks left in the cache of a thread that exited go back to their pool: a later allocation
-/// of the same size on another thread reuses them instead of asking the device for more.
+/// of the same size on another thread reuses them instead of asking the device for more
+/// (64 MiB blocks: the large part of the thread caches).
 #[test]
 fn caches_of_exited_threads_are_adopted() {
     let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
     let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Default));
     for _ in 0..8 {
+        // Joined explicitly: a thread's cache is orphaned by its thread-local destructors,
+        // which have run once `join` returns (the end of `scope` does not wait for them).
         std::thread::scope(|s| {
             s.spawn(|| {
                 let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
                 alloc.free(a).unwrap();
-            });
+            })
+            .join()
+            .unwrap();
         });
     }
     let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
@@ -385,4 +395,167 @@ fn caches_of_exited_threads_are_adopted() {
     );
     alloc.free(a).unwrap();
     alloc.check_invariants().unwrap();
+}
+
+fn default_alloc(capacity: u64) -> (Arc<SimDevice>, Alloc) {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(capacity)));
+    let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Default));
+    (sim, alloc)
+}
+
+/// Allocations the pools made so far (a thread-cache hit makes none).
+fn pool_allocations(alloc: &Alloc) -> i64 {
+    alloc.stats().allocation.get(StatType::All).allocated
+}
+
+/// Frees `a`, which must stay in the thread cache (the pool sees no free).
+fn free_into_thread_cache(alloc: &Alloc, a: Allocation) {
+    let frees = alloc.stats().allocation.get(StatType::All).freed;
+    alloc.free(a).unwrap();
+    let now = alloc.stats().allocation.get(StatType::All).freed;
+    assert_eq!(now, frees, "{} bytes went back to the pool", a.size);
+}
+
+/// Nothing counted as allocated, active or requested.
+fn assert_nothing_allocated(alloc: &Alloc) {
+    let s = alloc.stats();
+    assert_eq!(s.allocation.get(StatType::All).current, 0);
+    assert_eq!(s.allocation.get(StatType::LargePool).current, 0);
+    assert_eq!(s.allocated_bytes.get(StatType::All).current, 0);
+    assert_eq!(s.active.get(StatType::All).current, 0);
+    assert_eq!(s.active_bytes.get(StatType::All).current, 0);
+    assert_eq!(s.requested_bytes.get(StatType::All).current, 0);
+    alloc.check_invariants().unwrap();
+}
+
+/// A block above `thread_cache_block_mb` freed and asked for again by the same thread comes
+/// back from the thread cache: same pointer, no pool allocation; while cached it is not counted.
+#[test]
+fn a_large_block_comes_back_from_the_thread_cache() {
+    for size in [64 * MIB, 700 * MIB] {
+        let (_sim, alloc) = default_alloc(4 * GIB);
+        let a = alloc.allocate(size, StreamId(1)).unwrap();
+        free_into_thread_cache(&alloc, a);
+        assert_nothing_allocated(&alloc);
+        assert!(
+            alloc.reserved_bytes() >= size,
+            "the cached block is still held"
+        );
+        let n = pool_allocations(&alloc);
+        let b = alloc.allocate(size, StreamId(1)).unwrap();
+        assert_eq!(b.ptr, a.ptr);
+        assert_eq!(
+            pool_allocations(&alloc),
+            n,
+            "{size} bytes: the pool was asked"
+        );
+        alloc.free(b).unwrap();
+        assert_eq!(alloc.free(b), Err(AllocError::NotAllocated(b.ptr)));
+    }
+}
+
+/// The large part holds one block by default: freeing a second large block sends the first
+/// back to its pool, where another thread gets it without a device allocation.
+#[test]
+fn a_replaced_large_block_goes_back_to_its_pool() {
+    let (_sim, alloc) = default_alloc(4 * GIB);
+    let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    let b = alloc.allocate(32 * MIB, StreamId(1)).unwrap();
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    assert_nothing_allocated(&alloc);
+    let held = alloc.reserved_bytes();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let c = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+            assert_eq!(c.ptr, a.ptr, "the replaced block was not in its pool");
+            alloc.free(c).unwrap();
+        });
+    });
+    assert_eq!(alloc.reserved_bytes(), held);
+}
+
+/// `empty_cache` takes the large blocks out of the thread caches and back to the device.
+#[test]
+fn empty_cache_releases_thread_cached_large_blocks() {
+    let (sim, alloc) = default_alloc(4 * GIB);
+    let a = alloc.allocate(300 * MIB, StreamId(1)).unwrap();
+    free_into_thread_cache(&alloc, a);
+    let n = pool_allocations(&alloc);
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.reserved_bytes(), 0);
+    assert_eq!(sim.outstanding_bytes(), 0);
+    assert_nothing_allocated(&alloc);
+    let b = alloc.allocate(300 * MIB, StreamId(1)).unwrap();
+    assert_eq!(
+        pool_allocations(&alloc),
+        n + 1,
+        "served from a flushed cache"
+    );
+    alloc.free(b).unwrap();
+}
+
+/// Out of memory flushes the thread caches before it gives up: a large block cached by one
+/// thread does not keep another stream's request from fitting under the limit.
+#[test]
+fn out_of_memory_releases_thread_cached_large_blocks() {
+    let (_sim, alloc) = default_alloc(4 * GIB);
+    alloc.set_memory_limit(Some(GIB));
+    let a = alloc.allocate(600 * MIB, StreamId(1)).unwrap();
+    free_into_thread_cache(&alloc, a);
+    let b = alloc.allocate(600 * MIB, StreamId(2));
+    assert!(b.is_ok(), "{b:?}");
+    alloc.free(b.unwrap()).unwrap();
+    alloc.set_memory_limit(None);
+    alloc.empty_cache().unwrap();
+    assert_nothing_allocated(&alloc);
+    assert_eq!(alloc.reserved_bytes(), 0);
+}
+
+/// A large request that misses the thread cache sends the thread's large part back to its pool
+/// first: a 64 MiB block cached by this thread serves its next 32 MiB request (split in its
+/// pool) instead of the pool reserving more.
+#[test]
+fn a_large_miss_returns_the_large_part_first() {
+    let (_sim, alloc) = default_alloc(4 * GIB);
+    let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    free_into_thread_cache(&alloc, a);
+    let held = alloc.reserved_bytes();
+    let b = alloc.allocate(32 * MIB, StreamId(1)).unwrap();
+    assert_eq!(alloc.reserved_bytes(), held, "the pool reserved more");
+    assert_eq!(b.ptr, a.ptr);
+    alloc.free(b).unwrap();
+    alloc.check_invariants().unwrap();
+}
+
+/// A block recorded on another stream never enters a thread cache (small or large part): it
+/// goes back through its pool, which waits for the other stream's work.
+#[test]
+fn a_recorded_block_skips_the_thread_cache() {
+    for size in [4096, 64 * MIB] {
+        let (_sim, alloc) = default_alloc(4 * GIB);
+        let a = alloc.allocate(size, StreamId(1)).unwrap();
+        alloc.record_stream(a.ptr, StreamId(2)).unwrap();
+        let frees = alloc.stats().allocation.get(StatType::All).freed;
+        alloc.free(a).unwrap();
+        let now = alloc.stats().allocation.get(StatType::All).freed;
+        assert_eq!(now, frees + 1, "{size} bytes: a recorded block was cached");
+        alloc.check_invariants().unwrap();
+    }
+}
+
+/// `thread_cache_large:0` turns the large part off: large blocks go straight back to the pool.
+#[test]
+fn thread_cache_large_zero_sends_large_blocks_to_the_pool() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let cfg = Config::parse("thread_cache_large:0").unwrap();
+    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    alloc.free(a).unwrap();
+    let n = pool_allocations(&alloc);
+    let b = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    assert_eq!(pool_allocations(&alloc), n + 1);
+    alloc.free(b).unwrap();
+    let e = Config::parse("thread_cache_large:5").unwrap_err();
+    assert_eq!(e.key, "thread_cache_large");
 }

@@ -2,6 +2,8 @@
 //! and all on one stream, for 512 B .. 256 MiB; on `SimDevice`, and on `CudaDevice` beside the
 //! same loop through `cuMemAllocAsync`/`cuMemFreeAsync` when a GPU is present. Throughput is in
 //! pairs (elements) per second over all threads.
+//!
+//! `CUDALLOC_BENCH_THREADS=1,2` replaces the thread counts (for machines with few cores).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cudalloc::{CachingAllocator, Config};
@@ -11,6 +13,21 @@ use std::time::Duration;
 
 const SIZES: [u64; 5] = [512, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
 const THREADS: [usize; 3] = [1, 4, 16];
+
+/// The thread counts to run: `CUDALLOC_BENCH_THREADS` (comma-separated) or [`THREADS`].
+fn threads() -> Vec<usize> {
+    match std::env::var("CUDALLOC_BENCH_THREADS") {
+        Ok(v) => v
+            .split(',')
+            .map(|t| {
+                t.trim()
+                    .parse()
+                    .expect("CUDALLOC_BENCH_THREADS: a list of counts")
+            })
+            .collect(),
+        Err(_) => THREADS.to_vec(),
+    }
+}
 
 fn label(size: u64) -> String {
     match size {
@@ -42,7 +59,7 @@ fn cached<D: Device>(
         g.measurement_time(Duration::from_secs(1))
             .warm_up_time(Duration::from_millis(200))
             .sample_size(10);
-        for threads in THREADS {
+        for threads in threads() {
             for size in SIZES {
                 g.throughput(Throughput::Elements(threads as u64));
                 let alloc = CachingAllocator::new(make(), cfg.clone());
@@ -70,7 +87,7 @@ fn stream_ordered(c: &mut Criterion, dev: &CudaDevice) {
         let real: Vec<StreamId> = (0..16)
             .map(|_| dev.create_stream().expect("stream"))
             .collect();
-        for threads in THREADS {
+        for threads in threads() {
             for size in SIZES {
                 g.throughput(Throughput::Elements(threads as u64));
                 let id = BenchmarkId::new(format!("{threads}t"), label(size));
