@@ -22,7 +22,13 @@ use crate::tcache::Totals;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-const SHARDS: usize = 64;
+/// Shards of the table, as a power of two. Many, because a thread's cache hit and free each
+/// lock the shard of their block: with 16 threads on their own streams, blocks lie in unrelated
+/// ranges and fall on shards at random, and two threads sharing one shard slowed both (and so
+/// the whole run) several-fold with 64 shards (H200 bench, `docs/threads.md`); with 1,024 the
+/// chance that a given thread shares its shard with one of 15 others is 1.5% instead of 21%.
+const SHARD_BITS: u32 = 10;
+const SHARDS: usize = 1 << SHARD_BITS;
 
 /// A hasher for device addresses (multiplicative; addresses are 512-byte aligned).
 #[derive(Default)]
@@ -108,8 +114,8 @@ impl LiveMap {
     }
 
     fn shard(&self, ptr: u64) -> MutexGuard<'_, Shard> {
-        let h = (ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
-        self.shards[h as usize % SHARDS].lock()
+        let h = (ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS);
+        self.shards[h as usize].lock()
     }
 
     pub fn insert(&self, e: Entry) {
