@@ -1,0 +1,259 @@
+//! The pool's statistics and fragmentation figures on the simulated device (testing tier 1).
+//!
+//! Invariants checked: every key of `torch.cuda.memory_stats()` is present; `current` equals
+//! allocated minus freed; peaks reset to current; `Snapshot::fragmentation` figures on
+//! hand-made and real snapshots.
+
+use cudalloc::sizes::PoolKind;
+use cudalloc::snapshot::{BlockInfo, BlockState, SegmentInfo};
+use cudalloc::{Snapshot, Stats};
+use std::collections::{BTreeSet, HashMap};
+#[path = "common/pool.rs"]
+mod pool;
+use pool::*;
+use BlockState::{Allocated as A, Free as F};
+
+// ---- statistics ---------------------------------------------------------------------------------
+
+/// Every key of `torch.cuda.memory_stats()`.
+fn torch_stat_names() -> Vec<String> {
+    let arrays = [
+        "allocation",
+        "segment",
+        "active",
+        "inactive_split",
+        "allocated_bytes",
+        "reserved_bytes",
+        "active_bytes",
+        "inactive_split_bytes",
+        "requested_bytes",
+    ];
+    let metrics = ["current", "peak", "allocated", "freed"];
+    let mut names = Vec::new();
+    for a in arrays {
+        for pool in ["all", "small_pool", "large_pool"] {
+            for m in metrics {
+                names.push(format!("{a}.{pool}.{m}"));
+            }
+        }
+    }
+    for a in ["oversize_allocations", "oversize_segments"] {
+        for m in metrics {
+            names.push(format!("{a}.{m}"));
+        }
+    }
+    for s in [
+        "num_alloc_retries",
+        "num_ooms",
+        "num_sync_all_streams",
+        "num_device_alloc",
+        "num_device_free",
+        "max_split_size",
+    ] {
+        names.push(s.to_string());
+    }
+    names
+}
+
+#[test]
+fn every_pytorch_stat_key_exists() {
+    let (sim, mut pool) = torch_with("max_split_size_mb:64");
+    let a = alloc(&mut pool, 1000, S0);
+    let b = alloc(&mut pool, 100 * MIB, S0);
+    free(&mut pool, &a);
+    check(&sim, &pool);
+    let dict = pool.stats().to_torch_dict();
+    let keys: Vec<&str> = dict.iter().map(|(k, _)| k.as_str()).collect();
+    let unique: BTreeSet<&str> = keys.iter().copied().collect();
+    assert_eq!(unique.len(), keys.len(), "duplicate keys");
+    let want = torch_stat_names();
+    for name in &want {
+        assert!(unique.contains(name.as_str()), "missing {name}");
+    }
+    assert_eq!(want.len(), 122);
+    for spot in [
+        "allocation.all.current",
+        "requested_bytes.large_pool.freed",
+        "oversize_allocations.current",
+        "oversize_segments.peak",
+        "inactive_split_bytes.small_pool.peak",
+        "max_split_size",
+    ] {
+        assert!(unique.contains(spot), "missing {spot}");
+    }
+    let d: HashMap<&str, i64> = dict.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(d["allocation.all.current"], 1);
+    assert_eq!(d["allocation.all.allocated"], 2);
+    assert_eq!(d["allocation.all.freed"], 1);
+    assert_eq!(d["allocation.small_pool.peak"], 1);
+    assert_eq!(d["allocated_bytes.large_pool.current"], 100 * MIB as i64);
+    assert_eq!(d["requested_bytes.small_pool.freed"], 1000);
+    assert_eq!(d["reserved_bytes.all.current"], 102 * MIB as i64);
+    assert_eq!(d["segment.all.current"], 2);
+    assert_eq!(d["oversize_allocations.current"], 1);
+    assert_eq!(d["oversize_segments.current"], 1);
+    assert_eq!(d["num_device_alloc"], 2);
+    assert_eq!(d["num_device_free"], 0);
+    assert_eq!(d["num_ooms"], 0);
+    assert_eq!(d["max_split_size"], 64 * MIB as i64);
+    free(&mut pool, &b);
+    // No max_split_size: PyTorch reports -1.
+    let (_, pool) = torch();
+    let d = pool.stats().to_torch_dict();
+    assert!(d.contains(&("max_split_size".to_string(), -1)));
+}
+
+#[test]
+fn stat_current_is_allocated_minus_freed() {
+    let (sim, mut pool) = torch();
+    let xs: Vec<_> = [1000, 5 * MIB, 2048, 12 * MIB, 700 * KIB]
+        .iter()
+        .map(|&s| alloc(&mut pool, s, S0))
+        .collect();
+    for x in xs.iter().step_by(2) {
+        free(&mut pool, x);
+    }
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    let s: Stats = pool.stats().clone();
+    for (name, array) in s.arrays() {
+        for st in array.0 {
+            assert_eq!(st.current, st.allocated - st.freed, "{name}");
+            assert!(st.peak >= st.current, "{name}");
+        }
+        assert_eq!(
+            array.0[0].current,
+            array.0[1].current + array.0[2].current,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn reset_peak_stats_sets_peaks_to_current() {
+    let (sim, mut pool) = torch();
+    let a = alloc(&mut pool, 12 * MIB, S0);
+    let b = alloc(&mut pool, 12 * MIB, S0);
+    free(&mut pool, &b);
+    let all = cudalloc::stats::StatType::All;
+    let s = pool.stats().allocated_bytes.get(all).to_owned();
+    assert_eq!((s.current, s.peak), (12 * MIB as i64, 24 * MIB as i64));
+    pool.reset_peak_stats();
+    let st = pool.stats();
+    let s = st.allocated_bytes.get(all);
+    assert_eq!((s.current, s.peak), (12 * MIB as i64, 12 * MIB as i64));
+    assert_eq!((s.allocated, s.freed), (24 * MIB as i64, 12 * MIB as i64));
+    assert_eq!(
+        st.reserved_bytes.get(all).peak,
+        24 * MIB as i64,
+        "b's segment is cached"
+    );
+    assert_eq!(st.allocation.get(all).peak, 1);
+    free(&mut pool, &a);
+    check(&sim, &pool);
+}
+
+// ---- fragmentation ------------------------------------------------------------------------------
+
+fn blk(addr: u64, size: u64, state: BlockState) -> BlockInfo {
+    BlockInfo {
+        addr,
+        size,
+        requested: if state == A { size } else { 0 },
+        state,
+    }
+}
+
+#[test]
+fn fragmentation_of_a_hand_made_snapshot() {
+    let base = 0x1000_0000;
+    let fixed = SegmentInfo {
+        addr: base,
+        size: 2 * MIB,
+        mapped: 2 * MIB,
+        pool: PoolKind::Small,
+        stream: S0,
+        expandable: false,
+        blocks: vec![
+            blk(base, MIB, A),
+            blk(base + MIB, 512 * KIB, F),
+            blk(base + 1536 * KIB, 256 * KIB, A),
+            blk(base + 1792 * KIB, 256 * KIB, F),
+        ],
+    };
+    let vbase = 0x2000_0000;
+    let expandable = SegmentInfo {
+        addr: vbase,
+        size: 64 * MIB,
+        mapped: 4 * MIB,
+        pool: PoolKind::Large,
+        stream: S0,
+        expandable: true,
+        blocks: vec![
+            blk(vbase, 2 * MIB, A),
+            blk(vbase + 2 * MIB, 2 * MIB, F),
+            blk(vbase + 4 * MIB, 60 * MIB, BlockState::Unmapped),
+        ],
+    };
+    let mut stats = Stats::default();
+    stats
+        .allocated_bytes
+        .increase(PoolKind::Small, MIB + 256 * KIB);
+    stats.allocated_bytes.increase(PoolKind::Large, 2 * MIB);
+    stats.reserved_bytes.increase(PoolKind::Small, 2 * MIB);
+    stats.reserved_bytes.increase(PoolKind::Large, 4 * MIB);
+    let snap = Snapshot {
+        segments: vec![fixed, expandable],
+        stats,
+    };
+    let f = snap.fragmentation();
+    assert_eq!(f.free_bytes, 2 * MIB + 768 * KIB);
+    assert_eq!(f.largest_free_block, 2 * MIB);
+    let ext = 1.0 - 2.0 / 2.75;
+    assert!((f.external_fragmentation - ext).abs() < 1e-12, "{f:?}");
+    assert!((f.utilisation - 3.25 / 6.0).abs() < 1e-12, "{f:?}");
+    assert_eq!(
+        f.free_histogram,
+        vec![
+            (256 * KIB, 1, 256 * KIB),
+            (512 * KIB, 1, 512 * KIB),
+            (2 * MIB, 1, 2 * MIB)
+        ]
+    );
+    assert_eq!(f.mapped_bytes, 6 * MIB);
+    assert_eq!(f.virtual_bytes, 66 * MIB);
+
+    let empty = Snapshot {
+        segments: vec![],
+        stats: Stats::default(),
+    };
+    let f = empty.fragmentation();
+    assert_eq!((f.free_bytes, f.largest_free_block), (0, 0));
+    assert_eq!(f.external_fragmentation, 0.0);
+    assert_eq!(f.utilisation, 1.0);
+    assert!(f.free_histogram.is_empty());
+}
+
+#[test]
+fn fragmentation_of_a_real_pool() {
+    let (sim, mut pool) = torch();
+    let x1 = alloc(&mut pool, 4096, S0);
+    let _s1 = alloc(&mut pool, 512, S0);
+    let x2 = alloc(&mut pool, 8192, S0);
+    let _s2 = alloc(&mut pool, 512, S0);
+    free(&mut pool, &x1);
+    free(&mut pool, &x2);
+    check(&sim, &pool);
+    let rest = 2 * MIB - 13312;
+    let f = pool.snapshot().fragmentation();
+    assert_eq!(f.free_bytes, 4096 + 8192 + rest);
+    assert_eq!(f.largest_free_block, rest);
+    let ext = 1.0 - rest as f64 / (4096 + 8192 + rest) as f64;
+    assert!((f.external_fragmentation - ext).abs() < 1e-12);
+    assert!((f.utilisation - 1024.0 / (2 * MIB) as f64).abs() < 1e-12);
+    assert_eq!(
+        f.free_histogram,
+        vec![(4096, 1, 4096), (8192, 1, 8192), (MIB, 1, rest)]
+    );
+    assert_eq!((f.mapped_bytes, f.virtual_bytes), (2 * MIB, 2 * MIB));
+}
