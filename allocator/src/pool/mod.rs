@@ -77,8 +77,8 @@ pub struct Pool<D: Device> {
     pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
-    /// A virtual range could not be reserved during the current growth (address space, not
-    /// memory, ran out): the out-of-memory error then says so.
+    /// A virtual range could not be reserved in the last growth attempt (address space, not
+    /// memory, ran out): the error then says so ([`AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
 }
 
