@@ -21,10 +21,10 @@
 //!
 //! Invariants:
 //! - a thread's cache is touched only by its thread (a thread local, no lock); other threads
-//!   find cached blocks through the live table ([`crate::live`]), where each cached entry
+//!   find cached blocks through the live table (`crate::live`), where each cached entry
 //!   carries the token its thread gave it;
 //! - a block leaves the cached state exactly once: a thread taking it back, a flush or an
-//!   eviction must win [`LiveMap::claim`] or [`LiveMap::take_cached`] with the token first; the
+//!   eviction must win `LiveMap::claim` or `LiveMap::take_cached` with the token first; the
 //!   losers' copies are stale and are dropped when met;
 //! - tokens are never reused (for the first 2^32 ranges): a thread's tokens come from a range
 //!   of 2^32 - 1 starting at a fresh process-wide id shifted by 32 bits, and a thread that uses

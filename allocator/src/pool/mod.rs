@@ -3,7 +3,7 @@
 //! This is the single-threaded heart of the allocator (the thread-safe front is
 //! [`crate::CachingAllocator`]). It follows PyTorch's `DeviceCachingAllocator` rule for rule under
 //! the `torch` and `torch-expandable` policies; the `default` policy changes only how segments
-//! grow and shrink (see [`budget`]).
+//! grow and shrink (see `budget`).
 //!
 //! Invariants (all checked by [`Pool::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
