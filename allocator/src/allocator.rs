@@ -17,7 +17,10 @@
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
-//! section, so the shards and the live table agree whenever all shard locks are held.
+//! section, so the shards and the live table agree whenever all shard locks are held, which
+//! `stats()` does while it counts the cached blocks (a cache hit or a free into a cache takes no
+//! shard lock, so a figure read while other threads allocate may be off by one block per thread
+//! doing so at that instant).
 
 use crate::config::Config;
 use crate::error::AllocError;
@@ -170,10 +173,16 @@ impl<D: Device> CachingAllocator<D> {
     /// copy (another thread took the block first); true when it went back.
     fn free_cached_to_pool(&self, a: &Allocation, token: u64) -> Result<bool, AllocError> {
         let mut pool = self.shard(a.stream);
-        if self.live.take_cached(a.ptr, token).is_none() {
+        let Some(mut e) = self.live.take_cached(a.ptr, token) else {
             return Ok(false);
+        };
+        if let Err(err) = pool.free(a) {
+            // The pool still holds the block allocated: keep it in the table as live, so that
+            // the table and the pools keep agreeing (the statistics, `check_invariants`).
+            e.token = 0;
+            self.live.insert(e);
+            return Err(err);
         }
-        pool.free(a)?;
         Ok(true)
     }
 
@@ -220,11 +229,12 @@ impl<D: Device> CachingAllocator<D> {
     /// Marks the allocation at `ptr` as used on `stream` too.
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let a = self.live.live(ptr)?.alloc;
-        self.shard(a.stream).record_stream(a.block, ptr, stream)?;
+        // Marked first: a free racing this call then finds the mark and skips the thread cache
+        // (a block with other streams' uses must go back through its pool's events).
         if stream != a.stream {
             self.live.mark_recorded(ptr);
         }
-        Ok(())
+        self.shard(a.stream).record_stream(a.block, ptr, stream)
     }
 
     /// Returns every cached block that can go back to the device.
@@ -264,16 +274,17 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// The statistics, summed over stream shards, without the blocks held in thread caches.
+    ///
+    /// Every shard stays locked until the cached blocks are counted, so no block moves between a
+    /// pool and a thread cache through a pool meanwhile. A thread cache hit or a free into a
+    /// cache takes no shard lock, so while other threads allocate the counts may still be off by
+    /// one block per such thread at that instant.
     pub fn stats(&self) -> Stats {
-        let mut total: Option<Stats> = None;
-        for s in self.shards.iter() {
-            let g = s.lock();
-            match &mut total {
-                None => total = Some(g.stats().clone()),
-                Some(t) => add_stats(t, g.stats()),
-            }
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut total = guards[0].stats().clone();
+        for g in &guards[1..] {
+            add_stats(&mut total, g.stats());
         }
-        let mut total = total.unwrap_or_default();
         if self.caches.is_some() {
             subtract_cached(&mut total, &self.live.cached_totals());
         }

@@ -12,7 +12,8 @@
 //! - only a live entry may be freed or recorded on a stream: a double free is an error even when
 //!   the first free went to a thread cache;
 //! - each shard keeps the [`Totals`] of its cached entries, changed under the shard's lock
-//!   together with the entries: the statistics subtract exactly what is cached.
+//!   together with the entries: the statistics subtract what is cached (exactly, once no
+//!   thread is between a cache hit or a free and its return; see `CachingAllocator::stats`).
 
 use crate::error::AllocError;
 use crate::pool::Allocation;

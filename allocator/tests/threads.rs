@@ -559,3 +559,40 @@ fn thread_cache_large_zero_sends_large_blocks_to_the_pool() {
     let e = Config::parse("thread_cache_large:5").unwrap_err();
     assert_eq!(e.key, "thread_cache_large");
 }
+
+/// `stats()` while another thread allocates and frees blocks that its cache keeps evicting (so
+/// blocks keep moving between the pool and the thread cache): one block at most is live at any
+/// instant, so `allocation.all.current` must stay 0 or 1. Found in review: reading the shards
+/// one at a time and the cached totals after them gave -9..9.
+#[test]
+fn stats_stay_exact_while_blocks_move_between_pool_and_thread_cache() {
+    use std::sync::atomic::AtomicBool;
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 << 30)));
+    let alloc = CachingAllocator::new(sim, Config::for_policy(Policy::Default));
+    let stop = AtomicBool::new(false);
+    let (mut calls, mut min, mut max) = (0u64, 0i64, 0i64);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                // A new size nearly every time: a cache miss, then a free that evicts the oldest.
+                let a = alloc.allocate(512 * (1 + i % 1000), StreamId(0)).unwrap();
+                alloc.free(a).unwrap();
+            }
+        });
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(1500) {
+            let c = alloc.stats().allocation.get(StatType::All).current;
+            calls += 1;
+            min = min.min(c);
+            max = max.max(c);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert!(calls > 100, "only {calls} stats() calls");
+    assert!(
+        min >= 0 && max <= 1,
+        "allocation.all.current ranged over [{min}, {max}] in {calls} calls"
+    );
+}

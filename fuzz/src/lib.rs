@@ -148,7 +148,9 @@ fn replay_checked(t: &Trace, policy: Policy) {
             Op::Alloc { slot, stream, size } => {
                 match pool.allocate(size, StreamId(t.streams[stream as usize])) {
                     Ok(a) => slots[slot as usize] = Some(a),
-                    Err(AllocError::OutOfMemory { .. }) | Err(AllocError::InvalidArgument(_)) => {}
+                    Err(AllocError::OutOfMemory { .. })
+                    | Err(AllocError::AddressSpace { .. })
+                    | Err(AllocError::InvalidArgument(_)) => {}
                     Err(e) => panic!("{policy:?} op {i}: allocate({size}): {e:?}"),
                 }
             }
