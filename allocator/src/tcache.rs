@@ -285,6 +285,11 @@ impl Caches {
         .ok()
     }
 
+    /// Whether a block of `block_size` bytes goes to a cache's small part (else its large part).
+    pub fn in_small_part(&self, block_size: u64) -> bool {
+        self.limits.small(block_size)
+    }
+
     /// Takes back a block this thread cached for exactly `size` bytes on `stream`.
     pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Allocation> {
         self.with_mine(|c| {

@@ -87,10 +87,7 @@ fn racing_double_free_has_one_winner() {
 #[test]
 fn a_cached_block_has_one_owner() {
     model(|| {
-        let a = Arc::new(CachingAllocator::new(
-            SimDevice::default(),
-            Config::for_policy(Policy::Default),
-        ));
+        let a = default_allocator();
         let a2 = a.clone();
         // Thread 1 frees into its cache and allocates the same size again (a cache hit); thread
         // 2 allocates the same size at the same time: the two live blocks must differ.
@@ -168,10 +165,7 @@ fn two_pools_claim_against_one_limit() {
 fn a_cache_hit_racing_a_flush_takes_the_block_once() {
     for size in [8192, 64 * MIB] {
         model(move || {
-            let a = Arc::new(CachingAllocator::new(
-                SimDevice::default(),
-                Config::for_policy(Policy::Default),
-            ));
+            let a = default_allocator();
             let a2 = a.clone();
             let t1 = thread::spawn(move || {
                 let x = a2.allocate(size, StreamId(0)).unwrap();
@@ -196,10 +190,7 @@ fn a_cache_hit_racing_a_flush_takes_the_block_once() {
 #[test]
 fn a_flush_racing_a_thread_exit_loses_no_block() {
     model(|| {
-        let a = Arc::new(CachingAllocator::new(
-            SimDevice::default(),
-            Config::for_policy(Policy::Default),
-        ));
+        let a = default_allocator();
         let a2 = a.clone();
         let t1 = thread::spawn(move || {
             let x = a2.allocate(8192, StreamId(0)).unwrap();
@@ -213,6 +204,14 @@ fn a_flush_racing_a_thread_exit_loses_no_block() {
         a.empty_cache().unwrap();
         assert_all_returned(&a);
     });
+}
+
+/// A `default`-policy allocator (thread caches on) on a fresh simulated device.
+fn default_allocator() -> Arc<CachingAllocator<SimDevice>> {
+    Arc::new(CachingAllocator::new(
+        SimDevice::default(),
+        Config::for_policy(Policy::Default),
+    ))
 }
 
 fn live_allocations(a: &CachingAllocator<SimDevice>) -> i64 {

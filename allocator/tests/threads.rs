@@ -596,3 +596,36 @@ fn stats_stay_exact_while_blocks_move_between_pool_and_thread_cache() {
         "allocation.all.current ranged over [{min}, {max}] in {calls} calls"
     );
 }
+
+/// A large block freed on one thread (PyTorch's autograd thread frees gradients) stays in that
+/// thread's cache; when another thread's request would make the pool grow, the block goes back
+/// to its pool first and serves the request, so nothing new is reserved. Found on the H200: a
+/// 393 MiB block kept this way raised GPT-2's peak reserved from 7,532 to 7,884 MiB.
+#[test]
+fn a_growth_takes_back_other_threads_large_blocks_first() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let alloc = CachingAllocator::new(sim, Config::for_policy(Policy::Default));
+    let big = alloc.allocate(100 * MIB, StreamId(0)).unwrap();
+    let reserved =
+        |a: &CachingAllocator<Arc<SimDevice>>| a.stats().reserved_bytes.get(StatType::All).current;
+    let (freed, done) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+    std::thread::scope(|s| {
+        // The freeing thread stays alive (its cache is not an orphan) until the request is met.
+        s.spawn(|| {
+            alloc.free(big).unwrap();
+            freed.wait();
+            done.wait();
+        });
+        freed.wait();
+        let before = reserved(&alloc);
+        let other = alloc.allocate(60 * MIB, StreamId(0)).unwrap();
+        let after = reserved(&alloc);
+        done.wait();
+        assert_eq!(
+            after, before,
+            "the freed 100 MiB block should have served the 60 MiB request"
+        );
+        alloc.free(other).unwrap();
+    });
+    alloc.check_invariants().unwrap();
+}

@@ -176,6 +176,26 @@ impl<D: Device> Pool<D> {
 
     /// Allocates `size` bytes on `stream`.
     pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.allocate_or_grow(size, stream, true)
+            .map(|a| a.expect("an allocation that may grow"))
+    }
+
+    /// Allocates `size` bytes on `stream` from cached blocks only; `Ok(None)` when that would
+    /// need new device memory.
+    pub fn allocate_cached(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation>, AllocError> {
+        self.allocate_or_grow(size, stream, false)
+    }
+
+    fn allocate_or_grow(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        may_grow: bool,
+    ) -> Result<Option<Allocation>, AllocError> {
         if size > sizes::MAX_REQUEST {
             return Err(AllocError::InvalidArgument(format!(
                 "{size} bytes is larger than any device"
@@ -193,17 +213,18 @@ impl<D: Device> Pool<D> {
         let found = self.get_free_block(&req);
         let id = match found {
             Some(id) => id,
-            None => self.grow(&req, size)?,
+            None if may_grow => self.grow(&req, size)?,
+            None => return Ok(None),
         };
         let split = self.should_split(id, rounded);
         let id = self.alloc_found_block(id, &req, size, split);
         let b = &self.blocks[id];
-        Ok(Allocation {
+        Ok(Some(Allocation {
             ptr: b.addr,
             size,
             stream,
             block: id,
-        })
+        }))
     }
 
     /// The out-of-memory ladder: new memory, then release oversize cached blocks, then release
