@@ -28,7 +28,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// ranges and fall on shards at random, and two threads sharing one shard slowed both (and so
 /// the whole run) several-fold with 64 shards (H200 bench, `docs/threads.md`); with 1,024 the
 /// chance that a given thread shares its shard with one of 15 others is 1.5% instead of 21%.
+#[cfg(not(loom))]
 const SHARD_BITS: u32 = 10;
+/// Under loom every lock is a point where threads may switch: few shards keep the models small.
+#[cfg(loom)]
+const SHARD_BITS: u32 = 2;
 const SHARDS: usize = 1 << SHARD_BITS;
 
 /// A hasher for device addresses (multiplicative; addresses are 512-byte aligned).
