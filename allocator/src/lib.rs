@@ -23,9 +23,11 @@
 //!
 //! - [`CachingAllocator`]: the thread-safe allocator.
 //! - [`Pool`]: the single-threaded pool underneath (what the replayer drives).
-//! - [`trace`] and [`replay`]: reading allocation traces and replaying them.
+//! - [`trace`] and [`replay`]: reading allocation traces and replaying them; [`bound`]: the fewest
+//!   map operations any allocator within a memory slack can make on a trace.
 
 pub mod allocator;
+pub mod bound;
 pub mod config;
 pub mod error;
 pub mod fmt;

@@ -50,7 +50,7 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 16] = [
     "trace",
     "policy",
     "events",
@@ -64,6 +64,9 @@ const KEYS: [&str; 13] = [
     "device_unmaps",
     "ooms",
     "ns_per_event",
+    "segment_allocs",
+    "map_floor_2pct",
+    "map_floor_5pct",
 ];
 
 #[test]
@@ -91,6 +94,12 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
         assert!(615862208 <= allocated && allocated <= v["peak_reserved_bytes"].as_u64().unwrap());
         assert!(v["ns_per_event"].as_f64().unwrap() > 0.0);
+        assert_eq!(v["segment_allocs"], 33);
+        // The trace's map floor (bound::map_floor): policy-independent, fewer with more slack.
+        assert_eq!(
+            (v["map_floor_2pct"].as_u64(), v["map_floor_5pct"].as_u64()),
+            (Some(54), Some(31))
+        );
     }
     assert_eq!(lines[0]["peak_reserved_bytes"], 1272971264u64);
     assert_eq!(lines[0]["device_mallocs"], 33);

@@ -5,10 +5,10 @@ use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys.
-pub fn object(trace: &str, run: &Run) -> Value {
+pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     json!({
-        "trace": trace,
+        "trace": report.name,
         "policy": run.label,
         "events": r.events,
         "peak_live_bytes": r.peak_live_bytes,
@@ -21,13 +21,16 @@ pub fn object(trace: &str, run: &Run) -> Value {
         "device_unmaps": r.device_unmaps,
         "ooms": r.ooms,
         "ns_per_event": (r.ns_per_event * 10.0).round() / 10.0,
+        "segment_allocs": report.segment_allocs,
+        "map_floor_2pct": report.map_floor[0],
+        "map_floor_5pct": report.map_floor[1],
     })
 }
 
 /// Writes the lines of one trace.
 pub fn write_lines(out: &mut impl Write, report: &Report) -> io::Result<()> {
     for run in &report.runs {
-        writeln!(out, "{}", object(&report.name, run))?;
+        writeln!(out, "{}", object(report, run))?;
     }
     Ok(())
 }

@@ -4,11 +4,16 @@
 use crate::args::{ReplayArgs, Variant};
 use crate::progress::{Progress, LONG_OPS};
 use crate::{bundled, json, plot, table, CliError};
+use cudalloc::bound::{map_floor, PAGE};
 use cudalloc::replay::{min_capacity, replay, ReplayOptions, ReplayResult};
 use cudalloc::trace::{self, Anomalies, Trace};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The slacks the map floor is reported for (the `default` policy's budget and issue 9's
+/// per-trace target).
+pub const FLOOR_SLACKS: [f64; 2] = [0.02, 0.05];
 
 /// Timeline samples per replay when plotting.
 const PLOT_SAMPLES: usize = 2000;
@@ -35,6 +40,8 @@ pub struct Report {
     pub segment_allocs: u64,
     /// Peak of the summed requested bytes of live allocations.
     pub peak_live: u64,
+    /// The map floor within 2% and 5% of the live peak ([`cudalloc::bound`]).
+    pub map_floor: [u64; 2],
     /// Odd events of the trace.
     pub anomalies: Anomalies,
     /// The replays, in the order of the configurations.
@@ -146,6 +153,7 @@ fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progres
         ops: t.ops.len() as u64,
         segment_allocs: t.segment_allocs,
         peak_live: t.peak_live,
+        map_floor: FLOOR_SLACKS.map(|slack| map_floor(t, slack, PAGE)),
         anomalies: t.anomalies.clone(),
         runs,
     }

@@ -33,12 +33,14 @@ pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> 
 
 fn header_line(r: &Report, capacity: Option<u64>) -> String {
     let mut line = format!(
-        "{}: {} events read, {} ops replayed, {} segment_alloc, peak live {}",
+        "{}: {} events read, {} ops replayed, {} segment_alloc, peak live {}, map floor {} (2%) / {} (5%)",
         r.name,
         thousands(r.events),
         thousands(r.ops),
         thousands(r.segment_allocs),
-        bytes(r.peak_live)
+        bytes(r.peak_live),
+        thousands(r.map_floor[0]),
+        thousands(r.map_floor[1])
     );
     if let Some(c) = capacity {
         line += &format!(", capacity {}", bytes(c));

@@ -1,0 +1,76 @@
+//! The `default` policy's figures on every bundled trace, exactly as `docs/policies.md` reports
+//! them (`cudalloc replay --policy default --json`): peak live and peak reserved bytes and driver
+//! calls (mallocs + frees + maps + unmaps). The simulated device is deterministic, so any change
+//! to the policy that moves one of these numbers fails here; update the table in
+//! `docs/policies.md` together with this list.
+
+use cudalloc::replay::{replay, ReplayOptions};
+use cudalloc::{Config, Policy};
+use std::path::PathBuf;
+
+/// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
+const FIGURES: [(&str, u64, u64, u64); 10] = [
+    ("bert_dynamic", 615_862_208, 717_225_984, 491),
+    ("gpt2_train", 7_701_353_160, 7_883_194_368, 385),
+    ("llama_train_varlen", 14_895_838_060, 15_277_752_320, 790),
+    ("resnet_train", 4_624_816_912, 4_699_717_632, 222),
+    (
+        "h200/bert_train_dynamic",
+        12_017_137_396,
+        12_209_618_944,
+        619,
+    ),
+    ("h200/fcn_train", 3_024_948_704, 3_078_619_136, 182),
+    ("h200/gpt2_generate", 654_736_128, 671_088_640, 117),
+    ("h200/gpt2_train_varlen", 6_771_964_720, 6_908_018_688, 497),
+    ("h200/resnet_infer_dynamic", 834_982_283, 916_455_424, 155),
+    ("h200/vit_train", 4_633_576_160, 4_733_272_064, 318),
+];
+
+fn trace_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../traces/{name}.trace.csv.gz"))
+}
+
+#[test]
+fn default_policy_reserves_and_calls_what_the_docs_say() {
+    let mut wrong = Vec::new();
+    for (name, live, reserved, calls) in FIGURES {
+        let trace = cudalloc::trace::read(&trace_path(name)).expect("bundled trace reads");
+        let r = replay(
+            &trace,
+            &Config::for_policy(Policy::Default),
+            &ReplayOptions::default(),
+        );
+        assert!(r.failure.is_none(), "{name}: {:?}", r.failure);
+        let got = (r.peak_live_bytes, r.peak_reserved_bytes, r.driver_calls());
+        if got != (live, reserved, calls) {
+            wrong.push(format!(
+                "{name}: live {} reserved {} calls {} (expected {live} {reserved} {calls})",
+                got.0, got.1, got.2
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "figures moved:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_bundled_trace_has_figures() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let mut names = Vec::new();
+    for dir in [root.clone(), root.join("h200")] {
+        for e in std::fs::read_dir(&dir).expect("traces directory") {
+            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".trace.csv.gz") {
+                let prefix = if dir == root { "" } else { "h200/" };
+                names.push(format!("{prefix}{stem}"));
+            }
+        }
+    }
+    names.sort();
+    let mut listed: Vec<String> = FIGURES.iter().map(|f| f.0.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        names, listed,
+        "a bundled trace without figures (or figures without a trace)"
+    );
+}
