@@ -4,11 +4,14 @@
 //! the end are freed. Figures: peak live bytes (sum of requested sizes), peak allocated and
 //! reserved bytes, driver calls, out-of-memory events and time per event. With a capacity the
 //! pool is capped at that many bytes (as PyTorch's memory fraction does) and the replay stops at
-//! the first allocation that fails even after the out-of-memory ladder.
+//! the first allocation that fails even after the out-of-memory ladder. With `breakdown`, the
+//! reserved bytes are broken down ([`Excess`]) after the operation at which they first reach
+//! their highest value (a peak reached and left inside one operation is not seen there).
 
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
+use crate::snapshot::Excess;
 use crate::trace::{Op, Trace};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
 use std::time::Instant;
@@ -65,6 +68,9 @@ pub struct ReplayResult {
     pub failure: Option<Failure>,
     /// Memory over time (when asked for).
     pub timeline: Vec<Sample>,
+    /// Where the reserved bytes were after the operation at which they first reached their
+    /// highest value (when asked for): the operation's index and the breakdown.
+    pub peak_excess: Option<(usize, Excess)>,
 }
 
 impl ReplayResult {
@@ -83,6 +89,8 @@ pub struct ReplayOptions {
     pub samples: usize,
     /// Replay on GPU 0 (real driver calls) instead of the simulated device.
     pub cuda: bool,
+    /// Break the reserved bytes down ([`Excess`]) at their peak.
+    pub breakdown: bool,
 }
 
 /// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
@@ -114,6 +122,7 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
                 error: e.into(),
             }),
             timeline: Vec::new(),
+            peak_excess: None,
         },
     }
 }
@@ -138,11 +147,15 @@ pub fn replay_on<D: Device>(
     let mut failure = None;
     // Counts down to the next sample (a division per operation would cost more than the check).
     let mut until_sample = 0;
+    let mut peak_excess: Option<(usize, Excess)> = None;
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
             failure = Some(Failure { op: i, error });
             break;
+        }
+        if opts.breakdown && peak_excess.is_none_or(|(_, e)| pool.reserved() > e.reserved) {
+            peak_excess = Some((i, pool.excess()));
         }
         if until_sample == 0 {
             if opts.samples > 0 {
@@ -174,6 +187,7 @@ pub fn replay_on<D: Device>(
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,
         timeline,
+        peak_excess,
     }
 }
 

@@ -92,6 +92,25 @@ pub struct Fragmentation {
     pub virtual_bytes: u64,
 }
 
+/// Where a pool's reserved bytes are at one moment ([`crate::Pool::excess`]): what the live
+/// allocations asked for, and every kind of byte above it. The parts add up to `reserved`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Excess {
+    /// Bytes held from the device.
+    pub reserved: u64,
+    /// Bytes the live allocations asked for.
+    pub live: u64,
+    /// Bytes of live blocks beyond their requests (size rounding, unsplit remainders).
+    pub rounding: u64,
+    /// Bytes of freed blocks still waiting for other streams' work.
+    pub pending: u64,
+    /// Free bytes the pool could give back now: chunks lying wholly inside free blocks of
+    /// expandable segments, and `cudaMalloc` segments with nothing allocated in them.
+    pub releasable: u64,
+    /// Free bytes that cannot go back while a live block shares their chunk or segment.
+    pub pinned: u64,
+}
+
 impl Snapshot {
     /// Recomputes the `current` value of every per-pool statistic from the blocks; returns
     /// (allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,

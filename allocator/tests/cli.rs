@@ -301,3 +301,42 @@ fn cuda_replay_without_a_gpu_says_why() {
     );
     assert!(text.contains("no CUDA device available"), "{text}");
 }
+
+#[test]
+fn breakdown_says_where_the_peak_reserved_bytes_are() {
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--breakdown",
+        "--policy",
+        "default",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let b = &v["peak_breakdown"];
+    let part = |k: &str| b[k].as_u64().unwrap_or_else(|| panic!("{k} in {b}"));
+    let parts = [
+        "live_bytes",
+        "rounding_bytes",
+        "pending_bytes",
+        "releasable_bytes",
+        "pinned_bytes",
+    ];
+    assert_eq!(
+        parts.iter().map(|k| part(k)).sum::<u64>(),
+        part("reserved_bytes")
+    );
+    assert_eq!(b["reserved_bytes"], v["peak_reserved_bytes"]);
+    // bert_dynamic under `default`: everything above the live bytes is pinned in shared chunks.
+    assert_eq!(
+        (part("live_bytes"), part("releasable_bytes")),
+        (615862208, 0)
+    );
+    let o = cudalloc(&["replay", "--breakdown", "--policy", "default", &bert()]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("default: at peak reserved (op 5,768): 684.00 MiB = live 587.33 MiB"),
+        "{text}"
+    );
+}

@@ -76,3 +76,27 @@ fn every_bundled_trace_has_figures() {
         "a bundled trace without figures (or figures without a trace)"
     );
 }
+
+#[test]
+fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
+    for (name, _, reserved, _) in FIGURES {
+        let trace = cudalloc::trace::read(&trace_path(name)).expect("bundled trace reads");
+        for policy in Policy::ALL {
+            let opts = ReplayOptions {
+                breakdown: true,
+                ..ReplayOptions::default()
+            };
+            let r = replay(&trace, &Config::for_policy(policy), &opts);
+            let (op, e) = r.peak_excess.expect("a breakdown was asked for");
+            let parts = e.live + e.rounding + e.pending + e.releasable + e.pinned;
+            assert_eq!(parts, e.reserved, "{name} {policy:?}: {e:?}");
+            assert_eq!(
+                e.reserved, r.peak_reserved_bytes,
+                "{name} {policy:?} at op {op}"
+            );
+            if policy == Policy::Default {
+                assert_eq!(e.reserved, reserved, "{name}");
+            }
+        }
+    }
+}

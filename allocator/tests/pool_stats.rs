@@ -5,8 +5,9 @@
 //! hand-made and real snapshots.
 
 use cudalloc::sizes::PoolKind;
-use cudalloc::snapshot::{BlockInfo, BlockState, SegmentInfo};
-use cudalloc::{Snapshot, Stats};
+use cudalloc::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo};
+use cudalloc::{Config, Snapshot, Stats};
+use cudalloc_sys::Device;
 use std::collections::{BTreeSet, HashMap};
 #[path = "common/pool.rs"]
 mod pool;
@@ -256,4 +257,95 @@ fn fragmentation_of_a_real_pool() {
         vec![(4096, 1, 4096), (8192, 1, 8192), (MIB, 1, rest)]
     );
     assert_eq!((f.mapped_bytes, f.virtual_bytes), (2 * MIB, 2 * MIB));
+}
+
+/// The parts of `Pool::excess` add up to the reserved bytes.
+fn assert_adds_up(e: &Excess) {
+    assert_eq!(
+        e.live + e.rounding + e.pending + e.releasable + e.pinned,
+        e.reserved,
+        "{e:?}"
+    );
+}
+
+#[test]
+fn excess_of_expandable_chunks_splits_free_bytes_by_whole_chunks() {
+    // 2 MiB chunks, and a request's growth is not extended (2% of 10 MiB is under a page).
+    let cfg = Config::parse("policy:default,max_chunk_mb:2").unwrap();
+    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    let a = alloc(&mut pool, 10 * MIB, S0);
+    let _b = alloc(&mut pool, 10 * MIB, S0);
+    free(&mut pool, &a);
+    check(&sim, &pool);
+    let e = pool.excess();
+    assert_eq!(
+        (e.live, e.releasable, e.pinned),
+        (10 * MIB, 10 * MIB, 0),
+        "{e:?}"
+    );
+    // 3 MiB in the freed hole: the chunk it ends in is shared, the three after it are whole.
+    let _c = alloc(&mut pool, 3 * MIB, S0);
+    check(&sim, &pool);
+    let e = pool.excess();
+    assert_eq!(
+        (e.live, e.releasable, e.pinned),
+        (13 * MIB, 6 * MIB, MIB),
+        "{e:?}"
+    );
+    assert_eq!(e.reserved, 20 * MIB);
+    assert_adds_up(&e);
+}
+
+#[test]
+fn excess_of_malloc_segments_counts_only_unsplit_free_segments_as_releasable() {
+    let (sim, mut pool) = torch();
+    let big = alloc(&mut pool, 30 * MIB, S0);
+    let _small = alloc(&mut pool, 1000, S0);
+    free(&mut pool, &big);
+    check(&sim, &pool);
+    let e = pool.excess();
+    // The 30 MiB segment is free and whole; the small pool's 2 MiB segment holds one 1 KiB
+    // block (1,000 bytes rounded up to 1,024).
+    assert_eq!(e.releasable, 30 * MIB);
+    assert_eq!((e.live, e.rounding), (1000, 24));
+    assert_eq!(e.pinned, 2 * MIB - 1024);
+    assert_adds_up(&e);
+}
+
+#[test]
+fn excess_counts_blocks_waiting_for_other_streams_as_pending() {
+    let (sim, mut pool) = torch();
+    let a = alloc(&mut pool, 4 * MIB, S0);
+    pool.record_stream(a.block, a.ptr, S1).unwrap();
+    free(&mut pool, &a);
+    let e = pool.excess();
+    assert_eq!((e.live, e.pending), (0, 4 * MIB), "{e:?}");
+    assert_adds_up(&e);
+    sim.synchronize_device().unwrap();
+    let _ = alloc(&mut pool, 512, S0); // processes the finished events
+    let e = pool.excess();
+    assert_eq!(e.pending, 0, "{e:?}");
+    assert_adds_up(&e);
+    check(&sim, &pool);
+}
+
+#[test]
+fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
+    let cfg = Config::parse("policy:default,max_chunk_mb:2").unwrap();
+    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    // 9 MiB maps five 2 MiB chunks; the 10 MiB after it starts in the fifth and ends in the
+    // tenth, which keeps 1 MiB free at its end.
+    let a = alloc(&mut pool, 9 * MIB, S0);
+    let b = alloc(&mut pool, 10 * MIB, S0);
+    assert_eq!(b.ptr - a.ptr, 9 * MIB);
+    free(&mut pool, &a);
+    check(&sim, &pool);
+    let e = pool.excess();
+    // Free: 0..9 MiB (chunks 0..8 whole, 8..10 shared with b) and 19..20 MiB (shared with b).
+    assert_eq!(
+        (e.live, e.releasable, e.pinned),
+        (10 * MIB, 8 * MIB, 2 * MIB),
+        "{e:?}"
+    );
+    assert_adds_up(&e);
 }

@@ -1,8 +1,8 @@
-//! Snapshot and the full invariant scan of a pool.
+//! Snapshot, the breakdown of reserved bytes ([`Excess`]) and the full invariant scan of a pool.
 
-use super::block::{BlockId, NIL, NO_SEGMENT};
+use super::block::{Block, BlockId, NIL, NO_SEGMENT};
 use super::Pool;
-use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
+use crate::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo, Snapshot};
 use cudalloc_sys::Device;
 
 impl<D: Device> Pool<D> {
@@ -36,6 +36,43 @@ impl<D: Device> Pool<D> {
             segments,
             stats: self.stats.clone(),
         }
+    }
+
+    /// Where the reserved bytes are now: live, rounding, pending, releasable and pinned
+    /// ([`Excess`]), from one scan of the blocks.
+    pub fn excess(&self) -> Excess {
+        let mut e = Excess {
+            reserved: self.reserved,
+            ..Excess::default()
+        };
+        for (_, b) in self.blocks.iter().filter(|(_, b)| b.mapped) {
+            if b.allocated {
+                e.live += b.requested;
+                e.rounding += b.size - b.requested;
+            } else if b.event_count > 0 {
+                e.pending += b.size;
+            } else {
+                let whole = self.releasable_bytes(b);
+                e.releasable += whole;
+                e.pinned += b.size - whole;
+            }
+        }
+        e
+    }
+
+    /// Bytes of free block `b` that could be given back without touching another block.
+    fn releasable_bytes(&self, b: &Block) -> u64 {
+        if b.segment == NO_SEGMENT {
+            return if b.is_split() { 0 } else { b.size };
+        }
+        let seg = self.segments[b.segment as usize]
+            .as_ref()
+            .expect("live segment");
+        seg.chunks
+            .range(b.addr..b.end())
+            .filter(|(a, c)| *a + c.size <= b.end())
+            .map(|(_, c)| c.size)
+            .sum()
     }
 
     fn chain(&self, first: BlockId) -> impl Iterator<Item = BlockId> + '_ {

@@ -57,6 +57,12 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub cuda: bool,
 
+    /// Also say where the reserved bytes are at their peak: what live allocations asked for,
+    /// rounding, blocks waiting for other streams, free memory the pool could give back, and
+    /// free memory pinned by live blocks in the same chunk or segment.
+    #[arg(long)]
+    pub breakdown: bool,
+
     /// Write live, allocated and reserved bytes over each trace to a self-contained HTML file.
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,

@@ -4,10 +4,11 @@ use crate::replay_cmd::{Report, Run};
 use serde_json::{json, Value};
 use std::io::{self, Write};
 
-/// The object of one replay, with exactly the documented keys.
+/// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
+/// `--breakdown`).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
-    json!({
+    let mut v = json!({
         "trace": report.name,
         "policy": run.label,
         "events": r.events,
@@ -24,7 +25,19 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "segment_allocs": report.segment_allocs,
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],
-    })
+    });
+    if let Some((op, e)) = r.peak_excess {
+        v["peak_breakdown"] = json!({
+            "op": op,
+            "reserved_bytes": e.reserved,
+            "live_bytes": e.live,
+            "rounding_bytes": e.rounding,
+            "pending_bytes": e.pending,
+            "releasable_bytes": e.releasable,
+            "pinned_bytes": e.pinned,
+        });
+    }
+    v
 }
 
 /// Writes the lines of one trace.

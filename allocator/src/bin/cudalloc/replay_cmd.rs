@@ -54,6 +54,7 @@ struct Plan {
     min_capacity: bool,
     samples: usize,
     cuda: bool,
+    breakdown: bool,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -73,6 +74,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         min_capacity: args.min_capacity,
         samples: if args.plot.is_some() { PLOT_SAMPLES } else { 0 },
         cuda: args.cuda,
+        breakdown: args.breakdown,
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -165,6 +167,7 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         capacity: plan.capacity,
         samples: plan.samples,
         cuda: plan.cuda,
+        breakdown: plan.breakdown,
     };
     let result = replay(t, &v.cfg, &opts);
     progress.step();

@@ -27,8 +27,30 @@ pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> 
     writeln!(out, "{}", header_line(r, capacity))?;
     let rows: Vec<Vec<String>> = r.runs.iter().map(|run| row(run, r.peak_live)).collect();
     write_table(out, &HEADERS, &rows)?;
+    report_breakdowns(out, r)?;
     report_failures(out, r)?;
     writeln!(out)
+}
+
+/// Writes, per replay asked to (`--breakdown`), where the reserved bytes were at their peak.
+fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
+    for run in &r.runs {
+        if let Some((op, e)) = run.result.peak_excess {
+            writeln!(
+                out,
+                "{}: at peak reserved (op {}): {} = live {} + rounding {} + pending {} + releasable {} + pinned {}",
+                run.label,
+                thousands(op as u64),
+                bytes(e.reserved),
+                bytes(e.live),
+                bytes(e.rounding),
+                bytes(e.pending),
+                bytes(e.releasable),
+                bytes(e.pinned)
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn header_line(r: &Report, capacity: Option<u64>) -> String {
