@@ -3,12 +3,15 @@
 //!
 //! An allocator that promises to reserve at most `(1 + slack)` times the peak live bytes on
 //! *every* trace may, at no moment, hold more than `(1 + slack)` times the live peak reached so
-//! far: the trace might end right there. It must also hold at least the live bytes. Between
-//! those two lines the fewest maps are made by the allocator that maps only when the live bytes
-//! no longer fit, maps up to the upper line each time, never gives memory back and packs blocks
-//! perfectly. By induction, its k-th map comes no earlier than any other such allocator's k-th
-//! map (after a map it holds the most it may, and the upper line never falls), so no allocator
-//! within the slack maps fewer times; one that fragments or gives memory back maps more.
+//! far: the trace might end right there. With memory in whole pages, the upper line is that
+//! figure rounded down to pages, or the live peak rounded up to pages when this is more (no
+//! allocator holds less than its live bytes). Below the line, the fewest maps are made by the
+//! allocator that maps only when the live bytes no longer fit, maps up to the line each time,
+//! never gives memory back and packs blocks perfectly. By induction, its k-th map comes no
+//! earlier than any other such allocator's k-th map (after a map it holds the most it may, and
+//! the line never falls; it only maps at a new live peak, since it held the old one), so no
+//! allocator within the slack maps fewer times; one that fragments or gives memory back maps
+//! more.
 //!
 //! The floor ignores pools, streams and fragmentation, so real allocators sit above it; it is the
 //! part of a trace's driver calls that no placement or caching rule can remove. Invariants: the
@@ -21,7 +24,8 @@ use crate::trace::{Op, Trace};
 pub const PAGE: u64 = 2 << 20;
 
 /// The fewest map operations an allocator holding at most `(1 + slack)` times the live peak so
-/// far (in whole `page`s) can make on `trace` (see the module documentation).
+/// far (in whole `page`s, and at least that peak) can make on `trace` (see the module
+/// documentation).
 pub fn map_floor(trace: &Trace, slack: f64, page: u64) -> u64 {
     let page = page.max(1);
     let mut sizes = vec![0u64; trace.slots as usize];

@@ -105,9 +105,10 @@ pub struct Excess {
     /// Bytes of freed blocks still waiting for other streams' work.
     pub pending: u64,
     /// Free bytes the pool could give back now: chunks lying wholly inside free blocks of
-    /// expandable segments, and `cudaMalloc` segments with nothing allocated in them.
+    /// expandable segments, and `cudaMalloc` segments holding no other block.
     pub releasable: u64,
-    /// Free bytes that cannot go back while a live block shares their chunk or segment.
+    /// Free bytes that cannot go back while a live or pending block shares their chunk or
+    /// segment.
     pub pinned: u64,
 }
 

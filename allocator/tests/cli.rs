@@ -64,7 +64,7 @@ const KEYS: [&str; 16] = [
     "device_unmaps",
     "ooms",
     "ns_per_event",
-    "segment_allocs",
+    "segment_alloc_events",
     "map_floor_2pct",
     "map_floor_5pct",
 ];
@@ -94,7 +94,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
         assert!(615862208 <= allocated && allocated <= v["peak_reserved_bytes"].as_u64().unwrap());
         assert!(v["ns_per_event"].as_f64().unwrap() > 0.0);
-        assert_eq!(v["segment_allocs"], 33);
+        assert_eq!(v["segment_alloc_events"], 33);
         // The trace's map floor (bound::map_floor): policy-independent, fewer with more slack.
         assert_eq!(
             (v["map_floor_2pct"].as_u64(), v["map_floor_5pct"].as_u64()),
@@ -141,10 +141,9 @@ fn human_output_has_a_table_and_a_summary() {
     let o = cudalloc(&["replay", &bert()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(
-        out.starts_with("bert_dynamic.trace.csv: 44,615 events read"),
-        "{out}"
-    );
+    let header = "bert_dynamic.trace.csv: 44,615 events read, 29,722 ops replayed, \
+                  33 segment_alloc, peak live 587.33 MiB, map floor 54 (2%) / 31 (5%)\n";
+    assert!(out.starts_with(header), "{out}");
     assert!(
         out.contains("reserved/live") && out.contains("ns/event"),
         "{out}"

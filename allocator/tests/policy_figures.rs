@@ -4,6 +4,7 @@
 //! to the policy that moves one of these numbers fails here; update the table in
 //! `docs/policies.md` together with this list.
 
+use cudalloc::bound::{map_floor, PAGE};
 use cudalloc::replay::{replay, ReplayOptions};
 use cudalloc::{Config, Policy};
 use std::path::PathBuf;
@@ -98,5 +99,30 @@ fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
                 assert_eq!(e.reserved, reserved, "{name}");
             }
         }
+    }
+}
+
+/// (trace, map floor at 2%, at 5%), as the table in `docs/policies.md` gives them.
+const FLOORS: [(&str, u64, u64); 12] = [
+    ("bert_dynamic", 54, 31),
+    ("gpt2_train", 115, 63),
+    ("llama_train_varlen", 164, 81),
+    ("resnet_train", 88, 63),
+    ("h200/bert_train_dynamic", 142, 75),
+    ("h200/fcn_train", 96, 68),
+    ("h200/gpt2_generate", 45, 23),
+    ("h200/gpt2_train_varlen", 115, 61),
+    ("h200/resnet_infer_dynamic", 39, 37),
+    ("h200/roberta_dynamic", 43, 22),
+    ("h200/t5_generate", 58, 33),
+    ("h200/vit_train", 130, 77),
+];
+
+#[test]
+fn map_floors_of_the_bundled_traces_are_the_documented_ones() {
+    for (name, at2, at5) in FLOORS {
+        let trace = cudalloc::trace::read(&trace_path(name)).expect("bundled trace reads");
+        let got = (map_floor(&trace, 0.02, PAGE), map_floor(&trace, 0.05, PAGE));
+        assert_eq!(got, (at2, at5), "{name}");
     }
 }

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
-/// `--breakdown`).
+/// `--breakdown`, once an operation has completed).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
@@ -22,7 +22,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_unmaps": r.device_unmaps,
         "ooms": r.ooms,
         "ns_per_event": (r.ns_per_event * 10.0).round() / 10.0,
-        "segment_allocs": report.segment_allocs,
+        "segment_alloc_events": report.segment_allocs,
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],
     });
