@@ -145,7 +145,7 @@ fn human_output_has_a_table_and_a_summary() {
                   33 segment_alloc, peak live 587.33 MiB, map floor 54 (2%) / 31 (5%)\n";
     assert!(out.starts_with(header), "{out}");
     assert!(
-        out.contains("reserved/live") && out.contains("ns/event"),
+        out.contains("reserved/live") && out.contains("ns/op"),
         "{out}"
     );
     assert!(out.contains("2.067"), "{out}");

@@ -53,7 +53,7 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
 
     /// Replay on GPU 0 through the CUDA driver instead of the simulated device (real mallocs,
-    /// page maps and unmaps; ns/event then includes driver time).
+    /// page maps and unmaps; ns/op then includes driver time).
     #[arg(long)]
     pub cuda: bool,
 

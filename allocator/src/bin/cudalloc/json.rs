@@ -5,7 +5,9 @@ use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
-/// `--breakdown`, once an operation has completed).
+/// `--breakdown`, once an operation has completed). `events` and `ns_per_event` count replayed
+/// operations (`alloc` and `free_completed`), as the table's `ops` and `ns/op` do; the keys keep
+/// their first names so that scripts reading them keep working.
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({

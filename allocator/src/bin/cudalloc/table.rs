@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 const HEADERS: [&str; 13] = [
     "policy",
-    "events",
+    "ops",
     "peak live",
     "peak allocated",
     "peak reserved",
@@ -19,7 +19,7 @@ const HEADERS: [&str; 13] = [
     "maps",
     "unmaps",
     "OOMs",
-    "ns/event",
+    "ns/op",
 ];
 
 /// Writes the header line, the table and the failures of one trace.
