@@ -260,14 +260,7 @@ fn a_segment_that_could_not_be_mapped_is_unreserved_on_drop() {
     let err = pool.allocate(100 * MIB, S1).unwrap_err();
     assert!(err.is_out_of_memory(), "{err:?}");
     free(&mut pool, &a);
-    pool.empty_cache().unwrap();
-    assert_eq!(sim.outstanding_bytes(), 0);
-    drop(pool);
-    assert_eq!(
-        sim.reserved_va_bytes(),
-        0,
-        "virtual address reservation leaked"
-    );
+    empty_and_drop(&sim, pool);
 }
 
 #[test]
@@ -279,14 +272,7 @@ fn a_segment_unmapped_by_the_budget_is_unreserved_on_drop() {
     free(&mut pool, &a);
     let b = alloc(&mut pool, 1, S0);
     free(&mut pool, &b);
-    pool.empty_cache().unwrap();
-    assert_eq!(sim.outstanding_bytes(), 0);
-    drop(pool);
-    assert_eq!(
-        sim.reserved_va_bytes(),
-        0,
-        "virtual address reservation leaked"
-    );
+    empty_and_drop(&sim, pool);
 }
 
 /// Pages are unmapped only after the device's queued work has completed: a block freed in
@@ -319,4 +305,17 @@ fn unmapping_waits_for_the_device() {
         assert!(sim.calls(Call::SynchronizeDevice) > 0);
         sim.destroy_event(work).unwrap();
     }
+}
+
+/// Empties the pool's cache, checks the device holds no memory, drops the pool and checks that no
+/// virtual range is left reserved.
+fn empty_and_drop(sim: &Sim, mut pool: Pool<Sim>) {
+    pool.empty_cache().unwrap();
+    assert_eq!(sim.outstanding_bytes(), 0);
+    drop(pool);
+    assert_eq!(
+        sim.reserved_va_bytes(),
+        0,
+        "virtual address reservation leaked"
+    );
 }

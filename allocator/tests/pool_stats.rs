@@ -6,7 +6,7 @@
 
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo};
-use cudalloc::{Config, Snapshot, Stats};
+use cudalloc::{Config, Pool, Snapshot, Stats};
 use cudalloc_sys::Device;
 use std::collections::{BTreeSet, HashMap};
 #[path = "common/pool.rs"]
@@ -271,8 +271,7 @@ fn assert_adds_up(e: &Excess) {
 #[test]
 fn excess_of_expandable_chunks_splits_free_bytes_by_whole_chunks() {
     // 2 MiB chunks, and a request's growth is not extended (2% of 10 MiB is under a page).
-    let cfg = Config::parse("policy:default,max_chunk_mb:2").unwrap();
-    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    let (sim, mut pool) = default_with_page_chunks();
     let a = alloc(&mut pool, 10 * MIB, S0);
     let _b = alloc(&mut pool, 10 * MIB, S0);
     free(&mut pool, &a);
@@ -331,8 +330,7 @@ fn excess_counts_blocks_waiting_for_other_streams_as_pending() {
 
 #[test]
 fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
-    let cfg = Config::parse("policy:default,max_chunk_mb:2").unwrap();
-    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    let (sim, mut pool) = default_with_page_chunks();
     // 9 MiB maps five 2 MiB chunks; the 10 MiB after it starts in the fifth and ends in the
     // tenth, which keeps 1 MiB free at its end.
     let a = alloc(&mut pool, 9 * MIB, S0);
@@ -348,4 +346,12 @@ fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
         "{e:?}"
     );
     assert_adds_up(&e);
+}
+
+/// A `default` pool whose chunks are single 2 MiB pages.
+fn default_with_page_chunks() -> (Sim, Pool<Sim>) {
+    pool_with(
+        Config::parse("policy:default,max_chunk_mb:2").unwrap(),
+        4 * GIB,
+    )
 }

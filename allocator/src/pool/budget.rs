@@ -109,19 +109,8 @@ impl<D: Device> Pool<D> {
         req: &Request,
         page: u64,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let candidates: Vec<BlockId> = self.index(req.pool).unmapped_of(req.stream.0).collect();
-        for mut c in candidates {
-            let prev = self.blocks[c].prev;
-            if prev != super::block::NIL
-                && !self.blocks[prev].allocated
-                && self.blocks[prev].event_count == 0
-                && self.blocks[prev].stream_uses.is_empty()
-            {
-                c = prev;
-            }
-            if self.has_room(c, req.size) {
-                return Ok(Some(c));
-            }
+        if let Some(c) = self.room_in_ranges(req.stream, req.pool, req.size) {
+            return Ok(Some(c));
         }
         let (_, total) = self.device.mem_info()?;
         if req.size > total {

@@ -31,9 +31,33 @@ impl<D: Device> Pool<D> {
         bytes >= size
     }
 
-    /// The lowest-addressed block from which a run of free and unmapped blocks holds `size`
-    /// bytes; reserves a new segment of 1.125 times the device's memory (as PyTorch does) when
-    /// none does.
+    /// The lowest-addressed block, in `stream`'s existing ranges of `pool`, from which a run of
+    /// free and unmapped blocks holds `size` bytes (a free block just before an unmapped one
+    /// counts as the run's start).
+    pub(crate) fn room_in_ranges(
+        &self,
+        stream: StreamId,
+        pool: PoolKind,
+        size: u64,
+    ) -> Option<BlockId> {
+        let idx = match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        idx.unmapped_of(stream.0)
+            .map(|c| {
+                let prev = self.blocks[c].prev;
+                if self.allocatable(prev) {
+                    prev
+                } else {
+                    c
+                }
+            })
+            .find(|&c| self.has_room(c, size))
+    }
+
+    /// [`Pool::room_in_ranges`], or a new range of 1.125 times the device's memory (as PyTorch
+    /// reserves) when there is none.
     fn find_expandable_block(
         &mut self,
         stream: StreamId,
@@ -41,15 +65,8 @@ impl<D: Device> Pool<D> {
         size: u64,
         page: u64,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let candidates: Vec<BlockId> = self.index(pool).unmapped_of(stream.0).collect();
-        for mut c in candidates {
-            let prev = self.blocks[c].prev;
-            if self.allocatable(prev) {
-                c = prev;
-            }
-            if self.has_room(c, size) {
-                return Ok(Some(c));
-            }
+        if let Some(c) = self.room_in_ranges(stream, pool, size) {
+            return Ok(Some(c));
         }
         let (_, total) = self.device.mem_info()?;
         self.new_segment(stream, pool, page, total + total / 8)
