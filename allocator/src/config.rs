@@ -115,6 +115,9 @@ pub struct Config {
     pub fragmentation_budget: f64,
     /// `default` policy: largest chunk mapped in one driver call, in bytes.
     pub max_chunk: u64,
+    /// `default` policy: place a repeated sequence of large allocations by a packing of its last
+    /// repetition (see `pool::plan`).
+    pub layout_plans: bool,
     /// Per-thread caches of freed blocks in [`crate::CachingAllocator`] (`None`: the policy's
     /// default, on for `default` only).
     pub thread_cache: Option<bool>,
@@ -150,6 +153,7 @@ impl Config {
             garbage_collection_threshold: 0.0,
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
             max_chunk: DEFAULT_MAX_CHUNK,
+            layout_plans: true,
             thread_cache: None,
             thread_cache_bytes: 32 << 20,
             thread_cache_block: 2 << 20,
@@ -236,6 +240,7 @@ impl Config {
                     (_, other) => other,
                 };
             }
+            "layout_plans" => self.layout_plans = p.boolean(key)?,
             "thread_cache" => self.thread_cache = Some(p.boolean(key)?),
             "thread_cache_mb" => self.thread_cache_bytes = p.integer(key)?.saturating_mul(1 << 20),
             "thread_cache_block_mb" => {

@@ -31,7 +31,15 @@ impl<D: Device> Pool<D> {
     ) -> Result<Option<BlockId>, DeviceError> {
         let page = self.device.granularity()?;
         let need = req.size.div_ceil(page) * page;
-        let live_after = self.stats.requested_bytes.0[0].current as u64 + req.size;
+        let room = self.budget_room(req.size, need)?;
+        self.budget_map(req, page, room)
+    }
+
+    /// Makes the budget hold before `need` bytes are mapped for a request of `size` bytes,
+    /// unmapping cached chunks when it would not; returns the bytes that may be mapped beyond
+    /// `need` (the room for slack).
+    pub(crate) fn budget_room(&mut self, size: u64, need: u64) -> Result<u64, DeviceError> {
+        let live_after = self.stats.requested_bytes.0[0].current as u64 + size;
         let base = self.peak_requested.max(live_after);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
         let mut excess = (self.reserved + need).saturating_sub(ceiling);
@@ -39,13 +47,20 @@ impl<D: Device> Pool<D> {
             excess = excess.max((self.total_reserved() + need).saturating_sub(l));
         }
         if excess > 0 {
-            self.release_free_chunks(excess)?;
+            self.release_free_chunks(excess, false)?;
+            // The plan's arena keeps its cached pages (the next episode will need them) until
+            // the pool is past twice the budget; then they go too.
+            let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
+            let over = (self.reserved + need).saturating_sub(hard);
+            if over > 0 {
+                self.release_free_chunks(over, true)?;
+            }
         }
         let mut room = ceiling.saturating_sub(self.reserved + need);
         if let Some(l) = self.limit {
             room = room.min(l.saturating_sub(self.total_reserved() + need));
         }
-        self.budget_map(req, page, room)
+        Ok(room)
     }
 
     /// `want` bytes from the start of unmapped block `id`, extended to the end of the chunk
@@ -135,13 +150,28 @@ impl<D: Device> Pool<D> {
         }
     }
 
+    /// True when free block `id` lies in the arena the plan places episodes in (left alone so
+    /// that the next episode finds its pages mapped; not under a memory cap, where plans are off).
+    fn in_arena(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        self.limit.is_none()
+            && self
+                .plans
+                .protected()
+                .is_some_and(|(seg, lo, hi)| b.segment == seg && b.addr < hi && lo < b.end())
+    }
+
     /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is left.
-    pub(crate) fn release_free_chunks(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+    pub(crate) fn release_free_chunks(
+        &mut self,
+        bytes: u64,
+        arena_too: bool,
+    ) -> Result<u64, DeviceError> {
         let mut free: Vec<(u64, BlockId)> = self
             .small
             .all_free()
             .chain(self.large.all_free())
-            .filter(|&id| self.blocks[id].is_expandable())
+            .filter(|&id| self.blocks[id].is_expandable() && (arena_too || !self.in_arena(id)))
             .map(|id| (self.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));

@@ -202,7 +202,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Cuts block `id` to `keep` bytes; the rest becomes a new unmapped block after it.
-    fn split_unmapped_tail(&mut self, id: BlockId, keep: u64) {
+    pub(crate) fn split_unmapped_tail(&mut self, id: BlockId, keep: u64) {
         let b = &self.blocks[id];
         let mut tail = Block::new(b.addr + keep, b.size - keep, b.stream, b.pool);
         tail.mapped = false;
@@ -263,7 +263,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Splits `len` bytes off the front of block `id` into a new free mapped block.
-    fn split_mapped_front(&mut self, id: BlockId, len: u64) {
+    pub(crate) fn split_mapped_front(&mut self, id: BlockId, len: u64) {
         let b = &self.blocks[id];
         let mut front = Block::new(b.addr, len, b.stream, b.pool);
         front.segment = b.segment;

@@ -20,6 +20,7 @@ mod check;
 mod events;
 mod expand;
 pub mod index;
+pub mod plan;
 mod release;
 pub mod segment;
 
@@ -80,6 +81,8 @@ pub struct Pool<D: Device> {
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
+    /// Episodes and the layout plan (`default` policy).
+    pub(crate) plans: plan::Plans,
 }
 
 impl<D: Device> Pool<D> {
@@ -105,6 +108,7 @@ impl<D: Device> Pool<D> {
             peak_requested: 0,
             shared: None,
             reserve_failed: false,
+            plans: plan::Plans::default(),
         }
     }
 
@@ -126,6 +130,11 @@ impl<D: Device> Pool<D> {
     /// Bytes held from the device.
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// Allocations placed by a layout plan so far (see [`plan`]).
+    pub fn planned_allocations(&self) -> u64 {
+        self.plans.placed
     }
 
     /// The block behind an id.
@@ -210,7 +219,13 @@ impl<D: Device> Pool<D> {
             size: rounded,
             alloc_size: sizes::segment_size(rounded),
         };
-        let found = self.get_free_block(&req);
+        let plans = self.plans_on(&req);
+        let planned = if plans {
+            self.planned_block(&req)?
+        } else {
+            None
+        };
+        let found = planned.or_else(|| self.get_free_block(&req));
         let id = match found {
             Some(id) => id,
             None if may_grow => self.grow(&req, size)?,
@@ -218,6 +233,9 @@ impl<D: Device> Pool<D> {
         };
         let split = self.should_split(id, rounded);
         let id = self.alloc_found_block(id, &req, size, split);
+        if plans {
+            self.note_alloc(id, planned.is_some());
+        }
         let b = &self.blocks[id];
         Ok(Some(Allocation {
             ptr: b.addr,
@@ -453,6 +471,9 @@ impl<D: Device> Pool<D> {
 
     /// Returns a block to its pool, merging it with free neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
+        if self.blocks[id].token != plan::NO_TOKEN {
+            self.note_free(id);
+        }
         let b = &self.blocks[id];
         let (pool, orig_size, requested) = (b.pool, b.size, b.requested);
         let (prev, next) = (b.prev, b.next);

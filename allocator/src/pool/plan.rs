@@ -1,0 +1,677 @@
+//! Layout plans: the `default` policy places a repeated sequence of large allocations where a
+//! packing of its last repetition put them.
+//!
+//! Inference over batches of changing size runs one sequence of large allocations again and
+//! again, every size scaled by the batch. Best fit places each repetition alike, and on such a
+//! sequence it can leave a fifth or more of the bytes in holes: on BERT's layers it spans 14
+//! hidden-state widths where 11 are live at most. Once a repetition is over, every lifetime is
+//! known and a tighter packing is cheap to compute. So, under `default` (without a memory cap):
+//!
+//! - the pool records an *episode*: the large-pool allocations of one stream from one that
+//!   starts it until all of them are freed again (a batch, an iteration). Allocations older
+//!   than the rest may outlive it (weights loaded before the first batch): the episode also ends
+//!   when at least [`MIN_TOKENS`] allocations came after its youngest live one and all of those
+//!   are freed, and then consists of those. Whether it ended is asked at the stream's next
+//!   large allocation, which starts the next episode. One that reaches [`MAX_TOKENS`]
+//!   allocations is dropped;
+//! - an episode of at least [`MIN_TOKENS`] allocations is packed offline (largest first, each at
+//!   the lowest offset clear of the allocations whose lifetimes overlap its own). The packing
+//!   becomes the *plan* when it spans at most [`PLAN_GAIN`] of what best fit spans on the same
+//!   sequence, and the plan is dropped otherwise: where best fit packs well (training steps
+//!   that repeat the same sizes), placement stays best fit's. An episode that followed the plan
+//!   exactly keeps it without packing;
+//! - allocation `i` of the next episode goes to `base + scale x offset[i]` when its size is
+//!   `scale x size[i]` (within rounding) and those bytes are free or unmapped; the missing pages
+//!   are mapped under the fragmentation budget like any growth. The first allocation sets the
+//!   scale, and the base: the last episode's base if the scaled extent is free there, else the
+//!   start of the best-fitting free block for it, or of the lowest run of free and unmapped
+//!   blocks that holds it. An allocation whose size does not match ends the plan for the
+//!   episode; one whose bytes are taken falls back to best fit;
+//! - the arena (the last base, up to the largest extent placed there) keeps its cached pages
+//!   when the budget gives memory back, until the pool is past twice the budget
+//!   (`budget::budget_room`), so that the next episode finds them mapped.
+//!
+//! Invariants: a block's `token` is the number of the episode allocation it serves ([`NO_TOKEN`]
+//! otherwise), and numbers of a dropped or closed episode are below the current one's `first`;
+//! `live` counts the episode's allocations not yet back in the pool; `anchors` are live
+//! allocations placed by the plan, so in the arena's segment, from which a walk along the
+//! segment's blocks finds any address in it; a plan places no two allocations whose lifetimes
+//! overlap on overlapping bytes.
+
+use super::block::{BlockId, NIL};
+use super::{Pool, Request};
+use crate::config::Policy;
+use crate::sizes::PoolKind;
+use cudalloc_sys::{Device, DeviceError, StreamId};
+
+/// "Not an episode allocation".
+pub const NO_TOKEN: u64 = u64::MAX;
+/// Fewest allocations an episode needs to become a plan.
+pub const MIN_TOKENS: usize = 16;
+/// Most allocations an episode records; longer ones are dropped.
+pub const MAX_TOKENS: usize = 1024;
+
+/// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
+/// episode's clock, which advances on each of its allocations and frees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Token {
+    /// Rounded bytes.
+    pub size: u64,
+    /// Tick of the allocation.
+    pub start: u32,
+    /// Tick of the free (`u32::MAX` while live).
+    pub end: u32,
+}
+
+/// A packing of an episode: where each allocation goes, relative to the arena's base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The episode it was packed from.
+    pub tokens: Vec<Token>,
+    /// Offset of each allocation.
+    pub offsets: Vec<u64>,
+    /// Bytes the packing spans.
+    pub extent: u64,
+}
+
+/// Where the episode being placed by the plan lives.
+struct Arena {
+    scale: f64,
+    base: u64,
+}
+
+/// The episode being recorded.
+struct Episode {
+    stream: StreamId,
+    /// Number of its first allocation.
+    first: u64,
+    tokens: Vec<Token>,
+    clock: u32,
+    live: u32,
+    arena: Option<Arena>,
+    /// Every allocation and free so far matched the plan.
+    follows: bool,
+    anchors: Vec<BlockId>,
+    /// Index of the youngest live allocation (meaningful while `live > 0`).
+    youngest: usize,
+}
+
+impl Episode {
+    /// Where the episode ended, if it has: 0 when none of its allocations is live any more;
+    /// otherwise just after the youngest live one, when at least [`MIN_TOKENS`] came after it and
+    /// all of those are freed (the older ones, such as weights loaded before the first batch,
+    /// may outlive many episodes). Asked at the stream's next allocation, so that an episode
+    /// whose last frees come in any order ends at its start.
+    fn ended(&self) -> Option<usize> {
+        if self.live == 0 {
+            return (!self.tokens.is_empty()).then_some(0);
+        }
+        let n = self.tokens.len();
+        (n - self.youngest > MIN_TOKENS).then_some(self.youngest + 1)
+    }
+}
+
+/// Episode recording and the current plan of one pool.
+#[derive(Default)]
+pub struct Plans {
+    next: u64,
+    episode: Option<Episode>,
+    plan: Option<Plan>,
+    /// Allocations placed by a plan.
+    pub placed: u64,
+    /// Signature of the last episode packed.
+    packed: Option<u64>,
+    /// Segment, base and end of the last arena: the next episode reuses it when it is free.
+    last: Option<(u32, u64, u64)>,
+}
+
+/// Packs allocations of known lifetimes: largest first (earliest first among equals), each at the
+/// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own.
+pub fn pack(tokens: &[Token]) -> Plan {
+    let mut order: Vec<usize> = (0..tokens.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(tokens[i].size), tokens[i].start));
+    let mut offsets = vec![0u64; tokens.len()];
+    // Placed allocations by offset: (offset, the allocation), kept together for a fast scan.
+    let mut placed: Vec<(u64, Token)> = Vec::with_capacity(tokens.len());
+    let mut extent = 0;
+    for i in order {
+        let t = tokens[i];
+        let mut at = 0;
+        for &(lo, u) in &placed {
+            if u.start >= t.end || t.start >= u.end {
+                continue;
+            }
+            if lo >= at + t.size {
+                break;
+            }
+            at = at.max(lo + u.size);
+        }
+        offsets[i] = at;
+        extent = extent.max(at + t.size);
+        let k = placed.partition_point(|&(lo, _)| lo <= at);
+        placed.insert(k, (at, t));
+    }
+    Plan {
+        tokens: tokens.to_vec(),
+        offsets,
+        extent,
+    }
+}
+
+/// The episode's allocations and frees in clock order: (is an allocation, index). Ticks are
+/// unique, so this is a placement by tick rather than a sort.
+fn timeline(tokens: &[Token]) -> Vec<(bool, usize)> {
+    let ticks = tokens
+        .iter()
+        .map(|t| t.end.max(t.start) as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut at: Vec<Option<(bool, usize)>> = vec![None; ticks];
+    for (i, t) in tokens.iter().enumerate() {
+        at[t.start as usize] = Some((true, i));
+        at[t.end as usize] = Some((false, i));
+    }
+    at.into_iter().flatten().collect()
+}
+
+/// Bytes best fit spans placing the allocations in order in an empty range (lowest address
+/// among the smallest free blocks that fit, freed bytes merged with free neighbours).
+pub fn best_fit_extent(tokens: &[Token]) -> u64 {
+    use std::collections::{BTreeMap, BTreeSet};
+    // Free ranges below the top by address and by (size, address); all from `top` up is free.
+    let mut by_addr: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut at = vec![0u64; tokens.len()];
+    let (mut top, mut extent) = (0u64, 0u64);
+    for (alloc, i) in timeline(tokens) {
+        let size = tokens[i].size;
+        if alloc {
+            at[i] = match by_size.range((size, 0)..).next().copied() {
+                Some((len, addr)) => {
+                    by_size.remove(&(len, addr));
+                    by_addr.remove(&addr);
+                    if len > size {
+                        by_addr.insert(addr + size, len - size);
+                        by_size.insert((len - size, addr + size));
+                    }
+                    addr
+                }
+                None => {
+                    top += size;
+                    top - size
+                }
+            };
+            extent = extent.max(at[i] + size);
+            continue;
+        }
+        let (mut lo, mut hi) = (at[i], at[i] + size);
+        if let Some(len) = by_addr.remove(&hi) {
+            by_size.remove(&(len, hi));
+            hi += len;
+        }
+        if let Some((&addr, &len)) = by_addr.range(..lo).next_back() {
+            if addr + len == lo {
+                by_addr.remove(&addr);
+                by_size.remove(&(len, addr));
+                lo = addr;
+            }
+        }
+        if hi == top {
+            top = lo;
+        } else {
+            by_addr.insert(lo, hi - lo);
+            by_size.insert((hi - lo, lo));
+        }
+    }
+    extent
+}
+
+/// A packing becomes the plan when it spans at most this fraction of what best fit spans.
+pub const PLAN_GAIN: f64 = 0.9;
+
+/// Offsets are stretched by this fraction over the scale, so that sizes rounded up after scaling
+/// still fit where the plan put them.
+const STRETCH: f64 = 1.0 / 256.0;
+
+/// True when `size` is `scale` times `planned` up to rounding.
+fn matches(size: u64, planned: u64, scale: f64) -> bool {
+    let want = scale * planned as f64;
+    (size as f64 - want).abs() <= want / 512.0 + 512.0
+}
+
+impl<D: Device> Pool<D> {
+    /// True when plans apply to this request.
+    pub(crate) fn plans_on(&self, req: &Request) -> bool {
+        req.pool == PoolKind::Large
+            && self.cfg.policy == Policy::Default
+            && self.cfg.layout_plans
+            && self.limit.is_none()
+    }
+
+    /// The block the plan puts this request in (taken out of the free index, starting at the
+    /// planned address), or `None` for best fit. Starts an episode when none is open.
+    pub(crate) fn planned_block(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
+        let Some(k) = self.token_index(req.stream) else {
+            return Ok(None);
+        };
+        let Some((from, at)) = self.plan_target(k, req) else {
+            return Ok(None);
+        };
+        let need = self.unmapped_bytes(from, at, req.size);
+        let (from, at) = match need {
+            None => return Ok(None),
+            Some(0) => (from, at),
+            Some(n) => {
+                // Giving memory back may change the blocks around the target: find it again.
+                self.budget_room(req.size, n)?;
+                match self.plan_target(k, req) {
+                    Some(t) => t,
+                    None => return Ok(None),
+                }
+            }
+        };
+        self.take_at(from, at, req.size)
+    }
+
+    /// The index the next allocation of `stream` will have in the episode, starting one when
+    /// none is open or the open one is full; `None` when another stream's episode is open.
+    fn token_index(&mut self, stream: StreamId) -> Option<usize> {
+        if let Some(cut) = self.plans.episode.as_ref().and_then(Episode::ended) {
+            self.close_episode(cut);
+        }
+        let plans = &mut self.plans;
+        match &plans.episode {
+            Some(e) if e.stream != stream => return None,
+            Some(e) if e.tokens.len() < MAX_TOKENS => return Some(e.tokens.len()),
+            _ => {}
+        }
+        let first = plans.next;
+        plans.next += MAX_TOKENS as u64;
+        plans.episode = Some(Episode {
+            stream,
+            first,
+            tokens: Vec::new(),
+            clock: 0,
+            live: 0,
+            arena: None,
+            follows: plans.plan.is_some(),
+            anchors: Vec::new(),
+            youngest: 0,
+        });
+        Some(0)
+    }
+
+    /// A block to walk from and the address the plan gives allocation `k`; sets the episode's
+    /// arena on its first allocation and ends the plan on a size that does not match.
+    fn plan_target(&mut self, k: usize, req: &Request) -> Option<(BlockId, u64)> {
+        let plan = self.plans.plan.as_ref()?;
+        let planned = *plan.tokens.get(k)?;
+        let offset = plan.offsets[k];
+        let extent = plan.extent;
+        if k == 0 {
+            let scale = req.size as f64 / planned.size as f64;
+            let (from, base, segment) = self.choose_arena(req.stream, scale, extent)?;
+            let e = self.plans.episode.as_mut()?;
+            e.arena = Some(Arena { scale, base });
+            let mut end = base + stretched(extent, scale) + 512;
+            if let Some((seg, b, e)) = self.plans.last {
+                if (seg, b) == (segment, base) {
+                    // The arena's pages stay cached up to the largest episode placed there.
+                    end = end.max(e);
+                }
+            }
+            self.plans.last = Some((segment, base, end));
+            return Some((from, base + stretched(offset, scale)));
+        }
+        let e = self.plans.episode.as_mut()?;
+        let arena = e.arena.as_ref()?;
+        if !matches(req.size, planned.size, arena.scale) {
+            e.arena = None;
+            e.follows = false;
+            return None;
+        }
+        let at = arena.base + stretched(offset, arena.scale);
+        let from = *e.anchors.last()?;
+        Some((from, at))
+    }
+
+    /// The start of the best-fitting free block of `stream` for `scale x extent` bytes, or of
+    /// the lowest run of free and unmapped blocks that holds them.
+    fn choose_arena(
+        &self,
+        stream: StreamId,
+        scale: f64,
+        extent: u64,
+    ) -> Option<(BlockId, u64, u32)> {
+        let need = stretched(extent, scale) + 512;
+        if let Some(again) = self.last_arena(stream, need) {
+            return Some(again);
+        }
+        let fit = self.large.at_least(stream.0, need).next().map(|(_, id)| id);
+        let id = fit.or_else(|| self.room_in_ranges(stream, PoolKind::Large, need))?;
+        let b = &self.blocks[id];
+        b.is_expandable().then_some((id, b.addr, b.segment))
+    }
+
+    /// The last arena, when its bytes (`need` of them) are all free or unmapped again.
+    fn last_arena(&self, stream: StreamId, need: u64) -> Option<(BlockId, u64, u32)> {
+        let (segment, base, _) = self.plans.last?;
+        let seg = self.segments.get(segment as usize)?.as_ref()?;
+        if seg.stream != stream || base + need > seg.va + seg.size {
+            return None;
+        }
+        let start = self
+            .large
+            .unmapped_of(stream.0)
+            .find(|&id| self.blocks[id].segment == segment)?;
+        let id = self.block_containing(start, base)?;
+        self.unmapped_bytes(id, base, need)
+            .map(|_| (id, base, segment))
+    }
+
+    /// The block holding address `at`, walking the segment's blocks from `from`.
+    fn block_containing(&self, mut id: BlockId, at: u64) -> Option<BlockId> {
+        while id != NIL {
+            let b = &self.blocks[id];
+            if at < b.addr {
+                id = b.prev;
+            } else if at >= b.end() {
+                id = b.next;
+            } else {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Bytes of pages to map so that `at..at + size` is free and mapped, or `None` when part
+    /// of it is taken (or outside the segment).
+    fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<u64> {
+        let mut id = self.block_containing(from, at)?;
+        let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
+        let mut need = 0;
+        loop {
+            let b = &self.blocks[id];
+            if b.allocated || b.event_count > 0 || !b.stream_uses.is_empty() {
+                return None;
+            }
+            if !b.mapped {
+                let lo = seg.page_floor(at.max(b.addr));
+                let hi = seg.page_ceil((at + size).min(b.end()));
+                need += hi - lo;
+            }
+            if b.end() >= at + size {
+                return Some(need);
+            }
+            id = b.next;
+            if id == NIL {
+                return None;
+            }
+        }
+    }
+
+    /// Maps what `at..at + size` lacks and takes the free block that then starts at `at` out
+    /// of the free index. `Ok(None)`: the bytes could not be had (memory cap, device full).
+    fn take_at(
+        &mut self,
+        from: BlockId,
+        at: u64,
+        size: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let window = self.cfg.max_chunk;
+        let mut from = from;
+        loop {
+            let Some(id) = self.block_containing(from, at) else {
+                return Ok(None);
+            };
+            let Some(u) = self.first_unmapped(id, at, size) else {
+                return Ok(Some(self.carve(id, at)));
+            };
+            let seg = self.segments[self.blocks[u].segment as usize]
+                .as_ref()
+                .expect("live segment");
+            let b = &self.blocks[u];
+            let lo = seg.page_floor(at.max(b.addr));
+            let hi = seg.page_ceil((at + size).min(b.end()));
+            let u = if lo > b.addr {
+                self.split_unmapped_tail(u, lo - b.addr);
+                self.blocks[u].next
+            } else {
+                u
+            };
+            if self.over_limit(hi - lo) {
+                return Ok(None);
+            }
+            match self.map_block(u, hi - lo, window)? {
+                Some(mapped) => from = mapped,
+                None => return Ok(None),
+            }
+        }
+    }
+
+    /// The first unmapped block among those covering `at..at + size`, from block `id` (which
+    /// holds `at`) on.
+    fn first_unmapped(&self, mut id: BlockId, at: u64, size: u64) -> Option<BlockId> {
+        loop {
+            let b = &self.blocks[id];
+            if !b.mapped {
+                return Some(id);
+            }
+            if b.end() >= at + size || b.next == NIL {
+                return None;
+            }
+            id = b.next;
+        }
+    }
+
+    /// Takes free mapped block `id` (which holds `at..` up to the request's end) out of the free
+    /// index, leaving the bytes before `at` free.
+    fn carve(&mut self, id: BlockId, at: u64) -> BlockId {
+        let removed = self.unindex_free(id);
+        debug_assert!(removed, "planned bytes were not free");
+        let front = at - self.blocks[id].addr;
+        if front > 0 {
+            self.split_mapped_front(id, front);
+        }
+        id
+    }
+
+    /// Records an allocation of the open episode (`in_arena`: placed by the plan).
+    pub(crate) fn note_alloc(&mut self, id: BlockId, in_arena: bool) {
+        let size = self.blocks[id].size;
+        let plan = self.plans.plan.as_ref();
+        let Some(e) = self.plans.episode.as_mut() else {
+            return;
+        };
+        let k = e.tokens.len();
+        let start = e.clock;
+        e.follows &= plan
+            .and_then(|p| p.tokens.get(k))
+            .is_some_and(|t| t.start == start);
+        e.tokens.push(Token {
+            size,
+            start,
+            end: u32::MAX,
+        });
+        e.clock += 1;
+        e.live += 1;
+        e.youngest = k;
+        if in_arena {
+            e.anchors.push(id);
+            self.plans.placed += 1;
+        }
+        self.blocks[id].token = e.first + k as u64;
+    }
+
+    /// Records the free of block `id` if it is an allocation of the open episode, and closes the
+    /// episode when it was the last one live.
+    pub(crate) fn note_free(&mut self, id: BlockId) {
+        let token = std::mem::replace(&mut self.blocks[id].token, NO_TOKEN);
+        let plan = self.plans.plan.as_ref();
+        let Some(e) = self.plans.episode.as_mut() else {
+            return;
+        };
+        if token < e.first || token >= e.first + e.tokens.len() as u64 {
+            return;
+        }
+        let k = (token - e.first) as usize;
+        e.tokens[k].end = e.clock;
+        e.follows &= plan
+            .and_then(|p| p.tokens.get(k))
+            .is_some_and(|t| t.end == e.clock);
+        e.clock += 1;
+        e.live -= 1;
+        if k == e.youngest && e.live > 0 {
+            let tokens = &e.tokens;
+            e.youngest = (0..k)
+                .rev()
+                .find(|&i| tokens[i].end == u32::MAX)
+                .unwrap_or(0);
+        }
+        if let Some(i) = e.anchors.iter().rposition(|&a| a == id) {
+            e.anchors.swap_remove(i);
+        }
+    }
+
+    /// Turns the episode that just ended into the plan, or drops the plan.
+    fn close_episode(&mut self, cut: usize) {
+        let Some(e) = self.plans.episode.take() else {
+            return;
+        };
+        let mut tokens = e.tokens;
+        let closed = tokens.split_off(cut);
+        if closed.len() < MIN_TOKENS {
+            return;
+        }
+        let same = self
+            .plans
+            .plan
+            .as_ref()
+            .is_some_and(|p| cut == 0 && e.follows && p.tokens.len() == closed.len());
+        if same {
+            return;
+        }
+        let t0 = closed[0].start;
+        let closed: Vec<Token> = closed
+            .into_iter()
+            .map(|t| Token {
+                size: t.size,
+                start: t.start - t0,
+                end: t.end - t0,
+            })
+            .collect();
+        // A training step repeats the last one exactly: the decision taken then stands.
+        let sig = signature(&closed);
+        if self.plans.packed == Some(sig) {
+            return;
+        }
+        self.plans.packed = Some(sig);
+        // No packing spans less than the most bytes live at once: skip it when even that would
+        // not gain enough over best fit.
+        let best_fit = PLAN_GAIN * best_fit_extent(&closed) as f64;
+        self.plans.plan = None;
+        if live_peak(&closed) as f64 <= best_fit {
+            let plan = pack(&closed);
+            self.plans.plan = (plan.extent as f64 <= best_fit).then_some(plan);
+        }
+    }
+}
+
+/// The most bytes live at once.
+pub fn live_peak(tokens: &[Token]) -> u64 {
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (alloc, i) in timeline(tokens) {
+        if alloc {
+            live += tokens[i].size;
+            peak = peak.max(live);
+        } else {
+            live -= tokens[i].size;
+        }
+    }
+    peak
+}
+
+/// A hash of an episode's sizes and lifetimes.
+fn signature(tokens: &[Token]) -> u64 {
+    tokens.iter().fold(tokens.len() as u64, |h, t| {
+        let x = t.size ^ (u64::from(t.start) << 40) ^ (u64::from(t.end) << 20);
+        (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    })
+}
+
+impl Plans {
+    /// The bytes of the arena being filled, which giving memory back should leave alone.
+    pub(crate) fn protected(&self) -> Option<(u32, u64, u64)> {
+        self.plan.as_ref()?;
+        self.last
+    }
+}
+
+/// `offset` scaled, stretched and rounded down to 512 bytes.
+fn stretched(offset: u64, scale: f64) -> u64 {
+    ((offset as f64 * scale * (1.0 + STRETCH)) as u64) / 512 * 512
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(size: u64, start: u32, end: u32) -> Token {
+        Token { size, start, end }
+    }
+
+    /// No two allocations alive at once share a byte.
+    fn assert_disjoint(p: &Plan) {
+        for (i, a) in p.tokens.iter().enumerate() {
+            for (j, b) in p.tokens.iter().enumerate().skip(i + 1) {
+                let live_together = a.start < b.end && b.start < a.end;
+                let (ao, bo) = (p.offsets[i], p.offsets[j]);
+                let overlap = ao < bo + b.size && bo < ao + a.size;
+                assert!(!(live_together && overlap), "{i} and {j} overlap");
+            }
+        }
+    }
+
+    #[test]
+    fn packing_reuses_bytes_of_allocations_already_freed() {
+        // A lives 0..2, B 1..4, C 3..5: C can take A's bytes.
+        let p = pack(&[t(4, 0, 2), t(4, 1, 4), t(4, 3, 5)]);
+        assert_disjoint(&p);
+        assert_eq!(p.extent, 8);
+        assert_eq!(p.offsets[0], p.offsets[2]);
+    }
+
+    #[test]
+    fn packing_puts_large_first_and_small_in_the_gaps() {
+        // Two large ones one after the other, a small one living across both.
+        let p = pack(&[t(1, 0, 9), t(4, 1, 3), t(4, 4, 6)]);
+        assert_disjoint(&p);
+        assert_eq!(p.offsets[1], 0);
+        assert_eq!(
+            p.offsets[2], 0,
+            "the second large one reuses the first one's bytes"
+        );
+        assert_eq!(p.extent, 5);
+    }
+
+    #[test]
+    fn best_fit_reuses_the_lowest_of_the_smallest_holes() {
+        // 4 and 2 side by side, the 4 freed: a 3 takes the start of its hole, a 1 the byte
+        // left (not the top), a 2 goes on top: 8 bytes, 9 had the 1 gone on top.
+        let tokens = [t(4, 0, 2), t(2, 1, 9), t(3, 3, 9), t(1, 4, 9), t(2, 5, 9)];
+        assert_eq!(best_fit_extent(&tokens), 8);
+        // Freed bytes at the top are reused.
+        assert_eq!(best_fit_extent(&[t(8, 0, 1), t(8, 2, 3)]), 8);
+    }
+
+    #[test]
+    fn sizes_match_up_to_rounding_at_any_scale() {
+        assert!(matches(3 << 20, 1 << 20, 3.0));
+        assert!(matches((3 << 20) + 512, 1 << 20, 3.0));
+        assert!(!matches(4 << 20, 1 << 20, 3.0));
+        // Offsets stretch enough that a size rounded up after scaling fits before the next.
+        let (size, scale) = (1u64 << 20, 2.999);
+        let rounded = ((size as f64 * scale) as u64).div_ceil(512) * 512;
+        assert!(stretched(size, scale) >= rounded);
+    }
+}
