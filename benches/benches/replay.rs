@@ -1,5 +1,5 @@
-//! Replay speed (operations per second) of each policy on the bundled traces, and parsing speed
-//! of gzip CSV (lines per second).
+//! Replay speed (operations per second) of each policy on the bundled traces, of `default` without
+//! layout plans beside it, and parsing speed of gzip CSV (lines per second).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use cudalloc::replay::{replay, ReplayOptions};
@@ -33,6 +33,11 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| replay(&trace, &cfg, &ReplayOptions::default()))
             });
         }
+        // What layout plans cost (and save) in the replayer's own time.
+        let cfg = Config::parse("layout_plans:false").expect("config");
+        g.bench_function("default-without-plans", |b| {
+            b.iter(|| replay(&trace, &cfg, &ReplayOptions::default()))
+        });
         g.finish();
         let mut g = c.benchmark_group(format!("parse/{}", trace.name));
         g.measurement_time(Duration::from_secs(3)).sample_size(10);

@@ -52,7 +52,7 @@ impl<D: Device> Pool<D> {
             // the pool is past twice the budget; then they go too.
             let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
             let over = (self.reserved + need).saturating_sub(hard);
-            if over > 0 {
+            if over > 0 && self.plans.protected().is_some() {
                 self.release_free_chunks(over, true)?;
             }
         }

@@ -39,6 +39,7 @@
 //! overlap on overlapping bytes.
 
 use super::block::{BlockId, NIL};
+use super::index::{key, size_of, Bins};
 use super::{Pool, Request};
 use crate::config::Policy;
 use crate::sizes::PoolKind;
@@ -92,8 +93,9 @@ struct Episode {
     /// Every allocation and free so far matched the plan.
     follows: bool,
     anchors: Vec<BlockId>,
-    /// Index of the youngest live allocation (meaningful while `live > 0`).
-    youngest: usize,
+    /// Indexes of allocations in the order made; those freed leave it once they reach the top,
+    /// so the top is the youngest live one (while `live > 0`).
+    stack: Vec<u32>,
 }
 
 impl Episode {
@@ -107,7 +109,8 @@ impl Episode {
             return (!self.tokens.is_empty()).then_some(0);
         }
         let n = self.tokens.len();
-        (n - self.youngest > MIN_TOKENS).then_some(self.youngest + 1)
+        let youngest = *self.stack.last()? as usize;
+        (n - youngest > MIN_TOKENS).then_some(youngest + 1)
     }
 }
 
@@ -177,22 +180,26 @@ fn timeline(tokens: &[Token]) -> Vec<(bool, usize)> {
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
 /// among the smallest free blocks that fit, freed bytes merged with free neighbours).
 pub fn best_fit_extent(tokens: &[Token]) -> u64 {
-    use std::collections::{BTreeMap, BTreeSet};
-    // Free ranges below the top by address and by (size, address); all from `top` up is free.
-    let mut by_addr: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
+    // Free ranges below the top: by address (sorted) and by (size, address) in size bins, as
+    // the pool's free index keeps them; all from `top` up is free.
+    let mut by_addr: Vec<(u64, u64)> = Vec::new();
+    let mut by_size = Bins::default();
     let mut at = vec![0u64; tokens.len()];
     let (mut top, mut extent) = (0u64, 0u64);
     for (alloc, i) in timeline(tokens) {
         let size = tokens[i].size;
         if alloc {
-            at[i] = match by_size.range((size, 0)..).next().copied() {
-                Some((len, addr)) => {
-                    by_size.remove(&(len, addr));
-                    by_addr.remove(&addr);
+            let fit = by_size.from(key(size, 0)).next().map(|e| e.0);
+            at[i] = match fit {
+                Some(k) => {
+                    let (len, addr) = (size_of(k), k as u64);
+                    by_size.remove(k);
+                    let j = by_addr.partition_point(|r| r.0 < addr);
                     if len > size {
-                        by_addr.insert(addr + size, len - size);
-                        by_size.insert((len - size, addr + size));
+                        by_addr[j] = (addr + size, len - size);
+                        by_size.insert(key(len - size, addr + size), 0);
+                    } else {
+                        by_addr.remove(j);
                     }
                     addr
                 }
@@ -205,22 +212,23 @@ pub fn best_fit_extent(tokens: &[Token]) -> u64 {
             continue;
         }
         let (mut lo, mut hi) = (at[i], at[i] + size);
-        if let Some(len) = by_addr.remove(&hi) {
-            by_size.remove(&(len, hi));
+        let j = by_addr.partition_point(|r| r.0 < lo);
+        if j < by_addr.len() && by_addr[j].0 == hi {
+            let (a, len) = by_addr.remove(j);
+            by_size.remove(key(len, a));
             hi += len;
         }
-        if let Some((&addr, &len)) = by_addr.range(..lo).next_back() {
-            if addr + len == lo {
-                by_addr.remove(&addr);
-                by_size.remove(&(len, addr));
-                lo = addr;
-            }
+        if j > 0 && by_addr[j - 1].0 + by_addr[j - 1].1 == lo {
+            let (a, len) = by_addr.remove(j - 1);
+            by_size.remove(key(len, a));
+            lo = a;
         }
         if hi == top {
             top = lo;
         } else {
-            by_addr.insert(lo, hi - lo);
-            by_size.insert((hi - lo, lo));
+            let j = by_addr.partition_point(|r| r.0 < lo);
+            by_addr.insert(j, (lo, hi - lo));
+            by_size.insert(key(hi - lo, lo), 0);
         }
     }
     extent
@@ -296,7 +304,7 @@ impl<D: Device> Pool<D> {
             arena: None,
             follows: plans.plan.is_some(),
             anchors: Vec::new(),
-            youngest: 0,
+            stack: Vec::new(),
         });
         Some(0)
     }
@@ -495,7 +503,7 @@ impl<D: Device> Pool<D> {
         });
         e.clock += 1;
         e.live += 1;
-        e.youngest = k;
+        e.stack.push(k as u32);
         if in_arena {
             e.anchors.push(id);
             self.plans.placed += 1;
@@ -521,12 +529,11 @@ impl<D: Device> Pool<D> {
             .is_some_and(|t| t.end == e.clock);
         e.clock += 1;
         e.live -= 1;
-        if k == e.youngest && e.live > 0 {
-            let tokens = &e.tokens;
-            e.youngest = (0..k)
-                .rev()
-                .find(|&i| tokens[i].end == u32::MAX)
-                .unwrap_or(0);
+        while let Some(&top) = e.stack.last() {
+            if e.tokens[top as usize].end == u32::MAX {
+                break;
+            }
+            e.stack.pop();
         }
         if let Some(i) = e.anchors.iter().rposition(|&a| a == id) {
             e.anchors.swap_remove(i);
