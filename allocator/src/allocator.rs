@@ -29,7 +29,7 @@ use crate::pool::{Allocation, Pool};
 use crate::sizes::PoolKind;
 use crate::snapshot::Snapshot;
 use crate::stats::{Stat, StatArray, Stats};
-use crate::sync::{Arc, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::{Cached, Caches, Totals};
 use cudalloc_sys::{Device, StreamId};
 
@@ -46,6 +46,9 @@ pub struct CachingAllocator<D: Device> {
     reserved: Arc<AtomicU64>,
     live: LiveMap,
     caches: Option<Caches>,
+    /// Per shard: its pool places large blocks by a layout plan, so they bypass thread caches
+    /// (a block kept in a thread cache is a free and an allocation the plan never sees).
+    planned: Box<[AtomicBool]>,
     cfg: Config,
 }
 
@@ -74,6 +77,7 @@ impl<D: Device> CachingAllocator<D> {
             shards,
             reserved,
             live: LiveMap::new(),
+            planned: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
             caches: cfg.thread_cache_on().then(|| {
                 Caches::new(
                     cfg.thread_cache_bytes,
@@ -103,8 +107,10 @@ impl<D: Device> CachingAllocator<D> {
             )));
         }
         if let Some(c) = &self.caches {
-            if let Some(a) = c.take(&self.live, size, stream.0) {
-                return Ok(a);
+            if !self.bypasses_caches(size, stream) {
+                if let Some(a) = c.take(&self.live, size, stream.0) {
+                    return Ok(a);
+                }
             }
             self.after_miss(c, size)?;
             if let Some(a) = self.try_allocate_cached(size, stream)? {
@@ -185,7 +191,14 @@ impl<D: Device> CachingAllocator<D> {
         };
         let b = pool.block(a.block).expect("allocated block");
         self.live.insert(Entry::live(a, b.size, b.pool));
+        self.planned[shard_of(stream)].store(pool.has_plan(), Ordering::Relaxed);
         Ok(Some(a))
+    }
+
+    /// True when a large-pool block of this size on this stream skips the thread caches: its
+    /// pool follows a layout plan.
+    fn bypasses_caches(&self, size: u64, stream: StreamId) -> bool {
+        size > crate::sizes::SMALL_SIZE && self.planned[shard_of(stream)].load(Ordering::Relaxed)
     }
 
     /// Flushes the thread caches and empties the caches of every shard but `except`; true when
@@ -234,10 +247,12 @@ impl<D: Device> CachingAllocator<D> {
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
         if let Some(c) = &self.caches {
-            if c.put(&self.live, &a, |e| self.evict(e))? {
-                return Ok(());
+            if !self.bypasses_caches(a.size, a.stream) {
+                if c.put(&self.live, &a, |e| self.evict(e))? {
+                    return Ok(());
+                }
+                return self.free_to_pool(&a);
             }
-            return self.free_to_pool(&a);
         }
         self.live.check_live(&a)?;
         self.free_to_pool(&a)

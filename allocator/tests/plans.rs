@@ -8,7 +8,8 @@ mod pool;
 
 use common::Rng;
 use cudalloc::pool::plan::{best_fit_extent, live_peak, pack, Token};
-use cudalloc::{Allocation, Config, Pool};
+use cudalloc::snapshot::BlockState;
+use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};
 use proptest::prelude::*;
 
@@ -250,4 +251,68 @@ proptest! {
         }
         run(with_plans(true), &batches);
     }
+}
+
+/// Replays `batches` through `CachingAllocator` (thread caches as configured) on one thread;
+/// returns its peak reserved bytes, and whether a large block freed after the batches went back
+/// to its pool (rather than into the thread's cache).
+fn run_front(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, bool) {
+    let sim = cudalloc_sys::SimDevice::new(cudalloc_sys::SimConfig::with_capacity(16 * GIB));
+    let alloc = CachingAllocator::new(sim, cfg);
+    let weights = alloc.allocate(100 * MIB, S0).unwrap();
+    for (steps, unit) in batches {
+        let mut live: Vec<Option<Allocation>> = Vec::new();
+        for &s in steps {
+            match s {
+                Step::Alloc { slot, units } => {
+                    if live.len() <= slot {
+                        live.resize(slot + 1, None);
+                    }
+                    live[slot] = Some(alloc.allocate(units * unit, S0).unwrap());
+                }
+                Step::Free { slot } => alloc.free(live[slot].take().unwrap()).unwrap(),
+            }
+        }
+    }
+    // The pools' view: a block in a thread cache is still allocated there.
+    let allocated = || -> u64 {
+        let snap = alloc.snapshot();
+        let blocks = snap.segments.iter().flat_map(|s| &s.blocks);
+        blocks
+            .filter(|b| b.state == BlockState::Allocated)
+            .map(|b| b.size)
+            .sum()
+    };
+    let before = allocated();
+    alloc.free(alloc.allocate(5 * MIB, S0).unwrap()).unwrap();
+    let to_pool = allocated() == before;
+    alloc.free(weights).unwrap();
+    (alloc.stats().reserved_bytes.0[0].peak as u64, to_pool)
+}
+
+#[test]
+fn through_the_caching_allocator_the_plan_places_the_batches_past_the_thread_caches() {
+    let batch = bert_batch(12);
+    // Hidden states of 1.1-1.9 MiB: large-pool blocks. A thread cache's small part that takes
+    // blocks up to 1 MiB leaves them to the pool (with the default 2 MiB, the first batches'
+    // hidden states stay in the cache and the pool never sees the sequence whole).
+    let batches: Vec<(Vec<Step>, u64)> = [3, 5, 2, 4, 9, 6, 9, 3, 7]
+        .iter()
+        .map(|&u| (batch.clone(), MIB + u * 100 * KIB))
+        .collect();
+    let cfg = |s: &str| Config::parse(s).unwrap();
+    let (planned, bypassed) = run_front(cfg("thread_cache_block_mb:1"), &batches);
+    let (plain, kept) = run_front(cfg("thread_cache_block_mb:1,layout_plans:false"), &batches);
+    let pool_only = run(with_plans(true), &batches).0;
+    assert!(planned < plain, "plans {planned} vs best fit {plain}");
+    assert_eq!(
+        planned, pool_only,
+        "thread caches leave large blocks to the plan"
+    );
+    // Once the pool has a plan, its large blocks skip the thread cache's large part.
+    assert!(
+        bypassed,
+        "a large block freed under a plan goes back to the pool"
+    );
+    assert!(!kept, "without plans the large part keeps it");
 }

@@ -132,6 +132,11 @@ impl<D: Device> Pool<D> {
         self.reserved
     }
 
+    /// True while a layout plan places this pool's large blocks (see [`plan`]).
+    pub fn has_plan(&self) -> bool {
+        self.plans.has_plan()
+    }
+
     /// Allocations placed by a layout plan so far (see [`plan`]).
     pub fn planned_allocations(&self) -> u64 {
         self.plans.placed

@@ -607,6 +607,11 @@ fn signature(tokens: &[Token]) -> u64 {
 }
 
 impl Plans {
+    /// True while there is a plan to place episodes by.
+    pub fn has_plan(&self) -> bool {
+        self.plan.is_some()
+    }
+
     /// The bytes of the arena being filled, which giving memory back should leave alone.
     pub(crate) fn protected(&self) -> Option<(u32, u64, u64)> {
         self.plan.as_ref()?;
