@@ -116,6 +116,29 @@ fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
 }
 
 fn play(sim: &Sim, pool: &mut Pool<Sim>, steps: &[Step], unit: u64) {
+    let pool = std::cell::RefCell::new(pool);
+    drive(
+        steps,
+        unit,
+        |size| {
+            let a = pool.borrow_mut().allocate(size, S0).unwrap();
+            check(sim, &pool.borrow());
+            a
+        },
+        |a| {
+            pool.borrow_mut().free(&a).unwrap();
+            check(sim, &pool.borrow());
+        },
+    );
+}
+
+/// Runs `steps` with `unit` bytes per unit through `alloc` and `free`; frees what is left.
+fn drive(
+    steps: &[Step],
+    unit: u64,
+    mut alloc: impl FnMut(u64) -> Allocation,
+    mut free: impl FnMut(Allocation),
+) {
     let mut live: Vec<Option<Allocation>> = Vec::new();
     for &s in steps {
         match s {
@@ -123,18 +146,12 @@ fn play(sim: &Sim, pool: &mut Pool<Sim>, steps: &[Step], unit: u64) {
                 if live.len() <= slot {
                     live.resize(slot + 1, None);
                 }
-                live[slot] = Some(pool.allocate(units * unit, S0).unwrap());
+                live[slot] = Some(alloc(units * unit));
             }
-            Step::Free { slot } => {
-                let a = live[slot].take().expect("freed twice");
-                pool.free(&a).unwrap();
-            }
+            Step::Free { slot } => free(live[slot].take().expect("freed twice")),
         }
-        check(sim, pool);
     }
-    for a in live.into_iter().flatten() {
-        pool.free(&a).unwrap();
-    }
+    live.into_iter().flatten().for_each(free);
 }
 
 fn with_plans(on: bool) -> Config {
@@ -261,18 +278,12 @@ fn run_front(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, bool) {
     let alloc = CachingAllocator::new(sim, cfg);
     let weights = alloc.allocate(100 * MIB, S0).unwrap();
     for (steps, unit) in batches {
-        let mut live: Vec<Option<Allocation>> = Vec::new();
-        for &s in steps {
-            match s {
-                Step::Alloc { slot, units } => {
-                    if live.len() <= slot {
-                        live.resize(slot + 1, None);
-                    }
-                    live[slot] = Some(alloc.allocate(units * unit, S0).unwrap());
-                }
-                Step::Free { slot } => alloc.free(live[slot].take().unwrap()).unwrap(),
-            }
-        }
+        drive(
+            steps,
+            *unit,
+            |size| alloc.allocate(size, S0).unwrap(),
+            |a| alloc.free(a).unwrap(),
+        );
     }
     // The pools' view: a block in a thread cache is still allocated there.
     let allocated = || -> u64 {
