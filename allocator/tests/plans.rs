@@ -7,7 +7,7 @@ mod common;
 mod pool;
 
 use common::Rng;
-use cudalloc::pool::plan::{best_fit_extent, live_peak, pack, Token};
+use cudalloc::pool::plan::{best_fit_extent, live_peak, pack, Lifetime};
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};
@@ -65,14 +65,14 @@ fn bert_batch(layers: usize) -> Vec<Step> {
 }
 
 /// The sequence as an episode of `unit`-byte units: one clock tick per step.
-fn tokens(steps: &[Step], unit: u64) -> Vec<Token> {
-    let mut tokens: Vec<Token> = Vec::new();
+fn lifetimes(steps: &[Step], unit: u64) -> Vec<Lifetime> {
+    let mut tokens: Vec<Lifetime> = Vec::new();
     let mut slot_token = std::collections::HashMap::new();
     for (tick, s) in steps.iter().enumerate() {
         match *s {
             Step::Alloc { slot, units } => {
                 slot_token.insert(slot, tokens.len());
-                tokens.push(Token {
+                tokens.push(Lifetime {
                     size: units * unit,
                     start: tick as u32,
                     end: u32::MAX,
@@ -86,7 +86,7 @@ fn tokens(steps: &[Step], unit: u64) -> Vec<Token> {
 
 #[test]
 fn on_bert_layers_best_fit_spans_14_units_for_11_live_and_the_packing_12() {
-    let t = tokens(&bert_batch(12), 1);
+    let t = lifetimes(&bert_batch(12), 1);
     assert_eq!(live_peak(&t), 11);
     assert_eq!(best_fit_extent(&t), 14);
     let p = pack(&t);
@@ -197,6 +197,10 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
 #[test]
 fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
     let batch = bert_batch(4);
+    let per_batch = batch
+        .iter()
+        .filter(|s| matches!(s, Step::Alloc { .. }))
+        .count() as u64;
     let mut odd = batch.clone();
     // The tenth allocation asks for twice its planned size: the plan stops there.
     let tenth = odd
@@ -208,16 +212,77 @@ fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
         .nth(9)
         .unwrap();
     *tenth *= 2;
-    let batches = vec![
-        (batch.clone(), 2 * MIB),
-        (odd, 3 * MIB),
-        (batch.clone(), 4 * MIB),
-    ];
-    let (_, placed) = run(with_plans(true), &batches);
-    assert!(
-        placed >= 9,
-        "the odd batch's first nine and the last batch: {placed}"
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let weights = pool.allocate(100 * MIB, S0).unwrap();
+    let mut placed = Vec::new();
+    for (steps, unit) in [
+        (&batch, 2),
+        (&odd, 3),
+        (&batch, 4),
+        (&batch, 5),
+        (&batch, 3),
+    ] {
+        play(&sim, &mut pool, steps, unit * MIB);
+        placed.push(pool.planned_allocations());
+    }
+    pool.free(&weights).unwrap();
+    check(&sim, &pool);
+    assert_eq!(placed[0], 0, "the first batch teaches the plan");
+    assert_eq!(
+        placed[1], 9,
+        "the odd batch follows it up to its tenth allocation"
     );
+    // The odd batch's own packing gains too little over best fit to replace the plan, so the
+    // plan is dropped; the next batch teaches it again and the two after it follow it whole.
+    assert_eq!(placed[2], 9, "no plan for the batch after the odd one");
+    assert_eq!(placed[4] - placed[2], 2 * per_batch);
+}
+
+#[test]
+fn another_streams_allocations_are_not_recorded_in_an_episode() {
+    // One stream fills an episode to its limit while another allocates and frees in between:
+    // the other stream's blocks are not part of it, and nothing is counted twice.
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let s1 = cudalloc_sys::StreamId(1);
+    let mut a: Vec<Allocation> = (0..1024)
+        .map(|_| pool.allocate(2 * MIB, S0).unwrap())
+        .collect();
+    let b = pool.allocate(2 * MIB, s1).unwrap();
+    a.extend((0..17).map(|_| pool.allocate(2 * MIB, S0).unwrap()));
+    pool.free(&b).unwrap();
+    for x in a.drain(1024..1040) {
+        pool.free(&x).unwrap();
+    }
+    a.push(pool.allocate(2 * MIB, S0).unwrap());
+    check(&sim, &pool);
+    for x in &a {
+        pool.free(x).unwrap();
+    }
+    check(&sim, &pool);
+}
+
+#[test]
+fn a_planned_request_for_cached_memory_maps_nothing() {
+    let batch = bert_batch(4);
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let weights = pool.allocate(100 * MIB, S0).unwrap();
+    for unit in [2, 3] {
+        play(&sim, &mut pool, &batch, unit * MIB);
+    }
+    assert!(pool.planned_allocations() > 0);
+    // The next batch, three times as large, would need new pages for its first allocation.
+    let maps = pool.stats().calls.maps;
+    let first = pool.allocate_cached(9 * MIB, S0).unwrap();
+    assert_eq!(
+        pool.stats().calls.maps,
+        maps,
+        "allocate_cached mapped pages"
+    );
+    if let Some(x) = first {
+        pool.free(&x).unwrap();
+    }
+    pool.free(&weights).unwrap();
+    check(&sim, &pool);
 }
 
 /// A random sequence of allocations and frees of 1-6 units that ends with nothing live.

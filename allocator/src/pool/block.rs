@@ -46,8 +46,8 @@ pub struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's free-search counter when the block was last freed (garbage collection age).
     pub gc_base: u64,
-    /// Number of the episode allocation the block serves (`plan::NO_TOKEN`: none).
-    pub token: u64,
+    /// Number of the recorded episode allocation the block serves (`plan::NO_SEQ`: none).
+    pub episode_seq: u64,
 }
 
 impl Block {
@@ -67,7 +67,7 @@ impl Block {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base: 0,
-            token: u64::MAX,
+            episode_seq: u64::MAX,
         }
     }
 

@@ -16,7 +16,9 @@
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation)`, unmapping cached chunks (largest free block first) when it would not hold.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
-//! unmap and map in turn.
+//! unmap and map in turn. One exception: the cached pages of the footprint a layout plan places
+//! episodes in (`plan`) are given back only once the pool would pass twice the budget, so a
+//! batch that follows the plan finds the pages of the last one still mapped.
 
 use super::block::BlockId;
 use super::{Pool, Request};
@@ -31,14 +33,20 @@ impl<D: Device> Pool<D> {
     ) -> Result<Option<BlockId>, DeviceError> {
         let page = self.device.granularity()?;
         let need = req.size.div_ceil(page) * page;
-        let room = self.budget_room(req.size, need)?;
+        let room = self.budget_room(req.size, need, None)?;
         self.budget_map(req, page, room)
     }
 
     /// Makes the budget hold before `need` bytes are mapped for a request of `size` bytes,
-    /// unmapping cached chunks when it would not; returns the bytes that may be mapped beyond
-    /// `need` (the room for slack).
-    pub(crate) fn budget_room(&mut self, size: u64, need: u64) -> Result<u64, DeviceError> {
+    /// unmapping cached chunks when it would not (never those overlapping `keep`, the bytes
+    /// about to be used); returns the bytes that may be mapped beyond `need` (the room for
+    /// slack).
+    pub(crate) fn budget_room(
+        &mut self,
+        size: u64,
+        need: u64,
+        keep: Option<(u64, u64)>,
+    ) -> Result<u64, DeviceError> {
         let live_after = self.stats.requested_bytes.0[0].current as u64 + size;
         let base = self.peak_requested.max(live_after);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
@@ -47,13 +55,13 @@ impl<D: Device> Pool<D> {
             excess = excess.max((self.total_reserved() + need).saturating_sub(l));
         }
         if excess > 0 {
-            self.release_free_chunks(excess, false)?;
-            // The plan's arena keeps its cached pages (the next episode will need them) until
-            // the pool is past twice the budget; then they go too.
+            self.release_free_chunks(excess, false, keep)?;
+            // The plan's footprint keeps its cached pages (the next episode will need them)
+            // until the pool is past twice the budget; then they go too.
             let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
             let over = (self.reserved + need).saturating_sub(hard);
             if over > 0 && self.plans.protected().is_some() {
-                self.release_free_chunks(over, true)?;
+                self.release_free_chunks(over, true, keep)?;
             }
         }
         let mut room = ceiling.saturating_sub(self.reserved + need);
@@ -150,9 +158,10 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// True when free block `id` lies in the arena the plan places episodes in (left alone so
-    /// that the next episode finds its pages mapped; not under a memory cap, where plans are off).
-    fn in_arena(&self, id: BlockId) -> bool {
+    /// True when free block `id` lies in the footprint the plan places episodes in (left alone
+    /// so that the next episode finds its pages mapped; not under a memory cap, where plans are
+    /// off).
+    fn in_footprint(&self, id: BlockId) -> bool {
         let b = &self.blocks[id];
         self.limit.is_none()
             && self
@@ -161,17 +170,24 @@ impl<D: Device> Pool<D> {
                 .is_some_and(|(seg, lo, hi)| b.segment == seg && b.addr < hi && lo < b.end())
     }
 
-    /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is left.
+    /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is
+    /// left; the plan's footprint only when `footprint_too`, and nothing overlapping `keep`.
     pub(crate) fn release_free_chunks(
         &mut self,
         bytes: u64,
-        arena_too: bool,
+        footprint_too: bool,
+        keep: Option<(u64, u64)>,
     ) -> Result<u64, DeviceError> {
+        let kept =
+            |b: &super::block::Block| keep.is_some_and(|(lo, hi)| b.addr < hi && lo < b.end());
         let mut free: Vec<(u64, BlockId)> = self
             .small
             .all_free()
             .chain(self.large.all_free())
-            .filter(|&id| self.blocks[id].is_expandable() && (arena_too || !self.in_arena(id)))
+            .filter(|&id| {
+                let b = &self.blocks[id];
+                b.is_expandable() && !kept(b) && (footprint_too || !self.in_footprint(id))
+            })
             .map(|id| (self.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));

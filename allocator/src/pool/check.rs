@@ -149,6 +149,12 @@ impl<D: Device> Pool<D> {
             } else if !b.mapped {
                 return Err(format!("block {:#x} is in use but unmapped", b.addr));
             }
+            if idle && b.episode_seq != super::plan::NO_SEQ {
+                return Err(format!(
+                    "free block {:#x} still carries an episode number",
+                    b.addr
+                ));
+            }
             if b.size % crate::sizes::MIN_BLOCK != 0 {
                 return Err(format!(
                     "block {:#x} has size {} (not a multiple of 512)",

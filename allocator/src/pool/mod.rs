@@ -224,11 +224,18 @@ impl<D: Device> Pool<D> {
             size: rounded,
             alloc_size: sizes::segment_size(rounded),
         };
-        let plans = self.plans_on(&req);
-        let planned = if plans {
-            self.planned_block(&req)?
+        let seq = if self.plans_on(&req) {
+            self.episode_index(stream)
         } else {
             None
+        };
+        let planned = match seq {
+            Some(k) => match self.planned_block(k, &req, may_grow)? {
+                plan::Placement::At(id) => Some(id),
+                plan::Placement::BestFit => None,
+                plan::Placement::NeedsGrowth => return Ok(None),
+            },
+            None => None,
         };
         let found = planned.or_else(|| self.get_free_block(&req));
         let id = match found {
@@ -238,8 +245,8 @@ impl<D: Device> Pool<D> {
         };
         let split = self.should_split(id, rounded);
         let id = self.alloc_found_block(id, &req, size, split);
-        if plans {
-            self.note_alloc(id, planned.is_some());
+        if let Some(k) = seq {
+            self.note_alloc(id, k, planned.is_some());
         }
         let b = &self.blocks[id];
         Ok(Some(Allocation {
@@ -476,7 +483,7 @@ impl<D: Device> Pool<D> {
 
     /// Returns a block to its pool, merging it with free neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
-        if self.blocks[id].token != plan::NO_TOKEN {
+        if self.blocks[id].episode_seq != plan::NO_SEQ {
             self.note_free(id);
         }
         let b = &self.blocks[id];

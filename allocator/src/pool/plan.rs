@@ -8,33 +8,36 @@
 //! known and a tighter packing is cheap to compute. So, under `default` (without a memory cap):
 //!
 //! - the pool records an *episode*: the large-pool allocations of one stream from one that
-//!   starts it until all of them are freed again (a batch, an iteration). Allocations older
-//!   than the rest may outlive it (weights loaded before the first batch): the episode also ends
-//!   when at least [`MIN_TOKENS`] allocations came after its youngest live one and all of those
-//!   are freed, and then consists of those. Whether it ended is asked at the stream's next
-//!   large allocation, which starts the next episode. One that reaches [`MAX_TOKENS`]
+//!   starts it until all of them are freed again (a batch, an iteration); other streams'
+//!   allocations meanwhile are not recorded. Allocations older than the rest may outlive it
+//!   (weights loaded before the first batch): the episode also ends when at least
+//!   [`MIN_ALLOCS`] allocations came after its youngest live one and all of those are freed,
+//!   and then consists of those. Whether it ended is asked at the next large allocation (of
+//!   any stream), which may start the next episode. One that reaches [`MAX_ALLOCS`]
 //!   allocations is dropped;
-//! - an episode of at least [`MIN_TOKENS`] allocations is packed offline (largest first, each at
+//! - an episode of at least [`MIN_ALLOCS`] allocations is packed offline (largest first, each at
 //!   the lowest offset clear of the allocations whose lifetimes overlap its own). The packing
 //!   becomes the *plan* when it spans at most [`PLAN_GAIN`] of what best fit spans on the same
 //!   sequence, and the plan is dropped otherwise: where best fit packs well (training steps
 //!   that repeat the same sizes), placement stays best fit's. An episode that followed the plan
-//!   exactly keeps it without packing;
+//!   exactly (sizes at the episode's scale, allocation and free order) keeps it without packing;
 //! - allocation `i` of the next episode goes to `base + scale x offset[i]` when its size is
 //!   `scale x size[i]` (within rounding) and those bytes are free or unmapped; the missing pages
-//!   are mapped under the fragmentation budget like any growth. The first allocation sets the
-//!   scale, and the base: the last episode's base if the scaled extent is free there, else the
-//!   start of the best-fitting free block for it, or of the lowest run of free and unmapped
-//!   blocks that holds it. An allocation whose size does not match ends the plan for the
-//!   episode; one whose bytes are taken falls back to best fit;
-//! - the arena (the last base, up to the largest extent placed there) keeps its cached pages
+//!   are mapped under the fragmentation budget like any growth (and never when the caller asked
+//!   for cached memory only). The first allocation sets the scale, and the base (the
+//!   *footprint*): the last footprint's base if the scaled extent is free there, else the start
+//!   of the best-fitting free block for it, or of the lowest run of free and unmapped blocks
+//!   that holds it. An allocation whose size does not match ends the plan for the episode; one
+//!   whose bytes are taken falls back to best fit;
+//! - the last footprint (up to the largest extent placed at its base) keeps its cached pages
 //!   when the budget gives memory back, until the pool is past twice the budget
 //!   (`budget::budget_room`), so that the next episode finds them mapped.
 //!
-//! Invariants: a block's `token` is the number of the episode allocation it serves ([`NO_TOKEN`]
-//! otherwise), and numbers of a dropped or closed episode are below the current one's `first`;
-//! `live` counts the episode's allocations not yet back in the pool; `anchors` are live
-//! allocations placed by the plan, so in the arena's segment, from which a walk along the
+//! Invariants: a block's `episode_seq` is the number of the recorded allocation it serves
+//! ([`NO_SEQ`] otherwise, and always while the block is free or unmapped); numbers of a dropped
+//! or closed episode are below the open one's `first`; an episode's allocations are all of one
+//! stream; `live` counts its allocations not yet back in the pool; `anchors` are live
+//! allocations placed by the plan, so in the footprint's segment, from which a walk along the
 //! segment's blocks finds any address in it; a plan places no two allocations whose lifetimes
 //! overlap on overlapping bytes.
 
@@ -45,17 +48,17 @@ use crate::config::Policy;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
 
-/// "Not an episode allocation".
-pub const NO_TOKEN: u64 = u64::MAX;
+/// "Not an allocation of a recorded episode" (a block's `episode_seq`).
+pub const NO_SEQ: u64 = u64::MAX;
 /// Fewest allocations an episode needs to become a plan.
-pub const MIN_TOKENS: usize = 16;
+pub const MIN_ALLOCS: usize = 16;
 /// Most allocations an episode records; longer ones are dropped.
-pub const MAX_TOKENS: usize = 1024;
+pub const MAX_ALLOCS: usize = 1024;
 
 /// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
 /// episode's clock, which advances on each of its allocations and frees).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Token {
+pub struct Lifetime {
     /// Rounded bytes.
     pub size: u64,
     /// Tick of the allocation.
@@ -64,21 +67,33 @@ pub struct Token {
     pub end: u32,
 }
 
-/// A packing of an episode: where each allocation goes, relative to the arena's base.
+/// A packing of an episode: where each allocation goes, relative to the footprint's base.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     /// The episode it was packed from.
-    pub tokens: Vec<Token>,
+    pub lifetimes: Vec<Lifetime>,
     /// Offset of each allocation.
     pub offsets: Vec<u64>,
     /// Bytes the packing spans.
     pub extent: u64,
 }
 
-/// Where the episode being placed by the plan lives.
-struct Arena {
+/// What the plan makes of a request.
+pub(crate) enum Placement {
+    /// The block at the planned address, out of the free index.
+    At(BlockId),
+    /// No planned place: best fit.
+    BestFit,
+    /// The planned bytes need new pages and the caller asked for cached memory only.
+    NeedsGrowth,
+}
+
+/// Where the plan places the open episode: its scale against the plan, and its base address in
+/// the stream's range `segment`.
+struct Footprint {
     scale: f64,
     base: u64,
+    segment: u32,
 }
 
 /// The episode being recorded.
@@ -86,10 +101,10 @@ struct Episode {
     stream: StreamId,
     /// Number of its first allocation.
     first: u64,
-    tokens: Vec<Token>,
+    lifetimes: Vec<Lifetime>,
     clock: u32,
     live: u32,
-    arena: Option<Arena>,
+    footprint: Option<Footprint>,
     /// Every allocation and free so far matched the plan.
     follows: bool,
     anchors: Vec<BlockId>,
@@ -100,17 +115,17 @@ struct Episode {
 
 impl Episode {
     /// Where the episode ended, if it has: 0 when none of its allocations is live any more;
-    /// otherwise just after the youngest live one, when at least [`MIN_TOKENS`] came after it and
+    /// otherwise just after the youngest live one, when at least [`MIN_ALLOCS`] came after it and
     /// all of those are freed (the older ones, such as weights loaded before the first batch,
     /// may outlive many episodes). Asked at the stream's next allocation, so that an episode
     /// whose last frees come in any order ends at its start.
     fn ended(&self) -> Option<usize> {
         if self.live == 0 {
-            return (!self.tokens.is_empty()).then_some(0);
+            return (!self.lifetimes.is_empty()).then_some(0);
         }
-        let n = self.tokens.len();
+        let n = self.lifetimes.len();
         let youngest = *self.stack.last()? as usize;
-        (n - youngest > MIN_TOKENS).then_some(youngest + 1)
+        (n - youngest > MIN_ALLOCS).then_some(youngest + 1)
     }
 }
 
@@ -124,21 +139,21 @@ pub struct Plans {
     pub placed: u64,
     /// Signature of the last episode packed.
     packed: Option<u64>,
-    /// Segment, base and end of the last arena: the next episode reuses it when it is free.
+    /// Segment, base and end of the last footprint: the next episode reuses it when it is free.
     last: Option<(u32, u64, u64)>,
 }
 
 /// Packs allocations of known lifetimes: largest first (earliest first among equals), each at the
 /// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own.
-pub fn pack(tokens: &[Token]) -> Plan {
-    let mut order: Vec<usize> = (0..tokens.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(tokens[i].size), tokens[i].start));
-    let mut offsets = vec![0u64; tokens.len()];
+pub fn pack(lifetimes: &[Lifetime]) -> Plan {
+    let mut order: Vec<usize> = (0..lifetimes.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(lifetimes[i].size), lifetimes[i].start));
+    let mut offsets = vec![0u64; lifetimes.len()];
     // Placed allocations by offset: (offset, the allocation), kept together for a fast scan.
-    let mut placed: Vec<(u64, Token)> = Vec::with_capacity(tokens.len());
+    let mut placed: Vec<(u64, Lifetime)> = Vec::with_capacity(lifetimes.len());
     let mut extent = 0;
     for i in order {
-        let t = tokens[i];
+        let t = lifetimes[i];
         let mut at = 0;
         for &(lo, u) in &placed {
             if u.start >= t.end || t.start >= u.end {
@@ -155,7 +170,7 @@ pub fn pack(tokens: &[Token]) -> Plan {
         placed.insert(k, (at, t));
     }
     Plan {
-        tokens: tokens.to_vec(),
+        lifetimes: lifetimes.to_vec(),
         offsets,
         extent,
     }
@@ -163,14 +178,14 @@ pub fn pack(tokens: &[Token]) -> Plan {
 
 /// The episode's allocations and frees in clock order: (is an allocation, index). Ticks are
 /// unique, so this is a placement by tick rather than a sort.
-fn timeline(tokens: &[Token]) -> Vec<(bool, usize)> {
-    let ticks = tokens
+fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
+    let ticks = lifetimes
         .iter()
         .map(|t| t.end.max(t.start) as usize + 1)
         .max()
         .unwrap_or(0);
     let mut at: Vec<Option<(bool, usize)>> = vec![None; ticks];
-    for (i, t) in tokens.iter().enumerate() {
+    for (i, t) in lifetimes.iter().enumerate() {
         at[t.start as usize] = Some((true, i));
         at[t.end as usize] = Some((false, i));
     }
@@ -179,15 +194,15 @@ fn timeline(tokens: &[Token]) -> Vec<(bool, usize)> {
 
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
 /// among the smallest free blocks that fit, freed bytes merged with free neighbours).
-pub fn best_fit_extent(tokens: &[Token]) -> u64 {
+pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
     // Free ranges below the top: by address (sorted) and by (size, address) in size bins, as
     // the pool's free index keeps them; all from `top` up is free.
     let mut by_addr: Vec<(u64, u64)> = Vec::new();
     let mut by_size = Bins::default();
-    let mut at = vec![0u64; tokens.len()];
+    let mut at = vec![0u64; lifetimes.len()];
     let (mut top, mut extent) = (0u64, 0u64);
-    for (alloc, i) in timeline(tokens) {
-        let size = tokens[i].size;
+    for (alloc, i) in timeline(lifetimes) {
+        let size = lifetimes[i].size;
         if alloc {
             let fit = by_size.from(key(size, 0)).next().map(|e| e.0);
             at[i] = match fit {
@@ -256,52 +271,60 @@ impl<D: Device> Pool<D> {
             && self.limit.is_none()
     }
 
-    /// The block the plan puts this request in (taken out of the free index, starting at the
-    /// planned address), or `None` for best fit. Starts an episode when none is open.
-    pub(crate) fn planned_block(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
-        let Some(k) = self.token_index(req.stream) else {
-            return Ok(None);
-        };
+    /// Where the plan puts allocation `k` of the open episode: a block taken out of the free
+    /// index that starts at the planned address, best fit, or (without `may_grow`, when the
+    /// planned bytes need new pages) nothing from cached memory.
+    pub(crate) fn planned_block(
+        &mut self,
+        k: usize,
+        req: &Request,
+        may_grow: bool,
+    ) -> Result<Placement, DeviceError> {
         let Some((from, at)) = self.plan_target(k, req) else {
-            return Ok(None);
+            return Ok(Placement::BestFit);
         };
-        let need = self.unmapped_bytes(from, at, req.size);
-        let (from, at) = match need {
-            None => return Ok(None),
+        let (from, at) = match self.unmapped_bytes(from, at, req.size) {
+            None => return Ok(Placement::BestFit),
             Some(0) => (from, at),
+            Some(_) if !may_grow => return Ok(Placement::NeedsGrowth),
             Some(n) => {
-                // Giving memory back may change the blocks around the target: find it again.
-                self.budget_room(req.size, n)?;
+                // Giving memory back (never these bytes) may change the blocks around the
+                // target: find it again.
+                self.budget_room(req.size, n, Some((at, at + req.size)))?;
                 match self.plan_target(k, req) {
                     Some(t) => t,
-                    None => return Ok(None),
+                    None => return Ok(Placement::BestFit),
                 }
             }
         };
-        self.take_at(from, at, req.size)
+        Ok(match self.take_at(from, at, req.size)? {
+            Some(id) => Placement::At(id),
+            None => Placement::BestFit,
+        })
     }
 
-    /// The index the next allocation of `stream` will have in the episode, starting one when
-    /// none is open or the open one is full; `None` when another stream's episode is open.
-    fn token_index(&mut self, stream: StreamId) -> Option<usize> {
+    /// The index the next large allocation of `stream` will have in the open episode, after
+    /// closing an episode that ended and starting one when none is open or the open one is
+    /// full; `None` when another stream's episode is open (that allocation is not recorded).
+    pub(crate) fn episode_index(&mut self, stream: StreamId) -> Option<usize> {
         if let Some(cut) = self.plans.episode.as_ref().and_then(Episode::ended) {
             self.close_episode(cut);
         }
         let plans = &mut self.plans;
         match &plans.episode {
             Some(e) if e.stream != stream => return None,
-            Some(e) if e.tokens.len() < MAX_TOKENS => return Some(e.tokens.len()),
+            Some(e) if e.lifetimes.len() < MAX_ALLOCS => return Some(e.lifetimes.len()),
             _ => {}
         }
         let first = plans.next;
-        plans.next += MAX_TOKENS as u64;
+        plans.next += MAX_ALLOCS as u64;
         plans.episode = Some(Episode {
             stream,
             first,
-            tokens: Vec::new(),
+            lifetimes: Vec::new(),
             clock: 0,
             live: 0,
-            arena: None,
+            footprint: None,
             follows: plans.plan.is_some(),
             anchors: Vec::new(),
             stack: Vec::new(),
@@ -310,71 +333,93 @@ impl<D: Device> Pool<D> {
     }
 
     /// A block to walk from and the address the plan gives allocation `k`; sets the episode's
-    /// arena on its first allocation and ends the plan on a size that does not match.
+    /// footprint on its first allocation and ends the plan on a size that does not match.
     fn plan_target(&mut self, k: usize, req: &Request) -> Option<(BlockId, u64)> {
         let plan = self.plans.plan.as_ref()?;
-        let planned = *plan.tokens.get(k)?;
+        let planned = *plan.lifetimes.get(k)?;
         let offset = plan.offsets[k];
         let extent = plan.extent;
         if k == 0 {
             let scale = req.size as f64 / planned.size as f64;
-            let (from, base, segment) = self.choose_arena(req.stream, scale, extent)?;
+            let (from, base, segment) = self.choose_footprint(req.stream, scale, extent)?;
             let e = self.plans.episode.as_mut()?;
-            e.arena = Some(Arena { scale, base });
-            let mut end = base + stretched(extent, scale) + 512;
-            if let Some((seg, b, e)) = self.plans.last {
-                if (seg, b) == (segment, base) {
-                    // The arena's pages stay cached up to the largest episode placed there.
-                    end = end.max(e);
-                }
-            }
-            self.plans.last = Some((segment, base, end));
+            e.footprint = Some(Footprint {
+                scale,
+                base,
+                segment,
+            });
+            self.remember_footprint(segment, base, spanned(extent, scale));
             return Some((from, base + stretched(offset, scale)));
         }
         let e = self.plans.episode.as_mut()?;
-        let arena = e.arena.as_ref()?;
-        if !matches(req.size, planned.size, arena.scale) {
-            e.arena = None;
+        let f = e.footprint.as_ref()?;
+        if !matches(req.size, planned.size, f.scale) {
+            e.footprint = None;
             e.follows = false;
             return None;
         }
-        let at = arena.base + stretched(offset, arena.scale);
-        let from = *e.anchors.last()?;
+        let (at, segment) = (f.base + stretched(offset, f.scale), f.segment);
+        let from = match e.anchors.last() {
+            Some(&a) => a,
+            None => self.block_of_segment(req.stream, segment)?,
+        };
         Some((from, at))
     }
 
-    /// The start of the best-fitting free block of `stream` for `scale x extent` bytes, or of
-    /// the lowest run of free and unmapped blocks that holds them.
-    fn choose_arena(
+    /// Records the footprint just chosen; on the same base as the last one, it keeps the larger
+    /// end (its pages stay cached up to the largest episode placed there).
+    fn remember_footprint(&mut self, segment: u32, base: u64, bytes: u64) {
+        let mut end = base.saturating_add(bytes);
+        if let Some((seg, b, e)) = self.plans.last {
+            if (seg, b) == (segment, base) {
+                end = end.max(e);
+            }
+        }
+        self.plans.last = Some((segment, base, end));
+    }
+
+    /// The last footprint when `bytes` from its base are all free or unmapped again; else the
+    /// start of the best-fitting free block of `stream` for them, or of the lowest run of free
+    /// and unmapped blocks that holds them.
+    fn choose_footprint(
         &self,
         stream: StreamId,
         scale: f64,
         extent: u64,
     ) -> Option<(BlockId, u64, u32)> {
-        let need = stretched(extent, scale) + 512;
-        if let Some(again) = self.last_arena(stream, need) {
+        let bytes = spanned(extent, scale);
+        if let Some(again) = self.last_footprint(stream, bytes) {
             return Some(again);
         }
-        let fit = self.large.at_least(stream.0, need).next().map(|(_, id)| id);
-        let id = fit.or_else(|| self.room_in_ranges(stream, PoolKind::Large, need))?;
+        let fit = self
+            .large
+            .at_least(stream.0, bytes)
+            .next()
+            .map(|(_, id)| id);
+        let id = fit.or_else(|| self.room_in_ranges(stream, PoolKind::Large, bytes))?;
         let b = &self.blocks[id];
         b.is_expandable().then_some((id, b.addr, b.segment))
     }
 
-    /// The last arena, when its bytes (`need` of them) are all free or unmapped again.
-    fn last_arena(&self, stream: StreamId, need: u64) -> Option<(BlockId, u64, u32)> {
+    /// The last footprint, when its first `bytes` are all free or unmapped again.
+    fn last_footprint(&self, stream: StreamId, bytes: u64) -> Option<(BlockId, u64, u32)> {
         let (segment, base, _) = self.plans.last?;
         let seg = self.segments.get(segment as usize)?.as_ref()?;
-        if seg.stream != stream || base + need > seg.va + seg.size {
+        if seg.stream != stream || base.saturating_add(bytes) > seg.va + seg.size {
             return None;
         }
-        let start = self
-            .large
-            .unmapped_of(stream.0)
-            .find(|&id| self.blocks[id].segment == segment)?;
+        let start = self.block_of_segment(stream, segment)?;
         let id = self.block_containing(start, base)?;
-        self.unmapped_bytes(id, base, need)
+        self.unmapped_bytes(id, base, bytes)
             .map(|_| (id, base, segment))
+    }
+
+    /// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range
+    /// keeps unmapped space at its end until it is full).
+    fn block_of_segment(&self, stream: StreamId, segment: u32) -> Option<BlockId> {
+        self.large
+            .unmapped_of(stream.0)
+            .find(|&id| self.blocks[id].segment == segment)
     }
 
     /// The block holding address `at`, walking the segment's blocks from `from`.
@@ -392,6 +437,12 @@ impl<D: Device> Pool<D> {
         None
     }
 
+    /// True when block `id` may take a planned allocation: free or unmapped, nothing pending.
+    fn placeable(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+    }
+
     /// Bytes of pages to map so that `at..at + size` is free and mapped, or `None` when part
     /// of it is taken (or outside the segment).
     fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<u64> {
@@ -399,10 +450,10 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
         let mut need = 0;
         loop {
-            let b = &self.blocks[id];
-            if b.allocated || b.event_count > 0 || !b.stream_uses.is_empty() {
+            if !self.placeable(id) {
                 return None;
             }
+            let b = &self.blocks[id];
             if !b.mapped {
                 let lo = seg.page_floor(at.max(b.addr));
                 let hi = seg.page_ceil((at + size).min(b.end()));
@@ -419,7 +470,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Maps what `at..at + size` lacks and takes the free block that then starts at `at` out
-    /// of the free index. `Ok(None)`: the bytes could not be had (memory cap, device full).
+    /// of the free index. `Ok(None)`: the bytes could not be had (device full, or taken).
     fn take_at(
         &mut self,
         from: BlockId,
@@ -433,7 +484,7 @@ impl<D: Device> Pool<D> {
                 return Ok(None);
             };
             let Some(u) = self.first_unmapped(id, at, size) else {
-                return Ok(Some(self.carve(id, at)));
+                return Ok(self.carve(id, at, size));
             };
             let seg = self.segments[self.blocks[u].segment as usize]
                 .as_ref()
@@ -447,9 +498,6 @@ impl<D: Device> Pool<D> {
             } else {
                 u
             };
-            if self.over_limit(hi - lo) {
-                return Ok(None);
-            }
             match self.map_block(u, hi - lo, window)? {
                 Some(mapped) => from = mapped,
                 None => return Ok(None),
@@ -472,31 +520,39 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// Takes free mapped block `id` (which holds `at..` up to the request's end) out of the free
-    /// index, leaving the bytes before `at` free.
-    fn carve(&mut self, id: BlockId, at: u64) -> BlockId {
-        let removed = self.unindex_free(id);
-        debug_assert!(removed, "planned bytes were not free");
+    /// Takes free mapped block `id` out of the free index when it holds `at..at + size`,
+    /// leaving the bytes before `at` free; `None` (nothing changed) when it does not.
+    fn carve(&mut self, id: BlockId, at: u64, size: u64) -> Option<BlockId> {
+        let b = &self.blocks[id];
+        if !self.placeable(id) || !b.mapped || b.addr > at || b.end() < at + size {
+            return None;
+        }
+        if !self.unindex_free(id) {
+            return None;
+        }
         let front = at - self.blocks[id].addr;
         if front > 0 {
             self.split_mapped_front(id, front);
         }
-        id
+        Some(id)
     }
 
-    /// Records an allocation of the open episode (`in_arena`: placed by the plan).
-    pub(crate) fn note_alloc(&mut self, id: BlockId, in_arena: bool) {
+    /// Records allocation `k` of the open episode, made in block `id` (`placed`: by the plan).
+    pub(crate) fn note_alloc(&mut self, id: BlockId, k: usize, placed: bool) {
         let size = self.blocks[id].size;
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
             return;
         };
-        let k = e.tokens.len();
+        if e.lifetimes.len() != k {
+            return;
+        }
         let start = e.clock;
+        let scale = e.footprint.as_ref().map(|f| f.scale);
         e.follows &= plan
-            .and_then(|p| p.tokens.get(k))
-            .is_some_and(|t| t.start == start);
-        e.tokens.push(Token {
+            .and_then(|p| p.lifetimes.get(k))
+            .is_some_and(|t| t.start == start && scale.is_some_and(|c| matches(size, t.size, c)));
+        e.lifetimes.push(Lifetime {
             size,
             start,
             end: u32::MAX,
@@ -504,33 +560,33 @@ impl<D: Device> Pool<D> {
         e.clock += 1;
         e.live += 1;
         e.stack.push(k as u32);
-        if in_arena {
+        if placed {
             e.anchors.push(id);
             self.plans.placed += 1;
         }
-        self.blocks[id].token = e.first + k as u64;
+        self.blocks[id].episode_seq = e.first + k as u64;
     }
 
-    /// Records the free of block `id` if it is an allocation of the open episode, and closes the
-    /// episode when it was the last one live.
+    /// Records the free of block `id` if it is an allocation of the open episode.
     pub(crate) fn note_free(&mut self, id: BlockId) {
-        let token = std::mem::replace(&mut self.blocks[id].token, NO_TOKEN);
+        let seq = std::mem::replace(&mut self.blocks[id].episode_seq, NO_SEQ);
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
             return;
         };
-        if token < e.first || token >= e.first + e.tokens.len() as u64 {
+        if seq < e.first || seq >= e.first + e.lifetimes.len() as u64 {
             return;
         }
-        let k = (token - e.first) as usize;
-        e.tokens[k].end = e.clock;
+        let k = (seq - e.first) as usize;
+        debug_assert_eq!(e.lifetimes[k].end, u32::MAX, "an allocation freed twice");
+        e.lifetimes[k].end = e.clock;
         e.follows &= plan
-            .and_then(|p| p.tokens.get(k))
+            .and_then(|p| p.lifetimes.get(k))
             .is_some_and(|t| t.end == e.clock);
         e.clock += 1;
-        e.live -= 1;
+        e.live = e.live.saturating_sub(1);
         while let Some(&top) = e.stack.last() {
-            if e.tokens[top as usize].end == u32::MAX {
+            if e.lifetimes[top as usize].end == u32::MAX {
                 break;
             }
             e.stack.pop();
@@ -545,23 +601,23 @@ impl<D: Device> Pool<D> {
         let Some(e) = self.plans.episode.take() else {
             return;
         };
-        let mut tokens = e.tokens;
-        let closed = tokens.split_off(cut);
-        if closed.len() < MIN_TOKENS {
+        let mut lifetimes = e.lifetimes;
+        let closed = lifetimes.split_off(cut);
+        if closed.len() < MIN_ALLOCS || closed.iter().any(|t| t.end == u32::MAX) {
             return;
         }
         let same = self
             .plans
             .plan
             .as_ref()
-            .is_some_and(|p| cut == 0 && e.follows && p.tokens.len() == closed.len());
+            .is_some_and(|p| cut == 0 && e.follows && p.lifetimes.len() == closed.len());
         if same {
             return;
         }
         let t0 = closed[0].start;
-        let closed: Vec<Token> = closed
+        let closed: Vec<Lifetime> = closed
             .into_iter()
-            .map(|t| Token {
+            .map(|t| Lifetime {
                 size: t.size,
                 start: t.start - t0,
                 end: t.end - t0,
@@ -585,22 +641,22 @@ impl<D: Device> Pool<D> {
 }
 
 /// The most bytes live at once.
-pub fn live_peak(tokens: &[Token]) -> u64 {
+pub fn live_peak(lifetimes: &[Lifetime]) -> u64 {
     let (mut live, mut peak) = (0u64, 0u64);
-    for (alloc, i) in timeline(tokens) {
+    for (alloc, i) in timeline(lifetimes) {
         if alloc {
-            live += tokens[i].size;
+            live += lifetimes[i].size;
             peak = peak.max(live);
         } else {
-            live -= tokens[i].size;
+            live -= lifetimes[i].size;
         }
     }
     peak
 }
 
 /// A hash of an episode's sizes and lifetimes.
-fn signature(tokens: &[Token]) -> u64 {
-    tokens.iter().fold(tokens.len() as u64, |h, t| {
+fn signature(lifetimes: &[Lifetime]) -> u64 {
+    lifetimes.iter().fold(lifetimes.len() as u64, |h, t| {
         let x = t.size ^ (u64::from(t.start) << 40) ^ (u64::from(t.end) << 20);
         (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
     })
@@ -612,11 +668,17 @@ impl Plans {
         self.plan.is_some()
     }
 
-    /// The bytes of the arena being filled, which giving memory back should leave alone.
+    /// The last footprint (segment, first and end address) while there is a plan: giving
+    /// memory back leaves its cached pages alone up to twice the budget.
     pub(crate) fn protected(&self) -> Option<(u32, u64, u64)> {
         self.plan.as_ref()?;
         self.last
     }
+}
+
+/// Bytes a footprint of a plan spanning `extent` takes at `scale`.
+fn spanned(extent: u64, scale: f64) -> u64 {
+    stretched(extent, scale).saturating_add(512)
 }
 
 /// `offset` scaled, stretched and rounded down to 512 bytes.
@@ -628,14 +690,14 @@ fn stretched(offset: u64, scale: f64) -> u64 {
 mod tests {
     use super::*;
 
-    fn t(size: u64, start: u32, end: u32) -> Token {
-        Token { size, start, end }
+    fn t(size: u64, start: u32, end: u32) -> Lifetime {
+        Lifetime { size, start, end }
     }
 
     /// No two allocations alive at once share a byte.
     fn assert_disjoint(p: &Plan) {
-        for (i, a) in p.tokens.iter().enumerate() {
-            for (j, b) in p.tokens.iter().enumerate().skip(i + 1) {
+        for (i, a) in p.lifetimes.iter().enumerate() {
+            for (j, b) in p.lifetimes.iter().enumerate().skip(i + 1) {
                 let live_together = a.start < b.end && b.start < a.end;
                 let (ao, bo) = (p.offsets[i], p.offsets[j]);
                 let overlap = ao < bo + b.size && bo < ao + a.size;
@@ -670,8 +732,8 @@ mod tests {
     fn best_fit_reuses_the_lowest_of_the_smallest_holes() {
         // 4 and 2 side by side, the 4 freed: a 3 takes the start of its hole, a 1 the byte
         // left (not the top), a 2 goes on top: 8 bytes, 9 had the 1 gone on top.
-        let tokens = [t(4, 0, 2), t(2, 1, 9), t(3, 3, 9), t(1, 4, 9), t(2, 5, 9)];
-        assert_eq!(best_fit_extent(&tokens), 8);
+        let lifetimes = [t(4, 0, 2), t(2, 1, 9), t(3, 3, 9), t(1, 4, 9), t(2, 5, 9)];
+        assert_eq!(best_fit_extent(&lifetimes), 8);
         // Freed bytes at the top are reused.
         assert_eq!(best_fit_extent(&[t(8, 0, 1), t(8, 2, 3)]), 8);
     }
