@@ -13,7 +13,9 @@
 //! freeing thread's cache and serve that thread's next request of the same size and stream
 //! without any pool lock ([`crate::tcache`]): a cache hit and the free before it take one
 //! live-table lock each. Cached blocks are subtracted from the statistics' current values
-//! (the live table keeps their totals); peaks may include them.
+//! (the live table keeps their totals); peaks may include them. Once a shard's pool places its
+//! large blocks by a layout plan (`pool::plan`), those blocks skip the thread caches: a block
+//! kept in a cache is a free and an allocation the plan never sees (`bypasses_caches`).
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical

@@ -14,6 +14,7 @@
 //! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments (same as `policy:torch-expandable`) |
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
+//! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on; off under a memory cap) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache holds at most (default 32); cached blocks count as allocated, so more is faster but reserves more |
 //! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 2) |

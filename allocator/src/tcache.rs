@@ -9,6 +9,9 @@
 //! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
 //!   size that the small part does not take: the last ones this thread freed.
 //!
+//! Large-pool blocks of a stream whose pool follows a layout plan do not enter the caches at
+//! all (`CachingAllocator::bypasses_caches`).
+//!
 //! The oldest block of a full part leaves first, and a request of the large pool that misses
 //! empties its thread's large part first (so those blocks can serve it from their pool: the
 //! large part never makes its own thread reserve more). So one thread holds at most

@@ -307,6 +307,47 @@ fn random_batch(rng: &mut Rng, len: usize) -> Vec<Step> {
     steps
 }
 
+/// Runs `main` on stream 0 and `noise` on stream 1, interleaved at random, asking for cached
+/// memory first now and then (as `CachingAllocator` does); checks the pool after every step.
+fn play_two_streams(
+    sim: &Sim,
+    pool: &mut Pool<Sim>,
+    rng: &mut Rng,
+    (main, unit): (&[Step], u64),
+    (noise, noise_unit): (&[Step], u64),
+) {
+    let streams = [S0, cudalloc_sys::StreamId(1)];
+    let mut live: [Vec<Option<Allocation>>; 2] = [Vec::new(), Vec::new()];
+    let (mut next, seqs, units) = ([0, 0], [main, noise], [unit, noise_unit]);
+    while next[0] < seqs[0].len() || next[1] < seqs[1].len() {
+        let which =
+            usize::from(next[0] == seqs[0].len() || (next[1] < seqs[1].len() && rng.below(3) == 0));
+        let step = seqs[which][next[which]];
+        next[which] += 1;
+        let live = &mut live[which];
+        match step {
+            Step::Alloc { slot, units: n } => {
+                let size = n * units[which];
+                let cached = if rng.below(2) == 0 {
+                    pool.allocate_cached(size, streams[which]).unwrap()
+                } else {
+                    None
+                };
+                let a = cached.unwrap_or_else(|| pool.allocate(size, streams[which]).unwrap());
+                if live.len() <= slot {
+                    live.resize(slot + 1, None);
+                }
+                live[slot] = Some(a);
+            }
+            Step::Free { slot } => pool.free(&live[slot].take().unwrap()).unwrap(),
+        }
+        check(sim, pool);
+    }
+    for a in live.iter_mut().flat_map(|l| l.drain(..)).flatten() {
+        pool.free(&a).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -332,6 +373,21 @@ proptest! {
             batches.push((random_batch(&mut rng, 6), 64 * KIB));
         }
         run(with_plans(true), &batches);
+    }
+
+    /// The same with a second stream allocating large blocks in between and requests for
+    /// cached memory only: invariants hold after every step.
+    #[test]
+    fn plans_keep_the_pool_sound_with_two_streams(seed in any::<u64>(), len in 20usize..60, reps in 2usize..6) {
+        let mut rng = Rng(seed);
+        let template = random_batch(&mut rng, len);
+        let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+        for _ in 0..reps {
+            let noise = random_batch(&mut rng, len / 2);
+            let unit = rng.range(1, 9) * MIB;
+            play_two_streams(&sim, &mut pool, &mut rng, (&template, unit), (&noise, 3 * MIB));
+        }
+        check(&sim, &pool);
     }
 }
 

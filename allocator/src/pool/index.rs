@@ -4,12 +4,13 @@
 //! `u128` key: the first entry of a stream at or after (size, 0) is PyTorch's best fit, and
 //! [`FreeIndex::all_free`] lists them in PyTorch's (stream, size, address) order. The first
 //! stream's blocks sit in a map of their own (a pool of `CachingAllocator` usually serves one
-//! stream), the others' in a map by stream. A stream's blocks are kept in [`Bins`], sorted
-//! vectors by size class with a bitmap of the non-empty ones: against one `BTreeMap` per stream
-//! this replays the bundled traces 1.3-1.6 times as fast (best of seven runs on the development
-//! machine, `default` policy: `gpt2_train` 12.4 against 7.9 M operations per second,
-//! `llama_train_varlen` 11.8 against 6.0 M), because an insert or a remove moves a few entries
-//! of one bin where the tree moved keys inside its nodes and searched from the root.
+//! stream), the others' by stream. A stream's blocks are kept in [`Bins`], sorted vectors by
+//! size class with a bitmap of the non-empty ones: against one `BTreeMap` per stream this
+//! replays the bundled traces 1.25-1.63 times as fast (criterion, same run, `default` policy:
+//! `gpt2_train` 11.96 against 7.75 M operations per second, `llama_train_varlen` 12.62 against
+//! 7.76 M, `resnet_train` 12.94 against 8.85 M, `bert_dynamic` 17.4 against 13.9 M), because an
+//! insert or a remove moves a few entries of one bin where the tree moved keys inside its nodes
+//! and searched from the root.
 //! `unmapped` orders unmapped blocks of expandable segments by (stream, address). A block is in
 //! at most one of the two, and only while it is neither allocated nor waiting for events.
 //!

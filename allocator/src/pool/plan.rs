@@ -195,58 +195,71 @@ fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
 /// among the smallest free blocks that fit, freed bytes merged with free neighbours).
 pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
-    // Free ranges below the top: by address (sorted) and by (size, address) in size bins, as
-    // the pool's free index keeps them; all from `top` up is free.
-    let mut by_addr: Vec<(u64, u64)> = Vec::new();
-    let mut by_size = Bins::default();
+    let mut free = FreeRanges::default();
     let mut at = vec![0u64; lifetimes.len()];
-    let (mut top, mut extent) = (0u64, 0u64);
+    let mut extent = 0;
     for (alloc, i) in timeline(lifetimes) {
         let size = lifetimes[i].size;
         if alloc {
-            let fit = by_size.from(key(size, 0)).next().map(|e| e.0);
-            at[i] = match fit {
-                Some(k) => {
-                    let (len, addr) = (size_of(k), k as u64);
-                    by_size.remove(k);
-                    let j = by_addr.partition_point(|r| r.0 < addr);
-                    if len > size {
-                        by_addr[j] = (addr + size, len - size);
-                        by_size.insert(key(len - size, addr + size), 0);
-                    } else {
-                        by_addr.remove(j);
-                    }
-                    addr
-                }
-                None => {
-                    top += size;
-                    top - size
-                }
-            };
+            at[i] = free.take(size);
             extent = extent.max(at[i] + size);
-            continue;
-        }
-        let (mut lo, mut hi) = (at[i], at[i] + size);
-        let j = by_addr.partition_point(|r| r.0 < lo);
-        if j < by_addr.len() && by_addr[j].0 == hi {
-            let (a, len) = by_addr.remove(j);
-            by_size.remove(key(len, a));
-            hi += len;
-        }
-        if j > 0 && by_addr[j - 1].0 + by_addr[j - 1].1 == lo {
-            let (a, len) = by_addr.remove(j - 1);
-            by_size.remove(key(len, a));
-            lo = a;
-        }
-        if hi == top {
-            top = lo;
         } else {
-            let j = by_addr.partition_point(|r| r.0 < lo);
-            by_addr.insert(j, (lo, hi - lo));
-            by_size.insert(key(hi - lo, lo), 0);
+            free.give(at[i], size);
         }
     }
     extent
+}
+
+/// The free ranges of [`best_fit_extent`]'s model: below `top` by address (sorted) and by
+/// (size, address) in size bins as the pool's free index keeps them; all from `top` up is free.
+#[derive(Default)]
+struct FreeRanges {
+    by_addr: Vec<(u64, u64)>,
+    by_size: Bins,
+    top: u64,
+}
+
+impl FreeRanges {
+    /// Best fit for `size` bytes; its address.
+    fn take(&mut self, size: u64) -> u64 {
+        let Some(k) = self.by_size.from(key(size, 0)).next().map(|e| e.0) else {
+            self.top += size;
+            return self.top - size;
+        };
+        let (len, addr) = (size_of(k), k as u64);
+        self.by_size.remove(k);
+        let j = self.by_addr.partition_point(|r| r.0 < addr);
+        if len > size {
+            self.by_addr[j] = (addr + size, len - size);
+            self.by_size.insert(key(len - size, addr + size), 0);
+        } else {
+            self.by_addr.remove(j);
+        }
+        addr
+    }
+
+    /// Frees `size` bytes at `addr`, merged with free neighbours (or lowering the top).
+    fn give(&mut self, addr: u64, size: u64) {
+        let (mut lo, mut hi) = (addr, addr + size);
+        let j = self.by_addr.partition_point(|r| r.0 < lo);
+        if j < self.by_addr.len() && self.by_addr[j].0 == hi {
+            let (a, len) = self.by_addr.remove(j);
+            self.by_size.remove(key(len, a));
+            hi += len;
+        }
+        if j > 0 && self.by_addr[j - 1].0 + self.by_addr[j - 1].1 == lo {
+            let (a, len) = self.by_addr.remove(j - 1);
+            self.by_size.remove(key(len, a));
+            lo = a;
+        }
+        if hi == self.top {
+            self.top = lo;
+        } else {
+            let j = self.by_addr.partition_point(|r| r.0 < lo);
+            self.by_addr.insert(j, (lo, hi - lo));
+            self.by_size.insert(key(hi - lo, lo), 0);
+        }
+    }
 }
 
 /// A packing becomes the plan when it spans at most this fraction of what best fit spans.
