@@ -17,7 +17,7 @@
 //! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on; off under a memory cap) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache holds at most (default 32); cached blocks count as allocated, so more is faster but reserves more |
-//! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 2) |
+//! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 1: the small pool's blocks) |
 //! | `thread_cache_large` | integer 0..=4 | blocks of any size a thread cache keeps besides (the last freed; default 1); each thread may hold this many blocks beyond `thread_cache_mb` |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
@@ -157,7 +157,7 @@ impl Config {
             layout_plans: true,
             thread_cache: None,
             thread_cache_bytes: 32 << 20,
-            thread_cache_block: 2 << 20,
+            thread_cache_block: 1 << 20,
             thread_cache_large: 1,
         }
     }

@@ -4,7 +4,8 @@
 //! going back to its pool; the next request of exactly the same size on the same stream from
 //! that thread takes it back without touching the pool's lock. A cache has two parts:
 //!
-//! - *small*: up to [`MAX_BLOCKS`] blocks of at most `thread_cache_block_mb` (2 MiB by default)
+//! - *small*: up to [`MAX_BLOCKS`] blocks of at most `thread_cache_block_mb` (1 MiB by default:
+//!   the small pool's blocks, so that large-pool blocks reach a pool that follows a layout plan)
 //!   and at most `thread_cache_mb` bytes together (32 MiB);
 //! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
 //!   size that the small part does not take: the last ones this thread freed.

@@ -425,16 +425,16 @@ fn run_front(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, bool) {
 #[test]
 fn through_the_caching_allocator_the_plan_places_the_batches_past_the_thread_caches() {
     let batch = bert_batch(12);
-    // Hidden states of 1.1-1.9 MiB: large-pool blocks. A thread cache's small part that takes
-    // blocks up to 1 MiB leaves them to the pool (with the default 2 MiB, the first batches'
-    // hidden states stay in the cache and the pool never sees the sequence whole).
+    // Hidden states of 1.1-1.9 MiB: large-pool blocks. The thread caches' small part takes
+    // blocks up to 1 MiB by default and leaves them to the pool (with 2 MiB, the first batches'
+    // hidden states would stay in the cache and the pool never see the sequence whole).
     let batches: Vec<(Vec<Step>, u64)> = [3, 5, 2, 4, 9, 6, 9, 3, 7]
         .iter()
         .map(|&u| (batch.clone(), MIB + u * 100 * KIB))
         .collect();
     let cfg = |s: &str| Config::parse(s).unwrap();
-    let (planned, bypassed) = run_front(cfg("thread_cache_block_mb:1"), &batches);
-    let (plain, kept) = run_front(cfg("thread_cache_block_mb:1,layout_plans:false"), &batches);
+    let (planned, bypassed) = run_front(cfg("thread_cache:True"), &batches);
+    let (plain, kept) = run_front(cfg("thread_cache:True,layout_plans:false"), &batches);
     let pool_only = run(with_plans(true), &batches).0;
     assert!(planned < plain, "plans {planned} vs best fit {plain}");
     assert_eq!(
