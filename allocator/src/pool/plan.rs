@@ -117,7 +117,7 @@ impl Episode {
     /// Where the episode ended, if it has: 0 when none of its allocations is live any more;
     /// otherwise just after the youngest live one, when at least [`MIN_ALLOCS`] came after it and
     /// all of those are freed (the older ones, such as weights loaded before the first batch,
-    /// may outlive many episodes). Asked at the stream's next allocation, so that an episode
+    /// may outlive many episodes). Asked at the next large allocation, so that an episode
     /// whose last frees come in any order ends at its start.
     fn ended(&self) -> Option<usize> {
         if self.live == 0 {
