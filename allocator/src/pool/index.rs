@@ -3,8 +3,8 @@
 //! `free` keeps, per stream, the free mapped blocks ordered by (size, address), packed into one
 //! `u128` key: the first entry of a stream at or after (size, 0) is PyTorch's best fit, and
 //! [`FreeIndex::all_free`] lists them in PyTorch's (stream, size, address) order. The first
-//! stream's blocks sit in a map of their own (a pool of `CachingAllocator` usually serves one
-//! stream), the others' by stream. A stream's blocks are kept in [`Bins`], sorted vectors by
+//! stream's blocks sit in bins of their own (a pool of `CachingAllocator` usually serves one
+//! stream), the others' in a map by stream. A stream's blocks are kept in [`Bins`], sorted vectors by
 //! size class with a bitmap of the non-empty ones: against one `BTreeMap` per stream this
 //! replays the bundled traces 1.25-1.63 times as fast (criterion, same run, `default` policy:
 //! `gpt2_train` 11.96 against 7.75 M operations per second, `llama_train_varlen` 12.62 against
@@ -42,7 +42,7 @@ pub struct FreeIndex {
 impl FreeIndex {
     /// Adds a free mapped block.
     pub fn insert(&mut self, id: BlockId, b: &Block) {
-        let new = self.map_or_new(b.stream.0).insert(key(b.size, b.addr), id);
+        let new = self.bins_or_new(b.stream.0).insert(key(b.size, b.addr), id);
         debug_assert!(new, "block already in the free index");
         self.free_count += 1;
     }
@@ -50,7 +50,7 @@ impl FreeIndex {
     /// Removes a free mapped block; returns whether it was there.
     pub fn remove(&mut self, b: &Block) -> bool {
         let removed = self
-            .map_mut(b.stream.0)
+            .bins_mut(b.stream.0)
             .is_some_and(|m| m.remove(key(b.size, b.addr)));
         self.free_count -= usize::from(removed);
         removed
@@ -83,7 +83,7 @@ impl FreeIndex {
         self.free_count
     }
 
-    /// The free blocks of `stream` (none, or one map).
+    /// The free blocks of `stream` (none, or its bins).
     fn blocks_of(&self, stream: u64) -> impl Iterator<Item = &Bins> + '_ {
         if self.first == Some(stream) {
             Some(&self.free)
@@ -93,7 +93,7 @@ impl FreeIndex {
         .into_iter()
     }
 
-    fn map_mut(&mut self, stream: u64) -> Option<&mut Bins> {
+    fn bins_mut(&mut self, stream: u64) -> Option<&mut Bins> {
         if self.first == Some(stream) {
             Some(&mut self.free)
         } else {
@@ -102,7 +102,7 @@ impl FreeIndex {
     }
 
     /// The free blocks of `stream`, made on first use.
-    fn map_or_new(&mut self, stream: u64) -> &mut Bins {
+    fn bins_or_new(&mut self, stream: u64) -> &mut Bins {
         match self.first {
             None => {
                 self.first = Some(stream);
