@@ -428,3 +428,15 @@ fn thread_cache_keys() {
     let e = Config::parse("thread_cache_mb:lots").unwrap_err();
     assert_eq!(e.key, "thread_cache_mb");
 }
+
+#[test]
+fn layout_plans_key() {
+    assert!(Config::default().layout_plans, "on under `default`");
+    assert!(!Config::parse("layout_plans:False").unwrap().layout_plans);
+    assert!(Config::parse("layout_plans:true").unwrap().layout_plans);
+    let e = Config::parse("layout_plans:sometimes").unwrap_err();
+    assert_eq!(e.key, "layout_plans");
+    assert!(e.to_string().contains("sometimes"), "{e}");
+    // The thread caches' small part takes the small pool's blocks only (1 MiB).
+    assert_eq!(Config::default().thread_cache_block, 1 << 20);
+}

@@ -85,6 +85,11 @@ impl Block {
     pub fn end(&self) -> u64 {
         self.addr + self.size
     }
+
+    /// True when the block shares a byte with `lo..hi`.
+    pub fn overlaps(&self, lo: u64, hi: u64) -> bool {
+        self.addr < hi && lo < self.end()
+    }
 }
 
 /// Owner of all blocks; ids stay valid until [`Arena::remove`].

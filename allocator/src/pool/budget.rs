@@ -167,7 +167,7 @@ impl<D: Device> Pool<D> {
             && self
                 .plans
                 .protected()
-                .is_some_and(|(seg, lo, hi)| b.segment == seg && b.addr < hi && lo < b.end())
+                .is_some_and(|(seg, lo, hi)| b.segment == seg && b.overlaps(lo, hi))
     }
 
     /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is
@@ -178,15 +178,14 @@ impl<D: Device> Pool<D> {
         footprint_too: bool,
         keep: Option<(u64, u64)>,
     ) -> Result<u64, DeviceError> {
-        let kept =
-            |b: &super::block::Block| keep.is_some_and(|(lo, hi)| b.addr < hi && lo < b.end());
         let mut free: Vec<(u64, BlockId)> = self
             .small
             .all_free()
             .chain(self.large.all_free())
             .filter(|&id| {
                 let b = &self.blocks[id];
-                b.is_expandable() && !kept(b) && (footprint_too || !self.in_footprint(id))
+                let kept = keep.is_some_and(|(lo, hi)| b.overlaps(lo, hi));
+                b.is_expandable() && !kept && (footprint_too || !self.in_footprint(id))
             })
             .map(|id| (self.blocks[id].size, id))
             .collect();
