@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 impl<D: Device> Pool<D> {
     /// True when the block may take part in growth (free, or unmapped, with nothing pending).
-    fn allocatable(&self, id: BlockId) -> bool {
+    pub(crate) fn allocatable(&self, id: BlockId) -> bool {
         id != NIL && {
             let b = &self.blocks[id];
             !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()

@@ -450,12 +450,6 @@ impl<D: Device> Pool<D> {
         None
     }
 
-    /// True when block `id` may take a planned allocation: free or unmapped, nothing pending.
-    fn placeable(&self, id: BlockId) -> bool {
-        let b = &self.blocks[id];
-        !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
-    }
-
     /// Bytes of pages to map so that `at..at + size` is free and mapped, or `None` when part
     /// of it is taken (or outside the segment).
     fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<u64> {
@@ -463,7 +457,7 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
         let mut need = 0;
         loop {
-            if !self.placeable(id) {
+            if !self.allocatable(id) {
                 return None;
             }
             let b = &self.blocks[id];
@@ -537,7 +531,7 @@ impl<D: Device> Pool<D> {
     /// leaving the bytes before `at` free; `None` (nothing changed) when it does not.
     fn carve(&mut self, id: BlockId, at: u64, size: u64) -> Option<BlockId> {
         let b = &self.blocks[id];
-        if !self.placeable(id) || !b.mapped || b.addr > at || b.end() < at + size {
+        if !self.allocatable(id) || !b.mapped || b.addr > at || b.end() < at + size {
             return None;
         }
         if !self.unindex_free(id) {
