@@ -20,6 +20,7 @@ mod check;
 mod events;
 mod expand;
 pub mod index;
+mod packing;
 pub mod plan;
 mod release;
 pub mod segment;

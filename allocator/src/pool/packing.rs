@@ -1,0 +1,366 @@
+//! Packing an episode offline, once every lifetime is known (the layout plans of `plan`): the
+//! packer, and a model of best fit on the same sequence to compare it with.
+//!
+//! Invariants: a packing places no two allocations whose lifetimes overlap on overlapping
+//! bytes, and spans at least the episode's live peak; ticks of one episode are unique (one
+//! allocation or free each), and every lifetime ends after it starts.
+
+/// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
+/// episode's clock, which advances on each of its allocations and frees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// Rounded bytes.
+    pub size: u64,
+    /// Tick of the allocation.
+    pub start: u32,
+    /// Tick of the free (`u32::MAX` while live).
+    pub end: u32,
+}
+
+/// A packing of an episode: where each allocation goes, relative to the footprint's base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The episode it was packed from.
+    pub lifetimes: Vec<Lifetime>,
+    /// Offset of each allocation.
+    pub offsets: Vec<u64>,
+    /// Bytes the packing spans.
+    pub extent: u64,
+}
+
+/// A sort key for allocations: the smaller one is placed first.
+type OrderKey = fn(&Lifetime) -> (u64, u64);
+
+/// The orders [`pack`] tries, as keys to sort allocations by (smallest key placed first).
+/// Largest first suits steps whose sizes differ widely; latest first among equal sizes suits
+/// decoding, where the key-value cache of each new token outlives the work around it; largest
+/// area (bytes x lifetime) first suits convolutional nets, whose early layers are large and
+/// short-lived.
+const ORDERS: [OrderKey; 5] = [
+    |t| (!t.size, u64::from(t.start)),
+    |t| (!t.size, !u64::from(t.start)),
+    |t| (!t.size, u64::from(t.end)),
+    |t| (!t.size, !u64::from(t.end - t.start)),
+    |t| {
+        (
+            !(t.size / 512 * u64::from(t.end - t.start)),
+            u64::from(t.start),
+        )
+    },
+];
+
+/// Packs allocations of known lifetimes: in each of a few orders ([`ORDERS`]), each at the
+/// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own; keeps
+/// the packing that spans least (the first one that spans no more than the live peak, which
+/// none can beat).
+pub fn pack(lifetimes: &[Lifetime]) -> Plan {
+    pack_within(lifetimes, u64::MAX)
+        .0
+        .expect("some order packs within an unbounded extent")
+}
+
+/// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
+/// soon as it spans more, or more than the best so far); also the work it took, in steps
+/// ([`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC)).
+pub(crate) fn pack_within(lifetimes: &[Lifetime], bound: u64) -> (Option<Plan>, u64) {
+    let floor = live_peak(lifetimes);
+    let overlaps = Overlaps::of(lifetimes);
+    let (mut best, mut limit) = (None, bound);
+    let mut work = overlaps.list.len() as u64;
+    let mut keyed: Vec<(u64, u64, usize)> = Vec::with_capacity(lifetimes.len());
+    for key in ORDERS {
+        keyed.clear();
+        keyed.extend(lifetimes.iter().enumerate().map(|(i, t)| {
+            let (a, b) = key(t);
+            (a, b, i)
+        }));
+        keyed.sort_unstable();
+        let order: Vec<usize> = keyed.iter().map(|k| k.2).collect();
+        let (plan, steps) = place_in_order(lifetimes, &overlaps, &order, limit);
+        // Ordering and placing cost a few steps per allocation besides the comparisons.
+        work += steps + 8 * lifetimes.len() as u64;
+        if let Some(plan) = plan {
+            limit = plan.extent.saturating_sub(1);
+            let done = plan.extent <= floor;
+            best = Some(plan);
+            if done {
+                break;
+            }
+        }
+    }
+    (best, work)
+}
+
+/// For each allocation, the others whose lifetimes overlap its own: those of allocation `i`
+/// are `list[first[i]..first[i + 1]]`.
+struct Overlaps {
+    first: Vec<usize>,
+    list: Vec<u32>,
+}
+
+impl Overlaps {
+    fn of(lifetimes: &[Lifetime]) -> Overlaps {
+        let live_together = |a: &Lifetime, b: &Lifetime| a.start < b.end && b.start < a.end;
+        let mut by_start: Vec<(u32, usize)> = lifetimes
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.start, i))
+            .collect();
+        by_start.sort_unstable();
+        // Each pair once, from the one that starts first: the others start before it ends.
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        for (p, &(_, i)) in by_start.iter().enumerate() {
+            let a = &lifetimes[i];
+            for &(start, j) in &by_start[p + 1..] {
+                if start >= a.end {
+                    break;
+                }
+                if live_together(a, &lifetimes[j]) {
+                    pairs.push((i as u32, j as u32));
+                }
+            }
+        }
+        let mut first = vec![0usize; lifetimes.len() + 1];
+        for &(i, j) in &pairs {
+            first[i as usize + 1] += 1;
+            first[j as usize + 1] += 1;
+        }
+        for k in 1..first.len() {
+            first[k] += first[k - 1];
+        }
+        let mut next = first.clone();
+        let mut list = vec![0u32; 2 * pairs.len()];
+        for &(i, j) in &pairs {
+            list[next[i as usize]] = j;
+            next[i as usize] += 1;
+            list[next[j as usize]] = i;
+            next[j as usize] += 1;
+        }
+        Overlaps { first, list }
+    }
+
+    fn of_one(&self, i: usize) -> &[u32] {
+        &self.list[self.first[i]..self.first[i + 1]]
+    }
+}
+
+/// Places the allocations in `order`, each at the lowest offset clear of those placed before
+/// it whose lifetimes overlap its own, giving up when the packing spans more than `limit`
+/// bytes; also the steps it took (allocations looked at).
+fn place_in_order(
+    lifetimes: &[Lifetime],
+    overlaps: &Overlaps,
+    order: &[usize],
+    limit: u64,
+) -> (Option<Plan>, u64) {
+    const UNPLACED: u64 = u64::MAX;
+    let mut offsets = vec![UNPLACED; lifetimes.len()];
+    // Bytes taken, as (offset, end), by the placed allocations live with the one being placed.
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    let (mut extent, mut work) = (0, 0);
+    for &i in order {
+        let size = lifetimes[i].size;
+        let others = overlaps.of_one(i);
+        taken.clear();
+        taken.extend(others.iter().filter_map(|&j| {
+            let at = offsets[j as usize];
+            (at != UNPLACED).then(|| (at, at + lifetimes[j as usize].size))
+        }));
+        taken.sort_unstable();
+        work += (others.len() + taken.len()) as u64;
+        let mut at = 0;
+        for &(lo, hi) in &taken {
+            if lo >= at + size {
+                break;
+            }
+            at = at.max(hi);
+        }
+        offsets[i] = at;
+        extent = extent.max(at + size);
+        if extent > limit {
+            return (None, work);
+        }
+    }
+    let plan = Plan {
+        lifetimes: lifetimes.to_vec(),
+        offsets,
+        extent,
+    };
+    (Some(plan), work)
+}
+
+/// The episode's allocations and frees in clock order: (is an allocation, index). Ticks are
+/// unique, so this is a placement by tick rather than a sort.
+fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
+    let ticks = lifetimes
+        .iter()
+        .map(|t| t.end.max(t.start) as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut at: Vec<Option<(bool, usize)>> = vec![None; ticks];
+    for (i, t) in lifetimes.iter().enumerate() {
+        at[t.start as usize] = Some((true, i));
+        at[t.end as usize] = Some((false, i));
+    }
+    at.into_iter().flatten().collect()
+}
+
+/// Bytes best fit spans placing the allocations in order in an empty range (lowest address
+/// among the smallest free blocks that fit, freed bytes merged with free neighbours).
+pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
+    best_fit(lifetimes).0
+}
+
+/// [`best_fit_extent`], and the steps it took (free ranges looked at).
+pub(crate) fn best_fit(lifetimes: &[Lifetime]) -> (u64, u64) {
+    let mut free = FreeRanges::default();
+    let mut work = 0;
+    let mut at = vec![0u64; lifetimes.len()];
+    let mut extent = 0;
+    for (alloc, i) in timeline(lifetimes) {
+        let size = lifetimes[i].size;
+        work += 1 + free.by_addr.len() as u64;
+        if alloc {
+            at[i] = free.take(size);
+            extent = extent.max(at[i] + size);
+        } else {
+            free.give(at[i], size);
+        }
+    }
+    (extent, work)
+}
+
+/// The free ranges of [`best_fit_extent`]'s model, below `top` by address; all from `top` up is
+/// free. An episode leaves few holes (at most a few dozen on the recorded traces), so a scan
+/// finds the best fit faster than an index would.
+#[derive(Default)]
+struct FreeRanges {
+    /// (address, bytes), by address; no two adjacent.
+    by_addr: Vec<(u64, u64)>,
+    top: u64,
+}
+
+impl FreeRanges {
+    /// Best fit for `size` bytes (the smallest range that holds them, the lowest among equals);
+    /// its address.
+    fn take(&mut self, size: u64) -> u64 {
+        let mut best: Option<(usize, u64)> = None;
+        for (j, &(_, len)) in self.by_addr.iter().enumerate() {
+            if len >= size && best.is_none_or(|(_, l)| len < l) {
+                best = Some((j, len));
+                if len == size {
+                    break;
+                }
+            }
+        }
+        let Some((j, len)) = best else {
+            self.top += size;
+            return self.top - size;
+        };
+        let addr = self.by_addr[j].0;
+        if len > size {
+            self.by_addr[j] = (addr + size, len - size);
+        } else {
+            self.by_addr.remove(j);
+        }
+        addr
+    }
+
+    /// Frees `size` bytes at `addr`, merged with free neighbours (or lowering the top).
+    fn give(&mut self, addr: u64, size: u64) {
+        let (mut lo, mut hi) = (addr, addr + size);
+        let mut j = self.by_addr.partition_point(|r| r.0 < lo);
+        if j < self.by_addr.len() && self.by_addr[j].0 == hi {
+            hi += self.by_addr.remove(j).1;
+        }
+        if j > 0 && self.by_addr[j - 1].0 + self.by_addr[j - 1].1 == lo {
+            j -= 1;
+            lo = self.by_addr.remove(j).0;
+        }
+        if hi == self.top {
+            self.top = lo;
+        } else {
+            self.by_addr.insert(j, (lo, hi - lo));
+        }
+    }
+}
+
+/// The most bytes live at once.
+pub fn live_peak(lifetimes: &[Lifetime]) -> u64 {
+    let (mut live, mut peak) = (0u64, 0u64);
+    for (alloc, i) in timeline(lifetimes) {
+        if alloc {
+            live += lifetimes[i].size;
+            peak = peak.max(live);
+        } else {
+            live -= lifetimes[i].size;
+        }
+    }
+    peak
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(size: u64, start: u32, end: u32) -> Lifetime {
+        Lifetime { size, start, end }
+    }
+
+    /// No two allocations alive at once share a byte.
+    fn assert_disjoint(p: &Plan) {
+        for (i, a) in p.lifetimes.iter().enumerate() {
+            for (j, b) in p.lifetimes.iter().enumerate().skip(i + 1) {
+                let live_together = a.start < b.end && b.start < a.end;
+                let (ao, bo) = (p.offsets[i], p.offsets[j]);
+                let overlap = ao < bo + b.size && bo < ao + a.size;
+                assert!(!(live_together && overlap), "{i} and {j} overlap");
+            }
+        }
+    }
+
+    #[test]
+    fn packing_reuses_bytes_of_allocations_already_freed() {
+        // A lives 0..2, B 1..4, C 3..5: C can take A's bytes.
+        let p = pack(&[t(4, 0, 2), t(4, 1, 4), t(4, 3, 5)]);
+        assert_disjoint(&p);
+        assert_eq!(p.extent, 8);
+        assert_eq!(p.offsets[0], p.offsets[2]);
+    }
+
+    #[test]
+    fn packing_puts_large_first_and_small_in_the_gaps() {
+        // Two large ones one after the other, a small one living across both.
+        let p = pack(&[t(1, 0, 9), t(4, 1, 3), t(4, 4, 6)]);
+        assert_disjoint(&p);
+        assert_eq!(p.offsets[1], 0);
+        assert_eq!(
+            p.offsets[2], 0,
+            "the second large one reuses the first one's bytes"
+        );
+        assert_eq!(p.extent, 5);
+    }
+
+    #[test]
+    fn packing_tries_other_orders_when_largest_first_leaves_a_hole() {
+        // Largest first puts the 4 living 1..5 above the one living 0..2, and the 2 then finds
+        // no room below it: 10. Latest first among equals packs to the live peak, 9.
+        let lifetimes = [t(4, 0, 2), t(2, 4, 6), t(4, 1, 5), t(3, 3, 7)];
+        assert_eq!(live_peak(&lifetimes), 9);
+        let p = pack(&lifetimes);
+        assert_disjoint(&p);
+        assert_eq!(p.extent, 9);
+        // Bounded below what any order reaches: no packing.
+        assert!(pack_within(&lifetimes, 8).0.is_none());
+    }
+
+    #[test]
+    fn best_fit_reuses_the_lowest_of_the_smallest_holes() {
+        // 4 and 2 side by side, the 4 freed: a 3 takes the start of its hole, a 1 the byte
+        // left (not the top), a 2 goes on top: 8 bytes, 9 had the 1 gone on top.
+        let lifetimes = [t(4, 0, 2), t(2, 1, 9), t(3, 3, 9), t(1, 4, 9), t(2, 5, 9)];
+        assert_eq!(best_fit_extent(&lifetimes), 8);
+        // Freed bytes at the top are reused.
+        assert_eq!(best_fit_extent(&[t(8, 0, 1), t(8, 2, 3)]), 8);
+    }
+}
