@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
 const FIGURES: [(&str, u64, u64, u64); 12] = [
-    ("bert_dynamic", 615_862_208, 637_534_208, 468),
+    ("bert_dynamic", 615_862_208, 637_534_208, 440),
     ("gpt2_train", 7_701_353_160, 7_883_194_368, 385),
     ("llama_train_varlen", 14_895_838_060, 15_277_752_320, 790),
     ("resnet_train", 4_624_816_912, 4_699_717_632, 222),
@@ -24,7 +24,7 @@ const FIGURES: [(&str, u64, u64, u64); 12] = [
     ("h200/fcn_train", 3_024_948_704, 3_078_619_136, 182),
     ("h200/gpt2_generate", 654_736_128, 671_088_640, 117),
     ("h200/gpt2_train_varlen", 6_771_964_720, 6_908_018_688, 497),
-    ("h200/resnet_infer_dynamic", 834_982_283, 857_735_168, 182),
+    ("h200/resnet_infer_dynamic", 834_982_283, 857_735_168, 93),
     ("h200/roberta_dynamic", 575_800_864, 585_105_408, 88),
     ("h200/t5_generate", 424_095_996, 446_693_376, 153),
     ("h200/vit_train", 4_633_576_160, 4_733_272_064, 318),

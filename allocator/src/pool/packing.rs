@@ -26,6 +26,8 @@ pub struct Plan {
     pub offsets: Vec<u64>,
     /// Bytes the packing spans.
     pub extent: u64,
+    /// The most bytes live at once in the episode.
+    pub live_peak: u64,
 }
 
 /// A sort key for allocations: the smaller one is placed first.
@@ -79,7 +81,8 @@ pub(crate) fn pack_within(lifetimes: &[Lifetime], bound: u64) -> (Option<Plan>, 
         let (plan, steps) = place_in_order(lifetimes, &overlaps, &order, limit);
         // Ordering and placing cost a few steps per allocation besides the comparisons.
         work += steps + 8 * lifetimes.len() as u64;
-        if let Some(plan) = plan {
+        if let Some(mut plan) = plan {
+            plan.live_peak = floor;
             limit = plan.extent.saturating_sub(1);
             let done = plan.extent <= floor;
             best = Some(plan);
@@ -185,6 +188,7 @@ fn place_in_order(
         lifetimes: lifetimes.to_vec(),
         offsets,
         extent,
+        live_peak: 0,
     };
     (Some(plan), work)
 }

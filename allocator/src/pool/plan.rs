@@ -80,6 +80,9 @@ struct Footprint {
     scale: f64,
     base: u64,
     segment: u32,
+    /// The live bytes the pool will hold at the episode's peak if it follows the plan: those
+    /// live when it started, and its own peak at its scale.
+    expected: u64,
 }
 
 /// The episode being recorded.
@@ -240,15 +243,18 @@ impl<D: Device> Pool<D> {
         let plan = self.plans.plan.as_ref()?;
         let planned = *plan.lifetimes.get(k)?;
         let offset = plan.offsets[k];
-        let extent = plan.extent;
+        let (extent, plan_peak) = (plan.extent, plan.live_peak);
         if k == 0 {
             let scale = req.size as f64 / planned.size as f64;
             let (from, base, segment) = self.choose_footprint(req.stream, scale, extent)?;
+            let live = self.stats.requested_bytes.0[0].current as u64;
+            let expected = live + (plan_peak as f64 * scale) as u64;
             let e = self.plans.episode.as_mut()?;
             e.footprint = Some(Footprint {
                 scale,
                 base,
                 segment,
+                expected,
             });
             self.remember_footprint(segment, base, spanned(extent, scale));
             return Some((from, base + stretched(offset, scale)));
@@ -548,6 +554,16 @@ fn signature(lifetimes: &[Lifetime]) -> u64 {
 }
 
 impl Plans {
+    /// The live bytes the open episode will reach at its peak if it follows the plan: 0 when
+    /// no plan places it, and for its first allocation (any first allocation sets a scale; the
+    /// anticipation starts with the second, once that one matches the plan too).
+    pub(crate) fn expected_peak(&self) -> u64 {
+        let e = self.episode.as_ref();
+        let e = e.filter(|e| e.follows && !e.lifetimes.is_empty());
+        let f = e.and_then(|e| e.footprint.as_ref());
+        f.map_or(0, |f| f.expected)
+    }
+
     /// Brings the work debt up to date with the allocations made since; true when it is at most
     /// [`WORK_BURST`], so that an episode may be evaluated.
     fn may_work(&mut self, stats: &Stats) -> bool {
