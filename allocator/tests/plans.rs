@@ -197,8 +197,8 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
 #[test]
 fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
     // Each batch is larger than any before, so the pool's peak rises during it. Its plan says
-    // how far: the budget counts the planned peak from the batch's first allocation, rather
-    // than giving back pages (and mapping them again) on the batch's way up. (Counting only the
+    // how far: the budget counts the planned peak from the batch's second allocation on (the
+    // first only sets the scale), rather than giving back pages (and mapping them again) on the batch's way up. (Counting only the
     // peak reached so far, the 4-unit batch unmaps 9 chunks. From 5 units on, the packing's
     // 12 units plus the weights no longer fit in twice the budget, and pages go back and forth
     // either way: docs/policies.md, "Anticipating the planned peak".)
@@ -463,10 +463,6 @@ fn through_the_caching_allocator_the_plan_places_the_batches_past_the_thread_cac
     let (planned, bypassed) = run_front(cfg("thread_cache:True"), &batches);
     let (plain, kept) = run_front(cfg("thread_cache:True,layout_plans:false"), &batches);
     let pool_only = run(with_plans(true), &batches).0;
-    eprintln!(
-        "DBG planned {planned} plain {plain} pool_only {pool_only} pool_noplan {}",
-        run(with_plans(false), &batches).0
-    );
     assert!(planned < plain, "plans {planned} vs best fit {plain}");
     assert_eq!(
         planned, pool_only,

@@ -16,7 +16,8 @@
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation, the peak a layout plan expects)`, unmapping cached chunks (largest free
 //! block first) when it would not hold. The last term counts while a plan places an episode
-//! (from its second allocation on, if that matched the plan): the live bytes when the episode
+//! (from the first allocation after its first that matches the plan on, while any of its
+//! allocations is live; not under a memory cap): the live bytes when the episode
 //! started plus the plan's live peak at the episode's scale, so that a batch larger than any
 //! before does not give back, on its way up, pages it will use again before it ends.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
@@ -54,10 +55,12 @@ impl<D: Device> Pool<D> {
         let live_after = self.stats.requested_bytes.0[0].current as u64 + size;
         // An episode placed by a plan will reach its planned peak: count it as reached, so that
         // the pages it is about to need are not given back on its way up.
-        let base = self
-            .peak_requested
-            .max(live_after)
-            .max(self.plans.expected_peak());
+        let expected = if self.limit.is_none() {
+            self.plans.expected_peak()
+        } else {
+            0
+        };
+        let base = self.peak_requested.max(live_after).max(expected);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
         let mut excess = (self.reserved + need).saturating_sub(ceiling);
         if let Some(l) = self.limit {

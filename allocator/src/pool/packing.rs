@@ -42,31 +42,36 @@ const ORDERS: [OrderKey; 5] = [
     |t| (!t.size, u64::from(t.start)),
     |t| (!t.size, !u64::from(t.start)),
     |t| (!t.size, u64::from(t.end)),
-    |t| (!t.size, !u64::from(t.end - t.start)),
+    |t| (!t.size, !u64::from(t.end.saturating_sub(t.start))),
     |t| {
-        (
-            !(t.size / 512 * u64::from(t.end - t.start)),
-            u64::from(t.start),
-        )
+        let area = (t.size / 512).saturating_mul(u64::from(t.end.saturating_sub(t.start)));
+        (!area, u64::from(t.start))
     },
 ];
 
 /// Packs allocations of known lifetimes: in each of a few orders ([`ORDERS`]), each at the
 /// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own; keeps
 /// the packing that spans least (the first one that spans no more than the live peak, which
-/// none can beat).
+/// none can beat). An allocation still live (`end` of `u32::MAX`) lives to the end.
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
-    pack_within(lifetimes, u64::MAX)
+    pack_within(lifetimes, u64::MAX, u64::MAX)
         .0
-        .expect("some order packs within an unbounded extent")
+        .expect("some order packs within an unbounded extent and work")
 }
 
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
-/// soon as it spans more, or more than the best so far); also the work it took, in steps
-/// ([`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC)).
-pub(crate) fn pack_within(lifetimes: &[Lifetime], bound: u64) -> (Option<Plan>, u64) {
+/// soon as it spans more, or as much as the best so far), and spending at most about
+/// `max_work` steps (the best packing found by then, if any); also the steps it took, the
+/// unit of [`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC).
+pub(crate) fn pack_within(
+    lifetimes: &[Lifetime],
+    bound: u64,
+    max_work: u64,
+) -> (Option<Plan>, u64) {
     let floor = live_peak(lifetimes);
-    let overlaps = Overlaps::of(lifetimes);
+    let Some(overlaps) = Overlaps::of(lifetimes, max_work) else {
+        return (None, max_work);
+    };
     let (mut best, mut limit) = (None, bound);
     let mut work = overlaps.list.len() as u64;
     let mut keyed: Vec<(u64, u64, usize)> = Vec::with_capacity(lifetimes.len());
@@ -78,17 +83,23 @@ pub(crate) fn pack_within(lifetimes: &[Lifetime], bound: u64) -> (Option<Plan>, 
         }));
         keyed.sort_unstable();
         let order: Vec<usize> = keyed.iter().map(|k| k.2).collect();
-        let (plan, steps) = place_in_order(lifetimes, &overlaps, &order, limit);
-        // Ordering and placing cost a few steps per allocation besides the comparisons.
-        work += steps + 8 * lifetimes.len() as u64;
-        if let Some(mut plan) = plan {
-            plan.live_peak = floor;
-            limit = plan.extent.saturating_sub(1);
-            let done = plan.extent <= floor;
-            best = Some(plan);
-            if done {
-                break;
+        // Ordering costs a few steps per allocation besides the placing.
+        work += 8 * lifetimes.len() as u64;
+        let left = max_work.saturating_sub(work);
+        let (placed, steps) = place_in_order(lifetimes, &overlaps, &order, limit, left);
+        work += steps;
+        match placed {
+            Placed::Within(mut plan) => {
+                plan.live_peak = floor;
+                limit = plan.extent.saturating_sub(1);
+                let done = plan.extent <= floor;
+                best = Some(plan);
+                if done {
+                    break;
+                }
             }
+            Placed::Beyond => {}
+            Placed::OutOfWork => break,
         }
     }
     (best, work)
@@ -102,7 +113,8 @@ struct Overlaps {
 }
 
 impl Overlaps {
-    fn of(lifetimes: &[Lifetime]) -> Overlaps {
+    /// The lists, or `None` when there are more than `max_pairs` overlapping pairs.
+    fn of(lifetimes: &[Lifetime], max_pairs: u64) -> Option<Overlaps> {
         let live_together = |a: &Lifetime, b: &Lifetime| a.start < b.end && b.start < a.end;
         let mut by_start: Vec<(u32, usize)> = lifetimes
             .iter()
@@ -120,6 +132,9 @@ impl Overlaps {
                 }
                 if live_together(a, &lifetimes[j]) {
                     pairs.push((i as u32, j as u32));
+                }
+                if pairs.len() as u64 > max_pairs {
+                    return None;
                 }
             }
         }
@@ -139,7 +154,7 @@ impl Overlaps {
             list[next[j as usize]] = i;
             next[j as usize] += 1;
         }
-        Overlaps { first, list }
+        Some(Overlaps { first, list })
     }
 
     fn of_one(&self, i: usize) -> &[u32] {
@@ -147,15 +162,27 @@ impl Overlaps {
     }
 }
 
+/// What [`place_in_order`] made of an order.
+enum Placed {
+    /// A packing within the limit.
+    Within(Plan),
+    /// The packing spans more than the limit.
+    Beyond,
+    /// The work allowed ran out first.
+    OutOfWork,
+}
+
 /// Places the allocations in `order`, each at the lowest offset clear of those placed before
 /// it whose lifetimes overlap its own, giving up when the packing spans more than `limit`
-/// bytes; also the steps it took (allocations looked at).
+/// bytes or the steps (allocations looked at, and sorted) pass `max_work`; also the steps it
+/// took.
 fn place_in_order(
     lifetimes: &[Lifetime],
     overlaps: &Overlaps,
     order: &[usize],
     limit: u64,
-) -> (Option<Plan>, u64) {
+    max_work: u64,
+) -> (Placed, u64) {
     const UNPLACED: u64 = u64::MAX;
     let mut offsets = vec![UNPLACED; lifetimes.len()];
     // Bytes taken, as (offset, end), by the placed allocations live with the one being placed.
@@ -170,7 +197,7 @@ fn place_in_order(
             (at != UNPLACED).then(|| (at, at + lifetimes[j as usize].size))
         }));
         taken.sort_unstable();
-        work += (others.len() + taken.len()) as u64;
+        work += (others.len() + 2 * taken.len()) as u64;
         let mut at = 0;
         for &(lo, hi) in &taken {
             if lo >= at + size {
@@ -181,7 +208,10 @@ fn place_in_order(
         offsets[i] = at;
         extent = extent.max(at + size);
         if extent > limit {
-            return (None, work);
+            return (Placed::Beyond, work);
+        }
+        if work > max_work {
+            return (Placed::OutOfWork, work);
         }
     }
     let plan = Plan {
@@ -190,33 +220,47 @@ fn place_in_order(
         extent,
         live_peak: 0,
     };
-    (Some(plan), work)
+    (Placed::Within(plan), work)
 }
 
-/// The episode's allocations and frees in clock order: (is an allocation, index). Ticks are
-/// unique, so this is a placement by tick rather than a sort.
+/// The episode's allocations and frees in clock order: (is an allocation, index). An
+/// episode's ticks are unique and below twice its allocations, so this is a placement by tick;
+/// other input (shared ticks, allocations still live at `u32::MAX`) is sorted instead, frees
+/// before allocations on a shared tick.
 fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
-    let ticks = lifetimes
-        .iter()
-        .map(|t| t.end.max(t.start) as usize + 1)
-        .max()
-        .unwrap_or(0);
+    let ticks = 2 * lifetimes.len();
     let mut at: Vec<Option<(bool, usize)>> = vec![None; ticks];
     for (i, t) in lifetimes.iter().enumerate() {
-        at[t.start as usize] = Some((true, i));
-        at[t.end as usize] = Some((false, i));
+        for (tick, alloc) in [(t.start, true), (t.end, false)] {
+            match at.get_mut(tick as usize) {
+                Some(slot @ None) => *slot = Some((alloc, i)),
+                _ => return sorted_timeline(lifetimes),
+            }
+        }
     }
     at.into_iter().flatten().collect()
+}
+
+/// [`timeline`] by sorting.
+fn sorted_timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
+    let mut events: Vec<(u32, bool, usize)> = lifetimes
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| [(t.start, true, i), (t.end, false, i)])
+        .collect();
+    events.sort_unstable();
+    events.into_iter().map(|(_, alloc, i)| (alloc, i)).collect()
 }
 
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
 /// among the smallest free blocks that fit, freed bytes merged with free neighbours).
 pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
-    best_fit(lifetimes).0
+    best_fit(lifetimes, u64::MAX).expect("unbounded work").0
 }
 
-/// [`best_fit_extent`], and the steps it took (free ranges looked at).
-pub(crate) fn best_fit(lifetimes: &[Lifetime]) -> (u64, u64) {
+/// [`best_fit_extent`], and the steps it took (free ranges looked at); `None` once the steps
+/// pass `max_work`.
+pub(crate) fn best_fit(lifetimes: &[Lifetime], max_work: u64) -> Option<(u64, u64)> {
     let mut free = FreeRanges::default();
     let mut work = 0;
     let mut at = vec![0u64; lifetimes.len()];
@@ -224,6 +268,9 @@ pub(crate) fn best_fit(lifetimes: &[Lifetime]) -> (u64, u64) {
     for (alloc, i) in timeline(lifetimes) {
         let size = lifetimes[i].size;
         work += 1 + free.by_addr.len() as u64;
+        if work > max_work {
+            return None;
+        }
         if alloc {
             at[i] = free.take(size);
             extent = extent.max(at[i] + size);
@@ -231,7 +278,7 @@ pub(crate) fn best_fit(lifetimes: &[Lifetime]) -> (u64, u64) {
             free.give(at[i], size);
         }
     }
-    (extent, work)
+    Some((extent, work))
 }
 
 /// The free ranges of [`best_fit_extent`]'s model, below `top` by address; all from `top` up is
@@ -351,11 +398,38 @@ mod tests {
         // no room below it: 10. Latest first among equals packs to the live peak, 9.
         let lifetimes = [t(4, 0, 2), t(2, 4, 6), t(4, 1, 5), t(3, 3, 7)];
         assert_eq!(live_peak(&lifetimes), 9);
+        let overlaps = Overlaps::of(&lifetimes, u64::MAX).unwrap();
+        let largest_first = [0, 2, 3, 1];
+        match place_in_order(&lifetimes, &overlaps, &largest_first, u64::MAX, u64::MAX).0 {
+            Placed::Within(p) => assert_eq!(p.extent, 10),
+            _ => panic!("an unbounded order places"),
+        }
         let p = pack(&lifetimes);
         assert_disjoint(&p);
         assert_eq!(p.extent, 9);
-        // Bounded below what any order reaches: no packing.
-        assert!(pack_within(&lifetimes, 8).0.is_none());
+        // Bounded at 9, the orders that pass it are given up and the one within is kept.
+        let (within, _) = pack_within(&lifetimes, 9, u64::MAX);
+        assert_eq!(within.map(|p| p.extent), Some(9));
+    }
+
+    #[test]
+    fn evaluations_stop_at_their_work_limit() {
+        let lifetimes = [t(4, 0, 2), t(2, 4, 6), t(4, 1, 5), t(3, 3, 7)];
+        assert!(best_fit(&lifetimes, 3).is_none());
+        assert!(best_fit(&lifetimes, 1000).is_some());
+        assert!(pack_within(&lifetimes, u64::MAX, 2).0.is_none());
+    }
+
+    #[test]
+    fn allocations_still_live_or_sharing_a_tick_are_packed_too() {
+        // Still live (u32::MAX) and a free on the tick of another's allocation: sorted, not
+        // placed by tick.
+        let lifetimes = [t(4, 0, u32::MAX), t(2, 1, 3), t(2, 3, 5)];
+        assert_eq!(live_peak(&lifetimes), 6);
+        let p = pack(&lifetimes);
+        assert_disjoint(&p);
+        assert_eq!(p.extent, 6);
+        assert_eq!(best_fit_extent(&lifetimes), 6);
     }
 
     #[test]

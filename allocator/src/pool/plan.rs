@@ -21,12 +21,14 @@
 //!   tightest packing wins. It becomes the *plan* when it spans at most [`PLAN_GAIN`] of what
 //!   best fit spans on the same sequence, and the plan is dropped otherwise: where best fit
 //!   packs well (training steps that repeat the same sizes), placement stays best fit's. An
-//!   episode that followed the plan exactly (sizes at the episode's scale, allocation and free
-//!   order) keeps it without packing. Evaluating costs work in proportion to the episode's
-//!   allocations times those each is compared with; an episode is evaluated only while that
-//!   work stays within [`WORK_BURST`] of [`WORK_PER_ALLOC`] per allocation the pool has made
-//!   (the plan stands as it is otherwise), so a job whose every episode differs spends a
-//!   bounded share of its time on them;
+//!   episode that followed the plan (sizes at the episode's scale within rounding or up to
+//!   [`SMALLER`] less, allocation and free order) keeps it without packing. Evaluating costs
+//!   work in proportion to the episode's allocations times those each is compared with. An
+//!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
+//!   [`WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
+//!   otherwise), and one spends at most [`MAX_EVALUATION_WORK`], so a job whose every
+//!   episode differs spends a bounded share of its time on them, and no allocation waits
+//!   for more than about a millisecond of it;
 //! - allocation `i` of the next episode goes to `base + scale x offset[i]` when its size is
 //!   `scale x size[i]` (within rounding, or up to [`SMALLER`] of it smaller) and those bytes
 //!   are free or unmapped; the missing pages
@@ -96,6 +98,8 @@ struct Episode {
     footprint: Option<Footprint>,
     /// Every allocation and free so far matched the plan.
     follows: bool,
+    /// An allocation after the first (which only sets the scale) matched the plan.
+    confirmed: bool,
     anchors: Vec<BlockId>,
     /// Indexes of allocations in the order made; those freed leave it once they reach the top,
     /// so the top is the youngest live one (while `live > 0`).
@@ -138,15 +142,20 @@ pub struct Plans {
 
 /// Evaluating an episode (best fit over it, then packing it) costs work in proportion to its
 /// allocations times the allocations or free ranges each is compared with. Work an evaluation
-/// may spend per allocation the pool makes, in those steps: a step takes about 4 ns while a
-/// replay runs (measured on the 2-core machine), so evaluations cost at most about 16 ns per
-/// allocation over a run, whatever the episodes. Until the work is earned the plan stands as
-/// it is.
+/// may spend per allocation the pool makes, in those steps: a step takes 4-7 ns while a
+/// replay runs (measured on the 2-core machine), so over a run evaluations cost at most about
+/// 16-28 ns per allocation (plus [`WORK_BURST`]), whatever the episodes. Until the work is
+/// earned the plan stands as it is.
 pub const WORK_PER_ALLOC: u64 = 4;
 
-/// Work that evaluations may run ahead of the allocations that pay for it (a few hundred
-/// microseconds): a pool that evaluates now and then is never held back.
+/// Work that evaluations may run ahead of the allocations that pay for it (about a quarter of
+/// a millisecond): a pool that evaluates now and then is never held back.
 pub const WORK_BURST: u64 = 1 << 16;
+
+/// Most work one evaluation may spend (about a millisecond, within one allocation): best fit
+/// over an episode that takes more is abandoned and the plan stands; a packing that takes more
+/// keeps the best order found by then, if any.
+pub const MAX_EVALUATION_WORK: u64 = 1 << 18;
 
 /// A packing becomes the plan when it spans at most this fraction of what best fit spans.
 pub const PLAN_GAIN: f64 = 0.9;
@@ -157,7 +166,9 @@ const STRETCH: f64 = 1.0 / 256.0;
 
 /// An allocation down to this fraction of its planned size (at the episode's scale) still
 /// takes its planned place: shapes that do not all scale alike (a convolutional net at
-/// another resolution rounds each layer's height and width on its own) keep their plan.
+/// another resolution rounds each layer's height and width on its own) keep their plan. The
+/// first allocation sets the scale with no such tolerance: when it is the one that came out
+/// smaller, the others look larger than planned and the plan ends at the first of them.
 pub const SMALLER: f64 = 0.95;
 
 /// True when `size` is `scale` times `planned` up to rounding, or a little less.
@@ -231,6 +242,7 @@ impl<D: Device> Pool<D> {
             live: 0,
             footprint: None,
             follows: plans.plan.is_some(),
+            confirmed: false,
             anchors: Vec::new(),
             stack: Vec::new(),
         });
@@ -248,7 +260,7 @@ impl<D: Device> Pool<D> {
             let scale = req.size as f64 / planned.size as f64;
             let (from, base, segment) = self.choose_footprint(req.stream, scale, extent)?;
             let live = self.stats.requested_bytes.0[0].current as u64;
-            let expected = live + (plan_peak as f64 * scale) as u64;
+            let expected = live.saturating_add((plan_peak as f64 * scale) as u64);
             let e = self.plans.episode.as_mut()?;
             e.footprint = Some(Footprint {
                 scale,
@@ -266,6 +278,7 @@ impl<D: Device> Pool<D> {
             e.follows = false;
             return None;
         }
+        e.confirmed = true;
         let (at, segment) = (f.base + stretched(offset, f.scale), f.segment);
         let from = match e.anchors.last() {
             Some(&a) => a,
@@ -533,11 +546,16 @@ impl<D: Device> Pool<D> {
         self.plans.packed = Some(sig);
         // No packing spans less than the most bytes live at once: skip it when even that would
         // not gain enough over best fit.
-        let (extent, mut work) = best_fit(&closed);
+        let Some((extent, mut work)) = best_fit(&closed, MAX_EVALUATION_WORK) else {
+            // Too long to evaluate now: the plan stands.
+            self.plans.debt += MAX_EVALUATION_WORK;
+            return;
+        };
         let bound = (PLAN_GAIN * extent as f64) as u64;
         self.plans.plan = None;
         if live_peak(&closed) <= bound {
-            let (plan, steps) = pack_within(&closed, bound);
+            let left = MAX_EVALUATION_WORK.saturating_sub(work);
+            let (plan, steps) = pack_within(&closed, bound, left);
             work += steps;
             self.plans.plan = plan;
         }
@@ -554,12 +572,13 @@ fn signature(lifetimes: &[Lifetime]) -> u64 {
 }
 
 impl Plans {
-    /// The live bytes the open episode will reach at its peak if it follows the plan: 0 when
-    /// no plan places it, and for its first allocation (any first allocation sets a scale; the
-    /// anticipation starts with the second, once that one matches the plan too).
+    /// The live bytes the open episode will reach at its peak if it follows the plan; 0 when no
+    /// plan places it, until an allocation after its first (any first allocation sets a scale)
+    /// has matched the plan too (from that allocation's own request on), and once none of its
+    /// allocations is live.
     pub(crate) fn expected_peak(&self) -> u64 {
         let e = self.episode.as_ref();
-        let e = e.filter(|e| e.follows && !e.lifetimes.is_empty());
+        let e = e.filter(|e| e.follows && e.confirmed && e.live > 0);
         let f = e.and_then(|e| e.footprint.as_ref());
         f.map_or(0, |f| f.expected)
     }

@@ -173,7 +173,10 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
     };
     let mut result = replay(t, &v.cfg, &opts);
     if !plan.cuda && result.failure.is_none() {
-        result.ns_per_event = median_ns_per_event(t, &v.cfg, plan.capacity, result.ns_per_event);
+        // The first replay's time counts only when it did nothing but replay.
+        let plain = plan.samples == 0 && !plan.breakdown;
+        let first = plain.then_some(result.ns_per_event);
+        result.ns_per_event = median_ns_per_event(t, &v.cfg, plan.capacity, first);
     }
     progress.step();
     let min_capacity = if plan.min_capacity {
@@ -193,21 +196,33 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
 const TIMED_RUNS: (usize, usize) = (3, 7);
 const TIMED_FOR: Duration = Duration::from_millis(30);
 
-/// The replay speed of `t` under `cfg`, as the median ns per operation of `first` (the replay
-/// already made) and further replays on the simulated device: at least three in all, more up to
-/// seven while they took less than 30 ms together. A single replay of a short trace (a few
-/// thousand operations, under a millisecond) is timed mostly on cold caches and whatever else
-/// the machine is doing; its figures (bytes, calls) are the same every time.
-fn median_ns_per_event(t: &Trace, cfg: &Config, capacity: Option<u64>, first: f64) -> f64 {
+/// The replay speed of `t` under `cfg`: the median ns per operation of an odd number of timed
+/// replays on the simulated device, `first` (the replay already made, when it did nothing but
+/// replay) among them: three or more, up to seven while they took less than 30 ms together; a
+/// first replay that took 30 ms or more alone. A single replay of a short trace (a few thousand
+/// operations, under a millisecond) is timed mostly on cold caches and whatever else the
+/// machine is doing; its figures (bytes, calls) are the same every time.
+fn median_ns_per_event(t: &Trace, cfg: &Config, capacity: Option<u64>, first: Option<f64>) -> f64 {
     let opts = ReplayOptions {
         capacity,
         ..ReplayOptions::default()
     };
     let start = Instant::now();
-    let mut times = vec![first];
-    while times.len() < TIMED_RUNS.0 || (times.len() < TIMED_RUNS.1 && start.elapsed() < TIMED_FOR)
-    {
+    let mut times: Vec<f64> = first.into_iter().collect();
+    let long = |ns: f64| ns * t.ops.len() as f64 >= TIMED_FOR.as_nanos() as f64;
+    if let Some(ns) = first.filter(|&ns| long(ns)) {
+        return ns;
+    }
+    loop {
+        let n = times.len();
+        let more = n < TIMED_RUNS.0 || (n < TIMED_RUNS.1 && start.elapsed() < TIMED_FOR);
+        if !more && n % 2 == 1 {
+            break;
+        }
         times.push(replay(t, cfg, &opts).ns_per_event);
+        if n == 0 && long(times[0]) {
+            break;
+        }
     }
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
