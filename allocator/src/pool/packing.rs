@@ -441,4 +441,46 @@ mod tests {
         // Freed bytes at the top are reused.
         assert_eq!(best_fit_extent(&[t(8, 0, 1), t(8, 2, 3)]), 8);
     }
+
+    /// A random episode: allocations and frees on unique ticks, sizes in 512-byte units.
+    fn episode(seed: u64, n: usize) -> Vec<Lifetime> {
+        let mut x = seed | 1;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let (mut v, mut live, mut clock) = (Vec::new(), Vec::new(), 0u32);
+        while v.len() < n || !live.is_empty() {
+            if v.len() < n && (live.is_empty() || rnd(100) < 55) {
+                v.push(t((1 + rnd(64)) * 512, clock, u32::MAX));
+                live.push(v.len() - 1);
+            } else {
+                let i = live.swap_remove(rnd(live.len() as u64) as usize);
+                v[i].end = clock;
+            }
+            clock += 1;
+        }
+        v
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn packings_are_disjoint_and_the_bound_is_exact(seed in proptest::prelude::any::<u64>(), n in 1usize..120) {
+            let lifetimes = episode(seed, n);
+            let p = pack(&lifetimes);
+            assert_disjoint(&p);
+            proptest::prop_assert!(p.extent >= live_peak(&lifetimes));
+            let overlaps = Overlaps::of(&lifetimes, u64::MAX).unwrap();
+            let mut first: Vec<usize> = (0..lifetimes.len()).collect();
+            first.sort_by_key(|&i| ORDERS[0](&lifetimes[i]));
+            if let (Placed::Within(g), _) = place_in_order(&lifetimes, &overlaps, &first, u64::MAX, u64::MAX) {
+                proptest::prop_assert!(p.extent <= g.extent, "never worse than largest first");
+            }
+            let at = pack_within(&lifetimes, p.extent, u64::MAX).0.map(|q| q.extent);
+            proptest::prop_assert_eq!(at, Some(p.extent));
+            proptest::prop_assert!(pack_within(&lifetimes, p.extent - 1, u64::MAX).0.is_none());
+        }
+    }
 }
