@@ -2,8 +2,9 @@
 //! packer, and a model of best fit on the same sequence to compare it with.
 //!
 //! Invariants: a packing places no two allocations whose lifetimes overlap on overlapping
-//! bytes, and spans at least the episode's live peak; ticks of one episode are unique (one
-//! allocation or free each), and every lifetime ends after it starts.
+//! bytes, and spans at least the episode's live peak. The episodes the pool records have unique
+//! ticks (one allocation or free each, `0..2n`) and every lifetime ends after it starts; other
+//! input (shared ticks, lifetimes still live) is taken too, more slowly (`timeline`).
 
 /// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
 /// episode's clock, which advances on each of its allocations and frees).
