@@ -4,7 +4,7 @@
 //! `u128` key: the first entry of a stream at or after (size, 0) is PyTorch's best fit, and
 //! [`FreeIndex::all_free`] lists them in PyTorch's (stream, size, address) order. The first
 //! stream's blocks sit in bins of their own (a pool of `CachingAllocator` usually serves one
-//! stream), the others' in a map by stream. A stream's blocks are kept in [`Bins`], sorted vectors by
+//! stream), the others' in a map by stream. A stream's blocks are kept in `Bins`, sorted vectors by
 //! size class with a bitmap of the non-empty ones: against one `BTreeMap` per stream this
 //! replays the bundled traces 1.25-1.63 times as fast (criterion, same run, `default` policy:
 //! `gpt2_train` 11.96 against 7.75 M operations per second, `llama_train_varlen` 12.62 against
@@ -14,9 +14,9 @@
 //! `unmapped` orders unmapped blocks of expandable segments by (stream, address). A block is in
 //! at most one of the two, and only while it is neither allocated nor waiting for events.
 //!
-//! Invariants of [`Bins`]: every entry sits in the bin of its size ([`bin_of`]), each bin is
+//! Invariants of `Bins`: every entry sits in the bin of its size (`bin_of`), each bin is
 //! sorted by key with no key twice, and a bin's bit is set exactly when the bin is not empty.
-//! Since [`bin_of`] never decreases as the size grows, reading the bins in order reads the
+//! Since `bin_of` never decreases as the size grows, reading the bins in order reads the
 //! keys in order.
 
 use super::block::{Block, BlockId};

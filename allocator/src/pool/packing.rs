@@ -50,7 +50,7 @@ const ORDERS: [OrderKey; 5] = [
     },
 ];
 
-/// Packs allocations of known lifetimes: in each of a few orders ([`ORDERS`]), each at the
+/// Packs allocations of known lifetimes: in each of a few orders (`ORDERS`), each at the
 /// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own; keeps
 /// the packing that spans least (the first one that spans no more than the live peak, which
 /// none can beat). An allocation still live (`end` of `u32::MAX`) lives to the end.
