@@ -11,7 +11,9 @@ transformers)::
 
 Workloads: ``vit_train``, ``gpt2_generate``, ``fcn_train`` (recorded in the second session);
 ``roberta_dynamic``, ``t5_generate``, ``resnet_infer_dynamic``, ``gpt2_train_varlen``,
-``bert_train_dynamic`` (dynamic shapes, the class ``bert_dynamic`` belongs to).
+``bert_train_dynamic`` (dynamic shapes, the class ``bert_dynamic`` belongs to);
+``llama_infer_dynamic``, ``vit_infer_dynamic`` (recorded in the fifth session, after its changes,
+to check them on jobs they were not measured on).
 """
 import random
 import sys
@@ -109,6 +111,27 @@ def bert_train_dynamic():
     from transformers import BertConfig, BertForMaskedLM
     torch.manual_seed(5); random.seed(5)
     _train_lm(BertForMaskedLM(BertConfig()).cuda(), 8, (2, 32), (32, 512), 30000, torch.float16)
+
+def llama_infer_dynamic():
+    from transformers import LlamaConfig, LlamaModel
+    torch.manual_seed(6); random.seed(6)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)
+    m = LlamaModel(cfg).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(40):
+            b = random.randint(1, 16); L = random.randint(32, 1024)
+            m(input_ids=torch.randint(0, 32000, (b, L), device="cuda"))
+    torch.cuda.synchronize()
+
+def vit_infer_dynamic():
+    import torchvision
+    torch.manual_seed(7); random.seed(7)
+    m = torchvision.models.vit_b_16(weights=None).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(40):
+            m(torch.randn(random.randint(1, 64), 3, 224, 224, device="cuda", dtype=torch.half))
+    torch.cuda.synchronize()
 
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
              and fn.__module__ == __name__ and name != "main"}
