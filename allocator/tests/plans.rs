@@ -64,6 +64,14 @@ fn bert_batch(layers: usize) -> Vec<Step> {
     tape.steps
 }
 
+/// How many allocations `steps` makes.
+fn allocations(steps: &[Step]) -> u64 {
+    steps
+        .iter()
+        .filter(|s| matches!(s, Step::Alloc { .. }))
+        .count() as u64
+}
+
 /// The sequence as an episode of `unit`-byte units: one clock tick per step.
 fn lifetimes(steps: &[Step], unit: u64) -> Vec<Lifetime> {
     let mut tokens: Vec<Lifetime> = Vec::new();
@@ -116,12 +124,23 @@ fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
 }
 
 fn play(sim: &Sim, pool: &mut Pool<Sim>, steps: &[Step], unit: u64) {
+    play_resized(sim, pool, steps, unit, |size| size);
+}
+
+/// [`play`], each request's size passed through `resize` first.
+fn play_resized(
+    sim: &Sim,
+    pool: &mut Pool<Sim>,
+    steps: &[Step],
+    unit: u64,
+    mut resize: impl FnMut(u64) -> u64,
+) {
     let pool = std::cell::RefCell::new(pool);
     drive(
         steps,
         unit,
         |size| {
-            let a = pool.borrow_mut().allocate(size, S0).unwrap();
+            let a = pool.borrow_mut().allocate(resize(size), S0).unwrap();
             check(sim, &pool.borrow());
             a
         },
@@ -169,10 +188,7 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
     let (plain, none_placed) = run(with_plans(false), &batches);
     let (planned, placed) = run(with_plans(true), &batches);
     assert_eq!(none_placed, 0, "plans off: nothing placed by a plan");
-    let per_batch = batch
-        .iter()
-        .filter(|s| matches!(s, Step::Alloc { .. }))
-        .count() as u64;
+    let per_batch = allocations(&batch);
     assert!(
         placed >= 7 * per_batch,
         "every batch after the first should follow the plan: {placed} of {}",
@@ -222,12 +238,37 @@ fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
 }
 
 #[test]
+fn allocations_a_little_smaller_than_planned_keep_their_places() {
+    // A layer whose height rounds down comes out a few percent smaller than the batch's scale
+    // says: in the batches after the first (which teaches the plan), every third hidden state
+    // is 3% smaller. They still take their planned places, so those batches follow the plan
+    // whole.
+    let batch = bert_batch(12);
+    let per_batch = allocations(&batch);
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let weights = pool.allocate(100 * MIB, S0).unwrap();
+    for units in [3, 5, 4] {
+        let unit = units * MIB;
+        let mut n = 0;
+        play_resized(&sim, &mut pool, &batch, unit, |size| {
+            n += 1;
+            let shrink = units != 3 && n % 3 == 0 && size == unit;
+            if shrink {
+                size / 100 * 97
+            } else {
+                size
+            }
+        });
+    }
+    pool.free(&weights).unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.planned_allocations(), 2 * per_batch);
+}
+
+#[test]
 fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
     let batch = bert_batch(4);
-    let per_batch = batch
-        .iter()
-        .filter(|s| matches!(s, Step::Alloc { .. }))
-        .count() as u64;
+    let per_batch = allocations(&batch);
     let mut odd = batch.clone();
     // The tenth allocation asks for twice its planned size: the plan stops there.
     let tenth = odd

@@ -151,7 +151,7 @@ impl FreeIndex {
 /// bin, then takes the first block of the next non-empty bin; an insert or a remove moves the
 /// few entries of one bin instead of rebalancing a tree.
 #[derive(Default)]
-pub(crate) struct Bins {
+struct Bins {
     /// Sorted by key; grown on demand up to the highest bin used.
     bins: Vec<Vec<(u128, BlockId)>>,
     /// Bit `b` of word `b / 64` is set when bin `b` is not empty.
@@ -175,7 +175,7 @@ fn bin_of(size: u64) -> usize {
 }
 
 impl Bins {
-    pub(crate) fn insert(&mut self, k: u128, id: BlockId) -> bool {
+    fn insert(&mut self, k: u128, id: BlockId) -> bool {
         let b = bin_of(size_of(k));
         if self.bins.len() <= b {
             self.bins.resize_with(b + 1, Vec::new);
@@ -192,7 +192,7 @@ impl Bins {
         }
     }
 
-    pub(crate) fn remove(&mut self, k: u128) -> bool {
+    fn remove(&mut self, k: u128) -> bool {
         let b = bin_of(size_of(k));
         let Some(bin) = self.bins.get_mut(b) else {
             return false;
@@ -221,7 +221,7 @@ impl Bins {
     }
 
     /// Entries with a key at or after `k`, in order.
-    pub(crate) fn from(&self, k: u128) -> impl Iterator<Item = &(u128, BlockId)> + '_ {
+    fn from(&self, k: u128) -> impl Iterator<Item = &(u128, BlockId)> + '_ {
         let b = bin_of(size_of(k));
         let first = self
             .bins
@@ -256,12 +256,12 @@ impl Bins {
 }
 
 /// The free index's key within a stream: size in the high half, address in the low half.
-pub(crate) fn key(size: u64, addr: u64) -> u128 {
+fn key(size: u64, addr: u64) -> u128 {
     (u128::from(size) << 64) | u128::from(addr)
 }
 
 /// The size part of a key.
-pub(crate) fn size_of(k: u128) -> u64 {
+fn size_of(k: u128) -> u64 {
     (k >> 64) as u64
 }
 

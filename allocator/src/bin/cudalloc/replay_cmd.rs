@@ -208,18 +208,34 @@ fn median_ns_per_event(t: &Trace, cfg: &Config, capacity: Option<u64>, first: Op
         ..ReplayOptions::default()
     };
     let start = Instant::now();
-    let mut times: Vec<f64> = first.into_iter().collect();
     let long = |ns: f64| ns * t.ops.len() as f64 >= TIMED_FOR.as_nanos() as f64;
+    median_of_runs(
+        first,
+        long,
+        || replay(t, cfg, &opts).ns_per_event,
+        || start.elapsed(),
+    )
+}
+
+/// The median of `first` and further `run`s, as [`median_ns_per_event`] counts them: `long`
+/// says whether a run took [`TIMED_FOR`] or more, `elapsed` how long the further runs took.
+fn median_of_runs(
+    first: Option<f64>,
+    long: impl Fn(f64) -> bool,
+    mut run: impl FnMut() -> f64,
+    elapsed: impl Fn() -> Duration,
+) -> f64 {
     if let Some(ns) = first.filter(|&ns| long(ns)) {
         return ns;
     }
+    let mut times: Vec<f64> = first.into_iter().collect();
     loop {
         let n = times.len();
-        let more = n < TIMED_RUNS.0 || (n < TIMED_RUNS.1 && start.elapsed() < TIMED_FOR);
+        let more = n < TIMED_RUNS.0 || (n < TIMED_RUNS.1 && elapsed() < TIMED_FOR);
         if !more && n % 2 == 1 {
             break;
         }
-        times.push(replay(t, cfg, &opts).ns_per_event);
+        times.push(run());
         if n == 0 && long(times[0]) {
             break;
         }
@@ -266,4 +282,44 @@ fn expected_probes(peak_live: u64, upper: u64) -> u64 {
         probes += 1;
     }
     probes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `median_of_runs` with runs that return 1, 2, 3, ... ns (long from `long_from` on)
+    /// and a clock that passes the time limit after `fast` runs; (median, runs made).
+    fn timed(first: Option<f64>, long_from: f64, fast: usize) -> (f64, usize) {
+        let runs = std::cell::Cell::new(0usize);
+        let median = median_of_runs(
+            first,
+            |ns| ns >= long_from,
+            || {
+                runs.set(runs.get() + 1);
+                runs.get() as f64
+            },
+            || {
+                if runs.get() < fast {
+                    Duration::ZERO
+                } else {
+                    TIMED_FOR
+                }
+            },
+        );
+        (median, runs.get())
+    }
+
+    #[test]
+    fn replay_speed_is_the_median_of_an_odd_number_of_runs() {
+        // Fast runs: seven in all, the first given one among them (median of 0.5, 1..6).
+        assert_eq!(timed(Some(0.5), f64::MAX, usize::MAX), (3.0, 6));
+        // Slow runs after the first two: three in all.
+        assert_eq!(timed(Some(9.0), f64::MAX, 2), (2.0, 2));
+        // The clock passes the limit after four runs without a first: a fifth keeps it odd.
+        assert_eq!(timed(None, f64::MAX, 4), (3.0, 5));
+        // A first replay that took the limit or more is timed alone; so is a long first run.
+        assert_eq!(timed(Some(40.0), 30.0, usize::MAX), (40.0, 0));
+        assert_eq!(timed(None, 1.0, usize::MAX), (1.0, 1));
+    }
 }
