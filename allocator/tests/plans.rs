@@ -306,6 +306,34 @@ fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
     assert_eq!(placed[4] - placed[2], 2 * per_batch);
 }
 
+/// A step that allocates `sizes` (units) one after the other and frees them in reverse: best
+/// fit packs it as tightly as any order, so it makes no plan.
+fn nested_step(sizes: &[u64]) -> Vec<Step> {
+    let mut tape = Tape::default();
+    let slots: Vec<usize> = sizes.iter().map(|&u| tape.alloc(u)).collect();
+    let reversed: Vec<usize> = slots.into_iter().rev().collect();
+    tape.free(&reversed);
+    tape.steps
+}
+
+#[test]
+fn alternating_steps_that_make_no_plan_are_evaluated_once_each() {
+    // A training loop whose steps alternate between two episodes (a long step and a short
+    // one) used to evaluate each again at every step, since only the last was remembered.
+    let long: Vec<u64> = (0..40).map(|i| 1 + i % 5).collect();
+    let short: Vec<u64> = (0..20).map(|i| 2 + i % 3).collect();
+    let (long, short) = (nested_step(&long), nested_step(&short));
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    for _ in 0..10 {
+        play(&sim, &mut pool, &long, 2 * MIB);
+        play(&sim, &mut pool, &short, 2 * MIB);
+    }
+    check(&sim, &pool);
+    assert!(!pool.has_plan());
+    assert_eq!(pool.planned_allocations(), 0);
+    assert_eq!(pool.evaluated_episodes(), 2);
+}
+
 #[test]
 fn another_streams_allocations_are_not_recorded_in_an_episode() {
     // One stream fills an episode to its limit while another allocates and frees in between:

@@ -143,6 +143,12 @@ impl<D: Device> Pool<D> {
         self.plans.placed
     }
 
+    /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
+    /// [`plan`]).
+    pub fn evaluated_episodes(&self) -> u64 {
+        self.plans.evaluated
+    }
+
     /// The block behind an id.
     pub fn block(&self, id: BlockId) -> Option<&Block> {
         self.blocks.get(id)

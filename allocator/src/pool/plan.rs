@@ -22,7 +22,9 @@
 //!   best fit spans on the same sequence, and the plan is dropped otherwise: where best fit
 //!   packs well (training steps that repeat the same sizes), placement stays best fit's. An
 //!   episode that followed the plan (sizes at the episode's scale within rounding or up to
-//!   [`SMALLER`] less, allocation and free order) keeps it without packing. Evaluating costs
+//!   [`SMALLER`] less, allocation and free order) keeps it without packing, and an episode
+//!   like one of the last [`REJECTED`] that made no plan (a training loop's steps) drops the
+//!   plan without being evaluated again. Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
 //!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
 //!   [`WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
@@ -130,8 +132,15 @@ pub struct Plans {
     plan: Option<Plan>,
     /// Allocations placed by a plan.
     pub placed: u64,
+    /// Episodes evaluated.
+    pub evaluated: u64,
     /// Signature of the last episode packed.
     packed: Option<u64>,
+    /// Signatures of the last episodes that made no plan ([`REJECTED`] of them, oldest
+    /// overwritten first): such an episode again drops the plan without being evaluated.
+    rejected: [Option<u64>; REJECTED],
+    /// Where the next rejected signature goes in `rejected`.
+    next_rejected: usize,
     /// Segment, base and end of the last footprint: the next episode reuses it when it is free.
     last: Option<(u32, u64, u64)>,
     /// Work of evaluations not yet earned back by allocations ([`WORK_PER_ALLOC`]).
@@ -156,6 +165,11 @@ pub const WORK_BURST: u64 = 1 << 16;
 /// over an episode that takes more is abandoned and the plan stands; a packing that takes more
 /// keeps the best order found by then, if any.
 pub const MAX_EVALUATION_WORK: u64 = 1 << 18;
+
+/// How many signatures of episodes that made no plan a pool remembers: a training loop whose
+/// steps alternate between a few episodes (`gpt2_train`: one of 974 allocations, one of 50)
+/// evaluated each of them again at every step, since only the last one was remembered.
+pub const REJECTED: usize = 8;
 
 /// A packing becomes the plan when it spans at most this fraction of what best fit spans.
 pub const PLAN_GAIN: f64 = 0.9;
@@ -540,10 +554,20 @@ impl<D: Device> Pool<D> {
             .collect();
         // A training step repeats the last one exactly: the decision taken then stands.
         let sig = signature(&closed);
-        if self.plans.packed == Some(sig) || !self.plans.may_work(&self.stats) {
+        if self.plans.packed == Some(sig) {
+            return;
+        }
+        if self.plans.rejected.contains(&Some(sig)) {
+            // Evaluated before, and no plan came of it: the same decision again.
+            self.plans.packed = Some(sig);
+            self.plans.plan = None;
+            return;
+        }
+        if !self.plans.may_work(&self.stats) {
             return;
         }
         self.plans.packed = Some(sig);
+        self.plans.evaluated += 1;
         // No packing spans less than the most bytes live at once: skip it when even that would
         // not gain enough over best fit.
         let Some((extent, mut work)) = best_fit(&closed, MAX_EVALUATION_WORK) else {
@@ -558,6 +582,9 @@ impl<D: Device> Pool<D> {
             let (plan, steps) = pack_within(&closed, bound, left);
             work += steps;
             self.plans.plan = plan;
+        }
+        if self.plans.plan.is_none() {
+            self.plans.remember_rejected(sig);
         }
         self.plans.debt += work;
     }
@@ -581,6 +608,12 @@ impl Plans {
         let e = e.filter(|e| e.follows && e.confirmed && e.live > 0);
         let f = e.and_then(|e| e.footprint.as_ref());
         f.map_or(0, |f| f.expected)
+    }
+
+    /// Remembers that an episode of signature `sig` made no plan.
+    fn remember_rejected(&mut self, sig: u64) {
+        self.rejected[self.next_rejected] = Some(sig);
+        self.next_rejected = (self.next_rejected + 1) % REJECTED;
     }
 
     /// Brings the work debt up to date with the allocations made since; true when it is at most
