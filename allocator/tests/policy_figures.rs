@@ -10,7 +10,7 @@ use cudalloc::{Config, Policy};
 use std::path::PathBuf;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 14] = [
+const FIGURES: [(&str, u64, u64, u64); 19] = [
     ("bert_dynamic", 615_862_208, 637_534_208, 440),
     ("gpt2_train", 7_701_353_160, 7_883_194_368, 385),
     ("llama_train_varlen", 14_895_838_060, 15_277_752_320, 790),
@@ -35,6 +35,26 @@ const FIGURES: [(&str, u64, u64, u64); 14] = [
         225,
     ),
     ("h200/vit_infer_dynamic", 478_762_448, 520_093_696, 102),
+    (
+        "h200/mistral_train_varlen",
+        6_984_653_768,
+        7_155_482_624,
+        562,
+    ),
+    ("h200/opt_generate", 1_622_129_456, 1_690_304_512, 182),
+    ("h200/deberta_dynamic", 3_382_201_120, 3_479_175_168, 210),
+    (
+        "h200/convnext_train_dynamic",
+        4_219_967_512,
+        4_322_230_272,
+        362,
+    ),
+    (
+        "h200/deeplab_infer_dynamic",
+        924_498_973,
+        1_027_604_480,
+        380,
+    ),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
@@ -110,7 +130,7 @@ fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
 }
 
 /// (trace, map floor at 2%, at 5%), as the table in `docs/policies.md` gives them.
-const FLOORS: [(&str, u64, u64); 14] = [
+const FLOORS: [(&str, u64, u64); 19] = [
     ("bert_dynamic", 54, 31),
     ("gpt2_train", 115, 63),
     ("llama_train_varlen", 164, 81),
@@ -125,6 +145,11 @@ const FLOORS: [(&str, u64, u64); 14] = [
     ("h200/vit_train", 130, 77),
     ("h200/llama_infer_dynamic", 76, 42),
     ("h200/vit_infer_dynamic", 50, 37),
+    ("h200/mistral_train_varlen", 112, 59),
+    ("h200/opt_generate", 75, 37),
+    ("h200/deberta_dynamic", 82, 45),
+    ("h200/convnext_train_dynamic", 100, 69),
+    ("h200/deeplab_infer_dynamic", 41, 39),
 ];
 
 #[test]

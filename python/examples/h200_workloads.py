@@ -13,7 +13,9 @@ Workloads: ``vit_train``, ``gpt2_generate``, ``fcn_train`` (recorded in the seco
 ``roberta_dynamic``, ``t5_generate``, ``resnet_infer_dynamic``, ``gpt2_train_varlen``,
 ``bert_train_dynamic`` (dynamic shapes, the class ``bert_dynamic`` belongs to);
 ``llama_infer_dynamic``, ``vit_infer_dynamic`` (recorded in the fifth session, after its changes,
-to check them on jobs they were not measured on).
+to check them on jobs they were not measured on); ``mistral_train_varlen``, ``opt_generate``,
+``deberta_dynamic``, ``convnext_train_dynamic``, ``deeplab_infer_dynamic`` (sixth session, the
+same kind of check).
 """
 import random
 import sys
@@ -131,6 +133,61 @@ def vit_infer_dynamic():
     with torch.no_grad():
         for _ in range(40):
             m(torch.randn(random.randint(1, 64), 3, 224, 224, device="cuda", dtype=torch.half))
+    torch.cuda.synchronize()
+
+def mistral_train_varlen():
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(8); random.seed(8)
+    cfg = MistralConfig(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16,
+                        num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    _train_lm(MistralForCausalLM(cfg).cuda(), 8, (2, 8), (128, 1024), 32000, torch.bfloat16)
+
+def opt_generate():
+    from transformers import OPTConfig, OPTForCausalLM
+    torch.manual_seed(9); random.seed(9)
+    cfg = OPTConfig(hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
+                    word_embed_proj_dim=1024, max_position_embeddings=2048)
+    m = OPTForCausalLM(cfg).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(8):
+            b = random.randint(1, 16); L = random.randint(16, 512)
+            ids = torch.randint(3, 50000, (b, L), device="cuda")
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=random.randint(8, 48), do_sample=False, pad_token_id=1)
+    torch.cuda.synchronize()
+
+def deberta_dynamic():
+    from transformers import DebertaV2Config, DebertaV2Model
+    torch.manual_seed(10); random.seed(10)
+    m = DebertaV2Model(DebertaV2Config(vocab_size=32000)).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(40):
+            b = random.randint(1, 32); L = random.randint(16, 512)
+            ids = torch.randint(0, 32000, (b, L), device="cuda")
+            m(input_ids=ids, attention_mask=torch.ones_like(ids))
+    torch.cuda.synchronize()
+
+def convnext_train_dynamic():
+    import torchvision
+    torch.manual_seed(11); random.seed(11)
+    m = torchvision.models.convnext_tiny(weights=None).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    for _ in range(8):
+        bs = random.randint(8, 48); r = 32 * random.randint(5, 8)
+        x = torch.randn(bs, 3, r, r, device="cuda")
+        y = torch.randint(0, 1000, (bs,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def deeplab_infer_dynamic():
+    import torchvision
+    torch.manual_seed(12); random.seed(12)
+    m = torchvision.models.segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=21).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(30):
+            b = random.randint(1, 16); r = 32 * random.randint(8, 16)
+            m(torch.randn(b, 3, r, r, device="cuda", dtype=torch.half))
     torch.cuda.synchronize()
 
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
