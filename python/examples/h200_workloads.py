@@ -64,11 +64,15 @@ def fcn_train():
 def roberta_dynamic():
     from transformers import RobertaConfig, RobertaModel
     torch.manual_seed(1); random.seed(1)
-    m = RobertaModel(RobertaConfig(max_position_embeddings=514)).cuda().half().eval()
+    _encode_batches(RobertaModel(RobertaConfig(max_position_embeddings=514)), 50000)
+
+def _encode_batches(model, vocab):
+    """fp16 inference of a token encoder on 40 batches of random batch size and length."""
+    m = model.cuda().half().eval()
     with torch.no_grad():
         for _ in range(40):
             b = random.randint(1, 32); L = random.randint(16, 512)
-            ids = torch.randint(0, 50000, (b, L), device="cuda")
+            ids = torch.randint(0, vocab, (b, L), device="cuda")
             m(input_ids=ids, attention_mask=torch.ones_like(ids))
     torch.cuda.synchronize()
 
@@ -158,13 +162,7 @@ def opt_generate():
 def deberta_dynamic():
     from transformers import DebertaV2Config, DebertaV2Model
     torch.manual_seed(10); random.seed(10)
-    m = DebertaV2Model(DebertaV2Config(vocab_size=32000)).cuda().half().eval()
-    with torch.no_grad():
-        for _ in range(40):
-            b = random.randint(1, 32); L = random.randint(16, 512)
-            ids = torch.randint(0, 32000, (b, L), device="cuda")
-            m(input_ids=ids, attention_mask=torch.ones_like(ids))
-    torch.cuda.synchronize()
+    _encode_batches(DebertaV2Model(DebertaV2Config(vocab_size=32000)), 32000)
 
 def convnext_train_dynamic():
     import torchvision
