@@ -190,10 +190,12 @@ impl<D: Device> Pool<D> {
         footprint_too: bool,
         keep: Option<(u64, u64)>,
     ) -> Result<u64, DeviceError> {
+        // A block smaller than a page holds no whole chunk.
+        let page = self.device.granularity()?;
         let mut free: Vec<(u64, BlockId)> = self
             .small
-            .all_free()
-            .chain(self.large.all_free())
+            .all_free_at_least(page)
+            .chain(self.large.all_free_at_least(page))
             .filter(|&id| {
                 let b = &self.blocks[id];
                 let kept = keep.is_some_and(|(lo, hi)| b.overlaps(lo, hi));

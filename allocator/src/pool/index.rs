@@ -70,6 +70,14 @@ impl FreeIndex {
             .map(|(k, id)| (size_of(*k), *id))
     }
 
+    /// Every free block of at least `size` bytes, of any stream (in no particular order).
+    pub fn all_free_at_least(&self, size: u64) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::once(&self.free)
+            .chain(self.others.values())
+            .flat_map(move |m| m.from(key(size, 0)))
+            .map(|(_, id)| *id)
+    }
+
     /// Every free block id in (stream, size, address) order, as PyTorch's block set.
     pub fn all_free(&self) -> impl Iterator<Item = BlockId> + '_ {
         let split = self.first.unwrap_or(0);
