@@ -11,9 +11,10 @@
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
-use crate::snapshot::Excess;
+use crate::snapshot::{Excess, Pinned};
 use crate::trace::{Op, Trace};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Capacity of the simulated device: an H200's 143,771 MiB.
@@ -71,6 +72,23 @@ pub struct ReplayResult {
     /// Where the reserved bytes were after the operation at which they first reached their
     /// highest value (when asked for): the operation's index and the breakdown.
     pub peak_excess: Option<(usize, Excess)>,
+    /// What held the pinned bytes at that moment (when asked for).
+    pub peak_pinning: Option<PeakPinning>,
+}
+
+/// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
+pub const PINNING_SHOWN: usize = 5;
+
+/// What held the pinned bytes at the reserved peak ([`Pool::pinning`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeakPinning {
+    /// Units (chunks or `cudaMalloc` segments) holding pinned bytes then.
+    pub units: usize,
+    /// Their free bytes together (the breakdown's pinned bytes).
+    pub free: u64,
+    /// The [`PINNING_SHOWN`] holding the most, each with the index of the operation that
+    /// allocated its largest live block.
+    pub most: Vec<(Pinned, Option<usize>)>,
 }
 
 impl ReplayResult {
@@ -123,6 +141,7 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
             }),
             timeline: Vec::new(),
             peak_excess: None,
+            peak_pinning: None,
         },
     }
 }
@@ -147,15 +166,18 @@ pub fn replay_on<D: Device>(
     let mut failure = None;
     // Counts down to the next sample (a division per operation would cost more than the check).
     let mut until_sample = 0;
-    let mut peak_excess: Option<(usize, Excess)> = None;
+    let mut peak = opts.breakdown.then(Peak::default);
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
+        if let Some(p) = peak.as_mut() {
+            p.before(op, &slots);
+        }
         if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
             failure = Some(Failure { op: i, error });
             break;
         }
-        if opts.breakdown && peak_excess.is_none_or(|(_, e)| pool.reserved() > e.reserved) {
-            peak_excess = Some((i, pool.excess()));
+        if let Some(p) = peak.as_mut() {
+            p.after(i, op, &slots, &pool);
         }
         if until_sample == 0 {
             if opts.samples > 0 {
@@ -187,7 +209,62 @@ pub fn replay_on<D: Device>(
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,
         timeline,
-        peak_excess,
+        peak_excess: peak.as_ref().and_then(|p| p.excess),
+        peak_pinning: peak.and_then(|p| p.pinning),
+    }
+}
+
+/// The breakdown at the reserved peak, kept up to date as a replay runs (`breakdown`).
+#[derive(Default)]
+struct Peak {
+    excess: Option<(usize, Excess)>,
+    pinning: Option<PeakPinning>,
+    /// The operation that made each live allocation, by address.
+    made: HashMap<u64, usize>,
+}
+
+impl Peak {
+    /// Forgets the allocation operation `op` is about to free.
+    fn before(&mut self, op: &Op, slots: &[Option<Allocation>]) {
+        if let Op::Free { slot } = *op {
+            if let Some(a) = &slots[slot as usize] {
+                self.made.remove(&a.ptr);
+            }
+        }
+    }
+
+    /// Notes the allocation operation `i` made, and takes the breakdown when the reserved
+    /// bytes pass their highest value so far.
+    fn after<D: Device>(
+        &mut self,
+        i: usize,
+        op: &Op,
+        slots: &[Option<Allocation>],
+        pool: &Pool<D>,
+    ) {
+        if let Op::Alloc { slot, .. } = *op {
+            if let Some(a) = &slots[slot as usize] {
+                self.made.insert(a.ptr, i);
+            }
+        }
+        if self
+            .excess
+            .is_some_and(|(_, e)| pool.reserved() <= e.reserved)
+        {
+            return;
+        }
+        self.excess = Some((i, pool.excess()));
+        let units = pool.pinning();
+        let most = units
+            .iter()
+            .take(PINNING_SHOWN)
+            .map(|u| (*u, self.made.get(&u.largest.0).copied()))
+            .collect();
+        self.pinning = Some(PeakPinning {
+            units: units.len(),
+            free: units.iter().map(|u| u.free).sum(),
+            most,
+        });
     }
 }
 

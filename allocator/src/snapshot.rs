@@ -112,6 +112,26 @@ pub struct Excess {
     pub pinned: u64,
 }
 
+/// Free bytes that cannot go back to the device, gathered by what holds them
+/// ([`crate::Pool::pinning`]): one chunk of an expandable segment (the unit a map and an unmap
+/// act on) or one `cudaMalloc` segment, with the blocks in it that are live or waiting for other
+/// streams' work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    /// A chunk of an expandable segment (false: a `cudaMalloc` segment).
+    pub chunk: bool,
+    /// First address of the chunk or segment.
+    pub addr: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// Its free bytes.
+    pub free: u64,
+    /// Blocks in it that are allocated or waiting for events.
+    pub holders: u32,
+    /// The largest of them, as (address, bytes).
+    pub largest: (u64, u64),
+}
+
 impl Snapshot {
     /// Recomputes the `current` value of every per-pool statistic from the blocks; returns
     /// (allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,

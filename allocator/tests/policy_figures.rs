@@ -5,7 +5,7 @@
 //! `docs/policies.md` together with this list.
 
 use cudalloc::bound::{map_floor, PAGE};
-use cudalloc::replay::{replay, ReplayOptions};
+use cudalloc::replay::{replay, ReplayOptions, PINNING_SHOWN};
 use cudalloc::{Config, Policy};
 use std::path::PathBuf;
 
@@ -124,6 +124,18 @@ fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
             );
             if policy == Policy::Default {
                 assert_eq!(e.reserved, reserved, "{name}");
+            }
+            // What holds the pinned bytes accounts for all of them, the most pinned first.
+            let p = r.peak_pinning.expect("a breakdown was asked for");
+            assert_eq!(p.free, e.pinned, "{name} {policy:?}");
+            assert_eq!(p.units == 0, e.pinned == 0, "{name} {policy:?}");
+            assert!(p.most.len() <= p.units.min(PINNING_SHOWN));
+            assert!(p.most.windows(2).all(|w| w[0].0.free >= w[1].0.free));
+            for (u, _) in &p.most {
+                assert!(
+                    u.free > 0 && u.free < u.size && u.holders > 0,
+                    "{name}: {u:?}"
+                );
             }
         }
     }

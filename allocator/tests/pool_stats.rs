@@ -348,6 +348,63 @@ fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
     assert_adds_up(&e);
 }
 
+#[test]
+fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
+    let (sim, mut pool) = default_with_page_chunks();
+    // As above: after `a` goes, the chunks at 8..10 MiB (1 MiB free beside `b`) and 18..20 MiB
+    // (1 MiB free after `b`) pin 2 MiB; the four whole chunks below 8 MiB are not listed.
+    let a = alloc(&mut pool, 9 * MIB, S0);
+    let b = alloc(&mut pool, 10 * MIB, S0);
+    free(&mut pool, &a);
+    check(&sim, &pool);
+    let units = pool.pinning();
+    let got: Vec<(u64, u64, u64, u32, (u64, u64))> = units
+        .iter()
+        .map(|u| (u.addr - a.ptr, u.size, u.free, u.holders, u.largest))
+        .collect();
+    let held_by_b = (b.ptr, 10 * MIB);
+    assert_eq!(
+        got,
+        [
+            (8 * MIB, 2 * MIB, MIB, 1, held_by_b),
+            (18 * MIB, 2 * MIB, MIB, 1, held_by_b)
+        ]
+    );
+    assert!(units.iter().all(|u| u.chunk));
+    assert_eq!(
+        units.iter().map(|u| u.free).sum::<u64>(),
+        pool.excess().pinned
+    );
+    free(&mut pool, &b);
+    assert!(
+        pool.pinning().is_empty(),
+        "nothing is pinned once nothing is live"
+    );
+}
+
+#[test]
+fn pinning_of_malloc_segments_lists_split_segments_with_free_bytes() {
+    let (sim, mut pool) = pool_with(Config::parse("policy:torch").unwrap(), 4 * GIB);
+    // Two 4 MiB requests share one 20 MiB segment: 12 MiB of it stay free, pinned by both.
+    let a = alloc(&mut pool, 4 * MIB, S0);
+    let b = alloc(&mut pool, 4 * MIB, S0);
+    check(&sim, &pool);
+    let units = pool.pinning();
+    assert_eq!(units.len(), 1, "{units:?}");
+    let u = units[0];
+    assert_eq!(
+        (u.chunk, u.size, u.free, u.holders),
+        (false, 20 * MIB, 12 * MIB, 2)
+    );
+    assert_eq!(u.free, pool.excess().pinned);
+    free(&mut pool, &a);
+    free(&mut pool, &b);
+    assert!(
+        pool.pinning().is_empty(),
+        "an unsplit free segment can go back"
+    );
+}
+
 /// A `default` pool whose chunks are single 2 MiB pages.
 fn default_with_page_chunks() -> (Sim, Pool<Sim>) {
     pool_with(

@@ -21,6 +21,7 @@ mod events;
 mod expand;
 pub mod index;
 mod packing;
+mod pinning;
 pub mod plan;
 mod release;
 pub mod segment;

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
-/// `--breakdown`, once an operation has completed). `events` and `ns_per_event` count replayed
+/// `--breakdown`, once an operation has completed; in it, `pinned_units` and `pinned_by`: how
+/// many chunks or segments held pinned bytes, and the five that held the most). `events` and `ns_per_event` count replayed
 /// operations (`alloc` and `free_completed`), as the table's `ops` and `ns/op` do; the keys keep
 /// their first names so that scripts reading them keep working.
 pub fn object(report: &Report, run: &Run) -> Value {
@@ -38,6 +39,24 @@ pub fn object(report: &Report, run: &Run) -> Value {
             "releasable_bytes": e.releasable,
             "pinned_bytes": e.pinned,
         });
+        if let Some(p) = &r.peak_pinning {
+            v["peak_breakdown"]["pinned_units"] = json!(p.units);
+            v["peak_breakdown"]["pinned_by"] = p
+                .most
+                .iter()
+                .map(|(u, op)| {
+                    json!({
+                        "kind": if u.chunk { "chunk" } else { "segment" },
+                        "addr": u.addr,
+                        "bytes": u.size,
+                        "free_bytes": u.free,
+                        "live_blocks": u.holders,
+                        "largest_block_bytes": u.largest.1,
+                        "largest_block_op": op,
+                    })
+                })
+                .collect();
+        }
     }
     v
 }

@@ -3,6 +3,7 @@
 
 use crate::replay_cmd::{Report, Run};
 use cudalloc::fmt::bytes;
+use cudalloc::replay::PeakPinning;
 use cudalloc::trace::Anomalies;
 use std::io::{self, Write};
 
@@ -49,6 +50,38 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
                 bytes(e.pinned)
             )?;
         }
+        if let Some(p) = &run.result.peak_pinning {
+            report_pinning(out, p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes what held the pinned bytes at the reserved peak: how many units, and the few that
+/// held the most.
+fn report_pinning(out: &mut impl Write, p: &PeakPinning) -> io::Result<()> {
+    if p.units == 0 {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "  pinned in {} chunks or segments; the most:",
+        thousands(p.units as u64)
+    )?;
+    for (u, op) in &p.most {
+        let made = op.map_or(String::new(), |op| {
+            format!(", allocated at op {}", thousands(op as u64))
+        });
+        writeln!(
+            out,
+            "    {} free in a {} {} beside {} live block{} (the largest {}{made})",
+            bytes(u.free),
+            bytes(u.size),
+            if u.chunk { "chunk" } else { "segment" },
+            u.holders,
+            if u.holders == 1 { "" } else { "s" },
+            bytes(u.largest.1),
+        )?;
     }
     Ok(())
 }

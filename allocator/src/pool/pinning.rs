@@ -1,0 +1,102 @@
+//! Where a pool's pinned bytes are ([`Pinned`]): the free bytes that cannot go back while a
+//! block shares their unit with them, per unit. A unit is what one driver call gives back: a
+//! chunk of an expandable segment, or a `cudaMalloc` segment.
+//!
+//! Invariants: a unit is listed when it holds free bytes and is not itself wholly free (a chunk
+//! inside one free block, or a segment of one free block, can go back and is not pinned); the
+//! free bytes of the listed units add up to [`Excess::pinned`](crate::snapshot::Excess) at the
+//! same moment.
+
+use super::block::{Block, BlockId, NIL, NO_SEGMENT};
+use super::Pool;
+use crate::snapshot::Pinned;
+use cudalloc_sys::Device;
+
+impl<D: Device> Pool<D> {
+    /// Every unit holding pinned bytes, the most pinned first (the lowest address among equals).
+    pub fn pinning(&self) -> Vec<Pinned> {
+        let mut units = Vec::new();
+        for (id, b) in self.blocks.iter() {
+            if b.prev != NIL {
+                continue;
+            }
+            if b.segment == NO_SEGMENT {
+                self.pinned_in_segment(id, &mut units);
+            } else {
+                self.pinned_in_chunks(id, &mut units);
+            }
+        }
+        units.sort_by(|a, b| b.free.cmp(&a.free).then(a.addr.cmp(&b.addr)));
+        units
+    }
+
+    /// The `cudaMalloc` segment starting with block `head`, when it is split and holds free bytes.
+    fn pinned_in_segment(&self, head: BlockId, units: &mut Vec<Pinned>) {
+        let mut unit = Pinned {
+            addr: self.blocks[head].addr,
+            ..Pinned::default()
+        };
+        let mut id = head;
+        while id != NIL {
+            let b = &self.blocks[id];
+            unit.size += b.size;
+            count(&mut unit, b, b.size);
+            id = b.next;
+        }
+        if unit.free > 0 && self.blocks[head].is_split() {
+            units.push(unit);
+        }
+    }
+
+    /// The chunks of the expandable segment whose first block is `head` that hold free bytes but
+    /// do not lie inside one free block.
+    fn pinned_in_chunks(&self, head: BlockId, units: &mut Vec<Pinned>) {
+        let seg = self.segments[self.blocks[head].segment as usize]
+            .as_ref()
+            .expect("live segment");
+        let mut first = head;
+        for (&addr, chunk) in &seg.chunks {
+            let end = addr + chunk.size;
+            while first != NIL && self.blocks[first].end() <= addr {
+                first = self.blocks[first].next;
+            }
+            let mut unit = Pinned {
+                chunk: true,
+                addr,
+                size: chunk.size,
+                ..Pinned::default()
+            };
+            let mut id = first;
+            while id != NIL && self.blocks[id].addr < end {
+                let b = &self.blocks[id];
+                if is_free(b) && b.addr <= addr && b.end() >= end {
+                    // The chunk lies inside one free block: it can go back.
+                    unit.free = 0;
+                    break;
+                }
+                count(&mut unit, b, b.end().min(end) - b.addr.max(addr));
+                id = b.next;
+            }
+            if unit.free > 0 {
+                units.push(unit);
+            }
+        }
+    }
+}
+
+/// A mapped block that is neither allocated nor waiting for events.
+fn is_free(b: &Block) -> bool {
+    b.mapped && !b.allocated && b.event_count == 0
+}
+
+/// Adds `bytes` of block `b` (those inside the unit) to `unit`.
+fn count(unit: &mut Pinned, b: &Block, bytes: u64) {
+    if is_free(b) {
+        unit.free += bytes;
+    } else if b.mapped {
+        unit.holders += 1;
+        if b.size > unit.largest.1 {
+            unit.largest = (b.addr, b.size);
+        }
+    }
+}
