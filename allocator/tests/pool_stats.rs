@@ -5,7 +5,7 @@
 //! hand-made and real snapshots.
 
 use cudalloc::sizes::PoolKind;
-use cudalloc::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo};
+use cudalloc::snapshot::{BlockInfo, BlockState, Excess, Pinned, SegmentInfo};
 use cudalloc::{Config, Pool, Snapshot, Stats};
 use cudalloc_sys::Device;
 use std::collections::{BTreeSet, HashMap};
@@ -358,18 +358,15 @@ fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
     free(&mut pool, &a);
     check(&sim, &pool);
     let units = pool.pinning();
-    let got: Vec<(u64, u64, u64, u32, (u64, u64))> = units
-        .iter()
-        .map(|u| (u.addr - a.ptr, u.size, u.free, u.holders, u.largest))
-        .collect();
-    let held_by_b = (b.ptr, 10 * MIB);
-    assert_eq!(
-        got,
-        [
-            (8 * MIB, 2 * MIB, MIB, 1, held_by_b),
-            (18 * MIB, 2 * MIB, MIB, 1, held_by_b)
-        ]
-    );
+    let chunk_at = |offset: u64| Pinned {
+        chunk: true,
+        addr: a.ptr + offset,
+        size: 2 * MIB,
+        free: MIB,
+        holders: 1,
+        largest: (b.ptr, 10 * MIB),
+    };
+    assert_eq!(units, [chunk_at(8 * MIB), chunk_at(18 * MIB)]);
     assert!(units.iter().all(|u| u.chunk));
     assert_eq!(
         units.iter().map(|u| u.free).sum::<u64>(),
