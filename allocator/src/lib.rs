@@ -47,5 +47,5 @@ pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, Policy};
 pub use error::AllocError;
 pub use pool::{Allocation, Pool};
-pub use snapshot::{Excess, Fragmentation, Pinned, Snapshot};
+pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;

@@ -6,12 +6,14 @@
 //! pool is capped at that many bytes (as PyTorch's memory fraction does) and the replay stops at
 //! the first allocation that fails even after the out-of-memory ladder. With `breakdown`, the
 //! reserved bytes are broken down ([`Excess`]) after the operation at which they first reach
-//! their highest value (a peak reached and left inside one operation is not seen there).
+//! their highest value (a peak reached and left inside one operation is not seen there), and the
+//! units that pin the most bytes then are kept ([`PeakPinning`]), each with the operation that
+//! allocated its largest block in use.
 
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
-use crate::snapshot::{Excess, Pinned};
+use crate::snapshot::{Excess, PinnedUnit};
 use crate::trace::{Op, Trace};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
@@ -84,11 +86,11 @@ pub const PINNING_SHOWN: usize = 5;
 pub struct PeakPinning {
     /// Units (chunks or `cudaMalloc` segments) holding pinned bytes then.
     pub units: usize,
-    /// Their free bytes together (the breakdown's pinned bytes).
-    pub free: u64,
+    /// Their pinned bytes together (the breakdown's).
+    pub pinned: u64,
     /// The [`PINNING_SHOWN`] holding the most, each with the index of the operation that
-    /// allocated its largest live block.
-    pub most: Vec<(Pinned, Option<usize>)>,
+    /// allocated its largest block in use (`None` when that block is waiting for events).
+    pub most: Vec<(PinnedUnit, Option<usize>)>,
 }
 
 impl ReplayResult {
@@ -262,7 +264,7 @@ impl Peak {
             .collect();
         self.pinning = Some(PeakPinning {
             units: units.len(),
-            free: units.iter().map(|u| u.free).sum(),
+            pinned: units.iter().map(|u| u.pinned).sum(),
             most,
         });
     }

@@ -1,4 +1,6 @@
-//! Snapshots: every segment and its blocks, and the fragmentation figures derived from them.
+//! Snapshots: every segment and its blocks, and the fragmentation figures derived from them;
+//! where the reserved bytes are at one moment ([`Excess`]) and which units pin free bytes
+//! ([`PinnedUnit`]).
 //!
 //! A snapshot is the ground truth the statistics are checked against: every `current` value of
 //! [`crate::Stats`] can be recomputed from it ([`Snapshot::recompute`]).
@@ -112,21 +114,20 @@ pub struct Excess {
     pub pinned: u64,
 }
 
-/// Free bytes that cannot go back to the device, gathered by what holds them
-/// ([`crate::Pool::pinning`]): one chunk of an expandable segment (the unit a map and an unmap
-/// act on) or one `cudaMalloc` segment, with the blocks in it that are live or waiting for other
-/// streams' work.
+/// One unit holding pinned bytes ([`crate::Pool::pinning`]): a chunk of an expandable segment
+/// (what one map and one unmap act on) or a `cudaMalloc` segment, with its free bytes that
+/// cannot go back and the blocks in use beside them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Pinned {
+pub struct PinnedUnit {
     /// A chunk of an expandable segment (false: a `cudaMalloc` segment).
     pub chunk: bool,
     /// First address of the chunk or segment.
     pub addr: u64,
     /// Its bytes.
     pub size: u64,
-    /// Its free bytes.
-    pub free: u64,
-    /// Blocks in it that are allocated or waiting for events.
+    /// Its free bytes: pinned while a block in it is in use.
+    pub pinned: u64,
+    /// Blocks in it that are in use: allocated, or waiting for events.
     pub holders: u32,
     /// The largest of them, as (address, bytes).
     pub largest: (u64, u64),

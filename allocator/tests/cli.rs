@@ -335,28 +335,28 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
         (418344896, 169869312)
     );
     // What holds the pinned bytes: 11 chunks, the most pinned first, each with the operation
-    // that allocated its largest live block.
+    // that allocated its largest block in use.
     assert_eq!(b["pinned_units"], 11);
     let by = b["pinned_by"].as_array().expect("pinned_by");
     assert_eq!(by.len(), 5);
-    let free: Vec<u64> = by
+    let pinned: Vec<u64> = by
         .iter()
-        .map(|u| u["free_bytes"].as_u64().unwrap())
+        .map(|u| u["pinned_bytes"].as_u64().unwrap())
         .collect();
-    assert!(free.windows(2).all(|w| w[0] >= w[1]), "{free:?}");
-    assert!(free.iter().sum::<u64>() <= part("pinned_bytes"));
+    assert!(pinned.windows(2).all(|w| w[0] >= w[1]), "{pinned:?}");
+    assert!(pinned.iter().sum::<u64>() <= part("pinned_bytes"));
     assert_eq!(
-        (&by[0]["kind"], &by[0]["bytes"], &by[0]["free_bytes"]),
+        (&by[0]["kind"], &by[0]["unit_bytes"], &by[0]["pinned_bytes"]),
         (&json!("chunk"), &json!(31457280), &json!(25183744))
     );
     assert_eq!(
-        (&by[0]["live_blocks"], &by[0]["largest_block_op"]),
+        (&by[0]["holding_blocks"], &by[0]["largest_holding_block_op"]),
         (&json!(1), &json!(5431))
     );
     let o = cudalloc(&["replay", "--breakdown", "--policy", "default", &bert()]);
     let text = stdout(&o);
     assert!(
-        text.contains("  pinned in 11 chunks or segments; the most:\n    24.02 MiB free in a 30.00 MiB chunk beside 1 live block (the largest 31.39 MiB, allocated at op 5,431)"),
+        text.contains("  pinned in 11 chunks or segments; the most:\n    24.02 MiB pinned in a 30.00 MiB chunk beside 1 block in use (the largest 31.39 MiB, allocated at op 5,431)"),
         "{text}"
     );
     assert!(

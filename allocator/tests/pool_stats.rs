@@ -5,7 +5,7 @@
 //! hand-made and real snapshots.
 
 use cudalloc::sizes::PoolKind;
-use cudalloc::snapshot::{BlockInfo, BlockState, Excess, Pinned, SegmentInfo};
+use cudalloc::snapshot::{BlockInfo, BlockState, Excess, PinnedUnit, SegmentInfo};
 use cudalloc::{Config, Pool, Snapshot, Stats};
 use cudalloc_sys::Device;
 use std::collections::{BTreeSet, HashMap};
@@ -358,17 +358,17 @@ fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
     free(&mut pool, &a);
     check(&sim, &pool);
     let units = pool.pinning();
-    let chunk_at = |offset: u64| Pinned {
+    let chunk_at = |offset: u64| PinnedUnit {
         chunk: true,
         addr: a.ptr + offset,
         size: 2 * MIB,
-        free: MIB,
+        pinned: MIB,
         holders: 1,
         largest: (b.ptr, 10 * MIB),
     };
     assert_eq!(units, [chunk_at(8 * MIB), chunk_at(18 * MIB)]);
     assert_eq!(
-        units.iter().map(|u| u.free).sum::<u64>(),
+        units.iter().map(|u| u.pinned).sum::<u64>(),
         pool.excess().pinned
     );
     free(&mut pool, &b);
@@ -389,16 +389,38 @@ fn pinning_of_malloc_segments_lists_split_segments_with_free_bytes() {
     assert_eq!(units.len(), 1, "{units:?}");
     let u = units[0];
     assert_eq!(
-        (u.chunk, u.size, u.free, u.holders),
+        (u.chunk, u.size, u.pinned, u.holders),
         (false, 20 * MIB, 12 * MIB, 2)
     );
-    assert_eq!(u.free, pool.excess().pinned);
+    assert_eq!(u.pinned, pool.excess().pinned);
     free(&mut pool, &a);
     free(&mut pool, &b);
     assert!(
         pool.pinning().is_empty(),
         "an unsplit free segment can go back"
     );
+}
+
+#[test]
+fn pinning_counts_a_block_waiting_for_another_stream_as_a_holder() {
+    let (sim, mut pool) = default_with_page_chunks();
+    // `a` (9 MiB) is freed while stream 1 may still use it: the 1 MiB after it in its fifth
+    // chunk stays pinned, and the block waiting for events holds it.
+    let a = alloc(&mut pool, 9 * MIB, S0);
+    let b = alloc(&mut pool, 10 * MIB, S0);
+    free(&mut pool, &b);
+    pool.record_stream(a.block, a.ptr, S1).unwrap();
+    free(&mut pool, &a);
+    let e = pool.excess();
+    assert_eq!((e.live, e.pending, e.pinned), (0, 9 * MIB, MIB), "{e:?}");
+    let units = pool.pinning();
+    assert_eq!(units.len(), 1, "{units:?}");
+    let u = units[0];
+    assert_eq!(
+        (u.addr - a.ptr, u.pinned, u.holders, u.largest),
+        (8 * MIB, MIB, 1, (a.ptr, 9 * MIB))
+    );
+    check(&sim, &pool);
 }
 
 /// A `default` pool whose chunks are single 2 MiB pages.

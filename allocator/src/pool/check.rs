@@ -127,6 +127,7 @@ impl<D: Device> Pool<D> {
                 self.reserved
             ));
         }
+        self.check_pinning()?;
         let counted = self.blocks.len();
         let chained: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
         if counted != chained {
@@ -135,6 +136,29 @@ impl<D: Device> Pool<D> {
             ));
         }
         Ok(())
+    }
+
+    /// The units [`Pool::pinning`] lists hold exactly the pinned bytes of [`Pool::excess`],
+    /// each beside a block in use and none wholly free.
+    fn check_pinning(&self) -> Result<(), String> {
+        let units = self.pinning();
+        let pinned: u64 = units.iter().map(|u| u.pinned).sum();
+        let e = self.excess();
+        if pinned != e.pinned {
+            return Err(format!(
+                "pinning lists {pinned} bytes, the breakdown {}",
+                e.pinned
+            ));
+        }
+        match units
+            .iter()
+            .find(|u| u.holders == 0 || u.pinned == 0 || u.pinned >= u.size)
+        {
+            Some(u) => Err(format!(
+                "pinned unit {u:?} is empty, wholly free or held by nothing"
+            )),
+            None => Ok(()),
+        }
     }
 
     fn check_indexes(&self) -> Result<(), String> {

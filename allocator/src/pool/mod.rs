@@ -145,7 +145,8 @@ impl<D: Device> Pool<D> {
     }
 
     /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
-    /// [`plan`]).
+    /// [`plan`]), those abandoned as too long included; an episode recognised as one that made
+    /// no plan before is not evaluated again.
     pub fn evaluated_episodes(&self) -> u64 {
         self.plans.evaluated
     }

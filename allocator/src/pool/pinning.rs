@@ -1,4 +1,4 @@
-//! Where a pool's pinned bytes are ([`Pinned`]): the free bytes that cannot go back while a
+//! Where a pool's pinned bytes are ([`PinnedUnit`]): the free bytes that cannot go back while a
 //! block shares their unit with them, per unit. A unit is what one driver call gives back: a
 //! chunk of an expandable segment, or a `cudaMalloc` segment.
 //!
@@ -9,12 +9,12 @@
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
 use super::Pool;
-use crate::snapshot::Pinned;
+use crate::snapshot::PinnedUnit;
 use cudalloc_sys::Device;
 
 impl<D: Device> Pool<D> {
     /// Every unit holding pinned bytes, the most pinned first (the lowest address among equals).
-    pub fn pinning(&self) -> Vec<Pinned> {
+    pub fn pinning(&self) -> Vec<PinnedUnit> {
         let mut units = Vec::new();
         for (id, b) in self.blocks.iter() {
             if b.prev != NIL {
@@ -26,15 +26,15 @@ impl<D: Device> Pool<D> {
                 self.pinned_in_chunks(id, &mut units);
             }
         }
-        units.sort_by(|a, b| b.free.cmp(&a.free).then(a.addr.cmp(&b.addr)));
+        units.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.addr.cmp(&b.addr)));
         units
     }
 
     /// The `cudaMalloc` segment starting with block `head`, when it is split and holds free bytes.
-    fn pinned_in_segment(&self, head: BlockId, units: &mut Vec<Pinned>) {
-        let mut unit = Pinned {
+    fn pinned_in_segment(&self, head: BlockId, units: &mut Vec<PinnedUnit>) {
+        let mut unit = PinnedUnit {
             addr: self.blocks[head].addr,
-            ..Pinned::default()
+            ..PinnedUnit::default()
         };
         let mut id = head;
         while id != NIL {
@@ -43,14 +43,14 @@ impl<D: Device> Pool<D> {
             count(&mut unit, b, b.size);
             id = b.next;
         }
-        if unit.free > 0 && self.blocks[head].is_split() {
+        if unit.pinned > 0 && self.blocks[head].is_split() {
             units.push(unit);
         }
     }
 
     /// The chunks of the expandable segment whose first block is `head` that hold free bytes but
     /// do not lie inside one free block.
-    fn pinned_in_chunks(&self, head: BlockId, units: &mut Vec<Pinned>) {
+    fn pinned_in_chunks(&self, head: BlockId, units: &mut Vec<PinnedUnit>) {
         let seg = self.segments[self.blocks[head].segment as usize]
             .as_ref()
             .expect("live segment");
@@ -60,24 +60,24 @@ impl<D: Device> Pool<D> {
             while first != NIL && self.blocks[first].end() <= addr {
                 first = self.blocks[first].next;
             }
-            let mut unit = Pinned {
+            let mut unit = PinnedUnit {
                 chunk: true,
                 addr,
                 size: chunk.size,
-                ..Pinned::default()
+                ..PinnedUnit::default()
             };
             let mut id = first;
             while id != NIL && self.blocks[id].addr < end {
                 let b = &self.blocks[id];
                 if is_free(b) && b.addr <= addr && b.end() >= end {
                     // The chunk lies inside one free block: it can go back.
-                    unit.free = 0;
+                    unit.pinned = 0;
                     break;
                 }
                 count(&mut unit, b, b.end().min(end) - b.addr.max(addr));
                 id = b.next;
             }
-            if unit.free > 0 {
+            if unit.pinned > 0 {
                 units.push(unit);
             }
         }
@@ -90,9 +90,9 @@ fn is_free(b: &Block) -> bool {
 }
 
 /// Adds `bytes` of block `b` (those inside the unit) to `unit`.
-fn count(unit: &mut Pinned, b: &Block, bytes: u64) {
+fn count(unit: &mut PinnedUnit, b: &Block, bytes: u64) {
     if is_free(b) {
-        unit.free += bytes;
+        unit.pinned += bytes;
     } else if b.mapped {
         unit.holders += 1;
         if b.size > unit.largest.1 {

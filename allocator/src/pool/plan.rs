@@ -24,7 +24,8 @@
 //!   episode that followed the plan (sizes at the episode's scale within rounding or up to
 //!   [`SMALLER`] less, allocation and free order) keeps it without packing, and an episode
 //!   like one of the last [`REJECTED`] that made no plan (a training loop's steps) drops the
-//!   plan without being evaluated again. Evaluating costs
+//!   plan without being evaluated again, charged the work its evaluation took (so the work
+//!   bound below admits the same evaluations as before). Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
 //!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
 //!   [`WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
@@ -134,11 +135,12 @@ pub struct Plans {
     pub placed: u64,
     /// Episodes evaluated.
     pub evaluated: u64,
-    /// Signature of the last episode packed.
+    /// Signature of the last episode decided on (evaluated, or recognised as rejected).
     packed: Option<u64>,
-    /// Signatures of the last episodes that made no plan ([`REJECTED`] of them, oldest
-    /// overwritten first): such an episode again drops the plan without being evaluated.
-    rejected: [Option<u64>; REJECTED],
+    /// Signatures of the last episodes that made no plan, with the work their evaluation took
+    /// ([`REJECTED`] of them, oldest overwritten first): such an episode again drops the plan
+    /// and is charged that work without being evaluated.
+    rejected: [Option<(u64, u64)>; REJECTED],
     /// Where the next rejected signature goes in `rejected`.
     next_rejected: usize,
     /// Segment, base and end of the last footprint: the next episode reuses it when it is free.
@@ -554,19 +556,18 @@ impl<D: Device> Pool<D> {
             .collect();
         // A training step repeats the last one exactly: the decision taken then stands.
         let sig = signature(&closed);
-        if self.plans.packed == Some(sig) {
-            return;
-        }
-        if self.plans.rejected.contains(&Some(sig)) {
-            // Evaluated before, and no plan came of it: the same decision again.
-            self.plans.packed = Some(sig);
-            self.plans.plan = None;
-            return;
-        }
-        if !self.plans.may_work(&self.stats) {
+        if self.plans.packed == Some(sig) || !self.plans.may_work(&self.stats) {
             return;
         }
         self.plans.packed = Some(sig);
+        if let Some(work) = self.plans.rejected_work(sig) {
+            // Evaluated before, and no plan came of it: the same decision again, charged as the
+            // evaluation it stands for, so that which later episodes get evaluated (the work
+            // bound) is what it would have been.
+            self.plans.plan = None;
+            self.plans.debt += work;
+            return;
+        }
         self.plans.evaluated += 1;
         // No packing spans less than the most bytes live at once: skip it when even that would
         // not gain enough over best fit.
@@ -584,7 +585,7 @@ impl<D: Device> Pool<D> {
             self.plans.plan = plan;
         }
         if self.plans.plan.is_none() {
-            self.plans.remember_rejected(sig);
+            self.plans.remember_rejected(sig, work);
         }
         self.plans.debt += work;
     }
@@ -610,10 +611,20 @@ impl Plans {
         f.map_or(0, |f| f.expected)
     }
 
-    /// Remembers that an episode of signature `sig` made no plan.
-    fn remember_rejected(&mut self, sig: u64) {
-        self.rejected[self.next_rejected] = Some(sig);
+    /// Remembers that an episode of signature `sig` made no plan, after `work` steps.
+    fn remember_rejected(&mut self, sig: u64, work: u64) {
+        self.rejected[self.next_rejected] = Some((sig, work));
         self.next_rejected = (self.next_rejected + 1) % REJECTED;
+    }
+
+    /// The work of the evaluation of an episode of signature `sig` that made no plan, when it is
+    /// among the last [`REJECTED`].
+    fn rejected_work(&self, sig: u64) -> Option<u64> {
+        self.rejected
+            .iter()
+            .flatten()
+            .find(|r| r.0 == sig)
+            .map(|r| r.1)
     }
 
     /// Brings the work debt up to date with the allocations made since; true when it is at most

@@ -59,7 +59,8 @@ pub struct ReplayArgs {
 
     /// Also say where the reserved bytes are at their peak: what live allocations asked for,
     /// rounding, blocks waiting for other streams, free memory the pool could give back, and
-    /// free memory pinned by live blocks in the same chunk or segment.
+    /// free memory pinned by live blocks in the same chunk or segment; and which chunks or
+    /// segments pin the most, beside which blocks (and the operation that allocated them).
     #[arg(long)]
     pub breakdown: bool,
 

@@ -1,12 +1,13 @@
 //! `cudalloc replay --json`: one JSON object per (trace, configuration) per line.
 
 use crate::replay_cmd::{Report, Run};
+use cudalloc::replay::PeakPinning;
 use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
-/// `--breakdown`, once an operation has completed; in it, `pinned_units` and `pinned_by`: how
-/// many chunks or segments held pinned bytes, and the five that held the most). `events` and `ns_per_event` count replayed
+/// `--breakdown`, once an operation has completed; in it, `pinned_units` and `pinned_by`:
+/// how many chunks or segments held pinned bytes, and the five that held the most). `events` and `ns_per_event` count replayed
 /// operations (`alloc` and `free_completed`), as the table's `ops` and `ns/op` do; the keys keep
 /// their first names so that scripts reading them keep working.
 pub fn object(report: &Report, run: &Run) -> Value {
@@ -41,24 +42,31 @@ pub fn object(report: &Report, run: &Run) -> Value {
         });
         if let Some(p) = &r.peak_pinning {
             v["peak_breakdown"]["pinned_units"] = json!(p.units);
-            v["peak_breakdown"]["pinned_by"] = p
-                .most
-                .iter()
-                .map(|(u, op)| {
-                    json!({
-                        "kind": if u.chunk { "chunk" } else { "segment" },
-                        "addr": u.addr,
-                        "bytes": u.size,
-                        "free_bytes": u.free,
-                        "live_blocks": u.holders,
-                        "largest_block_bytes": u.largest.1,
-                        "largest_block_op": op,
-                    })
-                })
-                .collect();
+            v["peak_breakdown"]["pinned_by"] = pinned_by(p);
         }
     }
     v
+}
+
+/// The units that held the most pinned bytes at the reserved peak, each as `kind` (`chunk` or
+/// `segment`), `addr`, `unit_bytes`, `pinned_bytes`, `holding_blocks` (blocks in use in it),
+/// `largest_holding_block_bytes` and `largest_holding_block_op` (the operation that allocated
+/// it; null when it is waiting for events).
+fn pinned_by(p: &PeakPinning) -> Value {
+    p.most
+        .iter()
+        .map(|(u, op)| {
+            json!({
+                "kind": if u.chunk { "chunk" } else { "segment" },
+                "addr": u.addr,
+                "unit_bytes": u.size,
+                "pinned_bytes": u.pinned,
+                "holding_blocks": u.holders,
+                "largest_holding_block_bytes": u.largest.1,
+                "largest_holding_block_op": op,
+            })
+        })
+        .collect()
 }
 
 /// Writes the lines of one trace.

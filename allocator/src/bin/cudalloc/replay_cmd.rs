@@ -199,12 +199,10 @@ const TIMED_FOR: Duration = Duration::from_millis(100);
 /// The replay speed of `t` under `cfg`: the median ns per operation of an odd number of timed
 /// replays on the simulated device, made after the replay that gave the figures (`first`, its
 /// time when it did nothing but replay): five or more, up to 101 while they took less than
-/// 100 ms together; `first` alone when it took 100 ms or more. The first replay in a process
-/// runs on cold caches and a fresh heap (10-35% slower on the bundled traces), and a few
-/// milliseconds of replays of a short trace (a few thousand operations, under a millisecond
-/// each) land inside whatever else the machine does at the time: on the development machine the
-/// old median of three to seven replays in 30 ms, first included, read 86-143 ns per operation
-/// for `resnet_train` from one run of the command to the next. Its figures (bytes, calls) are
+/// 100 ms together; a single replay when one takes 100 ms or more (`first` when it did nothing
+/// but replay, else the next). The first replay in a process runs on cold caches and a fresh
+/// heap, and a few milliseconds of replays of a short trace land inside whatever else the
+/// machine does at the time (docs/policies.md, *Replay speed*). Its figures (bytes, calls) are
 /// the same every time.
 fn median_ns_per_event(t: &Trace, cfg: &Config, capacity: Option<u64>, first: Option<f64>) -> f64 {
     let opts = ReplayOptions {

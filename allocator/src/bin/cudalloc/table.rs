@@ -74,8 +74,8 @@ fn report_pinning(out: &mut impl Write, p: &PeakPinning) -> io::Result<()> {
         });
         writeln!(
             out,
-            "    {} free in a {} {} beside {} live block{} (the largest {}{made})",
-            bytes(u.free),
+            "    {} pinned in a {} {} beside {} block{} in use (the largest {}{made})",
+            bytes(u.pinned),
             bytes(u.size),
             if u.chunk { "chunk" } else { "segment" },
             u.holders,
