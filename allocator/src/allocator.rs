@@ -29,7 +29,7 @@ use crate::error::AllocError;
 use crate::live::{Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
 use crate::sizes::PoolKind;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{Stat, StatArray, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::{Cached, Caches, Totals};
@@ -370,6 +370,35 @@ impl<D: Device> CachingAllocator<D> {
             segments,
             stats: self.stats(),
         }
+    }
+
+    /// Where the reserved bytes of every shard are now ([`Excess`]). Blocks held in thread
+    /// caches count as live: the pools have handed them out.
+    pub fn excess(&self) -> Excess {
+        let mut total = Excess::default();
+        for s in self.shards.iter() {
+            let e = s.lock().excess();
+            total.reserved += e.reserved;
+            total.live += e.live;
+            total.rounding += e.rounding;
+            total.pending += e.pending;
+            total.releasable += e.releasable;
+            total.pinned += e.pinned;
+        }
+        total
+    }
+
+    /// The chunks and segments of every shard that pin free bytes, the most pinned first
+    /// ([`Pool::pinning`]): what to look at when [`CachingAllocator::excess`] shows many pinned
+    /// bytes.
+    pub fn pinning(&self) -> Vec<PinnedUnit> {
+        let mut units: Vec<PinnedUnit> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.lock().pinning())
+            .collect();
+        units.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.addr.cmp(&b.addr)));
+        units
     }
 
     /// Runs the full invariant scan of every shard, and checks the live table against them.

@@ -397,6 +397,44 @@ fn caches_of_exited_threads_are_adopted() {
     alloc.check_invariants().unwrap();
 }
 
+#[test]
+fn excess_and_pinning_add_up_over_the_shards() {
+    // Blocks on two streams (so in more than one shard's pools when there are several), some
+    // freed: the breakdown adds up to the reserved bytes and the pinned units hold exactly the
+    // pinned bytes, the most pinned first.
+    let (_sim, alloc) = default_alloc(4 * GIB);
+    let streams = [StreamId(0), StreamId(7)];
+    let blocks: Vec<Allocation> = (0..40u64)
+        .map(|i| {
+            let size = (1 + i % 7) * 3 * MIB + 512 * i;
+            alloc.allocate(size, streams[i as usize % 2]).unwrap()
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for (i, a) in blocks.into_iter().enumerate() {
+        if i % 3 == 0 {
+            kept.push(a);
+        } else {
+            alloc.free(a).unwrap();
+        }
+    }
+    let e = alloc.excess();
+    assert_eq!(
+        e.live + e.rounding + e.pending + e.releasable + e.pinned,
+        e.reserved,
+        "{e:?}"
+    );
+    assert_eq!(e.reserved, alloc.reserved_bytes());
+    let units = alloc.pinning();
+    assert!(e.pinned > 0, "{e:?}");
+    assert_eq!(units.iter().map(|u| u.pinned).sum::<u64>(), e.pinned);
+    assert!(units.windows(2).all(|w| w[0].pinned >= w[1].pinned));
+    for a in kept {
+        alloc.free(a).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+}
+
 fn default_alloc(capacity: u64) -> (Arc<SimDevice>, Alloc) {
     let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(capacity)));
     let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Default));
