@@ -155,7 +155,7 @@ struct State {
     segment_data: HashMap<u64, Sparse>,
     /// Live reservations: address -> size.
     reservations: BTreeMap<u64, u64>,
-    pages: HashMap<u64, Page>,
+    pages: BTreeMap<u64, Page>,
     /// Mapped pages: virtual address -> mapping.
     mappings: BTreeMap<u64, Mapping>,
     /// Events: handle -> (stream, target) of the last record, if any.
@@ -492,9 +492,10 @@ impl State {
 
     /// True if some mapping intersects `va..va + size`.
     fn any_mapped(&self, va: u64, size: u64) -> bool {
-        let before = self.mappings.range(..va).next_back();
-        before.is_some_and(|(&m, info)| m + info.size > va)
-            || self.mappings.range(va..va + size).next().is_some()
+        // Mappings do not overlap: the last one starting before the end is the only one that
+        // can reach into the range if any does.
+        let last = self.mappings.range(..va + size).next_back();
+        last.is_some_and(|(&m, info)| m + info.size > va)
     }
 
     /// The last record of `event` (`None` if never recorded), or an error if it is unknown.
