@@ -4,8 +4,8 @@
 //!
 //! Invariants: a unit is listed when it holds free bytes and is not itself wholly free (a chunk
 //! inside one free block, or a segment of one free block, can go back and is not pinned); the
-//! free bytes of the listed units add up to [`Excess::pinned`](crate::snapshot::Excess) at the
-//! same moment.
+//! pinned bytes of the listed units add up to [`Excess::pinned`](crate::snapshot::Excess) at the
+//! same moment (`Pool::check_invariants` checks it).
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
 use super::Pool;
