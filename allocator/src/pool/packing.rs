@@ -229,17 +229,19 @@ fn place_in_order(
 /// other input (shared ticks, allocations still live at `u32::MAX`) is sorted instead, frees
 /// before allocations on a shared tick.
 fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
+    const EMPTY: (bool, usize) = (false, usize::MAX);
     let ticks = 2 * lifetimes.len();
-    let mut at: Vec<Option<(bool, usize)>> = vec![None; ticks];
+    let mut at: Vec<(bool, usize)> = vec![EMPTY; ticks];
     for (i, t) in lifetimes.iter().enumerate() {
         for (tick, alloc) in [(t.start, true), (t.end, false)] {
             match at.get_mut(tick as usize) {
-                Some(slot @ None) => *slot = Some((alloc, i)),
+                Some(slot) if *slot == EMPTY => *slot = (alloc, i),
                 _ => return sorted_timeline(lifetimes),
             }
         }
     }
-    at.into_iter().flatten().collect()
+    // n lifetimes fill 2n distinct ticks below 2n: every one.
+    at
 }
 
 /// [`timeline`] by sorting.
@@ -256,16 +258,28 @@ fn sorted_timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
 /// among the smallest free blocks that fit, freed bytes merged with free neighbours).
 pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
-    best_fit(lifetimes, u64::MAX).expect("unbounded work").0
+    best_fit(lifetimes, u64::MAX)
+        .expect("unbounded work")
+        .extent
 }
 
-/// [`best_fit_extent`], and the steps it took (free ranges looked at); `None` once the steps
-/// pass `max_work`.
-pub(crate) fn best_fit(lifetimes: &[Lifetime], max_work: u64) -> Option<(u64, u64)> {
+/// What [`best_fit`] found.
+pub(crate) struct BestFit {
+    /// Bytes best fit spans.
+    pub extent: u64,
+    /// The most bytes live at once ([`live_peak`]), found on the way.
+    pub live_peak: u64,
+    /// Steps taken (free ranges looked at).
+    pub work: u64,
+}
+
+/// [`best_fit_extent`], the live peak and the steps it took; `None` once the steps pass
+/// `max_work`.
+pub(crate) fn best_fit(lifetimes: &[Lifetime], max_work: u64) -> Option<BestFit> {
     let mut free = FreeRanges::default();
     let mut work = 0;
     let mut at = vec![0u64; lifetimes.len()];
-    let mut extent = 0;
+    let (mut extent, mut live, mut live_peak) = (0, 0, 0);
     for (alloc, i) in timeline(lifetimes) {
         let size = lifetimes[i].size;
         work += 1 + free.by_addr.len() as u64;
@@ -275,11 +289,18 @@ pub(crate) fn best_fit(lifetimes: &[Lifetime], max_work: u64) -> Option<(u64, u6
         if alloc {
             at[i] = free.take(size);
             extent = extent.max(at[i] + size);
+            live += size;
+            live_peak = live_peak.max(live);
         } else {
             free.give(at[i], size);
+            live -= size;
         }
     }
-    Some((extent, work))
+    Some(BestFit {
+        extent,
+        live_peak,
+        work,
+    })
 }
 
 /// The free ranges of [`best_fit_extent`]'s model, below `top` by address; all from `top` up is

@@ -571,14 +571,15 @@ impl<D: Device> Pool<D> {
         self.plans.evaluated += 1;
         // No packing spans less than the most bytes live at once: skip it when even that would
         // not gain enough over best fit.
-        let Some((extent, mut work)) = best_fit(&closed, MAX_EVALUATION_WORK) else {
+        let Some(fit) = best_fit(&closed, MAX_EVALUATION_WORK) else {
             // Too long to evaluate now: the plan stands.
             self.plans.debt += MAX_EVALUATION_WORK;
             return;
         };
-        let bound = (PLAN_GAIN * extent as f64) as u64;
+        let mut work = fit.work;
+        let bound = (PLAN_GAIN * fit.extent as f64) as u64;
         self.plans.plan = None;
-        if live_peak(&closed) <= bound {
+        if fit.live_peak <= bound {
             let left = MAX_EVALUATION_WORK.saturating_sub(work);
             let (plan, steps) = pack_within(&closed, bound, left);
             work += steps;
