@@ -203,6 +203,10 @@ fn map_rejects_every_broken_precondition() {
     assert!(is_invalid(dev.map(va, G, q)), "range already mapped");
     dev.map(va + 2 * G, 2 * G, big).unwrap();
     assert!(is_invalid(dev.map(va + G, 2 * G, q)), "overlaps a mapping");
+    assert!(
+        is_invalid(dev.map(va + 3 * G, G, q)),
+        "inside a mapping that starts before it"
+    );
     assert!(is_invalid(dev.map(other, G, p)), "page mapped twice");
     assert_eq!(dev.mapped_bytes(), 3 * G);
     dev.check_invariants();

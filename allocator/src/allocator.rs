@@ -377,13 +377,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn excess(&self) -> Excess {
         let mut total = Excess::default();
         for s in self.shards.iter() {
-            let e = s.lock().excess();
-            total.reserved += e.reserved;
-            total.live += e.live;
-            total.rounding += e.rounding;
-            total.pending += e.pending;
-            total.releasable += e.releasable;
-            total.pinned += e.pinned;
+            total += s.lock().excess();
         }
         total
     }
@@ -397,7 +391,7 @@ impl<D: Device> CachingAllocator<D> {
             .iter()
             .flat_map(|s| s.lock().pinning())
             .collect();
-        units.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.addr.cmp(&b.addr)));
+        PinnedUnit::sort_most_pinned(&mut units);
         units
     }
 

@@ -133,6 +133,25 @@ pub struct PinnedUnit {
     pub largest: (u64, u64),
 }
 
+impl std::ops::AddAssign for Excess {
+    /// Adds another pool's breakdown (a `CachingAllocator`'s shards).
+    fn add_assign(&mut self, o: Excess) {
+        self.reserved += o.reserved;
+        self.live += o.live;
+        self.rounding += o.rounding;
+        self.pending += o.pending;
+        self.releasable += o.releasable;
+        self.pinned += o.pinned;
+    }
+}
+
+impl PinnedUnit {
+    /// Orders units the most pinned first, the lowest address among equals.
+    pub fn sort_most_pinned(units: &mut [PinnedUnit]) {
+        units.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.addr.cmp(&b.addr)));
+    }
+}
+
 impl Snapshot {
     /// Recomputes the `current` value of every per-pool statistic from the blocks; returns
     /// (allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes,

@@ -27,9 +27,13 @@ def vit_train():
     import torchvision
     torch.manual_seed(0)
     m = torchvision.models.vit_b_16(weights=None).cuda()
+    _classify_steps(m, [(bs, 224) for bs in [32, 48, 16, 40]])
+
+def _classify_steps(m, shapes):
+    """AdamW steps of a 1,000-class image classifier under bf16 autocast, one per (batch, side)."""
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    for bs in [32, 48, 16, 40]:
-        x = torch.randn(bs, 3, 224, 224, device="cuda")
+    for bs, r in shapes:
+        x = torch.randn(bs, 3, r, r, device="cuda")
         y = torch.randint(0, 1000, (bs,), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(m(x), y)
@@ -168,15 +172,7 @@ def convnext_train_dynamic():
     import torchvision
     torch.manual_seed(11); random.seed(11)
     m = torchvision.models.convnext_tiny(weights=None).cuda()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    for _ in range(8):
-        bs = random.randint(8, 48); r = 32 * random.randint(5, 8)
-        x = torch.randn(bs, 3, r, r, device="cuda")
-        y = torch.randint(0, 1000, (bs,), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(m(x), y)
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    _classify_steps(m, [(random.randint(8, 48), 32 * random.randint(5, 8)) for _ in range(8)])
 
 def deeplab_infer_dynamic():
     import torchvision

@@ -26,7 +26,7 @@ impl<D: Device> Pool<D> {
                 self.pinned_in_chunks(id, &mut units);
             }
         }
-        units.sort_by(|a, b| b.pinned.cmp(&a.pinned).then(a.addr.cmp(&b.addr)));
+        PinnedUnit::sort_most_pinned(&mut units);
         units
     }
 

@@ -6,10 +6,10 @@ use serde_json::{json, Value};
 use std::io::{self, Write};
 
 /// The object of one replay, with exactly the documented keys (`peak_breakdown` only with
-/// `--breakdown`, once an operation has completed; in it, `pinned_units` and `pinned_by`:
-/// how many chunks or segments held pinned bytes, and the five that held the most). `events` and `ns_per_event` count replayed
-/// operations (`alloc` and `free_completed`), as the table's `ops` and `ns/op` do; the keys keep
-/// their first names so that scripts reading them keep working.
+/// `--breakdown`, once an operation has completed; in it, `pinned_units` and `pinned_by`: how
+/// many chunks or segments held pinned bytes, and the five that held the most). `events` and
+/// `ns_per_event` count replayed operations (`alloc` and `free_completed`), as the table's `ops`
+/// and `ns/op` do; the keys keep their first names so that scripts reading them keep working.
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
