@@ -150,7 +150,13 @@ fn human_output_has_a_table_and_a_summary() {
         "{out}"
     );
     assert!(out.contains("2.067"), "{out}");
-    assert!(out.contains("geometric mean"), "{out}");
+    assert!(out.contains("summary over 1 trace(s)"), "{out}");
+    assert!(out.contains("reserved/live: geo. mean"), "{out}");
+    assert!(
+        out.contains("within calls") && out.contains("within 1.05"),
+        "{out}"
+    );
+    assert!(out.contains("2.067 (bert_dynamic.trace.csv)"), "{out}");
 }
 
 #[test]

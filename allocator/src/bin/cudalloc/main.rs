@@ -16,6 +16,7 @@ mod plot;
 mod progress;
 mod replay_cmd;
 mod stats_cmd;
+mod summary;
 mod table;
 
 use args::{Cli, Command};

@@ -3,7 +3,7 @@
 
 use crate::args::{ReplayArgs, Variant};
 use crate::progress::{Progress, LONG_OPS};
-use crate::{bundled, json, plot, table, CliError};
+use crate::{bundled, json, plot, summary, table, CliError};
 use cudalloc::bound::{map_floor, PAGE};
 use cudalloc::replay::{min_capacity, replay, ReplayOptions, ReplayResult};
 use cudalloc::trace::{self, Anomalies, Trace};
@@ -89,8 +89,8 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         reports.push(report);
     }
     progress.finish();
-    if !args.json && variants.len() > 1 {
-        table::write_summary(&mut out, &reports)?;
+    if !args.json && (variants.len() > 1 || reports.len() > 1) {
+        summary::write(&mut out, &reports)?;
     }
     out.flush()?;
     if let Some(path) = &args.plot {

@@ -1,5 +1,5 @@
 //! Human-readable output of `cudalloc replay`: a header line and a table per trace, the
-//! failures of capped replays, and the geometric-mean summary across traces.
+//! failures of capped replays (the summary across traces is `summary`).
 
 use crate::replay_cmd::{Report, Run};
 use cudalloc::fmt::bytes;
@@ -152,46 +152,8 @@ pub fn report_failures(out: &mut impl Write, r: &Report) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes, per configuration, the geometric mean of reserved/live over the traces where its
-/// replay completed.
-pub fn write_summary(out: &mut impl Write, reports: &[Report]) -> io::Result<()> {
-    let Some(first) = reports.first() else {
-        return Ok(());
-    };
-    writeln!(
-        out,
-        "geometric mean of peak reserved / peak live over {} trace(s):",
-        reports.len()
-    )?;
-    let width = first.runs.iter().map(|r| r.label.len()).max().unwrap_or(0);
-    for (i, run) in first.runs.iter().enumerate() {
-        let ratios: Vec<f64> = reports
-            .iter()
-            .filter_map(|r| r.runs.get(i).map(|run| (run, r.peak_live)))
-            .filter(|(run, _)| run.result.failure.is_none())
-            .filter_map(|(run, live)| ratio(run.result.peak_reserved_bytes, live))
-            .collect();
-        let mean = geometric_mean(&ratios).map_or("-".into(), |g| format!("{g:.3}"));
-        let note = if ratios.len() == reports.len() {
-            String::new()
-        } else {
-            format!("  ({} of {} traces)", ratios.len(), reports.len())
-        };
-        writeln!(out, "  {:<width$}  {mean}{note}", run.label)?;
-    }
-    Ok(())
-}
-
-fn geometric_mean(xs: &[f64]) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    let log_sum: f64 = xs.iter().map(|x| x.ln()).sum();
-    Some((log_sum / xs.len() as f64).exp())
-}
-
 /// Writes a table: the first column left-aligned, the others right-aligned.
-fn write_table(out: &mut impl Write, headers: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+pub fn write_table(out: &mut impl Write, headers: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -234,7 +196,7 @@ pub fn thousands(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{geometric_mean, thousands};
+    use super::thousands;
 
     #[test]
     fn thousands_separators() {
@@ -242,12 +204,5 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
         assert_eq!(thousands(1234567), "1,234,567");
-    }
-
-    #[test]
-    fn geometric_mean_of_ratios() {
-        assert_eq!(geometric_mean(&[]), None);
-        let g = geometric_mean(&[1.0, 4.0]).unwrap();
-        assert!((g - 2.0).abs() < 1e-12);
     }
 }
