@@ -370,3 +370,21 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
         "{text}"
     );
 }
+
+/// `--cuda` replays through the driver when there is a GPU; without one, each replay fails
+/// with the driver's error, the exit status is 1 and no figure is made up for it.
+#[test]
+fn cuda_replay_without_a_device_says_so_and_shows_no_ratio() {
+    let o = cudalloc(&["replay", "--cuda", "--policy", "default", &bert()]);
+    let out = stdout(&o);
+    match o.status.code() {
+        Some(0) => assert!(out.contains("29,722"), "{out}"),
+        Some(1) => {
+            assert!(out.contains("failed at op 0"), "{out}");
+            assert!(out.contains("device error"), "{out}");
+            let row = out.lines().find(|l| l.starts_with("default")).unwrap();
+            assert!(!row.contains("0.000"), "{row}");
+        }
+        c => panic!("exit status {c:?}: {}", stderr(&o)),
+    }
+}

@@ -122,7 +122,9 @@ fn row(run: &Run, peak_live: u64) -> Vec<String> {
         bytes(r.peak_live_bytes),
         bytes(r.peak_allocated_bytes),
         bytes(r.peak_reserved_bytes),
-        ratio(r.peak_reserved_bytes, peak_live).map_or("-".into(), |x| format!("{x:.3}")),
+        ratio(r.peak_reserved_bytes, peak_live)
+            .filter(|_| r.events > 0)
+            .map_or("-".into(), |x| format!("{x:.3}")),
         run.min_capacity.map_or("-".into(), bytes),
         thousands(r.device_mallocs),
         thousands(r.device_frees),
