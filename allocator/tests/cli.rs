@@ -388,3 +388,25 @@ fn cuda_replay_without_a_device_says_so_and_shows_no_ratio() {
         c => panic!("exit status {c:?}: {}", stderr(&o)),
     }
 }
+
+/// `--sweep` adds one configuration per value after the default policy, labelled by a config
+/// string that `--config` accepts.
+#[test]
+fn a_sweep_replays_the_default_and_each_value() {
+    let o = cudalloc(&["replay", "--json", "--sweep", "max_chunk_mb=16", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let labels: Vec<&str> = lines
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["default", "policy:default,max_chunk_mb:16"]);
+    let maps = |v: &serde_json::Value| v["device_maps"].as_u64().unwrap();
+    assert!(
+        maps(&lines[1]) > maps(&lines[0]),
+        "smaller chunks, more maps"
+    );
+    let bad = cudalloc(&["replay", "--sweep", "max_chunk_mbs=16", &bert()]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("max_chunk_mbs"), "{}", stderr(&bad));
+}

@@ -43,6 +43,13 @@ pub struct ReplayArgs {
     #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
     pub configs: Vec<Variant>,
 
+    /// Add, after each policy or configuration (the `default` policy when none is given), one
+    /// configuration per value of a key, that key alone changed: `max_chunk_mb=16,40,64` adds
+    /// `...,max_chunk_mb:16` and so on (repeatable; each key is swept on its own, not crossed
+    /// with the others). One point of the memory / driver-call frontier per value.
+    #[arg(long = "sweep", value_name = "KEY=V1,V2,...", value_parser = parse_sweep)]
+    pub sweeps: Vec<Sweep>,
+
     /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
     /// where a replay fails.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
@@ -80,12 +87,49 @@ pub struct ReplayArgs {
 
 impl ReplayArgs {
     /// The configurations to compare, in order: the policies, then the config strings.
+    /// With `--sweep`, each of them is followed by its swept configurations.
     pub fn variants(&self) -> Vec<Variant> {
-        if self.policies.is_empty() && self.configs.is_empty() {
-            return Policy::ALL.into_iter().map(Variant::policy).collect();
-        }
-        let policies = self.policies.iter().copied().map(Variant::policy);
-        policies.chain(self.configs.iter().cloned()).collect()
+        let bases: Vec<Variant> = if !self.policies.is_empty() || !self.configs.is_empty() {
+            let policies = self.policies.iter().copied().map(Variant::policy);
+            policies.chain(self.configs.iter().cloned()).collect()
+        } else if self.sweeps.is_empty() {
+            Policy::ALL.into_iter().map(Variant::policy).collect()
+        } else {
+            vec![Variant::policy(Policy::Default)]
+        };
+        bases
+            .into_iter()
+            .flat_map(|base| {
+                let swept: Vec<Variant> = self.sweeps.iter().flat_map(|s| s.apply(&base)).collect();
+                std::iter::once(base).chain(swept)
+            })
+            .collect()
+    }
+}
+
+/// One key and the values `--sweep` replays it at.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    key: String,
+    values: Vec<String>,
+}
+
+impl Sweep {
+    /// `base` with the key set to each value in turn, labelled by a config string that gives
+    /// the same configuration.
+    fn apply(&self, base: &Variant) -> Vec<Variant> {
+        self.values
+            .iter()
+            .map(|v| {
+                let entry = format!("{}:{v}", self.key);
+                let cfg = Config::parse_onto(base.cfg.clone(), &entry)
+                    .expect("each value was checked when the option was read");
+                Variant {
+                    label: format!("{},{entry}", base.config_string()),
+                    cfg,
+                }
+            })
+            .collect()
     }
 }
 
@@ -131,10 +175,48 @@ impl Variant {
             cfg: Config::for_policy(p),
         }
     }
+
+    /// A config string for this configuration: the label, or `policy:NAME` for a policy.
+    fn config_string(&self) -> String {
+        match Policy::parse(&self.label) {
+            Ok(p) => format!("policy:{}", p.name()),
+            Err(_) => self.label.clone(),
+        }
+    }
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
     Policy::parse(s).map_err(|e| e.message)
+}
+
+/// `KEY=V1,V2,...`; the values are split at commas outside brackets (a value may be a list,
+/// as `roundup_power2_divisions`' is), and each must be a valid value of the key.
+fn parse_sweep(s: &str) -> Result<Sweep, String> {
+    let (key, list) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: expected KEY=V1,V2,... (e.g. max_chunk_mb=16,40,64)"))?;
+    let key = key.trim().to_string();
+    let mut values = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' | '(' => depth += 1,
+            ']' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                values.push(list[start..i].trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    values.push(list[start..].trim().to_string());
+    if values.iter().any(String::is_empty) {
+        return Err(format!("`{s}`: an empty value for `{key}`"));
+    }
+    for v in &values {
+        Config::parse(&format!("{key}:{v}")).map_err(|e| e.to_string())?;
+    }
+    Ok(Sweep { key, values })
 }
 
 fn parse_variant(s: &str) -> Result<Variant, String> {
@@ -189,7 +271,87 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_sweep, Cli, Command, ReplayArgs};
+    use clap::Parser;
+
+    fn replay_args(args: &[&str]) -> ReplayArgs {
+        let argv = ["cudalloc", "replay"].iter().chain(args);
+        match Cli::try_parse_from(argv).expect("valid arguments").command {
+            Command::Replay(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn labels(args: &[&str]) -> Vec<String> {
+        replay_args(args)
+            .variants()
+            .into_iter()
+            .map(|v| v.label)
+            .collect()
+    }
+
+    #[test]
+    fn a_sweep_follows_each_base_with_one_key_changed_at_a_time() {
+        assert_eq!(
+            labels(&[
+                "--sweep",
+                "max_chunk_mb=16,64",
+                "--sweep",
+                "fragmentation_budget=0.05"
+            ]),
+            [
+                "default",
+                "policy:default,max_chunk_mb:16",
+                "policy:default,max_chunk_mb:64",
+                "policy:default,fragmentation_budget:0.05",
+            ]
+        );
+        let args = replay_args(&[
+            "--policy",
+            "torch",
+            "--config",
+            "policy:default,max_chunk_mb:8",
+            "--sweep",
+            "max_split_size_mb=128",
+        ]);
+        let v = args.variants();
+        let got: Vec<&str> = v.iter().map(|v| v.label.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "torch",
+                "policy:torch,max_split_size_mb:128",
+                "policy:default,max_chunk_mb:8",
+                "policy:default,max_chunk_mb:8,max_split_size_mb:128",
+            ]
+        );
+        assert_eq!(v[1].cfg.max_split_size, 128 << 20);
+        assert_eq!(v[3].cfg.max_chunk, 8 << 20, "the base's keys are kept");
+        assert_eq!(v[3].cfg.max_split_size, 128 << 20);
+        assert_eq!(
+            v[0].cfg.max_split_size,
+            u64::MAX,
+            "the base itself is unchanged"
+        );
+    }
+
+    #[test]
+    fn a_sweep_splits_values_outside_brackets_and_names_what_is_wrong() {
+        let s = parse_sweep("roundup_power2_divisions=[256:1,>:2],4").unwrap();
+        assert_eq!(s.values, ["[256:1,>:2]", "4"]);
+        assert!(parse_sweep("max_chunk_mb")
+            .unwrap_err()
+            .contains("KEY=V1,V2"));
+        assert!(parse_sweep("max_chunk_mb=16,,64")
+            .unwrap_err()
+            .contains("empty"));
+        assert!(parse_sweep("max_chunk_mbs=16")
+            .unwrap_err()
+            .contains("max_chunk_mbs"));
+        assert!(parse_sweep("max_chunk_mb=lots")
+            .unwrap_err()
+            .contains("max_chunk_mb"));
+    }
 
     #[test]
     fn bytes_with_units() {
