@@ -10,6 +10,7 @@
 //! units that pin the most bytes then are kept ([`PeakPinning`]), each with the operation that
 //! allocated its largest block in use.
 
+use crate::bound::PAGE;
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::pool::{Allocation, Pool};
@@ -300,44 +301,49 @@ fn sample<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
     }
 }
 
-/// The smallest cap under which the replay completes, found by bisection to within
-/// max(2 MiB, 0.2% of peak live bytes). `upper` must be a cap that completes (the peak reserved
-/// bytes of an uncapped replay). `progress` is told each probe.
+/// The smallest cap under which the replay completes, in whole pages of the simulated device
+/// (2 MiB, the unit in which every policy reserves there): found by bisection between the
+/// peak live bytes (a cap below them cannot complete) and `upper`, which must be a cap that
+/// completes (the peak reserved bytes of an uncapped replay). `progress` is told each probe.
 pub fn min_capacity(
     trace: &Trace,
     cfg: &Config,
     upper: u64,
     mut progress: impl FnMut(u64, bool),
 ) -> u64 {
-    let tolerance = (2u64 << 20).max(trace.peak_live / 500);
-    let completes = |cap: u64| {
+    let completes = |pages: u64| {
         let r = replay(
             trace,
             cfg,
             &ReplayOptions {
-                capacity: Some(cap),
+                capacity: Some(pages.saturating_mul(PAGE)),
                 ..ReplayOptions::default()
             },
         );
         r.failure.is_none()
     };
-    let mut hi = upper;
+    let mut hi = upper.div_ceil(PAGE);
+    if hi == 0 {
+        // Nothing was ever reserved: no cap is too small.
+        return 0;
+    }
     if !completes(hi) {
         // The uncapped run's peak should always complete; search upward if it does not.
         while !completes(hi) {
             hi = hi.saturating_mul(2);
         }
     }
-    let mut lo = trace.peak_live.saturating_sub(1);
-    while hi - lo > tolerance {
+    // The most pages that cannot hold the live peak.
+    let mut lo = trace.peak_live.div_ceil(PAGE).saturating_sub(1).min(hi - 1);
+    while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         let ok = completes(mid);
-        progress(mid, ok);
+        progress(mid * PAGE, ok);
         if ok {
             hi = mid;
         } else {
             lo = mid;
         }
     }
-    hi
+    hi * PAGE
 }

@@ -5,7 +5,7 @@
 //! `docs/policies.md` together with this list.
 
 use cudalloc::bound::{map_floor, PAGE};
-use cudalloc::replay::{replay, ReplayOptions, PINNING_SHOWN};
+use cudalloc::replay::{min_capacity, replay, ReplayOptions, PINNING_SHOWN};
 use cudalloc::{Config, Policy};
 use std::path::PathBuf;
 
@@ -170,5 +170,34 @@ fn map_floors_of_the_bundled_traces_are_the_documented_ones() {
         let trace = cudalloc::trace::read(&trace_path(name)).expect("bundled trace reads");
         let got = (map_floor(&trace, 0.02, PAGE), map_floor(&trace, 0.05, PAGE));
         assert_eq!(got, (at2, at5), "{name}");
+    }
+}
+
+/// `min_capacity` is exact in whole pages: a cap of its answer completes, one page less does
+/// not, and the answer lies between the peak live bytes and the uncapped peak reserved bytes.
+#[test]
+fn min_capacity_is_the_smallest_completing_cap_in_pages() {
+    let capped = |trace: &cudalloc::trace::Trace, cfg: &Config, cap: u64| {
+        let opts = ReplayOptions {
+            capacity: Some(cap),
+            ..ReplayOptions::default()
+        };
+        replay(trace, cfg, &opts).failure.is_none()
+    };
+    for name in ["bert_dynamic", "resnet_train"] {
+        let trace = cudalloc::trace::read(&trace_path(name)).expect("bundled trace reads");
+        for policy in [Policy::Default, Policy::TorchExpandable] {
+            let cfg = Config::for_policy(policy);
+            let upper = replay(&trace, &cfg, &ReplayOptions::default()).peak_reserved_bytes;
+            let min = min_capacity(&trace, &cfg, upper, |_, _| {});
+            let what = format!("{name} / {}: {min}", policy.name());
+            assert_eq!(min % PAGE, 0, "{what}");
+            assert!(min >= trace.peak_live && min <= upper, "{what} vs {upper}");
+            assert!(capped(&trace, &cfg, min), "{what} does not complete");
+            assert!(
+                !capped(&trace, &cfg, min - PAGE),
+                "{what}: a page less completes"
+            );
+        }
     }
 }

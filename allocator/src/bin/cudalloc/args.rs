@@ -55,7 +55,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 
-    /// Also find, by bisection, the smallest cap each replay completes under.
+    /// Also find, by bisection, the smallest cap each replay completes under (in whole 2 MiB
+    /// pages of the simulated device).
     #[arg(long)]
     pub min_capacity: bool,
 

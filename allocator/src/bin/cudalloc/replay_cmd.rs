@@ -275,16 +275,11 @@ fn find_min_capacity(
     Some(min_capacity(t, &v.cfg, upper, |_, _| progress.step()))
 }
 
-/// How many probes `min_capacity` makes between the peak live bytes and `upper`.
+/// How many probes `min_capacity` makes between the peak live bytes and `upper` (a bisection
+/// over whole pages).
 fn expected_probes(peak_live: u64, upper: u64) -> u64 {
-    let tolerance = (2u64 << 20).max(peak_live / 500);
-    let mut gap = upper.saturating_sub(peak_live.saturating_sub(1));
-    let mut probes = 0;
-    while gap > tolerance {
-        gap -= gap / 2;
-        probes += 1;
-    }
-    probes
+    let pages = upper.div_ceil(PAGE) + 1 - peak_live.div_ceil(PAGE).min(upper.div_ceil(PAGE));
+    u64::from(64 - pages.saturating_sub(1).leading_zeros())
 }
 
 #[cfg(test)]
