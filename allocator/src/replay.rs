@@ -301,10 +301,13 @@ fn sample<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
     }
 }
 
-/// The smallest cap under which the replay completes, in whole pages of the simulated device
-/// (2 MiB, the unit in which every policy reserves there): found by bisection between the
-/// peak live bytes (a cap below them cannot complete) and `upper`, which must be a cap that
-/// completes (the peak reserved bytes of an uncapped replay). `progress` is told each probe.
+/// A cap under which the replay completes while one page less does not, in whole pages of the
+/// simulated device (2 MiB, the unit every policy reserves in there), found by bisection
+/// between the peak live bytes (a cap below them cannot complete) and `upper`, which must be a
+/// cap that completes (the peak reserved bytes of an uncapped replay). A capped replay is not
+/// monotone in its cap (`llama_generate` under `torch` completes at 1,086 pages, fails at 1,087
+/// to 1,090 and completes at 1,091, which is the answer), so a smaller cap may complete too; the
+/// answer always completes. `progress` is told each probe.
 pub fn min_capacity(
     trace: &Trace,
     cfg: &Config,

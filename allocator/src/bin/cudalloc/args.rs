@@ -123,11 +123,15 @@ impl Sweep {
             .iter()
             .map(|v| {
                 let entry = format!("{}:{v}", self.key);
+                // Each value was parsed alone when the option was read, and a key's value
+                // does not depend on the others.
                 let cfg = Config::parse_onto(base.cfg.clone(), &entry)
                     .expect("each value was checked when the option was read");
+                let config = format!("{},{entry}", base.config);
                 Variant {
-                    label: format!("{},{entry}", base.config_string()),
+                    label: config.clone(),
                     cfg,
+                    config,
                 }
             })
             .collect()
@@ -166,6 +170,8 @@ pub struct Variant {
     pub label: String,
     /// The configuration.
     pub cfg: Config,
+    /// A config string that gives `cfg` (`policy:NAME` for a policy), which `--sweep` extends.
+    config: String,
 }
 
 impl Variant {
@@ -174,14 +180,7 @@ impl Variant {
         Variant {
             label: p.name().to_string(),
             cfg: Config::for_policy(p),
-        }
-    }
-
-    /// A config string for this configuration: the label, or `policy:NAME` for a policy.
-    fn config_string(&self) -> String {
-        match Policy::parse(&self.label) {
-            Ok(p) => format!("policy:{}", p.name()),
-            Err(_) => self.label.clone(),
+            config: format!("policy:{}", p.name()),
         }
     }
 }
@@ -197,12 +196,15 @@ fn parse_sweep(s: &str) -> Result<Sweep, String> {
         .split_once('=')
         .ok_or_else(|| format!("`{s}`: expected KEY=V1,V2,... (e.g. max_chunk_mb=16,40,64)"))?;
     let key = key.trim().to_string();
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(format!("`{s}`: `{key}` is not one config key"));
+    }
     let mut values = Vec::new();
     let (mut depth, mut start) = (0i32, 0);
     for (i, c) in list.char_indices() {
         match c {
-            '[' | '(' => depth += 1,
-            ']' | ')' => depth -= 1,
+            '[' => depth += 1,
+            ']' => depth -= 1,
             ',' if depth == 0 => {
                 values.push(list[start..i].trim().to_string());
                 start = i + 1;
@@ -225,6 +227,8 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
     Ok(Variant {
         label: s.to_string(),
         cfg,
+        // A trailing comma is accepted alone, not before another entry.
+        config: s.trim().trim_end_matches(',').trim_end().to_string(),
     })
 }
 
@@ -274,6 +278,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 mod tests {
     use super::{parse_bytes, parse_sweep, Cli, Command, ReplayArgs};
     use clap::Parser;
+    use cudalloc::Config;
 
     fn replay_args(args: &[&str]) -> ReplayArgs {
         let argv = ["cudalloc", "replay"].iter().chain(args);
@@ -352,6 +357,28 @@ mod tests {
         assert!(parse_sweep("max_chunk_mb=lots")
             .unwrap_err()
             .contains("max_chunk_mb"));
+        let two = parse_sweep("layout_plans:false,max_chunk_mb=16").unwrap_err();
+        assert!(two.contains("not one config key"), "{two}");
+    }
+
+    /// Every swept label is a config string that gives the swept configuration, a base written
+    /// with a trailing comma included.
+    #[test]
+    fn a_swept_label_is_a_config_string_for_its_configuration() {
+        let args = replay_args(&[
+            "--policy",
+            "torch-expandable",
+            "--config",
+            "policy:default, ",
+            "--sweep",
+            "max_split_size_mb=64,256",
+            "--sweep",
+            "roundup_power2_divisions=[256:1,>:2]",
+        ]);
+        for v in args.variants().into_iter().skip(1) {
+            let parsed = Config::parse(&v.label).map_err(|e| format!("{}: {e}", v.label));
+            assert_eq!(parsed.as_ref(), Ok(&v.cfg), "{}", v.label);
+        }
     }
 
     #[test]

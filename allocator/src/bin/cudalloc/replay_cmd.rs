@@ -271,15 +271,30 @@ fn find_min_capacity(
     }
     let upper = upper_run.peak_reserved_bytes;
     progress.message(format!("{} / {}: min capacity", t.name, v.label));
-    progress.add(expected_probes(t.peak_live, upper));
-    Some(min_capacity(t, &v.cfg, upper, |_, _| progress.step()))
+    let most = most_probes(t.peak_live, upper);
+    progress.add(most);
+    let made = std::cell::Cell::new(0u64);
+    let cap = min_capacity(t, &v.cfg, upper, |_, _| {
+        made.set(made.get() + 1);
+        progress.step();
+    });
+    // The bisection may stop a probe early: the bar still ends full.
+    for _ in made.get()..most {
+        progress.step();
+    }
+    Some(cap)
 }
 
-/// How many probes `min_capacity` makes between the peak live bytes and `upper` (a bisection
-/// over whole pages).
-fn expected_probes(peak_live: u64, upper: u64) -> u64 {
-    let pages = upper.div_ceil(PAGE) + 1 - peak_live.div_ceil(PAGE).min(upper.div_ceil(PAGE));
-    u64::from(64 - pages.saturating_sub(1).leading_zeros())
+/// The most probes `min_capacity` makes between the peak live bytes and `upper`: a bisection
+/// over the pages from the most that cannot hold the live peak to the fewest that hold `upper`.
+fn most_probes(peak_live: u64, upper: u64) -> u64 {
+    let hi = upper.div_ceil(PAGE);
+    let lo = peak_live
+        .div_ceil(PAGE)
+        .saturating_sub(1)
+        .min(hi.saturating_sub(1));
+    let gap = hi - lo;
+    u64::from(64 - gap.saturating_sub(1).leading_zeros())
 }
 
 #[cfg(test)]
@@ -306,6 +321,33 @@ mod tests {
             },
         );
         (median, runs.get())
+    }
+
+    /// `most_probes` bounds the probes of a bisection over pages, whatever the outcomes, and
+    /// some outcome reaches it.
+    #[test]
+    fn most_probes_bounds_the_bisection() {
+        for (live_pages, hi) in [(0u64, 0u64), (0, 1), (1, 1), (3, 4), (10, 17), (100, 164)] {
+            let lo = live_pages.saturating_sub(1).min(hi.saturating_sub(1));
+            let most = most_probes(live_pages * PAGE, hi * PAGE);
+            let mut seen = 0;
+            // Every answer the bisection could reach: the probes it takes to find it.
+            for answer in lo + 1..=hi.max(lo + 1) {
+                let (mut a, mut b, mut probes) = (lo, hi, 0);
+                while b - a > 1 {
+                    let mid = a + (b - a) / 2;
+                    probes += 1;
+                    if mid >= answer {
+                        b = mid;
+                    } else {
+                        a = mid;
+                    }
+                }
+                assert!(probes <= most, "{live_pages}/{hi}: {probes} > {most}");
+                seen = seen.max(probes);
+            }
+            assert_eq!(seen, most, "{live_pages}/{hi}");
+        }
     }
 
     #[test]

@@ -1,16 +1,17 @@
-//! The last table of `cudalloc replay`: each configuration over all the traces replayed, as one
-//! point of the memory / driver-call frontier.
+//! The last table of `cudalloc replay`: each policy (a name or a config string) over all the
+//! traces replayed, as one point of the memory / driver-call frontier.
 //!
-//! Per configuration: the geometric mean and the worst of peak reserved / peak live, the
-//! geometric mean of min capacity / peak live (with `--min-capacity`), the driver calls of all
-//! the traces together (mallocs, frees, maps and unmaps, each call counted), and on how many
-//! traces the calls stay within 3 x the trace's `segment_alloc` events (PyTorch's `cudaMalloc`
-//! calls in the recorded job), the reserved bytes within 1.05 x the peak live bytes (issue 9's
-//! budgets), and both. Invariants: a replay that stopped at a failed allocation counts in none of the
-//! figures (the counts say of how many traces); a trace without `segment_alloc` events (an RMM
-//! log, a snapshot without them) has no call budget and is left out of that count.
+//! Per policy: the geometric mean and the worst of peak reserved / peak live, the geometric
+//! mean of min capacity / peak live (with `--min-capacity`), the driver calls of all the traces
+//! together (mallocs, frees, maps and unmaps, each call counted), and on how many traces the
+//! calls stay within 3 x the trace's `segment_alloc` events (PyTorch's `cudaMalloc` calls in the
+//! recorded job), the reserved bytes within 1.05 x the peak live bytes (issue 9's budgets), and
+//! both. Invariants: a replay that stopped at a failed allocation counts in none of the figures
+//! (the counts say of how many traces); a trace with no live bytes has no ratio and counts in
+//! none of the ratio figures; a trace without `segment_alloc` events (an RMM log, a snapshot
+//! without them) has no call budget and counts in neither the calls nor the "both" count.
 
-use crate::replay_cmd::{Report, Run};
+use crate::replay_cmd::Report;
 use crate::table::{ratio, thousands, write_table};
 use std::io::{self, Write};
 
@@ -20,38 +21,29 @@ pub const CALLS_PER_SEGMENT_ALLOC: u64 = 3;
 /// The largest peak reserved / peak live counted as within budget.
 pub const RESERVED_PER_LIVE: f64 = 1.05;
 
-const HEADERS: [&str; 9] = [
-    "configuration",
-    "traces",
-    "reserved/live: geo. mean",
-    "worst",
-    "min capacity/live: geo. mean",
-    "driver calls",
-    "within calls",
-    "within 1.05",
-    "both",
-];
-
 /// One configuration's figures over the traces.
 #[derive(Debug, Default, PartialEq)]
 pub struct Point {
     /// Traces whose replay completed, of all.
     pub completed: usize,
     pub traces: usize,
-    /// Geometric mean of peak reserved / peak live over the completed replays.
+    /// Geometric mean of peak reserved / peak live over the completed replays of traces with
+    /// live bytes (`measured` of them).
     pub reserved_per_live: Option<f64>,
+    pub measured: usize,
     /// The largest peak reserved / peak live, and its trace.
     pub worst: Option<(f64, String)>,
-    /// Geometric mean of min capacity / peak live, when every completed replay has one.
+    /// Geometric mean of min capacity / peak live over the `capped` replays that have one.
     pub min_capacity_per_live: Option<f64>,
+    pub capped: usize,
     /// Driver calls over the completed replays.
     pub calls: u64,
     /// Completed replays within [`CALLS_PER_SEGMENT_ALLOC`], of those whose trace has
     /// `segment_alloc` events.
     pub within_calls: (usize, usize),
-    /// Completed replays within [`RESERVED_PER_LIVE`].
+    /// Measured replays within [`RESERVED_PER_LIVE`].
     pub within_memory: usize,
-    /// Completed replays within both budgets (of those with a call budget).
+    /// Measured replays within both budgets (of those with a call budget).
     pub within_both: usize,
 }
 
@@ -67,35 +59,31 @@ pub fn point(reports: &[Report], i: usize) -> Point {
             continue;
         };
         p.completed += 1;
-        let res = &run.result;
-        let calls = res.device_mallocs + res.device_frees + res.device_maps + res.device_unmaps;
+        let calls = run.result.driver_calls();
         p.calls += calls;
+        let budgeted = r.segment_allocs > 0;
         let calls_ok = calls <= CALLS_PER_SEGMENT_ALLOC * r.segment_allocs;
-        if r.segment_allocs > 0 {
+        if budgeted {
             p.within_calls.1 += 1;
             p.within_calls.0 += usize::from(calls_ok);
         }
-        if let Some(x) = ratio(res.peak_reserved_bytes, r.peak_live) {
-            ratios.push(x);
-            p.within_memory += usize::from(x <= RESERVED_PER_LIVE);
-            p.within_both +=
-                usize::from(x <= RESERVED_PER_LIVE && calls_ok && r.segment_allocs > 0);
-            if p.worst.as_ref().is_none_or(|(w, _)| x > *w) {
-                p.worst = Some((x, r.name.clone()));
-            }
+        // A trace with no live bytes has no ratio: it counts in none of the ratio figures.
+        let Some(x) = ratio(run.result.peak_reserved_bytes, r.peak_live) else {
+            continue;
+        };
+        ratios.push(x);
+        let memory_ok = x <= RESERVED_PER_LIVE;
+        p.within_memory += usize::from(memory_ok);
+        p.within_both += usize::from(memory_ok && budgeted && calls_ok);
+        if p.worst.as_ref().is_none_or(|(w, _)| x > *w) {
+            p.worst = Some((x, r.name.clone()));
         }
-        caps.push(min_capacity_ratio(run, r.peak_live));
+        caps.extend(run.min_capacity.and_then(|c| ratio(c, r.peak_live)));
     }
+    (p.measured, p.capped) = (ratios.len(), caps.len());
     p.reserved_per_live = geometric_mean(&ratios);
-    p.min_capacity_per_live = caps
-        .into_iter()
-        .collect::<Option<Vec<f64>>>()
-        .and_then(|c| geometric_mean(&c));
+    p.min_capacity_per_live = geometric_mean(&caps);
     p
-}
-
-fn min_capacity_ratio(run: &Run, peak_live: u64) -> Option<f64> {
-    ratio(run.min_capacity?, peak_live)
 }
 
 /// Writes the summary table (nothing when there are no reports).
@@ -117,11 +105,32 @@ pub fn write(out: &mut impl Write, reports: &[Report]) -> io::Result<()> {
         .enumerate()
         .map(|(i, run)| row(&run.label, &point(reports, i)))
         .collect();
-    write_table(out, &HEADERS, &rows)
+    let within = format!("within {RESERVED_PER_LIVE}");
+    let headers = [
+        "policy",
+        "traces",
+        "reserved/live: geo. mean",
+        "worst",
+        "min capacity/live: geo. mean",
+        "driver calls",
+        "within calls",
+        &within,
+        "both",
+    ];
+    write_table(out, &headers, &rows)
 }
 
 fn row(label: &str, p: &Point) -> Vec<String> {
     let fixed = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.3}"));
+    // A mean over fewer traces than the others says over how many.
+    let caps = match p.min_capacity_per_live {
+        Some(x) if p.capped < p.measured => format!("{x:.3} ({} of {})", p.capped, p.measured),
+        x => fixed(x),
+    };
+    let budgeted = |k: usize| match p.within_calls.1 {
+        0 => "-".to_string(),
+        n => format!("{k} of {n}"),
+    };
     vec![
         label.to_string(),
         format!("{} of {}", p.completed, p.traces),
@@ -129,17 +138,11 @@ fn row(label: &str, p: &Point) -> Vec<String> {
         p.worst
             .as_ref()
             .map_or("-".into(), |(x, name)| format!("{x:.3} ({name})")),
-        fixed(p.min_capacity_per_live),
+        caps,
         thousands(p.calls),
-        match p.within_calls {
-            (_, 0) => "-".into(),
-            (k, n) => format!("{k} of {n}"),
-        },
-        format!("{} of {}", p.within_memory, p.completed),
-        match p.within_calls {
-            (_, 0) => "-".into(),
-            (_, n) => format!("{} of {n}", p.within_both),
-        },
+        budgeted(p.within_calls.0),
+        format!("{} of {}", p.within_memory, p.measured),
+        budgeted(p.within_both),
     ]
 }
 
@@ -155,6 +158,7 @@ pub fn geometric_mean(xs: &[f64]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replay_cmd::Run;
     use cudalloc::replay::{Failure, ReplayResult};
     use cudalloc::AllocError;
 
@@ -203,12 +207,12 @@ mod tests {
             report("a", 100, 4, run(102, 9, Some(101))),
             // 1.08 x live, 13 calls of 3 x 4.
             report("b", 100, 4, run(108, 12, Some(104))),
-            // No segment_alloc events: no call budget.
-            report("c", 200, 0, run(200, 0, Some(200))),
+            // No segment_alloc events: no call budget, so not in "both" though it has 0 calls.
+            report("c", 200, 0, no_calls(run(200, 0, Some(200)))),
         ];
         let p = point(&reports, 0);
         assert_eq!((p.completed, p.traces), (3, 3));
-        assert_eq!(p.calls, 10 + 13 + 1);
+        assert_eq!(p.calls, 10 + 13);
         assert_eq!(p.within_calls, (1, 2));
         assert_eq!(p.within_memory, 2);
         // "a" meets both; "c" has no call budget, so it counts in neither.
@@ -219,6 +223,31 @@ mod tests {
         assert!((p.reserved_per_live.unwrap() - geo).abs() < 1e-9);
         let caps = (1.01f64 * 1.04).cbrt();
         assert!((p.min_capacity_per_live.unwrap() - caps).abs() < 1e-9);
+    }
+
+    fn no_calls(mut r: Run) -> Run {
+        r.result.device_unmaps = 0;
+        r
+    }
+
+    #[test]
+    fn a_trace_with_no_live_bytes_counts_in_no_ratio_and_a_missing_cap_is_said() {
+        let reports = [
+            report("a", 100, 4, run(104, 2, Some(102))),
+            report("b", 100, 4, run(102, 2, None)),
+            // Nothing live: no ratio, no min capacity, but its calls count.
+            report("empty", 0, 4, run(0, 0, Some(0))),
+        ];
+        let p = point(&reports, 0);
+        assert_eq!((p.completed, p.measured, p.capped), (3, 2, 1));
+        assert_eq!((p.within_memory, p.within_both), (2, 2));
+        assert_eq!(p.within_calls, (3, 3));
+        assert!((p.min_capacity_per_live.unwrap() - 1.02).abs() < 1e-9);
+        let mut out = Vec::new();
+        write(&mut out, &reports).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("1.020 (1 of 2)"), "{text}");
+        assert!(text.contains("within 1.05"), "{text}");
     }
 
     #[test]
