@@ -301,6 +301,14 @@ fn sample<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
     }
 }
 
+/// The pages [`min_capacity`] bisects between: the most that cannot hold `peak_live` bytes (a
+/// cap that fails) and the fewest that hold `upper` bytes.
+pub fn search_pages(peak_live: u64, upper: u64) -> (u64, u64) {
+    let hi = upper.div_ceil(PAGE);
+    let lo = peak_live.div_ceil(PAGE).saturating_sub(1);
+    (lo.min(hi.saturating_sub(1)), hi)
+}
+
 /// A cap under which the replay completes while one page less does not, in whole pages of the
 /// simulated device (2 MiB, the unit every policy reserves in there), found by bisection
 /// between the peak live bytes (a cap below them cannot complete) and `upper`, which must be a
@@ -325,7 +333,7 @@ pub fn min_capacity(
         );
         r.failure.is_none()
     };
-    let mut hi = upper.div_ceil(PAGE);
+    let (_, mut hi) = search_pages(trace.peak_live, upper);
     if hi == 0 {
         // Nothing was ever reserved: no cap is too small.
         return 0;
@@ -336,8 +344,7 @@ pub fn min_capacity(
             hi = hi.saturating_mul(2);
         }
     }
-    // The most pages that cannot hold the live peak.
-    let mut lo = trace.peak_live.div_ceil(PAGE).saturating_sub(1).min(hi - 1);
+    let (mut lo, _) = search_pages(trace.peak_live, hi.saturating_mul(PAGE));
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         let ok = completes(mid);

@@ -5,7 +5,7 @@ use crate::args::{ReplayArgs, Variant};
 use crate::progress::{Progress, LONG_OPS};
 use crate::{bundled, json, plot, summary, table, CliError};
 use cudalloc::bound::{map_floor, PAGE};
-use cudalloc::replay::{min_capacity, replay, ReplayOptions, ReplayResult};
+use cudalloc::replay::{min_capacity, replay, search_pages, ReplayOptions, ReplayResult};
 use cudalloc::trace::{self, Anomalies, Trace};
 use cudalloc::Config;
 use std::io::Write;
@@ -288,13 +288,8 @@ fn find_min_capacity(
 /// The most probes `min_capacity` makes between the peak live bytes and `upper`: a bisection
 /// over the pages from the most that cannot hold the live peak to the fewest that hold `upper`.
 fn most_probes(peak_live: u64, upper: u64) -> u64 {
-    let hi = upper.div_ceil(PAGE);
-    let lo = peak_live
-        .div_ceil(PAGE)
-        .saturating_sub(1)
-        .min(hi.saturating_sub(1));
-    let gap = hi - lo;
-    u64::from(64 - gap.saturating_sub(1).leading_zeros())
+    let (lo, hi) = search_pages(peak_live, upper);
+    u64::from(64 - (hi - lo).saturating_sub(1).leading_zeros())
 }
 
 #[cfg(test)]
@@ -328,7 +323,7 @@ mod tests {
     #[test]
     fn most_probes_bounds_the_bisection() {
         for (live_pages, hi) in [(0u64, 0u64), (0, 1), (1, 1), (3, 4), (10, 17), (100, 164)] {
-            let lo = live_pages.saturating_sub(1).min(hi.saturating_sub(1));
+            let (lo, _) = search_pages(live_pages * PAGE, hi * PAGE);
             let most = most_probes(live_pages * PAGE, hi * PAGE);
             let mut seen = 0;
             // Every answer the bisection could reach: the probes it takes to find it.

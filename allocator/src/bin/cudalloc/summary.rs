@@ -225,6 +225,12 @@ mod tests {
         assert!((p.min_capacity_per_live.unwrap() - caps).abs() < 1e-9);
     }
 
+    fn rendered(reports: &[Report]) -> String {
+        let mut out = Vec::new();
+        write(&mut out, reports).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
     fn no_calls(mut r: Run) -> Run {
         r.result.device_unmaps = 0;
         r
@@ -243,9 +249,7 @@ mod tests {
         assert_eq!((p.within_memory, p.within_both), (2, 2));
         assert_eq!(p.within_calls, (3, 3));
         assert!((p.min_capacity_per_live.unwrap() - 1.02).abs() < 1e-9);
-        let mut out = Vec::new();
-        write(&mut out, &reports).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = rendered(&reports);
         assert!(text.contains("1.020 (1 of 2)"), "{text}");
         assert!(text.contains("within 1.05"), "{text}");
     }
@@ -265,9 +269,7 @@ mod tests {
         assert_eq!((p.completed, p.traces), (1, 2));
         assert_eq!((p.calls, p.within_calls, p.within_memory), (3, (1, 1), 1));
         assert_eq!(p.min_capacity_per_live, None);
-        let mut out = Vec::new();
-        write(&mut out, &reports).unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = rendered(&reports);
         assert!(text.contains("1 of 2"), "{text}");
         assert!(text.contains("1.030 (a)"), "{text}");
     }
