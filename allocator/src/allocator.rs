@@ -1,8 +1,9 @@
 //! The thread-safe front: [`CachingAllocator`].
 //!
 //! Blocks belong to a stream and are reused only by it, so the allocator is split into shards by
-//! stream: each shard is a [`Pool`] behind its own lock, and threads working on different streams
-//! do not wait for each other. All shards count their reserved bytes into one shared counter, to
+//! stream: each shard is a [`Pool`] behind its own lock, and a stream's shard is chosen by a hash
+//! of the stream (64 shards), so threads working on different streams wait for each other only
+//! when their streams share a shard. All shards count their reserved bytes into one shared counter, to
 //! which the memory limit applies; when a shard runs out of memory, the cached memory of every
 //! other shard is released and the allocation retried once before out-of-memory is returned.
 //!

@@ -11,9 +11,9 @@
 //! | `max_non_split_rounding_mb` | integer >= 20 | how much larger an unsplit oversize block may be than the request (PyTorch) |
 //! | `roundup_power2_divisions` | power of two, or `[MB:div,...,>:div]` | rounding of request sizes (PyTorch) |
 //! | `garbage_collection_threshold` | 0 < x < 1 | free old cached segments above this fraction of the memory limit (PyTorch) |
-//! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments (same as `policy:torch-expandable`) |
+//! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments: with `policy:torch` or `policy:torch-expandable`, picks between the two; `True` is accepted by `default` (which always maps pages into expandable ranges), `False` is refused there |
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
-//! | `max_chunk_mb` | integer >= 2 | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
+//! | `max_chunk_mb` | even integer >= 2 (whole 2 MiB pages) | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on; off under a memory cap) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache holds at most (default 32); cached blocks count as allocated, so more is faster but reserves more |
@@ -21,6 +21,10 @@
 //! | `thread_cache_large` | integer 0..=4 | blocks of any size a thread cache keeps besides (the last freed; default 1); each thread may hold this many blocks beyond `thread_cache_mb` |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
+//!
+//! Without a `policy` key, [`Config::parse`] gives the `default` policy. A key given twice takes
+//! its last value, as in PyTorch. Spaces around words are dropped; a space inside a word
+//! separates it, so `max_split_size_mb 128` is an error, not the key `max_split_size_mb128`.
 //!
 //! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key.
 
@@ -167,13 +171,29 @@ impl Config {
         let mut cfg = base;
         let tokens = lex(s);
         let mut p = Parser { tokens, i: 0 };
+        // Applied after the other keys, so that its meaning does not depend on where the
+        // `policy` key stands.
+        let mut expandable = None;
         while !p.done() {
             let key = p.next_word("(start of entry)")?;
+            if key == "," {
+                return Err(ConfigError::new(
+                    ",",
+                    "an empty entry (a leading comma or two in a row)",
+                ));
+            }
             p.expect(&key, ":")?;
-            cfg.apply(&key, &mut p)?;
+            if key == "expandable_segments" {
+                expandable = Some(p.boolean(&key)?);
+            } else {
+                cfg.apply(&key, &mut p)?;
+            }
             if !p.done() {
                 p.expect(&key, ",")?;
             }
+        }
+        if let Some(on) = expandable {
+            cfg.policy = with_expandable_segments(cfg.policy, on)?;
         }
         Ok(cfg)
     }
@@ -231,15 +251,15 @@ impl Config {
                         format!("{mb} MB is not in [2, 1048576]"),
                     ));
                 }
+                if mb % 2 != 0 {
+                    return Err(ConfigError::new(
+                        key,
+                        format!(
+                            "{mb} MB is not a whole number of 2 MiB pages (use an even number)"
+                        ),
+                    ));
+                }
                 self.max_chunk = mb << 20;
-            }
-            "expandable_segments" => {
-                let on = p.boolean(key)?;
-                self.policy = match (on, self.policy) {
-                    (true, Policy::Torch) => Policy::TorchExpandable,
-                    (false, Policy::TorchExpandable) => Policy::Torch,
-                    (_, other) => other,
-                };
             }
             "layout_plans" => self.layout_plans = p.boolean(key)?,
             "thread_cache" => self.thread_cache = Some(p.boolean(key)?),
@@ -336,6 +356,21 @@ impl Config {
     }
 }
 
+/// `policy` after `expandable_segments:on`: PyTorch's two policies switch into each other;
+/// `default` always maps pages into expandable ranges, so it takes `True` and refuses `False`.
+fn with_expandable_segments(policy: Policy, on: bool) -> Result<Policy, ConfigError> {
+    match (policy, on) {
+        (Policy::Torch | Policy::TorchExpandable, true) => Ok(Policy::TorchExpandable),
+        (Policy::Torch | Policy::TorchExpandable, false) => Ok(Policy::Torch),
+        (Policy::Default, true) => Ok(Policy::Default),
+        (Policy::Default, false) => Err(ConfigError::new(
+            "expandable_segments",
+            "the `default` policy always maps pages into expandable ranges; \
+             add `policy:torch` for PyTorch's segments without them",
+        )),
+    }
+}
+
 fn check_division(key: &str, v: u64, zero_ok: bool) -> Result<(), ConfigError> {
     if (zero_ok && v == 0) || v.is_power_of_two() {
         Ok(())
@@ -347,7 +382,8 @@ fn check_division(key: &str, v: u64, zero_ok: bool) -> Result<(), ConfigError> {
     }
 }
 
-/// Splits a config string into words and the punctuation `,` `:` `[` `]`; spaces are dropped.
+/// Splits a config string into words and the punctuation `,` `:` `[` `]`; spaces end a word
+/// and are dropped.
 fn lex(s: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word = String::new();
@@ -359,7 +395,11 @@ fn lex(s: &str) -> Vec<String> {
                 }
                 out.push(c.to_string());
             }
-            c if c.is_whitespace() => {}
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    out.push(std::mem::take(&mut word));
+                }
+            }
             c => word.push(c),
         }
     }

@@ -8,8 +8,8 @@
 //!
 //! | level | what | size |
 //! | --- | --- | --- |
-//! | device | the driver boundary ([`cudalloc_sys::Device`]): CUDA, or simulated | the card (141 GiB on an H200) |
-//! | segment | one `malloc` result, or one reserved virtual range (*expandable*) | 2 MiB (small pool), 20 MiB or the rounded request (large pool); expandable: 1.125 x the card |
+//! | device | the driver boundary ([`cudalloc_sys::Device`]): CUDA, or simulated | the card (an H200: 143,771 MiB, which the simulated device has too) |
+//! | segment | one `malloc` result, or one reserved virtual range (*expandable*) | 2 MiB (small pool), 20 MiB or the rounded request (large pool); expandable: 1.125 x the card's memory of address space (`torch-expandable`, as PyTorch), an eighth of it (large pool) or a 64th (small pool) for `default`, another range when one fills |
 //! | page | a physical allocation mapped into an expandable segment | `torch-expandable`: 2 MiB small / 20 MiB large; `default`: the device granularity (2 MiB), mapped in batches |
 //! | block | a sub-range of a segment, allocated, free or unmapped, on one stream | a multiple of 512 B |
 //! | pool | the free blocks of one size class, by (stream, size, address) | small: requests up to 1 MiB; large: the rest |

@@ -51,9 +51,12 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 19] = [
     "trace",
     "policy",
+    "completed",
+    "failure",
+    "anomalies",
     "events",
     "peak_live_bytes",
     "peak_allocated_bytes",
@@ -88,6 +91,11 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         expected.sort_unstable();
         assert_eq!(keys, expected);
         assert_eq!(v["trace"], "bert_dynamic.trace.csv");
+        assert_eq!(v["completed"], true);
+        assert!(v["failure"].is_null());
+        assert_eq!(v["anomalies"]["unmatched_frees"], 0);
+        assert_eq!(v["anomalies"]["double_allocs"], 0);
+        assert!(v["anomalies"]["first_line"].is_null());
         assert_eq!(v["events"], 29722);
         assert_eq!(v["peak_live_bytes"], 615862208);
         assert!(v["min_capacity_bytes"].is_null());
@@ -259,6 +267,63 @@ fn capacity_below_peak_live_reports_the_failure() {
     let out = stdout(&o);
     assert!(out.contains("failed at op"), "{out}");
     assert!(out.contains("out of memory"), "{out}");
+}
+
+/// A failed replay says so in its JSON line, and its table row shows no reserved/live ratio
+/// (its peak is not the trace's).
+#[test]
+fn a_failed_replay_is_marked_in_json_and_has_no_ratio() {
+    let args = ["replay", "--capacity", "256MiB", "--policy", "torch"];
+    let o = cudalloc(&[&args[..], &["--json", &bert()]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["completed"], false);
+    let op = v["failure"]["op"].as_u64().expect("the failed operation");
+    assert_eq!(v["events"].as_u64(), Some(op + 1));
+    let error = v["failure"]["error"].as_str().unwrap();
+    assert!(error.contains("out of memory"), "{error}");
+    let o = cudalloc(&[&args[..], &[&bert()]].concat());
+    let row = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("torch "))
+        .map(str::to_string)
+        .expect("a row for torch");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // policy, ops, then three byte figures of two words each, then reserved/live.
+    assert_eq!(cells[8], "-", "{row}");
+}
+
+/// Mistakes in the options are refused before anything is replayed, naming what is wrong.
+#[test]
+fn conflicting_or_impossible_options_exit_2_naming_them() {
+    let plot = scratch("no-folder").join("missing").join("p.html");
+    let cases: [(Vec<&str>, &str); 6] = [
+        (
+            vec!["replay", "--policy", "torch", "--policy", "torch"],
+            "`torch` is asked for twice",
+        ),
+        (
+            vec!["replay", "--capacity", "1.5TB"],
+            "more than the simulated H200",
+        ),
+        (
+            vec!["replay", "--plot", plot.to_str().unwrap()],
+            "no folder",
+        ),
+        (vec!["replay", "--config", ""], "empty config string"),
+        (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),
+        (
+            vec!["stats", "--policy", "torch", "--config", "policy:default"],
+            "cannot be used with",
+        ),
+    ];
+    for (args, says) in cases {
+        let o = cudalloc(&[&args[..], &[&bert()]].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}: replayed anyway");
+    }
+    assert!(!plot.exists());
 }
 
 #[test]

@@ -8,8 +8,9 @@
 //! - `segment_size` is 2 MiB for small requests, 20 MiB below 10 MiB, and the request rounded up
 //!   to 2 MiB from 10 MiB on;
 //! - config strings: good strings parse to the expected fields; an unknown key, a missing value
-//!   or a bad value is a `ConfigError` whose `key` names the key; `expandable_segments:True`
-//!   switches `torch` to `torch-expandable`; `policy:` picks the rule set.
+//!   or a bad value is a `ConfigError` whose `key` names the key; `expandable_segments` switches
+//!   between `torch` and `torch-expandable` wherever the `policy` key stands, is accepted as
+//!   `True` and refused as `False` by `default`; `policy:` picks the rule set.
 
 use cudalloc::config::DIVISION_INTERVALS;
 use cudalloc::sizes::SMALL_SIZE;
@@ -295,11 +296,27 @@ fn expandable_segments_switches_the_policy() {
             .policy,
         Policy::TorchExpandable
     );
-    // The `default` policy is expandable already and stays what it is.
+    assert_eq!(
+        Config::parse("expandable_segments:True,policy:torch")
+            .unwrap()
+            .policy,
+        Policy::TorchExpandable,
+        "the policy key may come after it"
+    );
+    assert_eq!(
+        Config::parse("expandable_segments:False,policy:torch-expandable")
+            .unwrap()
+            .policy,
+        Policy::Torch
+    );
+    // The `default` policy always maps into expandable ranges: it takes True, refuses False.
     assert_eq!(
         Config::parse("expandable_segments:True").unwrap().policy,
         Policy::Default
     );
+    let e = Config::parse("expandable_segments:False").unwrap_err();
+    assert_eq!(e.key, "expandable_segments");
+    assert!(e.message.contains("policy:torch"), "{e}");
 }
 
 #[test]
@@ -379,6 +396,11 @@ fn bad_values_name_the_key() {
         ),
         ("expandable_segments:maybe", "expandable_segments"),
         ("expandable_segments", "expandable_segments"),
+        ("max_chunk_mb:5", "max_chunk_mb"),
+        ("max_chunk_mb:41", "max_chunk_mb"),
+        ("max_split_size_mb 128", "max_split_size_mb"),
+        ("max_split_size_mb:128,,policy:torch", ","),
+        (",policy:torch", ","),
         ("backend:cudaMallocAsync", "backend"),
         ("policy:pytorch", "policy"),
         ("policy:", "policy"),
@@ -394,8 +416,11 @@ fn bad_values_name_the_key() {
 #[test]
 fn entries_must_be_separated_by_commas() {
     let e = parse_err("max_split_size_mb:128 garbage_collection_threshold:0.5");
-    // Spaces are dropped, so the value runs into the next key; the error still names the key.
+    // A space ends a word: the next key stands where a comma should.
     assert_eq!(e.key, "max_split_size_mb");
+    assert!(e.message.contains("garbage_collection_threshold"), "{e}");
+    let e = parse_err("max_split_size_mb 128");
+    assert!(e.message.contains("`128`"), "names what it found: {e}");
     let e = parse_err("max_split_size_mb:128:5");
     assert_eq!(e.key, "max_split_size_mb");
 }

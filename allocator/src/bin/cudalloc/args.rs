@@ -40,6 +40,11 @@ pub struct ReplayArgs {
 
     /// Add a configuration to compare, in PYTORCH_CUDA_ALLOC_CONF syntax plus cudalloc's keys,
     /// e.g. `policy:torch,max_split_size_mb:128` (repeatable; labelled by the string itself).
+    /// Without a `policy` key it is the `default` policy with those keys; a key given twice
+    /// takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
+    /// roundup_power2_divisions, garbage_collection_threshold, expandable_segments,
+    /// fragmentation_budget, max_chunk_mb, layout_plans and the thread_cache keys (values and
+    /// meanings: docs/policies.md and the `cudalloc::config` module docs).
     #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
     pub configs: Vec<Variant>,
 
@@ -51,7 +56,8 @@ pub struct ReplayArgs {
     pub sweeps: Vec<Sweep>,
 
     /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
-    /// where a replay fails.
+    /// where a replay fails. Without it a replay may use the whole device (the simulated H200's
+    /// 143,771 MiB, or GPU 0's memory with --cuda).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 
@@ -76,7 +82,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,
 
-    /// Print one JSON object per (trace, policy) per line instead of tables.
+    /// Print one JSON object per (trace, policy) per line instead of tables (keys: README;
+    /// `completed` and `failure` say whether and where a replay stopped).
     #[arg(long)]
     pub json: bool,
 
@@ -123,8 +130,9 @@ impl Sweep {
             .iter()
             .map(|v| {
                 let entry = format!("{}:{v}", self.key);
-                // Each value was parsed alone when the option was read, and a key's value
-                // does not depend on the others.
+                // Each value was parsed alone (onto `default`) when the option was read, and
+                // what a key sets does not depend on the other keys, but for
+                // `expandable_segments`, which only `default` can refuse.
                 let cfg = Config::parse_onto(base.cfg.clone(), &entry)
                     .expect("each value was checked when the option was read");
                 let config = format!("{},{entry}", base.config);
@@ -149,8 +157,9 @@ pub struct StatsArgs {
     #[arg(long, value_name = "POLICY", default_value = "torch", value_parser = parse_policy)]
     pub policy: Policy,
 
-    /// A config string instead of --policy (see `cudalloc replay --help`).
-    #[arg(long, value_name = "STR", value_parser = parse_variant)]
+    /// A config string instead of --policy (see `cudalloc replay --help`); without a `policy`
+    /// key it is the `default` policy with those keys, not `torch`.
+    #[arg(long, value_name = "STR", value_parser = parse_variant, conflicts_with = "policy")]
     pub config: Option<Variant>,
 }
 
@@ -223,6 +232,11 @@ fn parse_sweep(s: &str) -> Result<Sweep, String> {
 }
 
 fn parse_variant(s: &str) -> Result<Variant, String> {
+    if s.trim().trim_matches(',').trim().is_empty() {
+        return Err(
+            "an empty config string (for the default policy, give --policy default)".into(),
+        );
+    }
     let cfg = Config::parse(s).map_err(|e| e.to_string())?;
     Ok(Variant {
         label: s.to_string(),

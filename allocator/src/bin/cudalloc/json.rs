@@ -10,11 +10,22 @@ use std::io::{self, Write};
 /// many chunks or segments held pinned bytes, and the five that held the most). `events` and
 /// `ns_per_event` count replayed operations (`alloc` and `free_completed`), as the table's `ops`
 /// and `ns/op` do; the keys keep their first names so that scripts reading them keep working.
+/// `completed` is false when an allocation failed; `failure` then says at which operation and
+/// why (null otherwise), and the peaks are those reached before it. `anomalies` are the
+/// trace's odd events (frees of addresses not live, allocations of live ones).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
+    let a = &report.anomalies;
     let mut v = json!({
         "trace": report.name,
         "policy": run.label,
+        "completed": r.failure.is_none(),
+        "failure": r.failure.as_ref().map(|f| json!({"op": f.op, "error": f.error.to_string()})),
+        "anomalies": {
+            "unmatched_frees": a.unmatched_frees,
+            "double_allocs": a.double_allocs,
+            "first_line": a.first_line,
+        },
         "events": r.events,
         "peak_live_bytes": r.peak_live_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,

@@ -5,7 +5,10 @@ use crate::args::{ReplayArgs, Variant};
 use crate::progress::{Progress, LONG_OPS};
 use crate::{bundled, json, plot, summary, table, CliError};
 use cudalloc::bound::{map_floor, PAGE};
-use cudalloc::replay::{min_capacity, replay, search_pages, ReplayOptions, ReplayResult};
+use cudalloc::fmt::bytes;
+use cudalloc::replay::{
+    min_capacity, replay, search_pages, ReplayOptions, ReplayResult, DEVICE_CAPACITY,
+};
 use cudalloc::trace::{self, Anomalies, Trace};
 use cudalloc::Config;
 use std::io::Write;
@@ -62,6 +65,8 @@ struct Plan {
 /// Runs the command; exit status 1 when a replay failed.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants();
+    check_distinct(&variants)?;
+    check_capacity(args)?;
     if let Some(path) = &args.plot {
         check_plot_path(path)?;
     }
@@ -121,19 +126,58 @@ fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Res
     Ok(())
 }
 
-/// Refuses a plot path that does not end in `.html` or `.htm`: `--plot` takes a value, so
-/// `--plot trace.csv.gz` would otherwise overwrite the trace with the page.
+/// Refuses a configuration asked for twice (the same label: `--policy torch --policy torch`).
+fn check_distinct(variants: &[Variant]) -> Result<(), CliError> {
+    for (i, v) in variants.iter().enumerate() {
+        if variants[..i].iter().any(|w| w.label == v.label) {
+            return Err(CliError::msg(format!(
+                "`{}` is asked for twice; give each policy, --config and --sweep value once",
+                v.label
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a cap the simulated device could never reach (it has an H200's memory); through
+/// the driver the device itself says what it has.
+fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
+    match args.capacity {
+        Some(c) if !args.cuda && c > DEVICE_CAPACITY => Err(CliError::msg(format!(
+            "--capacity {} is more than the simulated H200 has ({}); replays are capped by the \
+             device anyway",
+            bytes(c),
+            bytes(DEVICE_CAPACITY)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a plot path that does not end in `.html` or `.htm` (`--plot` takes a value, so
+/// `--plot trace.csv.gz` would otherwise overwrite the trace with the page), or whose folder
+/// does not exist (found before the replays, not after them).
 fn check_plot_path(path: &std::path::Path) -> Result<(), CliError> {
     let html = path
         .extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
-    if html {
+    if !html {
+        return Err(CliError::msg(format!(
+            "--plot writes an HTML page; give it a file ending in .html, not {}",
+            path.display()
+        )));
+    }
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if folder.is_dir() {
         Ok(())
     } else {
         Err(CliError::msg(format!(
-            "--plot writes an HTML page; give it a file ending in .html, not {}",
-            path.display()
+            "cannot write the plot to {}: there is no folder {}",
+            path.display(),
+            folder.display()
         )))
     }
 }

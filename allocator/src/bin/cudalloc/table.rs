@@ -122,8 +122,9 @@ fn row(run: &Run, peak_live: u64) -> Vec<String> {
         bytes(r.peak_live_bytes),
         bytes(r.peak_allocated_bytes),
         bytes(r.peak_reserved_bytes),
+        // A failed replay's peak is not the trace's: no ratio.
         ratio(r.peak_reserved_bytes, peak_live)
-            .filter(|_| r.events > 0)
+            .filter(|_| r.events > 0 && r.failure.is_none())
             .map_or("-".into(), |x| format!("{x:.3}")),
         run.min_capacity.map_or("-".into(), bytes),
         thousands(r.device_mallocs),
@@ -131,7 +132,11 @@ fn row(run: &Run, peak_live: u64) -> Vec<String> {
         thousands(r.device_maps),
         thousands(r.device_unmaps),
         thousands(r.ooms),
-        format!("{:.0}", r.ns_per_event),
+        if r.events > 0 {
+            format!("{:.0}", r.ns_per_event)
+        } else {
+            "-".into()
+        },
     ]
 }
 
