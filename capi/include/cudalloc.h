@@ -15,13 +15,20 @@
  *   cudaSetDevice would. The configuration is read once per process, on the first call, from
  *   the environment variable CUDALLOC_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax plus
  *   cudalloc's keys, e.g. "policy:torch-expandable" or "policy:default,fragmentation_budget:0.05";
- *   unset: policy "default"). A bad configuration makes every call fail with the config error;
- *   without a driver or a GPU every call fails with "no CUDA device ...".
+ *   unset: policy "default"). A bad configuration makes every call that reads it fail with the
+ *   config error, and without a driver or a GPU those calls fail with "no CUDA device ...":
+ *   cudalloc_check, cudalloc_malloc, cudalloc_empty_cache, cudalloc_record_stream,
+ *   cudalloc_set_memory_fraction, cudalloc_reset_peak_stats and the JSON functions.
+ *   cudalloc_set_malloc_failure_action, cudalloc_trace_start, cudalloc_trace_stop and
+ *   cudalloc_last_error neither read it nor need a device (a trace started without one records
+ *   its header line only).
  *
  * Errors
  *   Functions returning a pointer return NULL on failure, those returning int return 0 on
  *   success and -1 on failure, the JSON functions return 0 on failure. The reason is then in
- *   cudalloc_last_error(), per thread. No function aborts or unwinds into the caller.
+ *   cudalloc_last_error(), per thread. No function unwinds into the caller, and none aborts
+ *   unless cudalloc_set_malloc_failure_action(CUDALLOC_MALLOC_ABORT) asked a failed
+ *   cudalloc_malloc to.
  *
  * Threads
  *   Every function may be called from any thread at any time.
@@ -43,8 +50,8 @@ extern "C" {
 #endif
 
 /* A CUDA stream: the same value as cudaStream_t / CUstream (NULL: the legacy default stream).
- * Declared as void* so that this header does not need the CUDA headers; a cudaStream_t
- * converts to it implicitly in C, and with a static_cast from C++. */
+ * Declared as void* so that this header does not need the CUDA headers; a cudaStream_t (a
+ * pointer) converts to it implicitly in C and in C++. */
 typedef void *cudalloc_stream_t;
 
 /* Reads CUDALLOC_CONF and finds the driver and the devices, as the first call of any other

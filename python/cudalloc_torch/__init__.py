@@ -55,6 +55,10 @@ _lib = None
 _lib_path = None
 _allocator = None  # the CUDAPluggableAllocator, kept alive for the life of the process
 _atexit_registered = False
+# CUDALLOC_CONF as it was when the library first read it (it reads it once per process, at the
+# first call that touches a device); _UNREAD until then.
+_UNREAD = object()
+_conf_read = _UNREAD
 
 
 class CudallocError(RuntimeError):
@@ -113,6 +117,16 @@ def load(lib_path=None):
         return lib
 
 
+def _device_lib():
+    """The library, for a call that makes it read ``CUDALLOC_CONF`` if it has not yet."""
+    global _conf_read
+    lib = load()
+    with _lock:
+        if _conf_read is _UNREAD:
+            _conf_read = os.environ.get("CUDALLOC_CONF")
+    return lib
+
+
 def last_error():
     """The calling thread's last cudalloc error message ("" if none)."""
     return load().cudalloc_last_error().decode("utf-8", "replace")
@@ -127,7 +141,7 @@ def _check(result):
 def device_count():
     """Reads CUDALLOC_CONF and counts the devices the way the allocator will (no device is
     opened); raises :class:`CudallocError` for a bad config or no driver/GPU."""
-    return _check(load().cudalloc_check())
+    return _check(_device_lib().cudalloc_check())
 
 
 def is_enabled():
@@ -143,20 +157,32 @@ def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
     reason and abort the process: PyTorch's pluggable allocator does not check for NULL, so the
     alternative is a tensor at address 0 and an "illegal memory access" later), ``"warn"``
     (print it, return NULL) or ``"null"``. Returns the ``CUDAPluggableAllocator``. Calling it
-    again with the same library is a no-op.
+    again with the same library and config only sets ``on_malloc_failure``.
+
+    The library reads its config once per process, at the first call that touches a device
+    (this one, or an earlier :func:`device_count`, :func:`stats` ...): a ``conf`` other than the
+    one read then raises :class:`CudallocError`, since it could not take effect.
     """
     global _allocator
     if on_malloc_failure not in _ON_FAILURE:
         raise ValueError(f"on_malloc_failure must be one of {sorted(_ON_FAILURE)}")
     if conf is not None:
-        if _allocator is not None and os.environ.get("CUDALLOC_CONF") != conf:
-            raise CudallocError("cudalloc is already enabled; its config cannot change")
+        if _conf_read is not _UNREAD and _conf_read != conf:
+            raise CudallocError(
+                f"cudalloc already read its config in this process (CUDALLOC_CONF={_conf_read!r}); "
+                f"{conf!r} would not take effect: pass conf to the first cudalloc_torch call, "
+                "enable(), in a new process"
+            )
         os.environ["CUDALLOC_CONF"] = conf
     lib = load(lib_path)
     if _allocator is not None:
+        _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
         return _allocator
     device_count()  # a bad config or a missing GPU fails here, not at the first tensor
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise CudallocError(f"cudalloc_torch.enable needs PyTorch ({e})") from e
 
     allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cudalloc_malloc", "cudalloc_free")
     try:
@@ -187,7 +213,7 @@ def _json(fn, device):
 def stats(device=0):
     """Everything ``cudalloc_stats_json`` reports for ``device``: the ``torch.cuda.memory_stats()``
     keys plus ``policy``, ``fragmentation``, ``driver_calls`` and ``capi``."""
-    return _json(load().cudalloc_stats_json, device)
+    return _json(_device_lib().cudalloc_stats_json, device)
 
 
 def memory_stats(device=0):
@@ -199,12 +225,12 @@ def memory_stats(device=0):
 
 def snapshot(device=0):
     """Segments and blocks of ``device`` (``cudalloc_snapshot_json``)."""
-    return _json(load().cudalloc_snapshot_json, device)
+    return _json(_device_lib().cudalloc_snapshot_json, device)
 
 
 def empty_cache(device=None):
     """Releases cached, unused memory of ``device`` (default: every device) to the driver."""
-    lib = load()
+    lib = _device_lib()
     devices = range(device_count()) if device is None else [device]
     for d in devices:
         _check(lib.cudalloc_empty_cache(d))
@@ -212,19 +238,19 @@ def empty_cache(device=None):
 
 def reset_peak_memory_stats(device=0):
     """Resets the peak statistics of ``device`` to their current values."""
-    _check(load().cudalloc_reset_peak_stats(device))
+    _check(_device_lib().cudalloc_reset_peak_stats(device))
 
 
 def set_memory_fraction(fraction, device=0):
     """Caps ``device``'s allocator at ``fraction`` of the device's memory."""
-    _check(load().cudalloc_set_memory_fraction(float(fraction), device))
+    _check(_device_lib().cudalloc_set_memory_fraction(float(fraction), device))
 
 
 def record_stream(tensor, stream):
     """``tensor.record_stream(stream)`` for cudalloc. PyTorch's pluggable allocator ignores
     ``Tensor.record_stream``; call this instead when a tensor is used on a side stream."""
     ptr = tensor.untyped_storage().data_ptr()
-    _check(load().cudalloc_record_stream(ptr, tensor.device.index, stream.cuda_stream))
+    _check(_device_lib().cudalloc_record_stream(ptr, tensor.device.index, stream.cuda_stream))
 
 
 def trace_start(path):

@@ -81,9 +81,17 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path):
-    """Loads a snapshot pickle without running any code from it."""
+    """Loads a snapshot pickle without running any code from it; a file that is not a pickle
+    raises :class:`SnapshotError`."""
     with open(path, "rb") as f:
-        return _SafeUnpickler(f).load()
+        try:
+            return _SafeUnpickler(f).load()
+        except SnapshotError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError) as e:
+            raise SnapshotError(
+                f"not a pickle written by torch.cuda.memory._dump_snapshot() ({e})"
+            ) from e
 
 
 def device_entries(snapshot, device=0):
@@ -204,10 +212,20 @@ def main(argv=None):
     p.add_argument("out", help="output trace (.csv or .csv.gz)")
     p.add_argument("--device", type=int, default=0, help="device whose trace to write (default 0)")
     args = p.parse_args(argv)
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        print(f"{args.out}: there is no folder {folder}", file=sys.stderr)
+        return 1
     try:
-        n = convert(args.snapshot, args.out, args.device)
-    except (SnapshotError, OSError, pickle.UnpicklingError, EOFError) as e:
+        snapshot = load_snapshot(args.snapshot)
+        n = write_csv(device_events(snapshot, args.device), args.out)
+    except SnapshotError as e:
         print(f"{args.snapshot}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        # Reading the snapshot or writing the trace (the file named is the one that failed).
+        name = args.snapshot if e.filename == args.snapshot else args.out
+        print(f"{name}: {e.strerror or e}", file=sys.stderr)
         return 1
     print(f"wrote {n} events to {args.out}", file=sys.stderr)
     return 0

@@ -73,6 +73,7 @@ def parse_args(argv):
         own, target = argv, []
     p = argparse.ArgumentParser(
         prog="python -m cudalloc_trace.record",
+        usage="%(prog)s --out OUT [--device DEVICE] [--max-entries N] -- PROGRAM.py|-m MODULE [ARGS...]",
         description="Run a Python program and record its CUDA allocations as a cudalloc trace.",
         epilog="The program and its arguments follow `--`.",
     )

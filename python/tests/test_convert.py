@@ -113,6 +113,25 @@ class ConvertTest(unittest.TestCase):
         self.assertEqual(conv.main([str(src), str(out)]), 1)
         self.assertEqual(list(self.dir.iterdir()), [src])
 
+    def test_errors_name_the_file_at_fault(self):
+        text = self.dir / "notes.txt"
+        text.write_text("hello\n")
+        future = self.dir / "p9.pickle"
+        future.write_bytes(b"\x80\x09" + b"x" * 10)
+        good = FIXTURES / "torch211_snapshot.pickle"
+        cases = [
+            ([text, self.dir / "o.csv"], "notes.txt: not a pickle"),
+            ([future, self.dir / "o.csv"], "unsupported pickle protocol"),
+            ([good, self.dir / "no" / "o.csv"], "there is no folder"),
+            ([self.dir / "missing.pickle", self.dir / "o.csv"], "missing.pickle: No such file"),
+        ]
+        for args, says in cases:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertEqual(conv.main([str(a) for a in args]), 1, args)
+            self.assertIn(says, err.getvalue())
+            self.assertNotIn(".part", err.getvalue())
+
     def test_loader_runs_no_code(self):
         src = self.dir / "sneaky.pickle"
         snap = snapshot([entry("alloc", 1, 2)])
