@@ -17,7 +17,8 @@
  *   cudalloc's keys, e.g. "policy:torch-expandable" or "policy:default,fragmentation_budget:0.05";
  *   unset: policy "default"). A bad configuration makes every call that reads it fail with the
  *   config error, and without a driver or a GPU those calls fail with "no CUDA device ...":
- *   cudalloc_check, cudalloc_malloc, cudalloc_empty_cache, cudalloc_record_stream,
+ *   cudalloc_check, cudalloc_malloc, cudalloc_free (of a non-NULL pointer; it returns
+ *   nothing, the reason is in cudalloc_last_error()), cudalloc_empty_cache, cudalloc_record_stream,
  *   cudalloc_set_memory_fraction, cudalloc_reset_peak_stats and the JSON functions.
  *   cudalloc_set_malloc_failure_action, cudalloc_trace_start, cudalloc_trace_stop and
  *   cudalloc_last_error neither read it nor need a device (a trace started without one records

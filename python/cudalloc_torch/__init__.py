@@ -192,7 +192,7 @@ def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
             "PyTorch's CUDA allocator is already in use: call cudalloc_torch.enable() before "
             f"anything is allocated on a GPU ({e})"
         ) from e
-    lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure])
+    _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
     _allocator = allocator
     return allocator
 

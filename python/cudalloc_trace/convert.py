@@ -88,7 +88,7 @@ def load_snapshot(path):
             return _SafeUnpickler(f).load()
         except SnapshotError:
             raise
-        except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError) as e:
+        except Exception as e:  # a corrupt pickle can raise almost anything while it is read
             raise SnapshotError(
                 f"not a pickle written by torch.cuda.memory._dump_snapshot() ({e})"
             ) from e
@@ -217,8 +217,7 @@ def main(argv=None):
         print(f"{args.out}: there is no folder {folder}", file=sys.stderr)
         return 1
     try:
-        snapshot = load_snapshot(args.snapshot)
-        n = write_csv(device_events(snapshot, args.device), args.out)
+        n = convert(args.snapshot, args.out, args.device)
     except SnapshotError as e:
         print(f"{args.snapshot}: {e}", file=sys.stderr)
         return 1

@@ -119,8 +119,11 @@ class ConvertTest(unittest.TestCase):
         future = self.dir / "p9.pickle"
         future.write_bytes(b"\x80\x09" + b"x" * 10)
         good = FIXTURES / "torch211_snapshot.pickle"
+        corrupt = self.dir / "corrupt.pickle"
+        corrupt.write_bytes(b"\x80\x04\x95" + b"\xff" * 8)
         cases = [
             ([text, self.dir / "o.csv"], "notes.txt: not a pickle"),
+            ([corrupt, self.dir / "o.csv"], "corrupt.pickle: not a pickle"),
             ([future, self.dir / "o.csv"], "unsupported pickle protocol"),
             ([good, self.dir / "no" / "o.csv"], "there is no folder"),
             ([self.dir / "missing.pickle", self.dir / "o.csv"], "missing.pickle: No such file"),

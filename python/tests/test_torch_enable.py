@@ -1,7 +1,8 @@
 """Tests of cudalloc_torch.enable's config handling (no torch and no GPU needed).
 
 The library reads ``CUDALLOC_CONF`` once per process, so each case runs in a fresh Python
-process. They need ``libcudalloc_capi.so``, which ``cargo test --workspace`` (CI's first step)
+process. They need ``libcudalloc_capi.so`` (``$CUDALLOC_LIB``, else the newer of
+``target/debug`` and ``target/release``), which ``cargo test --workspace`` (CI's first step)
 or ``cargo build -p cudalloc-capi`` builds; without it they are skipped, saying so.
 """
 
@@ -13,8 +14,12 @@ import textwrap
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LIBS = [ROOT / "target" / kind / "libcudalloc_capi.so" for kind in ("debug", "release")]
-LIB = next((p for p in LIBS if p.exists()), None)
+BUILT = [ROOT / "target" / kind / "libcudalloc_capi.so" for kind in ("debug", "release")]
+# $CUDALLOC_LIB when set, else the newer of the two builds.
+LIB = next(
+    (pathlib.Path(p) for p in [os.environ.get("CUDALLOC_LIB")] if p),
+    max((p for p in BUILT if p.exists()), key=lambda p: p.stat().st_mtime, default=None),
+)
 
 
 def run(script):

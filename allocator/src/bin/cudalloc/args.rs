@@ -95,8 +95,9 @@ pub struct ReplayArgs {
 
 impl ReplayArgs {
     /// The configurations to compare, in order: the policies, then the config strings.
-    /// With `--sweep`, each of them is followed by its swept configurations.
-    pub fn variants(&self) -> Vec<Variant> {
+    /// With `--sweep`, each of them is followed by its swept configurations; a swept value that
+    /// one of them refuses (`expandable_segments:False` on `default`) is an error naming both.
+    pub fn variants(&self) -> Result<Vec<Variant>, String> {
         let bases: Vec<Variant> = if !self.policies.is_empty() || !self.configs.is_empty() {
             let policies = self.policies.iter().copied().map(Variant::policy);
             policies.chain(self.configs.iter().cloned()).collect()
@@ -105,13 +106,17 @@ impl ReplayArgs {
         } else {
             vec![Variant::policy(Policy::Default)]
         };
-        bases
-            .into_iter()
-            .flat_map(|base| {
-                let swept: Vec<Variant> = self.sweeps.iter().flat_map(|s| s.apply(&base)).collect();
-                std::iter::once(base).chain(swept)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for base in bases {
+            let swept: Vec<Vec<Variant>> = self
+                .sweeps
+                .iter()
+                .map(|s| s.apply(&base))
+                .collect::<Result<_, _>>()?;
+            out.push(base);
+            out.extend(swept.into_iter().flatten());
+        }
+        Ok(out)
     }
 }
 
@@ -124,23 +129,22 @@ pub struct Sweep {
 
 impl Sweep {
     /// `base` with the key set to each value in turn, labelled by a config string that gives
-    /// the same configuration.
-    fn apply(&self, base: &Variant) -> Vec<Variant> {
+    /// the same configuration; an error when `base` refuses a value.
+    fn apply(&self, base: &Variant) -> Result<Vec<Variant>, String> {
         self.values
             .iter()
             .map(|v| {
                 let entry = format!("{}:{v}", self.key);
-                // Each value was parsed alone (onto `default`) when the option was read, and
-                // what a key sets does not depend on the other keys, but for
-                // `expandable_segments`, which only `default` can refuse.
-                let cfg = Config::parse_onto(base.cfg.clone(), &entry)
-                    .expect("each value was checked when the option was read");
                 let config = format!("{},{entry}", base.config);
-                Variant {
+                // Parsed from the label itself, so that the label gives this configuration
+                // whatever the keys (`expandable_segments` is applied after the others).
+                let cfg = Config::parse(&config)
+                    .map_err(|e| format!("--sweep {entry} on `{}`: {e}", base.label))?;
+                Ok(Variant {
                     label: config.clone(),
                     cfg,
                     config,
-                }
+                })
             })
             .collect()
     }
@@ -225,8 +229,14 @@ fn parse_sweep(s: &str) -> Result<Sweep, String> {
     if values.iter().any(String::is_empty) {
         return Err(format!("`{s}`: an empty value for `{key}`"));
     }
+    // Checked alone here, on `default` and on `torch` (a value one of them refuses may suit the
+    // other); `Sweep::apply` checks it again on each configuration it is swept from.
     for v in &values {
-        Config::parse(&format!("{key}:{v}")).map_err(|e| e.to_string())?;
+        let entry = format!("{key}:{v}");
+        let torch = Config::for_policy(cudalloc::Policy::Torch);
+        Config::parse(&entry)
+            .or_else(|e| Config::parse_onto(torch, &entry).map_err(|_| e))
+            .map_err(|e| e.to_string())?;
     }
     Ok(Sweep { key, values })
 }
@@ -292,7 +302,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 mod tests {
     use super::{parse_bytes, parse_sweep, Cli, Command, ReplayArgs};
     use clap::Parser;
-    use cudalloc::Config;
+    use cudalloc::{Config, Policy};
 
     fn replay_args(args: &[&str]) -> ReplayArgs {
         let argv = ["cudalloc", "replay"].iter().chain(args);
@@ -305,6 +315,7 @@ mod tests {
     fn labels(args: &[&str]) -> Vec<String> {
         replay_args(args)
             .variants()
+            .expect("valid variants")
             .into_iter()
             .map(|v| v.label)
             .collect()
@@ -334,7 +345,7 @@ mod tests {
             "--sweep",
             "max_split_size_mb=128",
         ]);
-        let v = args.variants();
+        let v = args.variants().expect("valid variants");
         let got: Vec<&str> = v.iter().map(|v| v.label.as_str()).collect();
         assert_eq!(
             got,
@@ -352,6 +363,32 @@ mod tests {
             v[0].cfg.max_split_size,
             u64::MAX,
             "the base itself is unchanged"
+        );
+    }
+
+    /// `expandable_segments:False` suits PyTorch's policies and not `default`: swept from
+    /// `torch` it is a configuration, swept from `default` an error naming both.
+    #[test]
+    fn a_swept_value_one_base_refuses_is_an_error_naming_both() {
+        let v = replay_args(&[
+            "--policy",
+            "torch",
+            "--sweep",
+            "expandable_segments=True,False",
+        ])
+        .variants()
+        .expect("torch takes both");
+        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy).collect();
+        assert_eq!(
+            policies,
+            [Policy::Torch, Policy::TorchExpandable, Policy::Torch]
+        );
+        let e = replay_args(&["--sweep", "expandable_segments=False"])
+            .variants()
+            .unwrap_err();
+        assert!(
+            e.contains("expandable_segments:False") && e.contains("`default`"),
+            "{e}"
         );
     }
 
@@ -375,10 +412,11 @@ mod tests {
         assert!(two.contains("not one config key"), "{two}");
     }
 
-    /// Every swept label is a config string that gives the swept configuration, a base written
-    /// with a trailing comma included.
+    /// A swept configuration is its base with the key set to the value, and its label is a
+    /// config string that gives it (a base written with a trailing comma included);
+    /// `expandable_segments` in the base still applies after a swept `policy`, as in the label.
     #[test]
-    fn a_swept_label_is_a_config_string_for_its_configuration() {
+    fn a_swept_configuration_is_its_base_with_one_key_changed() {
         let args = replay_args(&[
             "--policy",
             "torch-expandable",
@@ -389,10 +427,41 @@ mod tests {
             "--sweep",
             "roundup_power2_divisions=[256:1,>:2]",
         ]);
-        for v in args.variants().into_iter().skip(1) {
-            let parsed = Config::parse(&v.label).map_err(|e| format!("{}: {e}", v.label));
-            assert_eq!(parsed.as_ref(), Ok(&v.cfg), "{}", v.label);
+        let variants = args.variants().expect("valid variants");
+        let bases = [
+            Config::for_policy(Policy::TorchExpandable),
+            Config::default(),
+        ];
+        let entries = [
+            "max_split_size_mb:64",
+            "max_split_size_mb:256",
+            "roundup_power2_divisions:[256:1,>:2]",
+        ];
+        for (chunk, base) in variants.chunks(1 + entries.len()).zip(bases) {
+            assert_eq!(chunk[0].cfg, base);
+            for (v, entry) in chunk[1..].iter().zip(entries) {
+                let want = Config::parse_onto(base.clone(), entry).unwrap();
+                assert_eq!(v.cfg, want, "{}", v.label);
+                assert_eq!(Config::parse(&v.label).as_ref(), Ok(&want), "{}", v.label);
+            }
         }
+        let v = replay_args(&[
+            "--config",
+            "policy:torch,expandable_segments:True",
+            "--sweep",
+            "policy=torch,default",
+        ])
+        .variants()
+        .expect("valid variants");
+        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy).collect();
+        assert_eq!(
+            policies,
+            [
+                Policy::TorchExpandable,
+                Policy::TorchExpandable,
+                Policy::Default
+            ]
+        );
     }
 
     #[test]

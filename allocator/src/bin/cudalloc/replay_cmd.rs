@@ -64,7 +64,7 @@ struct Plan {
 
 /// Runs the command; exit status 1 when a replay failed.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
-    let variants = args.variants();
+    let variants = args.variants().map_err(CliError::msg)?;
     check_distinct(&variants)?;
     check_capacity(args)?;
     if let Some(path) = &args.plot {
