@@ -455,6 +455,40 @@ fn cuda_replay_without_a_device_says_so_and_shows_no_ratio() {
     }
 }
 
+/// The trace's odd events reach `--json`; a trace with no operations shows no speed.
+#[test]
+fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
+    let dir = scratch("anomalies");
+    let odd = dir.join("odd.csv");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,8192,512,0,2\n";
+    std::fs::write(&odd, text).unwrap();
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        odd.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["anomalies"]["unmatched_frees"], 1);
+    assert_eq!(v["anomalies"]["double_allocs"], 0);
+    assert_eq!(v["anomalies"]["first_line"], 3);
+    let empty = dir.join("empty.csv");
+    std::fs::write(&empty, "action,addr,size,stream,time_us\n").unwrap();
+    let o = cudalloc(&["replay", "--policy", "torch", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("torch "))
+        .expect("a row");
+    assert!(
+        row.trim_end().ends_with('-'),
+        "no ns/op without operations: {row}"
+    );
+}
+
 /// `--sweep` adds one configuration per value after the default policy, labelled by a config
 /// string that `--config` accepts.
 #[test]
