@@ -14,9 +14,10 @@
 //! freeing thread's cache and serve that thread's next request of the same size and stream
 //! without any pool lock ([`crate::tcache`]): a cache hit and the free before it take one
 //! live-table lock each. Cached blocks are subtracted from the statistics' current values
-//! (the live table keeps their totals); peaks may include them. Once a shard's pool places its
-//! large blocks by a layout plan (`pool::plan`), those blocks skip the thread caches: a block
-//! kept in a cache is a free and an allocation the plan never sees (`bypasses_caches`).
+//! (the live table keeps their totals); peaks may include them. While a shard's pool places its
+//! large blocks by a layout plan (`pool::plan`), or records an episode with two or more
+//! allocations live (the sequence a plan is made from), its large blocks skip the thread caches:
+//! a block kept in a cache is a free and an allocation the pool never sees (`bypasses_caches`).
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
@@ -49,9 +50,11 @@ pub struct CachingAllocator<D: Device> {
     reserved: Arc<AtomicU64>,
     live: LiveMap,
     caches: Option<Caches>,
-    /// Per shard: its pool places large blocks by a layout plan, so they bypass thread caches
-    /// (a block kept in a thread cache is a free and an allocation the plan never sees).
-    planned: Box<[AtomicBool]>,
+    /// Per shard, as of its pool's last operation: the pool places large blocks by a layout
+    /// plan or records an episode with two or more allocations live
+    /// ([`Pool::watches_large_blocks`]), so large blocks bypass thread caches (a block kept in
+    /// a thread cache is a free and an allocation the pool never sees).
+    watched: Box<[AtomicBool]>,
     cfg: Config,
 }
 
@@ -80,7 +83,7 @@ impl<D: Device> CachingAllocator<D> {
             shards,
             reserved,
             live: LiveMap::new(),
-            planned: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
+            watched: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
             caches: cfg.thread_cache_on().then(|| {
                 Caches::new(
                     cfg.thread_cache_bytes,
@@ -194,14 +197,14 @@ impl<D: Device> CachingAllocator<D> {
         };
         let b = pool.block(a.block).expect("allocated block");
         self.live.insert(Entry::live(a, b.size, b.pool));
-        self.planned[shard_of(stream)].store(pool.has_plan(), Ordering::Relaxed);
+        self.watched[shard_of(stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
         Ok(Some(a))
     }
 
     /// True when a large-pool block of this size on this stream skips the thread caches: its
-    /// pool follows a layout plan.
+    /// pool watches large blocks (a layout plan, or an episode being recorded).
     fn bypasses_caches(&self, size: u64, stream: StreamId) -> bool {
-        size > crate::sizes::SMALL_SIZE && self.planned[shard_of(stream)].load(Ordering::Relaxed)
+        size > crate::sizes::SMALL_SIZE && self.watched[shard_of(stream)].load(Ordering::Relaxed)
     }
 
     /// Flushes the thread caches and empties the caches of every shard but `except`; true when
@@ -265,6 +268,7 @@ impl<D: Device> CachingAllocator<D> {
     fn free_to_pool(&self, a: &Allocation) -> Result<(), AllocError> {
         let mut pool = self.shard(a.stream);
         pool.free(a)?;
+        self.watched[shard_of(a.stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
         self.live.remove(a.ptr);
         Ok(())
     }

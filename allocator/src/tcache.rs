@@ -6,12 +6,12 @@
 //!
 //! - *small*: up to [`MAX_BLOCKS`] blocks of at most `thread_cache_block_mb` (1 MiB by default:
 //!   the small pool's blocks, so that large-pool blocks reach a pool that follows a layout plan)
-//!   and at most `thread_cache_mb` bytes together (32 MiB);
+//!   and at most `thread_cache_mb` bytes together (2 MiB);
 //! - *large*: up to `thread_cache_large` blocks (1 by default, at most [`MAX_LARGE`]) of any
 //!   size that the small part does not take: the last ones this thread freed.
 //!
-//! Large-pool blocks of a stream whose pool follows a layout plan do not enter the caches at
-//! all (`CachingAllocator::bypasses_caches`).
+//! Large-pool blocks of a stream whose pool follows a layout plan, or records an episode with two
+//! or more allocations live, do not enter the caches at all (`CachingAllocator::bypasses_caches`).
 //!
 //! The oldest block of a full part leaves first, and a request of the large pool that misses
 //! empties its thread's large part first (so those blocks can serve it from their pool: the

@@ -8,6 +8,10 @@ Workloads (random weights, built from configs; nothing is downloaded):
 - ``llama``: a Llama-style model (8 layers, hidden 1024, 16 heads, 4 KV heads), bf16, batched
   greedy ``generate`` for 4 left-padded prompts of different lengths, 32 new tokens; records the
   generated token ids.
+- the jobs behind ``traces/h200/`` (``vit_train``, ``kv_serve``, ... : ``h200_workloads.py``),
+  run as recorded; they record no results, so the table's last column is ``-`` for them, and
+  ``--quick`` does not shrink them. With ``--trace``, the replay of the trace cudalloc wrote
+  can be set beside what the job reserved (``cudalloc replay --policy default TRACE``).
 
 Modes: ``torch`` (PyTorch's caching allocator), ``torch-expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) and ``cudalloc:POLICY`` (cudalloc through
@@ -42,6 +46,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 RESULT_MARK = "@@RESULT@@ "
 WORKLOADS = ["gpt2", "llama"]
+
+
+def _h200_workloads():
+    """The jobs recorded in traces/h200/: the public functions of h200_workloads.py, read
+    without importing it (it imports torch, which the parent need not have)."""
+    import ast
+
+    with open(os.path.join(HERE, "h200_workloads.py")) as f:
+        tree = ast.parse(f.read())
+    return sorted(node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                  and not node.name.startswith("_") and node.name != "main")
+
+
+H200_WORKLOADS = _h200_workloads()
 DEFAULT_MODES = [
     "torch",
     "torch-expandable",
@@ -196,6 +214,18 @@ def llama_generate(quick):
     }
 
 
+def h200_job(name):
+    """One job of h200_workloads.py, as recorded (it records no results to compare)."""
+    sys.path.insert(0, HERE)
+    import h200_workloads
+
+    sync()
+    t0 = time.perf_counter()
+    h200_workloads.WORKLOADS[name]()
+    sync()
+    return {"step_s": [time.perf_counter() - t0]}
+
+
 def child(args):
     result = {"workload": args.workload, "mode": mode_name(args.allocator, args.policy),
               "allocator": args.allocator, "policy": args.policy if args.allocator == "cudalloc" else None,
@@ -210,8 +240,11 @@ def child(args):
             torch.use_deterministic_algorithms(True, warn_only=True)
         result.update(torch=torch.__version__, transformers=transformers.__version__,
                       device=torch.cuda.get_device_name())
-        run = {"gpt2": gpt2_training, "llama": llama_generate}[args.workload]
-        result.update(run(args.quick))
+        if args.workload in H200_WORKLOADS:
+            result.update(h200_job(args.workload))
+        else:
+            run = {"gpt2": gpt2_training, "llama": llama_generate}[args.workload]
+            result.update(run(args.quick))
         result.update(memory_figures(cudalloc_torch))
         if cudalloc_torch is not None:
             if not result["allocations"]:
@@ -293,6 +326,8 @@ def compare(result, ref):
         return "ref"
     if ref is None or not ref.get("ok"):
         return "no ref"
+    if "losses" not in result and "generated" not in result:
+        return "-"
     if "losses" in result:
         a, b = result["losses"], ref["losses"]
         worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)) if a else 0.0
@@ -305,13 +340,23 @@ def compare(result, ref):
     return f"NO ({same}/{sum(len(r) for r in b)} ids)"
 
 
+def driver_calls(r):
+    """cudalloc's driver calls (mallocs, frees, maps, unmaps); PyTorch's cudaMalloc and cudaFree
+    calls under its default rules ("-" with expandable segments, whose maps it does not count)."""
+    if "driver_calls" in r:
+        return f"{r['driver_calls']['total']:,}"
+    if r["mode"] == "torch":
+        return f"{r['num_device_alloc'] + r['num_device_free']:,}"
+    return "-"
+
+
 def mib(n):
     return "-" if n is None else f"{n / 2**20:,.0f}"
 
 
 def table(results, modes, workloads):
     head = ["workload", "mode", "peak reserved MiB", "peak allocated MiB", "res/alloc",
-            "driver allocs", "time s", "matches torch"]
+            "driver calls", "time s", "matches torch"]
     rows, failures = [], []
     for w in workloads:
         ref = next((r for r in results if r["workload"] == w and r["mode"] == "torch"), None)
@@ -325,7 +370,7 @@ def table(results, modes, workloads):
                 continue
             ratio = r["peak_reserved"] / r["peak_allocated"] if r["peak_allocated"] else float("nan")
             rows.append([w, m, mib(r["peak_reserved"]), mib(r["peak_allocated"]), f"{ratio:.3f}",
-                         str(r.get("num_device_alloc", "-")), f"{sum(r['step_s']):.2f}",
+                         driver_calls(r), f"{sum(r['step_s']):.2f}",
                          compare(r, ref)])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).rjust(wd) if i >= 2 else str(c).ljust(wd)  # noqa: E731
@@ -340,9 +385,10 @@ def parent(args):
     os.makedirs(args.out, exist_ok=True)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    workloads = [x for w in workloads for x in (H200_WORKLOADS if w == "h200" else [w])]
     for w in workloads:
-        if w not in WORKLOADS:
-            raise SystemExit(f"unknown workload {w!r} ({', '.join(WORKLOADS)})")
+        if w not in WORKLOADS + H200_WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r} ({', '.join(WORKLOADS + H200_WORKLOADS)})")
     for m in modes:
         parse_mode(m)
     if any(m.startswith("cudalloc:") for m in modes):
@@ -375,8 +421,8 @@ def main():
     ap.add_argument("--allocator", choices=["torch", "torch-expandable", "cudalloc"],
                     help="run one workload on this allocator (the parent passes it to its children)")
     ap.add_argument("--policy", default="default", help="cudalloc policy (with --allocator cudalloc)")
-    ap.add_argument("--workload", choices=WORKLOADS, help="with --allocator: the workload to run")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="parent: comma-separated workloads")
+    ap.add_argument("--workload", choices=WORKLOADS + H200_WORKLOADS, help="with --allocator: the workload to run")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="parent: comma-separated workloads (`h200`: every job of h200_workloads.py)")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help="parent: comma-separated modes")
     ap.add_argument("--quick", action="store_true", help="tiny models and batches (seconds)")
     ap.add_argument("--out", default="torch_models_out", help="directory for results.json and log.txt")

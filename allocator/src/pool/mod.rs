@@ -139,6 +139,13 @@ impl<D: Device> Pool<D> {
         self.plans.has_plan()
     }
 
+    /// True while large blocks of this pool must reach it rather than a thread cache: a layout
+    /// plan places them, or the episode being recorded has two or more allocations live (a
+    /// block kept out of the pool would be missing from the sequence the plan is made from).
+    pub fn watches_large_blocks(&self) -> bool {
+        self.plans.has_plan() || self.plans.episode_busy()
+    }
+
     /// Allocations placed by a layout plan so far (see [`plan`]).
     pub fn planned_allocations(&self) -> u64 {
         self.plans.placed

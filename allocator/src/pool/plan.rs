@@ -643,6 +643,12 @@ impl Plans {
         self.plan.is_some()
     }
 
+    /// True while the open episode has two or more of its allocations live: a large block
+    /// freed now is one of several the episode's packing will place together.
+    pub fn episode_busy(&self) -> bool {
+        self.episode.as_ref().is_some_and(|e| e.live >= 2)
+    }
+
     /// The last footprint (segment, first and end address) while there is a plan: giving
     /// memory back leaves its cached pages alone up to twice the budget.
     pub(crate) fn protected(&self) -> Option<(u32, u64, u64)> {
