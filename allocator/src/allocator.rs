@@ -78,19 +78,20 @@ impl<D: Device> CachingAllocator<D> {
                 CachePadded::new(Mutex::new(pool))
             })
             .collect();
+        let caches = cfg.thread_cache_on().then(|| {
+            Caches::new(
+                cfg.thread_cache_bytes,
+                cfg.thread_cache_block,
+                cfg.thread_cache_large,
+            )
+        });
         CachingAllocator {
             device,
             shards,
             reserved,
-            live: LiveMap::new(),
+            live: LiveMap::new(caches.as_ref().map_or(u64::MAX, Caches::small_part_limit)),
             watched: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
-            caches: cfg.thread_cache_on().then(|| {
-                Caches::new(
-                    cfg.thread_cache_bytes,
-                    cfg.thread_cache_block,
-                    cfg.thread_cache_large,
-                )
-            }),
+            caches,
             cfg,
         }
     }
@@ -119,10 +120,14 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
             self.after_miss(c, size)?;
-            if let Some(a) = self.try_allocate_cached(size, stream)? {
-                return Ok(a);
+            // Only if some thread's large part holds a block (the live table counts them) can
+            // the pool grow where a cached block would do: then try without growing first.
+            if self.live.holds_large() {
+                if let Some(a) = self.try_allocate_cached(size, stream)? {
+                    return Ok(a);
+                }
+                self.release_large_parts(c)?;
             }
-            self.release_large_parts(c)?;
         }
         match self.try_allocate(size, stream) {
             Err(e) if e.is_out_of_memory() => {

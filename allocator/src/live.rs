@@ -13,12 +13,15 @@
 //!   the first free went to a thread cache;
 //! - each shard keeps the [`Totals`] of its cached entries, changed under the shard's lock
 //!   together with the entries: the statistics subtract what is cached (exactly, once no
-//!   thread is between a cache hit or a free and its return; see `CachingAllocator::stats`).
+//!   thread is between a cache hit or a free and its return; see `CachingAllocator::stats`);
+//! - `large` counts the cached entries whose block is larger than the thread caches' small part
+//!   takes (those in a large part), changed under the same locks as the entries: zero means no
+//!   thread holds a large block, so a pool about to grow has nothing to take back first.
 
 use crate::error::AllocError;
 use crate::pool::Allocation;
 use crate::sizes::PoolKind;
-use crate::sync::{CachePadded, Mutex, MutexGuard};
+use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::Totals;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -107,15 +110,39 @@ struct Shard {
 /// Pointer -> entry, sharded by address.
 pub(crate) struct LiveMap {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// Largest block a thread cache's small part takes: cached entries above it are counted
+    /// in `large`.
+    small_block: u64,
+    large: AtomicUsize,
 }
 
 impl LiveMap {
-    pub fn new() -> Self {
+    /// A table whose thread caches' small parts take blocks of up to `small_block` bytes.
+    pub fn new(small_block: u64) -> Self {
         LiveMap {
             shards: (0..SHARDS)
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
+            small_block,
+            large: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts a cached entry in or out of `large` (under its shard's lock).
+    fn count_large(&self, e: &Entry, cached: bool) {
+        if e.block_size > self.small_block {
+            if cached {
+                self.large.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.large.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// True when some thread cache may hold a block above its small part's size (a hint: a
+    /// block may be cached or claimed right after).
+    pub fn holds_large(&self) -> bool {
+        self.large.load(Ordering::Relaxed) > 0
     }
 
     fn shard(&self, ptr: u64) -> MutexGuard<'_, Shard> {
@@ -170,6 +197,7 @@ impl LiveMap {
                 keep(e, token);
                 e.token = token;
                 s.cached.add(e);
+                self.count_large(e, true);
                 Marked::Cached
             }
             _ => Marked::Missing,
@@ -186,6 +214,7 @@ impl LiveMap {
             Some(e) if e.token == token => {
                 e.token = 0;
                 s.cached.sub(e);
+                self.count_large(e, false);
                 true
             }
             _ => false,
@@ -201,6 +230,7 @@ impl LiveMap {
             Some(e) if e.token == token && token != 0 => {
                 let e = s.map.remove(&ptr).expect("present");
                 s.cached.sub(&e);
+                self.count_large(&e, false);
                 Some(e)
             }
             _ => None,
@@ -246,18 +276,32 @@ impl LiveMap {
         self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 
-    /// Checks each shard's cached totals against its entries.
+    /// Checks each shard's cached totals against its entries, and the count of cached blocks
+    /// above the small part's size; holds every shard's lock (in order: a thread holds at most
+    /// one), so that the count and the entries agree while other threads cache and claim.
     pub fn check_invariants(&self) -> Result<(), String> {
-        for (i, s) in self.shards.iter().enumerate() {
-            let s = s.lock();
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut large = 0;
+        for (i, s) in guards.iter().enumerate() {
             let mut t = Totals::default();
             s.map.values().filter(|e| e.cached()).for_each(|e| t.add(e));
+            large += s
+                .map
+                .values()
+                .filter(|e| e.cached() && e.block_size > self.small_block)
+                .count();
             if t != s.cached {
                 return Err(format!(
                     "live shard {i}: cached totals {:?}, entries add up to {t:?}",
                     s.cached
                 ));
             }
+        }
+        let counted = self.large.load(Ordering::Relaxed);
+        if counted != large {
+            return Err(format!(
+                "{counted} large cached blocks counted, {large} in the table"
+            ));
         }
         Ok(())
     }

@@ -77,7 +77,7 @@ struct Limits {
 impl Limits {
     /// The small part takes the block.
     fn small(&self, block_size: u64) -> bool {
-        block_size <= self.max_block && block_size <= self.max_bytes
+        block_size <= self.max_block.min(self.max_bytes)
     }
 }
 
@@ -292,6 +292,11 @@ impl Caches {
     /// Whether a block of `block_size` bytes goes to a cache's small part (else its large part).
     pub fn in_small_part(&self, block_size: u64) -> bool {
         self.limits.small(block_size)
+    }
+
+    /// The largest block a cache's small part takes.
+    pub fn small_part_limit(&self) -> u64 {
+        self.limits.max_block.min(self.limits.max_bytes)
     }
 
     /// Takes back a block this thread cached for exactly `size` bytes on `stream`.
