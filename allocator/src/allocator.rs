@@ -202,8 +202,14 @@ impl<D: Device> CachingAllocator<D> {
         };
         let b = pool.block(a.block).expect("allocated block");
         self.live.insert(Entry::live(a, b.size, b.pool));
-        self.watched[shard_of(stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
+        self.note_watched(stream, &pool);
         Ok(Some(a))
+    }
+
+    /// Publishes whether the stream's pool watches its large blocks, after an operation on it
+    /// (read without its lock by [`CachingAllocator::bypasses_caches`]).
+    fn note_watched(&self, stream: StreamId, pool: &Pool<Arc<D>>) {
+        self.watched[shard_of(stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
     }
 
     /// True when a large-pool block of this size on this stream skips the thread caches: its
@@ -251,6 +257,7 @@ impl<D: Device> CachingAllocator<D> {
             self.live.insert(e);
             return Err(err);
         }
+        self.note_watched(a.stream, &pool);
         Ok(true)
     }
 
@@ -273,7 +280,7 @@ impl<D: Device> CachingAllocator<D> {
     fn free_to_pool(&self, a: &Allocation) -> Result<(), AllocError> {
         let mut pool = self.shard(a.stream);
         pool.free(a)?;
-        self.watched[shard_of(a.stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
+        self.note_watched(a.stream, &pool);
         self.live.remove(a.ptr);
         Ok(())
     }
