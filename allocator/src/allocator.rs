@@ -114,7 +114,9 @@ impl<D: Device> CachingAllocator<D> {
             )));
         }
         if let Some(c) = &self.caches {
-            if !self.bypasses_caches(size, stream) {
+            // A pool that watches its large blocks gets the request, unless another thread is
+            // in it (see `free`).
+            if !self.bypasses_caches(size, stream) || self.shards[shard_of(stream)].is_locked() {
                 if let Some(a) = c.take(&self.live, size, stream.0) {
                     return Ok(a);
                 }
@@ -264,21 +266,36 @@ impl<D: Device> CachingAllocator<D> {
     /// Frees an allocation. A block used on other streams ([`CachingAllocator::record_stream`])
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        if let Some(c) = &self.caches {
-            if !self.bypasses_caches(a.size, a.stream) {
-                if c.put(&self.live, &a, |e| self.evict(e))? {
-                    return Ok(());
-                }
-                return self.free_to_pool(&a);
+        let Some(c) = &self.caches else {
+            self.live.check_live(&a)?;
+            return self.free_to_pool(&a);
+        };
+        if self.bypasses_caches(a.size, a.stream) {
+            // The pool watches its large blocks: it gets this one, unless another thread is in
+            // it (then the block waits in this thread's cache, as it would without the rule,
+            // rather than queue threads that share a stream behind one lock).
+            if let Some(pool) = self.shards[shard_of(a.stream)].try_lock() {
+                self.live.check_live(&a)?;
+                return self.free_to_locked_pool(pool, &a);
             }
         }
-        self.live.check_live(&a)?;
+        if c.put(&self.live, &a, |e| self.evict(e))? {
+            return Ok(());
+        }
         self.free_to_pool(&a)
     }
 
     /// Gives a block back to its pool and forgets its pointer.
     fn free_to_pool(&self, a: &Allocation) -> Result<(), AllocError> {
-        let mut pool = self.shard(a.stream);
+        self.free_to_locked_pool(self.shard(a.stream), a)
+    }
+
+    /// [`CachingAllocator::free_to_pool`] with the stream shard's lock already held.
+    fn free_to_locked_pool(
+        &self,
+        mut pool: MutexGuard<'_, Pool<Arc<D>>>,
+        a: &Allocation,
+    ) -> Result<(), AllocError> {
         pool.free(a)?;
         self.note_watched(a.stream, &pool);
         self.live.remove(a.ptr);
@@ -526,4 +543,58 @@ fn add_stat(a: &mut Stat, b: &Stat) {
     a.peak += b.peak;
     a.allocated += b.allocated;
     a.freed += b.freed;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+    use crate::stats::StatType;
+    use cudalloc_sys::{SimConfig, SimDevice};
+    use std::time::Duration;
+
+    /// A large block freed while its pool watches large blocks goes to the pool, but to the
+    /// freeing thread's cache while another thread holds the pool's lock: threads that share a
+    /// stream do not queue behind it.
+    #[test]
+    fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
+        let alloc = CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(4 << 30)),
+            Config::for_policy(Policy::Default),
+        );
+        let s = StreamId(1);
+        let pool_frees = || alloc.stats().allocation.get(StatType::All).freed;
+        let a = alloc.allocate(64 << 20, s).unwrap();
+        let b = alloc.allocate(32 << 20, s).unwrap();
+        assert!(
+            alloc.bypasses_caches(a.size, s),
+            "two live blocks of one episode"
+        );
+        let before = pool_frees();
+        let held = alloc.shards[shard_of(s)].lock();
+        let shared = &alloc;
+        std::thread::scope(|t| {
+            let (done, wait) = std::sync::mpsc::channel();
+            t.spawn(move || {
+                shared.free(a).unwrap();
+                done.send(()).unwrap();
+            });
+            let freed = wait.recv_timeout(Duration::from_secs(10));
+            drop(held);
+            freed.expect("the free waited for the pool's lock");
+        });
+        assert_eq!(
+            pool_frees(),
+            before,
+            "the free went to its pool while it was held"
+        );
+        alloc.free(b).unwrap();
+        assert_eq!(
+            pool_frees(),
+            before + 1,
+            "a free with the pool's lock free went to the cache"
+        );
+        alloc.empty_cache().unwrap();
+        alloc.check_invariants().unwrap();
+    }
 }

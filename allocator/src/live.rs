@@ -15,8 +15,10 @@
 //!   together with the entries: the statistics subtract what is cached (exactly, once no
 //!   thread is between a cache hit or a free and its return; see `CachingAllocator::stats`);
 //! - `large` counts the cached entries whose block is larger than the thread caches' small part
-//!   takes (those in a large part), changed under the same locks as the entries: zero means no
-//!   thread holds a large block, so a pool about to grow has nothing to take back first.
+//!   takes (those in a large part), changed under the same locks as the entries: zero in every
+//!   stripe means no thread holds a large block, so a pool about to grow has nothing to take
+//!   back first. The count is striped by shard (a stripe on its own cache line), so threads
+//!   caching and claiming blocks of different shards do not pass one counter between cores.
 
 use crate::error::AllocError;
 use crate::pool::Allocation;
@@ -37,6 +39,13 @@ const SHARD_BITS: u32 = 10;
 #[cfg(loom)]
 const SHARD_BITS: u32 = 2;
 const SHARDS: usize = 1 << SHARD_BITS;
+/// Stripes of the large-block count (shard `i` counts in stripe `i % STRIPES`).
+const STRIPES: usize = if SHARDS < 64 { SHARDS } else { 64 };
+
+/// The shard of the entry at `ptr`.
+fn shard_index(ptr: u64) -> usize {
+    ((ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS)) as usize
+}
 
 /// A hasher for device addresses (multiplicative; addresses are 512-byte aligned).
 #[derive(Default)]
@@ -113,7 +122,7 @@ pub(crate) struct LiveMap {
     /// Largest block a thread cache's small part takes: cached entries above it are counted
     /// in `large`.
     small_block: u64,
-    large: AtomicUsize,
+    large: Box<[CachePadded<AtomicUsize>]>,
 }
 
 impl LiveMap {
@@ -124,17 +133,20 @@ impl LiveMap {
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
             small_block,
-            large: AtomicUsize::new(0),
+            large: (0..STRIPES)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
         }
     }
 
-    /// Counts a cached entry in or out of `large` (under its shard's lock).
-    fn count_large(&self, e: &Entry, cached: bool) {
+    /// Counts a cached entry at `ptr` in or out of `large` (under its shard's lock).
+    fn count_large(&self, ptr: u64, e: &Entry, cached: bool) {
         if e.block_size > self.small_block {
+            let stripe = &self.large[shard_index(ptr) % STRIPES];
             if cached {
-                self.large.fetch_add(1, Ordering::Relaxed);
+                stripe.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.large.fetch_sub(1, Ordering::Relaxed);
+                stripe.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
@@ -142,12 +154,11 @@ impl LiveMap {
     /// True when some thread cache may hold a block above its small part's size (a hint: a
     /// block may be cached or claimed right after).
     pub fn holds_large(&self) -> bool {
-        self.large.load(Ordering::Relaxed) > 0
+        self.large.iter().any(|s| s.load(Ordering::Relaxed) > 0)
     }
 
     fn shard(&self, ptr: u64) -> MutexGuard<'_, Shard> {
-        let h = (ptr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SHARD_BITS);
-        self.shards[h as usize].lock()
+        self.shards[shard_index(ptr)].lock()
     }
 
     pub fn insert(&self, e: Entry) {
@@ -197,7 +208,7 @@ impl LiveMap {
                 keep(e, token);
                 e.token = token;
                 s.cached.add(e);
-                self.count_large(e, true);
+                self.count_large(a.ptr, e, true);
                 Marked::Cached
             }
             _ => Marked::Missing,
@@ -214,7 +225,7 @@ impl LiveMap {
             Some(e) if e.token == token => {
                 e.token = 0;
                 s.cached.sub(e);
-                self.count_large(e, false);
+                self.count_large(ptr, e, false);
                 true
             }
             _ => false,
@@ -230,7 +241,7 @@ impl LiveMap {
             Some(e) if e.token == token && token != 0 => {
                 let e = s.map.remove(&ptr).expect("present");
                 s.cached.sub(&e);
-                self.count_large(&e, false);
+                self.count_large(ptr, &e, false);
                 Some(e)
             }
             _ => None,
@@ -297,7 +308,7 @@ impl LiveMap {
                 ));
             }
         }
-        let counted = self.large.load(Ordering::Relaxed);
+        let counted: usize = self.large.iter().map(|s| s.load(Ordering::Relaxed)).sum();
         if counted != large {
             return Err(format!(
                 "{counted} large cached blocks counted, {large} in the table"

@@ -45,6 +45,20 @@ mod loom_mutex {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
 
+        /// Locks it if no other thread holds it.
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+
+        /// True while a thread holds it (parking_lot's `is_locked`).
+        pub fn is_locked(&self) -> bool {
+            self.try_lock().is_none()
+        }
+
         /// The value, consuming the mutex.
         pub fn into_inner(self) -> T {
             self.0.into_inner().unwrap_or_else(|e| e.into_inner())
