@@ -16,8 +16,10 @@
 //! live-table lock each. Cached blocks are subtracted from the statistics' current values
 //! (the live table keeps their totals); peaks may include them. While a shard's pool places its
 //! large blocks by a layout plan (`pool::plan`), or records an episode with two or more
-//! allocations live (the sequence a plan is made from), its large blocks skip the thread caches:
-//! a block kept in a cache is a free and an allocation the pool never sees (`bypasses_caches`).
+//! allocations live (the sequence a plan is made from), its large blocks skip the thread caches
+//! whenever its lock is free: a block kept in a cache is a free and an allocation the pool never
+//! sees (`bypasses_caches`); threads that find the lock held use their caches instead of
+//! queueing behind it.
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
