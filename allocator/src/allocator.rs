@@ -18,8 +18,8 @@
 //! large blocks by a layout plan (`pool::plan`), or records an episode with two or more
 //! allocations live (the sequence a plan is made from), its large blocks skip the thread caches
 //! whenever its lock is free: a block kept in a cache is a free and an allocation the pool never
-//! sees (`bypasses_caches`); threads that find the lock held use their caches instead of
-//! queueing behind it.
+//! sees (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache
+//! instead of waiting (a miss or an eviction still takes the lock).
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
@@ -125,7 +125,9 @@ impl<D: Device> CachingAllocator<D> {
             }
             self.after_miss(c, size)?;
             // Only if some thread's large part holds a block (the live table counts them) can
-            // the pool grow where a cached block would do: then try without growing first.
+            // the pool grow where a cached block would do: then try without growing first. (The
+            // count is read without a lock: a block cached at this moment may be missed and the
+            // pool grow instead; out of memory, every cache is flushed anyway.)
             if self.live.holds_large() {
                 if let Some(a) = self.try_allocate_cached(size, stream)? {
                     return Ok(a);
@@ -269,7 +271,6 @@ impl<D: Device> CachingAllocator<D> {
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
         let Some(c) = &self.caches else {
-            self.live.check_live(&a)?;
             return self.free_to_pool(&a);
         };
         if self.bypasses_caches(a.size, a.stream) {
@@ -277,7 +278,6 @@ impl<D: Device> CachingAllocator<D> {
             // it (then the block waits in this thread's cache, as it would without the rule,
             // rather than queue threads that share a stream behind one lock).
             if let Some(pool) = self.shards[shard_of(a.stream)].try_lock() {
-                self.live.check_live(&a)?;
                 return self.free_to_locked_pool(pool, &a);
             }
         }
@@ -292,15 +292,20 @@ impl<D: Device> CachingAllocator<D> {
         self.free_to_locked_pool(self.shard(a.stream), a)
     }
 
-    /// [`CachingAllocator::free_to_pool`] with the stream shard's lock already held.
+    /// [`CachingAllocator::free_to_pool`] with the stream shard's lock already held. The live
+    /// entry is taken out before the pool frees the block (and put back if that fails), so a
+    /// racing free of the same pointer, on any path, finds no live entry.
     fn free_to_locked_pool(
         &self,
         mut pool: MutexGuard<'_, Pool<Arc<D>>>,
         a: &Allocation,
     ) -> Result<(), AllocError> {
-        pool.free(a)?;
+        let e = self.live.take_live(a)?;
+        if let Err(err) = pool.free(a) {
+            self.live.insert(e);
+            return Err(err);
+        }
         self.note_watched(a.stream, &pool);
-        self.live.remove(a.ptr);
         Ok(())
     }
 
@@ -556,8 +561,8 @@ mod tests {
     use std::time::Duration;
 
     /// A large block freed while its pool watches large blocks goes to the pool, but to the
-    /// freeing thread's cache while another thread holds the pool's lock: threads that share a
-    /// stream do not queue behind it.
+    /// freeing thread's cache while another thread holds the pool's lock: the free does not wait
+    /// for it.
     #[test]
     fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
         let alloc = CachingAllocator::new(

@@ -278,8 +278,17 @@ impl LiveMap {
         }
     }
 
-    pub fn remove(&self, ptr: u64) {
-        self.shard(ptr).map.remove(&ptr);
+    /// Takes out the entry of `a`, which must be live exactly as handed out (not cached): its
+    /// block is going back to its pool. Checking and removing in one step under the shard's lock
+    /// makes a racing free of the same pointer find nothing (an error), where checking first
+    /// and removing later would let that free cache the block in between.
+    pub fn take_live(&self, a: &Allocation) -> Result<Entry, AllocError> {
+        let mut g = self.shard(a.ptr);
+        match g.map.get(&a.ptr) {
+            Some(e) if !e.cached() && e.alloc == *a => {}
+            _ => return Err(AllocError::NotAllocated(a.ptr)),
+        }
+        Ok(g.map.remove(&a.ptr).expect("present"))
     }
 
     /// Number of entries, live and cached.

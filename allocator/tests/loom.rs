@@ -84,6 +84,32 @@ fn racing_double_free_has_one_winner() {
     }
 }
 
+/// The same race on a large block while its pool watches large blocks (two of its episode
+/// live): one thread may free it to the pool (the pool's lock was free) while the other finds
+/// the lock held and frees it to its thread cache. One must lose, and the live table's cached
+/// totals and count of large cached blocks must stay right (`check_invariants`).
+#[test]
+fn racing_double_free_of_a_watched_large_block_has_one_winner() {
+    model(|| {
+        let a = default_allocator();
+        let x = a.allocate(64 << 20, StreamId(0)).unwrap();
+        let _y = a.allocate(32 << 20, StreamId(0)).unwrap();
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let a = a.clone();
+                thread::spawn(move || a.free(x))
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "{results:?}"
+        );
+        a.check_invariants().unwrap();
+    });
+}
+
 #[test]
 fn a_cached_block_has_one_owner() {
     model(|| {
