@@ -9,7 +9,7 @@
 //! build this file is empty.
 #![cfg(loom)]
 
-use cudalloc::{AllocError, CachingAllocator, Config, Policy};
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy};
 use cudalloc_sys::{SimDevice, StreamId};
 use loom::sync::Arc;
 use loom::thread;
@@ -55,6 +55,27 @@ fn shards_never_pass_a_shared_limit_together() {
     });
 }
 
+/// Frees `x` on two threads at once; exactly one must succeed and the other be told the pointer
+/// is not allocated, and the allocator's tables must agree afterwards.
+fn free_twice_at_once(a: &Arc<CachingAllocator<SimDevice>>, x: Allocation) {
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let a = a.clone();
+            thread::spawn(move || a.free(x))
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(
+        results.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "{results:?}"
+    );
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, Err(AllocError::NotAllocated(_)))));
+    a.check_invariants().unwrap();
+}
+
 #[test]
 fn racing_double_free_has_one_winner() {
     for policy in [Policy::Torch, Policy::Default] {
@@ -64,22 +85,7 @@ fn racing_double_free_has_one_winner() {
                 Config::for_policy(policy),
             ));
             let x = a.allocate(4096, StreamId(0)).unwrap();
-            let threads: Vec<_> = (0..2)
-                .map(|_| {
-                    let a = a.clone();
-                    thread::spawn(move || a.free(x))
-                })
-                .collect();
-            let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-            assert_eq!(
-                results.iter().filter(|r| r.is_ok()).count(),
-                1,
-                "{results:?}"
-            );
-            assert!(results
-                .iter()
-                .any(|r| matches!(r, Err(AllocError::NotAllocated(_)))));
-            a.check_invariants().unwrap();
+            free_twice_at_once(&a, x);
         });
     }
 }
@@ -94,19 +100,7 @@ fn racing_double_free_of_a_watched_large_block_has_one_winner() {
         let a = default_allocator();
         let x = a.allocate(64 << 20, StreamId(0)).unwrap();
         let _y = a.allocate(32 << 20, StreamId(0)).unwrap();
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let a = a.clone();
-                thread::spawn(move || a.free(x))
-            })
-            .collect();
-        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-        assert_eq!(
-            results.iter().filter(|r| r.is_ok()).count(),
-            1,
-            "{results:?}"
-        );
-        a.check_invariants().unwrap();
+        free_twice_at_once(&a, x);
     });
 }
 
