@@ -174,15 +174,6 @@ impl LiveMap {
         }
     }
 
-    /// Checks that `a` is live exactly as handed out.
-    pub fn check_live(&self, a: &Allocation) -> Result<Entry, AllocError> {
-        let e = self.live(a.ptr)?;
-        if e.alloc != *a {
-            return Err(AllocError::NotAllocated(a.ptr));
-        }
-        Ok(e)
-    }
-
     /// Turns the live entry of `a` into one cached under `token` and hands it (still live) and
     /// the token to `keep`, unless
     /// it was used on another stream or its block is larger than `max_block` (then it stays

@@ -334,7 +334,9 @@ impl Caches {
             }
             Ok(true)
         });
-        put.unwrap_or_else(|| live.check_live(a).map(|_| false))
+        // This thread's locals are being destroyed: the caller frees it to its pool, which
+        // checks that it is live (`LiveMap::take_live`).
+        put.unwrap_or(Ok(false))
     }
 
     /// Sends this thread's large part to `evict` (a large request missed: in their pools the
