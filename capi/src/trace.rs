@@ -19,22 +19,24 @@
 //! allocated. A block that the caller freed but the allocator still holds as allocated (a
 //! per-thread cache) is written as live until its address is handed out again.
 //!
-//! A write error is kept, later events are dropped, and stopping reports it; recording never
-//! changes what the allocator returns.
+//! The events are those of [`Recorder`]. The allocating thread only formats each event into a
+//! 64 KiB buffer; compressing and writing happen on the recorder's writer thread
+//! ([`BackgroundWriter`]), which the allocating threads wait for only when 32 buffers (2 MiB)
+//! are queued. A write error is kept, later events are dropped, and stopping reports it;
+//! recording never changes what the allocator returns.
 
 use cudalloc_core::snapshot::BlockState;
-use cudalloc_core::trace::{csv, Action, Event};
+use cudalloc_core::trace::background::BackgroundWriter;
+use cudalloc_core::trace::record::Recorder;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
 use cudalloc_sys::{Device, StreamId};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 /// Where events go: a plain or a gzip'd file.
 enum Sink {
@@ -82,37 +84,11 @@ impl Sink {
     }
 }
 
-/// A trace being written.
+/// A trace being written: events are formatted on the allocating thread, compressed and
+/// written on the recorder's own writer thread.
 struct Recording {
     path: PathBuf,
-    writer: csv::Writer<Sink>,
-    start: Instant,
-    /// Address -> (requested size, stream) of each live allocation.
-    live: HashMap<u64, (u64, u64)>,
-    /// The first write error.
-    error: Option<io::Error>,
-}
-
-impl Recording {
-    fn emit(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: u64) {
-        if self.error.is_some() {
-            return;
-        }
-        let e = Event {
-            action,
-            addr,
-            size,
-            stream,
-            time_us,
-        };
-        if let Err(err) = self.writer.write(&e) {
-            self.error = Some(err);
-        }
-    }
-
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_micros() as u64
-    }
+    recorder: Recorder<BackgroundWriter<Sink>>,
 }
 
 /// Records the calls of one allocator while switched on; see the module documentation.
@@ -151,13 +127,10 @@ impl Tracer {
             ));
         }
         let fail = |e: io::Error| format!("cannot write a trace to {}: {e}", path.display());
-        let sink = Sink::create(path).map_err(fail)?;
+        let sink = Sink::create(path).and_then(BackgroundWriter::new);
         let mut r = Recording {
             path: path.to_path_buf(),
-            writer: csv::Writer::new(sink).map_err(fail)?,
-            start: Instant::now(),
-            live: HashMap::new(),
-            error: None,
+            recorder: Recorder::new(sink.map_err(fail)?).map_err(fail)?,
         };
         for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
             let allocated = seg
@@ -165,8 +138,7 @@ impl Tracer {
                 .iter()
                 .filter(|b| b.state == BlockState::Allocated);
             for b in allocated {
-                r.live.insert(b.addr, (b.requested, seg.stream.0));
-                r.emit(Action::Alloc, b.addr, b.requested, seg.stream.0, 0);
+                r.recorder.live_at_start(b.addr, b.requested, seg.stream);
             }
         }
         *state = Some(r);
@@ -184,11 +156,11 @@ impl Tracer {
         .ok_or_else(|| "no trace is being recorded".to_string())?;
         let path = r.path.display().to_string();
         let fail = |e: io::Error| format!("writing the trace to {path} failed: {e}");
-        let closed = r.writer.finish().and_then(Sink::close);
-        match r.error {
-            Some(e) => Err(fail(e)),
-            None => closed.map_err(fail),
-        }
+        r.recorder
+            .finish()
+            .and_then(BackgroundWriter::finish)
+            .and_then(Sink::close)
+            .map_err(fail)
     }
 
     /// True while a trace is being recorded.
@@ -209,15 +181,7 @@ impl Tracer {
         let mut state = self.state.lock();
         let result = alloc.allocate(size, stream);
         if let Some(r) = state.as_mut() {
-            let t = r.now();
-            match &result {
-                Ok(a) => {
-                    r.live.insert(a.ptr, (a.size, stream.0));
-                    r.emit(Action::Alloc, a.ptr, a.size, stream.0, t);
-                }
-                Err(e) if e.is_out_of_memory() => r.emit(Action::Oom, 0, size, stream.0, t),
-                Err(_) => {}
-            }
+            r.recorder.allocated(&result, size, stream);
         }
         result
     }
@@ -231,11 +195,7 @@ impl Tracer {
         let mut state = self.state.lock();
         alloc.free_ptr(ptr)?;
         if let Some(r) = state.as_mut() {
-            if let Some((size, stream)) = r.live.remove(&ptr) {
-                let t = r.now();
-                r.emit(Action::FreeRequested, ptr, size, stream, t);
-                r.emit(Action::FreeCompleted, ptr, size, stream, t);
-            }
+            r.recorder.freed(ptr);
         }
         Ok(())
     }
@@ -287,7 +247,7 @@ mod tests {
         let after = t.allocate(&alloc, 10, s).unwrap();
         t.free(&alloc, after.ptr).unwrap();
         let l = lines(&path);
-        assert_eq!(l[0], csv::HEADER);
+        assert_eq!(l[0], cudalloc_core::trace::csv::HEADER);
         assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr));
         let actions: Vec<&str> = l[1..]
             .iter()
@@ -340,6 +300,23 @@ mod tests {
             e.contains("cannot write a trace to /nonexistent-dir/x/t.csv"),
             "{e}"
         );
+        assert!(!t.is_recording());
+    }
+
+    /// Writes fail on the writer thread (`/dev/full`: no space left); the allocator keeps
+    /// serving, and stopping reports the error.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_write_error_on_the_writer_thread_is_reported_by_stop() {
+        let alloc = sim_allocator();
+        let t = Tracer::new();
+        t.start::<SimDevice>(Path::new("/dev/full"), None).unwrap();
+        for _ in 0..5_000 {
+            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+            t.free(&alloc, a.ptr).unwrap();
+        }
+        let e = t.stop().unwrap_err();
+        assert!(e.contains("writing the trace to /dev/full failed"), "{e}");
         assert!(!t.is_recording());
     }
 }

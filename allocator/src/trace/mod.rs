@@ -9,6 +9,7 @@
 //! Formats: our CSV ([`csv`], plain or gzip), PyTorch memory snapshots ([`pytorch`]) and RMM's
 //! logging adaptor CSV ([`rmm`]). [`read`] picks the reader from the file's content.
 
+pub mod background;
 pub mod csv;
 mod pickle_scan;
 pub mod pytorch;

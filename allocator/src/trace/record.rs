@@ -1,19 +1,24 @@
 //! Recording traces from a running allocator.
 //!
-//! [`RecordingAllocator`] wraps a [`CachingAllocator`] and writes the calls it serves in our CSV
-//! format ([`super::csv`]), so that a run can be replayed later against any policy:
+//! [`Recorder`] turns the calls an allocator served into events of our CSV format
+//! ([`super::csv`]); [`RecordingAllocator`] wraps a [`CachingAllocator`] with one, and the C
+//! ABI's trace (`cudalloc_trace_start`) uses one too:
 //! - a successful `allocate` writes `alloc` (the address, the requested size, the stream);
 //! - an `allocate` that runs out of memory writes `oom` (address 0, the requested size);
 //! - a `free` writes `free_requested` then `free_completed`, with the size and stream the
-//!   allocation was made with. Segments are not recorded.
+//!   allocation was made with; a free of an allocation the recorder never saw made (or was
+//!   told of with [`Recorder::live_at_start`]) is not written, so a trace never holds an
+//!   unmatched free. Segments are not recorded.
 //!
 //! Guarantees:
 //! - events are written in the order the allocator served the calls, across threads (the
-//!   writer's lock is held across each call), so the file never shows an address handed out
+//!   recorder's lock is held across each call), so the file never shows an address handed out
 //!   again before its free;
 //! - `time_us` counts microseconds since the recorder was made and never decreases;
 //! - recording never changes what the allocator returns: the first write error is kept, later
-//!   events are dropped, and [`RecordingAllocator::finish`] reports it.
+//!   events are dropped, and `finish` reports it;
+//! - lines reach the output in chunks ([`super::csv::Writer`]); to keep a slow output (gzip)
+//!   off the allocating thread, give it a [`super::background::BackgroundWriter`].
 
 use super::csv;
 use super::{Action, Event};
@@ -28,49 +33,113 @@ use std::collections::HashMap;
 use std::io::{self, Write};
 use std::time::Instant;
 
-/// A [`CachingAllocator`] that writes a trace of the calls it serves; `Send + Sync` like the
-/// allocator it wraps.
-pub struct RecordingAllocator<D: Device, W: Write + Send> {
-    inner: CachingAllocator<D>,
-    out: Mutex<Out<W>>,
-    start: Instant,
-}
-
-/// The writer and what it needs to know about live allocations.
-struct Out<W: Write> {
+/// Writes the events of the calls it is told of; see the module documentation.
+pub struct Recorder<W: Write> {
     writer: csv::Writer<W>,
+    start: Instant,
     /// Address -> (requested size, stream) of each live allocation.
     live: HashMap<u64, (u64, u64)>,
     /// The first write error.
     error: Option<io::Error>,
 }
 
+impl<W: Write> Recorder<W> {
+    /// A recorder whose clock starts now; writes the header.
+    pub fn new(out: W) -> io::Result<Self> {
+        Ok(Recorder {
+            writer: csv::Writer::new(out)?,
+            start: Instant::now(),
+            live: HashMap::new(),
+            error: None,
+        })
+    }
+
+    /// Writes an `alloc` at time 0 for an allocation made before recording began, so that its
+    /// free is written and matches.
+    pub fn live_at_start(&mut self, ptr: u64, size: u64, stream: StreamId) {
+        self.live.insert(ptr, (size, stream.0));
+        self.emit(Action::Alloc, ptr, size, stream.0, 0);
+    }
+
+    /// Writes what an `allocate(size, stream)` that returned `result` did.
+    pub fn allocated(
+        &mut self,
+        result: &Result<Allocation, AllocError>,
+        size: u64,
+        stream: StreamId,
+    ) {
+        let t = self.now();
+        match result {
+            Ok(a) => {
+                self.live.insert(a.ptr, (a.size, stream.0));
+                self.emit(Action::Alloc, a.ptr, a.size, stream.0, t);
+            }
+            Err(e) if e.is_out_of_memory() => self.emit(Action::Oom, 0, size, stream.0, t),
+            Err(_) => {}
+        }
+    }
+
+    /// Writes a successful free of `ptr`.
+    pub fn freed(&mut self, ptr: u64) {
+        if let Some((size, stream)) = self.live.remove(&ptr) {
+            let t = self.now();
+            self.emit(Action::FreeRequested, ptr, size, stream, t);
+            self.emit(Action::FreeCompleted, ptr, size, stream, t);
+        }
+    }
+
+    /// Writes out the rest and returns the output, or the first write error.
+    pub fn finish(self) -> io::Result<W> {
+        match self.error {
+            Some(e) => Err(e),
+            None => self.writer.finish(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    /// Writes one event unless an earlier write failed.
+    fn emit(&mut self, action: Action, addr: u64, size: u64, stream: u64, time_us: u64) {
+        if self.error.is_some() {
+            return;
+        }
+        let e = Event {
+            action,
+            addr,
+            size,
+            stream,
+            time_us,
+        };
+        if let Err(err) = self.writer.write(&e) {
+            self.error = Some(err);
+        }
+    }
+}
+
+/// A [`CachingAllocator`] that writes a trace of the calls it serves; `Send + Sync` like the
+/// allocator it wraps.
+pub struct RecordingAllocator<D: Device, W: Write + Send> {
+    inner: CachingAllocator<D>,
+    recorder: Mutex<Recorder<W>>,
+}
+
 impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
-    /// Wraps `inner` and writes the header to `out`.
+    /// Wraps `inner` and writes the header to `out`. Allocations `inner` holds already are
+    /// not in the trace, nor are their frees.
     pub fn new(inner: CachingAllocator<D>, out: W) -> io::Result<Self> {
         Ok(RecordingAllocator {
             inner,
-            out: Mutex::new(Out {
-                writer: csv::Writer::new(out)?,
-                live: HashMap::new(),
-                error: None,
-            }),
-            start: Instant::now(),
+            recorder: Mutex::new(Recorder::new(out)?),
         })
     }
 
     /// [`CachingAllocator::allocate`], recorded.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        let mut out = self.out.lock();
+        let mut rec = self.recorder.lock();
         let result = self.inner.allocate(size, stream);
-        match &result {
-            Ok(a) => {
-                out.live.insert(a.ptr, (a.size, stream.0));
-                self.emit(&mut out, Action::Alloc, a.ptr, a.size, stream.0);
-            }
-            Err(e) if e.is_out_of_memory() => self.emit(&mut out, Action::Oom, 0, size, stream.0),
-            Err(_) => {}
-        }
+        rec.allocated(&result, size, stream);
         result
     }
 
@@ -81,11 +150,9 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free_ptr`], recorded.
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
-        let mut out = self.out.lock();
+        let mut rec = self.recorder.lock();
         self.inner.free_ptr(ptr)?;
-        let (size, stream) = out.live.remove(&ptr).unwrap_or_default();
-        self.emit(&mut out, Action::FreeRequested, ptr, size, stream);
-        self.emit(&mut out, Action::FreeCompleted, ptr, size, stream);
+        rec.freed(ptr);
         Ok(())
     }
 
@@ -121,28 +188,6 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// The allocator back, with the flushed writer or the first write error.
     pub fn into_inner(self) -> (CachingAllocator<D>, io::Result<W>) {
-        let out = self.out.into_inner();
-        let writer = match out.error {
-            Some(e) => Err(e),
-            None => out.writer.finish(),
-        };
-        (self.inner, writer)
-    }
-
-    /// Writes one event unless an earlier write failed.
-    fn emit(&self, out: &mut Out<W>, action: Action, addr: u64, size: u64, stream: u64) {
-        if out.error.is_some() {
-            return;
-        }
-        let e = Event {
-            action,
-            addr,
-            size,
-            stream,
-            time_us: self.start.elapsed().as_micros() as u64,
-        };
-        if let Err(err) = out.writer.write(&e) {
-            out.error = Some(err);
-        }
+        (self.inner, self.recorder.into_inner().finish())
     }
 }
