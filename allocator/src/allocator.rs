@@ -30,13 +30,13 @@
 
 use crate::config::Config;
 use crate::error::AllocError;
-use crate::live::{Entry, LiveMap};
+use crate::live::{CacheTotals, Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
 use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
-use crate::stats::{Stat, StatArray, Stats};
+use crate::stats::{Stat, StatArray, Stats, ThreadCacheStats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
-use crate::tcache::{Cached, Caches, Totals};
+use crate::tcache::{Cached, Caches};
 use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
@@ -375,7 +375,11 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// The statistics, summed over stream shards, without the blocks held in thread caches.
+    /// The statistics, summed over stream shards, as the callers see them: a block held in a
+    /// thread cache is not allocated, a cache hit is an allocation and a free into a cache is a
+    /// free (as PyTorch counts every `malloc` and `free`), and [`Stats::thread_cache`] says how
+    /// many hits there were and what the caches hold. Peaks are the pools' (a cached block
+    /// counts in them until it leaves the caches).
     ///
     /// Every shard stays locked until the cached blocks are counted, so no block moves between a
     /// pool and a thread cache through a pool meanwhile. A thread cache hit or a free into a
@@ -388,7 +392,7 @@ impl<D: Device> CachingAllocator<D> {
             add_stats(&mut total, g.stats());
         }
         if self.caches.is_some() {
-            subtract_cached(&mut total, &self.live.cached_totals());
+            count_thread_caches(&mut total, &self.live.cache_totals());
         }
         total
     }
@@ -496,19 +500,40 @@ impl<D: Device> Drop for CachingAllocator<D> {
     }
 }
 
-fn subtract_cached(t: &mut Stats, c: &Totals) {
+/// Turns the pools' statistics into the callers': a block in a thread cache is not allocated
+/// (`current` less what is cached), and each cache hit is an allocation and, earlier, a free
+/// that the pools never saw. With `hits` served and `cached` held now, the callers' frees are
+/// the pools' frees plus `hits + cached` (each block freed into a cache was claimed, is still
+/// cached, or went back to its pool, whose free counted it), so `current == allocated - freed`
+/// still holds. Peaks stay the pools' (a block counts until it leaves the caches).
+fn count_thread_caches(t: &mut Stats, c: &CacheTotals) {
     for (i, pool) in [PoolKind::Small, PoolKind::Large].into_iter().enumerate() {
-        for (a, n) in [
-            (&mut t.allocation, c.blocks[i]),
-            (&mut t.active, c.blocks[i]),
-            (&mut t.allocated_bytes, c.bytes[i]),
-            (&mut t.active_bytes, c.bytes[i]),
-            (&mut t.requested_bytes, c.requested[i]),
+        let (cached, hits) = (&c.cached, &c.hits);
+        for (a, now, served) in [
+            (&mut t.allocation, cached.blocks[i], hits.blocks[i]),
+            (&mut t.active, cached.blocks[i], hits.blocks[i]),
+            (&mut t.allocated_bytes, cached.bytes[i], hits.bytes[i]),
+            (&mut t.active_bytes, cached.bytes[i], hits.bytes[i]),
+            (
+                &mut t.requested_bytes,
+                cached.requested[i],
+                hits.requested[i],
+            ),
         ] {
-            a.0[0].current -= n as i64;
-            a.0[if pool == PoolKind::Small { 1 } else { 2 }].current -= n as i64;
+            for k in [0, if pool == PoolKind::Small { 1 } else { 2 }] {
+                let s = &mut a.0[k];
+                s.current -= now as i64;
+                s.allocated += served as i64;
+                s.freed += (served + now) as i64;
+            }
         }
     }
+    let sum = |v: [u64; 2]| v[0] + v[1];
+    t.thread_cache = ThreadCacheStats {
+        hits: sum(c.hits.blocks),
+        blocks: sum(c.cached.blocks),
+        bytes: sum(c.cached.bytes),
+    };
 }
 
 fn add_stats(t: &mut Stats, s: &Stats) {
@@ -556,7 +581,6 @@ fn add_stat(a: &mut Stat, b: &Stat) {
 mod tests {
     use super::*;
     use crate::config::Policy;
-    use crate::stats::StatType;
     use cudalloc_sys::{SimConfig, SimDevice};
     use std::time::Duration;
 
@@ -570,7 +594,7 @@ mod tests {
             Config::for_policy(Policy::Default),
         );
         let s = StreamId(1);
-        let pool_frees = || alloc.stats().allocation.get(StatType::All).freed;
+        let pool_frees = || alloc.stats().pool_frees();
         let a = alloc.allocate(64 << 20, s).unwrap();
         let b = alloc.allocate(32 << 20, s).unwrap();
         assert!(

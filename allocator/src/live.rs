@@ -14,6 +14,8 @@
 //! - each shard keeps the [`Totals`] of its cached entries, changed under the shard's lock
 //!   together with the entries: the statistics subtract what is cached (exactly, once no
 //!   thread is between a cache hit or a free and its return; see `CachingAllocator::stats`);
+//!   and the totals of its cache hits so far, which the statistics count as allocations and
+//!   frees the pools never saw;
 //! - `large` counts the cached entries whose block is larger than the thread caches' small part
 //!   takes (those in a large part), changed under the same locks as the entries: zero in every
 //!   stripe means no thread holds a large block, so a pool about to grow has nothing to take
@@ -109,11 +111,23 @@ pub(crate) enum Marked {
 
 type Map = HashMap<u64, Entry, BuildHasherDefault<AddrHasher>>;
 
-/// One shard: its entries and what its cached ones add up to.
+/// One shard: its entries, what its cached ones add up to, and what its thread-cache hits
+/// added up to.
 #[derive(Default)]
 struct Shard {
     map: Map,
     cached: Totals,
+    hits: Totals,
+}
+
+/// What the thread caches hold and have served, summed over the shards.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CacheTotals {
+    /// The entries cached now.
+    pub cached: Totals,
+    /// Every entry claimed back from a cache so far (cumulative: the allocations served
+    /// without their pool).
+    pub hits: Totals,
 }
 
 /// Pointer -> entry, sharded by address.
@@ -216,6 +230,7 @@ impl LiveMap {
             Some(e) if e.token == token => {
                 e.token = 0;
                 s.cached.sub(e);
+                s.hits.add(e);
                 self.count_large(ptr, e, false);
                 true
             }
@@ -253,11 +268,13 @@ impl LiveMap {
         out
     }
 
-    /// What the cached entries add up to.
-    pub fn cached_totals(&self) -> Totals {
-        let mut t = Totals::default();
+    /// What the cached entries add up to, and the cache hits so far.
+    pub fn cache_totals(&self) -> CacheTotals {
+        let mut t = CacheTotals::default();
         for s in self.shards.iter() {
-            t.merge(&s.lock().cached);
+            let s = s.lock();
+            t.cached.merge(&s.cached);
+            t.hits.merge(&s.hits);
         }
         t
     }

@@ -135,6 +135,21 @@ pub struct Stats {
     pub max_split_size: u64,
     /// Driver calls by kind, as the allocator issued them.
     pub calls: DriverCalls,
+    /// What the thread caches served and hold (`CachingAllocator` only; zero for a bare pool).
+    pub thread_cache: ThreadCacheStats,
+}
+
+/// Thread caches' part of [`Stats`] (PyTorch has none). The PyTorch statistics already count
+/// a cache hit as an allocation and a free into a cache as a free; these say how many there
+/// were and what the caches hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadCacheStats {
+    /// Allocations served from a thread cache so far, without their pool.
+    pub hits: u64,
+    /// Blocks freed by their callers and held in thread caches now.
+    pub blocks: u64,
+    /// Those blocks' bytes.
+    pub bytes: u64,
 }
 
 /// Driver calls the allocator issued, by kind.
@@ -158,6 +173,19 @@ impl DriverCalls {
 }
 
 impl Stats {
+    /// Allocations that reached a pool: all of them less the thread-cache hits.
+    pub fn pool_allocations(&self) -> i64 {
+        self.allocation.get(StatType::All).allocated - self.thread_cache.hits as i64
+    }
+
+    /// Frees that reached a pool: all of them less those into thread caches (each was claimed
+    /// back by a hit since, is still cached, or reached its pool later, as an eviction that
+    /// counts here).
+    pub fn pool_frees(&self) -> i64 {
+        let cache = self.thread_cache.hits + self.thread_cache.blocks;
+        self.allocation.get(StatType::All).freed - cache as i64
+    }
+
     /// Resets every peak to its current value.
     pub fn reset_peak(&mut self) {
         for a in self.arrays_mut() {

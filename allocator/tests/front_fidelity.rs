@@ -81,7 +81,7 @@ fn thread_caches_keep_the_replayed_figures_on_batched_inference() {
 
 /// Blocks the pools freed so far (a free into a thread cache is none).
 fn pool_frees(alloc: &CachingAllocator<SimDevice>) -> i64 {
-    alloc.stats().allocation.get(StatType::All).freed
+    alloc.stats().pool_frees()
 }
 
 /// A large block freed while another of its episode is live goes to its pool (the episode's

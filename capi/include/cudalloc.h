@@ -110,6 +110,9 @@ int cudalloc_reset_peak_stats(int device);
  *                     "utilisation", "mapped_bytes", "virtual_bytes",
  *                     "free_histogram": [[bucket_bytes, count, bytes], ...]};
  *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total"};
+ *   "thread_cache":  {"hits", "blocks", "bytes"}: allocations served from per-thread caches so
+ *                    far, blocks and bytes held there now (the torch keys count every
+ *                    allocation and free, these included);
  *   "capi":          {"device", "free_errors"}. */
 size_t cudalloc_stats_json(int device, char *buf, size_t len);
 

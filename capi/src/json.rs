@@ -6,6 +6,8 @@
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
 //! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total;
+//! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
+//!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal and the number of failed `cudalloc_free` calls.
 //!
 //! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
@@ -53,6 +55,11 @@ pub fn stats<D: Device>(
             "unmaps": calls.unmaps,
             "total": calls.total(),
         }),
+    );
+    let tc = snap.stats.thread_cache;
+    out.insert(
+        "thread_cache".into(),
+        json!({ "hits": tc.hits, "blocks": tc.blocks, "bytes": tc.bytes }),
     );
     out.insert(
         "capi".into(),
@@ -126,6 +133,10 @@ mod tests {
         assert_eq!(v["allocated_bytes.all.current"], 3 << 20);
         assert!(v["fragmentation"]["free_bytes"].as_u64().unwrap() > 0);
         assert_eq!(v["capi"]["free_errors"], 2);
+        assert_eq!(
+            v["thread_cache"]["hits"], 0,
+            "torch's rules have no thread caches"
+        );
         assert!(v["driver_calls"]["total"].as_u64().unwrap() >= 2);
 
         let s: Value = serde_json::from_str(&snapshot(&alloc, Policy::Torch, 0)).unwrap();

@@ -212,7 +212,7 @@ def _json(fn, device):
 
 def stats(device=0):
     """Everything ``cudalloc_stats_json`` reports for ``device``: the ``torch.cuda.memory_stats()``
-    keys plus ``policy``, ``fragmentation``, ``driver_calls`` and ``capi``."""
+    keys plus ``policy``, ``fragmentation``, ``driver_calls``, ``thread_cache`` and ``capi``."""
     return _json(_device_lib().cudalloc_stats_json, device)
 
 
