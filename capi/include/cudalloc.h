@@ -62,7 +62,8 @@ int cudalloc_check(void);
 
 /* Allocates size bytes on device for use on stream. Returns the device pointer (aligned to at
  * least 256 bytes, like cudaMalloc), or NULL on any failure, out of memory included. size 0
- * returns a valid 512-byte block (free it like any other). */
+ * returns NULL without allocating and without an error (as cudaMalloc and PyTorch's own
+ * allocator hand out nothing for 0 bytes; freeing NULL is a no-op), unless device is bad. */
 void *cudalloc_malloc(size_t size, int device, cudalloc_stream_t stream);
 
 /* What cudalloc_malloc does when it fails, besides setting the last error. Returns the previous

@@ -53,17 +53,23 @@ fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
     }
 }
 
+/// `None` on failure. Zero bytes give NULL once the device is checked: nothing is handed out,
+/// as PyTorch's own allocator hands out nothing for an empty tensor (and PyTorch's pluggable
+/// allocator never frees a NULL pointer).
 pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let p = guard(std::ptr::null_mut(), || {
+    let p = guard(None, || {
         let dev = registry::device(device).map_err(|e| format!("cudalloc_malloc: {e}"))?;
+        if size == 0 {
+            return Ok(Some(std::ptr::null_mut()));
+        }
         let a = allocate(dev, size as u64, stream_id(stream))
             .map_err(|e| format!("cudalloc_malloc({size} bytes, device {device}): {e}"))?;
-        Ok(a.ptr as usize as *mut c_void)
+        Ok(Some(a.ptr as usize as *mut c_void))
     });
-    if p.is_null() {
+    p.unwrap_or_else(|| {
         report_malloc_failure();
-    }
-    p
+        std::ptr::null_mut()
+    })
 }
 
 /// Prints the failure and aborts, as `cudalloc_set_malloc_failure_action` asked.

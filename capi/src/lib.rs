@@ -44,8 +44,9 @@ use std::ffi::{c_char, c_int, c_void};
 
 /// Allocates `size` bytes on `device` for use on `stream` (a `cudaStream_t`; NULL is the
 /// legacy default stream). Returns the device pointer, or NULL on any failure (out of memory
-/// included) with the reason in [`cudalloc_last_error`]. Zero bytes yield a valid 512-byte
-/// block.
+/// included) with the reason in [`cudalloc_last_error`]. Zero bytes return NULL without
+/// allocating (after the device is checked: a bad device is still a failure), as PyTorch's
+/// own allocator does for empty tensors.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
