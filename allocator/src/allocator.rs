@@ -14,7 +14,8 @@
 //! freeing thread's cache and serve that thread's next request of the same size and stream
 //! without any pool lock ([`crate::tcache`]): a cache hit and the free before it take one
 //! live-table lock each. Cached blocks are subtracted from the statistics' current values
-//! (the live table keeps their totals); peaks may include them. While a shard's pool places its
+//! and cache hits added to their counts of allocations and frees (the live table keeps both
+//! totals); peaks may include cached blocks. While a shard's pool places its
 //! large blocks by a layout plan (`pool::plan`), or records an episode with two or more
 //! allocations live (the sequence a plan is made from), its large blocks skip the thread caches
 //! whenever its lock is free: a block kept in a cache is a free and an allocation the pool never

@@ -120,6 +120,27 @@ impl<W: Write> Recorder<W> {
 
 /// A [`CachingAllocator`] that writes a trace of the calls it serves; `Send + Sync` like the
 /// allocator it wraps.
+///
+/// Recording a program's allocations to a gzip'd trace, compressed on a writer thread:
+///
+/// ```
+/// use cudalloc::trace::{self, background::BackgroundWriter, record::RecordingAllocator};
+/// use cudalloc::{CachingAllocator, Config};
+/// use cudalloc_sys::{SimDevice, StreamId};
+/// use flate2::{write::GzEncoder, Compression};
+///
+/// let path = std::env::temp_dir().join(format!("doc-{}.trace.csv.gz", std::process::id()));
+/// let gzip = GzEncoder::new(std::fs::File::create(&path)?, Compression::default());
+/// let alloc = CachingAllocator::new(SimDevice::with_capacity(1 << 30), Config::default());
+/// let rec = RecordingAllocator::new(alloc, BackgroundWriter::new(gzip)?)?;
+/// let a = rec.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+/// rec.free(a).unwrap();
+/// rec.finish()?.finish()?.finish()?; // the recorder, the writer thread, the gzip stream
+/// let t = trace::read(&path).unwrap();
+/// assert_eq!((t.ops.len(), t.peak_live), (2, 3 << 20));
+/// # std::fs::remove_file(&path)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
 pub struct RecordingAllocator<D: Device, W: Write + Send> {
     inner: CachingAllocator<D>,
     recorder: Mutex<Recorder<W>>,
