@@ -21,9 +21,11 @@
 //! whenever its lock is free: a block kept in a cache is a free and an allocation the pool never
 //! sees (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache
 //! instead of waiting (a miss or an eviction still takes the lock). A shard whose lock threads
-//! keep finding held (a crowding score, +8 per time, -1 per pool operation that finds it free,
-//! read and written without atomicity: a hint) lets its large blocks use the caches even while
-//! watched: threads sharing a stream at once give the pool no single sequence to learn from,
+//! keep finding held (a crowding score, +8 per time, -1 per look that finds it free: a pool
+//! allocation, a watched allocation or free; read and written without atomicity: a hint) lets
+//! its large blocks use the caches even while watched (a thread that reads `stats()` or a
+//! snapshot holds every shard's lock a moment, and can raise the score of a one-thread
+//! program a little): threads sharing a stream at once give the pool no single sequence to learn from,
 //! and would queue behind its lock (16 threads looping over 16 MiB blocks on one stream: 4-5 M
 //! pairs/s on the H200 without this rule).
 //!
@@ -54,8 +56,10 @@ const SHARDS: usize = 64;
 const CROWD_STEP: usize = 8;
 /// The score from which a watched pool's large blocks use the thread caches again.
 const CROWDED: usize = 8 * CROWD_STEP;
-/// The score's ceiling: a crowded shard needs this many uncontended pool operations after its
-/// threads stop meeting to be watched again.
+/// The score's ceiling: from it, a shard needs `CROWD_MAX - CROWDED + 1` looks at a free lock
+/// after its threads stop meeting to be watched again. Only pool allocations (cache misses) and
+/// watched operations look; while crowded, cache hits do not, so a loop that always hits its
+/// cache keeps the shard crowded (its blocks then use the caches, as before the watch rule).
 const CROWD_MAX: usize = 1024;
 
 /// A caching allocator over one device; `Send + Sync`.
@@ -133,7 +137,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Allocates `size` bytes for use on `stream`. Zero bytes yield a valid 512-byte block, as
-    /// in PyTorch's allocator.
+    /// PyTorch's block pool rounds them (its front, like the C ABI's `cudalloc_malloc`, hands
+    /// out nothing for zero bytes instead).
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         if size > crate::sizes::MAX_REQUEST {
             return Err(AllocError::InvalidArgument(format!(

@@ -688,7 +688,9 @@ fn stats_stay_exact_while_blocks_move_between_pool_and_thread_cache() {
         });
         let start = std::time::Instant::now();
         while start.elapsed() < std::time::Duration::from_millis(1500) {
-            let c = alloc.stats().allocation.get(StatType::All).current;
+            let all = *alloc.stats().allocation.get(StatType::All);
+            let c = all.current;
+            assert_eq!(all.allocated - all.freed, c, "{all:?}");
             calls += 1;
             min = min.min(c);
             max = max.max(c);

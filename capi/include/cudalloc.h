@@ -25,7 +25,8 @@
  *   its header line only).
  *
  * Errors
- *   Functions returning a pointer return NULL on failure, those returning int return 0 on
+ *   Functions returning a pointer return NULL on failure (cudalloc_malloc also returns NULL,
+ *   without an error, for 0 bytes), those returning int return 0 on
  *   success and -1 on failure, the JSON functions return 0 on failure. The reason is then in
  *   cudalloc_last_error(), per thread. No function unwinds into the caller, and none aborts
  *   unless cudalloc_set_malloc_failure_action(CUDALLOC_MALLOC_ABORT) asked a failed
@@ -88,7 +89,8 @@ void cudalloc_free(void *ptr, size_t size, int device, cudalloc_stream_t stream)
 int cudalloc_empty_cache(int device);
 
 /* Marks the live allocation ptr as used on stream too: once freed, its memory is reused only
- * after the work queued on stream up to its free has completed. 0 or -1. */
+ * after the work queued on stream up to its free has completed. 0 or -1. NULL (what a 0-byte
+ * cudalloc_malloc returns) is ignored: 0. */
 int cudalloc_record_stream(void *ptr, int device, cudalloc_stream_t stream);
 
 /* Caps device's allocator at fraction (0 <= fraction <= 1) of the device's memory; requests
@@ -132,8 +134,10 @@ size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
  * cannot be created). */
 int cudalloc_trace_start(const char *path);
 
-/* Stops the trace and closes its file (call it before the process exits, or a gzip'd trace is
- * cut short). 0 or -1 (no trace running, a write failed). */
+/* Stops the trace and closes its file. Call it before the process exits: events are formatted
+ * into 64 KiB buffers and written (and compressed) on a writer thread of the library, so
+ * without it the last ones, up to about 2 MiB, are lost and a gzip'd trace is cut short.
+ * 0 or -1 (no trace running, a write failed). */
 int cudalloc_trace_stop(void);
 
 /* The calling thread's last error: the message of its most recent failed cudalloc call (cut to

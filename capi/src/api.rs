@@ -54,8 +54,9 @@ fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
 }
 
 /// `None` on failure. Zero bytes give NULL once the device is checked: nothing is handed out,
-/// as PyTorch's own allocator hands out nothing for an empty tensor (and PyTorch's pluggable
-/// allocator never frees a NULL pointer).
+/// as PyTorch's own allocator hands out nothing for an empty tensor. PyTorch's pluggable
+/// allocator may still pass that NULL to `cudalloc_free` (which ignores it) and to
+/// `cudalloc_record_stream` (a no-op for NULL).
 pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let p = guard(None, || {
         let dev = registry::device(device).map_err(|e| format!("cudalloc_malloc: {e}"))?;
@@ -123,7 +124,7 @@ pub(crate) fn free(ptr: *mut c_void, device: c_int) {
 pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void) -> c_int {
     guard(FAILED, || {
         if ptr.is_null() {
-            return Err("cudalloc_record_stream: the pointer is NULL".to_string());
+            return Ok(OK); // an empty tensor's: nothing was allocated (see `malloc`)
         }
         let dev = registry::device(device).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
         dev.alloc

@@ -145,11 +145,17 @@ fn too_small_buffers_get_the_needed_length_and_no_bytes() {
     alloc.free(a).unwrap();
 }
 
+/// NULL is what a 0-byte `cudalloc_malloc` returns, and PyTorch passes it back to
+/// `cudalloc_free` and `cudalloc_record_stream`: neither fails nor sets the last error.
 #[test]
 fn freeing_null_or_junk_never_panics() {
     let _g = serial();
+    assert_eq!(cudalloc_set_malloc_failure_action(99), -1); // a known last error
+    let before = last_error_message();
     cudalloc_free(null(), 0, 0, null());
     cudalloc_free(null(), 123, -5, null());
+    assert_eq!(cudalloc_record_stream(null(), 0, null()), 0);
+    assert_eq!(last_error_message(), before, "NULL set an error");
     if !has_gpu() {
         cudalloc_free(0xdead_0000 as *mut c_void, 512, 0, null());
         assert!(last_error_message().starts_with("cudalloc_free: no CUDA device"));

@@ -113,9 +113,10 @@ pub const WRITE_CHUNK: usize = 64 << 10;
 /// Writes events in our format. Lines are collected and written to the output in chunks of
 /// [`WRITE_CHUNK`] bytes (one `write_all` each), so a slow output such as a gzip encoder is
 /// called once per thousand or so events, not once per field; [`Writer::flush`] and
-/// [`Writer::finish`] write out the rest.
+/// [`Writer::finish`] write out the rest, and so does dropping the writer (errors ignored).
 pub struct Writer<W: Write> {
-    out: W,
+    /// `None` only after [`Writer::finish`].
+    out: Option<W>,
     buf: Vec<u8>,
 }
 
@@ -125,7 +126,10 @@ impl<W: Write> Writer<W> {
         let mut buf = Vec::with_capacity(WRITE_CHUNK + 128);
         buf.extend_from_slice(HEADER.as_bytes());
         buf.push(b'\n');
-        Ok(Writer { out, buf })
+        Ok(Writer {
+            out: Some(out),
+            buf,
+        })
     }
 
     /// Writes one event (to the output once a chunk is full).
@@ -150,19 +154,28 @@ impl<W: Write> Writer<W> {
     /// Writes the collected lines to the output and flushes it.
     pub fn flush(&mut self) -> std::io::Result<()> {
         self.write_out()?;
-        self.out.flush()
+        self.out.as_mut().map_or(Ok(()), Write::flush)
     }
 
     /// Flushes and returns the output.
     pub fn finish(mut self) -> std::io::Result<W> {
         self.flush()?;
-        Ok(self.out)
+        Ok(self.out.take().expect("the output is there until finish"))
     }
 
     fn write_out(&mut self) -> std::io::Result<()> {
-        let r = self.out.write_all(&self.buf);
+        let r = match self.out.as_mut() {
+            Some(out) => out.write_all(&self.buf),
+            None => Ok(()),
+        };
         self.buf.clear();
         r
+    }
+}
+
+impl<W: Write> Drop for Writer<W> {
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }
 
@@ -218,6 +231,27 @@ mod tests {
             let end = put_decimal(&mut line, 2, v);
             assert_eq!(&line[2..end], v.to_string().as_bytes());
         }
+    }
+
+    /// A writer dropped without `finish` still writes out what it collected.
+    #[test]
+    fn dropping_the_writer_writes_out_the_rest() {
+        let mut out = Vec::new();
+        {
+            let mut w = Writer::new(&mut out).unwrap();
+            w.write(&Event {
+                action: Action::Oom,
+                addr: 0,
+                size: 1,
+                stream: 2,
+                time_us: 3,
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{HEADER}\noom,0,1,2,3\n")
+        );
     }
 
     #[test]
