@@ -29,6 +29,12 @@
 //! and would queue behind its lock (16 threads looping over 16 MiB blocks on one stream: 4-5 M
 //! pairs/s on the H200 without this rule).
 //!
+//! Before a small-pool request makes its pool grow while other threads have caches, the small
+//! blocks those threads hold cached on its stream go back to the pool first
+//! (`small_growth_check`), as every thread's large part does before any growth
+//! (`release_large_parts`): memory one thread freed serves another's request before new pages
+//! are mapped. A thread alone is never affected.
+//!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
 //! section, so the shards and the live table agree whenever all shard locks are held, which
@@ -232,7 +238,10 @@ impl<D: Device> CachingAllocator<D> {
         }
         let mut pool = self.shard(stream);
         let a = if may_grow {
-            pool.allocate(size, stream)?
+            match self.small_growth_check(&mut pool, size, stream)? {
+                Some(a) => a,
+                None => pool.allocate(size, stream)?,
+            }
         } else {
             match pool.allocate_cached(size, stream)? {
                 Some(a) => a,
@@ -243,6 +252,42 @@ impl<D: Device> CachingAllocator<D> {
         self.live.insert(Entry::live(a, b.size, b.pool));
         self.note_watched(stream, &pool);
         Ok(Some(a))
+    }
+
+    /// Before a small-pool request makes its pool grow: the small blocks that other threads
+    /// hold cached on this stream go back to the pool, and the request is tried on it again
+    /// (one thread's freed blocks serve another's request instead of new pages: PyTorch's
+    /// autograd thread frees small blocks that the main thread then asks for). The calling
+    /// thread's own are left alone: alone, it behaves as before. `None`: still no room, or
+    /// nothing to release (the caller grows the pool).
+    fn small_growth_check(
+        &self,
+        pool: &mut MutexGuard<'_, Pool<Arc<D>>>,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation>, AllocError> {
+        let Some(c) = &self.caches else {
+            return Ok(None);
+        };
+        if size > crate::sizes::SMALL_SIZE || !c.others_exist() {
+            return Ok(None);
+        }
+        if let Some(a) = pool.allocate_cached(size, stream)? {
+            return Ok(Some(a));
+        }
+        let mine = c.my_token_range();
+        let mut released = 0;
+        for e in self.live.cached_entries() {
+            let others = Some(e.token >> 32) != mine;
+            if e.alloc.stream != stream || !c.in_small_part(e.block_size) || !others {
+                continue;
+            }
+            released += usize::from(self.free_cached_into(pool, &e.alloc, e.token)?);
+        }
+        if released == 0 {
+            return Ok(None);
+        }
+        pool.allocate_cached(size, stream)
     }
 
     /// Publishes whether the stream's pool watches its large blocks, after an operation on it
@@ -308,7 +353,16 @@ impl<D: Device> CachingAllocator<D> {
     /// Gives the block of `a`, cached under `token`, back to its pool, unless that is a stale
     /// copy (another thread took the block first); true when it went back.
     fn free_cached_to_pool(&self, a: &Allocation, token: u64) -> Result<bool, AllocError> {
-        let mut pool = self.shard(a.stream);
+        self.free_cached_into(&mut self.shard(a.stream), a, token)
+    }
+
+    /// [`CachingAllocator::free_cached_to_pool`] with the stream shard's lock already held.
+    fn free_cached_into(
+        &self,
+        pool: &mut MutexGuard<'_, Pool<Arc<D>>>,
+        a: &Allocation,
+        token: u64,
+    ) -> Result<bool, AllocError> {
         let Some(mut e) = self.live.take_cached(a.ptr, token) else {
             return Ok(false);
         };
@@ -319,7 +373,7 @@ impl<D: Device> CachingAllocator<D> {
             self.live.insert(e);
             return Err(err);
         }
-        self.note_watched(a.stream, &pool);
+        self.note_watched(a.stream, pool);
         Ok(true)
     }
 

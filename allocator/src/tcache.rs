@@ -40,7 +40,7 @@ use crate::live::{Entry, LiveMap, Marked};
 use crate::pool::Allocation;
 use crate::sizes::PoolKind;
 use crate::sync::Ordering;
-use crate::sync::{thread_local, Arc, AtomicBool, IdCounter, Mutex};
+use crate::sync::{thread_local, Arc, AtomicBool, AtomicUsize, IdCounter, Mutex};
 use std::cell::RefCell;
 
 /// Small blocks a thread cache holds at most.
@@ -172,6 +172,8 @@ struct Orphans {
     entries: Mutex<Vec<Cached>>,
     /// Set when `entries` may be non-empty.
     pending: AtomicBool,
+    /// Threads whose cache for this allocator exists now.
+    threads: AtomicUsize,
 }
 
 /// A thread's cache for one allocator; dropped when the thread exits, which hands the blocks
@@ -184,6 +186,7 @@ struct Mine {
 
 impl Drop for Mine {
     fn drop(&mut self) {
+        self.orphans.threads.fetch_sub(1, Ordering::Relaxed);
         let mut left = Vec::new();
         self.local.drain(&mut left);
         if !left.is_empty() {
@@ -277,6 +280,7 @@ impl Caches {
                 None => {
                     // Forget caches of allocators that are gone (only this thread holds them).
                     m.retain(|x| Arc::strong_count(&x.orphans) > 1);
+                    self.orphans.threads.fetch_add(1, Ordering::Relaxed);
                     m.push(Mine {
                         id: self.id,
                         local: Local::new(),
@@ -288,6 +292,18 @@ impl Caches {
             f(&mut m[i].local)
         })
         .ok()
+    }
+
+    /// Whether some other thread has a cache for this allocator now (a hint: a thread may
+    /// make or drop one right after).
+    pub fn others_exist(&self) -> bool {
+        self.orphans.threads.load(Ordering::Relaxed) > 1
+    }
+
+    /// The token range of this thread's cache (`token >> 32` of the entries it cached since it
+    /// last took a fresh range); `None` while the thread's locals are being destroyed.
+    pub fn my_token_range(&self) -> Option<u64> {
+        self.with_mine(|c| c.token >> 32)
     }
 
     /// Whether a block of `block_size` bytes goes to a cache's small part (else its large part).
