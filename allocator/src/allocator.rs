@@ -697,23 +697,31 @@ mod tests {
     use cudalloc_sys::{SimConfig, SimDevice};
     use std::time::Duration;
 
-    /// A large block freed while its pool watches large blocks goes to the pool, but to the
-    /// freeing thread's cache while another thread holds the pool's lock: the free does not wait
-    /// for it.
-    #[test]
-    fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
+    /// A `default` allocator of `capacity` bytes with two large blocks live on stream 1: an
+    /// episode with two allocations live, so the pool watches its large blocks.
+    fn watched_pair(capacity: u64) -> (CachingAllocator<SimDevice>, Allocation, Allocation) {
         let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(4 << 30)),
+            SimDevice::new(SimConfig::with_capacity(capacity)),
             Config::for_policy(Policy::Default),
         );
         let s = StreamId(1);
-        let pool_frees = || alloc.stats().pool_frees();
         let a = alloc.allocate(64 << 20, s).unwrap();
         let b = alloc.allocate(32 << 20, s).unwrap();
         assert!(
             alloc.bypasses_caches(a.size, s),
             "two live blocks of one episode"
         );
+        (alloc, a, b)
+    }
+
+    /// A large block freed while its pool watches large blocks goes to the pool, but to the
+    /// freeing thread's cache while another thread holds the pool's lock: the free does not wait
+    /// for it.
+    #[test]
+    fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
+        let (alloc, a, b) = watched_pair(4 << 30);
+        let s = a.stream;
+        let pool_frees = || alloc.stats().pool_frees();
         let before = pool_frees();
         let held = alloc.shards[shard_of(s)].lock();
         let shared = &alloc;
@@ -746,15 +754,9 @@ mod tests {
     /// thread caches; pool operations that find it free bring the watch back.
     #[test]
     fn a_crowded_shard_stops_bypassing_the_caches_until_it_calms_down() {
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(8 << 30)),
-            Config::for_policy(Policy::Default),
-        );
-        let s = StreamId(1);
+        let (alloc, a, b) = watched_pair(8 << 30);
+        let s = a.stream;
         let i = shard_of(s);
-        let a = alloc.allocate(64 << 20, s).unwrap();
-        let b = alloc.allocate(32 << 20, s).unwrap();
-        assert!(alloc.bypasses_caches(a.size, s));
         for _ in 0..CROWDED / CROWD_STEP {
             alloc.note_crowding(i, true);
         }
