@@ -26,7 +26,9 @@
 //! its last value, as in PyTorch. Spaces around words are dropped; a space inside a word
 //! separates it, so `max_split_size_mb 128` is an error, not the key `max_split_size_mb128`.
 //!
-//! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key.
+//! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key; so
+//! is a key of the `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`) in
+//! a string that picks another policy, which would ignore it.
 
 use std::fmt;
 
@@ -141,6 +143,10 @@ impl Default for Config {
     }
 }
 
+/// Keys that only the `default` policy reads: a config string that gives one of them and
+/// picks another policy is an error.
+pub const DEFAULT_ONLY_KEYS: [&str; 3] = ["fragmentation_budget", "max_chunk_mb", "layout_plans"];
+
 /// The `default` policy's largest chunk when none is given.
 pub const DEFAULT_MAX_CHUNK: u64 = 40 << 20;
 
@@ -174,6 +180,9 @@ impl Config {
         // Applied after the other keys, so that its meaning does not depend on where the
         // `policy` key stands.
         let mut expandable = None;
+        // Keys of the `default` policy given here: refused once the policy is known to be
+        // another, where they would do nothing.
+        let mut own_keys: Vec<String> = Vec::new();
         while !p.done() {
             let key = p.next_word("(start of entry)")?;
             if key == "," {
@@ -188,12 +197,25 @@ impl Config {
             } else {
                 cfg.apply(&key, &mut p)?;
             }
+            if DEFAULT_ONLY_KEYS.contains(&key.as_str()) {
+                own_keys.push(key.clone());
+            }
             if !p.done() {
                 p.expect(&key, ",")?;
             }
         }
         if let Some(on) = expandable {
             cfg.policy = with_expandable_segments(cfg.policy, on)?;
+        }
+        if let (Some(key), false) = (own_keys.first(), cfg.policy == Policy::Default) {
+            return Err(ConfigError::new(
+                key.as_str(),
+                format!(
+                    "applies to the `default` policy only; the policy here is `{}`, which \
+                     would ignore it",
+                    cfg.policy.name()
+                ),
+            ));
         }
         Ok(cfg)
     }
@@ -203,11 +225,15 @@ impl Config {
         Config::parse_onto(Config::default(), s)
     }
 
-    /// Reads `CUDALLOC_CONF` (absent: the `default` policy).
+    /// Reads `CUDALLOC_CONF` (absent: the `default` policy; not valid UTF-8: an error).
     pub fn from_env() -> Result<Config, ConfigError> {
         match std::env::var("CUDALLOC_CONF") {
             Ok(s) => Config::parse(&s),
-            Err(_) => Ok(Config::default()),
+            Err(std::env::VarError::NotPresent) => Ok(Config::default()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError::new(
+                "CUDALLOC_CONF",
+                "the variable is not valid UTF-8",
+            )),
         }
     }
 

@@ -405,6 +405,16 @@ fn malformed_configs_are_errors_naming_the_key() {
         ("max_chunk_mb:1", "max_chunk_mb"),
         ("max_chunk_mb:99999999", "max_chunk_mb"),
         ("policy:torch,,max_split_size_mb:40", ","),
+        // Keys only `default` reads, in a string that picks another policy (either order).
+        ("policy:torch,max_chunk_mb:16", "max_chunk_mb"),
+        (
+            "fragmentation_budget:0.05,policy:torch-expandable",
+            "fragmentation_budget",
+        ),
+        (
+            "layout_plans:false,expandable_segments:True,policy:torch",
+            "layout_plans",
+        ),
         ("ключ:1", "ключ"),
         ("\0:1", "\0"),
         (&long_commas, ","),
@@ -633,6 +643,7 @@ fn cli_bad_options_exit_2() {
         "roundup_power2_divisions:[64:3]",
         ":",
         ",",
+        "policy:torch,max_chunk_mb:16",
     ] {
         let o = cudalloc(&["replay", "--config", cfg, &trace]);
         assert_exit(&o, 2, "", &format!("--config {cfg}"));

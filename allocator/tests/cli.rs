@@ -350,7 +350,8 @@ fn help_exits_0() {
     }
 }
 
-/// `--cuda` on a machine without a GPU: a clear error and exit status 1, no panic.
+/// `--cuda` on a machine without a GPU: one clear error before any replay and exit status 2
+/// (an input error: nothing was replayed), no panic.
 #[test]
 fn cuda_replay_without_a_gpu_says_why() {
     if cudalloc_sys::CudaDevice::new(0).is_ok() {
@@ -363,14 +364,16 @@ fn cuda_replay_without_a_gpu_says_why() {
         );
         return;
     }
-    let out = cudalloc(&["replay", "--cuda", "--policy", "torch", &bert()]);
-    assert_eq!(out.status.code(), Some(1));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let gpt2 = bundled("gpt2_train.trace.csv.gz");
+    let out = cudalloc(&["replay", "--cuda", "--policy", "torch", &bert(), &gpt2]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty(), "no table: {}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--cuda") && err.contains("no CUDA device available"),
+        "{err}"
     );
-    assert!(text.contains("no CUDA device available"), "{text}");
+    assert_eq!(err.matches("no CUDA device").count(), 1, "said once: {err}");
 }
 
 #[test]
@@ -436,21 +439,15 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
     );
 }
 
-/// `--cuda` replays through the driver when there is a GPU; without one, each replay fails
-/// with the driver's error, the exit status is 1 and no figure is made up for it.
+/// `--cuda` replays through the driver when there is a GPU, reserving what the simulation
+/// does (docs/policies.md); without one it stops before replaying (exit status 2).
 #[test]
-fn cuda_replay_without_a_device_says_so_and_shows_no_ratio() {
+fn cuda_replay_reserves_what_the_simulation_does() {
     let o = cudalloc(&["replay", "--cuda", "--policy", "default", &bert()]);
     let out = stdout(&o);
     match o.status.code() {
-        // Through the driver the replay reserves what the simulation does (docs/policies.md).
         Some(0) => assert!(out.contains("1.035"), "{out}"),
-        Some(1) => {
-            assert!(out.contains("failed at op 0"), "{out}");
-            assert!(out.contains("device error"), "{out}");
-            let row = out.lines().find(|l| l.starts_with("default")).unwrap();
-            assert!(!row.contains("0.000"), "{row}");
-        }
+        Some(2) => assert!(stderr(&o).contains("no CUDA device"), "{}", stderr(&o)),
         c => panic!("exit status {c:?}: {}", stderr(&o)),
     }
 }
@@ -487,6 +484,126 @@ fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
         row.trim_end().ends_with('-'),
         "no ns/op without operations: {row}"
     );
+    assert!(stderr(&o).contains("holds no allocation"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        json_lines(&o)[0]["ns_per_event"].is_null(),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A trace given twice (by any path) is refused; two traces of one file name are told apart
+/// by their paths; a configuration given twice under two spellings is replayed with a warning.
+#[test]
+fn inputs_given_twice_are_refused_and_equal_names_told_apart() {
+    let dir = scratch("twice");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,4096,512,0,2\n";
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::write(dir.join(sub).join("x.csv"), text).unwrap();
+    }
+    let a = dir.join("a/x.csv");
+    let a_again = dir.join("b/../a/x.csv");
+    let b = dir.join("b/x.csv");
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        a.to_str().unwrap(),
+        a_again.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("given twice"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let names: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["trace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1]);
+    assert!(
+        names[0].ends_with("a/x.csv") && names[1].ends_with("b/x.csv"),
+        "{names:?}"
+    );
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        "--config",
+        "policy:torch",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("same configuration"), "{}", stderr(&o));
+}
+
+/// Keys a replay would ignore are refused, naming the key: the thread caches' (a replay has
+/// none) and the `default` policy's under another policy.
+#[test]
+fn keys_a_replay_would_ignore_are_refused() {
+    for (cfg, key) in [
+        ("thread_cache:False", "thread_cache"),
+        ("thread_cache_mb:8", "thread_cache_mb"),
+        ("policy:torch,thread_cache_large:0", "thread_cache_large"),
+        ("policy:torch,layout_plans:false", "layout_plans"),
+    ] {
+        let o = cudalloc(&["replay", "--config", cfg, &bert()]);
+        assert_eq!(o.status.code(), Some(2), "{cfg}: {}", stdout(&o));
+        assert!(stderr(&o).contains(key), "{cfg}: {}", stderr(&o));
+    }
+    let o = cudalloc(&["stats", "--config", "thread_cache:False", &bert()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("thread_cache"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        "--sweep",
+        "max_chunk_mb=16",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("max_chunk_mb"), "{}", stderr(&o));
+}
+
+/// A plot that cannot be written is refused before any replay, and leaves nothing behind.
+#[test]
+fn an_unwritable_plot_is_refused_before_the_replays() {
+    let dir = scratch("plot-target");
+    let folder = dir.join("isdir.html");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (target, needle) in [
+        (
+            folder.to_str().unwrap().to_string(),
+            "cannot write the plot",
+        ),
+        (
+            dir.join(".html").to_str().unwrap().to_string(),
+            "file name before",
+        ),
+    ] {
+        let o = cudalloc(&["replay", "--policy", "torch", "--plot", &target, &bert()]);
+        assert_eq!(o.status.code(), Some(2), "{target}");
+        assert!(stdout(&o).is_empty(), "no replay ran: {}", stdout(&o));
+        assert!(stderr(&o).contains(needle), "{target}: {}", stderr(&o));
+    }
+    assert!(!dir.join(".html").exists());
 }
 
 /// `--sweep` adds one configuration per value after the default policy, labelled by a config

@@ -20,7 +20,8 @@ pub enum Command {
     /// Replay traces under one or more policies and compare the memory each reserves.
     ///
     /// Exit status: 0 when every replay completed, 1 when one failed (out of memory under
-    /// --capacity, or beyond the simulated device), 2 on a usage or input error.
+    /// --capacity, or beyond the simulated device), 2 on a usage or input error (--cuda without
+    /// a GPU included: nothing is replayed then).
     Replay(ReplayArgs),
     /// Replay one trace and print PyTorch-style memory statistics as JSON.
     ///
@@ -43,8 +44,10 @@ pub struct ReplayArgs {
     /// Without a `policy` key it is the `default` policy with those keys; a key given twice
     /// takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
     /// roundup_power2_divisions, garbage_collection_threshold, expandable_segments,
-    /// fragmentation_budget, max_chunk_mb, layout_plans and the thread_cache keys (values and
-    /// meanings: docs/policies.md and the `cudalloc::config` module docs).
+    /// fragmentation_budget, max_chunk_mb and layout_plans (the last three for the `default`
+    /// policy only; values and meanings: docs/policies.md and the `cudalloc::config` module
+    /// docs). The thread_cache keys are refused: a replay drives the pool on one thread, without
+    /// thread caches.
     #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
     pub configs: Vec<Variant>,
 
@@ -294,6 +297,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let bytes = (value * scale as f64).round();
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(format!("`{s}` is too large"));
+    }
+    if bytes == 0.0 && value > 0.0 {
+        return Err(format!("`{s}` rounds to 0 bytes"));
     }
     Ok(bytes as u64)
 }

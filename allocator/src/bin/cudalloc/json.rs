@@ -36,7 +36,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_maps": r.device_maps,
         "device_unmaps": r.device_unmaps,
         "ooms": r.ooms,
-        "ns_per_event": (r.ns_per_event * 10.0).round() / 10.0,
+        "ns_per_event": (r.events > 0).then(|| (r.ns_per_event * 10.0).round() / 10.0),
         "segment_alloc_events": report.segment_allocs,
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],

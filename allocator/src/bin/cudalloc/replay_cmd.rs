@@ -66,16 +66,23 @@ struct Plan {
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants().map_err(CliError::msg)?;
     check_distinct(&variants)?;
+    variants.iter().try_for_each(check_no_thread_cache_keys)?;
     check_capacity(args)?;
     if let Some(path) = &args.plot {
         check_plot_path(path)?;
+    }
+    if args.cuda {
+        check_cuda()?;
     }
     let paths = if args.traces.is_empty() {
         bundled::find()?
     } else {
         args.traces.clone()
     };
-    let traces = read_all(&paths)?;
+    check_distinct_paths(&paths)?;
+    let mut traces = read_all(&paths)?;
+    name_apart(&mut traces, &paths);
+    warn_if_empty(&traces);
     let plan = Plan {
         capacity: args.capacity,
         min_capacity: args.min_capacity,
@@ -126,17 +133,103 @@ fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Res
     Ok(())
 }
 
-/// Refuses a configuration asked for twice (the same label: `--policy torch --policy torch`).
+/// Refuses a configuration asked for twice under one label (`--policy torch --policy torch`);
+/// says so on stderr when two labels give the same rules (`--policy torch --config
+/// policy:torch`, or a sweep through the default's own value), which then count twice in the
+/// summary.
 fn check_distinct(variants: &[Variant]) -> Result<(), CliError> {
     for (i, v) in variants.iter().enumerate() {
-        if variants[..i].iter().any(|w| w.label == v.label) {
+        if let Some(w) = variants[..i].iter().find(|w| w.label == v.label) {
             return Err(CliError::msg(format!(
                 "`{}` is asked for twice; give each policy, --config and --sweep value once",
-                v.label
+                w.label
+            )));
+        }
+        if let Some(w) = variants[..i].iter().find(|w| w.cfg == v.cfg) {
+            eprintln!(
+                "warning: `{}` and `{}` are the same configuration (both are replayed, and both \
+                 count in the summary)",
+                w.label, v.label
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses the thread-cache keys: a replay (and `cudalloc stats`) drives the pool on one
+/// thread, without the thread caches of `CachingAllocator`, so they would change nothing.
+pub fn check_no_thread_cache_keys(v: &Variant) -> Result<(), CliError> {
+    let plain = Config::for_policy(v.cfg.policy);
+    let c = &v.cfg;
+    let keys = [
+        ("thread_cache", c.thread_cache.is_some()),
+        (
+            "thread_cache_mb",
+            c.thread_cache_bytes != plain.thread_cache_bytes,
+        ),
+        (
+            "thread_cache_block_mb",
+            c.thread_cache_block != plain.thread_cache_block,
+        ),
+        (
+            "thread_cache_large",
+            c.thread_cache_large != plain.thread_cache_large,
+        ),
+    ];
+    match keys.iter().find(|k| k.1) {
+        Some((key, _)) => Err(CliError::msg(format!(
+            "`{}`: `{key}` has no effect here: the pool is driven on one thread, without the \
+             thread caches of CachingAllocator and the C library",
+            v.label
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a trace given twice (by the same path or another path to the same file): it would
+/// count twice in the summary.
+fn check_distinct_paths(paths: &[PathBuf]) -> Result<(), CliError> {
+    let key = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+    for (i, p) in paths.iter().enumerate() {
+        if let Some(q) = paths[..i].iter().find(|q| key(q) == key(p)) {
+            return Err(CliError::msg(format!(
+                "the trace {} is given twice ({} and {})",
+                p.display(),
+                q.display(),
+                p.display()
             )));
         }
     }
     Ok(())
+}
+
+/// Names traces whose file names collide (`a/x.csv` and `b/x.csv`) by their paths, so that the
+/// tables and the JSON tell them apart.
+fn name_apart(traces: &mut [Trace], paths: &[PathBuf]) {
+    let names: Vec<String> = traces.iter().map(|t| t.name.clone()).collect();
+    for (t, p) in traces.iter_mut().zip(paths) {
+        if names.iter().filter(|n| **n == t.name).count() > 1 {
+            t.name = p.display().to_string();
+        }
+    }
+}
+
+/// Says on stderr which traces hold no allocation to replay (an empty file, a header alone).
+fn warn_if_empty(traces: &[Trace]) {
+    for t in traces.iter().filter(|t| t.ops.is_empty()) {
+        eprintln!(
+            "warning: {} holds no allocation or free to replay ({} events read)",
+            t.name, t.events
+        );
+    }
+}
+
+/// Refuses `--cuda` before any replay when there is no GPU 0 to replay on (each replay would
+/// otherwise fail alike at its first operation).
+fn check_cuda() -> Result<(), CliError> {
+    cudalloc_sys::CudaDevice::new(0)
+        .map(drop)
+        .map_err(|e| CliError::msg(format!("--cuda: {e}")))
 }
 
 /// Refuses a cap the simulated device could never reach (it has an H200's memory); through
@@ -157,29 +250,59 @@ fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
 /// `--plot trace.csv.gz` would otherwise overwrite the trace with the page), or whose folder
 /// does not exist (found before the replays, not after them).
 fn check_plot_path(path: &std::path::Path) -> Result<(), CliError> {
-    let html = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
-    if !html {
-        return Err(CliError::msg(format!(
-            "--plot writes an HTML page; give it a file ending in .html, not {}",
-            path.display()
-        )));
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
+    let name = name.unwrap_or_default();
+    let html = [".html", ".htm"]
+        .iter()
+        .find(|e| name.ends_with(*e))
+        .map(|e| name.len() > e.len());
+    match html {
+        Some(true) => {}
+        Some(false) => {
+            return Err(CliError::msg(format!(
+                "--plot needs a file name before the extension, not {}",
+                path.display()
+            )))
+        }
+        None => {
+            return Err(CliError::msg(format!(
+                "--plot writes an HTML page; give it a file ending in .html, not {}",
+                path.display()
+            )))
+        }
     }
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
     };
-    if folder.is_dir() {
-        Ok(())
-    } else {
-        Err(CliError::msg(format!(
+    if !folder.is_dir() {
+        return Err(CliError::msg(format!(
             "cannot write the plot to {}: there is no folder {}",
             path.display(),
             folder.display()
-        )))
+        )));
     }
+    check_writable(path)
+}
+
+/// Opens `path` for writing without changing it (removed again when this made it), so that a
+/// plot that cannot be written is refused before the replays, not after them.
+fn check_writable(path: &std::path::Path) -> Result<(), CliError> {
+    let existed = path.exists();
+    let opened = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path);
+    if let Err(e) = opened {
+        return Err(CliError::msg(format!(
+            "cannot write the plot to {}: {e}",
+            path.display()
+        )));
+    }
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
 }
 
 fn write_plot(path: &std::path::Path, reports: &[Report]) -> Result<(), CliError> {

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
     let variant = args.variant();
+    crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     let pool = Pool::new(
         SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
         variant.cfg.clone(),
