@@ -16,10 +16,13 @@
  *   the environment variable CUDALLOC_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax plus
  *   cudalloc's keys, e.g. "policy:torch-expandable" or "policy:default,fragmentation_budget:0.05";
  *   unset: policy "default"). A bad configuration makes every call that reads it fail with the
- *   config error, and without a driver or a GPU those calls fail with "no CUDA device ...":
- *   cudalloc_check, cudalloc_malloc, cudalloc_free (of a non-NULL pointer; it returns
- *   nothing, the reason is in cudalloc_last_error()), cudalloc_empty_cache, cudalloc_record_stream,
- *   cudalloc_set_memory_fraction, cudalloc_reset_peak_stats and the JSON functions.
+ *   config error: cudalloc_check, cudalloc_malloc, cudalloc_free and cudalloc_record_stream (of
+ *   a non-NULL pointer; cudalloc_free returns nothing, the reason is in cudalloc_last_error()),
+ *   cudalloc_empty_cache, cudalloc_set_memory_fraction, cudalloc_reset_peak_stats and the JSON
+ *   functions. Without a driver or a GPU these fail with "no CUDA device ...", except
+ *   cudalloc_free and cudalloc_record_stream: they never make an allocator or open a device, and
+ *   for a device that has no allocator yet (every device, without a GPU) they fail as for any
+ *   pointer that is not a live allocation.
  *   cudalloc_set_malloc_failure_action, cudalloc_trace_start, cudalloc_trace_stop and
  *   cudalloc_last_error neither read it nor need a device (a trace started without one records
  *   its header line only).
@@ -81,7 +84,8 @@ int cudalloc_set_malloc_failure_action(int action);
  * caching allocator, the memory goes back to the pool of the allocation's stream, so work
  * already queued on that stream may still use it; streams declared with cudalloc_record_stream
  * are waited for first. A failure (ptr is not a live allocation of device) sets
- * cudalloc_last_error() and counts in the stats (capi.free_errors). */
+ * cudalloc_last_error() and, if device has an allocator, counts in its stats
+ * (capi.free_errors). */
 void cudalloc_free(void *ptr, size_t size, int device, cudalloc_stream_t stream);
 
 /* Releases every cached, unused block of device to the driver (nothing to do for a device that

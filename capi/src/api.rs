@@ -108,16 +108,24 @@ pub(crate) fn set_malloc_failure_action(action: c_int) -> c_int {
     })
 }
 
+/// `ptr`'s device allocator, found without making one: a device without an allocator holds no
+/// allocation, so `ptr` is not one ([`AllocError::NotAllocated`]). The outer error is that of
+/// the lookup (a bad config, a bad device).
+fn holder(device: c_int, ptr: u64) -> Result<Result<&'static Dev, AllocError>, String> {
+    let made = registry::device_if_made(device)?;
+    Ok(made.ok_or(AllocError::NotAllocated(ptr)))
+}
+
+/// Failures are counted in the stats of the device's allocator, if it has one.
 pub(crate) fn free(ptr: *mut c_void, device: c_int) {
     guard((), || {
         if ptr.is_null() {
             return Ok(());
         }
-        let dev = registry::device(device).map_err(|e| format!("cudalloc_free: {e}"))?;
-        free_ptr(dev, address(ptr)).map_err(|e| {
-            dev.count_free_error();
-            format!("cudalloc_free({ptr:p}, device {device}): {e}")
-        })
+        let dev = holder(device, address(ptr)).map_err(|e| format!("cudalloc_free: {e}"))?;
+        let freed =
+            dev.and_then(|dev| free_ptr(dev, address(ptr)).inspect_err(|_| dev.count_free_error()));
+        freed.map_err(|e| format!("cudalloc_free({ptr:p}, device {device}): {e}"))
     })
 }
 
@@ -126,9 +134,9 @@ pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void
         if ptr.is_null() {
             return Ok(OK); // an empty tensor's: nothing was allocated (see `malloc`)
         }
-        let dev = registry::device(device).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
-        dev.alloc
-            .record_stream(address(ptr), stream_id(stream))
+        let dev =
+            holder(device, address(ptr)).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
+        dev.and_then(|dev| dev.alloc.record_stream(address(ptr), stream_id(stream)))
             .map_err(|e| format!("cudalloc_record_stream({ptr:p}, device {device}): {e}"))?;
         Ok(OK)
     })

@@ -5,10 +5,12 @@
 //! signatures PyTorch's `torch.cuda.memory.CUDAPluggableAllocator` loads; the package
 //! `python/cudalloc_torch` switches PyTorch over and reads the statistics.
 //!
-//! - One [`cudalloc_core::CachingAllocator`] per CUDA device, made on a device's first call and
-//!   configured from `CUDALLOC_CONF`, read once per process (see `registry`). A bad config makes
-//!   every call fail with the config error; without a driver or GPU every call fails with
-//!   "no CUDA device: ...".
+//! - One [`cudalloc_core::CachingAllocator`] per CUDA device, made on the first call that needs
+//!   it and configured from `CUDALLOC_CONF`, read once per process (see `registry`). A bad
+//!   config makes every call that reads it fail with the config error; without a driver or GPU
+//!   every call that needs a device fails with "no CUDA device: ...". `cudalloc_free` and
+//!   `cudalloc_record_stream` make no allocator: on a device without one, a pointer is not a
+//!   live allocation.
 //! - Every function is thread-safe and never unwinds into its caller: each body runs under
 //!   `catch_unwind`; an error or a panic becomes the failure value (NULL, -1, 0) and the calling
 //!   thread's last error (`cudalloc_last_error`).
@@ -72,8 +74,8 @@ pub extern "C" fn cudalloc_set_malloc_failure_action(action: c_int) -> c_int {
 
 /// Frees `ptr`, returned by [`cudalloc_malloc`] for `device`. NULL is ignored. `size` and
 /// `stream` (PyTorch passes the allocation's) are not needed: the allocator knows both. A
-/// failure (a pointer that is not live) sets [`cudalloc_last_error`] and is counted in the
-/// stats (`capi.free_errors`).
+/// failure (a pointer that is not live) sets [`cudalloc_last_error`] and, if `device` has an
+/// allocator (this call never makes one), is counted in its stats (`capi.free_errors`).
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {

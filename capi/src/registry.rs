@@ -1,10 +1,12 @@
 //! One [`CachingAllocator`] per CUDA device, made on first use.
 //!
 //! The first call of any device reads `CUDALLOC_CONF` (once per process) and asks the driver
-//! for the device count (once per process); the first call for device `d` opens it
-//! ([`CudaDevice::new`]) and builds its allocator. Each of these outcomes, success or failure,
-//! is kept for the life of the process: a bad config, a missing driver or a device that cannot
-//! be opened makes every later call for it fail with the same message.
+//! for the device count (once per process); the first call for device `d` that needs its
+//! allocator opens it ([`CudaDevice::new`]) and builds the allocator. Each of these outcomes,
+//! success or failure, is kept for the life of the process: a bad config, a missing driver or a
+//! device that cannot be opened makes every later call for it fail with the same message.
+//! Calls about a pointer ([`device_if_made`]) read the config but neither ask the driver nor
+//! make an allocator: a device without one holds no allocation.
 
 use cudalloc_core::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{CudaDevice, DeviceError};
@@ -96,6 +98,17 @@ pub(crate) fn device_if_used(device: c_int) -> Result<Option<&'static Dev>, Stri
     match slot.get() {
         None => Ok(None),
         Some(made) => made.as_ref().map(Some).map_err(Clone::clone),
+    }
+}
+
+/// The allocator of device `device` if a call has made it, without asking the driver: None if
+/// none has (no device has been used yet, or not this one; always without a driver). Errors:
+/// a bad config; once the devices are counted, those of [`device_if_used`].
+pub(crate) fn device_if_made(device: c_int) -> Result<Option<&'static Dev>, String> {
+    config()?;
+    match SLOTS.get() {
+        Some(Ok(_)) => device_if_used(device),
+        _ => Ok(None),
     }
 }
 

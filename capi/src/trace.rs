@@ -61,10 +61,11 @@ impl Write for Sink {
 }
 
 impl Sink {
-    /// Opens `path` (truncating it); gzip when the name ends in `.gz`.
+    /// Opens `path` (truncating it); gzip when the path ends in `.gz` (a file named just `.gz`
+    /// included, which [`Path::extension`] would not count).
     fn create(path: &Path) -> io::Result<Sink> {
         let file = BufWriter::new(File::create(path)?);
-        let gz = path.extension().is_some_and(|e| e == "gz");
+        let gz = path.as_os_str().as_encoded_bytes().ends_with(b".gz");
         Ok(if gz {
             Sink::Gzip(GzEncoder::new(file, Compression::default()))
         } else {
@@ -72,15 +73,20 @@ impl Sink {
         })
     }
 
-    /// Writes everything out (the gzip trailer included) and closes the file.
+    /// Writes everything out (the gzip trailer included), syncs a regular file to disk and
+    /// closes the file.
     fn close(self) -> io::Result<()> {
         let file = match self {
             Sink::Plain(w) => w,
             Sink::Gzip(w) => w.finish()?,
         };
-        file.into_inner()
-            .map_err(io::IntoInnerError::into_error)?
-            .sync_all()
+        let file = file.into_inner().map_err(io::IntoInnerError::into_error)?;
+        // Only a regular file has a disk copy to sync: Linux refuses fsync (EINVAL) on pipes,
+        // FIFOs and character devices such as /dev/null, which hold nothing back once written.
+        if file.metadata()?.is_file() {
+            file.sync_all()?;
+        }
+        Ok(())
     }
 }
 
@@ -287,6 +293,63 @@ mod tests {
         assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
         let trace = read(&path).unwrap();
         assert_eq!(trace.anomalies, Default::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn gzip_when_the_file_is_named_just_gz() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-dotgz-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(".gz");
+        let t = Tracer::new();
+        t.start::<SimDevice>(&path, None).unwrap();
+        t.stop().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..2], &[0x1f, 0x8b], "not gzip'd");
+        assert!(read(&path).unwrap().ops.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Records a few calls to `path` and stops: the result of `stop`.
+    fn trace_a_few_calls(path: &Path) -> Result<(), String> {
+        let alloc = sim_allocator();
+        let t = Tracer::new();
+        t.start::<SimDevice>(path, None)?;
+        for _ in 0..100 {
+            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+            t.free(&alloc, a.ptr).unwrap();
+        }
+        t.stop()
+    }
+
+    /// /dev/null takes every byte, but is not a file that fsync can sync (EINVAL on Linux).
+    #[cfg(unix)]
+    #[test]
+    fn a_trace_to_a_character_device_stops_cleanly() {
+        trace_a_few_calls(Path::new("/dev/null")).unwrap();
+    }
+
+    /// A FIFO (as `/dev/stdout | cat` is a pipe) gets the whole trace, and stopping succeeds.
+    #[cfg(unix)]
+    #[test]
+    fn a_trace_to_a_fifo_is_read_whole_and_stops_cleanly() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("t.csv");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+        };
+        // Checked before the join: a trace that never opened the FIFO leaves the reader waiting.
+        trace_a_few_calls(&fifo).unwrap();
+        let text = reader.join().unwrap();
+        assert!(
+            text.starts_with(cudalloc_core::trace::csv::HEADER),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1 + 100 * 3, "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

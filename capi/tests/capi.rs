@@ -156,10 +156,34 @@ fn freeing_null_or_junk_never_panics() {
     cudalloc_free(null(), 123, -5, null());
     assert_eq!(cudalloc_record_stream(null(), 0, null()), 0);
     assert_eq!(last_error_message(), before, "NULL set an error");
-    if !has_gpu() {
-        cudalloc_free(0xdead_0000 as *mut c_void, 512, 0, null());
-        assert!(last_error_message().starts_with("cudalloc_free: no CUDA device"));
+}
+
+/// A device without an allocator (here: none, there is no GPU) holds no allocation, so freeing
+/// a pointer on it fails as not allocated, without opening the device or asking the driver.
+#[test]
+fn freeing_junk_on_a_device_without_an_allocator_is_not_allocated() {
+    let _g = serial();
+    if has_gpu() {
+        eprintln!("a CUDA GPU is present: device 0 may have an allocator here");
+        return;
     }
+    let junk = 0xdead_0000 as *mut c_void;
+    cudalloc_free(junk, 512, 0, null());
+    let msg = last_error_message();
+    assert!(
+        msg.starts_with("cudalloc_free(0xdead0000, device 0): 0xdead0000 is not a live allocation"),
+        "{msg}"
+    );
+    assert_eq!(cudalloc_record_stream(junk, 0, null()), -1);
+    let msg = last_error_message();
+    assert!(
+        msg.starts_with("cudalloc_record_stream(0xdead0000, device 0): 0xdead0000 is not a live"),
+        "{msg}"
+    );
+    // Also after a call that asked the driver and failed.
+    assert!(cudalloc_malloc(64, 0, null()).is_null());
+    cudalloc_free(junk, 512, 0, null());
+    assert!(last_error_message().contains("is not a live allocation"));
 }
 
 #[test]
