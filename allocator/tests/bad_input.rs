@@ -659,6 +659,7 @@ fn cli_bad_options_exit_2() {
         "",
         "12 parsecs",
         "GiB",
+        "0.0001B",
     ] {
         let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
         assert_exit(&o, 2, "capacity", &format!("--capacity {cap:?}"));
