@@ -95,6 +95,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         assert!(v["failure"].is_null());
         assert_eq!(v["anomalies"]["unmatched_frees"], 0);
         assert_eq!(v["anomalies"]["double_allocs"], 0);
+        assert_eq!(v["anomalies"]["mismatched_frees"], 0);
         assert!(v["anomalies"]["first_line"].is_null());
         assert_eq!(v["events"], 29722);
         assert_eq!(v["peak_live_bytes"], 615862208);
@@ -457,7 +458,8 @@ fn cuda_replay_reserves_what_the_simulation_does() {
 fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
     let dir = scratch("anomalies");
     let odd = dir.join("odd.csv");
-    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,8192,512,0,2\n";
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,8192,512,0,2\n\
+                alloc,16384,512,0,3\nfree_completed,16384,1024,0,4\n";
     std::fs::write(&odd, text).unwrap();
     let o = cudalloc(&[
         "replay",
@@ -470,7 +472,14 @@ fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
     let v = &json_lines(&o)[0];
     assert_eq!(v["anomalies"]["unmatched_frees"], 1);
     assert_eq!(v["anomalies"]["double_allocs"], 0);
+    assert_eq!(v["anomalies"]["mismatched_frees"], 1);
     assert_eq!(v["anomalies"]["first_line"], 3);
+    let o = cudalloc(&["replay", "--policy", "torch", odd.to_str().unwrap()]);
+    assert!(
+        stdout(&o).contains("1 frees whose size or stream differs"),
+        "{}",
+        stdout(&o)
+    );
     let empty = dir.join("empty.csv");
     std::fs::write(&empty, "action,addr,size,stream,time_us\n").unwrap();
     let o = cudalloc(&["replay", "--policy", "torch", empty.to_str().unwrap()]);

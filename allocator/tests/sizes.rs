@@ -263,14 +263,20 @@ fn a_full_pytorch_string_parses() {
 #[test]
 fn every_key_parses() {
     let c = parse_torch(
-        " max_split_size_mb : 20 , max_non_split_rounding_mb:40, fragmentation_budget:0.5, \
+        " max_split_size_mb : 20 , max_non_split_rounding_mb:40, \
          backend:native, pinned_use_cuda_host_register:True, pinned_num_register_threads:8, \
          pinned_use_background_threads:False, release_lock_on_cudamalloc:True",
     );
     assert_eq!(c.max_split_size, 20 * MIB);
     assert_eq!(c.max_non_split_rounding, 40 * MIB);
-    assert_eq!(c.fragmentation_budget, 0.5);
     assert_eq!(c.policy, Policy::Torch);
+    // The `default` policy's own keys parse under it (and are refused under the others:
+    // bad_input.rs).
+    let c = Config::parse("fragmentation_budget:0.5,max_chunk_mb:16,layout_plans:false").unwrap();
+    assert_eq!(c.fragmentation_budget, 0.5);
+    assert_eq!(c.max_chunk, 16 * MIB);
+    assert!(!c.layout_plans);
+    assert_eq!(c.policy, Policy::Default);
 }
 
 #[test]

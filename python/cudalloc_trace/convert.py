@@ -3,7 +3,9 @@
 A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (``_dump_snapshot()`` pickles
 it). Only ``snapshot["device_traces"][device]`` is used: a list of dicts, one per event, with the
 keys ``action``, ``addr``, ``size``, ``stream`` and ``time_us``; other keys (``frames``, ...)
-are ignored.
+are ignored. Without ``--device``: device 0 when its list has entries, otherwise the only device
+whose list has entries, otherwise an empty trace; when device 0's list is empty and several
+others are not, :class:`SnapshotError` lists them (as the Rust reader does).
 
 What this module guarantees (the Rust reader ``allocator/src/trace/pytorch.rs`` follows the same
 rules, so both turn one snapshot into the same events):
@@ -94,8 +96,21 @@ def load_snapshot(path):
             ) from e
 
 
-def device_entries(snapshot, device=0):
-    """The trace entries of one device."""
+def choose_device(traces):
+    """The device to read when none was given (see the module docs); 0 when none has entries."""
+    with_entries = [(d, len(e)) for d, e in enumerate(traces) if isinstance(e, list) and e]
+    if not with_entries:
+        return 0
+    if with_entries[0][0] == 0 or len(with_entries) == 1:
+        return with_entries[0][0]
+    listed = ", ".join(f"device {d}: {n} entries" for d, n in with_entries)
+    raise SnapshotError(
+        f"device 0 has no trace entries and several devices do ({listed}); pick one with --device N"
+    )
+
+
+def device_entries(snapshot, device=None):
+    """The trace entries of one device (``None``: as :func:`choose_device` picks)."""
     if not isinstance(snapshot, dict):
         raise SnapshotError(f"expected a dict at the top, found {type(snapshot).__name__}")
     if "device_traces" not in snapshot:
@@ -103,6 +118,10 @@ def device_entries(snapshot, device=0):
     traces = snapshot["device_traces"]
     if not isinstance(traces, list):
         raise SnapshotError(f"`device_traces` is a {type(traces).__name__}, not a list")
+    if device is None:
+        if not traces:
+            return []
+        device = choose_device(traces)
     if device < 0 or device >= len(traces):
         raise SnapshotError(f"device {device} asked for; the snapshot has traces of {len(traces)} device(s)")
     entries = traces[device]
@@ -169,7 +188,7 @@ def entry_to_row(entry, index):
     return (action, addr, size, stream, time_us)
 
 
-def device_events(snapshot, device=0):
+def device_events(snapshot, device=None):
     """Yields the rows of one device's trace, in order."""
     for i, entry in enumerate(device_entries(snapshot, device), start=1):
         yield entry_to_row(entry, i)
@@ -198,7 +217,7 @@ def write_csv(rows, out_path):
     return n
 
 
-def convert(snapshot_path, out_path, device=0):
+def convert(snapshot_path, out_path, device=None):
     """Converts a snapshot pickle to a trace file; returns the number of events."""
     return write_csv(device_events(load_snapshot(snapshot_path), device), out_path)
 
@@ -210,7 +229,12 @@ def main(argv=None):
     )
     p.add_argument("snapshot", help="pickle written by torch.cuda.memory._dump_snapshot()")
     p.add_argument("out", help="output trace (.csv or .csv.gz)")
-    p.add_argument("--device", type=int, default=0, help="device whose trace to write (default 0)")
+    p.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="device whose trace to write (default: device 0 if it has events, else the only one that has)",
+    )
     args = p.parse_args(argv)
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder):

@@ -95,6 +95,14 @@ class ConvertTest(unittest.TestCase):
             list(conv.device_events(snap, 2))
         with self.assertRaisesRegex(conv.SnapshotError, "device_traces"):
             list(conv.device_events({"segments": []}))
+        # Without a device: 0 when it has events, else the only one that has, else none; several
+        # without device 0 are an error listing them (the Rust reader's rule).
+        self.assertEqual(list(conv.device_events(snapshot([entry("alloc", 1, 2)], [entry("alloc", 3, 4)]))), [("alloc", 1, 2, 0, 0)])
+        self.assertEqual(list(conv.device_events(snapshot([], [entry("alloc", 3, 4)]))), [("alloc", 3, 4, 0, 0)])
+        self.assertEqual(list(conv.device_events(snapshot([], []))), [])
+        self.assertEqual(list(conv.device_events(snapshot())), [])
+        with self.assertRaisesRegex(conv.SnapshotError, "device 1: 1 entries, device 2: 2 entries"):
+            list(conv.device_events(snapshot([], [entry("alloc", 3, 4)], [entry("alloc", 5, 6), entry("alloc", 7, 8)])))
 
     def test_convert_plain_and_gzip(self):
         snap = snapshot([entry("alloc", 4096, 10, time_us=1), entry("free_completed", 4096, 10, time_us=2)])

@@ -1,6 +1,8 @@
 //! Our trace format: CSV with the header `action,addr,size,stream,time_us` (see
-//! `shared/traces/README.md`), plain or gzip. Lines are parsed from a reused byte buffer; a
-//! malformed line is an error naming the file and line.
+//! `shared/traces/README.md`), plain or gzip, the header optionally after a UTF-8 BOM. Lines are
+//! parsed from a reused byte buffer; a malformed line is an error naming the file and line.
+//! Numbers are decimal digits only: anything else is "not a non-negative integer", and digits
+//! whose value passes `u64::MAX` "overflow 64 bits", whatever their count.
 
 use super::{Action, Event, Trace, TraceBuilder, TraceError};
 use std::io::{BufRead, Write};
@@ -18,14 +20,14 @@ pub fn read(path: &Path, mut r: impl BufRead) -> Result<Trace, TraceError> {
         line.clear();
         let got = r
             .read_until(b'\n', &mut line)
-            .map_err(|e| TraceError::at(path, n + 1, format!("read failed: {e}")))?;
+            .map_err(|e| TraceError::read_failed(path, n + 1, &e))?;
         if got == 0 {
             break;
         }
         n += 1;
         let text = trim(&line);
         if n == 1 {
-            if text != HEADER.as_bytes() {
+            if super::strip_bom(text) != HEADER.as_bytes() {
                 return Err(TraceError::at(
                     path,
                     1,
@@ -84,27 +86,19 @@ pub fn parse_line(text: &[u8]) -> Result<Event, String> {
 }
 
 fn number(field: &[u8], name: &str) -> Result<u64, String> {
-    if field.is_empty() || field.len() > 20 {
+    let shown = || String::from_utf8_lossy(field);
+    if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
         return Err(format!(
             "field `{name}` is not a non-negative integer: `{}`",
-            String::from_utf8_lossy(field)
+            shown()
         ));
     }
-    let mut v: u64 = 0;
-    for &c in field {
-        let d = c.wrapping_sub(b'0');
-        if d > 9 {
-            return Err(format!(
-                "field `{name}` is not a non-negative integer: `{}`",
-                String::from_utf8_lossy(field)
-            ));
-        }
-        v = v
-            .checked_mul(10)
-            .and_then(|v| v.checked_add(d as u64))
-            .ok_or_else(|| format!("field `{name}` overflows 64 bits"))?;
-    }
-    Ok(v)
+    field
+        .iter()
+        .try_fold(0u64, |v, &c| {
+            v.checked_mul(10)?.checked_add(u64::from(c - b'0'))
+        })
+        .ok_or_else(|| format!("field `{name}` overflows 64 bits: `{}`", shown()))
 }
 
 /// Bytes a [`Writer`] collects before it writes them to its output in one call.

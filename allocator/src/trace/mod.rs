@@ -3,14 +3,17 @@
 //! Readers stream their input into a [`TraceBuilder`], which turns events into [`Op`]s: each
 //! `alloc` gets a slot number, each `free_completed` names the slot of the allocation live under
 //! its address at that moment (addresses are reused later in a trace). Nothing of the input is
-//! kept as text. A free of an address that is not live, or an alloc of an address already live,
-//! is counted in [`Trace::anomalies`] with the first line where it happened, never a panic.
+//! kept as text. A free of an address that is not live, an alloc of an address already live, or
+//! a free whose size or stream is not its allocation's is counted in [`Trace::anomalies`] with
+//! the first line where it happened, never a panic.
 //!
-//! Formats: our CSV ([`csv`], plain or gzip), PyTorch memory snapshots ([`pytorch`]) and RMM's
-//! logging adaptor CSV ([`rmm`]). [`read`] picks the reader from the file's content.
+//! Formats: our CSV ([`csv`]), PyTorch memory snapshots ([`pytorch`]) and RMM's logging adaptor
+//! CSV ([`rmm`]), each plain or gzip'd (one or more gzip members, nothing after them: `gzip.rs`).
+//! [`read`] picks the reader from the file's content (see there).
 
 pub mod background;
 pub mod csv;
+mod gzip;
 mod pickle_scan;
 pub mod pytorch;
 pub mod record;
@@ -18,7 +21,7 @@ pub mod rmm;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 /// PyTorch's trace actions.
@@ -114,6 +117,9 @@ pub struct Anomalies {
     pub unmatched_frees: u64,
     /// `alloc` of an address that was already live (the older allocation is treated as freed).
     pub double_allocs: u64,
+    /// `free_completed` of a live address whose size or stream is not the ones its `alloc` had
+    /// (it still frees that allocation).
+    pub mismatched_frees: u64,
     /// First line (1-based) with an anomaly.
     pub first_line: Option<u64>,
 }
@@ -170,6 +176,15 @@ impl TraceError {
             message: message.into(),
         }
     }
+
+    /// A failed read at a line; a gzip error (truncated, corrupt, trailing data) says what is
+    /// wrong by itself.
+    pub(crate) fn read_failed(file: &Path, line: u64, e: &io::Error) -> Self {
+        match gzip::cause(e) {
+            Some(g) => TraceError::at(file, line, g.to_string()),
+            None => TraceError::at(file, line, format!("read failed: {e}")),
+        }
+    }
 }
 
 impl fmt::Display for TraceError {
@@ -187,7 +202,8 @@ impl std::error::Error for TraceError {}
 #[derive(Default)]
 pub struct TraceBuilder {
     trace: Trace,
-    live: HashMap<u64, (u32, u64)>,
+    /// Address -> (slot, size, stream) of each live allocation.
+    live: HashMap<u64, (u32, u64, u64)>,
     free_slots: Vec<u32>,
     stream_index: HashMap<u64, u32>,
     live_bytes: u64,
@@ -206,7 +222,7 @@ impl TraceBuilder {
         self.trace.events += 1;
         match e.action {
             Action::Alloc => self.alloc(e, line),
-            Action::FreeCompleted => self.free(e.addr, line),
+            Action::FreeCompleted => self.free_completed(e, line),
             Action::SegmentAlloc => {
                 self.trace.segment_allocs += 1;
                 self.trace.segment_sizes.push(e.size);
@@ -219,7 +235,7 @@ impl TraceBuilder {
         if self.live.contains_key(&e.addr) {
             self.anomaly(line);
             self.trace.anomalies.double_allocs += 1;
-            self.free(e.addr, line);
+            self.free(e.addr);
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.trace.slots += 1;
@@ -230,7 +246,7 @@ impl TraceBuilder {
             self.trace.streams.push(e.stream);
             next
         });
-        self.live.insert(e.addr, (slot, e.size));
+        self.live.insert(e.addr, (slot, e.size, e.stream));
         self.live_bytes = self.live_bytes.saturating_add(e.size);
         self.trace.peak_live = self.trace.peak_live.max(self.live_bytes);
         self.trace.ops.push(Op::Alloc {
@@ -240,18 +256,27 @@ impl TraceBuilder {
         });
     }
 
-    fn free(&mut self, addr: u64, line: u64) {
-        match self.live.remove(&addr) {
-            Some((slot, size)) => {
-                self.live_bytes = self.live_bytes.saturating_sub(size);
-                self.free_slots.push(slot);
-                self.trace.ops.push(Op::Free { slot });
+    fn free_completed(&mut self, e: Event, line: u64) {
+        match self.free(e.addr) {
+            Some((size, stream)) if (size, stream) != (e.size, e.stream) => {
+                self.anomaly(line);
+                self.trace.anomalies.mismatched_frees += 1;
             }
+            Some(_) => {}
             None => {
                 self.anomaly(line);
                 self.trace.anomalies.unmatched_frees += 1;
             }
         }
+    }
+
+    /// Frees the allocation live at `addr`; returns its size and stream, `None` if none is.
+    fn free(&mut self, addr: u64) -> Option<(u64, u64)> {
+        let (slot, size, stream) = self.live.remove(&addr)?;
+        self.live_bytes = self.live_bytes.saturating_sub(size);
+        self.free_slots.push(slot);
+        self.trace.ops.push(Op::Free { slot });
+        Some((size, stream))
     }
 
     fn anomaly(&mut self, line: u64) {
@@ -273,7 +298,8 @@ pub fn trace_name(path: &Path) -> String {
     name.strip_suffix(".gz").map(str::to_string).unwrap_or(name)
 }
 
-/// Opens a file, decompressing gzip when its first bytes say so.
+/// Opens a file, decompressing gzip when its first bytes say so; a truncated or corrupt gzip
+/// stream, or data after it, is a read error that says so.
 pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
     let f = std::fs::File::open(path).map_err(|e| TraceError::file(path, e.to_string()))?;
     let mut r = BufReader::with_capacity(1 << 16, f);
@@ -281,31 +307,67 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
         .fill_buf()
         .map_err(|e| TraceError::file(path, e.to_string()))?;
     if head.starts_with(&[0x1f, 0x8b]) {
-        let gz = flate2::bufread::MultiGzDecoder::new(r);
+        let gz = gzip::Members::new(r);
         Ok(Box::new(BufReader::with_capacity(1 << 16, gz)))
     } else {
         Ok(Box::new(r))
     }
 }
 
-/// Reads a trace in any supported format, chosen by content: a pickle (PyTorch snapshot), a CSV
-/// whose header is `action,addr,size,stream,time_us` (ours) or `Thread,Time,Action,Pointer,Size,Stream` (RMM).
+/// UTF-8's byte order mark, which some editors write at the start of a text file.
+pub(crate) const BOM: &[u8] = b"\xef\xbb\xbf";
+
+/// The bytes without a leading [`BOM`].
+pub(crate) fn strip_bom(text: &[u8]) -> &[u8] {
+    text.strip_prefix(BOM).unwrap_or(text)
+}
+
+/// The formats [`read`] tells apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Pickle,
+    Rmm,
+    Csv,
+}
+
+/// The format of a file that starts with `head` (decompressed), by the rules [`read`] states.
+fn detect(head: &[u8]) -> Format {
+    if matches!(head.first(), Some(0x80 | b'(' | b'}')) {
+        return Format::Pickle;
+    }
+    let text = strip_bom(head);
+    let first = &text[..text.len().min(256)];
+    let first = first.split(|&c| c == b'\n').next().unwrap_or(first);
+    let field = first.split(|&c| c == b',').next().unwrap_or(first);
+    if field.trim_ascii() == b"Thread" {
+        Format::Rmm
+    } else {
+        Format::Csv
+    }
+}
+
+/// Reads a trace in any supported format, chosen by content (after gzip is undone):
+/// - a PyTorch snapshot pickle, any protocol (0 to 5): the file starts with protocol 2+'s `PROTO`
+///   opcode (`0x80`), or with how protocols 0 and 1 start a dict (`(` MARK, `}` EMPTY_DICT),
+///   which no CSV header does;
+/// - RMM's CSV (`Thread,Time,Action,Pointer,Size,Stream`): the first field of the first line is
+///   `Thread`;
+/// - our CSV (`action,addr,size,stream,time_us`) otherwise.
+///
+/// A UTF-8 byte order mark before a CSV header is skipped.
 pub fn read(path: &Path) -> Result<Trace, TraceError> {
     let mut r = open(path)?;
     let head = r
         .fill_buf()
         .map_err(|e| TraceError::file(path, e.to_string()))?;
-    if head.first() == Some(&0x80) {
-        let mut bytes = Vec::new();
-        r.read_to_end(&mut bytes)
-            .map_err(|e| TraceError::file(path, e.to_string()))?;
-        return pytorch::read_snapshot(path, &bytes);
-    }
-    let text = String::from_utf8_lossy(&head[..head.len().min(256)]).to_string();
-    let first = text.lines().next().unwrap_or("").trim().to_string();
-    if first.starts_with("Thread,") || first.starts_with("Thread ,") {
-        rmm::read(path, r)
-    } else {
-        csv::read(path, r)
+    match detect(head) {
+        Format::Pickle => {
+            let mut bytes = Vec::new();
+            r.read_to_end(&mut bytes)
+                .map_err(|e| TraceError::file(path, e.to_string()))?;
+            pytorch::read_snapshot(path, &bytes)
+        }
+        Format::Rmm => rmm::read(path, r),
+        Format::Csv => csv::read(path, r),
     }
 }

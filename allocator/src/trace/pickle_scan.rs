@@ -1,59 +1,391 @@
-//! A pre-scan of a pickle's opcodes that bounds how deeply its values can nest, so that a
-//! hostile or corrupt file is an error rather than a stack overflow in the decoder.
+//! A pre-scan of a pickle's opcodes that bounds how deeply its decoded values can nest, so that
+//! a hostile or corrupt file is an error rather than a stack overflow in the decoder.
 //!
-//! It tracks the pickle machine's stack height and mark depth without building any value;
-//! a value cannot nest deeper than the stack was high when it was built (memo tricks aside:
-//! the decoder also runs on a thread with a large stack). PyTorch snapshots stay below a
-//! height of 20. Unknown opcodes end the scan: the decoder reports them.
+//! `serde-pickle` builds, clones, converts and drops values recursively, one stack frame (or a
+//! few) per level of nesting; a pickle of a few bytes per level (`TUPLE1` repeated, marks, memo
+//! references) can nest a million levels deep. The scan runs the pickle machine as
+//! `serde-pickle` 1.2 does, opcode by opcode, without building any value:
+//! - every container an opcode makes (`EMPTY_*`, `TUPLE1..3`, `TUPLE`, `LIST`, `DICT`,
+//!   `FROZENSET`, `REDUCE`, `INST`, `OBJ`, `NEWOBJ(_EX)`, and the copy `DUP` makes) is a node,
+//!   with an edge to each value it holds; `APPEND(S)`, `SETITEM(S)` and `ADDITEMS` add edges from
+//!   the container they fill; `BUILD` keeps its state;
+//! - every memo id is a node too, with an edge to each value ever put under it; a memo get
+//!   pushes that node, so a container holding a memo reference reaches whatever the reference
+//!   resolves to, and a container filled through a memo reference gets its edges on that node.
+//!
+//! Invariant: a decoded value nests no deeper than the longest path from its node, counting
+//! nodes, where a cycle (a recursive structure, or a copy filled with itself) counts all the
+//! nodes of its strongly connected set. The check covers everything built before the decoder
+//! would stop (an unknown opcode, a stack underflow, `STOP`), since values built so far are
+//! dropped recursively too. A pickle is refused when that bound, or the number of marks open at
+//! once (each costs the decoder a buffer), passes [`MAX_DEPTH`]. PyTorch snapshots stay below
+//! 20. `DUP` of a container is refused outright: the decoder copies the value whole, so a few
+//! bytes of `DUP` + `APPEND` double the decoded size each time (84 bytes made an allocation of
+//! 2^40 values fail); Python's pickler never writes `DUP`. Memo references are not copied by
+//! the decoder, so they expand nothing.
 
-/// Stack height (and mark depth) above which a pickle is refused.
-pub const MAX_HEIGHT: usize = 10_000;
+use std::collections::HashMap;
 
-/// Checks that the pickle's stack never grows beyond [`MAX_HEIGHT`].
+/// Nesting (and open marks) above which a pickle is refused.
+pub const MAX_DEPTH: usize = 1_000;
+
+/// Checks that no value of the pickle nests deeper than [`MAX_DEPTH`] levels.
 pub fn check_nesting(b: &[u8]) -> Result<(), String> {
+    if u32::try_from(b.len()).is_err() {
+        return Err("a pickle of 4 GiB or more is not read; convert it to CSV".to_string());
+    }
+    let mut m = Machine::default();
     let mut i = 0;
-    let mut height: usize = 0;
-    let mut marks: Vec<usize> = Vec::new();
     while i < b.len() {
         let op = b[i];
-        i += 1;
-        i = skip_argument(op, b, i);
-        match op {
-            b'(' => {
-                marks.push(height);
-                height += 1;
-            }
-            b'e' | b'u' | 0x90 | b'1' => height = marks.pop().unwrap_or(0),
-            b'l' | b'd' | b't' | 0x91 | b'o' | b'i' => height = marks.pop().unwrap_or(0) + 1,
-            b'.' => return Ok(()),
-            _ => height = (height as isize + effect(op)).max(0) as usize,
+        let end = skip_argument(op, b, i + 1);
+        let more = m.step(op, &b[i + 1..end]);
+        i = end;
+        if m.marks.len() > MAX_DEPTH {
+            return Err(too_deep());
         }
-        if height > MAX_HEIGHT || marks.len() > MAX_HEIGHT {
-            return Err(format!(
-                "values are nested more than {MAX_HEIGHT} levels deep"
-            ));
+        if m.copied_container {
+            return Err(
+                "the pickle copies a container with DUP, which is not read: the decoder \
+                        copies it whole, so each DUP can double the decoded size (Python's \
+                        pickler never writes DUP)"
+                    .to_string(),
+            );
         }
-        if effect(op) == UNKNOWN {
-            return Ok(());
+        if more.is_none() {
+            break;
         }
     }
-    Ok(())
+    match Graph::new(m.nodes as usize, &m.edges).deeper_than(MAX_DEPTH) {
+        true => Err(too_deep()),
+        false => Ok(()),
+    }
 }
 
-const UNKNOWN: isize = isize::MIN;
+fn too_deep() -> String {
+    format!("values are nested more than {MAX_DEPTH} levels deep")
+}
 
-/// Net stack effect of opcodes that do not deal with marks.
-fn effect(op: u8) -> isize {
+/// A value on the machine's stack: a container's node, or `None` for a scalar.
+type Item = Option<u32>;
+
+/// The pickle machine with nodes for values (see the module documentation).
+#[derive(Default)]
+struct Machine {
+    stack: Vec<Item>,
+    /// Stack length at each open mark.
+    marks: Vec<usize>,
+    memo: Memo,
+    nodes: u32,
+    edges: Vec<(u32, u32)>,
+    /// `DUP` copied a container.
+    copied_container: bool,
+}
+
+impl Machine {
+    /// Runs one opcode; `None` where the decoder stops (`STOP`, an error, an unknown opcode).
+    fn step(&mut self, op: u8, arg: &[u8]) -> Option<()> {
+        match op {
+            0x80 | 0x95 => {}
+            b'(' => self.marks.push(self.stack.len()),
+            b'0' => {
+                if self.pop().is_none() {
+                    let at = self.marks.pop()?;
+                    self.stack.truncate(at);
+                }
+            }
+            b'1' => {
+                let at = self.marks.pop()?;
+                self.stack.truncate(at);
+            }
+            b'2' => {
+                // DUP copies the top: a node that reaches the original (as deep, or deeper once
+                // the original is filled further). A container copied is noted: refused.
+                let at = self.above(1)?;
+                self.copied_container |= self.stack[at].is_some();
+                let copy = self.stack[at].map(|t| self.node(&[Some(t)]));
+                self.stack.push(copy);
+            }
+            b'p' | b'q' | b'r' | 0x94 => self.put(op, arg)?,
+            b'g' | b'h' | b'j' => {
+                let node = self.memo.get(memo_id(op, arg)?)?;
+                self.stack.push(Some(node));
+            }
+            b'N' | 0x88 | 0x89 | b'I' | b'L' | b'F' | b'S' | b'V' | b'G' | b'J' | b'K' | b'M'
+            | 0x8a | 0x8b | b'C' | b'B' | 0x8e | b'U' | b'T' | 0x8c | b'X' | 0x8d | 0x96 | b'c' => {
+                self.stack.push(None)
+            }
+            _ => self.build(op)?,
+        }
+        Some(())
+    }
+
+    /// Opcodes that make or fill containers.
+    fn build(&mut self, op: u8) -> Option<()> {
+        match op {
+            b')' | b']' | b'}' | 0x8f => self.make(self.stack.len()),
+            0x85..=0x87 => self.make(self.above(usize::from(op - 0x84))?),
+            b't' | b'l' | b'd' | 0x91 | b'i' => {
+                let at = self.marks.pop()?;
+                self.make(at);
+            }
+            b'o' => {
+                let at = self.marks.pop()?;
+                let class = at.checked_sub(1).filter(|&c| c >= self.base())?;
+                self.make(class);
+            }
+            b'R' | 0x81 => self.make(self.above(2)?),
+            0x92 => self.make(self.above(3)?),
+            b'a' => self.fill(self.above(1)?)?,
+            b's' => self.fill(self.above(2)?)?,
+            b'e' | b'u' | 0x90 => {
+                let at = self.marks.pop()?;
+                self.fill(at)?;
+            }
+            b'b' => {
+                let at = self.above(2)?;
+                self.stack[at] = self.stack[at + 1];
+                self.stack.truncate(at + 1);
+            }
+            0x93 => {
+                let at = self.above(2)?;
+                self.stack.truncate(at);
+                self.stack.push(None);
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// A new node holding `items`.
+    fn node(&mut self, items: &[Item]) -> u32 {
+        let node = self.nodes;
+        self.nodes += 1;
+        self.edges
+            .extend(items.iter().flatten().map(|&c| (node, c)));
+        node
+    }
+
+    /// Replaces the items from `at` up with a new container holding them.
+    fn make(&mut self, at: usize) {
+        let node = self.nodes;
+        self.nodes += 1;
+        let items = self.stack.drain(at..).flatten();
+        self.edges.extend(items.map(|c| (node, c)));
+        self.stack.push(Some(node));
+    }
+
+    /// Moves the items from `at` up into the container below them.
+    fn fill(&mut self, at: usize) -> Option<()> {
+        let below = at.checked_sub(1).filter(|&b| b >= self.base())?;
+        let container = self.stack[below]?;
+        let items = self.stack.drain(at..).flatten();
+        self.edges.extend(items.map(|c| (container, c)));
+        Some(())
+    }
+
+    /// `PUT`, `BINPUT`, `LONG_BINPUT`, `MEMOIZE`: the top moves under the memo id's node.
+    fn put(&mut self, op: u8, arg: &[u8]) -> Option<()> {
+        let id = match op {
+            0x94 => u32::try_from(self.memo.len()).ok()?,
+            _ => memo_id(op, arg)?,
+        };
+        let item = self.pop()?;
+        let node = match self.memo.get(id) {
+            Some(n) => n,
+            None => {
+                let n = self.node(&[]);
+                self.memo.insert(id, n);
+                n
+            }
+        };
+        self.edges.extend(item.map(|c| (node, c)));
+        self.stack.push(Some(node));
+        Some(())
+    }
+
+    /// Stack length at the innermost open mark: the decoder pops no further.
+    fn base(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    /// Where the top `n` items start, if that many are above the innermost mark.
+    fn above(&self, n: usize) -> Option<usize> {
+        let at = self.stack.len().checked_sub(n)?;
+        (at >= self.base()).then_some(at)
+    }
+
+    fn pop(&mut self) -> Option<Item> {
+        let at = self.above(1)?;
+        let top = self.stack[at];
+        self.stack.truncate(at);
+        Some(top)
+    }
+}
+
+/// Memo id -> node: ids given in order (as picklers do) in a vector, any others in a map.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<u32>,
+    sparse: HashMap<u32, u32>,
+}
+
+impl Memo {
+    fn get(&self, id: u32) -> Option<u32> {
+        match self.dense.get(id as usize) {
+            Some(&n) => Some(n),
+            None => self.sparse.get(&id).copied(),
+        }
+    }
+
+    /// Adds an id that is not there yet.
+    fn insert(&mut self, id: u32, node: u32) {
+        if id as usize == self.dense.len() && !self.sparse.contains_key(&id) {
+            self.dense.push(node);
+        } else {
+            self.sparse.insert(id, node);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.dense.len() + self.sparse.len()
+    }
+}
+
+/// The memo id of a put or get opcode (text for protocol 0, little-endian binary after).
+fn memo_id(op: u8, arg: &[u8]) -> Option<u32> {
     match op {
-        b'N' | 0x88 | 0x89 | b'K' | b'M' | b'J' | b'I' | b'L' | b'F' | b'G' | b'S' | b'T'
-        | b'U' | b'V' | b'X' | b'B' | b'C' | 0x8a | 0x8b | 0x8c | 0x8d | 0x8e | 0x96 | b']'
-        | b'}' | b')' | 0x8f | b'g' | b'h' | b'j' | b'c' | 0x82 | 0x83 | 0x84 | b'P' | 0x97
-        | b'2' => 1,
-        0x93 | b'a' | 0x86 | b'R' | b'b' | 0x81 | b'0' => -1,
-        b's' | 0x87 | 0x92 => -2,
-        0x85 | b'Q' | b'p' | b'q' | b'r' | 0x94 | 0x98 | 0x80 | 0x95 => 0,
-        b'(' | b'e' | b'u' | 0x90 | b'1' | b'l' | b'd' | b't' | 0x91 | b'o' | b'i' | b'.' => 0,
-        _ => UNKNOWN,
+        b'q' | b'h' => arg.first().map(|&b| u32::from(b)),
+        b'r' | b'j' => Some(u32::from_le_bytes(arg.try_into().ok()?)),
+        _ => {
+            let line = arg.strip_suffix(b"\n").unwrap_or(arg);
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            std::str::from_utf8(line).ok()?.parse().ok()
+        }
+    }
+}
+
+/// The nodes and edges, by source node.
+struct Graph {
+    /// Node `v`'s edges are `to[start[v]..start[v + 1]]`.
+    start: Vec<usize>,
+    to: Vec<u32>,
+}
+
+const UNSEEN: u32 = u32::MAX;
+
+impl Graph {
+    fn new(nodes: usize, edges: &[(u32, u32)]) -> Graph {
+        let mut start = vec![0usize; nodes + 1];
+        for &(from, _) in edges {
+            start[from as usize + 1] += 1;
+        }
+        for v in 0..nodes {
+            start[v + 1] += start[v];
+        }
+        let mut next = start.clone();
+        let mut to = vec![0u32; edges.len()];
+        for &(from, target) in edges {
+            to[next[from as usize]] = target;
+            next[from as usize] += 1;
+        }
+        Graph { start, to }
+    }
+
+    fn targets(&self, v: u32) -> &[u32] {
+        &self.to[self.start[v as usize]..self.start[v as usize + 1]]
+    }
+
+    fn nodes(&self) -> usize {
+        self.start.len() - 1
+    }
+
+    /// Whether some path, counting nodes (a strongly connected set as all its nodes), is longer
+    /// than `limit`. Tarjan's algorithm without recursion: a set is finished only after every
+    /// set it reaches, so the depth of those is known when it is.
+    fn deeper_than(&self, limit: usize) -> bool {
+        let mut t = Tarjan::new(self.nodes());
+        (0..self.nodes() as u32).any(|v| t.index[v as usize] == UNSEEN && t.run(self, v, limit))
+    }
+}
+
+/// Tarjan's strongly connected sets, with the longest path from each set.
+struct Tarjan {
+    index: Vec<u32>,
+    low: Vec<u32>,
+    /// The set of each finished node, `UNSEEN` before.
+    set: Vec<u32>,
+    /// Longest path from each finished set.
+    depth: Vec<usize>,
+    open: Vec<u32>,
+    next_index: u32,
+}
+
+impl Tarjan {
+    fn new(nodes: usize) -> Tarjan {
+        Tarjan {
+            index: vec![UNSEEN; nodes],
+            low: vec![0; nodes],
+            set: vec![UNSEEN; nodes],
+            depth: Vec::new(),
+            open: Vec::new(),
+            next_index: 0,
+        }
+    }
+
+    fn visit(&mut self, v: u32) {
+        self.index[v as usize] = self.next_index;
+        self.low[v as usize] = self.next_index;
+        self.next_index += 1;
+        self.open.push(v);
+    }
+
+    /// Visits everything reachable from `root`; true once a path longer than `limit` is found.
+    fn run(&mut self, g: &Graph, root: u32, limit: usize) -> bool {
+        let mut calls: Vec<(u32, usize)> = vec![(root, 0)];
+        self.visit(root);
+        while let Some(call) = calls.last_mut() {
+            let (v, at) = *call;
+            call.1 += 1;
+            if let Some(&w) = g.targets(v).get(at) {
+                if self.index[w as usize] == UNSEEN {
+                    self.visit(w);
+                    calls.push((w, 0));
+                } else if self.set[w as usize] == UNSEEN {
+                    self.low[v as usize] = self.low[v as usize].min(self.index[w as usize]);
+                }
+                continue;
+            }
+            calls.pop();
+            if let Some(&(parent, _)) = calls.last() {
+                self.low[parent as usize] = self.low[parent as usize].min(self.low[v as usize]);
+            }
+            if self.low[v as usize] == self.index[v as usize] && self.finish(g, v) > limit {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Closes the set whose root is `v`; returns its depth.
+    fn finish(&mut self, g: &Graph, v: u32) -> usize {
+        let set = self.depth.len() as u32;
+        let at = self.open.iter().rposition(|&x| x == v).unwrap_or(0);
+        let members = self.open.split_off(at);
+        for &m in &members {
+            self.set[m as usize] = set;
+        }
+        let below = members
+            .iter()
+            .flat_map(|&m| g.targets(m))
+            .map(|&w| self.set[w as usize])
+            .filter(|&s| s != set)
+            .map(|s| self.depth[s as usize])
+            .max()
+            .unwrap_or(0);
+        let depth = members.len() + below;
+        self.depth.push(depth);
+        depth
     }
 }
 
@@ -91,5 +423,136 @@ fn skip_argument(op: u8, b: &[u8], i: usize) -> usize {
         b'I' | b'L' | b'F' | b'S' | b'V' | b'g' | b'p' | b'P' => lines(1),
         b'c' | b'i' => lines(2),
         _ => i,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pickle(body: &[u8]) -> Vec<u8> {
+        [&b"\x80\x04"[..], body, b"."].concat()
+    }
+
+    fn refused(p: &[u8]) -> bool {
+        check_nesting(p).is_err_and(|m| m.contains("nested more than 1000 levels"))
+    }
+
+    /// `levels` values, each made by `before`, a memo get of the one before (id k - 1, with
+    /// `get`), `after`, then put under id k (with `put`; `MEMOIZE` takes the next id) and popped.
+    fn chain(levels: u32, before: &[u8], after: &[u8], get: u8, put: u8) -> Vec<u8> {
+        let id = |op: u8, k: u32| match op {
+            b'h' | b'q' => vec![op, k as u8],
+            b'j' | b'r' => [&[op][..], &k.to_le_bytes()].concat(),
+            0x94 => vec![op],
+            _ => [&[op][..], k.to_string().as_bytes(), b"\n"].concat(),
+        };
+        let mut b = [&b"N"[..], &id(put, 0), b"0"].concat();
+        for k in 1..=levels {
+            b.extend([before, &id(get, k - 1), after, &id(put, k), b"0"].concat());
+        }
+        b.extend(id(get, levels));
+        pickle(&b)
+    }
+
+    #[test]
+    fn the_limit_is_exact_for_wrapping_opcodes() {
+        let tuple1 = |n: usize| pickle(&[&b"N"[..], &b"\x85".repeat(n)].concat());
+        assert!(check_nesting(&tuple1(MAX_DEPTH)).is_ok());
+        assert!(refused(&tuple1(MAX_DEPTH + 1)));
+        let tuple2 = |n: usize| pickle(&[&b"N"[..], &b"N\x86".repeat(n)].concat());
+        assert!(check_nesting(&tuple2(MAX_DEPTH)).is_ok());
+        assert!(refused(&tuple2(MAX_DEPTH + 1)));
+        let tuple3 = |n: usize| pickle(&[&b"N"[..], &b"NN\x87".repeat(n)].concat());
+        assert!(check_nesting(&tuple3(MAX_DEPTH)).is_ok());
+        assert!(refused(&tuple3(MAX_DEPTH + 1)));
+        for close in [b'l', b't', b'd', 0x91] {
+            let marks = |n: usize| pickle(&[b"(".repeat(n), vec![close; n]].concat());
+            assert!(check_nesting(&marks(MAX_DEPTH)).is_ok(), "{close}");
+            assert!(refused(&marks(MAX_DEPTH + 1)), "{close}");
+        }
+    }
+
+    #[test]
+    fn every_opcode_that_nests_is_counted() {
+        let cases: [(&str, &[u8], &[u8]); 13] = [
+            ("TUPLE", b"(", b"t"),
+            ("LIST", b"(", b"l"),
+            ("DICT", b"(N", b"d"),
+            ("FROZENSET", b"(", b"\x91"),
+            ("INST", b"(", b"imod\nname\n"),
+            ("OBJ", b"N(", b"o"),
+            ("APPEND", b"]", b"a"),
+            ("APPENDS", b"](", b"e"),
+            ("SETITEM", b"}N", b"s"),
+            ("SETITEMS", b"}(N", b"u"),
+            ("ADDITEMS", b"\x8f(", b"\x90"),
+            ("REDUCE", b"N", b"\x85R"),
+            ("NEWOBJ", b"N", b"\x81"),
+        ];
+        for (name, before, after) in cases {
+            assert!(
+                check_nesting(&chain(100, before, after, b'j', b'r')).is_ok(),
+                "{name}"
+            );
+            assert!(refused(&chain(5_000, before, after, b'j', b'r')), "{name}");
+        }
+        let more: [(&str, &[u8], &[u8]); 3] = [
+            ("NEWOBJ_EX", b"N", b"N\x92"),
+            ("BUILD keeps its state", b"N", b"\x85b"),
+            ("TUPLE1 through the memo", b"", b"\x85"),
+        ];
+        for (name, before, after) in more {
+            assert!(refused(&chain(5_000, before, after, b'j', b'r')), "{name}");
+        }
+    }
+
+    #[test]
+    fn memo_references_of_every_kind_carry_depth() {
+        for (get, put) in [(b'j', b'r'), (b'g', b'p'), (b'j', 0x94)] {
+            assert!(check_nesting(&chain(100, b"]", b"a", get, put)).is_ok());
+            assert!(refused(&chain(5_000, b"]", b"a", get, put)), "{get} {put}");
+        }
+        // One-byte ids wrap around and rebind: cycles, counted whole.
+        assert!(refused(&chain(5_000, b"]", b"a", b'h', b'q')));
+    }
+
+    #[test]
+    fn copies_and_recursive_structures_are_bounded() {
+        // DUP of a container is refused whatever the depth: each DUP + APPEND doubles the list
+        // the decoder builds (`]` then `2a` x 40 asked it for 2^40 values).
+        for n in [1, 40, 5_000] {
+            let err = check_nesting(&pickle(&[&b"]"[..], &b"2a".repeat(n)].concat()));
+            assert!(err.is_err_and(|m| m.contains("DUP")), "{n}");
+        }
+        // A copied scalar is harmless.
+        assert!(check_nesting(&pickle(b"]N2aa")).is_ok());
+        // A list that holds itself (`l = []; l.append(l)`) is one cycle of two nodes.
+        assert!(check_nesting(&pickle(b"]q\x00h\x00a")).is_ok());
+    }
+
+    #[test]
+    fn what_is_built_before_the_decoder_stops_counts() {
+        let deep = [&b"\x80\x02N"[..], &b"\x85".repeat(5_000)].concat();
+        assert!(refused(&deep), "no STOP");
+        assert!(refused(&[&deep[..], b"\xff"].concat()), "unknown opcode");
+        assert!(refused(&[&deep[..], b"a"].concat()), "stack underflow");
+        assert!(refused(&pickle(&b"(".repeat(MAX_DEPTH + 1))), "open marks");
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..2_000 {
+            let bytes: Vec<u8> = (0..64)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = check_nesting(&bytes);
+        }
     }
 }

@@ -1,10 +1,16 @@
 //! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot()` writes, or the
 //! dict `torch.cuda.memory._snapshot()` returns saved with `pickle.dump` (the same shape).
 //!
-//! Only `device_traces[device]` is read: a list of dicts, one per event, with the keys `action`,
-//! `addr`, `size`, `stream` and `time_us`; other keys (`frames`, `compile_context`, ...) and
-//! the rest of the snapshot (`segments`, ...) are ignored. Entry `i` (1-based) is pushed into the
-//! [`TraceBuilder`] as line `i`.
+//! Only one device's `device_traces[device]` is read: a list of dicts, one per event, with the
+//! keys `action`, `addr`, `size`, `stream` and `time_us`; other keys (`frames`,
+//! `compile_context`, ...) and the rest of the snapshot (`segments`, ...) are ignored. Entry `i`
+//! (1-based) is pushed into the [`TraceBuilder`] as line `i`.
+//!
+//! Which device ([`read_snapshot`]; [`read_snapshot_device`] reads the one it is given): device 0
+//! when its list has entries; otherwise the only device whose list has entries; otherwise (no
+//! device has any, or `device_traces` is empty) an empty trace. When device 0's list is empty
+//! and several others are not, that is a [`TraceError`] listing each device with entries and
+//! how many, rather than a guess.
 //!
 //! Guarantees, shared with the Python converter `python/cudalloc_trace/convert.py` (both turn
 //! one snapshot into the same events):
@@ -14,8 +20,10 @@
 //! - `stream` is PyTorch's `int64` cast of the handle: a negative value is read as its 64-bit
 //!   two's complement.
 //! - A missing key, a value of the wrong type or an unknown action is a [`TraceError`] whose line
-//!   is the entry number and whose message names the entry and the key. Bytes that are not a
-//!   pickle (garbage, a truncated file) are a [`TraceError`] of the file, not a panic.
+//!   is the entry number and whose message names the entry and the key (and shows a bad value as
+//!   Python would print it). Bytes that are not a pickle (garbage, a truncated file) are a
+//!   [`TraceError`] of the file, not a panic, and so are values nested deeper than
+//!   `pickle_scan::MAX_DEPTH` (checked before decoding, as decoding them would overflow the stack).
 //!
 //! Why `serde-pickle`: it decodes every pickle protocol (0-5) in pure Rust into a dynamic
 //! [`Value`], so no Python is needed, and it never runs anything from the file. With
@@ -32,13 +40,27 @@ use std::path::Path;
 
 type Dict = BTreeMap<HashableValue, Value>;
 
-/// Reads device 0's `device_traces` of a snapshot pickle.
+/// Reads the `device_traces` of a snapshot pickle's device chosen as the module documentation
+/// says.
 pub fn read_snapshot(path: &Path, bytes: &[u8]) -> Result<Trace, TraceError> {
-    read_snapshot_device(path, bytes, 0)
+    read_entries(path, bytes, Device::Chosen)
 }
 
 /// Reads the `device_traces` of device `device` of a snapshot pickle.
 pub fn read_snapshot_device(path: &Path, bytes: &[u8], device: usize) -> Result<Trace, TraceError> {
+    read_entries(path, bytes, Device::Given(device))
+}
+
+/// The device whose trace to read.
+#[derive(Clone, Copy)]
+enum Device {
+    /// By the rule of the module documentation.
+    Chosen,
+    /// This one, even when its list is empty.
+    Given(usize),
+}
+
+fn read_entries(path: &Path, bytes: &[u8], device: Device) -> Result<Trace, TraceError> {
     let entries = device_entries(bytes, device).map_err(|m| TraceError::file(path, m))?;
     let keys = Keys::new();
     let mut b = TraceBuilder::new(super::trace_name(path));
@@ -51,13 +73,13 @@ pub fn read_snapshot_device(path: &Path, bytes: &[u8], device: usize) -> Result<
     Ok(b.finish())
 }
 
-/// Stack of the thread that decodes a pickle: deep enough for values nested through memo
-/// references, which the opcode scan cannot bound.
+/// Stack of the thread that decodes a pickle: ample for values nested
+/// `pickle_scan::MAX_DEPTH` levels (the most the scan lets through), in a debug build too.
 const DECODE_STACK: usize = 512 << 20;
 
 /// Decodes the pickle (on a thread with a large stack, after the nesting check) and takes out
 /// the entry list of one device.
-fn device_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
+fn device_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
     super::pickle_scan::check_nesting(bytes)
         .map_err(|m| format!("not a readable snapshot pickle: {m}"))?;
     std::thread::scope(|s| {
@@ -71,7 +93,7 @@ fn device_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
     })
 }
 
-fn decode_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
+fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
     let opts = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
@@ -92,6 +114,13 @@ fn decode_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
             kind(&traces)
         ));
     };
+    let device = match device {
+        Device::Given(d) => d,
+        Device::Chosen => match choose_device(&devices)? {
+            Some(d) => d,
+            None => return Ok(Vec::new()),
+        },
+    };
     if device >= devices.len() {
         return Err(format!(
             "device {device} asked for; the snapshot has traces of {} device(s)",
@@ -105,6 +134,36 @@ fn decode_entries(bytes: &[u8], device: usize) -> Result<Vec<Value>, String> {
             kind(&other)
         )),
     }
+}
+
+/// The device to read when none was given: see the module documentation (`None`: no device
+/// has entries).
+fn choose_device(devices: &[Value]) -> Result<Option<usize>, String> {
+    let with_entries: Vec<(usize, usize)> = devices
+        .iter()
+        .enumerate()
+        .filter_map(|(d, v)| match v {
+            Value::List(entries) if !entries.is_empty() => Some((d, entries.len())),
+            _ => None,
+        })
+        .collect();
+    match with_entries.as_slice() {
+        [] => Ok(None),
+        [(0, _), ..] | [_] => Ok(Some(with_entries[0].0)),
+        several => Err(several_devices(several)),
+    }
+}
+
+fn several_devices(devices: &[(usize, usize)]) -> String {
+    let list: Vec<String> = devices
+        .iter()
+        .map(|(d, n)| format!("device {d}: {n} entries"))
+        .collect();
+    format!(
+        "device 0 has no trace entries and several devices do ({}); convert the one to replay \
+         with `python -m cudalloc_trace.convert SNAPSHOT OUT.csv --device N`",
+        list.join(", ")
+    )
 }
 
 /// The dict keys, built once.
@@ -177,7 +236,21 @@ fn uint(v: &Value, name: &str) -> Result<u64, String> {
         Value::Int(big) => u64::try_from(big).ok(),
         other => return Err(format!("key `{name}` is a {}, not an int", kind(other))),
     };
-    n.ok_or_else(|| format!("key `{name}` = {v:?} is not a 64-bit unsigned value"))
+    n.ok_or_else(|| {
+        format!(
+            "key `{name}` = {} is not a 64-bit unsigned value",
+            int_text(v)
+        )
+    })
+}
+
+/// An int as Python prints it.
+fn int_text(v: &Value) -> String {
+    match v {
+        Value::I64(i) => i.to_string(),
+        Value::Int(big) => big.to_string(),
+        other => kind(other).to_string(),
+    }
 }
 
 /// A stream handle: PyTorch writes `int64_t(stream)`, so negative values wrap.

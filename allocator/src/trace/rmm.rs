@@ -13,9 +13,10 @@
 //!   neither reads as 0: the replay does not use it.
 //! - `Thread` is not used.
 //!
-//! Fields may have spaces around them; blank lines are skipped. The input is streamed through a
-//! reused buffer. A wrong header, a line without six fields or a field that does not parse is a
-//! [`TraceError`] naming the file and the line.
+//! Fields may have spaces around them; blank lines are skipped; the header may follow a UTF-8
+//! BOM. The input is streamed through a reused buffer. A wrong header, a line without six fields
+//! or a field that does not parse is a [`TraceError`] naming the file and the line; a `Pointer`,
+//! `Size` or `Stream` of valid digits whose value passes `u64::MAX` "overflows 64 bits".
 
 use super::{Action, Event, Trace, TraceBuilder, TraceError};
 use std::io::BufRead;
@@ -36,7 +37,7 @@ pub fn read(path: &Path, mut r: impl BufRead) -> Result<Trace, TraceError> {
         buf.clear();
         let got = r
             .read_until(b'\n', &mut buf)
-            .map_err(|e| TraceError::at(path, n + 1, format!("read failed: {e}")))?;
+            .map_err(|e| TraceError::read_failed(path, n + 1, &e))?;
         if got == 0 {
             break;
         }
@@ -85,7 +86,7 @@ fn parse_line(text: &str, clock: &mut Clock) -> Result<Event, String> {
     Ok(Event {
         action: parse_action(action)?,
         addr: parse_pointer(pointer)?,
-        size: parse_dec(size).ok_or_else(|| bad("Size", size, "a decimal byte count"))?,
+        size: field_number(size, size, 10, ("Size", "a decimal byte count"))?,
         stream: parse_stream(stream)?,
         time_us: clock.read(time),
     })
@@ -108,26 +109,26 @@ fn parse_pointer(s: &str) -> Result<u64, String> {
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    parse_hex(digits).ok_or_else(|| bad("Pointer", s, "a hex address"))
+    field_number(s, digits, 16, ("Pointer", "a hex address"))
 }
 
 fn parse_stream(s: &str) -> Result<u64, String> {
-    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => parse_hex(hex),
-        None => parse_dec(s),
-    };
-    parsed.ok_or_else(|| bad("Stream", s, "a hex (0x...) or decimal stream handle"))
-}
-
-fn bad(field: &str, value: &str, what: &str) -> String {
-    format!("field `{field}` is not {what}: `{value}`")
-}
-
-fn parse_hex(s: &str) -> Option<u64> {
-    if s.is_empty() || s.len() > 16 || !s.bytes().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+    let name = ("Stream", "a hex (0x...) or decimal stream handle");
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => field_number(s, hex, 16, name),
+        None => field_number(s, s, 10, name),
     }
-    u64::from_str_radix(s, 16).ok()
+}
+
+/// The number `digits` (in `radix`) of field `s`, whose name and meaning are `name`: other
+/// characters are "not {meaning}", a value past `u64::MAX` "overflows 64 bits".
+fn field_number(s: &str, digits: &str, radix: u32, name: (&str, &str)) -> Result<u64, String> {
+    let (field, what) = name;
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(format!("field `{field}` is not {what}: `{s}`"));
+    }
+    u64::from_str_radix(digits, radix)
+        .map_err(|_| format!("field `{field}` overflows 64 bits: `{s}`"))
 }
 
 fn parse_dec(s: &str) -> Option<u64> {

@@ -24,6 +24,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "anomalies": {
             "unmatched_frees": a.unmatched_frees,
             "double_allocs": a.double_allocs,
+            "mismatched_frees": a.mismatched_frees,
             "first_line": a.first_line,
         },
         "events": r.events,

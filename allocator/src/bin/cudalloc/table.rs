@@ -109,8 +109,9 @@ fn header_line(r: &Report, capacity: Option<u64>) -> String {
 fn anomalies(a: &Anomalies) -> Option<String> {
     let first = a.first_line?;
     Some(format!(
-        "{} unmatched frees, {} double allocs (first at line {first})",
-        a.unmatched_frees, a.double_allocs
+        "{} unmatched frees, {} double allocs, {} frees whose size or stream differs from their \
+         alloc's (first at line {first})",
+        a.unmatched_frees, a.double_allocs, a.mismatched_frees
     ))
 }
 
