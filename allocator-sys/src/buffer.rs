@@ -196,14 +196,20 @@ impl<T> Buffer<T> {
             return Ok(());
         };
         self.tracker.before_free(&self.stream);
-        for s in self.tracker.take_recorded() {
+        // Held until the pool has recorded its free events on them (in `free`): a stream whose
+        // last handle this was would otherwise be destroyed first, and its handle could be
+        // reused by another stream before the event is recorded.
+        let recorded = self.tracker.take_recorded();
+        for s in &recorded {
             let id = StreamId(s.cu_stream() as u64);
             if pool.record_stream(self.ptr, id).is_err() {
                 // The pool could not track it: wait on the host instead of risking early reuse.
                 s.synchronize()?;
             }
         }
-        pool.free(self.ptr, StreamId(self.stream.cu_stream() as u64))
+        let freed = pool.free(self.ptr, StreamId(self.stream.cu_stream() as u64));
+        drop(recorded);
+        freed
     }
 }
 

@@ -114,6 +114,47 @@ fn pool_rejects_sizes_no_device_holds() {
     }
 }
 
+/// A `Config` built in code skips `Config::parse`'s checks: values it would refuse still make a
+/// working pool (a `max_chunk` of 0 divided by zero).
+#[test]
+fn configs_built_in_code_with_out_of_range_values_do_not_panic() {
+    let cases = [
+        Config {
+            max_chunk: 0,
+            ..Config::default()
+        },
+        Config {
+            max_chunk: 1,
+            ..Config::default()
+        },
+        Config {
+            fragmentation_budget: f64::NAN,
+            ..Config::default()
+        },
+        Config {
+            fragmentation_budget: -1.0,
+            ..Config::default()
+        },
+        Config {
+            thread_cache_block: 0,
+            ..Config::default()
+        },
+    ];
+    for cfg in cases {
+        let what = format!("{cfg:?}");
+        let sim = sim();
+        let a = CachingAllocator::new(sim.clone(), cfg.clone());
+        for size in [512, 3 << 20, 64 << 20] {
+            let x = a.allocate(size, StreamId(0)).expect(&what);
+            a.free(x).expect(&what);
+        }
+        check_front(&sim, &a, &what);
+        let sim = self::sim();
+        let mut pool = Pool::new(sim.clone(), cfg);
+        pool_still_works(&sim, &mut pool, &what);
+    }
+}
+
 #[test]
 fn pool_serves_streams_it_has_never_seen() {
     for policy in Policy::ALL {

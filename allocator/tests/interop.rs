@@ -18,7 +18,7 @@ use cudalloc_sys::buffer::cudarc::cublas::sys::cublasOperation_t as Op;
 use cudalloc_sys::buffer::cudarc::cublas::GemmConfig;
 use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::buffer::ops::{gemm_f32, Kernels};
-use cudalloc_sys::CudaDevice;
+use cudalloc_sys::{CudaDevice, Device};
 use std::sync::Arc;
 
 type Alloc = Arc<CachingAllocator<CudaDevice>>;
@@ -207,6 +207,29 @@ fn a_foreign_stream_write_is_seen_by_the_owner() {
     // The freed block waits for an event on `other`; a new allocation processes it.
     drop(a.buffer::<f32>(16, &owner).unwrap());
     settled(&a);
+}
+
+/// A buffer that holds the last handle of a stream it was used on: the stream stays alive until
+/// the pool has recorded the free's event on it (it used to be destroyed first, the event record
+/// then failed and the block never went back).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_buffer_keeps_its_last_foreign_stream_alive_until_freed() {
+    for policy in Policy::ALL {
+        let a = allocator(policy);
+        let owner = new_stream(&a);
+        let host = data(1 << 20, 5);
+        {
+            let mut buf = a.buffer::<f32>(host.len(), &owner).unwrap();
+            let other = new_stream(&a);
+            other.memcpy_htod(&host, &mut buf).unwrap();
+            buf.record_stream(&other);
+            drop(other); // the buffer's tracker now holds the stream's only handle
+        }
+        a.with_device(|d| d.synchronize_device()).unwrap();
+        drop(a.buffer::<f32>(16, &owner).unwrap());
+        settled(&a);
+    }
 }
 
 #[test]

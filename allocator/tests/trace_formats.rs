@@ -16,7 +16,7 @@
 //!   its events in an order that never shows an address handed out twice.
 
 use cudalloc::trace::{self, pytorch, record::RecordingAllocator, Anomalies, Op, Trace};
-use cudalloc::{CachingAllocator, Config};
+use cudalloc::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{SimDevice, StreamId};
 use serde_pickle::{HashableValue, SerOptions, Value};
 use std::io::Write;
@@ -445,6 +445,26 @@ fn recording_round_trip() {
     assert_eq!(t.events, allocs + 2 * frees + 1);
     assert_eq!(t.peak_live, peak);
     assert_eq!(t.anomalies, Anomalies::default());
+}
+
+/// A stale handle (its address handed out again since) is refused by the recording front as by
+/// `CachingAllocator::free`, and the trace shows no free of the live allocation.
+#[test]
+fn recording_refuses_a_stale_handle() {
+    let inner = CachingAllocator::new(
+        SimDevice::with_capacity(64 << 30),
+        Config::for_policy(Policy::Torch),
+    );
+    let rec = RecordingAllocator::new(inner, Vec::new()).unwrap();
+    let x = rec.allocate(4096, StreamId(0)).unwrap();
+    rec.free(x).unwrap();
+    let y = rec.allocate(8192, StreamId(0)).unwrap();
+    assert_eq!(x.ptr, y.ptr, "the address is handed out again");
+    assert!(rec.free(x).is_err(), "a stale handle frees nothing");
+    rec.free(y).unwrap();
+    let out = rec.finish().unwrap();
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("free_completed").count(), 2, "{text}");
 }
 
 #[test]

@@ -41,7 +41,15 @@ impl fmt::Display for BlasError {
     }
 }
 
-impl std::error::Error for BlasError {}
+impl std::error::Error for BlasError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BlasError::Cublas(e) => Some(e),
+            BlasError::Driver(e) => Some(e),
+            BlasError::Unavailable(_) | BlasError::Workspace(_) => None,
+        }
+    }
+}
 
 impl From<CublasError> for BlasError {
     fn from(e: CublasError) -> Self {

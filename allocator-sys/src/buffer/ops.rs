@@ -56,7 +56,15 @@ impl fmt::Display for OpsError {
     }
 }
 
-impl std::error::Error for OpsError {}
+impl std::error::Error for OpsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpsError::Driver(e) => Some(e),
+            OpsError::Blas(e) => Some(e),
+            OpsError::Shape(_) | OpsError::Compile(_) => None,
+        }
+    }
+}
 
 impl From<DriverError> for OpsError {
     fn from(e: DriverError) -> Self {

@@ -40,6 +40,23 @@ fn buffers_and_handles_cross_threads() {
     send_sync::<super::ops::Kernels>();
 }
 
+/// The errors that wrap a driver or cuBLAS error give it as their `source`.
+#[test]
+fn wrapped_errors_are_their_source() {
+    use cudarc::driver::sys::CUresult;
+    use cudarc::driver::DriverError;
+    use std::error::Error;
+    let driver = || DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
+    let blas = super::BlasError::Driver(driver());
+    let ops = super::ops::OpsError::Driver(driver());
+    for e in [&blas as &dyn Error, &ops] {
+        // Compared as values: formatting a `DriverError` asks the driver for its text.
+        let source = e.source().and_then(|s| s.downcast_ref::<DriverError>());
+        assert_eq!(source.map(|d| d.0), Some(driver().0));
+    }
+    assert!(super::BlasError::Workspace("x".into()).source().is_none());
+}
+
 #[test]
 fn gemm_exact_sizes_pass_and_one_less_fails() {
     // A: 3x4 (N, lda 3) = 12; B: op(B) 4x5 stored 5x4 (T, ldb 5) = 20; C: 3x5 = 15.

@@ -166,7 +166,8 @@ impl<D: Device> Pool<D> {
         if self.limit.is_some() {
             page
         } else {
-            self.cfg.max_chunk
+            // At least a page: a `Config` built in code (not parsed) may hold any value.
+            self.cfg.max_chunk.max(page)
         }
     }
 

@@ -166,7 +166,12 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free`], recorded.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        self.free_ptr(a.ptr)
+        let mut rec = self.recorder.lock();
+        // The whole handle is checked (a stale one whose address was handed out again is
+        // refused), as `CachingAllocator::free` does.
+        self.inner.free(a)?;
+        rec.freed(a.ptr);
+        Ok(())
     }
 
     /// [`CachingAllocator::free_ptr`], recorded.
