@@ -589,6 +589,27 @@ fn keys_a_replay_would_ignore_are_refused() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
     assert!(stderr(&o).contains("max_chunk_mb"), "{}", stderr(&o));
+    // Beside the `default` policy, such a key is swept after it only.
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        "--policy",
+        "default",
+        "--sweep",
+        "max_chunk_mb=16",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let labels: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        labels,
+        ["torch", "default", "policy:default,max_chunk_mb:16"]
+    );
 }
 
 /// A plot that cannot be written is refused before any replay, and leaves nothing behind.

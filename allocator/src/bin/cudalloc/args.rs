@@ -2,6 +2,7 @@
 //! config strings, byte counts with units).
 
 use clap::{Args, Parser, Subcommand};
+use cudalloc::config::DEFAULT_ONLY_KEYS;
 use cudalloc::{Config, Policy};
 use std::path::PathBuf;
 
@@ -54,7 +55,8 @@ pub struct ReplayArgs {
     /// Add, after each policy or configuration (the `default` policy when none is given), one
     /// configuration per value of a key, that key alone changed: `max_chunk_mb=16,40,64` adds
     /// `...,max_chunk_mb:16` and so on (repeatable; each key is swept on its own, not crossed
-    /// with the others). One point of the memory / driver-call frontier per value.
+    /// with the others; a key only the `default` policy reads, such as max_chunk_mb, only after
+    /// its configurations). One point of the memory / driver-call frontier per value.
     #[arg(long = "sweep", value_name = "KEY=V1,V2,...", value_parser = parse_sweep)]
     pub sweeps: Vec<Sweep>,
 
@@ -110,14 +112,27 @@ impl ReplayArgs {
             vec![Variant::policy(Policy::Default)]
         };
         let mut out = Vec::new();
+        let mut used = vec![false; self.sweeps.len()];
         for base in bases {
-            let swept: Vec<Vec<Variant>> = self
-                .sweeps
-                .iter()
-                .map(|s| s.apply(&base))
-                .collect::<Result<_, _>>()?;
+            let mut swept = Vec::new();
+            for (s, used) in self.sweeps.iter().zip(&mut used) {
+                // A key only the `default` policy reads is swept after its configurations only.
+                let own = DEFAULT_ONLY_KEYS.contains(&s.key.as_str());
+                if own && base.cfg.policy != Policy::Default {
+                    continue;
+                }
+                *used = true;
+                swept.extend(s.apply(&base)?);
+            }
             out.push(base);
-            out.extend(swept.into_iter().flatten());
+            out.extend(swept);
+        }
+        if let Some((s, _)) = self.sweeps.iter().zip(&used).find(|(_, u)| !**u) {
+            return Err(format!(
+                "--sweep {}: the key applies to the `default` policy only, and none of the \
+                 configurations asked for is one",
+                s.key
+            ));
         }
         Ok(out)
     }
