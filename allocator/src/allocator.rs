@@ -414,7 +414,8 @@ impl<D: Device> CachingAllocator<D> {
         a: &Allocation,
     ) -> Result<(), AllocError> {
         let e = self.live.take_live(a)?;
-        if let Err(err) = pool.free(a) {
+        // The pool's handle: a thread cache's hit handed `a` out with another serial.
+        if let Err(err) = pool.free(&e.alloc) {
             self.live.insert(e);
             return Err(err);
         }
@@ -425,7 +426,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Frees the allocation at `ptr`.
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
         let e = self.live.live(ptr)?;
-        self.free(e.alloc)
+        self.free(e.handle())
     }
 
     /// Frees the allocation at `ptr` that was made on `stream` (PyTorch's pluggable allocator
@@ -438,7 +439,7 @@ impl<D: Device> CachingAllocator<D> {
                 e.alloc.stream
             )));
         }
-        self.free(e.alloc)
+        self.free(e.handle())
     }
 
     /// Marks the allocation at `ptr` as used on `stream` too.

@@ -70,7 +70,11 @@ impl Hasher for AddrHasher {
 /// One pointer handed out.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
+    /// The pool's handle of the block (what goes back to the pool).
     pub alloc: Allocation,
+    /// The serial of the handle its caller holds: the pool's, or the token of the thread
+    /// cache whose hit handed it out again ([`Entry::handle`]).
+    pub handle_serial: u64,
     /// Size of the block behind it (rounded).
     pub block_size: u64,
     pub pool: PoolKind,
@@ -85,6 +89,7 @@ impl Entry {
     pub fn live(alloc: Allocation, block_size: u64, pool: PoolKind) -> Entry {
         Entry {
             alloc,
+            handle_serial: alloc.serial,
             block_size,
             pool,
             token: 0,
@@ -95,6 +100,14 @@ impl Entry {
     /// Held in a thread cache rather than by a caller.
     pub fn cached(&self) -> bool {
         self.token != 0
+    }
+
+    /// The handle its caller holds: the pool's handle with the serial of the last handout.
+    pub fn handle(&self) -> Allocation {
+        Allocation {
+            serial: self.handle_serial,
+            ..self.alloc
+        }
     }
 }
 
@@ -204,7 +217,7 @@ impl LiveMap {
         let mut g = self.shard(a.ptr);
         let s = &mut *g;
         match s.map.get_mut(&a.ptr) {
-            Some(e) if !e.cached() && e.alloc == *a => {
+            Some(e) if !e.cached() && e.handle() == *a => {
                 if e.recorded || e.block_size > max_block {
                     return Marked::Live;
                 }
@@ -229,6 +242,8 @@ impl LiveMap {
         match s.map.get_mut(&ptr) {
             Some(e) if e.token == token => {
                 e.token = 0;
+                // The hit is a new handout: its handle carries the token (tokens are unique).
+                e.handle_serial = token;
                 s.cached.sub(e);
                 s.hits.add(e);
                 self.count_large(ptr, e, false);
@@ -293,7 +308,7 @@ impl LiveMap {
     pub fn take_live(&self, a: &Allocation) -> Result<Entry, AllocError> {
         let mut g = self.shard(a.ptr);
         match g.map.get(&a.ptr) {
-            Some(e) if !e.cached() && e.alloc == *a => {}
+            Some(e) if !e.cached() && e.handle() == *a => {}
             _ => return Err(AllocError::NotAllocated(a.ptr)),
         }
         Ok(g.map.remove(&a.ptr).expect("present"))

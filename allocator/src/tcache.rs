@@ -321,7 +321,12 @@ impl Caches {
         self.with_mine(|c| {
             while let Some(e) = c.take(size, stream) {
                 if live.claim(e.alloc.ptr, e.token) {
-                    return Some(e.alloc);
+                    // A new handout: its handle carries the token (`LiveMap::claim`), so the
+                    // handle of the free that cached it is stale now.
+                    return Some(Allocation {
+                        serial: e.token,
+                        ..e.alloc
+                    });
                 }
             }
             None

@@ -155,6 +155,47 @@ fn configs_built_in_code_with_out_of_range_values_do_not_panic() {
     }
 }
 
+/// A handle freed and then handed out again (same address, size and stream: a thread cache's
+/// hit, or a block reallocated whole) is stale: freeing it again is `NotAllocated` and leaves
+/// the new owner's block alone, under every policy, through the pool and through the front.
+#[test]
+fn a_stale_handle_is_refused_after_its_address_is_handed_out_again() {
+    for policy in Policy::ALL {
+        for size in [4096, 8 * MIB, 30 * MIB] {
+            let what = format!("{policy:?} {size}");
+            let sim = sim();
+            let a = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+            let x = a.allocate(size, S0).unwrap();
+            a.free(x).unwrap();
+            let y = a.allocate(size, S0).unwrap();
+            assert_eq!(x.ptr, y.ptr, "{what}: the address is handed out again");
+            assert_eq!(a.free(x), Err(AllocError::NotAllocated(x.ptr)), "{what}");
+            assert!(
+                a.record_stream(y.ptr, StreamId(7)).is_ok(),
+                "{what}: y is live"
+            );
+            a.free(y).unwrap();
+            assert_eq!(a.free(y), Err(AllocError::NotAllocated(y.ptr)), "{what}");
+            check_front(&sim, &a, &what);
+
+            let sim = self::sim();
+            let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+            let x = pool.allocate(size, S0).unwrap();
+            pool.free(&x).unwrap();
+            let y = pool.allocate(size, S0).unwrap();
+            if (y.ptr, y.block) == (x.ptr, x.block) {
+                assert_eq!(
+                    pool.free(&x),
+                    Err(AllocError::NotAllocated(x.ptr)),
+                    "{what}"
+                );
+            }
+            pool.free(&y).unwrap();
+            check_pool(&sim, &pool, &what);
+        }
+    }
+}
+
 #[test]
 fn pool_serves_streams_it_has_never_seen() {
     for policy in Policy::ALL {

@@ -48,6 +48,8 @@ pub struct Block {
     pub gc_base: u64,
     /// Number of the recorded episode allocation the block serves (`plan::NO_SEQ`: none).
     pub episode_seq: u64,
+    /// The handout it serves, while allocated ([`crate::pool::Allocation::serial`]).
+    pub serial: u64,
 }
 
 impl Block {
@@ -68,6 +70,7 @@ impl Block {
             stream_uses: Vec::new(),
             gc_base: 0,
             episode_seq: u64::MAX,
+            serial: 0,
         }
     }
 

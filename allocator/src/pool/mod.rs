@@ -48,7 +48,16 @@ pub struct Allocation {
     pub stream: StreamId,
     /// The block behind it (stable while the allocation lives).
     pub block: BlockId,
+    /// Which handout of the block this is: two handouts of one address never share it, so a
+    /// stale handle (freed, its address handed out again with the same size and stream) is
+    /// refused instead of freeing the new owner's block. A pool numbers its handouts with the
+    /// top bit set; a thread cache's hit (`CachingAllocator`) takes its cache token, which never
+    /// has it.
+    pub serial: u64,
 }
+
+/// The bit that marks a pool's handout numbers ([`Allocation::serial`]).
+pub const POOL_SERIAL: u64 = 1 << 63;
 
 /// A request on its way through the allocation ladder.
 pub(crate) struct Request {
@@ -85,6 +94,8 @@ pub struct Pool<D: Device> {
     pub(crate) reserve_failed: bool,
     /// Episodes and the layout plan (`default` policy).
     pub(crate) plans: plan::Plans,
+    /// Allocations handed out so far ([`Allocation::serial`]).
+    pub(crate) handouts: u64,
 }
 
 impl<D: Device> Pool<D> {
@@ -111,6 +122,7 @@ impl<D: Device> Pool<D> {
             shared: None,
             reserve_failed: false,
             plans: plan::Plans::default(),
+            handouts: 0,
         }
     }
 
@@ -264,12 +276,16 @@ impl<D: Device> Pool<D> {
         if let Some(k) = seq {
             self.note_alloc(id, k, planned.is_some());
         }
-        let b = &self.blocks[id];
+        self.handouts += 1;
+        let serial = POOL_SERIAL | self.handouts;
+        let b = &mut self.blocks[id];
+        b.serial = serial;
         Ok(Some(Allocation {
             ptr: b.addr,
             size,
             stream,
             block: id,
+            serial,
         }))
     }
 
@@ -481,6 +497,7 @@ impl<D: Device> Pool<D> {
             .blocks
             .get(a.block)
             .filter(|b| b.allocated && b.addr == a.ptr && b.event_count == 0)
+            .filter(|b| b.serial == a.serial)
             .ok_or(AllocError::NotAllocated(a.ptr))?;
         let (pool, size) = (b.pool, b.size);
         if !b.stream_uses.is_empty() {

@@ -164,6 +164,7 @@ impl<D: Device> Drop for Pool<D> {
                 size: b.requested,
                 stream: b.stream,
                 block: id,
+                serial: b.serial,
             };
             let _ = self.free(&a);
         }
