@@ -284,8 +284,9 @@ impl CachingAllocator<CudaDevice> {
         self.cublas_with(stream, bytes, lt_bytes)
     }
 
-    /// A cuBLAS handle on `stream` with `bytes`-byte cuBLAS workspaces (0: none) and
-    /// `lt_bytes`-byte cuBLASLt workspaces.
+    /// A cuBLAS handle on `stream` with `bytes`-byte cuBLAS workspaces (0: cuBLAS gets none,
+    /// though the handle still holds the pool's smallest block, 512 bytes, as an empty buffer)
+    /// and `lt_bytes`-byte cuBLASLt workspaces.
     pub fn cublas_with(
         self: &Arc<Self>,
         stream: &Arc<CudaStream>,
