@@ -160,6 +160,8 @@ fn configs_built_in_code_with_out_of_range_values_do_not_panic() {
 /// the new owner's block alone, under every policy, through the pool and through the front.
 #[test]
 fn a_stale_handle_is_refused_after_its_address_is_handed_out_again() {
+    // Pool cases where the same block came back (the stale handle then differs only in serial).
+    let mut same_block = 0;
     for policy in Policy::ALL {
         for size in [4096, 8 * MIB, 30 * MIB] {
             let what = format!("{policy:?} {size}");
@@ -184,16 +186,18 @@ fn a_stale_handle_is_refused_after_its_address_is_handed_out_again() {
             pool.free(&x).unwrap();
             let y = pool.allocate(size, S0).unwrap();
             if (y.ptr, y.block) == (x.ptr, x.block) {
-                assert_eq!(
-                    pool.free(&x),
-                    Err(AllocError::NotAllocated(x.ptr)),
-                    "{what}"
-                );
+                same_block += 1;
             }
+            assert_eq!(
+                pool.free(&x),
+                Err(AllocError::NotAllocated(x.ptr)),
+                "{what}"
+            );
             pool.free(&y).unwrap();
             check_pool(&sim, &pool, &what);
         }
     }
+    assert!(same_block > 0, "no case handed the same block out again");
 }
 
 #[test]
