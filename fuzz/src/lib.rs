@@ -97,7 +97,7 @@ pub fn check_trace(t: &Trace) {
     let a = &t.anomalies;
     assert_eq!(
         a.first_line.is_some(),
-        a.unmatched_frees + a.double_allocs > 0
+        a.unmatched_frees + a.double_allocs + a.mismatched_frees > 0
     );
 }
 
