@@ -147,9 +147,10 @@ impl<D: Device> CachingAllocator<D> {
     /// out nothing for zero bytes instead).
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         if size > crate::sizes::MAX_REQUEST {
-            return Err(AllocError::InvalidArgument(format!(
-                "{size} bytes is larger than any device"
-            )));
+            return Err(AllocError::TooLarge {
+                requested: size,
+                limit: crate::sizes::MAX_REQUEST,
+            });
         }
         if let Some(c) = &self.caches {
             // A pool that watches its large blocks gets the request, unless another thread is
@@ -434,10 +435,11 @@ impl<D: Device> CachingAllocator<D> {
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let e = self.live.live(ptr)?;
         if e.alloc.stream != stream {
-            return Err(AllocError::InvalidArgument(format!(
-                "{ptr:#x} was allocated on {}, freed on {stream}",
-                e.alloc.stream
-            )));
+            return Err(AllocError::WrongStream {
+                ptr,
+                allocated_on: e.alloc.stream,
+                freed_on: stream,
+            });
         }
         self.free(e.handle())
     }
@@ -465,9 +467,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Caps the allocator at `fraction` of the device's memory.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
         if !(0.0..=1.0).contains(&fraction) {
-            return Err(AllocError::InvalidArgument(format!(
-                "memory fraction {fraction} is not in [0, 1]"
-            )));
+            return Err(AllocError::BadFraction(fraction));
         }
         let (_, total) = self.device.mem_info()?;
         self.set_memory_limit(Some((fraction * total as f64) as u64));

@@ -1,6 +1,10 @@
 //! Typed errors of the allocator.
+//!
+//! Each cause has its own variant carrying the values that explain it, so a caller can match
+//! on the cause and read the figures; the `Display` text names them too.
 
-use cudalloc_sys::DeviceError;
+use crate::sizes::MAX_REQUEST;
+use cudalloc_sys::{DeviceError, StreamId};
 use std::fmt;
 
 /// Why an allocator call failed.
@@ -38,7 +42,49 @@ pub enum AllocError {
     Device(DeviceError),
     /// The pointer is not a live allocation of this allocator (a double free, a foreign pointer).
     NotAllocated(u64),
-    /// A bad argument (a size that overflows, a fraction outside [0, 1]).
+    /// A request larger than `limit`, the most the call takes: [`MAX_REQUEST`] (256 TiB, more
+    /// than any device holds) for an allocation; for a cuBLAS workspace on a host whose `usize`
+    /// is narrower than 64 bits, also `usize::MAX` (a buffer's length).
+    TooLarge {
+        /// Bytes asked for.
+        requested: u64,
+        /// The most the call takes.
+        limit: u64,
+    },
+    /// A memory fraction outside [0, 1] (NaN and infinities included).
+    BadFraction(f64),
+    /// `free_on` named another stream than the one the allocation was made on (nothing freed).
+    WrongStream {
+        /// The allocation's address.
+        ptr: u64,
+        /// The stream it was allocated on, the one to free it on.
+        allocated_on: StreamId,
+        /// The stream the free named.
+        freed_on: StreamId,
+    },
+    /// A buffer was asked for on a stream of another CUDA context than the allocator's device
+    /// (the primary context of its ordinal).
+    ForeignContext {
+        /// The stream.
+        stream: StreamId,
+        /// The device ordinal of the stream's context.
+        stream_device: usize,
+        /// The allocator's device ordinal.
+        device: usize,
+    },
+    /// `len` elements of `elem_size` bytes each are more bytes than a `usize` or `u64` counts.
+    ElementCountOverflow {
+        /// Elements asked for.
+        len: usize,
+        /// Bytes of one element.
+        elem_size: usize,
+        /// The element type's name.
+        elem_type: &'static str,
+    },
+    /// A bad argument, described by the message: only `Pool::allocate` (a request above
+    /// [`MAX_REQUEST`]) and `Pool::set_memory_fraction` (a fraction outside [0, 1]) still return
+    /// it; they are to return [`AllocError::TooLarge`] and [`AllocError::BadFraction`], and
+    /// then this variant goes.
     InvalidArgument(String),
 }
 
@@ -102,9 +148,50 @@ impl fmt::Display for AllocError {
             AllocError::NotAllocated(p) => {
                 write!(f, "{p:#x} is not a live allocation of this allocator")
             }
+            AllocError::TooLarge { requested, limit } => too_large(f, *requested, *limit),
+            AllocError::BadFraction(x) => write!(f, "memory fraction {x} is not in [0, 1]"),
+            AllocError::WrongStream {
+                ptr,
+                allocated_on,
+                freed_on,
+            } => write!(
+                f,
+                "{ptr:#x} was allocated on {allocated_on}, freed on {freed_on}"
+            ),
+            AllocError::ForeignContext {
+                stream,
+                stream_device,
+                device,
+            } => write!(
+                f,
+                "{stream} belongs to another CUDA context (of device {stream_device}) than the \
+                 allocator's device ({device})"
+            ),
+            AllocError::ElementCountOverflow {
+                len,
+                elem_size,
+                elem_type,
+            } => write!(
+                f,
+                "{len} elements of {elem_type} ({elem_size} bytes each): the size overflows"
+            ),
             AllocError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
         }
     }
+}
+
+/// The text of [`AllocError::TooLarge`]: why the limit is what it is.
+fn too_large(f: &mut fmt::Formatter<'_>, requested: u64, limit: u64) -> fmt::Result {
+    let why = if limit == MAX_REQUEST {
+        "larger than any device"
+    } else {
+        "more than this host can address"
+    };
+    write!(
+        f,
+        "{requested} bytes is {why} (a request may be at most {limit} bytes, {})",
+        crate::fmt::bytes(limit)
+    )
 }
 
 impl std::error::Error for AllocError {

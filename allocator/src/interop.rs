@@ -20,27 +20,27 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The constructors check the stream belongs to the allocator's device context and that
-//! `len * size_of::<T>()` does not overflow ([`AllocError::InvalidArgument`]); running out of
-//! memory is [`AllocError::OutOfMemory`], after the allocator released what it could.
+//! The constructors check that the stream belongs to the allocator's device context
+//! ([`AllocError::ForeignContext`]) and that `len * size_of::<T>()` does not overflow
+//! ([`AllocError::ElementCountOverflow`]); running out of memory is
+//! [`AllocError::OutOfMemory`], after the allocator released what it could.
 
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
 use crate::sync::Arc;
 use cudalloc_sys::buffer::cudarc::driver::{CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, PoolError};
-use cudalloc_sys::{CudaDevice, DeviceError, StreamId};
+use cudalloc_sys::{CudaDevice, Device, DeviceError, StreamId};
 
-/// Bytes of `len` elements of `T`, or [`AllocError::InvalidArgument`] if that overflows.
+/// Bytes of `len` elements of `T`, or [`AllocError::ElementCountOverflow`] if that overflows.
 pub fn buffer_bytes<T>(len: usize) -> Result<u64, AllocError> {
-    let elem = std::mem::size_of::<T>();
-    len.checked_mul(elem)
+    let elem_size = std::mem::size_of::<T>();
+    len.checked_mul(elem_size)
         .and_then(|b| u64::try_from(b).ok())
-        .ok_or_else(|| {
-            AllocError::InvalidArgument(format!(
-                "{len} elements of {} ({elem} bytes each): the size overflows",
-                std::any::type_name::<T>()
-            ))
+        .ok_or(AllocError::ElementCountOverflow {
+            len,
+            elem_size,
+            elem_type: std::any::type_name::<T>(),
         })
 }
 
@@ -112,11 +112,14 @@ impl CachingAllocator<CudaDevice> {
         stream: &Arc<CudaStream>,
     ) -> Result<Buffer<T>, AllocError> {
         let bytes = buffer_bytes::<T>(len)?;
-        let same = self.with_device(|d| **d.context() == **stream.context());
+        let (same, device) =
+            self.with_device(|d| (**d.context() == **stream.context(), d.ordinal()));
         if !same {
-            return Err(AllocError::InvalidArgument(
-                "the stream belongs to another CUDA context than the allocator's device".into(),
-            ));
+            return Err(AllocError::ForeignContext {
+                stream: stream_id(stream),
+                stream_device: stream.context().ordinal(),
+                device,
+            });
         }
         let a = self.allocate(bytes, stream_id(stream))?;
         let pool: Arc<dyn BufferPool> = self.clone();

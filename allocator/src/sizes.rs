@@ -26,8 +26,9 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// Rounding of large segments.
 pub const ROUND_LARGE: u64 = 2 << 20;
 
-/// Largest request accepted (256 TiB, far above any device); larger ones are invalid arguments
-/// rather than overflows in rounding.
+/// Largest request accepted (256 TiB, far above any device); larger ones are refused as errors
+/// ([`crate::AllocError::TooLarge`] from [`crate::CachingAllocator`]) rather than overflows in
+/// rounding.
 pub const MAX_REQUEST: u64 = 1 << 48;
 
 /// Which of the two pools a block belongs to.

@@ -237,11 +237,13 @@ impl From<BlasError> for WorkspaceError {
     }
 }
 
+/// A workspace's length as a buffer's; [`AllocError::TooLarge`] where `usize` is too narrow.
 fn to_len(bytes: u64) -> Result<usize, WorkspaceError> {
     usize::try_from(bytes).map_err(|_| {
-        WorkspaceError::Alloc(AllocError::InvalidArgument(format!(
-            "a {bytes}-byte workspace does not fit in memory"
-        )))
+        WorkspaceError::Alloc(AllocError::TooLarge {
+            requested: bytes,
+            limit: usize::MAX as u64,
+        })
     })
 }
 

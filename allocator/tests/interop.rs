@@ -7,16 +7,18 @@
 //! launched through `cudalloc_sys::buffer::ops` write buffers; a buffer written on a foreign
 //! stream and read on its owner sees the write; the cuBLAS workspace is one pool allocation
 //! per (handle, stream), counted in the statistics and returned when the handle is dropped; a
-//! request larger than the card is `OutOfMemory`. After each test every buffer is back in the
-//! pool (allocated bytes 0) and the allocator's invariants hold.
+//! request larger than the card is `OutOfMemory`; a stream of another CUDA context (a second,
+//! non-primary one on the same device) is `ForeignContext` naming the stream and both devices.
+//! After each test every buffer is back in the pool (allocated bytes 0) and the allocator's
+//! invariants hold.
 
-use cudalloc::interop::buffer_bytes;
+use cudalloc::interop::{buffer_bytes, stream_id};
 use cudalloc::stats::StatType;
 use cudalloc::workspace::{workspace_bytes, WORKSPACE_ENV};
 use cudalloc::{AllocError, CachingAllocator, Config, Policy};
 use cudalloc_sys::buffer::cudarc::cublas::sys::cublasOperation_t as Op;
 use cudalloc_sys::buffer::cudarc::cublas::GemmConfig;
-use cudalloc_sys::buffer::cudarc::driver::CudaStream;
+use cudalloc_sys::buffer::cudarc::driver::{CudaContext, CudaStream};
 use cudalloc_sys::buffer::ops::{gemm_f32, Kernels};
 use cudalloc_sys::{CudaDevice, Device};
 use std::sync::Arc;
@@ -67,16 +69,20 @@ fn element_sizes_that_overflow_are_rejected() {
     assert_eq!(buffer_bytes::<f32>(1 << 20).unwrap(), 4 << 20);
     assert_eq!(buffer_bytes::<u8>(0).unwrap(), 0);
     assert_eq!(buffer_bytes::<()>(usize::MAX).unwrap(), 0);
-    for r in [
-        buffer_bytes::<f32>(usize::MAX),
-        buffer_bytes::<f64>(usize::MAX / 4),
-        buffer_bytes::<[u8; 3]>(usize::MAX / 2),
-    ] {
-        match r {
-            Err(AllocError::InvalidArgument(m)) => assert!(m.contains("overflows"), "{m}"),
-            other => panic!("expected an overflow error, got {other:?}"),
-        }
-    }
+    let overflow = |len, elem_size, elem_type| -> Result<u64, AllocError> {
+        Err(AllocError::ElementCountOverflow {
+            len,
+            elem_size,
+            elem_type,
+        })
+    };
+    let max = usize::MAX;
+    assert_eq!(buffer_bytes::<f32>(max), overflow(max, 4, "f32"));
+    assert_eq!(buffer_bytes::<f64>(max / 4), overflow(max / 4, 8, "f64"));
+    assert_eq!(
+        buffer_bytes::<[u8; 3]>(max / 2),
+        overflow(max / 2, 3, "[u8; 3]")
+    );
 }
 
 #[test]
@@ -293,6 +299,23 @@ fn cublas_workspace_comes_from_the_pool() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_stream_of_another_context_is_refused() {
+    let a = allocator(Policy::Default);
+    let other = CudaContext::new_non_primary(0, 0).expect("a second context on device 0");
+    let s = other.new_stream().expect("a stream");
+    match a.buffer::<f32>(1024, &s) {
+        Err(AllocError::ForeignContext {
+            stream,
+            stream_device,
+            device,
+        }) => assert_eq!((stream, stream_device, device), (stream_id(&s), 0, 0)),
+        other => panic!("expected ForeignContext, got {other:?}"),
+    }
+    settled(&a);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn larger_than_the_card_is_out_of_memory() {
     let a = allocator(Policy::Default);
     let s = new_stream(&a);
@@ -302,7 +325,9 @@ fn larger_than_the_card_is_out_of_memory() {
         Ok(_) => panic!("{} bytes were granted", 4 * total),
     }
     match a.buffer::<f64>(usize::MAX / 4, &s) {
-        Err(AllocError::InvalidArgument(m)) => assert!(m.contains("overflows"), "{m}"),
+        Err(AllocError::ElementCountOverflow { len, elem_size, .. }) => {
+            assert_eq!((len, elem_size), (usize::MAX / 4, 8))
+        }
         other => panic!("expected an overflow error, got {other:?}"),
     }
     let b = a.buffer::<f32>(1024, &s).unwrap();

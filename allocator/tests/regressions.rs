@@ -146,10 +146,11 @@ fn pool_allocate_of_u64_max_is_an_error() {
         pool.check_invariants().unwrap();
         let front = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
         let r = front.allocate(u64::MAX, StreamId(0));
-        assert!(
-            matches!(r, Err(AllocError::InvalidArgument(_))),
-            "{policy:?}: {r:?}"
-        );
+        let too_large = AllocError::TooLarge {
+            requested: u64::MAX,
+            limit: MAX_REQUEST,
+        };
+        assert_eq!(r, Err(too_large), "{policy:?}");
     }
 }
 

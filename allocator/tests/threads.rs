@@ -325,7 +325,10 @@ fn allocator_front_rejects_bad_input() {
     let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
     assert!(matches!(
         alloc.allocate(u64::MAX, StreamId(0)),
-        Err(AllocError::InvalidArgument(_))
+        Err(AllocError::TooLarge {
+            requested: u64::MAX,
+            ..
+        })
     ));
     let a = alloc.allocate(1000, StreamId(0)).unwrap();
     assert_eq!(

@@ -302,6 +302,11 @@ impl Run {
                 }
             }
             Err(AllocError::Device(e)) => assert!(self.faulted, "device error with no fault: {e}"),
+            Err(AllocError::TooLarge { requested, limit }) => {
+                assert_eq!((requested, limit), (size, MAX_REQUEST));
+                assert!(size > MAX_REQUEST, "allocate({size}): too large");
+            }
+            // `Pool` until it returns `TooLarge` too.
             Err(AllocError::InvalidArgument(m)) => {
                 assert!(size > MAX_REQUEST, "allocate({size}): invalid argument {m}")
             }

@@ -259,7 +259,10 @@ mod tests {
         let mut failed = run(500, 50, None);
         failed.result.failure = Some(Failure {
             op: 3,
-            error: AllocError::InvalidArgument("test".into()),
+            error: AllocError::TooLarge {
+                requested: u64::MAX,
+                limit: cudalloc::sizes::MAX_REQUEST,
+            },
         });
         let reports = [
             report("a", 100, 4, run(103, 2, None)),

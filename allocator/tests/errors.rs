@@ -1,0 +1,143 @@
+//! `AllocError`'s typed causes: each bad argument `CachingAllocator` refuses comes back as its own
+//! variant carrying the values that explain it, and the message names those values.
+//!
+//! Checked: a request above `MAX_REQUEST` is `TooLarge` with the request and the limit; a memory
+//! fraction outside [0, 1] is `BadFraction` with that fraction and changes no limit; `free_on` on
+//! the wrong stream is `WrongStream` with the address and both streams and frees nothing (the
+//! right stream then frees it); each variant's message holds its figures. The element-count
+//! overflow of `buffer_bytes` is in `interop.rs`; a stream of another CUDA context (GPU) too.
+
+use cudalloc::sizes::MAX_REQUEST;
+use cudalloc::{AllocError, CachingAllocator, Config, Policy};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+
+const GIB: u64 = 1 << 30;
+
+fn front() -> CachingAllocator<SimDevice> {
+    let sim = SimDevice::new(SimConfig::with_capacity(4 * GIB));
+    CachingAllocator::new(sim, Config::for_policy(Policy::Default))
+}
+
+#[test]
+fn a_request_above_the_limit_is_too_large_with_both_sizes() {
+    let alloc = front();
+    for size in [MAX_REQUEST + 1, 1 << 63, u64::MAX] {
+        let err = alloc.allocate(size, StreamId(0)).unwrap_err();
+        let want = AllocError::TooLarge {
+            requested: size,
+            limit: MAX_REQUEST,
+        };
+        assert_eq!(err, want);
+        assert!(!err.is_out_of_memory(), "{err:?}");
+    }
+    let at_limit = alloc.allocate(MAX_REQUEST, StreamId(0)).unwrap_err();
+    assert!(at_limit.is_out_of_memory(), "{at_limit:?}");
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn a_fraction_outside_0_to_1_is_bad_and_keeps_the_limit() {
+    let alloc = front();
+    alloc.set_memory_fraction(0.5).unwrap();
+    for f in [-0.5, 1.5, f64::NAN, f64::INFINITY] {
+        match alloc.set_memory_fraction(f) {
+            Err(AllocError::BadFraction(x)) => assert_eq!(x.to_bits(), f.to_bits()),
+            other => panic!("set_memory_fraction({f}) = {other:?}"),
+        }
+    }
+    let err = alloc.allocate(3 * GIB, StreamId(0)).unwrap_err();
+    assert!(
+        matches!(err, AllocError::OutOfMemory { limit: Some(l), .. } if l == 2 * GIB),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn free_on_the_wrong_stream_names_both_streams_and_frees_nothing() {
+    let alloc = front();
+    let a = alloc.allocate(4096, StreamId(7)).unwrap();
+    let err = alloc.free_on(a.ptr, StreamId(9)).unwrap_err();
+    let want = AllocError::WrongStream {
+        ptr: a.ptr,
+        allocated_on: StreamId(7),
+        freed_on: StreamId(9),
+    };
+    assert_eq!(err, want);
+    assert_eq!(alloc.stats().allocation.0[0].current, 1, "nothing freed");
+    alloc.free_on(a.ptr, StreamId(7)).unwrap();
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn every_message_names_its_values() {
+    let cases = [
+        (
+            AllocError::TooLarge {
+                requested: u64::MAX,
+                limit: MAX_REQUEST,
+            },
+            vec![
+                "18446744073709551615 bytes",
+                "larger than any device",
+                "256.00 TiB",
+            ],
+        ),
+        (
+            AllocError::TooLarge {
+                requested: 5 << 30,
+                limit: u32::MAX as u64,
+            },
+            vec![
+                "5368709120 bytes",
+                "more than this host can address",
+                "4294967295",
+            ],
+        ),
+        (
+            AllocError::BadFraction(1.5),
+            vec!["memory fraction 1.5", "[0, 1]"],
+        ),
+        (
+            AllocError::WrongStream {
+                ptr: 0x7f00_0000,
+                allocated_on: StreamId(7),
+                freed_on: StreamId(9),
+            },
+            vec![
+                "0x7f000000",
+                "allocated on stream 0x7",
+                "freed on stream 0x9",
+            ],
+        ),
+        (
+            AllocError::ForeignContext {
+                stream: StreamId(0x55),
+                stream_device: 1,
+                device: 0,
+            },
+            vec![
+                "stream 0x55",
+                "another CUDA context (of device 1)",
+                "device (0)",
+            ],
+        ),
+        (
+            AllocError::ElementCountOverflow {
+                len: usize::MAX,
+                elem_size: 4,
+                elem_type: "f32",
+            },
+            vec![
+                "18446744073709551615 elements of f32",
+                "4 bytes each",
+                "overflows",
+            ],
+        ),
+    ];
+    for (err, parts) in cases {
+        let m = err.to_string();
+        for p in parts {
+            assert!(m.contains(p), "{m:?} lacks {p:?}");
+        }
+    }
+}
