@@ -23,17 +23,88 @@ use std::time::Instant;
 /// Capacity of the simulated device: an H200's 143,771 MiB.
 pub const DEVICE_CAPACITY: u64 = 143_771 << 20;
 
-/// One point of a memory timeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One point of a memory timeline: the highest value of each figure over the operations since
+/// the previous point (so a peak between two points is not lost, however few the points).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sample {
-    /// Index of the operation.
+    /// Index of the last operation the point covers.
     pub op: u32,
-    /// Live (requested) bytes.
+    /// Live (requested) bytes, the most in the interval.
     pub live: u64,
-    /// Allocated (rounded) bytes.
+    /// Allocated (rounded) bytes, the most in the interval.
     pub allocated: u64,
-    /// Reserved bytes.
+    /// Reserved bytes, the most in the interval.
     pub reserved: u64,
+}
+
+impl Sample {
+    /// The figures of `pool` now.
+    fn of<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
+        let s = pool.stats();
+        Sample {
+            op: op as u32,
+            live: s.requested_bytes.0[0].current as u64,
+            allocated: s.allocated_bytes.0[0].current as u64,
+            reserved: s.reserved_bytes.0[0].current as u64,
+        }
+    }
+
+    /// The highest of each figure of `self` and `other`, at `other`'s operation.
+    fn max(self, other: Sample) -> Sample {
+        Sample {
+            op: other.op,
+            live: self.live.max(other.live),
+            allocated: self.allocated.max(other.allocated),
+            reserved: self.reserved.max(other.reserved),
+        }
+    }
+}
+
+/// Builds a timeline of about `samples` points, each the most of every figure over its
+/// interval of operations ([`Sample`]).
+struct Timeline {
+    /// Operations per point.
+    every: usize,
+    /// Operations seen in the current interval.
+    seen: usize,
+    /// The most of each figure in the current interval.
+    acc: Sample,
+    points: Vec<Sample>,
+}
+
+impl Timeline {
+    fn new(ops: usize, samples: usize) -> Timeline {
+        Timeline {
+            every: ops.checked_div(samples).map_or(usize::MAX, |n| n.max(1)),
+            seen: 0,
+            acc: Sample::default(),
+            points: Vec::with_capacity(samples + 3),
+        }
+    }
+
+    /// Takes in the figures after operation `op`; closes the interval when it is full.
+    fn after<D: Device>(&mut self, pool: &Pool<D>, op: usize) {
+        self.acc = self.acc.max(Sample::of(pool, op));
+        self.seen += 1;
+        if self.seen == self.every {
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        if self.seen > 0 {
+            self.points.push(self.acc);
+        }
+        self.acc = Sample::default();
+        self.seen = 0;
+    }
+
+    /// The points, the current interval's included, then the figures at the end (`op`).
+    fn finish(mut self, end: Sample) -> Vec<Sample> {
+        self.close();
+        self.points.push(end);
+        self.points
+    }
 }
 
 /// Where a capped replay failed.
@@ -160,15 +231,12 @@ pub fn replay_on<D: Device>(
     pool.set_limit(opts.capacity);
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
     let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
-    let every = trace
-        .ops
-        .len()
-        .checked_div(opts.samples)
-        .map_or(usize::MAX, |n| n.max(1));
-    let mut timeline = Vec::new();
+    let mut timeline = (opts.samples > 0).then(|| {
+        let mut t = Timeline::new(trace.ops.len(), opts.samples);
+        t.points.push(Sample::of(&pool, 0));
+        t
+    });
     let mut failure = None;
-    // Counts down to the next sample (a division per operation would cost more than the check).
-    let mut until_sample = 0;
     let mut peak = opts.breakdown.then(Peak::default);
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
@@ -182,22 +250,16 @@ pub fn replay_on<D: Device>(
         if let Some(p) = peak.as_mut() {
             p.after(i, op, &slots, &pool);
         }
-        if until_sample == 0 {
-            if opts.samples > 0 {
-                timeline.push(sample(&pool, i));
-            }
-            until_sample = every;
+        if let Some(t) = timeline.as_mut() {
+            t.after(&pool, i);
         }
-        until_sample -= 1;
     }
     let elapsed = start.elapsed();
     let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
     for a in slots.iter().flatten() {
         let _ = pool.free(a);
     }
-    if opts.samples > 0 {
-        timeline.push(sample(&pool, done));
-    }
+    let timeline = timeline.map_or_else(Vec::new, |t| t.finish(Sample::of(&pool, done)));
     let s = pool.stats();
     ReplayResult {
         events: done as u64,
@@ -289,16 +351,6 @@ fn step<D: Device>(
         }
     }
     Ok(())
-}
-
-fn sample<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
-    let s = pool.stats();
-    Sample {
-        op: op as u32,
-        live: s.requested_bytes.0[0].current as u64,
-        allocated: s.allocated_bytes.0[0].current as u64,
-        reserved: s.reserved_bytes.0[0].current as u64,
-    }
 }
 
 /// The pages [`min_capacity`] bisects between: the most that cannot hold `peak_live` bytes (a
