@@ -10,24 +10,24 @@
 //! Statistics are the sums over shards. With one stream (one shard) they are exactly PyTorch's;
 //! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak.
 //!
-//! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the
-//! freeing thread's cache and serve that thread's next request of the same size and stream
-//! without any pool lock ([`crate::tcache`]): a cache hit and the free before it take one
-//! live-table lock each. Cached blocks are subtracted from the statistics' current values
-//! and cache hits added to their counts of allocations and frees (the live table keeps both
-//! totals); peaks may include cached blocks. While a shard's pool places its
-//! large blocks by a layout plan (`pool::plan`), or records an episode with two or more
-//! allocations live (the sequence a plan is made from), its large blocks skip the thread caches
-//! whenever its lock is free: a block kept in a cache is a free and an allocation the pool never
-//! sees (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache
-//! instead of waiting (a miss or an eviction still takes the lock). A shard whose lock threads
-//! keep finding held (a crowding score, +8 per time, -1 per look that finds it free: a pool
-//! allocation, a watched allocation or free; read and written without atomicity: a hint) lets
-//! its large blocks use the caches even while watched (a thread that reads `stats()` or a
-//! snapshot holds every shard's lock a moment, and can raise the score of a one-thread
-//! program a little): threads sharing a stream at once give the pool no single sequence to learn from,
-//! and would queue behind its lock (16 threads looping over 16 MiB blocks on one stream: 4-5 M
-//! pairs/s on the H200 without this rule).
+//! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the freeing
+//! thread's cache and serve that thread's next request of the same size and stream without any pool
+//! lock ([`crate::tcache`]): a cache hit and the free before it take one live-table lock each.
+//! Cached blocks are subtracted from the statistics' current values (and are `ThreadCached` in a
+//! snapshot) and cache hits added to their counts of allocations and frees (the live table keeps
+//! both totals); peaks may include cached blocks. While a shard's pool places its large blocks by a
+//! layout plan (`pool::plan`), or records an episode with two or more allocations live (the
+//! sequence a plan is made from), its large blocks skip the thread caches whenever its lock is
+//! free: a block kept in a cache is a free and an allocation the pool never sees
+//! (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache instead of
+//! waiting (a miss or an eviction still takes the lock). A shard whose lock threads keep finding
+//! held (a crowding score, +8 per time, -1 per look that finds it free: a pool allocation, a
+//! watched allocation or free; read and written without atomicity: a hint) lets its large blocks
+//! use the caches even while watched (a thread that reads `stats()` or a snapshot holds every
+//! shard's lock a moment, and can raise the score of a one-thread program a little): threads
+//! sharing a stream at once give the pool no single sequence to learn from, and would queue behind
+//! its lock (16 threads looping over 16 MiB blocks on one stream: 4-5 M pairs/s on the H200 without
+//! this rule).
 //!
 //! Before a small-pool request makes its pool grow while other threads have caches, the small
 //! blocks those threads hold cached on its stream go back to the pool first
@@ -501,10 +501,7 @@ impl<D: Device> CachingAllocator<D> {
     /// one block per such thread at that instant.
     pub fn stats(&self) -> Stats {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut total = guards[0].stats().clone();
-        for g in &guards[1..] {
-            add_stats(&mut total, g.stats());
-        }
+        let mut total = sum_stats(&guards);
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
         }
@@ -518,17 +515,24 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// Segments, blocks and statistics of every shard.
+    /// Segments, blocks and statistics of every shard, as the callers see them: a block held
+    /// in a thread cache is [`crate::snapshot::BlockState::ThreadCached`], not allocated, as
+    /// in [`CachingAllocator::stats`]. Every shard stays locked while its blocks, the
+    /// statistics and the cached blocks are read, so [`Snapshot::recompute`] equals
+    /// [`Snapshot::recorded`] even while other threads allocate.
     pub fn snapshot(&self) -> Snapshot {
-        let mut segments = Vec::new();
-        for s in self.shards.iter() {
-            segments.extend(s.lock().snapshot().segments);
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut snap = Snapshot {
+            segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
+            stats: sum_stats(&guards),
+        };
+        snap.segments.sort_by_key(|s| s.addr);
+        if self.caches.is_some() {
+            let (cached, totals) = self.live.cached_with_totals();
+            snap.mark_thread_cached(&cached);
+            count_thread_caches(&mut snap.stats, &totals);
         }
-        segments.sort_by_key(|s| s.addr);
-        Snapshot {
-            segments,
-            stats: self.stats(),
-        }
+        snap
     }
 
     /// Where the reserved bytes of every shard are now ([`Excess`]). Blocks held in thread
@@ -648,6 +652,15 @@ fn count_thread_caches(t: &mut Stats, c: &CacheTotals) {
         blocks: sum(c.cached.blocks),
         bytes: sum(c.cached.bytes),
     };
+}
+
+/// The pools' statistics, summed over the shards.
+fn sum_stats<D: Device>(pools: &[MutexGuard<'_, Pool<Arc<D>>>]) -> Stats {
+    let mut total = pools[0].stats().clone();
+    for g in &pools[1..] {
+        add_stats(&mut total, g.stats());
+    }
+    total
 }
 
 fn add_stats(t: &mut Stats, s: &Stats) {

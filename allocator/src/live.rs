@@ -285,11 +285,27 @@ impl LiveMap {
 
     /// What the cached entries add up to, and the cache hits so far.
     pub fn cache_totals(&self) -> CacheTotals {
+        self.read_caches(None)
+    }
+
+    /// The addresses of the cached entries, with [`LiveMap::cache_totals`]: each shard's entries
+    /// and totals are read under its one lock, so the cached totals are exactly those of the
+    /// listed entries, even while other threads cache and claim blocks.
+    pub fn cached_with_totals(&self) -> (Vec<u64>, CacheTotals) {
+        let mut ptrs = Vec::new();
+        let t = self.read_caches(Some(&mut ptrs));
+        (ptrs, t)
+    }
+
+    fn read_caches(&self, mut ptrs: Option<&mut Vec<u64>>) -> CacheTotals {
         let mut t = CacheTotals::default();
         for s in self.shards.iter() {
             let s = s.lock();
             t.cached.merge(&s.cached);
             t.hits.merge(&s.hits);
+            if let Some(p) = ptrs.as_deref_mut().filter(|_| !s.cached.is_empty()) {
+                p.extend(s.map.values().filter(|e| e.cached()).map(|e| e.alloc.ptr));
+            }
         }
         t
     }

@@ -4,6 +4,17 @@
 //!
 //! A snapshot is the ground truth the statistics are checked against: every `current` value of
 //! [`crate::Stats`] can be recomputed from it ([`Snapshot::recompute`]).
+//!
+//! Each block is in one [`BlockState`]. A [`crate::Pool`]'s snapshot shows what the pool holds:
+//! allocated, waiting for events, free or unmapped. A [`crate::CachingAllocator`]'s shows what
+//! its callers hold, as its statistics count: a block its caller freed into a thread cache
+//! ([`crate::tcache`]) is still allocated from its pool's point of view, but the allocator's
+//! snapshot shows it as [`BlockState::ThreadCached`], neither allocated nor free (it serves only
+//! its thread's next request of the same size on the same stream; no other request can have it).
+//!
+//! Invariants: the blocks of a segment tile it in address order; `recompute() == recorded()`,
+//! for a `CachingAllocator`'s snapshot too, which reads its blocks, its statistics and its
+//! thread caches' contents with every stream shard locked.
 
 use crate::sizes::PoolKind;
 use crate::stats::{StatArray, Stats};
@@ -20,6 +31,10 @@ pub enum BlockState {
     Free,
     /// Addresses of an expandable segment with no memory behind them.
     Unmapped,
+    /// Freed by its caller into a thread cache: not allocated (as the statistics count it), nor
+    /// free for any request but its thread's next one of the same size and stream. Only a
+    /// `CachingAllocator`'s snapshot shows it.
+    ThreadCached,
 }
 
 impl BlockState {
@@ -30,6 +45,7 @@ impl BlockState {
             BlockState::PendingEvents => "pending_events",
             BlockState::Free => "free",
             BlockState::Unmapped => "unmapped",
+            BlockState::ThreadCached => "thread_cached",
         }
     }
 }
@@ -41,7 +57,8 @@ pub struct BlockInfo {
     pub addr: u64,
     /// Bytes.
     pub size: u64,
-    /// Bytes the caller asked for (0 unless allocated or pending).
+    /// Bytes the caller asked for (0 unless allocated, pending or thread-cached: what the last
+    /// caller asked for, the size a thread cache serves it for).
     pub requested: u64,
     /// State.
     pub state: BlockState,
@@ -78,7 +95,8 @@ pub struct Snapshot {
 /// Fragmentation figures PyTorch does not report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fragmentation {
-    /// Bytes in free mapped blocks.
+    /// Bytes in free mapped blocks (not in [`BlockState::ThreadCached`] ones, which only their
+    /// thread can take; [`crate::Stats::thread_cache`] counts those).
     pub free_bytes: u64,
     /// The largest free mapped block.
     pub largest_free_block: u64,
@@ -187,11 +205,36 @@ impl Snapshot {
                         add(3, 1);
                         add(7, b.size);
                     }
+                    // Neither allocated nor active, as `CachingAllocator::stats` counts it; not an
+                    // inactive split either: its pool still holds it as allocated.
+                    BlockState::ThreadCached => {}
                     _ => {}
                 }
             }
         }
         r
+    }
+
+    /// Marks the allocated blocks at `ptrs` as [`BlockState::ThreadCached`]: the blocks a
+    /// `CachingAllocator`'s thread caches hold. The segments must be in address order.
+    pub(crate) fn mark_thread_cached(&mut self, ptrs: &[u64]) {
+        for &ptr in ptrs {
+            let i = self.segments.partition_point(|s| s.addr <= ptr);
+            let block = i.checked_sub(1).and_then(|i| {
+                let blocks = &mut self.segments[i].blocks;
+                let j = blocks.binary_search_by_key(&ptr, |b| b.addr).ok()?;
+                Some(&mut blocks[j])
+            });
+            // Without its pool's allocated block, `recompute` differs from `recorded` too.
+            let block = block.filter(|b| b.state == BlockState::Allocated);
+            debug_assert!(
+                block.is_some(),
+                "a cached entry at {ptr:#x}, no allocated block"
+            );
+            if let Some(b) = block {
+                b.state = BlockState::ThreadCached;
+            }
+        }
     }
 
     /// The `current` values the statistics hold, in [`Snapshot::recompute`]'s order.

@@ -19,7 +19,8 @@
 //! large part never makes its own thread reserve more). So one thread holds at most
 //! `thread_cache_mb` + `thread_cache_large` x (the largest block it freed) bytes in its cache,
 //! and never a block it did not free itself. Cached blocks are still allocated from the pool's
-//! point of view: the statistics subtract them ([`Totals`]), and every cache is flushed back to
+//! point of view: the statistics subtract them ([`Totals`]), a snapshot shows them as
+//! [`crate::snapshot::BlockState::ThreadCached`], and every cache is flushed back to
 //! the pools on `empty_cache`, on out-of-memory (before the error is returned), and when the
 //! allocator is dropped; the cache of a thread that exited is returned by the next allocation
 //! (on any thread) that misses its own cache.

@@ -507,7 +507,7 @@ fn run_front(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, bool) {
         let snap = alloc.snapshot();
         let blocks = snap.segments.iter().flat_map(|s| &s.blocks);
         blocks
-            .filter(|b| b.state == BlockState::Allocated)
+            .filter(|b| matches!(b.state, BlockState::Allocated | BlockState::ThreadCached))
             .map(|b| b.size)
             .sum()
     };

@@ -13,7 +13,8 @@
 //!   out of memory;
 //! - a memory limit holds for all streams together under concurrent allocation;
 //! - `check_invariants` holds at the end, and called while other threads run it reports no
-//!   violation that does not exist;
+//!   violation that does not exist; a snapshot taken while other threads run agrees with its own
+//!   statistics (`recompute() == recorded()`, blocks in thread caches included);
 //! - at the end, after every free: `allocation.all.current == 0`, allocated and active bytes are 0,
 //!   `empty_cache` returns every byte (device outstanding bytes == 0), and dropping the allocator
 //!   leaves no event or reservation behind.
@@ -147,7 +148,9 @@ fn worker(id: u64, alloc: &Alloc, sim: &SimDevice, shared: &Mutex<Vec<Tagged>>) 
         } else if r < 97 {
             alloc.empty_cache().unwrap();
         } else if r < 98 {
-            let _ = alloc.snapshot().fragmentation();
+            let snap = alloc.snapshot();
+            assert_eq!(snap.recompute(), snap.recorded(), "thread {id}: a snapshot");
+            let _ = snap.fragmentation();
             let _ = alloc.stats();
         }
     }

@@ -155,4 +155,26 @@ mod tests {
         assert_eq!(live[0]["stream"], 5);
         assert!(segs.iter().any(|g| g["pool"] == "small"));
     }
+
+    #[test]
+    fn a_block_in_a_thread_cache_is_thread_cached_in_the_snapshot() {
+        let alloc = CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(Policy::Default),
+        );
+        let keep = alloc.allocate(1000, StreamId(5)).unwrap();
+        let cached = alloc.allocate(3000, StreamId(5)).unwrap();
+        alloc.free(cached).unwrap();
+        let s: Value = serde_json::from_str(&snapshot(&alloc, Policy::Default, 0)).unwrap();
+        let segs = s["segments"].as_array().unwrap();
+        let state = |ptr: u64| {
+            let mut blocks = segs.iter().flat_map(|g| g["blocks"].as_array().unwrap());
+            blocks.find(|b| b["addr"] == ptr).unwrap()["state"].clone()
+        };
+        assert_eq!(state(keep.ptr), "allocated");
+        assert_eq!(state(cached.ptr), "thread_cached");
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0)).unwrap();
+        assert_eq!(v["allocation.all.current"], 1);
+        assert_eq!(v["thread_cache"]["blocks"], 1);
+    }
 }

@@ -16,8 +16,8 @@
 //! may be missed: its allocation, or its free of an allocation the start wrote as live.
 //!
 //! The starting live set comes from [`CachingAllocator::snapshot`]: blocks it shows as
-//! allocated. A block that the caller freed but the allocator still holds as allocated (a
-//! per-thread cache) is written as live until its address is handed out again.
+//! allocated. A block that its caller freed into a per-thread cache is `ThreadCached` there,
+//! not allocated, so it is not written; handing it out again later is an `alloc` like any other.
 //!
 //! The events are those of [`Recorder`]. The allocating thread only formats each event into a
 //! 64 KiB buffer; compressing and writing happen on the recorder's writer thread
@@ -216,10 +216,12 @@ mod tests {
 
     /// PyTorch's rules: no per-thread caches, so a freed block is free in the snapshot.
     fn sim_allocator() -> CachingAllocator<SimDevice> {
-        CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(1 << 30)),
-            Config::for_policy(cudalloc_core::Policy::Torch),
-        )
+        allocator_for(cudalloc_core::Policy::Torch)
+    }
+
+    fn allocator_for(policy: cudalloc_core::Policy) -> CachingAllocator<SimDevice> {
+        let sim = SimDevice::new(SimConfig::with_capacity(1 << 30));
+        CachingAllocator::new(sim, Config::for_policy(policy))
     }
 
     fn lines(path: &Path) -> Vec<String> {
@@ -275,6 +277,34 @@ mod tests {
         let trace = read(&path).unwrap();
         assert_eq!(trace.anomalies.unmatched_frees, 0);
         assert!(t.stop().unwrap_err().contains("no trace"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Under the `default` rules a freed block may stay in its thread's cache: the trace does
+    /// not start with it as live, so its next hand-out (a cache hit) is no second `alloc` of a
+    /// live address.
+    #[test]
+    fn a_block_in_a_thread_cache_is_not_in_the_starting_live_set() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-tc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        let alloc = allocator_for(cudalloc_core::Policy::Default);
+        let t = Tracer::new();
+        let s = StreamId(7);
+        let keep = t.allocate(&alloc, 1000, s).unwrap();
+        let cached = t.allocate(&alloc, 3000, s).unwrap();
+        t.free(&alloc, cached.ptr).unwrap();
+        t.start(&path, Some(&alloc)).unwrap();
+        let again = t.allocate(&alloc, 3000, s).unwrap();
+        assert_eq!(again.ptr, cached.ptr, "a thread-cache hit");
+        t.free(&alloc, again.ptr).unwrap();
+        t.free(&alloc, keep.ptr).unwrap();
+        t.stop().unwrap();
+        let l = lines(&path);
+        assert_eq!(l[1], format!("alloc,{},1000,7,0", keep.ptr));
+        assert!(l[2].starts_with(&format!("alloc,{},3000,7,", cached.ptr)));
+        assert_eq!(l.len(), 7, "{l:?}");
+        assert_eq!(read(&path).unwrap().anomalies, Default::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

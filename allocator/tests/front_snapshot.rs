@@ -1,0 +1,131 @@
+//! `CachingAllocator::snapshot()` against its `stats()` while thread caches hold blocks, on the
+//! simulated device.
+//!
+//! Checked: a block its caller freed into a thread cache (the freeing thread's own, or one left
+//! by a thread that exited) is `ThreadCached` in the snapshot, as the statistics leave it out of
+//! the allocated counts, so `recompute() == recorded()`; it is not free in the fragmentation
+//! figures (no other request can have it); a cache hit makes it `Allocated` again, and once the
+//! caches are flushed no block is `ThreadCached`. Under PyTorch's rules (no thread caches) a
+//! freed block is never `ThreadCached`.
+
+use cudalloc::snapshot::{BlockState, Snapshot};
+use cudalloc::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+
+const MIB: u64 = 1 << 20;
+const S: StreamId = StreamId(3);
+
+fn front(policy: Policy) -> CachingAllocator<SimDevice> {
+    let sim = SimDevice::new(SimConfig::with_capacity(4 << 30));
+    CachingAllocator::new(sim, Config::for_policy(policy))
+}
+
+/// The state of the block at `ptr`.
+fn state(snap: &Snapshot, ptr: u64) -> Option<BlockState> {
+    let mut blocks = snap.segments.iter().flat_map(|s| &s.blocks);
+    blocks.find(|b| b.addr == ptr).map(|b| b.state)
+}
+
+/// Bytes of the blocks in `state`.
+fn bytes_in(snap: &Snapshot, state: BlockState) -> u64 {
+    let blocks = snap.segments.iter().flat_map(|s| &s.blocks);
+    blocks.filter(|b| b.state == state).map(|b| b.size).sum()
+}
+
+/// Addresses of the `ThreadCached` blocks.
+fn thread_cached(snap: &Snapshot) -> Vec<u64> {
+    let blocks = snap.segments.iter().flat_map(|s| &s.blocks);
+    let cached = blocks.filter(|b| b.state == BlockState::ThreadCached);
+    cached.map(|b| b.addr).collect()
+}
+
+/// The snapshot, checked against its own statistics and against `stats()`.
+fn consistent_snapshot(alloc: &CachingAllocator<SimDevice>) -> Snapshot {
+    let snap = alloc.snapshot();
+    assert_eq!(
+        snap.recompute(),
+        snap.recorded(),
+        "snapshot vs its statistics"
+    );
+    assert_eq!(
+        thread_cached(&snap).len() as u64,
+        alloc.stats().thread_cache.blocks,
+        "ThreadCached blocks vs the statistics' cached blocks"
+    );
+    snap
+}
+
+/// `empty_cache` flushes the thread caches: no block is `ThreadCached` after it.
+fn none_left_after_empty_cache(alloc: &CachingAllocator<SimDevice>) {
+    alloc.empty_cache().unwrap();
+    let snap = consistent_snapshot(alloc);
+    assert_eq!(thread_cached(&snap), Vec::<u64>::new());
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
+    let alloc = front(Policy::Default);
+    let keep = alloc.allocate(3000, S).unwrap();
+    let a = alloc.allocate(4096, S).unwrap();
+    let b = alloc.allocate(64 * 1024, S).unwrap();
+    alloc.free(a).unwrap();
+    assert_eq!(
+        alloc.stats().thread_cache.blocks,
+        1,
+        "the free went to the cache"
+    );
+
+    let snap = consistent_snapshot(&alloc);
+    assert_eq!(state(&snap, a.ptr), Some(BlockState::ThreadCached));
+    assert_eq!(state(&snap, keep.ptr), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, b.ptr), Some(BlockState::Allocated));
+    let allocated = alloc.stats().allocated_bytes.0[0].current as u64;
+    assert_eq!(bytes_in(&snap, BlockState::Allocated), allocated);
+    let free = bytes_in(&snap, BlockState::Free);
+    assert_eq!(
+        snap.fragmentation().free_bytes,
+        free,
+        "a cached block is not free"
+    );
+
+    let again = alloc.allocate(4096, S).unwrap();
+    assert_eq!(again.ptr, a.ptr, "a cache hit");
+    let snap = consistent_snapshot(&alloc);
+    assert_eq!(state(&snap, a.ptr), Some(BlockState::Allocated));
+
+    for x in [again, b, keep] {
+        alloc.free(x).unwrap();
+    }
+    assert!(!thread_cached(&consistent_snapshot(&alloc)).is_empty());
+    none_left_after_empty_cache(&alloc);
+}
+
+#[test]
+fn blocks_a_thread_left_in_its_cache_when_it_exited_are_thread_cached() {
+    let alloc = front(Policy::Default);
+    let small = alloc.allocate(8192, S).unwrap();
+    let large = alloc.allocate(6 * MIB, S).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            alloc.free(small).unwrap();
+            alloc.free(large).unwrap();
+        });
+    });
+    let snap = consistent_snapshot(&alloc);
+    assert_eq!(state(&snap, small.ptr), Some(BlockState::ThreadCached));
+    none_left_after_empty_cache(&alloc);
+}
+
+#[test]
+fn without_thread_caches_a_freed_block_is_free() {
+    let alloc = front(Policy::Torch);
+    let keep = alloc.allocate(3000, S).unwrap();
+    let a = alloc.allocate(4096, S).unwrap();
+    alloc.free(a).unwrap();
+    let snap = consistent_snapshot(&alloc);
+    assert_eq!(state(&snap, a.ptr), Some(BlockState::Free));
+    assert_eq!(state(&snap, keep.ptr), Some(BlockState::Allocated));
+    assert_eq!(BlockState::ThreadCached.name(), "thread_cached");
+    alloc.free(keep).unwrap();
+}
