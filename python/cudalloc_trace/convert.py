@@ -3,13 +3,19 @@
 A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (``_dump_snapshot()`` pickles
 it). Only ``snapshot["device_traces"][device]`` is used: a list of dicts, one per event, with the
 keys ``action``, ``addr``, ``size``, ``stream`` and ``time_us``; other keys (``frames``, ...)
-are ignored. Without ``--device``: device 0 when its list has entries, otherwise the only device
-whose list has entries, otherwise an empty trace; when device 0's list is empty and several
-others are not, :class:`SnapshotError` lists them (as the Rust reader does).
+are ignored. Without ``--device``: device 0 when its list has events, otherwise the only device
+whose list has events, otherwise an empty trace; when device 0's list has none and several
+others do, :class:`SnapshotError` lists them (as the Rust reader does). Annotation entries
+(below) are not events, so a device whose list holds only annotations counts as empty.
 
 What this module guarantees (the Rust reader ``allocator/src/trace/pytorch.rs`` follows the same
 rules, so both turn one snapshot into the same events):
 
+- Every action PyTorch writes is accepted. Those of :data:`ACTIONS` are events of cudalloc's
+  format (``snapshot``, ``segment_map`` and ``segment_unmap`` change no live allocation, but are
+  written, as PyTorch recorded them). Those of :data:`ANNOTATIONS` are not allocator events and
+  have no place in the format: they are skipped whatever their other keys (only ``action`` is
+  read), and ``python -m cudalloc_trace.convert`` says how many it skipped.
 - ``oom`` entries carry ``device_free`` instead of ``addr``; it is written as the address (as in
   PyTorch's own ``TraceEntry``), or 0 when absent. Every other action needs ``addr``.
 - ``time_us`` is optional (older PyTorch versions lack it) and is written as 0 when absent.
@@ -47,6 +53,11 @@ ACTIONS = frozenset(
         "oom",
     ]
 )
+
+# Entries PyTorch writes into device_traces that are annotations, not allocator events:
+# `user_defined`: a record_function range (PyTorch 2.4; 2.5 moved them to `external_annotations`),
+# `annotate`: metadata attached to a live allocation by torch.cuda.memory._annotate_memory.
+ANNOTATIONS = frozenset(["user_defined", "annotate"])
 
 U64 = (1 << 64) - 1
 
@@ -96,9 +107,24 @@ def load_snapshot(path):
             ) from e
 
 
+def is_annotation(entry):
+    """Whether a trace entry is one of :data:`ANNOTATIONS` (not an allocator event)."""
+    if not isinstance(entry, dict):
+        return False
+    action = entry.get("action")
+    return isinstance(action, str) and action in ANNOTATIONS
+
+
+def _events_in(entries):
+    """How many of a device's entries are events (not annotations); 0 for a non-list."""
+    if not isinstance(entries, list):
+        return 0
+    return sum(1 for e in entries if not is_annotation(e))
+
+
 def choose_device(traces):
-    """The device to read when none was given (see the module docs); 0 when none has entries."""
-    with_entries = [(d, len(e)) for d, e in enumerate(traces) if isinstance(e, list) and e]
+    """The device to read when none was given (see the module docs); 0 when none has events."""
+    with_entries = [(d, n) for d, n in ((d, _events_in(e)) for d, e in enumerate(traces)) if n]
     if not with_entries:
         return 0
     if with_entries[0][0] == 0 or len(with_entries) == 1:
@@ -149,7 +175,7 @@ def _action(entry, index):
     action = entry["action"]
     if not isinstance(action, str):
         raise SnapshotError(f"trace entry {index}: key `action` is a {type(action).__name__}, not a str")
-    if action not in ACTIONS:
+    if action not in ACTIONS and action not in ANNOTATIONS:
         raise SnapshotError(f"trace entry {index}: unknown action `{action}`")
     return action
 
@@ -173,13 +199,16 @@ def _stream(entry, index):
 
 
 def entry_to_row(entry, index):
-    """One trace entry (a dict) as the tuple ``(action, addr, size, stream, time_us)``.
+    """One trace entry (a dict) as the tuple ``(action, addr, size, stream, time_us)``, or
+    ``None`` for an annotation (:data:`ANNOTATIONS`), whose other keys are not read.
 
     ``index`` is the entry's 1-based position, used in error messages.
     """
     if not isinstance(entry, dict):
         raise SnapshotError(f"trace entry {index}: a {type(entry).__name__}, not a dict")
     action = _action(entry, index)
+    if action in ANNOTATIONS:
+        return None
     addr = _addr(entry, action, index)
     _require(entry, "size", index)
     size = _uint(entry, "size", index)
@@ -188,10 +217,24 @@ def entry_to_row(entry, index):
     return (action, addr, size, stream, time_us)
 
 
-def device_events(snapshot, device=None):
-    """Yields the rows of one device's trace, in order."""
+def device_events(snapshot, device=None, skipped=None):
+    """Yields the rows of one device's trace, in order, without its annotation entries; when
+    ``skipped`` is a dict, it counts those by action."""
     for i, entry in enumerate(device_entries(snapshot, device), start=1):
-        yield entry_to_row(entry, i)
+        row = entry_to_row(entry, i)
+        if row is not None:
+            yield row
+        elif skipped is not None:
+            skipped[entry["action"]] = skipped.get(entry["action"], 0) + 1
+
+
+def skipped_note(skipped):
+    """What a count of skipped annotations (from :func:`device_events`) says; "" for none."""
+    total = sum(skipped.values())
+    if not total:
+        return ""
+    counts = ", ".join(f"{a}: {n}" for a, n in skipped.items())
+    return f"; skipped {total} annotation entries ({counts}), which are not allocator events"
 
 
 def write_csv(rows, out_path):
@@ -217,9 +260,10 @@ def write_csv(rows, out_path):
     return n
 
 
-def convert(snapshot_path, out_path, device=None):
-    """Converts a snapshot pickle to a trace file; returns the number of events."""
-    return write_csv(device_events(load_snapshot(snapshot_path), device), out_path)
+def convert(snapshot_path, out_path, device=None, skipped=None):
+    """Converts a snapshot pickle to a trace file; returns the number of events (``skipped``:
+    as in :func:`device_events`)."""
+    return write_csv(device_events(load_snapshot(snapshot_path), device, skipped), out_path)
 
 
 def main(argv=None):
@@ -240,8 +284,9 @@ def main(argv=None):
     if not os.path.isdir(folder):
         print(f"{args.out}: there is no folder {folder}", file=sys.stderr)
         return 1
+    skipped = {}
     try:
-        n = convert(args.snapshot, args.out, args.device)
+        n = convert(args.snapshot, args.out, args.device, skipped)
     except SnapshotError as e:
         print(f"{args.snapshot}: {e}", file=sys.stderr)
         return 1
@@ -250,7 +295,7 @@ def main(argv=None):
         name = args.snapshot if e.filename == args.snapshot else args.out
         print(f"{name}: {e.strerror or e}", file=sys.stderr)
         return 1
-    print(f"wrote {n} events to {args.out}", file=sys.stderr)
+    print(f"wrote {n} events to {args.out}{skipped_note(skipped)}", file=sys.stderr)
     return 0
 
 

@@ -168,6 +168,76 @@ class ConvertTest(unittest.TestCase):
         self.assertEqual(out.read_text(), (FIXTURES / "torch211_snapshot.csv").read_text())
 
 
+def user_defined(name, stage):
+    """A ``record_function`` annotation as PyTorch 2.4 wrote it into ``device_traces``."""
+    return entry("user_defined", 0, 0, time_us=1, frames=[{"name": stage, "filename": name, "line": 0}])
+
+
+class AnnotationTest(unittest.TestCase):
+    """Annotation entries (``user_defined``, ``annotate``) are not allocator events: skipped, and
+    counted by action when asked; the Rust reader does the same (``allocator/tests/snapshot_actions.rs``)."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = pathlib.Path(self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_annotations_are_skipped_whatever_fields_they_have(self):
+        alloc, free = entry("alloc", 4096, 100, time_us=2), entry("free_completed", 4096, 100, time_us=3)
+        plain = list(conv.device_events(snapshot([alloc, free])))
+        annotated = snapshot(
+            [
+                user_defined("ProfilerStep#0", "START"),
+                {"action": "user_defined"},
+                alloc,
+                {"action": "annotate", "addr": 4096, "user_metadata": "kept by autograd"},
+                {"action": "user_defined", "addr": "not an int", "size": None, "name": "## forward ##"},
+                free,
+                user_defined("ProfilerStep#0", "END"),
+            ]
+        )
+        skipped = {}
+        self.assertEqual(list(conv.device_events(annotated, skipped=skipped)), plain)
+        self.assertEqual(skipped, {"user_defined": 4, "annotate": 1})
+        self.assertEqual(list(conv.device_events(annotated)), plain)
+
+    def test_snapshot_and_segment_map_stay_events(self):
+        seg = 1 << 30
+        trace = [entry("segment_map", seg, 2 << 20), entry("snapshot", 0, 0), entry("segment_unmap", seg, 2 << 20)]
+        rows = list(conv.device_events(snapshot(trace)))
+        self.assertEqual([r[0] for r in rows], ["segment_map", "snapshot", "segment_unmap"])
+
+    def test_device_with_only_annotations_does_not_hide_the_one_with_events(self):
+        notes = [user_defined("gloo:broadcast", "START"), user_defined("gloo:broadcast", "END")]
+        events = [user_defined("ProfilerStep#0", "START"), entry("alloc", 4096, 100)]
+        self.assertEqual(list(conv.device_events(snapshot(notes, [], events))), [("alloc", 4096, 100, 0, 0)])
+        with self.assertRaisesRegex(conv.SnapshotError, "device 1: 1 entries, device 2: 1 entries"):
+            list(conv.device_events(snapshot(notes, events, events)))
+        self.assertEqual(list(conv.device_events(snapshot(notes, notes))), [])
+
+    def test_unknown_action_is_still_an_error(self):
+        bad = snapshot([user_defined("x", "START"), entry("alloc", 1, 2), entry("realloc", 1, 2)])
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 3: unknown action `realloc`"):
+            list(conv.device_events(bad))
+        with self.assertRaisesRegex(conv.SnapshotError, r"entry 1: key `action` is a int"):
+            list(conv.device_events(snapshot([{"action": 9}])))
+
+    def test_annotated_fixture_converts_to_the_plain_csv(self):
+        out = self.dir / "annotated.csv"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(conv.main([str(FIXTURES / "snapshot_annotated.pickle"), str(out)]), 0)
+        self.assertEqual(out.read_text(), (FIXTURES / "snapshot.csv").read_text())
+        self.assertIn("wrote 14 events", err.getvalue())
+        self.assertIn("skipped 5 annotation entries (user_defined: 4, annotate: 1)", err.getvalue())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(conv.main([str(FIXTURES / "snapshot.pickle"), str(out)]), 0)
+        self.assertNotIn("skipped", err.getvalue())
+
+
 class FakeMemory:
     """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot."""
 

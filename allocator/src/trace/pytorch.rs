@@ -7,13 +7,22 @@
 //! (1-based) is pushed into the [`TraceBuilder`] as line `i`.
 //!
 //! Which device ([`read_snapshot`]; [`read_snapshot_device`] reads the one it is given): device 0
-//! when its list has entries; otherwise the only device whose list has entries; otherwise (no
-//! device has any, or `device_traces` is empty) an empty trace. When device 0's list is empty
-//! and several others are not, that is a [`TraceError`] listing each device with entries and
-//! how many, rather than a guess.
+//! when its list has events; otherwise the only device whose list has events; otherwise (no
+//! device has any, or `device_traces` is empty) an empty trace. When device 0's list has none
+//! and several others do, that is a [`TraceError`] listing each device with events and how
+//! many, rather than a guess. Annotations (below) are not events: PyTorch 2.4 put the
+//! `user_defined` entries of threads without a device in device 0's list, which must not hide
+//! the device that allocated.
 //!
 //! Guarantees, shared with the Python converter `python/cudalloc_trace/convert.py` (both turn
 //! one snapshot into the same events):
+//! - Every action PyTorch writes is accepted (`TraceEntry::Action`, in
+//!   `c10/cuda/CUDACachingAllocator.h`, later `c10/core/CachingDeviceAllocator.h`). Those of
+//!   [`Action`] are events, counted in [`Trace::events`] as in cudalloc's CSV; `snapshot`,
+//!   `segment_map` and `segment_unmap` among them change no live allocation. Those of
+//!   [`ANNOTATIONS`] are not allocator events and have no [`Action`]: they are skipped whatever
+//!   their other keys (only `action` is read), not counted in the trace (the converter prints
+//!   how many it skipped).
 //! - `oom` entries carry `device_free` instead of `addr`; it becomes the event's address (as in
 //!   PyTorch's own `TraceEntry`), or 0 when absent. Every other action needs `addr`.
 //! - `time_us` is optional (older PyTorch versions lack it) and reads as 0 when absent.
@@ -39,6 +48,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 type Dict = BTreeMap<HashableValue, Value>;
+
+/// Actions PyTorch writes into `device_traces` that annotate the trace rather than record an
+/// allocator event: `user_defined`, a `record_function` range (PyTorch 2.4 only; 2.5 moved them
+/// to the snapshot's `external_annotations`), and `annotate`, metadata attached to a live
+/// allocation by `torch.cuda.memory._annotate_memory`. The reader skips them.
+pub const ANNOTATIONS: [&str; 2] = ["user_defined", "annotate"];
 
 /// Reads the `device_traces` of a snapshot pickle's device chosen as the module documentation
 /// says.
@@ -68,7 +83,9 @@ fn read_entries(path: &Path, bytes: &[u8], device: Device) -> Result<Trace, Trac
         let line = i as u64 + 1;
         let e = parse_entry(&keys, &entry)
             .map_err(|m| TraceError::at(path, line, format!("trace entry {line}: {m}")))?;
-        b.push(e, line);
+        if let Some(e) = e {
+            b.push(e, line);
+        }
     }
     Ok(b.finish())
 }
@@ -137,21 +154,36 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
 }
 
 /// The device to read when none was given: see the module documentation (`None`: no device
-/// has entries).
+/// has events).
 fn choose_device(devices: &[Value]) -> Result<Option<usize>, String> {
+    let action = key("action");
     let with_entries: Vec<(usize, usize)> = devices
         .iter()
         .enumerate()
-        .filter_map(|(d, v)| match v {
-            Value::List(entries) if !entries.is_empty() => Some((d, entries.len())),
-            _ => None,
-        })
+        .map(|(d, v)| (d, events_in(v, &action)))
+        .filter(|&(_, n)| n > 0)
         .collect();
     match with_entries.as_slice() {
         [] => Ok(None),
         [(0, _), ..] | [_] => Ok(Some(with_entries[0].0)),
         several => Err(several_devices(several)),
     }
+}
+
+/// How many entries of a device's list are events (not annotations); 0 for a non-list.
+fn events_in(entries: &Value, action: &HashableValue) -> usize {
+    match entries {
+        Value::List(entries) => entries.iter().filter(|e| !is_annotation(e, action)).count(),
+        _ => 0,
+    }
+}
+
+/// Whether an entry is a dict whose `action` (the key given) is one of [`ANNOTATIONS`].
+fn is_annotation(entry: &Value, action: &HashableValue) -> bool {
+    let Value::Dict(d) = entry else {
+        return false;
+    };
+    matches!(d.get(action), Some(Value::String(a)) if ANNOTATIONS.contains(&a.as_str()))
 }
 
 fn several_devices(devices: &[(usize, usize)]) -> String {
@@ -193,12 +225,15 @@ fn key(name: &str) -> HashableValue {
     HashableValue::String(name.to_string())
 }
 
-/// One trace entry as an [`Event`]; the error names the key.
-fn parse_entry(k: &Keys, entry: &Value) -> Result<Event, String> {
+/// One trace entry as an [`Event`], or `None` for an annotation (its other keys are not read);
+/// the error names the key.
+fn parse_entry(k: &Keys, entry: &Value) -> Result<Option<Event>, String> {
     let Value::Dict(d) = entry else {
         return Err(format!("a {}, not a dict", kind(entry)));
     };
-    let action = action(required(d, &k.action, "action")?)?;
+    let Some(action) = action(required(d, &k.action, "action")?)? else {
+        return Ok(None);
+    };
     let addr = match d.get(&k.addr) {
         Some(v) => uint(v, "addr")?,
         None if action == Action::Oom => d
@@ -209,22 +244,27 @@ fn parse_entry(k: &Keys, entry: &Value) -> Result<Event, String> {
     let size = uint(required(d, &k.size, "size")?, "size")?;
     let stream = stream(required(d, &k.stream, "stream")?)?;
     let time_us = d.get(&k.time_us).map_or(Ok(0), |v| uint(v, "time_us"))?;
-    Ok(Event {
+    Ok(Some(Event {
         action,
         addr,
         size,
         stream,
         time_us,
-    })
+    }))
 }
 
 fn required<'a>(d: &'a Dict, k: &HashableValue, name: &str) -> Result<&'a Value, String> {
     d.get(k).ok_or_else(|| format!("missing key `{name}`"))
 }
 
-fn action(v: &Value) -> Result<Action, String> {
+/// The action of an entry: `None` for one of [`ANNOTATIONS`].
+fn action(v: &Value) -> Result<Option<Action>, String> {
     match v {
-        Value::String(s) => Action::parse(s).ok_or_else(|| format!("unknown action `{s}`")),
+        Value::String(s) if ANNOTATIONS.contains(&s.as_str()) => Ok(None),
+        Value::String(s) => match Action::parse(s) {
+            Some(a) => Ok(Some(a)),
+            None => Err(format!("unknown action `{s}`")),
+        },
         other => Err(format!("key `action` is a {}, not a str", kind(other))),
     }
 }

@@ -8,7 +8,13 @@
   the Rust reader cannot resolve (it must be ignored);
 - snapshot_p2.pickle: the same dict pickled with protocol 2;
 - snapshot.csv: device 0's trace converted by `python/cudalloc_trace` (the Rust test checks that
-  reading the pickle and reading this CSV give the same trace).
+  reading the pickle and reading this CSV give the same trace);
+- snapshot_annotated.pickle: the same snapshot with annotation entries, which are not allocator
+  events, between device 0's events: `user_defined` entries as PyTorch 2.4 wrote them for
+  `record_function` (addr, size and stream 0, the name in `frames`), one without `addr`, `size`
+  and `stream`, and an `annotate` entry (`torch.cuda.memory._annotate_memory`, 2026). Both
+  readers must turn it into exactly the events of snapshot.csv (`allocator/tests/snapshot_actions.rs`,
+  `python/tests/test_convert.py`).
 
 torch211_snapshot.pickle is not made here: it is a real `_dump_snapshot()` of PyTorch 2.11 on an
 H200, of the workload `TORCH_WORKLOAD` below, recorded with no stack traces by
@@ -89,6 +95,31 @@ def device0():
     ]
 
 
+def user_defined(name, stage, time_us):
+    """A `record_function` annotation as PyTorch 2.4 put it in `device_traces`."""
+    frames = [{"name": stage, "filename": name, "line": 0}]
+    return entry("user_defined", 0, 0, time_us=time_us, frames=frames)
+
+
+def device0_annotated():
+    """device0() with annotations before, between and after its events."""
+    t = 1_700_000_000_000_000
+    events = device0()
+    notes = {
+        0: [user_defined("ProfilerStep#0", "START", t - 2), user_defined("## forward ##", "START", t - 1)],
+        2: [entry("annotate", SEG_A, 1000, time_us=t + 1, user_metadata="kept by autograd")],
+        # Without addr, size and stream: only `action` may be read.
+        8: [{"action": "user_defined", "time_us": t + 8, "name": "## backward ##", "user_metadata": {"stage": "START"}}],
+        len(events): [user_defined("ProfilerStep#0", "END", t + 14)],
+    }
+    out = []
+    for i in range(len(events) + 1):
+        out.extend(notes.get(i, []))
+        if i < len(events):
+            out.append(events[i])
+    return out
+
+
 def device1():
     return [
         entry("segment_alloc", SEG_A, 2 * MIB, time_us=5),
@@ -126,7 +157,10 @@ def main():
     (HERE / "snapshot.pickle").write_bytes(pickle.dumps(snap))
     (HERE / "snapshot_p2.pickle").write_bytes(pickle.dumps(snap, protocol=2))
     n = write_csv(device_events(snap, 0), HERE / "snapshot.csv")
-    print(f"wrote snapshot.pickle, snapshot_p2.pickle, snapshot.csv ({n} events)")
+    annotated = snapshot()
+    annotated["device_traces"][0] = device0_annotated()
+    (HERE / "snapshot_annotated.pickle").write_bytes(pickle.dumps(annotated))
+    print(f"wrote snapshot.pickle, snapshot_p2.pickle, snapshot.csv ({n} events), snapshot_annotated.pickle")
 
 
 if __name__ == "__main__":

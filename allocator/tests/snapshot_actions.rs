@@ -1,0 +1,228 @@
+//! Every action PyTorch writes into a snapshot's `device_traces`, through the pickle reader.
+//!
+//! PyTorch's actions (`TraceEntry::Action` in `c10/cuda/CUDACachingAllocator.h`, later
+//! `c10/core/CachingDeviceAllocator.h`): `alloc`, `free_requested`, `free_completed`,
+//! `segment_alloc`, `segment_free`, `segment_map`, `segment_unmap`, `snapshot`, `oom`; and two
+//! annotations that are not allocator events: `user_defined` (a `record_function` range, PyTorch
+//! 2.4 only; 2.5 moved them to `external_annotations`) and `annotate` (metadata attached to a
+//! live allocation by `torch.cuda.memory._annotate_memory`).
+//!
+//! Checks that:
+//! - the committed `snapshot_annotated.pickle` (`snapshot.pickle` with annotations between its
+//!   device 0 events, made by `tests/data/make_fixtures.py`) reads into exactly the trace of
+//!   `snapshot.pickle` and of `snapshot.csv`, the Python converter's output without them (ops,
+//!   streams, slots, events, segments, peak, anomalies): annotations are skipped, not counted;
+//! - a snapshot built here with annotations (one without `addr`, `size` and `stream`, one whose
+//!   fields have other types) reads like the same snapshot without them;
+//! - `snapshot`, `segment_map` and `segment_unmap` are read as events (counted in
+//!   [`Trace::events`], as in cudalloc's CSV) that change no live allocation;
+//! - the device choice ignores annotations: a device 0 holding only `user_defined` entries (as
+//!   PyTorch 2.4 left them from threads without a device) does not hide the device with events;
+//! - an unknown action, or an annotation's `action` of the wrong type, is still an error naming
+//!   the entry and the action.
+
+use cudalloc::trace::{self, pytorch, Op, Trace};
+use serde_pickle::{HashableValue, SerOptions, Value};
+use std::path::{Path, PathBuf};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// Everything but the name.
+fn assert_same(a: &Trace, b: &Trace) {
+    assert_eq!(a.ops, b.ops);
+    assert_eq!(a.streams, b.streams);
+    assert_eq!(a.slots, b.slots);
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.segment_allocs, b.segment_allocs);
+    assert_eq!(a.segment_sizes, b.segment_sizes);
+    assert_eq!(a.peak_live, b.peak_live);
+    assert_eq!(a.anomalies, b.anomalies);
+}
+
+fn s(text: &str) -> Value {
+    Value::String(text.to_string())
+}
+
+fn int(n: i64) -> Value {
+    Value::I64(n)
+}
+
+fn dict(fields: &[(&str, Value)]) -> Value {
+    let d = fields
+        .iter()
+        .map(|(k, v)| (HashableValue::String(k.to_string()), v.clone()));
+    Value::Dict(d.collect())
+}
+
+/// An entry with every key PyTorch writes.
+fn event(action: &str, addr: i64, size: i64, time_us: i64) -> Value {
+    dict(&[
+        ("action", s(action)),
+        ("addr", int(addr)),
+        ("size", int(size)),
+        ("stream", int(0)),
+        ("time_us", int(time_us)),
+    ])
+}
+
+/// A `record_function` annotation as PyTorch 2.4 wrote it into `device_traces`.
+fn user_defined(name: &str, stage: &str) -> Value {
+    let frame = dict(&[("name", s(stage)), ("filename", s(name)), ("line", int(0))]);
+    dict(&[
+        ("action", s("user_defined")),
+        ("addr", int(0)),
+        ("size", int(0)),
+        ("stream", int(0)),
+        ("time_us", int(1)),
+        ("frames", Value::List(vec![frame])),
+    ])
+}
+
+/// A pickled snapshot with these device traces.
+fn snapshot(devices: Vec<Vec<Value>>) -> Vec<u8> {
+    let devices = devices.into_iter().map(Value::List).collect();
+    let top = [(
+        HashableValue::String("device_traces".to_string()),
+        Value::List(devices),
+    )];
+    serde_pickle::value_to_vec(&Value::Dict(top.into_iter().collect()), SerOptions::new()).unwrap()
+}
+
+fn read(entries: Vec<Value>) -> Trace {
+    pytorch::read_snapshot(Path::new("made.pickle"), &snapshot(vec![entries])).unwrap()
+}
+
+#[test]
+fn the_annotated_fixture_reads_like_the_one_without_annotations() {
+    let annotated = trace::read(&data("snapshot_annotated.pickle")).unwrap();
+    let plain = trace::read(&data("snapshot.pickle")).unwrap();
+    let csv = trace::read(&data("snapshot.csv")).unwrap();
+    assert_same(&annotated, &plain);
+    assert_same(&annotated, &csv);
+    assert_eq!(annotated.events, 14);
+}
+
+#[test]
+fn annotations_are_skipped_whatever_fields_they_have() {
+    let alloc = event("alloc", 4096, 100, 2);
+    let free = event("free_completed", 4096, 100, 3);
+    let plain = read(vec![alloc.clone(), free.clone()]);
+    let bare = dict(&[("action", s("user_defined"))]);
+    let odd = dict(&[
+        ("action", s("user_defined")),
+        ("addr", s("not an int")),
+        ("size", Value::None),
+        ("name", s("## forward ##")),
+        ("user_metadata", dict(&[("stage", s("START"))])),
+    ]);
+    let annotate = dict(&[
+        ("action", s("annotate")),
+        ("addr", int(4096)),
+        ("user_metadata", s("kept by autograd")),
+    ]);
+    let annotated = read(vec![
+        user_defined("ProfilerStep#0", "START"),
+        bare,
+        alloc,
+        annotate,
+        odd,
+        free,
+        user_defined("ProfilerStep#0", "END"),
+    ]);
+    assert_same(&annotated, &plain);
+    assert_eq!(plain.events, 2);
+    assert_eq!(
+        plain.ops,
+        [
+            Op::Alloc {
+                slot: 0,
+                stream: 0,
+                size: 100
+            },
+            Op::Free { slot: 0 }
+        ]
+    );
+}
+
+#[test]
+fn snapshot_and_segment_map_entries_are_events_without_ops() {
+    let alloc = event("alloc", 4096, 100, 2);
+    let free = event("free_completed", 4096, 100, 3);
+    let plain = read(vec![alloc.clone(), free.clone()]);
+    let with = read(vec![
+        event("segment_map", 1 << 30, 2 << 20, 1),
+        alloc,
+        event("snapshot", 0, 0, 2),
+        free,
+        event("segment_unmap", 1 << 30, 2 << 20, 4),
+        event("snapshot", 0, 0, 5),
+    ]);
+    assert_eq!(with.events, plain.events + 4);
+    assert_eq!(with.ops, plain.ops);
+    assert_eq!(with.streams, plain.streams);
+    assert_eq!(with.peak_live, plain.peak_live);
+    assert_eq!(with.segment_sizes, plain.segment_sizes);
+    assert_eq!(with.anomalies, plain.anomalies);
+}
+
+#[test]
+fn a_device_with_only_annotations_does_not_hide_the_one_with_events() {
+    let notes = vec![
+        user_defined("gloo:broadcast", "START"),
+        user_defined("gloo:broadcast", "END"),
+    ];
+    let events = vec![
+        user_defined("ProfilerStep#0", "START"),
+        event("alloc", 4096, 100, 2),
+    ];
+    let bytes = snapshot(vec![notes.clone(), vec![], events.clone()]);
+    let t = pytorch::read_snapshot(Path::new("rank2.pickle"), &bytes).unwrap();
+    assert_eq!(t.events, 1);
+    assert_eq!(
+        t.ops,
+        [Op::Alloc {
+            slot: 0,
+            stream: 0,
+            size: 100
+        }]
+    );
+
+    // Several devices with events and none on device 0: the error counts events, not notes.
+    let bytes = snapshot(vec![notes.clone(), events.clone(), events]);
+    let e = pytorch::read_snapshot(Path::new("ranks.pickle"), &bytes).unwrap_err();
+    assert!(
+        e.message
+            .contains("device 1: 1 entries, device 2: 1 entries"),
+        "{e}"
+    );
+
+    // Annotations only: an empty trace.
+    let bytes = snapshot(vec![notes.clone(), notes]);
+    let t = pytorch::read_snapshot(Path::new("notes.pickle"), &bytes).unwrap();
+    assert_eq!((t.events, t.ops.len()), (0, 0));
+}
+
+#[test]
+fn an_unknown_action_is_still_an_error_naming_entry_and_action() {
+    let path = Path::new("made.pickle");
+    let bytes = snapshot(vec![vec![
+        user_defined("ProfilerStep#0", "START"),
+        event("alloc", 4096, 100, 2),
+        event("realloc", 4096, 100, 3),
+    ]]);
+    let e = pytorch::read_snapshot(path, &bytes).unwrap_err();
+    assert_eq!(e.line, Some(3));
+    assert!(
+        e.message.contains("entry 3") && e.message.contains("unknown action `realloc`"),
+        "{e}"
+    );
+
+    let bytes = snapshot(vec![vec![dict(&[("action", int(9))])]]);
+    let e = pytorch::read_snapshot(path, &bytes).unwrap_err();
+    assert_eq!(e.line, Some(1));
+    assert!(e.message.contains("`action` is a int"), "{e}");
+}
