@@ -27,7 +27,8 @@
 //! separates it, so `max_split_size_mb 128` is an error, not the key `max_split_size_mb128`.
 //!
 //! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key; so
-//! is a key of the `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`) in
+//! is an entry written `key=value` (the error says to write `key:value`), and a key of the
+//! `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`) in
 //! a string that picks another policy, which would ignore it.
 
 use std::fmt;
@@ -191,6 +192,7 @@ impl Config {
                     "an empty entry (a leading comma or two in a row)",
                 ));
             }
+            check_not_equals(&key, p.peek())?;
             p.expect(&key, ":")?;
             if key == "expandable_segments" {
                 expandable = Some(p.boolean(&key)?);
@@ -395,6 +397,27 @@ fn with_expandable_segments(policy: Policy, on: bool) -> Result<Policy, ConfigEr
              add `policy:torch` for PyTorch's segments without them",
         )),
     }
+}
+
+/// Refuses `key=value` (and `key = value`), the mistake of writing an entry the way a sweep or
+/// a shell assignment would, with an error naming the key and saying to write `key:value`.
+fn check_not_equals(word: &str, next: Option<&str>) -> Result<(), ConfigError> {
+    let (key, value) = match word.split_once('=') {
+        Some(kv) => kv,
+        None => match next.and_then(|t| t.strip_prefix('=')) {
+            Some(v) => (word, v),
+            None => return Ok(()),
+        },
+    };
+    if key.is_empty() {
+        return Ok(());
+    }
+    let message = if value.is_empty() {
+        format!("an entry is written `{key}:value`, with a colon, not `=`")
+    } else {
+        format!("an entry is written `{key}:{value}`, with a colon, not `{key}={value}`")
+    };
+    Err(ConfigError::new(key, message))
 }
 
 fn check_division(key: &str, v: u64, zero_ok: bool) -> Result<(), ConfigError> {
