@@ -1,8 +1,10 @@
 //! The `cudalloc` command line, run as a built binary, on what a user review found: `key=value` in
-//! a config string named as such (it says to write `key:value`).
+//! a config string named as such (it says to write `key:value`); plot legend names distinct and
+//! readable however long the labels; a swept `policy` labelled by the policy replayed.
 
 use cudalloc::Config;
-use std::path::Path;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// What one run of the binary did.
@@ -10,6 +12,22 @@ struct Ran {
     code: Option<i32>,
     out: String,
     err: String,
+}
+
+impl Ran {
+    /// The JSON values of stdout, one a line (`replay --json`) or one document (`stats`).
+    fn json(&self) -> Vec<Value> {
+        serde_json::Deserializer::from_str(&self.out)
+            .into_iter()
+            .map(|v| v.expect("stdout is JSON"))
+            .collect()
+    }
+
+    /// The `policy` of each JSON line.
+    fn labels(&self) -> Vec<String> {
+        let label = |v: Value| v["policy"].as_str().map(str::to_string);
+        self.json().into_iter().filter_map(label).collect()
+    }
 }
 
 fn run(args: &[&str]) -> Ran {
@@ -30,6 +48,34 @@ fn bert() -> String {
     dir.join("bert_dynamic.trace.csv.gz")
         .to_string_lossy()
         .into_owned()
+}
+
+/// A trace written for one test, in a fresh folder of its own.
+fn trace_file(test: &str, text: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-review-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the scratch folder");
+    let path = dir.join("small.csv");
+    std::fs::write(&path, text).expect("write the trace");
+    path
+}
+
+/// A few allocations and frees: enough to replay and plot, quick under any configuration.
+const SMALL: &str = "action,addr,size,stream,time_us\nalloc,4096,3000000,0,1\n\
+                     alloc,8192,40000000,0,2\nfree_completed,4096,3000000,0,3\n\
+                     alloc,16384,512,0,4\nfree_completed,8192,40000000,0,5\n";
+
+/// The visible text of each legend row of a plot (what follows a row's tooltip).
+fn legend_names(html: &str) -> Vec<String> {
+    html.split("</title>")
+        .skip(1)
+        .filter_map(|rest| {
+            let end = rest.find('<')?;
+            rest[end..]
+                .starts_with("</text>")
+                .then(|| rest[..end].to_string())
+        })
+        .collect()
 }
 
 /// `--config key=value` (the `--sweep` spelling) is an error naming the key and the
@@ -56,4 +102,74 @@ fn a_config_entry_written_with_equals_says_to_use_a_colon() {
         "{}",
         r.err
     );
+}
+
+/// Labels that share a long beginning (a sweep's base) and differ at their end get legend names
+/// that differ and show the end; none is cut to the same 30 characters.
+#[test]
+fn plot_legend_names_are_distinct_and_keep_the_swept_value() {
+    let trace = trace_file("plot", SMALL);
+    let plot = trace.with_file_name("p.html");
+    let r = run(&[
+        "replay",
+        "--plot",
+        plot.to_str().unwrap(),
+        "--sweep",
+        "fragmentation_budget=0.01,0.03,0.05",
+        "--sweep",
+        "max_chunk_mb=16,256",
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    let names = legend_names(&std::fs::read_to_string(&plot).expect("the plot"));
+    let mut distinct = names.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), names.len(), "{names:?}");
+    for end in [
+        "fragmentation_budget:0.01",
+        "fragmentation_budget:0.03",
+        "fragmentation_budget:0.05",
+        "max_chunk_mb:16",
+        "max_chunk_mb:256",
+    ] {
+        let shown = names.iter().filter(|n| n.ends_with(end)).count();
+        assert_eq!(shown, 1, "{end} in {names:?}");
+    }
+    assert!(names.iter().any(|n| n == "default"), "{names:?}");
+}
+
+/// A swept `policy` is labelled by the configuration replayed: `policy:torch`, not
+/// `policy:default,policy:torch`; the base's other keys are kept.
+#[test]
+fn a_swept_policy_labels_the_policy_replayed() {
+    let trace = trace_file("sweep-policy", SMALL);
+    let trace = trace.to_str().unwrap();
+    let r = run(&[
+        "replay",
+        "--json",
+        "--sweep",
+        "policy=torch,torch-expandable",
+        trace,
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    assert_eq!(
+        r.labels(),
+        ["default", "policy:torch", "policy:torch-expandable"]
+    );
+    let r = run(&[
+        "replay",
+        "--json",
+        "--config",
+        "policy:torch,max_split_size_mb:128",
+        "--sweep",
+        "policy=torch-expandable",
+        trace,
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    let labels = r.labels();
+    assert_eq!(labels[1], "policy:torch-expandable,max_split_size_mb:128");
+    let cfg = Config::parse(&labels[1]).unwrap();
+    assert_eq!(cfg.policy, cudalloc::Policy::TorchExpandable);
+    assert_eq!(cfg.max_split_size, 128 << 20);
 }

@@ -147,13 +147,18 @@ pub struct Sweep {
 
 impl Sweep {
     /// `base` with the key set to each value in turn, labelled by a config string that gives
-    /// the same configuration; an error when `base` refuses a value.
+    /// the same configuration (a swept `policy` stands first, in place of the base's: the label
+    /// names the policy replayed); an error when `base` refuses a value.
     fn apply(&self, base: &Variant) -> Result<Vec<Variant>, String> {
         self.values
             .iter()
             .map(|v| {
                 let entry = format!("{}:{v}", self.key);
-                let config = format!("{},{entry}", base.config);
+                let config = if self.key == "policy" {
+                    with_policy(&base.config, &entry)
+                } else {
+                    format!("{},{entry}", base.config)
+                };
                 // Parsed from the label itself, so that the label gives this configuration
                 // whatever the keys (`expandable_segments` is applied after the others).
                 let cfg = Config::parse(&config)
@@ -166,6 +171,38 @@ impl Sweep {
             })
             .collect()
     }
+}
+
+/// `config` with its `policy` entries dropped and `entry` (`policy:NAME`) first: the same
+/// configuration as `config,entry` (a policy key sets the policy alone, and
+/// `expandable_segments` applies after it wherever it stands).
+fn with_policy(config: &str, entry: &str) -> String {
+    let is_policy = |e: &&str| e.split(':').next().is_some_and(|k| k.trim() == "policy");
+    let rest = entries(config).into_iter().filter(|e| !is_policy(e));
+    std::iter::once(entry)
+        .chain(rest)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The entries of a config string or a `--sweep` value list: split at the commas outside
+/// brackets (a value may be a list, as `roundup_power2_divisions`' is), untrimmed.
+pub fn entries(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
 }
 
 /// Options of `cudalloc stats`.
@@ -230,20 +267,7 @@ fn parse_sweep(s: &str) -> Result<Sweep, String> {
     if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return Err(format!("`{s}`: `{key}` is not one config key"));
     }
-    let mut values = Vec::new();
-    let (mut depth, mut start) = (0i32, 0);
-    for (i, c) in list.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                values.push(list[start..i].trim().to_string());
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    values.push(list[start..].trim().to_string());
+    let values: Vec<String> = entries(list).iter().map(|v| v.trim().to_string()).collect();
     if values.iter().any(String::is_empty) {
         return Err(format!("`{s}`: an empty value for `{key}`"));
     }

@@ -1,7 +1,10 @@
 //! `cudalloc replay --plot`: one self-contained HTML page (inline SVG, no scripts) with a panel
 //! per trace: live bytes once, and allocated (dashed) and reserved (solid) bytes per
-//! configuration, over the operation index.
+//! configuration, over the operation index. The legend gives each configuration one colour and
+//! a name: its label, shortened when long (see [`legend_names`]) and always told apart from the
+//! others'; the whole label is the name's tooltip.
 
+use crate::args::entries;
 use crate::replay_cmd::{Report, Run};
 use crate::table::thousands;
 use cudalloc::fmt::bytes;
@@ -15,6 +18,17 @@ const RIGHT: f64 = 250.0;
 const TOP: f64 = 20.0;
 const BOTTOM: f64 = 50.0;
 const GIB: f64 = (1u64 << 30) as f64;
+/// Characters of a legend name beyond which a label is shortened (a label of the `default`
+/// policy and one swept key, such as `policy:default,fragmentation_budget:0.01`, fits).
+const LEGEND_CHARS: usize = 40;
+/// Characters of a label's start that an elided name keeps at least.
+const MIN_HEAD: usize = 6;
+/// Pixels a legend character takes at most, about (12 px sans-serif).
+const CHAR_WIDTH: f64 = 7.0;
+/// Pixels between two rows of the legend.
+const ROW: f64 = 18.0;
+/// Pixels from the legend's left edge to its text.
+const LEGEND_TEXT: f64 = 45.0;
 const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
 ];
@@ -69,14 +83,15 @@ fn panel(r: &Report) -> String {
         .max();
     let max_y = (top.unwrap_or(0) as f64 / GIB * 1.05).max(1e-3);
     let scale = Scale { max_x, max_y };
+    let legend = legend(&r.runs);
+    let (width, height) = svg_size(&legend);
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\">\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         viewBox=\"0 0 {width} {height}\" role=\"img\">\n"
     );
     s += &axes(&scale);
-    let mut legend = vec![("live".to_string(), "#000", "")];
     for (i, run) in r.runs.iter().enumerate() {
-        s += &series(&scale, run, COLORS[i % COLORS.len()], &mut legend);
+        s += &series(&scale, run, COLORS[i % COLORS.len()]);
     }
     // Live bytes are the same under every policy: drawn once, on top.
     if let Some(first) = r.runs.iter().find(|run| !run.result.timeline.is_empty()) {
@@ -88,12 +103,38 @@ fn panel(r: &Report) -> String {
     s
 }
 
-fn series<'a>(
-    scale: &Scale,
-    run: &Run,
-    color: &'a str,
-    legend: &mut Vec<(String, &'a str, &'a str)>,
-) -> String {
+/// The legend: what the line styles mean, then one colour and name per configuration.
+fn legend(runs: &[Run]) -> Vec<Entry> {
+    let mut legend = vec![
+        Entry::plain("live (requested)", "#000", ""),
+        Entry::plain("reserved", "#888", ""),
+        Entry::plain("allocated", "#888", "5,4"),
+    ];
+    let labels: Vec<&str> = runs.iter().map(|run| run.label.as_str()).collect();
+    for (i, (run, name)) in runs.iter().zip(legend_names(&labels)).enumerate() {
+        legend.push(Entry {
+            name,
+            title: run.label.clone(),
+            color: COLORS[i % COLORS.len()],
+            dash: "",
+        });
+    }
+    legend
+}
+
+/// A panel's width and height in pixels: wider and taller than the plot when the legend needs
+/// it, so that no name is cut off.
+fn svg_size(legend: &[Entry]) -> (f64, f64) {
+    let chars = legend.iter().map(|e| e.name.chars().count()).max();
+    let legend_width = LEGEND_TEXT + chars.unwrap_or(0) as f64 * CHAR_WIDTH + 10.0;
+    let legend_height = TOP + 10.0 + legend.len() as f64 * ROW;
+    (
+        WIDTH.max(WIDTH - RIGHT + legend_width).ceil(),
+        HEIGHT.max(legend_height),
+    )
+}
+
+fn series(scale: &Scale, run: &Run, color: &str) -> String {
     let t = &run.result.timeline;
     let mut s = polyline(
         &line(scale, t, |p| p.allocated),
@@ -107,8 +148,6 @@ fn series<'a>(
         "",
         &format!("{}: reserved", run.label),
     );
-    legend.push((format!("{} reserved", run.label), color, ""));
-    legend.push((format!("{} allocated", run.label), color, "5,4"));
     s
 }
 
@@ -178,22 +217,110 @@ fn axes(scale: &Scale) -> String {
     s
 }
 
-fn legend_svg(entries: &[(String, &str, &str)]) -> String {
+/// One row of the legend: a line sample and a name (with its tooltip).
+struct Entry {
+    name: String,
+    title: String,
+    color: &'static str,
+    dash: &'static str,
+}
+
+impl Entry {
+    fn plain(name: &str, color: &'static str, dash: &'static str) -> Entry {
+        Entry {
+            name: name.to_string(),
+            title: name.to_string(),
+            color,
+            dash,
+        }
+    }
+}
+
+/// The legend's name for each label: the label when it fits in [`LEGEND_CHARS`]; else, when
+/// several labels are too long, without the config entries that begin all of those (a sweep's
+/// base), then with its middle elided if still too long. A name that would read like another
+/// label or name is the whole label instead, so the names are as distinct as the labels.
+fn legend_names(labels: &[&str]) -> Vec<String> {
+    let long = |l: &&str| l.chars().count() > LEGEND_CHARS;
+    let too_long: Vec<&str> = labels.iter().copied().filter(long).collect();
+    let prefix = if too_long.len() > 1 {
+        shared_entries(&too_long)
+    } else {
+        0
+    };
+    let names: Vec<String> = labels
+        .iter()
+        .map(|l| match l {
+            l if !long(l) => l.to_string(),
+            l if prefix > 0 => elide_middle(&format!("…{}", &l[prefix..])),
+            l => elide_middle(l),
+        })
+        .collect();
+    let clashes = |n: &String, l: &str| {
+        names.iter().filter(|m| *m == n).count() > 1 || (n != l && labels.contains(&n.as_str()))
+    };
+    names
+        .iter()
+        .zip(labels)
+        .map(|(n, l)| {
+            if clashes(n, l) {
+                l.to_string()
+            } else {
+                n.clone()
+            }
+        })
+        .collect()
+}
+
+/// Bytes of the leading config entries (with their commas) that every label begins with, each
+/// label keeping at least one entry after them.
+fn shared_entries(labels: &[&str]) -> usize {
+    let split: Vec<Vec<&str>> = labels.iter().map(|l| entries(l)).collect();
+    let first = &split[0];
+    let n = (0..first.len())
+        .take_while(|&i| split.iter().all(|e| e.len() > i + 1 && e[i] == first[i]))
+        .count();
+    first[..n].iter().map(|e| e.len() + 1).sum()
+}
+
+/// `s` cut to [`LEGEND_CHARS`] characters by eliding its middle: a few characters of its start
+/// (none when it begins with `…` already) and, longer, its end, with the whole of its last
+/// entry (where a swept value stands) when it fits beside them.
+fn elide_middle(s: &str) -> String {
+    let chars: Vec<char> = s.chars().collect();
+    if chars.len() <= LEGEND_CHARS {
+        return s.to_string();
+    }
+    let last = entries(s).last().map_or(0, |e| e.chars().count());
+    let tail = if chars[0] == '…' {
+        // Its start was dropped already (shared by the other long labels): the end alone.
+        LEGEND_CHARS - 1
+    } else {
+        last.clamp(LEGEND_CHARS * 2 / 3, LEGEND_CHARS - 1 - MIN_HEAD)
+    };
+    let mut out: String = chars[..LEGEND_CHARS - 1 - tail].iter().collect();
+    out.push('…');
+    out.extend(&chars[chars.len() - tail..]);
+    out
+}
+
+fn legend_svg(entries: &[Entry]) -> String {
     let x = WIDTH - RIGHT + 15.0;
     let mut s = String::new();
-    for (i, (label, color, dash)) in entries.iter().enumerate() {
-        let y = TOP + 10.0 + i as f64 * 18.0;
-        let short: String = label.chars().take(30).collect();
+    for (i, e) in entries.iter().enumerate() {
+        let y = TOP + 10.0 + i as f64 * ROW;
         let _ = writeln!(
             s,
-            "<line x1=\"{x}\" x2=\"{}\" y1=\"{y}\" y2=\"{y}\" stroke=\"{color}\" \
-             stroke-width=\"2\" stroke-dasharray=\"{dash}\"/>\
+            "<line x1=\"{x}\" x2=\"{}\" y1=\"{y}\" y2=\"{y}\" stroke=\"{}\" \
+             stroke-width=\"2\" stroke-dasharray=\"{}\"/>\
              <text x=\"{}\" y=\"{}\"><title>{}</title>{}</text>",
             x + 24.0,
-            x + 30.0,
+            e.color,
+            e.dash,
+            x + LEGEND_TEXT - 15.0,
             y + 4.0,
-            escape(label),
-            escape(&short)
+            escape(&e.title),
+            escape(&e.name)
         );
     }
     s
@@ -238,7 +365,7 @@ fn escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{decimals, escape, nice_step};
+    use super::{decimals, elide_middle, escape, legend_names, nice_step, LEGEND_CHARS};
 
     #[test]
     fn ticks_are_round() {
@@ -253,5 +380,37 @@ mod tests {
     #[test]
     fn text_is_escaped() {
         assert_eq!(escape("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
+    }
+
+    /// Long labels lose the entries they all begin with, then their middle; the names stay
+    /// distinct, and a name that would read like another label is the whole label.
+    #[test]
+    fn legend_names_are_short_and_distinct() {
+        let base = "policy:torch,max_split_size_mb:128,roundup_power2_divisions:[256:1,>:2]";
+        let a = format!("{base},garbage_collection_threshold:0.5");
+        let b = format!("{base},garbage_collection_threshold:0.8");
+        let c = "policy:torch,max_split_size_mb:128";
+        let names = legend_names(&["torch", &a, &b, c]);
+        assert_eq!(
+            names,
+            [
+                "torch",
+                "…garbage_collection_threshold:0.5",
+                "…garbage_collection_threshold:0.8",
+                c,
+            ]
+        );
+        // One long label: its middle elided, its end (where a swept value stands) kept.
+        let names = legend_names(&["torch", &a]);
+        assert_eq!(names[1].chars().count(), LEGEND_CHARS);
+        assert!(
+            names[1].ends_with("garbage_collection_threshold:0.5"),
+            "{names:?}"
+        );
+        // Labels that differ only in the middle: the whole labels.
+        let x = format!("policy:torch,max_split_size_mb:128,{}", "x".repeat(40));
+        let y = format!("policy:torch,max_split_size_mb:256,{}", "x".repeat(40));
+        assert_eq!(legend_names(&[&x, &y]), [x.clone(), y.clone()]);
+        assert_eq!(elide_middle("short"), "short");
     }
 }
