@@ -1,6 +1,8 @@
 //! The `cudalloc` command line, run as a built binary, on what a user review found: `key=value` in
 //! a config string named as such (it says to write `key:value`); plot legend names distinct and
-//! readable however long the labels; a swept `policy` labelled by the policy replayed.
+//! readable however long the labels; a swept `policy` labelled by the policy replayed;
+//! `garbage_collection_threshold` refused wherever the replay would ignore it (any policy but
+//! `torch`, or no cap) and acting where it is accepted.
 
 use cudalloc::Config;
 use serde_json::Value;
@@ -172,4 +174,122 @@ fn a_swept_policy_labels_the_policy_replayed() {
     let cfg = Config::parse(&labels[1]).unwrap();
     assert_eq!(cfg.policy, cudalloc::Policy::TorchExpandable);
     assert_eq!(cfg.max_split_size, 128 << 20);
+}
+
+/// `garbage_collection_threshold` acts only under `torch` and a cap (pool/release.rs frees
+/// only whole cached segments, pool/mod.rs collects only under a limit): anywhere else a replay
+/// refuses it, naming the key and when it applies.
+#[test]
+fn garbage_collection_is_refused_where_a_replay_ignores_it() {
+    let gc = "garbage_collection_threshold";
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--config", "policy:torch,garbage_collection_threshold:0.5"],
+            "--capacity",
+        ),
+        (
+            &[
+                "--config",
+                "policy:torch-expandable,garbage_collection_threshold:0.5",
+            ],
+            "`torch`",
+        ),
+        (
+            &[
+                "--capacity",
+                "2GiB",
+                "--config",
+                "garbage_collection_threshold:0.5",
+            ],
+            "`default`",
+        ),
+        (
+            &[
+                "--capacity",
+                "2GiB",
+                "--sweep",
+                "garbage_collection_threshold=0.5",
+            ],
+            "`torch` policy only",
+        ),
+        (
+            &[
+                "--min-capacity",
+                "--config",
+                "policy:default,garbage_collection_threshold:0.5",
+            ],
+            "`default`",
+        ),
+    ];
+    for (args, says) in cases {
+        let bert = bert();
+        let r = run(&[&["replay"], args, &[&bert]].concat());
+        assert_eq!(r.code, Some(2), "{args:?}: {}", r.out);
+        assert!(
+            r.err.contains(gc) && r.err.contains(says),
+            "{args:?}: {}",
+            r.err
+        );
+        assert!(r.out.is_empty(), "{args:?}: replayed anyway");
+    }
+    let r = run(&[
+        "stats",
+        "--config",
+        "policy:torch,garbage_collection_threshold:0.5",
+        &bert(),
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.out);
+    assert!(r.err.contains(gc) && r.err.contains("without"), "{}", r.err);
+}
+
+/// Where it is accepted, it changes the replay: under `torch` with a cap (fewer reserved bytes
+/// than without the key), and with `--min-capacity` alone, which warns that only the min
+/// capacity changes; a sweep of it goes after `torch` configurations only.
+#[test]
+fn garbage_collection_under_torch_and_a_cap_changes_the_replay() {
+    let peak = |args: &[&str]| {
+        let r = run(&[
+            &["replay", "--json", "--capacity", "2GiB"],
+            args,
+            &[&bert()],
+        ]
+        .concat());
+        assert_eq!(r.code, Some(0), "{args:?}: {}", r.err);
+        r.json()[0]["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let plain = peak(&["--policy", "torch"]);
+    let collected = peak(&["--config", "policy:torch,garbage_collection_threshold:0.5"]);
+    assert!(collected < plain, "{collected} < {plain}");
+    let r = run(&[
+        "replay",
+        "--json",
+        "--min-capacity",
+        "--config",
+        "policy:torch,garbage_collection_threshold:0.5",
+        &bert(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    assert!(r.err.contains("changes only the min capacity"), "{}", r.err);
+    let r = run(&[
+        "replay",
+        "--json",
+        "--capacity",
+        "2GiB",
+        "--policy",
+        "torch",
+        "--policy",
+        "default",
+        "--sweep",
+        "garbage_collection_threshold=0.5",
+        &bert(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    assert_eq!(
+        r.labels(),
+        [
+            "torch",
+            "policy:torch,garbage_collection_threshold:0.5",
+            "default"
+        ]
+    );
 }

@@ -44,19 +44,20 @@ pub struct ReplayArgs {
     /// e.g. `policy:torch,max_split_size_mb:128` (repeatable; labelled by the string itself).
     /// Without a `policy` key it is the `default` policy with those keys; a key given twice
     /// takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
-    /// roundup_power2_divisions, garbage_collection_threshold, expandable_segments,
-    /// fragmentation_budget, max_chunk_mb and layout_plans (the last three for the `default`
-    /// policy only; values and meanings: docs/policies.md and the `cudalloc::config` module
-    /// docs). The thread_cache keys are refused: a replay drives the pool on one thread, without
-    /// thread caches.
+    /// roundup_power2_divisions, garbage_collection_threshold (`torch` only, and only under a
+    /// cap: --capacity or --min-capacity), expandable_segments, fragmentation_budget,
+    /// max_chunk_mb and layout_plans (the last three for the `default` policy only; values and
+    /// meanings: docs/policies.md and the `cudalloc::config` module docs). The thread_cache keys
+    /// are refused: a replay drives the pool on one thread, without thread caches.
     #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
     pub configs: Vec<Variant>,
 
     /// Add, after each policy or configuration (the `default` policy when none is given), one
     /// configuration per value of a key, that key alone changed: `max_chunk_mb=16,40,64` adds
     /// `...,max_chunk_mb:16` and so on (repeatable; each key is swept on its own, not crossed
-    /// with the others; a key only the `default` policy reads, such as max_chunk_mb, only after
-    /// its configurations). One point of the memory / driver-call frontier per value.
+    /// with the others; a key only one policy reads, such as max_chunk_mb for `default` or
+    /// garbage_collection_threshold for `torch`, only after that policy's configurations). One
+    /// point of the memory / driver-call frontier per value.
     #[arg(long = "sweep", value_name = "KEY=V1,V2,...", value_parser = parse_sweep)]
     pub sweeps: Vec<Sweep>,
 
@@ -116,9 +117,8 @@ impl ReplayArgs {
         for base in bases {
             let mut swept = Vec::new();
             for (s, used) in self.sweeps.iter().zip(&mut used) {
-                // A key only the `default` policy reads is swept after its configurations only.
-                let own = DEFAULT_ONLY_KEYS.contains(&s.key.as_str());
-                if own && base.cfg.policy != Policy::Default {
+                // A key only one policy reads is swept after its configurations only.
+                if only_reader(&s.key).is_some_and(|p| p != base.cfg.policy) {
                     continue;
                 }
                 *used = true;
@@ -128,13 +128,29 @@ impl ReplayArgs {
             out.extend(swept);
         }
         if let Some((s, _)) = self.sweeps.iter().zip(&used).find(|(_, u)| !**u) {
+            let policy = only_reader(&s.key).map_or("", Policy::name);
             return Err(format!(
-                "--sweep {}: the key applies to the `default` policy only, and none of the \
+                "--sweep {}: the key applies to the `{policy}` policy only, and none of the \
                  configurations asked for is one",
                 s.key
             ));
         }
         Ok(out)
+    }
+}
+
+/// The key a replay ignores under every policy but `torch`: only `torch`'s segments are ever
+/// garbage-collected (the expandable policies' blocks are not: `Pool::garbage_collect`).
+pub const GARBAGE_COLLECTION_KEY: &str = "garbage_collection_threshold";
+
+/// The one policy that reads `key`, for a key only one policy reads.
+fn only_reader(key: &str) -> Option<Policy> {
+    if DEFAULT_ONLY_KEYS.contains(&key) {
+        Some(Policy::Default)
+    } else if key == GARBAGE_COLLECTION_KEY {
+        Some(Policy::Torch)
+    } else {
+        None
     }
 }
 

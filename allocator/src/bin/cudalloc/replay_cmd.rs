@@ -1,7 +1,7 @@
 //! `cudalloc replay`: every trace under every configuration, reported as tables, JSON lines
 //! and optionally a plot.
 
-use crate::args::{ReplayArgs, Variant};
+use crate::args::{ReplayArgs, Variant, GARBAGE_COLLECTION_KEY};
 use crate::progress::{Progress, LONG_OPS};
 use crate::{bundled, json, plot, summary, table, CliError};
 use cudalloc::bound::{map_floor, PAGE};
@@ -10,7 +10,7 @@ use cudalloc::replay::{
     min_capacity, replay, search_pages, ReplayOptions, ReplayResult, DEVICE_CAPACITY,
 };
 use cudalloc::trace::{self, Anomalies, Trace};
-use cudalloc::Config;
+use cudalloc::{Config, Policy};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +67,13 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants().map_err(CliError::msg)?;
     check_distinct(&variants)?;
     variants.iter().try_for_each(check_no_thread_cache_keys)?;
+    let capped = args.capacity.is_some() || args.min_capacity;
+    for v in &variants {
+        check_garbage_collection(v, capped, REPLAY_CAP)?;
+        if args.capacity.is_none() && garbage_collected(v) {
+            warn_probes_only(v);
+        }
+    }
     check_capacity(args)?;
     if let Some(path) = &args.plot {
         check_plot_path(path)?;
@@ -184,6 +191,50 @@ pub fn check_no_thread_cache_keys(v: &Variant) -> Result<(), CliError> {
         ))),
         None => Ok(()),
     }
+}
+
+/// How `cudalloc replay` caps its replays, said when `garbage_collection_threshold` needs a cap.
+const REPLAY_CAP: &str = "give --capacity (or --min-capacity, whose capped probes it changes)";
+
+/// True when `v` sets `garbage_collection_threshold` (0, the key's absence, is refused by the
+/// config parser as a value).
+fn garbage_collected(v: &Variant) -> bool {
+    v.cfg.garbage_collection_threshold > 0.0
+}
+
+/// Refuses `garbage_collection_threshold` where the replay would ignore it: the pool collects
+/// garbage only under a memory cap (`capped`; `remedy` says how to get one), and then frees only
+/// whole cached segments of the `torch` policy, never the expandable policies' blocks (see
+/// `Pool::garbage_collect`).
+pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Result<(), CliError> {
+    if !garbage_collected(v) {
+        return Ok(());
+    }
+    let why = if v.cfg.policy != Policy::Torch {
+        format!(
+            "only the `torch` policy collects garbage (it frees whole cached segments, under a \
+             memory cap); the policy here is `{}`, whose expandable segments it never frees",
+            v.cfg.policy.name()
+        )
+    } else if !capped {
+        format!("the pool collects garbage only under a memory cap; {remedy}")
+    } else {
+        return Ok(());
+    };
+    Err(CliError::msg(format!(
+        "`{}`: `{GARBAGE_COLLECTION_KEY}` has no effect here: {why}",
+        v.label
+    )))
+}
+
+/// Says that `garbage_collection_threshold` changes only the min capacity of a replay with
+/// --min-capacity and no --capacity (its other figures come from a replay without a cap).
+fn warn_probes_only(v: &Variant) {
+    eprintln!(
+        "warning: `{}`: `{GARBAGE_COLLECTION_KEY}` changes only the min capacity here: the other \
+         figures come from a replay without a cap (give --capacity to cap them too)",
+        v.label
+    );
 }
 
 /// Refuses a trace given twice (by the same path or another path to the same file): it would

@@ -13,11 +13,16 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
 
+/// Said when `garbage_collection_threshold` needs a cap, which `stats` has no option for.
+const STATS_CAP: &str =
+    "`cudalloc stats` replays without one (compare under one with `cudalloc replay --capacity`)";
+
 /// Runs the command; exit status 1 when an allocation failed.
 pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
-    let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
     let variant = args.variant();
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
+    crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
+    let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
     let pool = Pool::new(
         SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
         variant.cfg.clone(),
