@@ -151,7 +151,7 @@ fn human_output_has_a_table_and_a_summary() {
     let o = cudalloc(&["replay", &bert()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
-    let header = "bert_dynamic.trace.csv: 44,615 events read, 29,722 ops replayed, \
+    let header = "bert_dynamic.trace.csv: 44,615 trace lines read, 29,722 ops replayed, \
                   33 segment_alloc, peak live 587.33 MiB, map floor 54 (2%) / 31 (5%)\n";
     assert!(out.starts_with(header), "{out}");
     assert!(

@@ -2,7 +2,9 @@
 //! a config string named as such (it says to write `key:value`); plot legend names distinct and
 //! readable however long the labels; a swept `policy` labelled by the policy replayed;
 //! `garbage_collection_threshold` refused wherever the replay would ignore it (any policy but
-//! `torch`, or no cap) and acting where it is accepted.
+//! `torch`, or no cap) and acting where it is accepted; `--help` saying that a cap, any cap, puts
+//! `default` in its capped mode; the table's trace lines told apart from replayed operations;
+//! `stats` reporting a trace's anomalies as `replay` does.
 
 use cudalloc::Config;
 use serde_json::Value;
@@ -292,4 +294,62 @@ fn garbage_collection_under_torch_and_a_cap_changes_the_replay() {
             "default"
         ]
     );
+}
+
+/// `--help` says that a cap, any cap, puts `default` in its capped mode (more driver calls);
+/// the table's header line counts trace lines, not "events" (`--json`'s `events` are the
+/// operations replayed).
+#[test]
+fn help_says_what_a_cap_does_and_the_table_counts_trace_lines() {
+    let r = run(&["replay", "--help"]);
+    assert_eq!(r.code, Some(0));
+    let help = r.out.split_whitespace().collect::<Vec<_>>().join(" ");
+    for says in [
+        "any cap, even the whole device, the `default` policy runs in its capped mode",
+        "The probes are capped, so the `default` policy runs them in its capped mode",
+    ] {
+        assert!(help.contains(says), "{says}: {help}");
+    }
+    let r = run(&["replay", "--policy", "torch", &bert()]);
+    assert_eq!(r.code, Some(0), "{}", r.err);
+    let header = r.out.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("44,615 trace lines read, 29,722 ops replayed"),
+        "{header}"
+    );
+    assert!(!r.out.contains("events"), "{}", r.out);
+}
+
+/// `stats` on a trace with anomalies gives `replay --json`'s `anomalies` object and says so on
+/// stderr in the words of `replay`'s header line.
+#[test]
+fn stats_reports_anomalies_as_replay_does() {
+    let odd = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,8192,512,0,2\n\
+               alloc,16384,512,0,3\nfree_completed,16384,1024,0,4\n";
+    let trace = trace_file("stats-anomalies", odd);
+    let trace = trace.to_str().unwrap();
+    let stats = run(&["stats", "--policy", "torch", trace]);
+    assert_eq!(stats.code, Some(0), "{}", stats.err);
+    let replay = run(&["replay", "--json", "--policy", "torch", trace]);
+    assert_eq!(replay.code, Some(0), "{}", replay.err);
+    let anomalies = &stats.json()[0]["anomalies"];
+    assert_eq!(anomalies["unmatched_frees"], 1, "{}", stats.out);
+    assert_eq!(anomalies, &replay.json()[0]["anomalies"]);
+    let table = run(&["replay", "--policy", "torch", trace]);
+    let said = table
+        .out
+        .lines()
+        .next()
+        .unwrap()
+        .split("; anomalies: ")
+        .nth(1);
+    let said = said.expect("the header line gives the anomalies");
+    assert!(
+        stats.err.contains(&format!("anomalies: {said}")),
+        "{}",
+        stats.err
+    );
+    let clean = run(&["stats", "--policy", "torch", &bert()]);
+    assert!(clean.json()[0]["anomalies"]["first_line"].is_null());
+    assert!(!clean.err.contains("anomalies"), "{}", clean.err);
 }

@@ -27,8 +27,9 @@ pub enum Command {
     /// Replay one trace and print PyTorch-style memory statistics as JSON.
     ///
     /// The statistics are `torch.cuda.memory_stats()`'s keys, sorted, taken at the end of the
-    /// trace before leftover allocations are freed, with the fragmentation of the pool then.
-    /// Exit status: 0, 1 when an allocation failed, 2 on a usage or input error.
+    /// trace before leftover allocations are freed, with the fragmentation of the pool then,
+    /// and the trace's `anomalies` as `replay --json` gives them (and a warning on stderr when
+    /// there are any). Exit status: 0, 1 when an allocation failed, 2 on a usage or input error.
     Stats(StatsArgs),
 }
 
@@ -63,12 +64,16 @@ pub struct ReplayArgs {
 
     /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
     /// where a replay fails. Without it a replay may use the whole device (the simulated H200's
-    /// 143,771 MiB, or GPU 0's memory with --cuda).
+    /// 143,771 MiB, or GPU 0's memory with --cuda). Under a cap, any cap, even the whole device,
+    /// the `default` policy runs in its capped mode: one 2 MiB page per map call and no layout
+    /// plans, so it makes many more driver calls than without a cap.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 
     /// Also find, by bisection, the smallest cap each replay completes under (in whole 2 MiB
-    /// pages of the simulated device).
+    /// pages of the simulated device). The probes are capped, so the `default` policy runs them
+    /// in its capped mode (see --capacity); the other figures come from the replay without a
+    /// cap unless --capacity is given.
     #[arg(long)]
     pub min_capacity: bool,
 

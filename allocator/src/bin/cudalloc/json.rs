@@ -2,6 +2,7 @@
 
 use crate::replay_cmd::{Report, Run};
 use cudalloc::replay::PeakPinning;
+use cudalloc::trace::Anomalies;
 use serde_json::{json, Value};
 use std::io::{self, Write};
 
@@ -15,18 +16,12 @@ use std::io::{self, Write};
 /// trace's odd events (frees of addresses not live, allocations of live ones).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
-    let a = &report.anomalies;
     let mut v = json!({
         "trace": report.name,
         "policy": run.label,
         "completed": r.failure.is_none(),
         "failure": r.failure.as_ref().map(|f| json!({"op": f.op, "error": f.error.to_string()})),
-        "anomalies": {
-            "unmatched_frees": a.unmatched_frees,
-            "double_allocs": a.double_allocs,
-            "mismatched_frees": a.mismatched_frees,
-            "first_line": a.first_line,
-        },
+        "anomalies": anomalies(&report.anomalies),
         "events": r.events,
         "peak_live_bytes": r.peak_live_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,
@@ -58,6 +53,17 @@ pub fn object(report: &Report, run: &Run) -> Value {
         }
     }
     v
+}
+
+/// The trace's odd events: `unmatched_frees`, `double_allocs`, `mismatched_frees` and
+/// `first_line` (null when there are none), as `replay --json` and `stats` give them.
+pub fn anomalies(a: &Anomalies) -> Value {
+    json!({
+        "unmatched_frees": a.unmatched_frees,
+        "double_allocs": a.double_allocs,
+        "mismatched_frees": a.mismatched_frees,
+        "first_line": a.first_line,
+    })
 }
 
 /// The units that held the most pinned bytes at the reserved peak, each as `kind` (`chunk` or

@@ -37,7 +37,8 @@ pub struct Run {
 pub struct Report {
     /// The trace's name (file name without directory and `.gz`).
     pub name: String,
-    /// Events read.
+    /// Lines (records) of the trace read, of every action; the table's "trace lines" (not the
+    /// JSON's `events`, which counts the operations replayed).
     pub events: u64,
     /// Operations to replay.
     pub ops: u64,
@@ -269,7 +270,7 @@ fn name_apart(traces: &mut [Trace], paths: &[PathBuf]) {
 fn warn_if_empty(traces: &[Trace]) {
     for t in traces.iter().filter(|t| t.ops.is_empty()) {
         eprintln!(
-            "warning: {} holds no allocation or free to replay ({} events read)",
+            "warning: {} holds no allocation or free to replay ({} trace lines read)",
             t.name, t.events
         );
     }

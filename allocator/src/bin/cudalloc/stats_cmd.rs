@@ -1,9 +1,10 @@
 //! `cudalloc stats`: replays one trace on the simulated device, driving the pool directly (so
 //! that its statistics and a snapshot can be read at the end of the trace, before leftover
-//! allocations are freed), and prints them as pretty JSON with sorted keys.
+//! allocations are freed), and prints them as pretty JSON with sorted keys, with the trace's
+//! odd events (`anomalies`) as `replay` reports them: the same JSON object, and a warning.
 
 use crate::args::StatsArgs;
-use crate::CliError;
+use crate::{table, CliError};
 use cudalloc::replay::DEVICE_CAPACITY;
 use cudalloc::trace::{self, Op, Trace};
 use cudalloc::{AllocError, Allocation, Pool};
@@ -23,6 +24,9 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
+    if let Some(a) = table::anomalies(&t.anomalies) {
+        eprintln!("warning: {}: anomalies: {a}", t.name);
+    }
     let pool = Pool::new(
         SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
         variant.cfg.clone(),
@@ -36,6 +40,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
         json!(failure.as_ref().map_or(t.ops.len(), |f| f.0 + 1)),
     );
     doc.insert("failure".into(), failure_json(&failure));
+    doc.insert("anomalies".into(), crate::json::anomalies(&t.anomalies));
     doc.insert("fragmentation_at_end".into(), fragmentation(&pool));
     doc.insert("memory_stats".into(), memory_stats(&pool));
     let text = serde_json::to_string_pretty(&Value::Object(doc))

@@ -88,7 +88,7 @@ fn report_pinning(out: &mut impl Write, p: &PeakPinning) -> io::Result<()> {
 
 fn header_line(r: &Report, capacity: Option<u64>) -> String {
     let mut line = format!(
-        "{}: {} events read, {} ops replayed, {} segment_alloc, peak live {}, map floor {} (2%) / {} (5%)",
+        "{}: {} trace lines read, {} ops replayed, {} segment_alloc, peak live {}, map floor {} (2%) / {} (5%)",
         r.name,
         thousands(r.events),
         thousands(r.ops),
@@ -106,7 +106,8 @@ fn header_line(r: &Report, capacity: Option<u64>) -> String {
     line
 }
 
-fn anomalies(a: &Anomalies) -> Option<String> {
+/// The trace's odd events in words, with the first line that has one (`None`: none).
+pub fn anomalies(a: &Anomalies) -> Option<String> {
     let first = a.first_line?;
     Some(format!(
         "{} unmatched frees, {} double allocs, {} frees whose size or stream differs from their \
