@@ -81,11 +81,6 @@ pub enum AllocError {
         /// The element type's name.
         elem_type: &'static str,
     },
-    /// A bad argument, described by the message: only `Pool::allocate` (a request above
-    /// [`MAX_REQUEST`]) and `Pool::set_memory_fraction` (a fraction outside [0, 1]) still return
-    /// it; they are to return [`AllocError::TooLarge`] and [`AllocError::BadFraction`], and
-    /// then this variant goes.
-    InvalidArgument(String),
 }
 
 impl AllocError {
@@ -175,7 +170,6 @@ impl fmt::Display for AllocError {
                 f,
                 "{len} elements of {elem_type} ({elem_size} bytes each): the size overflows"
             ),
-            AllocError::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
         }
     }
 }

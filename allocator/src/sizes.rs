@@ -27,7 +27,7 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 pub const ROUND_LARGE: u64 = 2 << 20;
 
 /// Largest request accepted (256 TiB, far above any device); larger ones are refused as errors
-/// ([`crate::AllocError::TooLarge`] from [`crate::CachingAllocator`]) rather than overflows in
+/// ([`crate::AllocError::TooLarge`] from `Pool` and [`crate::CachingAllocator`]) rather than overflows in
 /// rounding.
 pub const MAX_REQUEST: u64 = 1 << 48;
 

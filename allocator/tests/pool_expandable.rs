@@ -226,7 +226,7 @@ fn huge_requests_are_errors_not_panics() {
             assert!(
                 matches!(
                     r,
-                    Err(AllocError::OutOfMemory { .. }) | Err(AllocError::InvalidArgument(_))
+                    Err(AllocError::OutOfMemory { .. }) | Err(AllocError::TooLarge { .. })
                 ),
                 "{policy:?} size {size}: {r:?}"
             );

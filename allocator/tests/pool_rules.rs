@@ -539,7 +539,7 @@ fn set_memory_fraction_caps_the_pool() {
     for bad in [-0.1, 1.5, f64::NAN] {
         assert!(matches!(
             pool.set_memory_fraction(bad),
-            Err(AllocError::InvalidArgument(_))
+            Err(AllocError::BadFraction(_))
         ));
     }
     pool.set_memory_fraction(0.25).unwrap();

@@ -306,10 +306,6 @@ impl Run {
                 assert_eq!((requested, limit), (size, MAX_REQUEST));
                 assert!(size > MAX_REQUEST, "allocate({size}): too large");
             }
-            // `Pool` until it returns `TooLarge` too.
-            Err(AllocError::InvalidArgument(m)) => {
-                assert!(size > MAX_REQUEST, "allocate({size}): invalid argument {m}")
-            }
             Err(e) => panic!("allocate({size}): unexpected {e:?}"),
         }
     }

@@ -130,7 +130,7 @@ pub fn replay_all(t: &Trace, which: u8) {
     assert!(r.events <= t.ops.len() as u64);
     if let Some(f) = &r.failure {
         assert!(f.op < t.ops.len());
-        let huge = matches!(f.error, AllocError::InvalidArgument(_));
+        let huge = matches!(f.error, AllocError::TooLarge { .. });
         assert!(
             f.error.is_out_of_memory() || huge,
             "replay failed with {:?}",
@@ -150,7 +150,7 @@ fn replay_checked(t: &Trace, policy: Policy) {
                     Ok(a) => slots[slot as usize] = Some(a),
                     Err(AllocError::OutOfMemory { .. })
                     | Err(AllocError::AddressSpace { .. })
-                    | Err(AllocError::InvalidArgument(_)) => {}
+                    | Err(AllocError::TooLarge { .. }) => {}
                     Err(e) => panic!("{policy:?} op {i}: allocate({size}): {e:?}"),
                 }
             }

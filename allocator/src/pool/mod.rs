@@ -195,9 +195,7 @@ impl<D: Device> Pool<D> {
     /// `set_per_process_memory_fraction` does.
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
         if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {
-            return Err(AllocError::InvalidArgument(format!(
-                "memory fraction {fraction} is not in [0, 1]"
-            )));
+            return Err(AllocError::BadFraction(fraction));
         }
         let (_, total) = self.device.mem_info()?;
         self.limit = Some((fraction * total as f64) as u64);
@@ -239,9 +237,10 @@ impl<D: Device> Pool<D> {
         may_grow: bool,
     ) -> Result<Option<Allocation>, AllocError> {
         if size > sizes::MAX_REQUEST {
-            return Err(AllocError::InvalidArgument(format!(
-                "{size} bytes is larger than any device"
-            )));
+            return Err(AllocError::TooLarge {
+                requested: size,
+                limit: sizes::MAX_REQUEST,
+            });
         }
         self.process_events()?;
         let rounded = sizes::round_size(size, &self.cfg);
