@@ -139,9 +139,17 @@ fn row(label: &str, p: &Point) -> Vec<String> {
             .as_ref()
             .map_or("-".into(), |(x, name)| format!("{x:.3} ({name})")),
         caps,
-        thousands(p.calls),
+        // Nothing completed: no calls were counted, which is not zero calls.
+        if p.completed == 0 {
+            "-".into()
+        } else {
+            thousands(p.calls)
+        },
         budgeted(p.within_calls.0),
-        format!("{} of {}", p.within_memory, p.measured),
+        match p.measured {
+            0 => "-".to_string(),
+            n => format!("{} of {n}", p.within_memory),
+        },
         budgeted(p.within_both),
     ]
 }
@@ -275,6 +283,24 @@ mod tests {
         let text = rendered(&reports);
         assert!(text.contains("1 of 2"), "{text}");
         assert!(text.contains("1.030 (a)"), "{text}");
+    }
+
+    #[test]
+    fn when_every_replay_fails_the_row_has_no_figures() {
+        let mut failed = run(500, 50, None);
+        failed.result.failure = Some(Failure {
+            op: 0,
+            error: AllocError::BadFraction(2.0),
+        });
+        let reports = [report("a", 100, 4, failed)];
+        let p = point(&reports, 0);
+        assert_eq!((p.completed, p.measured), (0, 0));
+        let cells = row("x", &p);
+        assert_eq!(cells[1], "0 of 1");
+        assert!(
+            cells[2..].iter().all(|c| c == "-"),
+            "a row of no completed replay shows no figure: {cells:?}"
+        );
     }
 
     #[test]
