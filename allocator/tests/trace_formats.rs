@@ -111,6 +111,23 @@ fn csv_good() {
     assert_eq!(t.anomalies, Anomalies::default());
 }
 
+/// Sizes whose sum passes `u64::MAX` (a fuzzed trace; no device holds them): the peak says
+/// `u64::MAX`, and the live bytes stay exact after the huge one is freed, so a later peak of
+/// ordinary sizes is right.
+#[test]
+fn live_bytes_past_u64_max_saturate_only_the_peak() {
+    let text = "action,addr,size,stream,time_us\n\
+                alloc,4096,18446744073709551615,0,1\n\
+                alloc,8192,1000,0,2\n\
+                free_completed,4096,18446744073709551615,0,3\n\
+                alloc,16384,24,0,4\n";
+    let t = read_text("huge.csv", text).unwrap();
+    assert_eq!(t.peak_live, u64::MAX);
+    assert_eq!(t.ops.len(), 4);
+    let t = read_text("after.csv", &text.replace("18446744073709551615", "5000")).unwrap();
+    assert_eq!(t.peak_live, 6000);
+}
+
 #[test]
 fn csv_gzip_reads_like_plain() {
     let plain = read_text("same.csv", GOOD_CSV).unwrap();

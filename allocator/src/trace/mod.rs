@@ -141,7 +141,8 @@ pub struct Trace {
     pub segment_allocs: u64,
     /// Sizes of the `segment_alloc` events in order.
     pub segment_sizes: Vec<u64>,
-    /// Peak of the summed requested bytes of live allocations.
+    /// Peak of the summed requested bytes of live allocations (`u64::MAX` when the sum passes
+    /// it: sizes no device holds, which a replay refuses).
     pub peak_live: u64,
     /// Odd events.
     pub anomalies: Anomalies,
@@ -206,7 +207,8 @@ pub struct TraceBuilder {
     live: HashMap<u64, (u32, u64, u64)>,
     free_slots: Vec<u32>,
     stream_index: HashMap<u64, u32>,
-    live_bytes: u64,
+    /// Summed sizes of the live allocations, exact (sizes are `u64`, their sum may not be).
+    live_bytes: u128,
 }
 
 impl TraceBuilder {
@@ -247,8 +249,9 @@ impl TraceBuilder {
             next
         });
         self.live.insert(e.addr, (slot, e.size, e.stream));
-        self.live_bytes = self.live_bytes.saturating_add(e.size);
-        self.trace.peak_live = self.trace.peak_live.max(self.live_bytes);
+        self.live_bytes += u128::from(e.size);
+        let live = u64::try_from(self.live_bytes).unwrap_or(u64::MAX);
+        self.trace.peak_live = self.trace.peak_live.max(live);
         self.trace.ops.push(Op::Alloc {
             slot,
             stream,
@@ -273,7 +276,7 @@ impl TraceBuilder {
     /// Frees the allocation live at `addr`; returns its size and stream, `None` if none is.
     fn free(&mut self, addr: u64) -> Option<(u64, u64)> {
         let (slot, size, stream) = self.live.remove(&addr)?;
-        self.live_bytes = self.live_bytes.saturating_sub(size);
+        self.live_bytes -= u128::from(size);
         self.free_slots.push(slot);
         self.trace.ops.push(Op::Free { slot });
         Some((size, stream))
