@@ -1,4 +1,5 @@
-//! cudarc interop: typed [`Buffer`]s from a [`CachingAllocator<CudaDevice>`].
+//! cudarc interop: typed [`Buffer`]s from a [`CachingAllocator<CudaDevice>`], or from a
+//! [`RecordingAllocator<CudaDevice, W>`] that writes their allocations and frees to a trace.
 //!
 //! A `Buffer<T>` (defined in `cudalloc-sys`, where the `unsafe` trait implementations live) is
 //! accepted by cudarc 0.19 wherever a `CudaSlice<T>` is: copies, memsets, `CudaBlas` gemm and
@@ -24,13 +25,21 @@
 //! ([`AllocError::ForeignContext`]) and that `len * size_of::<T>()` does not overflow
 //! ([`AllocError::ElementCountOverflow`]); running out of memory is
 //! [`AllocError::OutOfMemory`], after the allocator released what it could.
+//!
+//! Both pools share one implementation of the constructors (the private `BufferSource` trait
+//! and the functions over it), so a recorded buffer is made exactly as an unrecorded one. A
+//! buffer goes back with [`BufferPool::free`] on the stream it was made for, which is the
+//! allocators' `free_on` (a free on another stream is [`AllocError::WrongStream`]).
 
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
+use crate::pool::Allocation;
 use crate::sync::Arc;
+use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::driver::{CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, PoolError};
 use cudalloc_sys::{CudaDevice, Device, DeviceError, StreamId};
+use std::io::Write;
 
 /// Bytes of `len` elements of `T`, or [`AllocError::ElementCountOverflow`] if that overflows.
 pub fn buffer_bytes<T>(len: usize) -> Result<u64, AllocError> {
@@ -68,61 +77,136 @@ impl BufferPool for CachingAllocator<CudaDevice> {
     }
 }
 
-impl CachingAllocator<CudaDevice> {
-    /// A zeroed buffer of `len` elements for use on `stream` (one `cuMemsetD8Async` on it).
-    pub fn buffer<T: DeviceRepr + ValidAsZeroBits>(
-        self: &Arc<Self>,
-        len: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<Buffer<T>, AllocError> {
-        let mut b = self.raw_buffer::<T>(len, stream)?;
-        stream
-            .memset_zeros(&mut b)
-            .map_err(|e| driver_error("cuMemsetD8Async", e))?;
-        Ok(b)
+/// Frees go through the recorder (`free_requested`, `free_completed` on the buffer's stream).
+impl<W: Write + Send + 'static> BufferPool for RecordingAllocator<CudaDevice, W> {
+    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
+        Ok(self.free_on(ptr, stream)?)
     }
 
-    /// A buffer of `len` elements for use on `stream`, holding whatever its block held (no
-    /// device work at all); only for types where every bit pattern is a value.
-    pub fn buffer_uninit<T: AnyBitPattern>(
-        self: &Arc<Self>,
-        len: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<Buffer<T>, AllocError> {
-        self.raw_buffer::<T>(len, stream)
+    fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
+        Ok(RecordingAllocator::record_stream(self, ptr, stream)?)
+    }
+}
+
+/// What the buffer constructors need of a pool; one implementation of them serves both pools.
+trait BufferSource: BufferPool + Sized + 'static {
+    /// Allocates `bytes` on `stream` (recorded, for the recording pool).
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError>;
+
+    /// The pool's CUDA device.
+    fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R;
+}
+
+// Each method calls the inherent one of the same name: a `Type::method` path picks an
+// inherent method over a trait's.
+impl BufferSource for CachingAllocator<CudaDevice> {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        CachingAllocator::allocate(self, bytes, stream)
     }
 
-    /// A buffer holding a copy of `data`, for use on `stream` (`cuMemcpyHtoDAsync` on it).
-    pub fn buffer_from<T: DeviceRepr>(
-        self: &Arc<Self>,
-        data: &[T],
-        stream: &Arc<CudaStream>,
-    ) -> Result<Buffer<T>, AllocError> {
-        let mut b = self.raw_buffer::<T>(data.len(), stream)?;
-        stream
-            .memcpy_htod(data, &mut b)
-            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
-        Ok(b)
+    fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R {
+        CachingAllocator::with_device(self, f)
+    }
+}
+
+impl<W: Write + Send + 'static> BufferSource for RecordingAllocator<CudaDevice, W> {
+    fn allocate(&self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        RecordingAllocator::allocate(self, bytes, stream)
     }
 
-    /// Allocates the block; the caller initializes it before anyone can read it.
-    fn raw_buffer<T>(
-        self: &Arc<Self>,
-        len: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<Buffer<T>, AllocError> {
-        let bytes = buffer_bytes::<T>(len)?;
-        let (same, device) =
-            self.with_device(|d| (**d.context() == **stream.context(), d.ordinal()));
-        if !same {
-            return Err(AllocError::ForeignContext {
-                stream: stream_id(stream),
-                stream_device: stream.context().ordinal(),
-                device,
-            });
+    fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R {
+        RecordingAllocator::with_device(self, f)
+    }
+}
+
+/// The buffer constructors, once for [`CachingAllocator<CudaDevice>`] and once for
+/// [`RecordingAllocator<CudaDevice, W>`], each a call of the shared functions below.
+macro_rules! buffer_constructors {
+    () => {
+        /// A zeroed buffer of `len` elements for use on `stream` (one `cuMemsetD8Async` on it).
+        pub fn buffer<T: DeviceRepr + ValidAsZeroBits>(
+            self: &Arc<Self>,
+            len: usize,
+            stream: &Arc<CudaStream>,
+        ) -> Result<Buffer<T>, AllocError> {
+            zeroed_buffer(self, len, stream)
         }
-        let a = self.allocate(bytes, stream_id(stream))?;
-        let pool: Arc<dyn BufferPool> = self.clone();
-        Ok(Buffer::from_pool(pool, a.ptr, len, stream.clone()))
+
+        /// A buffer of `len` elements for use on `stream`, holding whatever its block held
+        /// (no device work at all); only for types where every bit pattern is a value.
+        pub fn buffer_uninit<T: AnyBitPattern>(
+            self: &Arc<Self>,
+            len: usize,
+            stream: &Arc<CudaStream>,
+        ) -> Result<Buffer<T>, AllocError> {
+            raw_buffer(self, len, stream)
+        }
+
+        /// A buffer holding a copy of `data`, for use on `stream` (`cuMemcpyHtoDAsync` on it).
+        pub fn buffer_from<T: DeviceRepr>(
+            self: &Arc<Self>,
+            data: &[T],
+            stream: &Arc<CudaStream>,
+        ) -> Result<Buffer<T>, AllocError> {
+            copied_buffer(self, data, stream)
+        }
+    };
+}
+
+impl CachingAllocator<CudaDevice> {
+    buffer_constructors!();
+}
+
+/// The constructors of [`CachingAllocator<CudaDevice>`], recorded: each writes `alloc`, and the
+/// buffer's drop or `free` writes `free_requested` and `free_completed`. A buffer holds an `Arc`
+/// of the recorder, so drop every buffer before `Arc::try_unwrap` and
+/// [`RecordingAllocator::finish`].
+impl<W: Write + Send + 'static> RecordingAllocator<CudaDevice, W> {
+    buffer_constructors!();
+}
+
+/// A zeroed buffer from `pool` (one `cuMemsetD8Async` on `stream`).
+fn zeroed_buffer<P: BufferSource, T: DeviceRepr + ValidAsZeroBits>(
+    pool: &Arc<P>,
+    len: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<Buffer<T>, AllocError> {
+    let mut b = raw_buffer::<P, T>(pool, len, stream)?;
+    stream
+        .memset_zeros(&mut b)
+        .map_err(|e| driver_error("cuMemsetD8Async", e))?;
+    Ok(b)
+}
+
+/// A buffer from `pool` holding a copy of `data` (`cuMemcpyHtoDAsync` on `stream`).
+fn copied_buffer<P: BufferSource, T: DeviceRepr>(
+    pool: &Arc<P>,
+    data: &[T],
+    stream: &Arc<CudaStream>,
+) -> Result<Buffer<T>, AllocError> {
+    let mut b = raw_buffer::<P, T>(pool, data.len(), stream)?;
+    stream
+        .memcpy_htod(data, &mut b)
+        .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
+    Ok(b)
+}
+
+/// Allocates the block; the caller initializes it before anyone can read it.
+fn raw_buffer<P: BufferSource, T>(
+    pool: &Arc<P>,
+    len: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<Buffer<T>, AllocError> {
+    let bytes = buffer_bytes::<T>(len)?;
+    let (same, device) = pool.with_device(|d| (**d.context() == **stream.context(), d.ordinal()));
+    if !same {
+        return Err(AllocError::ForeignContext {
+            stream: stream_id(stream),
+            stream_device: stream.context().ordinal(),
+            device,
+        });
     }
+    let a = pool.allocate(bytes, stream_id(stream))?;
+    let owner: Arc<dyn BufferPool> = pool.clone();
+    Ok(Buffer::from_pool(owner, a.ptr, len, stream.clone()))
 }

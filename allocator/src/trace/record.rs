@@ -19,6 +19,10 @@
 //!   events are dropped, and `finish` reports it;
 //! - lines reach the output in chunks ([`super::csv::Writer`]); to keep a slow output (gzip)
 //!   off the allocating thread, give it a [`super::background::BackgroundWriter`].
+//!
+//! On the CUDA device a `RecordingAllocator` in an `Arc` is a `BufferPool` with the buffer
+//! constructors of `CachingAllocator` ([`crate::interop`]): a buffer's allocation writes
+//! `alloc`, its drop or `free` goes through [`RecordingAllocator::free_on`] on its stream.
 
 use super::csv;
 use super::{Action, Event};
@@ -182,6 +186,15 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
         Ok(())
     }
 
+    /// [`CachingAllocator::free_on`], recorded: frees the allocation at `ptr` made on
+    /// `stream` (a different stream is an error and writes nothing). `Buffer`s go back here.
+    pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let mut rec = self.recorder.lock();
+        self.inner.free_on(ptr, stream)?;
+        rec.freed(ptr);
+        Ok(())
+    }
+
     /// [`CachingAllocator::record_stream`] (not an event of the trace).
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         self.inner.record_stream(ptr, stream)
@@ -207,7 +220,16 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
         self.inner.reserved_bytes()
     }
 
+    /// [`CachingAllocator::with_device`].
+    pub fn with_device<R>(&self, f: impl FnOnce(&D) -> R) -> R {
+        self.inner.with_device(f)
+    }
+
     /// Flushes the trace and returns its writer, or the first write error.
+    ///
+    /// Takes the recorder by value: one that made `Buffer`s (`buffer`, `buffer_from`,
+    /// `buffer_uninit` in [`crate::interop`]) is in an `Arc` that each buffer holds a clone of,
+    /// so drop every buffer first, then `Arc::try_unwrap` it and finish.
     pub fn finish(self) -> io::Result<W> {
         self.into_inner().1
     }
