@@ -25,22 +25,13 @@ use cudalloc::trace::{self, pytorch, Op, Trace};
 use serde_pickle::{HashableValue, SerOptions, Value};
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::assert_same_trace;
+
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
-}
-
-/// Everything but the name.
-fn assert_same(a: &Trace, b: &Trace) {
-    assert_eq!(a.ops, b.ops);
-    assert_eq!(a.streams, b.streams);
-    assert_eq!(a.slots, b.slots);
-    assert_eq!(a.events, b.events);
-    assert_eq!(a.segment_allocs, b.segment_allocs);
-    assert_eq!(a.segment_sizes, b.segment_sizes);
-    assert_eq!(a.peak_live, b.peak_live);
-    assert_eq!(a.anomalies, b.anomalies);
 }
 
 fn s(text: &str) -> Value {
@@ -101,8 +92,8 @@ fn the_annotated_fixture_reads_like_the_one_without_annotations() {
     let annotated = trace::read(&data("snapshot_annotated.pickle")).unwrap();
     let plain = trace::read(&data("snapshot.pickle")).unwrap();
     let csv = trace::read(&data("snapshot.csv")).unwrap();
-    assert_same(&annotated, &plain);
-    assert_same(&annotated, &csv);
+    assert_same_trace(&annotated, &plain);
+    assert_same_trace(&annotated, &csv);
     assert_eq!(annotated.events, 14);
 }
 
@@ -133,7 +124,7 @@ fn annotations_are_skipped_whatever_fields_they_have() {
         free,
         user_defined("ProfilerStep#0", "END"),
     ]);
-    assert_same(&annotated, &plain);
+    assert_same_trace(&annotated, &plain);
     assert_eq!(plain.events, 2);
     assert_eq!(
         plain.ops,

@@ -23,6 +23,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod common;
+use common::assert_same_trace;
+
 const MIB: u64 = 1 << 20;
 
 /// A unique path under the temp dir, removed when dropped.
@@ -73,18 +76,6 @@ fn free(slot: u32) -> Op {
     Op::Free { slot }
 }
 
-/// Everything but the name.
-fn assert_same(a: &Trace, b: &Trace) {
-    assert_eq!(a.ops, b.ops);
-    assert_eq!(a.streams, b.streams);
-    assert_eq!(a.slots, b.slots);
-    assert_eq!(a.events, b.events);
-    assert_eq!(a.segment_allocs, b.segment_allocs);
-    assert_eq!(a.segment_sizes, b.segment_sizes);
-    assert_eq!(a.peak_live, b.peak_live);
-    assert_eq!(a.anomalies, b.anomalies);
-}
-
 // ---- our CSV ----
 
 const GOOD_CSV: &str = "action,addr,size,stream,time_us
@@ -133,7 +124,7 @@ fn csv_gzip_reads_like_plain() {
     let plain = read_text("same.csv", GOOD_CSV).unwrap();
     let gz = TempFile::with_gzip("same.csv.gz", GOOD_CSV);
     let t = trace::read(&gz.0).unwrap();
-    assert_same(&t, &plain);
+    assert_same_trace(&t, &plain);
     assert!(t.name.ends_with("same.csv"), "name {}", t.name);
 }
 
@@ -240,7 +231,7 @@ fn rmm_good() {
 fn rmm_gzip() {
     let plain = read_text("gz.rmm.csv", GOOD_RMM).unwrap();
     let gz = TempFile::with_gzip("gz.rmm.csv.gz", GOOD_RMM);
-    assert_same(&trace::read(&gz.0).unwrap(), &plain);
+    assert_same_trace(&trace::read(&gz.0).unwrap(), &plain);
 }
 
 #[test]
@@ -292,7 +283,7 @@ fn pytorch_fixture() {
 fn pytorch_fixture_matches_python_converter() {
     let pickle = trace::read(&data("snapshot.pickle")).unwrap();
     let csv = trace::read(&data("snapshot.csv")).unwrap();
-    assert_same(&pickle, &csv);
+    assert_same_trace(&pickle, &csv);
 }
 
 #[test]
@@ -303,7 +294,7 @@ fn pytorch_real_torch_snapshot() {
     assert_eq!(t.streams.len(), 2);
     assert_eq!(t.segment_sizes.len(), 5);
     assert_eq!(t.anomalies, Anomalies::default());
-    assert_same(&t, &trace::read(&data("torch211_snapshot.csv")).unwrap());
+    assert_same_trace(&t, &trace::read(&data("torch211_snapshot.csv")).unwrap());
 }
 
 #[test]
