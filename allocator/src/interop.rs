@@ -88,8 +88,9 @@ impl<W: Write + Send + 'static> BufferPool for RecordingAllocator<CudaDevice, W>
     }
 }
 
-/// What the buffer constructors need of a pool; one implementation of them serves both pools.
-trait BufferSource: BufferPool + Sized + 'static {
+/// What the buffer constructors need of a pool; one implementation of them serves both pools
+/// (and, through [`crate::workspace`], both pools' cuBLAS handles).
+pub(crate) trait BufferSource: BufferPool + Sized + 'static {
     /// Allocates `bytes` on `stream` (recorded, for the recording pool).
     fn allocate(&self, bytes: u64, stream: StreamId) -> Result<Allocation, AllocError>;
 
@@ -192,7 +193,7 @@ fn copied_buffer<P: BufferSource, T: DeviceRepr>(
 }
 
 /// Allocates the block; the caller initializes it before anyone can read it.
-fn raw_buffer<P: BufferSource, T>(
+pub(crate) fn raw_buffer<P: BufferSource, T>(
     pool: &Arc<P>,
     len: usize,
     stream: &Arc<CudaStream>,

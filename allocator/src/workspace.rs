@@ -20,16 +20,25 @@
 //!
 //! The parsers are pure functions of the variable's value ([`workspace_bytes`],
 //! [`lt_workspace_bytes`]); [`CachingAllocator::cublas`] reads the environment.
+//!
+//! # Recording
+//!
+//! [`RecordingAllocator<CudaDevice, W>`] has the same `cublas` and `cublas_with` (one
+//! implementation, over the pool abstraction the buffer constructors share): each workspace's
+//! allocation writes `alloc`, and its free when the handle is dropped writes `free_requested`
+//! and `free_completed`. The handle holds an `Arc` of the recorder, like a buffer does.
 
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
-use crate::interop::driver_error;
+use crate::interop::{driver_error, raw_buffer, BufferSource};
 use crate::sync::Arc;
+use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::cublas::CudaBlas;
 use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::buffer::{BlasError, Buffer, PooledBlas};
 use cudalloc_sys::CudaDevice;
 use std::fmt;
+use std::io::Write;
 
 /// The cuBLAS workspace variable.
 pub const WORKSPACE_ENV: &str = "CUBLAS_WORKSPACE_CONFIG";
@@ -247,13 +256,33 @@ fn to_len(bytes: u64) -> Result<usize, WorkspaceError> {
     })
 }
 
-/// A cuBLAS handle whose workspaces come from a [`CachingAllocator`]; see the module
-/// documentation.
+/// Where a handle's workspaces come from: the pool that made it, recorded or not.
+trait WorkspaceSource: Send + Sync {
+    /// A `bytes`-byte workspace for `stream`, uninitialized.
+    fn workspace(
+        self: Arc<Self>,
+        bytes: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<u8>, WorkspaceError>;
+}
+
+impl<P: BufferSource> WorkspaceSource for P {
+    fn workspace(
+        self: Arc<Self>,
+        bytes: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<u8>, WorkspaceError> {
+        Ok(raw_buffer::<P, u8>(&self, to_len(bytes)?, stream)?)
+    }
+}
+
+/// A cuBLAS handle whose workspaces come from a [`CachingAllocator`] or a
+/// [`RecordingAllocator`]; see the module documentation.
 pub struct CublasHandle {
     // Field order is drop order: the handle (and the workspaces it may use) first.
     inner: PooledBlas,
     lt: Vec<Buffer<u8>>,
-    alloc: Arc<CachingAllocator<CudaDevice>>,
+    alloc: Arc<dyn WorkspaceSource>,
     bytes: u64,
     lt_bytes: u64,
 }
@@ -269,41 +298,75 @@ impl fmt::Debug for CublasHandle {
     }
 }
 
-impl CachingAllocator<CudaDevice> {
-    /// A cuBLAS handle on `stream` with a workspace from this allocator, sized from
-    /// `CUBLAS_WORKSPACE_CONFIG` and `CUBLASLT_WORKSPACE_SIZE` (or PyTorch's defaults for the
-    /// device's compute capability).
-    pub fn cublas(
-        self: &Arc<Self>,
-        stream: &Arc<CudaStream>,
-    ) -> Result<CublasHandle, WorkspaceError> {
-        let (major, _) = stream
-            .context()
-            .compute_capability()
-            .map_err(|e| WorkspaceError::Alloc(driver_error("cuDeviceGetAttribute", e)))?;
-        let bytes = workspace_bytes(std::env::var(WORKSPACE_ENV).ok().as_deref(), major)?;
-        let lt_bytes = lt_workspace_bytes(std::env::var(LT_WORKSPACE_ENV).ok().as_deref())?;
-        self.cublas_with(stream, bytes, lt_bytes)
-    }
+/// Workspace sizes from `CUBLAS_WORKSPACE_CONFIG` and `CUBLASLT_WORKSPACE_SIZE`, or PyTorch's
+/// defaults for the compute capability of `stream`'s device.
+fn sizes_from_env(stream: &CudaStream) -> Result<(u64, u64), WorkspaceError> {
+    let (major, _) = stream
+        .context()
+        .compute_capability()
+        .map_err(|e| WorkspaceError::Alloc(driver_error("cuDeviceGetAttribute", e)))?;
+    let bytes = workspace_bytes(std::env::var(WORKSPACE_ENV).ok().as_deref(), major)?;
+    let lt_bytes = lt_workspace_bytes(std::env::var(LT_WORKSPACE_ENV).ok().as_deref())?;
+    Ok((bytes, lt_bytes))
+}
 
-    /// A cuBLAS handle on `stream` with `bytes`-byte cuBLAS workspaces (0: cuBLAS gets none,
-    /// though the handle still holds the pool's smallest block, 512 bytes, as an empty buffer)
-    /// and `lt_bytes`-byte cuBLASLt workspaces.
-    pub fn cublas_with(
-        self: &Arc<Self>,
-        stream: &Arc<CudaStream>,
-        bytes: u64,
-        lt_bytes: u64,
-    ) -> Result<CublasHandle, WorkspaceError> {
-        let ws = self.buffer_uninit::<u8>(to_len(bytes)?, stream)?;
-        Ok(CublasHandle {
-            inner: PooledBlas::new(stream.clone(), ws)?,
-            lt: Vec::new(),
-            alloc: self.clone(),
-            bytes,
-            lt_bytes,
-        })
-    }
+/// A handle on `stream` whose workspaces come from `pool`.
+fn new_handle<P: BufferSource>(
+    pool: &Arc<P>,
+    stream: &Arc<CudaStream>,
+    bytes: u64,
+    lt_bytes: u64,
+) -> Result<CublasHandle, WorkspaceError> {
+    let source: Arc<dyn WorkspaceSource> = pool.clone();
+    let ws = source.clone().workspace(bytes, stream)?;
+    Ok(CublasHandle {
+        inner: PooledBlas::new(stream.clone(), ws)?,
+        lt: Vec::new(),
+        alloc: source,
+        bytes,
+        lt_bytes,
+    })
+}
+
+/// The handle constructors, once for [`CachingAllocator<CudaDevice>`] and once for
+/// [`RecordingAllocator<CudaDevice, W>`], each a call of the shared functions above.
+macro_rules! cublas_constructors {
+    () => {
+        /// A cuBLAS handle on `stream` with a workspace from this allocator, sized from
+        /// `CUBLAS_WORKSPACE_CONFIG` and `CUBLASLT_WORKSPACE_SIZE` (or PyTorch's defaults for
+        /// the device's compute capability).
+        pub fn cublas(
+            self: &Arc<Self>,
+            stream: &Arc<CudaStream>,
+        ) -> Result<CublasHandle, WorkspaceError> {
+            let (bytes, lt_bytes) = sizes_from_env(stream)?;
+            new_handle(self, stream, bytes, lt_bytes)
+        }
+
+        /// A cuBLAS handle on `stream` with `bytes`-byte cuBLAS workspaces (0: cuBLAS gets
+        /// none, though the handle still holds the pool's smallest block, 512 bytes, as an
+        /// empty buffer) and `lt_bytes`-byte cuBLASLt workspaces.
+        pub fn cublas_with(
+            self: &Arc<Self>,
+            stream: &Arc<CudaStream>,
+            bytes: u64,
+            lt_bytes: u64,
+        ) -> Result<CublasHandle, WorkspaceError> {
+            new_handle(self, stream, bytes, lt_bytes)
+        }
+    };
+}
+
+impl CachingAllocator<CudaDevice> {
+    cublas_constructors!();
+}
+
+/// The handle constructors of [`CachingAllocator<CudaDevice>`], recorded: each workspace's
+/// allocation writes `alloc` and its free (when the handle is dropped) `free_requested` and
+/// `free_completed`. The handle holds an `Arc` of the recorder, so drop it before
+/// `Arc::try_unwrap` and [`RecordingAllocator::finish`].
+impl<W: Write + Send + 'static> RecordingAllocator<CudaDevice, W> {
+    cublas_constructors!();
 }
 
 impl CublasHandle {
@@ -343,10 +406,7 @@ impl CublasHandle {
     pub fn set_stream(&mut self, stream: &Arc<CudaStream>) -> Result<(), WorkspaceError> {
         let fresh = match self.inner.workspace_for(stream) {
             Some(_) => None,
-            None => Some(
-                self.alloc
-                    .buffer_uninit::<u8>(to_len(self.bytes)?, stream)?,
-            ),
+            None => Some(self.alloc.clone().workspace(self.bytes, stream)?),
         };
         self.inner.set_stream(stream.clone(), fresh)?;
         Ok(())
@@ -360,9 +420,7 @@ impl CublasHandle {
         let at = match self.lt.iter().position(|b| **b.owner() == *stream) {
             Some(i) => i,
             None => {
-                let b = self
-                    .alloc
-                    .buffer_uninit::<u8>(to_len(self.lt_bytes)?, &stream)?;
+                let b = self.alloc.clone().workspace(self.lt_bytes, &stream)?;
                 self.lt.push(b);
                 self.lt.len() - 1
             }

@@ -7,9 +7,14 @@
 //! the matching frees, so the trace reads back with one free per allocation, no anomalies and a
 //! peak of all three; a buffer given back with `free()` is written too. The recorder is
 //! finished only after every buffer is dropped and `Arc::try_unwrap` returned it.
+//!
+//! A cuBLAS handle made through the recorder (on a CUDA GPU): its workspace on each stream it
+//! ran on is one `alloc` of the size `workspace_bytes` computes from the environment and the
+//! device's compute capability, on that stream, and dropping the handle writes their frees.
 
 use cudalloc::interop::stream_id;
 use cudalloc::trace::{self, record::RecordingAllocator, Anomalies, Op, Trace};
+use cudalloc::workspace::{workspace_bytes, WORKSPACE_ENV};
 use cudalloc::{CachingAllocator, Config, Policy};
 use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::buffer::BufferPool;
@@ -124,4 +129,34 @@ fn a_buffer_given_back_with_free_is_recorded() {
         let line = format!("{action},{ptr},{},{s},", 4096 * 4);
         assert!(text.contains(&line), "no line {line} in\n{text}");
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cublas_handles_workspaces_are_recorded() {
+    let rec = recording();
+    let (first, second) = (new_stream(&rec), new_stream(&rec));
+    let (major, _) = first.context().compute_capability().unwrap();
+    let env = std::env::var(WORKSPACE_ENV).ok();
+    let want = workspace_bytes(env.as_deref(), major).unwrap();
+    let mut blas = rec.cublas(&first).expect("a handle");
+    assert_eq!(blas.workspace_bytes(), want);
+    blas.set_stream(&second).expect("a second workspace");
+    assert_eq!(blas.workspace().map(|w| w.len() as u64), Some(want));
+    assert_eq!(
+        Arc::strong_count(&rec),
+        4,
+        "the handle and its two workspaces hold the recorder"
+    );
+    drop(blas);
+    second.synchronize().unwrap();
+
+    let (_, t) = finish(rec);
+    assert_eq!(matched_sizes(&t), [want, want]);
+    assert_eq!((t.ops.len(), t.events), (4, 2 + 2 * 2));
+    let mut streams = [stream_id(&first).0, stream_id(&second).0];
+    streams.sort_unstable();
+    let mut got = t.streams.clone();
+    got.sort_unstable();
+    assert_eq!(got, streams);
 }

@@ -22,7 +22,9 @@
 //!
 //! On the CUDA device a `RecordingAllocator` in an `Arc` is a `BufferPool` with the buffer
 //! constructors of `CachingAllocator` ([`crate::interop`]): a buffer's allocation writes
-//! `alloc`, its drop or `free` goes through [`RecordingAllocator::free_on`] on its stream.
+//! `alloc`, its drop or `free` goes through [`RecordingAllocator::free_on`] on its stream. It
+//! has `cublas` and `cublas_with` too ([`crate::workspace`]): the handle's workspaces are such
+//! buffers, so they are written when allocated and when the handle is dropped.
 
 use super::csv;
 use super::{Action, Event};
@@ -228,8 +230,9 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     /// Flushes the trace and returns its writer, or the first write error.
     ///
     /// Takes the recorder by value: one that made `Buffer`s (`buffer`, `buffer_from`,
-    /// `buffer_uninit` in [`crate::interop`]) is in an `Arc` that each buffer holds a clone of,
-    /// so drop every buffer first, then `Arc::try_unwrap` it and finish.
+    /// `buffer_uninit` in [`crate::interop`]) or cuBLAS handles (`cublas` in
+    /// [`crate::workspace`]) is in an `Arc` that each of them holds a clone of, so drop them
+    /// all first, then `Arc::try_unwrap` it and finish.
     pub fn finish(self) -> io::Result<W> {
         self.into_inner().1
     }
