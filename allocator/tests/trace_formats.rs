@@ -103,10 +103,11 @@ fn csv_good() {
 }
 
 /// Sizes whose sum passes `u64::MAX` (a fuzzed trace; no device holds them): the peak says
-/// `u64::MAX`, and the live bytes stay exact after the huge one is freed, so a later peak of
-/// ordinary sizes is right.
+/// `u64::MAX` rather than wrapping or failing the read. (The reader saturated before too; this
+/// pins what the fuzz harness now expects. Its running count is exact past `u64::MAX`, which
+/// no figure shows: once the peak is `u64::MAX` it stays there.)
 #[test]
-fn live_bytes_past_u64_max_saturate_only_the_peak() {
+fn live_bytes_past_u64_max_saturate_the_peak() {
     let text = "action,addr,size,stream,time_us\n\
                 alloc,4096,18446744073709551615,0,1\n\
                 alloc,8192,1000,0,2\n\
@@ -115,8 +116,6 @@ fn live_bytes_past_u64_max_saturate_only_the_peak() {
     let t = read_text("huge.csv", text).unwrap();
     assert_eq!(t.peak_live, u64::MAX);
     assert_eq!(t.ops.len(), 4);
-    let t = read_text("after.csv", &text.replace("18446744073709551615", "5000")).unwrap();
-    assert_eq!(t.peak_live, 6000);
 }
 
 #[test]

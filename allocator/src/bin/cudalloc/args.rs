@@ -89,7 +89,9 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub breakdown: bool,
 
-    /// Write live, allocated and reserved bytes over each trace to a self-contained HTML file.
+    /// Write live, allocated and reserved bytes over each trace to a self-contained HTML file
+    /// (each point the most of each figure over its stretch of operations, so the plotted
+    /// peaks are the replay's).
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,
 
