@@ -10,7 +10,8 @@
 //!
 //! A cuBLAS handle made through the recorder (on a CUDA GPU): its workspace on each stream it
 //! ran on is one `alloc` of the size `workspace_bytes` computes from the environment and the
-//! device's compute capability, on that stream, and dropping the handle writes their frees.
+//! device's compute capability, on that stream, and dropping the handle writes their frees; its
+//! cuBLASLt workspaces (one per stream asked on) are recorded the same way.
 
 use cudalloc::interop::stream_id;
 use cudalloc::trace::{self, record::RecordingAllocator, Anomalies, Op, Trace};
@@ -159,4 +160,47 @@ fn a_cublas_handles_workspaces_are_recorded() {
     let mut got = t.streams.clone();
     got.sort_unstable();
     assert_eq!(got, streams);
+}
+
+/// cuBLASLt workspaces come from the recorder too: one per stream the handle asked on (asking
+/// again on a stream reuses it), each an `alloc` of `lt_bytes` on its stream after the cuBLAS
+/// workspace of that stream, all freed when the handle is dropped.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cublas_handles_cublaslt_workspaces_are_recorded() {
+    const MIB: u64 = 1 << 20;
+    let rec = recording();
+    let (first, second) = (new_stream(&rec), new_stream(&rec));
+    let mut blas = rec.cublas_with(&first, 2 * MIB, 3 * MIB).expect("a handle");
+    let at = blas
+        .lt_workspace()
+        .expect("a cuBLASLt workspace")
+        .num_bytes();
+    assert_eq!(at as u64, 3 * MIB);
+    blas.lt_workspace().expect("the same workspace again");
+    blas.set_stream(&second).expect("a second workspace");
+    blas.lt_workspace().expect("a second cuBLASLt workspace");
+    assert_eq!(blas.lt_workspace_bytes(), 3 * MIB);
+    drop(blas);
+    second.synchronize().unwrap();
+
+    let (text, t) = finish(rec);
+    assert_eq!(
+        matched_sizes(&t),
+        [2 * MIB, 3 * MIB, 2 * MIB, 3 * MIB],
+        "cuBLAS then cuBLASLt workspace, per stream, in the order asked:\n{text}"
+    );
+    let on = |i: usize| match t.ops[i] {
+        Op::Alloc { stream, .. } => t.streams[stream as usize],
+        Op::Free { .. } => panic!("op {i} is a free"),
+    };
+    assert_eq!(
+        [on(0), on(1), on(2), on(3)],
+        [
+            stream_id(&first).0,
+            stream_id(&first).0,
+            stream_id(&second).0,
+            stream_id(&second).0
+        ]
+    );
 }
