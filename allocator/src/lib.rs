@@ -49,3 +49,14 @@ pub use error::AllocError;
 pub use pool::{Allocation, Pool};
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;
+
+/// The Rust examples of `README.md`, compiled by `cargo test` (as doctests) so that they stay
+/// true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;
+
+/// The Rust examples of `docs/integration.md`, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/integration.md")]
+pub struct IntegrationExamples;
