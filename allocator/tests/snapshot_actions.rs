@@ -18,6 +18,8 @@
 //!   [`Trace::events`], as in cudalloc's CSV) that change no live allocation;
 //! - the device choice ignores annotations: a device 0 holding only `user_defined` entries (as
 //!   PyTorch 2.4 left them from threads without a device) does not hide the device with events;
+//! - with no device given and no events anywhere, device 0 is read and must be a list (as the
+//!   Python converter has it);
 //! - an unknown action, or an annotation's `action` of the wrong type, is still an error naming
 //!   the entry and the action.
 
@@ -216,4 +218,28 @@ fn an_unknown_action_is_still_an_error_naming_entry_and_action() {
     let e = pytorch::read_snapshot(path, &bytes).unwrap_err();
     assert_eq!(e.line, Some(1));
     assert!(e.message.contains("`action` is a int"), "{e}");
+}
+
+/// With no device given and none with events, device 0 is read (as the Python converter does),
+/// so a device 0 entry that is not a list is an error, not an empty trace; an empty
+/// `device_traces` is an empty trace.
+#[test]
+fn with_no_events_anywhere_device_0_must_still_be_a_list() {
+    let top = |devices: Vec<Value>| {
+        let top = [(
+            HashableValue::String("device_traces".to_string()),
+            Value::List(devices),
+        )];
+        serde_pickle::value_to_vec(&Value::Dict(top.into_iter().collect()), SerOptions::new())
+            .unwrap()
+    };
+    let bytes = top(vec![Value::Tuple(vec![event("alloc", 4096, 100, 2)])]);
+    let e = pytorch::read_snapshot(Path::new("tuple.pickle"), &bytes).unwrap_err();
+    assert!(
+        e.message
+            .contains("`device_traces[0]` is a tuple, not a list"),
+        "{e}"
+    );
+    let t = pytorch::read_snapshot(Path::new("none.pickle"), &top(vec![])).unwrap();
+    assert_eq!((t.events, t.ops.len()), (0, 0));
 }

@@ -1,6 +1,7 @@
 """cudalloc_torch: run PyTorch on cudalloc (``libcudalloc_capi.so``) instead of its caching allocator.
 
-Three lines, before the program allocates anything on a GPU::
+Three lines, before the program initialises CUDA in torch (a tensor on a GPU,
+``torch.cuda.set_device`` ...)::
 
     import cudalloc_torch
     cudalloc_torch.enable(conf="policy:default")   # or "policy:torch-expandable", ...
@@ -31,6 +32,7 @@ __all__ = [
     "library_path",
     "load",
     "device_count",
+    "current_device",
     "memory_stats",
     "stats",
     "snapshot",
@@ -150,7 +152,9 @@ def is_enabled():
 
 
 def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
-    """Makes cudalloc PyTorch's CUDA allocator; call it before anything is allocated on a GPU.
+    """Makes cudalloc PyTorch's CUDA allocator; call it before anything initialises CUDA in torch
+    (a tensor on a GPU, ``torch.cuda.set_device``, ``torch.cuda.current_device`` ...): PyTorch
+    refuses to swap an allocator once CUDA is initialised.
 
     ``conf`` (optional) becomes ``CUDALLOC_CONF``, e.g. ``"policy:torch-expandable"``; it is read
     once, here. ``on_malloc_failure`` is what a failed allocation does: ``"abort"`` (print the
@@ -189,8 +193,9 @@ def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
         raise CudallocError(
-            "PyTorch's CUDA allocator is already in use: call cudalloc_torch.enable() before "
-            f"anything is allocated on a GPU ({e})"
+            "PyTorch's CUDA allocator is already initialised: call cudalloc_torch.enable() before "
+            "anything initialises CUDA in torch (a tensor on a GPU, torch.cuda.set_device, "
+            f"torch.cuda.current_device, ...) ({e})"
         ) from e
     _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
     _allocator = allocator
@@ -210,22 +215,40 @@ def _json(fn, device):
         size = need + 1 + need // 4  # it may grow before the retry
 
 
-def stats(device=0):
-    """Everything ``cudalloc_stats_json`` reports for ``device``: the ``torch.cuda.memory_stats()``
-    keys plus ``policy``, ``fragmentation``, ``driver_calls``, ``thread_cache`` and ``capi``."""
-    return _json(_device_lib().cudalloc_stats_json, device)
+def current_device(device=None):
+    """``device``, or when it is ``None`` PyTorch's current device, as ``torch.cuda``'s memory
+    functions take it: ``torch.cuda.current_device()`` once torch has initialised CUDA (after
+    ``torch.cuda.set_device(local_rank)``, each rank of a distributed job its own), else 0.
+    Never initialises CUDA itself, so it may be called before :func:`enable`."""
+    if device is not None:
+        return int(device)
+    import sys
+
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return cuda.current_device()
+    return 0
 
 
-def memory_stats(device=0):
-    """``torch.cuda.memory_stats()`` for cudalloc: the same keys, sorted, as an OrderedDict."""
+def stats(device=None):
+    """Everything ``cudalloc_stats_json`` reports for ``device`` (default: the current device,
+    :func:`current_device`): the ``torch.cuda.memory_stats()`` keys plus ``policy``,
+    ``fragmentation``, ``driver_calls``, ``thread_cache`` and ``capi``."""
+    return _json(_device_lib().cudalloc_stats_json, current_device(device))
+
+
+def memory_stats(device=None):
+    """``torch.cuda.memory_stats()`` for cudalloc: the same keys, sorted, as an OrderedDict
+    (default: the current device)."""
     s = stats(device)
     torch_keys = {k: v for k, v in s.items() if isinstance(v, int) and not isinstance(v, bool)}
     return collections.OrderedDict(sorted(torch_keys.items()))
 
 
-def snapshot(device=0):
-    """Segments and blocks of ``device`` (``cudalloc_snapshot_json``)."""
-    return _json(_device_lib().cudalloc_snapshot_json, device)
+def snapshot(device=None):
+    """Segments and blocks of ``device`` (default: the current device; ``cudalloc_snapshot_json``)."""
+    return _json(_device_lib().cudalloc_snapshot_json, current_device(device))
 
 
 def empty_cache(device=None):
@@ -236,14 +259,16 @@ def empty_cache(device=None):
         _check(lib.cudalloc_empty_cache(d))
 
 
-def reset_peak_memory_stats(device=0):
-    """Resets the peak statistics of ``device`` to their current values."""
-    _check(_device_lib().cudalloc_reset_peak_stats(device))
+def reset_peak_memory_stats(device=None):
+    """Resets the peak statistics of ``device`` (default: the current device) to their current
+    values."""
+    _check(_device_lib().cudalloc_reset_peak_stats(current_device(device)))
 
 
-def set_memory_fraction(fraction, device=0):
-    """Caps ``device``'s allocator at ``fraction`` of the device's memory."""
-    _check(_device_lib().cudalloc_set_memory_fraction(float(fraction), device))
+def set_memory_fraction(fraction, device=None):
+    """Caps ``device``'s allocator (default: the current device's) at ``fraction`` of the
+    device's memory."""
+    _check(_device_lib().cudalloc_set_memory_fraction(float(fraction), current_device(device)))
 
 
 def record_stream(tensor, stream):

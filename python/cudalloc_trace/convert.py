@@ -4,8 +4,9 @@ A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (``_dump_snapsh
 it). Only ``snapshot["device_traces"][device]`` is used: a list of dicts, one per event, with the
 keys ``action``, ``addr``, ``size``, ``stream`` and ``time_us``; other keys (``frames``, ...)
 are ignored. Without ``--device``: device 0 when its list has events, otherwise the only device
-whose list has events, otherwise an empty trace; when device 0's list has none and several
-others do, :class:`SnapshotError` lists them (as the Rust reader does). Annotation entries
+whose list has events, otherwise device 0 (which must still be a list) or, with no device at
+all, an empty trace; when device 0's list has none and several others do,
+:class:`SnapshotError` lists them (as the Rust reader does). Annotation entries
 (below) are not events, so a device whose list holds only annotations counts as empty.
 
 What this module guarantees (the Rust reader ``allocator/src/trace/pytorch.rs`` follows the same

@@ -16,7 +16,11 @@ The program runs under ``torch.cuda.memory._record_memory_history(enabled="all",
 normally, through ``sys.exit`` or with an exception, ``torch.cuda.memory._snapshot()`` is taken,
 recording is switched off and one device's ``device_traces`` is written in cudalloc's CSV format
 (gzip'd when the name ends in ``.gz``), through the same conversion as
-:mod:`cudalloc_trace.convert`.
+:mod:`cudalloc_trace.convert`; without ``--device``, the device is chosen as that module chooses
+it (device 0 when it has events, else the only device that has). The output's folder is checked
+before the program starts, so a wrong path fails at once rather than after the job; a trace that
+cannot be written after the job (a full disk, a ``--device`` the snapshot has no trace of) is
+reported in one line and the command exits with 1.
 
 PyTorch keeps at most ``max_entries`` events (a ring buffer): a longer run loses its oldest
 events, and its trace then starts with frees of blocks it never saw allocated (readers count
@@ -29,16 +33,34 @@ import os
 import runpy
 import sys
 
-from .convert import device_events, write_csv
+from .convert import SnapshotError, device_events, skipped_note, write_csv
 
 DEFAULT_MAX_ENTRIES = sys.maxsize
 
 
+class RecordError(Exception):
+    """The trace could not be written (the message says why and where)."""
+
+
+def check_out(out):
+    """Raises :class:`RecordError` unless ``out`` can be written: its folder exists and is
+    writable (checked before the program runs, so a wrong path does not cost a whole job)."""
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise RecordError(f"{out}: there is no folder {folder}")
+    if not os.access(folder, os.W_OK):
+        raise RecordError(f"{out}: the folder {folder} is not writable")
+
+
 @contextlib.contextmanager
-def recording(out, device=0, max_entries=DEFAULT_MAX_ENTRIES):
-    """Records every CUDA allocator event inside the block and writes the trace to ``out``."""
+def recording(out, device=None, max_entries=DEFAULT_MAX_ENTRIES):
+    """Records every CUDA allocator event inside the block and writes the trace to ``out``
+    (``device``: the device whose events to write; ``None`` chooses as
+    :func:`cudalloc_trace.convert.choose_device` does). Raises :class:`RecordError` before the
+    block runs when ``out`` cannot be written, and after it when the trace could not be."""
     import torch  # only needed here, so that the rest of the package works without torch
 
+    check_out(out)
     out = os.path.abspath(out)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=max_entries)
     try:
@@ -46,8 +68,12 @@ def recording(out, device=0, max_entries=DEFAULT_MAX_ENTRIES):
     finally:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
-        n = write_csv(device_events(snapshot, device), out)
-        print(f"cudalloc_trace: wrote {n} events to {out}", file=sys.stderr)
+        skipped = {}
+        try:
+            n = write_csv(device_events(snapshot, device, skipped), out)
+        except (SnapshotError, OSError) as e:
+            raise RecordError(f"{out}: the trace was not written: {e}") from e
+        print(f"cudalloc_trace: wrote {n} events to {out}{skipped_note(skipped)}", file=sys.stderr)
 
 
 def run_target(target):
@@ -78,7 +104,12 @@ def parse_args(argv):
         epilog="The program and its arguments follow `--`.",
     )
     p.add_argument("--out", required=True, help="output trace (.csv or .csv.gz)")
-    p.add_argument("--device", type=int, default=0, help="device whose trace to write (default 0)")
+    p.add_argument(
+        "--device",
+        type=int,
+        default=None,
+        help="device whose trace to write (default: device 0 if it has events, else the only one that has)",
+    )
     p.add_argument(
         "--max-entries",
         type=int,
@@ -99,8 +130,12 @@ def main(argv=None):
     except ImportError as e:
         print(f"cudalloc_trace.record needs PyTorch: {e}", file=sys.stderr)
         return 2
-    with recording(args.out, args.device, args.max_entries):
-        run_target(args.target)
+    try:
+        with recording(args.out, args.device, args.max_entries):
+            run_target(args.target)
+    except RecordError as e:
+        print(f"cudalloc_trace.record: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -239,17 +239,22 @@ class AnnotationTest(unittest.TestCase):
 
 
 class FakeMemory:
-    """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot."""
+    """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot (by
+    default, one allocation on device 0)."""
 
     def __init__(self):
         self.calls = []
+        self.max_entries = None
+        self.snap = snapshot([entry("alloc", 4096, 10, time_us=1)], [])
 
     def _record_memory_history(self, enabled="all", context="all", max_entries=0):
         self.calls.append(("history", enabled, context))
+        if enabled:
+            self.max_entries = max_entries
 
     def _snapshot(self):
         self.calls.append(("snapshot",))
-        return snapshot([entry("alloc", 4096, 10, time_us=1)], [])
+        return self.snap
 
 
 class RecordTest(unittest.TestCase):
@@ -287,11 +292,59 @@ class RecordTest(unittest.TestCase):
         self.assertEqual(text, "action,addr,size,stream,time_us\nalloc,4096,10,0,1\n")
 
 
+    def script(self):
+        """A program that leaves a marker file, and the marker's path."""
+        script, marker = self.dir / "prog.py", self.dir / "marker"
+        script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+        return script, marker
+
+    def test_an_output_folder_that_does_not_exist_stops_before_the_program(self):
+        script, marker = self.script()
+        out = self.dir / "no" / "t.csv.gz"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(record.main(["--out", str(out), "--", str(script)]), 1)
+        self.assertFalse(marker.exists(), "the program ran")
+        self.assertEqual(self.memory.calls, [], "recording started")
+        self.assertIn(f"there is no folder {self.dir / 'no'}", err.getvalue())
+        self.assertNotIn(".part", err.getvalue())
+
+    def test_without_device_the_device_with_events_is_written(self):
+        self.memory.snap = snapshot([], [entry("alloc", 8192, 20, time_us=2)])
+        script, _ = self.script()
+        out = self.dir / "t.csv"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(record.main(["--out", str(out), "--", str(script)]), 0)
+        self.assertEqual(out.read_text(), "action,addr,size,stream,time_us\nalloc,8192,20,0,2\n")
+        self.assertIn("wrote 1 events", err.getvalue())
+
+    def test_a_device_without_a_trace_is_one_line_after_the_job(self):
+        script, marker = self.script()
+        out = self.dir / "t.csv"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(record.main(["--out", str(out), "--device", "5", "--", str(script)]), 1)
+        self.assertTrue(marker.exists(), "the program did not run")
+        self.assertFalse(out.exists())
+        self.assertIn("the trace was not written: device 5 asked for", err.getvalue())
+        self.assertNotIn("Traceback", err.getvalue())
+
+    def test_max_entries_reaches_pytorch(self):
+        script, _ = self.script()
+        with contextlib.redirect_stderr(io.StringIO()):
+            record.main(["--out", str(self.dir / "t.csv"), "--max-entries", "77", "--", str(script)])
+        self.assertEqual(self.memory.max_entries, 77)
+
+
 class RecordArgsTest(unittest.TestCase):
     def test_split_at_double_dash(self):
-        args = record.parse_args(["--out", "t.csv.gz", "--device", "1", "--", "train.py", "--lr", "3"])
+        args = record.parse_args(
+            ["--out", "t.csv.gz", "--device", "1", "--max-entries", "9", "--", "train.py", "--lr", "3"]
+        )
         self.assertEqual(args.out, "t.csv.gz")
         self.assertEqual(args.device, 1)
+        self.assertEqual(args.max_entries, 9)
         self.assertEqual(args.target, ["train.py", "--lr", "3"])
 
     def test_module_target(self):

@@ -8,11 +8,11 @@
 //!
 //! Which device ([`read_snapshot`]; [`read_snapshot_device`] reads the one it is given): device 0
 //! when its list has events; otherwise the only device whose list has events; otherwise (no
-//! device has any, or `device_traces` is empty) an empty trace. When device 0's list has none
-//! and several others do, that is a [`TraceError`] listing each device with events and how
-//! many, rather than a guess. Annotations (below) are not events: PyTorch 2.4 put the
-//! `user_defined` entries of threads without a device in device 0's list, which must not hide
-//! the device that allocated.
+//! device has any, or `device_traces` is empty) an empty trace, device 0's entry being checked
+//! like a chosen one's (a list). When device 0's list has none and several others do, that is a
+//! [`TraceError`] listing each device with events and how many, rather than a guess.
+//! Annotations (below) are not events: PyTorch 2.4 put the `user_defined` entries of threads
+//! without a device in device 0's list, which must not hide the device that allocated.
 //!
 //! Guarantees, shared with the Python converter `python/cudalloc_trace/convert.py` (both turn
 //! one snapshot into the same events):
@@ -133,9 +133,12 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
     };
     let device = match device {
         Device::Given(d) => d,
+        // No device with events: device 0, whose list must still be a list (as the Python
+        // converter has it), or nothing at all.
         Device::Chosen => match choose_device(&devices)? {
             Some(d) => d,
-            None => return Ok(Vec::new()),
+            None if devices.is_empty() => return Ok(Vec::new()),
+            None => 0,
         },
     };
     if device >= devices.len() {

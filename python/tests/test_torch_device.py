@@ -1,0 +1,92 @@
+"""cudalloc_torch's memory functions act on PyTorch's current device, as ``torch.cuda``'s do
+(no torch, no GPU and no library needed: a fake torch module and a fake library stand in)."""
+
+import json
+import pathlib
+import sys
+import types
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+import cudalloc_torch  # noqa: E402
+
+
+class FakeLib:
+    """Stands in for libcudalloc_capi.so: remembers which device each call was for."""
+
+    def __init__(self):
+        self.devices = []
+
+    def _json(self, device, buf, size):
+        self.devices.append(device)
+        text = json.dumps({"device": device}).encode()
+        buf.raw = text + b"\0" * (size - len(text))
+        return len(text)
+
+    cudalloc_stats_json = _json
+    cudalloc_snapshot_json = _json
+
+    def cudalloc_reset_peak_stats(self, device):
+        self.devices.append(device)
+        return 0
+
+    def cudalloc_set_memory_fraction(self, fraction, device):
+        self.devices.append(device)
+        return 0
+
+
+def fake_torch(initialized, current):
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        is_initialized=lambda: initialized, current_device=lambda: current
+    )
+    return torch
+
+
+class CurrentDeviceTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = (sys.modules.get("torch"), cudalloc_torch._lib, cudalloc_torch._lib_path)
+        self.lib = FakeLib()
+        cudalloc_torch._lib, cudalloc_torch._lib_path = self.lib, "fake"
+
+    def tearDown(self):
+        torch, cudalloc_torch._lib, cudalloc_torch._lib_path = self.saved
+        if torch is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = torch
+
+    def calls(self):
+        cudalloc_torch.memory_stats()
+        self.assertEqual(cudalloc_torch.snapshot(), {"device": self.lib.devices[-1]})
+        cudalloc_torch.stats()
+        cudalloc_torch.reset_peak_memory_stats()
+        cudalloc_torch.set_memory_fraction(0.5)
+        return self.lib.devices
+
+    def test_after_set_device_the_functions_act_on_that_device(self):
+        sys.modules["torch"] = fake_torch(initialized=True, current=3)
+        self.assertEqual(self.calls(), [3] * 5)
+
+    def test_before_cuda_is_initialised_device_0_and_cuda_is_left_alone(self):
+        torch = fake_torch(initialized=False, current=3)
+        torch.cuda.current_device = lambda: self.fail("current_device would initialise CUDA")
+        sys.modules["torch"] = torch
+        self.assertEqual(self.calls(), [0] * 5)
+
+    def test_without_torch_device_0(self):
+        sys.modules.pop("torch", None)
+        self.assertEqual(self.calls(), [0] * 5)
+        self.assertNotIn("torch", sys.modules, "torch was imported")
+
+    def test_a_device_given_wins(self):
+        sys.modules["torch"] = fake_torch(initialized=True, current=3)
+        cudalloc_torch.memory_stats(1)
+        cudalloc_torch.set_memory_fraction(0.5, device=2)
+        self.assertEqual(self.lib.devices, [1, 2])
+
+
+if __name__ == "__main__":
+    unittest.main()
