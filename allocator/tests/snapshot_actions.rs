@@ -20,6 +20,9 @@
 //!   PyTorch 2.4 left them from threads without a device) does not hide the device with events;
 //! - with no device given and no events anywhere, device 0 is read and must be a list (as the
 //!   Python converter has it);
+//! - a history that began late starts with what was live before it (the fixture
+//!   `snapshot_late.pickle` reads as the Python converter's `snapshot_late.csv`), the blocks of
+//!   the device read only, and a malformed segment is an error naming segment, block and key;
 //! - an unknown action, or an annotation's `action` of the wrong type, is still an error naming
 //!   the entry and the action.
 
@@ -242,4 +245,143 @@ fn with_no_events_anywhere_device_0_must_still_be_a_list() {
     );
     let t = pytorch::read_snapshot(Path::new("none.pickle"), &top(vec![])).unwrap();
     assert_eq!((t.events, t.ops.len()), (0, 0));
+}
+
+/// A snapshot whose history began after loading (`tests/data/snapshot_late.pickle`, made by
+/// `make_fixtures.py`): the reader starts the trace with the allocations live before it, and
+/// reads exactly what the Python converter wrote (`snapshot_late.csv`).
+#[test]
+fn a_late_history_starts_with_what_was_live_before_it() {
+    let t = trace::read(&data("snapshot_late.pickle")).unwrap();
+    assert_same_trace(&t, &trace::read(&data("snapshot_late.csv")).unwrap());
+    const MIB: u64 = 1 << 20;
+    let before = [4 * MIB - 100, 2 * MIB, 3 * MIB, 3 * MIB, 5 * MIB];
+    let sizes: Vec<u64> = t.ops[..5]
+        .iter()
+        .map(|op| match *op {
+            Op::Alloc { size, .. } => size,
+            Op::Free { .. } => panic!("a free among the first ops: {:?}", t.ops),
+        })
+        .collect();
+    assert_eq!(sizes, before);
+    assert_eq!(t.anomalies, Default::default(), "the frees now match");
+    assert_eq!(t.peak_live, before.iter().sum::<u64>() + 1000);
+    assert_eq!(
+        t.events, 12,
+        "7 history entries and 5 allocations before them"
+    );
+}
+
+/// A segment's `blocks` of a device other than the one read, or without a `device` key (device
+/// 0), or in a snapshot without `segments`: only the device read counts.
+#[test]
+fn held_blocks_count_for_their_own_device_only() {
+    let seg = |device: Option<i64>, addr: i64| {
+        let mut f = vec![
+            ("address", int(addr)),
+            (
+                "blocks",
+                Value::List(vec![dict(&[
+                    ("size", int(4096)),
+                    ("state", s("active_allocated")),
+                ])]),
+            ),
+        ];
+        if let Some(d) = device {
+            f.push(("device", int(d)));
+        }
+        dict(&f)
+    };
+    let bytes = |segments: Vec<Value>| {
+        let top = dict(&[
+            ("segments", Value::List(segments)),
+            (
+                "device_traces",
+                Value::List(vec![
+                    Value::List(vec![]),
+                    Value::List(vec![event("alloc", 1 << 30, 100, 1)]),
+                ]),
+            ),
+        ]);
+        serde_pickle::value_to_vec(&top, SerOptions::new()).unwrap()
+    };
+    let read = |b: &[u8]| pytorch::read_snapshot(Path::new("s.pickle"), b).unwrap();
+    // Device 1 is read (the only one with events): device 0's and unmarked segments don't count.
+    let t = read(&bytes(vec![
+        seg(Some(0), 4096),
+        seg(None, 8192),
+        seg(Some(1), 1 << 20),
+    ]));
+    assert_eq!(t.ops.len(), 2);
+    assert_eq!(t.peak_live, 4096 + 100);
+    let device0 = pytorch::read_snapshot_device(
+        Path::new("s.pickle"),
+        &bytes(vec![
+            seg(Some(0), 4096),
+            seg(None, 8192),
+            seg(Some(1), 1 << 20),
+        ]),
+        0,
+    )
+    .unwrap();
+    assert_eq!(device0.peak_live, 2 * 4096);
+}
+
+/// Malformed segments are errors naming the segment, the block and the key (the Python
+/// converter says the same: `python/tests/test_convert.py`).
+#[test]
+fn a_malformed_segment_is_named() {
+    let block = |state: Value| dict(&[("size", int(512)), ("state", state)]);
+    let cases = [
+        (Value::List(vec![int(3)]), "segment 1: a int, not a dict"),
+        (
+            Value::List(vec![dict(&[("blocks", Value::List(vec![]))])]),
+            "segment 1: missing key `address`",
+        ),
+        (
+            Value::List(vec![dict(&[("address", int(0))])]),
+            "segment 1: missing key `blocks`",
+        ),
+        (
+            Value::List(vec![
+                dict(&[("address", int(0)), ("blocks", Value::List(vec![]))]),
+                dict(&[("address", int(0)), ("blocks", int(1))]),
+            ]),
+            "segment 2: key `blocks` is a int, not a list",
+        ),
+        (
+            Value::List(vec![dict(&[
+                ("address", int(0)),
+                (
+                    "blocks",
+                    Value::List(vec![block(s("inactive")), block(int(1))]),
+                ),
+            ])]),
+            "segment 1: block 2: key `state` is a int, not a str",
+        ),
+        (
+            Value::List(vec![dict(&[
+                ("address", int(0)),
+                (
+                    "blocks",
+                    Value::List(vec![dict(&[("state", s("inactive"))])]),
+                ),
+            ])]),
+            "segment 1: block 1: missing key `size`",
+        ),
+        (int(5), "`segments` is a int, not a list"),
+    ];
+    for (segments, want) in cases {
+        let top = dict(&[
+            ("segments", segments),
+            (
+                "device_traces",
+                Value::List(vec![Value::List(vec![event("alloc", 4096, 1, 1)])]),
+            ),
+        ]);
+        let bytes = serde_pickle::value_to_vec(&top, SerOptions::new()).unwrap();
+        let e = pytorch::read_snapshot(Path::new("bad.pickle"), &bytes).unwrap_err();
+        assert_eq!(e.line, None);
+        assert_eq!(e.message, want);
+    }
 }

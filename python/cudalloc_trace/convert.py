@@ -1,9 +1,15 @@
 """Convert a PyTorch memory snapshot to cudalloc's trace CSV.
 
 A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns (``_dump_snapshot()`` pickles
-it). Only ``snapshot["device_traces"][device]`` is used: a list of dicts, one per event, with the
+it). ``snapshot["device_traces"][device]`` is converted: a list of dicts, one per event, with the
 keys ``action``, ``addr``, ``size``, ``stream`` and ``time_us``; other keys (``frames``, ...)
-are ignored. Without ``--device``: device 0 when its list has events, otherwise the only device
+are ignored. Before its events come the allocations that were live before the history began
+(:func:`prehistory`): those it only shows being freed, and the blocks the snapshot's
+``segments`` of that device hold but the history never mentions (a history recorded after the
+model was loaded, or whose start PyTorch dropped). Of a segment (a dict), ``address`` and
+``blocks`` (a list) are read, and ``device`` and ``stream`` when present (else 0); of a block (a
+dict), ``size`` and ``state`` (a str), and ``address`` and ``requested_size`` when present (else
+the address after the previous block's, and the size). Without ``--device``: device 0 when its list has events, otherwise the only device
 whose list has events, otherwise device 0 (which must still be a list) or, with no device at
 all, an empty trace; when device 0's list has none and several others do,
 :class:`SnapshotError` lists them (as the Rust reader does). Annotation entries
@@ -138,6 +144,11 @@ def choose_device(traces):
 
 def device_entries(snapshot, device=None):
     """The trace entries of one device (``None``: as :func:`choose_device` picks)."""
+    return _chosen_entries(snapshot, device)[1]
+
+
+def _chosen_entries(snapshot, device):
+    """``(device, its entries)``; the device is ``None`` when the snapshot has no device."""
     if not isinstance(snapshot, dict):
         raise SnapshotError(f"expected a dict at the top, found {type(snapshot).__name__}")
     if "device_traces" not in snapshot:
@@ -147,23 +158,27 @@ def device_entries(snapshot, device=None):
         raise SnapshotError(f"`device_traces` is a {type(traces).__name__}, not a list")
     if device is None:
         if not traces:
-            return []
+            return None, []
         device = choose_device(traces)
     if device < 0 or device >= len(traces):
         raise SnapshotError(f"device {device} asked for; the snapshot has traces of {len(traces)} device(s)")
     entries = traces[device]
     if not isinstance(entries, list):
         raise SnapshotError(f"`device_traces[{device}]` is a {type(entries).__name__}, not a list")
-    return entries
+    return device, entries
+
+
+def _uint_value(value, key, where):
+    """``value`` as a 64-bit unsigned int; ``where`` starts the error message."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SnapshotError(f"{where}: key `{key}` is a {type(value).__name__}, not an int")
+    if value < 0 or value > U64:
+        raise SnapshotError(f"{where}: key `{key}` = {value} is not a 64-bit unsigned value")
+    return value
 
 
 def _uint(entry, key, index):
-    value = entry[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SnapshotError(f"trace entry {index}: key `{key}` is a {type(value).__name__}, not an int")
-    if value < 0 or value > U64:
-        raise SnapshotError(f"trace entry {index}: key `{key}` = {value} is not a 64-bit unsigned value")
-    return value
+    return _uint_value(entry[key], key, f"trace entry {index}")
 
 
 def _require(entry, key, index):
@@ -189,14 +204,17 @@ def _addr(entry, action, index):
     raise SnapshotError(f"trace entry {index}: missing key `addr`")
 
 
+def _stream_value(value, where):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SnapshotError(f"{where}: key `stream` is a {type(value).__name__}, not an int")
+    if value < -(1 << 63) or value > U64:
+        raise SnapshotError(f"{where}: key `stream` = {value} does not fit 64 bits")
+    return value & U64
+
+
 def _stream(entry, index):
     _require(entry, "stream", index)
-    value = entry["stream"]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SnapshotError(f"trace entry {index}: key `stream` is a {type(value).__name__}, not an int")
-    if value < -(1 << 63) or value > U64:
-        raise SnapshotError(f"trace entry {index}: key `stream` = {value} does not fit 64 bits")
-    return value & U64
+    return _stream_value(entry["stream"], f"trace entry {index}")
 
 
 def entry_to_row(entry, index):
@@ -218,15 +236,102 @@ def entry_to_row(entry, index):
     return (action, addr, size, stream, time_us)
 
 
+# Block states of a snapshot's segments that hold the block: allocated, or freed and waiting for
+# stream events (`active_pending_free` in older PyTorch versions).
+HELD_STATES = frozenset(["active_allocated", "active_awaiting_free", "active_pending_free"])
+
+
+def _segment_blocks(seg, device, where):
+    """The held blocks ``(addr, requested size, stream)`` of one segment, if it is of ``device``."""
+    if not isinstance(seg, dict):
+        raise SnapshotError(f"{where}: a {type(seg).__name__}, not a dict")
+    on = _uint_value(seg["device"], "device", where) if "device" in seg else 0
+    if on != device:
+        return []
+    if "address" not in seg:
+        raise SnapshotError(f"{where}: missing key `address`")
+    addr = _uint_value(seg["address"], "address", where)
+    stream = _stream_value(seg["stream"], where) if "stream" in seg else 0
+    if "blocks" not in seg:
+        raise SnapshotError(f"{where}: missing key `blocks`")
+    blocks = seg["blocks"]
+    if not isinstance(blocks, list):
+        raise SnapshotError(f"{where}: key `blocks` is a {type(blocks).__name__}, not a list")
+    held = []
+    for j, block in enumerate(blocks, start=1):
+        at = f"{where}: block {j}"
+        if not isinstance(block, dict):
+            raise SnapshotError(f"{at}: a {type(block).__name__}, not a dict")
+        start = _uint_value(block["address"], "address", at) if "address" in block else addr
+        if "size" not in block:
+            raise SnapshotError(f"{at}: missing key `size`")
+        size = _uint_value(block["size"], "size", at)
+        requested = _uint_value(block["requested_size"], "requested_size", at) if "requested_size" in block else 0
+        if "state" not in block:
+            raise SnapshotError(f"{at}: missing key `state`")
+        state = block["state"]
+        if not isinstance(state, str):
+            raise SnapshotError(f"{at}: key `state` is a {type(state).__name__}, not a str")
+        addr = min(start + size, U64)
+        if state in HELD_STATES:
+            held.append((start, requested or size, stream))
+    return held
+
+
+def held_blocks(snapshot, device):
+    """The blocks ``(addr, requested size, stream)`` the snapshot's segments of ``device`` hold
+    (allocated, or waiting for stream events); a malformed segment or block raises
+    :class:`SnapshotError` naming it (1-based) and the key."""
+    segments = snapshot.get("segments")
+    if segments is None and "segments" not in snapshot:
+        return []
+    if not isinstance(segments, list):
+        raise SnapshotError(f"`segments` is a {type(segments).__name__}, not a list")
+    held = []
+    for i, seg in enumerate(segments, start=1):
+        held.extend(_segment_blocks(seg, device, f"segment {i}"))
+    return held
+
+
+def prehistory(rows, held):
+    """The ``alloc`` rows (time 0, in address order) of the allocations live before the history
+    ``rows`` began: an address whose first ``free_completed`` comes before any ``alloc`` of it
+    (size and stream of that free), and a held block (:func:`held_blocks`) whose address no
+    ``alloc`` and no ``free_completed`` mentions. The Rust reader
+    (``allocator/src/trace/prehistory.rs``) adds the same."""
+    allocated, mentioned, before = set(), set(), []
+    for action, addr, size, stream, _ in rows:
+        if action == "alloc":
+            allocated.add(addr)
+            mentioned.add(addr)
+        elif action == "free_completed":
+            mentioned.add(addr)
+            if addr not in allocated:
+                allocated.add(addr)
+                before.append(("alloc", addr, size, stream, 0))
+    for addr, size, stream in held:
+        if addr not in mentioned:
+            mentioned.add(addr)
+            before.append(("alloc", addr, size, stream, 0))
+    before.sort(key=lambda row: row[1])
+    return before
+
+
 def device_events(snapshot, device=None, skipped=None):
-    """Yields the rows of one device's trace, in order, without its annotation entries; when
-    ``skipped`` is a dict, it counts those by action."""
-    for i, entry in enumerate(device_entries(snapshot, device), start=1):
+    """Yields the rows of one device's trace, in order, without its annotation entries and after
+    the allocations live before its history began (:func:`prehistory`); when ``skipped`` is a
+    dict, it counts the annotations by action."""
+    device, entries = _chosen_entries(snapshot, device)
+    rows = []
+    for i, entry in enumerate(entries, start=1):
         row = entry_to_row(entry, i)
         if row is not None:
-            yield row
+            rows.append(row)
         elif skipped is not None:
             skipped[entry["action"]] = skipped.get(entry["action"], 0) + 1
+    held = held_blocks(snapshot, device) if device is not None else []
+    yield from prehistory(rows, held)
+    yield from rows
 
 
 def skipped_note(skipped):

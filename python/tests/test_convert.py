@@ -238,6 +238,61 @@ class AnnotationTest(unittest.TestCase):
         self.assertNotIn("skipped", err.getvalue())
 
 
+class PrehistoryTest(unittest.TestCase):
+    """A history that began after loading starts with what was live before it."""
+
+    def test_the_late_fixture_converts_to_its_csv(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = pathlib.Path(d) / "late.csv"
+            conv.convert(FIXTURES / "snapshot_late.pickle", out)
+            self.assertEqual(out.read_text(), (FIXTURES / "snapshot_late.csv").read_text())
+
+    def test_frees_before_allocs_and_unmentioned_held_blocks_come_first(self):
+        segment = {
+            "device": 0,
+            "address": 0x1000,
+            "stream": 5,
+            "blocks": [
+                {"address": 0x1000, "size": 512, "requested_size": 500, "state": "active_allocated"},
+                {"size": 512, "state": "active_awaiting_free"},  # at 0x1200, its size
+                {"address": 0x1400, "size": 512, "requested_size": 0, "state": "inactive"},
+                {"address": 0x1600, "size": 512, "requested_size": 9, "state": "active_allocated"},
+            ],
+        }
+        snap = snapshot(
+            [
+                entry("free_completed", 0x9000, 64, stream=3),
+                entry("alloc", 0x1600, 9),  # mentioned: not added again
+                entry("free_completed", 0x9000, 64, stream=3),  # a second free stays a free
+            ]
+        )
+        snap["segments"] = [segment, dict(segment, device=1, address=0x5000)]
+        rows = list(conv.device_events(snap))
+        self.assertEqual(
+            rows[:3],
+            [("alloc", 0x1000, 500, 5, 0), ("alloc", 0x1200, 512, 5, 0), ("alloc", 0x9000, 64, 3, 0)],
+        )
+        self.assertEqual(len(rows), 6)
+
+    def test_a_malformed_segment_is_named(self):
+        block = lambda state: {"size": 512, "state": state}  # noqa: E731
+        cases = [
+            ([3], "segment 1: a int, not a dict"),
+            ([{"blocks": []}], "segment 1: missing key `address`"),
+            ([{"address": 0}], "segment 1: missing key `blocks`"),
+            ([{"address": 0, "blocks": []}, {"address": 0, "blocks": 1}], "segment 2: key `blocks` is a int, not a list"),
+            ([{"address": 0, "blocks": [block("inactive"), block(1)]}], "segment 1: block 2: key `state` is a int, not a str"),
+            ([{"address": 0, "blocks": [{"state": "inactive"}]}], "segment 1: block 1: missing key `size`"),
+            (5, "`segments` is a int, not a list"),
+        ]
+        for segments, want in cases:
+            snap = snapshot([entry("alloc", 4096, 1, time_us=1)])
+            snap["segments"] = segments
+            with self.assertRaises(conv.SnapshotError) as e:
+                list(conv.device_events(snap))
+            self.assertEqual(str(e.exception), want)
+
+
 class FakeMemory:
     """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot (by
     default, one allocation on device 0)."""

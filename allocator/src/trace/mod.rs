@@ -15,6 +15,7 @@ pub mod background;
 pub mod csv;
 mod gzip;
 mod pickle_scan;
+pub mod prehistory;
 pub mod pytorch;
 pub mod record;
 pub mod rmm;

@@ -1,10 +1,15 @@
 //! PyTorch memory snapshots: the pickle `torch.cuda.memory._dump_snapshot()` writes, or the
 //! dict `torch.cuda.memory._snapshot()` returns saved with `pickle.dump` (the same shape).
 //!
-//! Only one device's `device_traces[device]` is read: a list of dicts, one per event, with the
-//! keys `action`, `addr`, `size`, `stream` and `time_us`; other keys (`frames`,
-//! `compile_context`, ...) and the rest of the snapshot (`segments`, ...) are ignored. Entry `i`
-//! (1-based) is pushed into the [`TraceBuilder`] as line `i`.
+//! One device's `device_traces[device]` is read: a list of dicts, one per event, with the keys
+//! `action`, `addr`, `size`, `stream` and `time_us`; other keys (`frames`, `compile_context`,
+//! ...) are ignored. Entry `i` (1-based) is pushed into the [`TraceBuilder`] as line `i`, after
+//! the allocations that were live before the history began ([`super::prehistory`]: from its
+//! frees, and from the blocks that the snapshot's `segments` of that device hold). Of a segment
+//! (a dict), `address` and `blocks` (a list) are read, and `device` and `stream` when present
+//! (else 0); of a block (a dict), `size` and `state` (a str), and `address` and
+//! `requested_size` when present (else the address after the previous block's, and the size).
+//! The rest of the snapshot is ignored.
 //!
 //! Which device ([`read_snapshot`]; [`read_snapshot_device`] reads the one it is given): device 0
 //! when its list has events; otherwise the only device whose list has events; otherwise (no
@@ -42,6 +47,7 @@
 //! release build (a 1.4 M-event snapshot: ~1.8 GB, ~9 s). For snapshots that large, convert once
 //! with `python -m cudalloc_trace.convert` and read the CSV, which streams.
 
+use super::prehistory::{self, Held};
 use super::{Action, Event, Trace, TraceBuilder, TraceError};
 use serde_pickle::{DeOptions, HashableValue, Value};
 use std::collections::BTreeMap;
@@ -76,16 +82,25 @@ enum Device {
 }
 
 fn read_entries(path: &Path, bytes: &[u8], device: Device) -> Result<Trace, TraceError> {
-    let entries = device_entries(bytes, device).map_err(|m| TraceError::file(path, m))?;
+    let d = decode(bytes, device).map_err(|m| TraceError::file(path, m))?;
     let keys = Keys::new();
-    let mut b = TraceBuilder::new(super::trace_name(path));
-    for (i, entry) in entries.into_iter().enumerate() {
+    let mut events = Vec::with_capacity(d.entries.len());
+    for (i, entry) in d.entries.into_iter().enumerate() {
         let line = i as u64 + 1;
         let e = parse_entry(&keys, &entry)
             .map_err(|m| TraceError::at(path, line, format!("trace entry {line}: {m}")))?;
         if let Some(e) = e {
-            b.push(e, line);
+            events.push((e, line));
         }
+    }
+    let held = held_blocks(d.segments.as_ref(), d.device).map_err(|m| TraceError::file(path, m))?;
+    let mut b = TraceBuilder::new(super::trace_name(path));
+    // Line 0: not a line of the history (and none can be an anomaly).
+    for e in prehistory::allocations(events.iter().map(|(e, _)| e), &held) {
+        b.push(e, 0);
+    }
+    for (e, line) in events {
+        b.push(e, line);
     }
     Ok(b.finish())
 }
@@ -94,9 +109,16 @@ fn read_entries(path: &Path, bytes: &[u8], device: Device) -> Result<Trace, Trac
 /// `pickle_scan::MAX_DEPTH` levels (the most the scan lets through), in a debug build too.
 const DECODE_STACK: usize = 512 << 20;
 
+/// What is read of a snapshot: one device's entries and the segments.
+struct Decoded {
+    device: usize,
+    entries: Vec<Value>,
+    segments: Option<Value>,
+}
+
 /// Decodes the pickle (on a thread with a large stack, after the nesting check) and takes out
-/// the entry list of one device.
-fn device_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
+/// the entry list of one device, and the segments.
+fn decode(bytes: &[u8], device: Device) -> Result<Decoded, String> {
     super::pickle_scan::check_nesting(bytes)
         .map_err(|m| format!("not a readable snapshot pickle: {m}"))?;
     std::thread::scope(|s| {
@@ -110,7 +132,7 @@ fn device_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
     })
 }
 
-fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
+fn decode_entries(bytes: &[u8], device: Device) -> Result<Decoded, String> {
     let opts = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
@@ -137,7 +159,13 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
         // converter has it), or nothing at all.
         Device::Chosen => match choose_device(&devices)? {
             Some(d) => d,
-            None if devices.is_empty() => return Ok(Vec::new()),
+            None if devices.is_empty() => {
+                return Ok(Decoded {
+                    device: 0,
+                    entries: Vec::new(),
+                    segments: None,
+                })
+            }
             None => 0,
         },
     };
@@ -148,7 +176,11 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Vec<Value>, String> {
         ));
     }
     match devices.swap_remove(device) {
-        Value::List(entries) => Ok(entries),
+        Value::List(entries) => Ok(Decoded {
+            device,
+            entries,
+            segments: top.remove(&key("segments")),
+        }),
         other => Err(format!(
             "`device_traces[{device}]` is a {}, not a list",
             kind(&other)
@@ -223,6 +255,80 @@ impl Keys {
         }
     }
 }
+
+/// The blocks `device`'s segments hold (allocated, or waiting for stream events), with what
+/// [`Held`] needs; a malformed segment or block is an error naming it (1-based) and the key.
+fn held_blocks(segments: Option<&Value>, device: usize) -> Result<Vec<Held>, String> {
+    let segments = match segments {
+        None => return Ok(Vec::new()),
+        Some(Value::List(s)) => s,
+        Some(other) => return Err(format!("`segments` is a {}, not a list", kind(other))),
+    };
+    let mut held = Vec::new();
+    for (i, seg) in segments.iter().enumerate() {
+        segment_blocks(seg, device, &mut held).map_err(|m| format!("segment {}: {m}", i + 1))?;
+    }
+    Ok(held)
+}
+
+/// Adds the held blocks of one segment, if it is of `device`.
+fn segment_blocks(seg: &Value, device: usize, held: &mut Vec<Held>) -> Result<(), String> {
+    let Value::Dict(d) = seg else {
+        return Err(format!("a {}, not a dict", kind(seg)));
+    };
+    let on = d.get(&key("device")).map_or(Ok(0), |v| uint(v, "device"))?;
+    if on != device as u64 {
+        return Ok(());
+    }
+    let mut addr = uint(required(d, &key("address"), "address")?, "address")?;
+    let stream = d.get(&key("stream")).map_or(Ok(0), stream)?;
+    let blocks = match required(d, &key("blocks"), "blocks")? {
+        Value::List(b) => b,
+        other => return Err(format!("key `blocks` is a {}, not a list", kind(other))),
+    };
+    for (j, block) in blocks.iter().enumerate() {
+        let b = block_of(block, addr).map_err(|m| format!("block {}: {m}", j + 1))?;
+        addr = b.0.saturating_add(b.1);
+        if b.3 {
+            held.push(Held {
+                addr: b.0,
+                size: b.2,
+                stream,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A block's (address, size, requested size, whether it is held); `at` is where it starts when
+/// it has no `address`.
+fn block_of(block: &Value, at: u64) -> Result<(u64, u64, u64, bool), String> {
+    let Value::Dict(d) = block else {
+        return Err(format!("a {}, not a dict", kind(block)));
+    };
+    let addr = d
+        .get(&key("address"))
+        .map_or(Ok(at), |v| uint(v, "address"))?;
+    let size = uint(required(d, &key("size"), "size")?, "size")?;
+    let requested = match d.get(&key("requested_size")) {
+        Some(v) => uint(v, "requested_size")?,
+        None => 0,
+    };
+    let held = match required(d, &key("state"), "state")? {
+        Value::String(s) => HELD_STATES.contains(&s.as_str()),
+        other => return Err(format!("key `state` is a {}, not a str", kind(other))),
+    };
+    let requested = if requested > 0 { requested } else { size };
+    Ok((addr, size, requested, held))
+}
+
+/// Block states of a snapshot's segments that hold the block: allocated, or freed and waiting
+/// for stream events (`active_pending_free` in older PyTorch versions).
+pub const HELD_STATES: [&str; 3] = [
+    "active_allocated",
+    "active_awaiting_free",
+    "active_pending_free",
+];
 
 fn key(name: &str) -> HashableValue {
     HashableValue::String(name.to_string())

@@ -16,6 +16,13 @@
   readers must turn it into exactly the events of snapshot.csv (`allocator/tests/snapshot_actions.rs`,
   `python/tests/test_convert.py`).
 
+- snapshot_late.pickle / snapshot_late.csv: a snapshot whose history began after the model was
+  loaded: it frees two tensors it never saw allocated, and its segments hold blocks it never
+  mentions (one given by address, one placed after the previous block, one waiting for stream
+  events), beside blocks that must not count (inactive, on device 1, allocated in the history);
+  the CSV is the Python converter's output, which starts with those allocations
+  (`allocator/tests/snapshot_prehistory.rs` reads both).
+
 torch211_snapshot.pickle is not made here: it is a real `_dump_snapshot()` of PyTorch 2.11 on an
 H200, of the workload `TORCH_WORKLOAD` below, recorded with no stack traces by
 
@@ -152,6 +159,33 @@ def snapshot():
     }
 
 
+def late_snapshot():
+    """A history that began after loading: see the module docs (snapshot_late)."""
+    w = SEG_B  # the "weights": a 20 MiB segment, fully used before the history began
+    history = [
+        entry("alloc", SEG_A, 1000, time_us=10),
+        entry("free_requested", w + 4 * MIB, 2 * MIB, time_us=11),
+        entry("free_completed", w + 4 * MIB, 2 * MIB, time_us=12),  # allocated before
+        entry("free_completed", SEG_A, 1000, time_us=13),
+        entry("alloc", w + 4 * MIB, 1 * MIB, time_us=14),  # reuses the freed address
+        entry("free_completed", w + 6 * MIB, 3 * MIB, stream=STREAM, time_us=15),  # before too
+        entry("free_requested", w + 12 * MIB, 5 * MIB, time_us=16),  # waits for an event
+    ]
+    blocks = [
+        {"address": w, "size": 4 * MIB, "requested_size": 4 * MIB - 100, "state": "active_allocated"},
+        {"address": w + 4 * MIB, "size": 1 * MIB, "requested_size": 1 * MIB, "state": "active_allocated"},
+        {"address": w + 5 * MIB, "size": 1 * MIB, "requested_size": 0, "state": "inactive"},
+        {"address": w + 6 * MIB, "size": 3 * MIB, "requested_size": 0, "state": "inactive"},
+        # no address: it starts where the previous block ends (w + 9 MiB); no requested size
+        {"size": 3 * MIB, "state": "active_allocated"},
+        {"address": w + 12 * MIB, "size": 5 * MIB, "requested_size": 5 * MIB, "state": "active_awaiting_free"},
+        {"address": w + 17 * MIB, "size": 3 * MIB, "requested_size": 0, "state": "inactive"},
+    ]
+    weights = {"device": 0, "address": w, "total_size": 20 * MIB, "stream": 0, "blocks": blocks}
+    other = {"device": 1, "address": SEG_A, "stream": 0, "blocks": [{"address": SEG_A, "size": 512, "state": "active_allocated"}]}
+    return {"segments": [other, weights], "device_traces": [history, []]}
+
+
 def main():
     snap = snapshot()
     (HERE / "snapshot.pickle").write_bytes(pickle.dumps(snap))
@@ -160,7 +194,13 @@ def main():
     annotated = snapshot()
     annotated["device_traces"][0] = device0_annotated()
     (HERE / "snapshot_annotated.pickle").write_bytes(pickle.dumps(annotated))
-    print(f"wrote snapshot.pickle, snapshot_p2.pickle, snapshot.csv ({n} events), snapshot_annotated.pickle")
+    late = late_snapshot()
+    (HERE / "snapshot_late.pickle").write_bytes(pickle.dumps(late))
+    m = write_csv(device_events(late), HERE / "snapshot_late.csv")
+    print(
+        f"wrote snapshot.pickle, snapshot_p2.pickle, snapshot.csv ({n} events), snapshot_annotated.pickle, "
+        f"snapshot_late.pickle, snapshot_late.csv ({m} events)"
+    )
 
 
 if __name__ == "__main__":
