@@ -36,8 +36,12 @@
 //!
 //! A `CudaDevice` holds the device's primary context (`CudaContext::new`). CUDA contexts are
 //! current per thread, so every method first makes the context current on the calling thread
-//! (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context is current) and leaves it
-//! current. Methods take `&self` and may be called from any thread.
+//! (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context, or none, is current)
+//! and, when it had to, makes the caller's context current again (none, when none was) before it
+//! returns ([`Bound`]): a call never changes which device the caller's own CUDA work goes to, as
+//! PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same around
+//! cudarc's `CudaContext::new`, which binds the context. Methods take `&self` and may be called
+//! from any thread.
 //!
 //! # Bookkeeping
 //!
@@ -283,6 +287,34 @@ pub struct CudaDevice {
     streams: Mutex<HashSet<u64>>,
 }
 
+/// The context current on the calling thread (null: none).
+fn current_context() -> DeviceResult<sys::CUcontext> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `ctx` is a valid out-pointer; the driver was initialised by the caller's path.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    Ok(ctx)
+}
+
+/// A device's context made current for one call: dropped, it makes `previous` current again
+/// (`None`: nothing was changed). A failure to restore cannot be returned from `drop`; the
+/// driver then keeps our (valid) context current.
+#[must_use = "the caller's context is restored when this is dropped"]
+struct Bound {
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: `previous` was current on this thread when the call began (or is null,
+            // which unbinds); the caller keeps a context it made current alive while it is.
+            unsafe {
+                sys::cuCtxSetCurrent(previous);
+            }
+        }
+    }
+}
+
 impl CudaDevice {
     /// Opens GPU `ordinal` (retaining its primary context). [`DeviceError::Unavailable`] without
     /// a driver or GPU; [`DeviceError::InvalidArgument`] for an ordinal past the device count.
@@ -292,7 +324,11 @@ impl CudaDevice {
             let message = format!("ordinal {ordinal} but only {count} device(s)");
             return Err(DeviceError::invalid("new", message));
         }
+        let restore = Bound {
+            previous: Some(current_context()?),
+        };
         let ctx = CudaContext::new(ordinal).map_err(|e| driver_error("CudaContext::new", e.0))?;
+        drop(restore);
         Ok(CudaDevice {
             ordinal,
             ctx,
@@ -337,7 +373,7 @@ impl CudaDevice {
     /// Lets this device's context access `peer`'s `malloc` memory (`cuCtxEnablePeerAccess`).
     /// Already enabled is Ok. Virtual-memory ranges use `set_access` with `peers` instead.
     pub fn enable_peer_access(&self, peer: &CudaDevice) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `peer.ctx` is a live primary context; our context is current on this thread.
         match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx.cu_ctx(), 0) } {
             sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
@@ -350,20 +386,24 @@ impl CudaDevice {
         &self.ctx
     }
 
-    /// Makes this device's context current on the calling thread.
-    fn bind(&self) -> DeviceResult<()> {
+    /// Makes this device's context current on the calling thread until the returned guard is
+    /// dropped.
+    fn bind(&self) -> DeviceResult<Bound> {
         let ours = self.ctx.cu_ctx();
-        match result::ctx::get_current() {
-            Ok(Some(current)) if current == ours => Ok(()),
-            // SAFETY: `ours` is the primary context retained by `self.ctx`, alive while `self` is.
-            Ok(_) => check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ours) }),
-            Err(e) => Err(driver_error("cuCtxGetCurrent", e.0)),
+        let previous = current_context()?;
+        if previous == ours {
+            return Ok(Bound { previous: None });
         }
+        // SAFETY: `ours` is the primary context retained by `self.ctx`, alive while `self` is.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ours) })?;
+        Ok(Bound {
+            previous: Some(previous),
+        })
     }
 
     /// Copies `data` to device memory at `ptr` and waits for the copy.
     pub fn copy_to_device(&self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let src = data.as_ptr().cast::<c_void>();
         // SAFETY: `src` is valid for `data.len()` bytes for the whole (synchronous) call; the
         // driver validates `ptr` and returns an error for memory it does not know.
@@ -373,7 +413,7 @@ impl CudaDevice {
 
     /// Copies device memory at `ptr` into `out` and waits for the copy.
     pub fn copy_from_device(&self, ptr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let dst = out.as_mut_ptr().cast::<c_void>();
         // SAFETY: `dst` is valid for writes of `out.len()` bytes for the whole (synchronous) call,
         // and `out` is exclusively borrowed; the driver validates `ptr`.
@@ -389,7 +429,7 @@ impl CudaDevice {
         len: u64,
         stream: StreamId,
     ) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let raw = stream.0 as sys::CUstream;
         // SAFETY: no host memory is involved; the driver validates `ptr` and the stream handle.
         let code = unsafe { sys::cuMemsetD8Async(ptr, value, len as usize, raw) };
@@ -402,7 +442,7 @@ impl CudaDevice {
         if size == 0 {
             return Err(DeviceError::invalid("malloc_async", "zero bytes"));
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the driver validates the stream handle.
         let code =
@@ -413,7 +453,7 @@ impl CudaDevice {
 
     /// Stream-ordered free of memory from [`CudaDevice::malloc_async`] (`cuMemFreeAsync`).
     pub fn free_async(&self, ptr: DevicePtr, stream: StreamId) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: no host memory is involved; the driver validates `ptr` and the stream handle
         // and returns an error for memory it did not allocate.
         let code = unsafe { sys::cuMemFreeAsync(ptr, stream.0 as sys::CUstream) };
@@ -424,7 +464,7 @@ impl CudaDevice {
     /// work (and events recorded after it) waits for it, as it would for a long kernel. For
     /// tests of stream-ordered reuse.
     pub fn sleep_on_stream(&self, stream: StreamId, ms: u32) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let data = ms as usize as *mut c_void;
         // SAFETY: `sleep_host_fn` only reads `data` as an integer (no pointer is dereferenced),
         // and it does not call into CUDA, as host functions must not.
@@ -435,7 +475,7 @@ impl CudaDevice {
 
     /// Waits for all work on `stream`.
     pub fn wait_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: no host memory is involved; the driver validates the stream handle.
         check("cuStreamSynchronize", unsafe {
             sys::cuStreamSynchronize(stream.0 as sys::CUstream)
@@ -444,7 +484,7 @@ impl CudaDevice {
 
     /// Creates a stream (`CU_STREAM_DEFAULT`: it synchronises with the legacy default stream).
     pub fn create_stream(&self) -> DeviceResult<StreamId> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; our context is current on this thread.
         check("cuStreamCreate", unsafe {
@@ -463,7 +503,7 @@ impl CudaDevice {
                 format!("unknown {stream}"),
             ));
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the stream was created by `create_stream` and not destroyed (it is in the set).
         let code = unsafe { sys::cuStreamDestroy_v2(stream.0 as sys::CUstream) };
         check("cuStreamDestroy_v2", code)?;
@@ -473,7 +513,7 @@ impl CudaDevice {
 
     /// Waits for all work on this device's context.
     pub fn synchronize(&self) -> DeviceResult<()> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: our context is current on this thread; the call takes no pointers.
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
@@ -545,7 +585,7 @@ impl Device for CudaDevice {
         if size == 0 {
             return Err(DeviceError::invalid("malloc", "zero-size request"));
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out-pointer; our context is current on this thread.
         let code = unsafe { sys::cuMemAlloc_v2(&mut ptr, size as usize) };
@@ -569,7 +609,7 @@ impl Device for CudaDevice {
                 ))
             }
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `ptr` came from `cuMemAlloc_v2` and was not freed (it is in the table).
         check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(ptr) })?;
         mem.mallocs.remove(&ptr);
@@ -577,7 +617,7 @@ impl Device for CudaDevice {
     }
 
     fn mem_info(&self) -> DeviceResult<(u64, u64)> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both are valid out-pointers; our context is current on this thread.
         let code = unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) };
@@ -589,7 +629,7 @@ impl Device for CudaDevice {
         if let Some(&g) = self.granularity.get() {
             return Ok(g);
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let prop = pinned_memory(self.ordinal);
         let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         let mut g = 0usize;
@@ -608,7 +648,7 @@ impl Device for CudaDevice {
 
     fn reserve(&self, size: u64) -> DeviceResult<DevicePtr> {
         self.check_granular("reserve", 0, size)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut va: sys::CUdeviceptr = 0;
         // SAFETY: `va` is a valid out-pointer; alignment 0 and address 0 let the driver choose.
         let code = unsafe { sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0) };
@@ -627,7 +667,7 @@ impl Device for CudaDevice {
             let message = format!("{va:#x}+{size} still has mappings");
             return Err(DeviceError::invalid("unreserve", message));
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the range is a live reservation from `cuMemAddressReserve` with nothing mapped.
         check("cuMemAddressFree", unsafe {
             sys::cuMemAddressFree(va, size as usize)
@@ -638,7 +678,7 @@ impl Device for CudaDevice {
 
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
         self.check_granular("create_page", 0, size)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         let prop = pinned_memory(self.ordinal);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: `handle` is a valid out-pointer and `prop` a fully initialised property struct.
@@ -659,7 +699,7 @@ impl Device for CudaDevice {
                 return Err(DeviceError::invalid("release_page", message));
             }
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the handle came from `cuMemCreate` and was not released (it is in the table).
         check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
         mem.pages.remove(&page.0);
@@ -670,7 +710,7 @@ impl Device for CudaDevice {
         self.check_granular("map", va, size)?;
         let mut mem = self.memory.lock();
         Self::check_map(&mem, va, size, page)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `va..va+size` is unmapped inside a live reservation and `page` is a live handle
         // of exactly `size` bytes (checked against the tables above).
         let code = unsafe { sys::cuMemMap(va, size as usize, 0, page.0, 0) };
@@ -689,7 +729,7 @@ impl Device for CudaDevice {
             let message = format!("no mapping of {size} bytes at {va:#x}");
             return Err(DeviceError::invalid("unmap", message));
         };
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: `va..va+size` is exactly one live mapping made by `cuMemMap`.
         check("cuMemUnmap", unsafe { sys::cuMemUnmap(va, size as usize) })?;
         mem.mappings.remove(&va);
@@ -708,7 +748,7 @@ impl Device for CudaDevice {
             return Err(DeviceError::invalid("set_access", message));
         }
         let descs = self.access_descriptors(peers);
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the range is mapped (checked above); `descs` holds `descs.len()` initialised
         // descriptors and outlives the call.
         let code = unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) };
@@ -716,7 +756,7 @@ impl Device for CudaDevice {
     }
 
     fn create_event(&self) -> DeviceResult<EventHandle> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: `raw` is a valid out-pointer; our context is current on this thread.
@@ -730,7 +770,7 @@ impl Device for CudaDevice {
     fn destroy_event(&self, event: EventHandle) -> DeviceResult<()> {
         let mut events = self.events.write();
         Self::check_event(&events, "destroy_event", event)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the event is live (in the set), and the write lock keeps every other use of it
         // out until it is removed.
         let code = unsafe { sys::cuEventDestroy_v2(event.0 as sys::CUevent) };
@@ -742,7 +782,7 @@ impl Device for CudaDevice {
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
         let events = self.events.read();
         Self::check_event(&events, "record_event", event)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         let raw_stream = stream.0 as sys::CUstream;
         // SAFETY: the event is live and cannot be destroyed while the read lock is held; the
         // driver validates the stream handle (0 is the legacy default stream).
@@ -753,7 +793,7 @@ impl Device for CudaDevice {
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         let events = self.events.read();
         Self::check_event(&events, "query_event", event)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the event is live and cannot be destroyed while the read lock is held.
         match unsafe { sys::cuEventQuery(event.0 as sys::CUevent) } {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -768,7 +808,7 @@ impl Device for CudaDevice {
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         let events = self.events.read();
         Self::check_event(&events, "synchronize_event", event)?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: the event is live and cannot be destroyed while the read lock is held.
         let code = unsafe { sys::cuEventSynchronize(event.0 as sys::CUevent) };
         check("cuEventSynchronize", code)

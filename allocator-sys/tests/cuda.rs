@@ -247,6 +247,55 @@ fn calls_work_from_any_thread() {
     });
 }
 
+/// A call leaves the caller's current context as it found it: none on a fresh thread (which
+/// then still has none), ours when ours was current (nothing to restore); making a device on a
+/// fresh thread leaves none current too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn calls_leave_the_callers_context_as_they_found_it() {
+    use cudarc::driver::result::ctx::get_current;
+    let (_lock, dev) = gpu();
+    let dev = Arc::new(dev);
+    let d = Arc::clone(&dev);
+    std::thread::spawn(move || {
+        let ours = d.context().cu_ctx();
+        assert_eq!(
+            get_current().unwrap(),
+            None,
+            "a fresh thread has no context"
+        );
+        let ptr = d.malloc(MIB).unwrap();
+        d.copy_to_device(ptr, &pattern(MIB, 3)).unwrap();
+        assert_eq!(
+            get_current().unwrap(),
+            None,
+            "malloc and a copy made theirs current"
+        );
+        let stream = d.create_stream().unwrap();
+        d.wait_stream(stream).unwrap();
+        d.destroy_stream(stream).unwrap();
+        d.free(ptr, MIB).unwrap();
+        assert_eq!(
+            get_current().unwrap(),
+            None,
+            "a stream's calls made theirs current"
+        );
+        let again = CudaDevice::new(0).unwrap();
+        assert_eq!(get_current().unwrap(), None, "new made its context current");
+        drop(again);
+        d.context().bind_to_thread().unwrap();
+        let ptr = d.malloc(MIB).unwrap();
+        d.free(ptr, MIB).unwrap();
+        assert_eq!(
+            get_current().unwrap(),
+            Some(ours),
+            "our own context stays current"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn free_memory_returns_to_baseline() {

@@ -11,8 +11,10 @@
  * Devices and configuration
  *   There is one allocator per CUDA device, made on that device's first cudalloc_malloc,
  *   cudalloc_set_memory_fraction or JSON call. It uses the device's primary context (the one
- *   the CUDA runtime and PyTorch use) and leaves it current on the calling thread, as
- *   cudaSetDevice would. The configuration is read once per process, on the first call, from
+ *   the CUDA runtime and PyTorch use); a call that needs the driver makes that context current
+ *   and, before it returns, makes the calling thread's own context current again (none, if it
+ *   had none), as PyTorch's allocator restores the device it found: no call changes which
+ *   device the caller's CUDA work goes to. The configuration is read once per process, on the first call, from
  *   the environment variable CUDALLOC_CONF (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax plus
  *   cudalloc's keys, e.g. "policy:torch-expandable" or "policy:default,fragmentation_budget:0.05";
  *   unset: policy "default"). A bad configuration makes every call that reads it fail with the
@@ -56,7 +58,10 @@ extern "C" {
 
 /* A CUDA stream: the same value as cudaStream_t / CUstream (NULL: the legacy default stream).
  * Declared as void* so that this header does not need the CUDA headers; a cudaStream_t (a
- * pointer) converts to it implicitly in C and in C++. */
+ * pointer) converts to it implicitly in C and in C++. Cached memory is kept per stream handle,
+ * so a handle must name one stream for every thread: cudaStreamPerThread (0x2) is refused (by
+ * cudalloc_malloc and cudalloc_record_stream), since each thread has its own; in a program
+ * built with --default-stream per-thread, pass a created stream rather than NULL. */
 typedef void *cudalloc_stream_t;
 
 /* Reads CUDALLOC_CONF and finds the driver and the devices, as the first call of any other
@@ -111,7 +116,10 @@ int cudalloc_reset_peak_stats(int device);
  * length may grow between calls); 0 on failure.
  *
  * Every top-level integer is a torch.cuda.memory_stats() key ("allocated_bytes.all.peak",
- * "reserved_bytes.all.current", "num_ooms", ...). The other top-level entries:
+ * "reserved_bytes.all.current", "num_ooms", ...). The allocator keeps streams in 64 shards,
+ * each with its own statistics; the current values and counts are exact, and a ".peak" is the
+ * sum of the shards' peaks: exact while one stream (or several of one shard) allocates, an upper
+ * bound when several do, since their peaks may not coincide. The other top-level entries:
  *   "policy":        the policy's name (string);
  *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
  *                     "utilisation", "mapped_bytes", "virtual_bytes",

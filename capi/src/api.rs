@@ -28,8 +28,21 @@ const FAILED: c_int = -1;
 /// What `cudalloc_malloc` does on failure.
 static ON_MALLOC_FAILURE: AtomicI32 = AtomicI32::new(RETURN_NULL);
 
-fn stream_id(stream: *mut c_void) -> StreamId {
-    StreamId(stream as usize as u64)
+/// `cudaStreamPerThread` / `CU_STREAM_PER_THREAD`: a different stream on each thread.
+const PER_THREAD_STREAM: usize = 0x2;
+
+/// The stream a caller passed. The allocator keys cached memory by the handle, so the
+/// per-thread default stream, one handle for a different stream on each thread, is refused:
+/// one thread's freed memory would go to another thread's work with nothing ordering them.
+fn stream_id(stream: *mut c_void) -> Result<StreamId, String> {
+    if stream as usize == PER_THREAD_STREAM {
+        return Err(
+            "stream 0x2 is cudaStreamPerThread, a different stream on each thread; \
+                    pass a stream created for the work (cudaStreamCreate), or NULL"
+                .to_string(),
+        );
+    }
+    Ok(StreamId(stream as usize as u64))
 }
 
 fn address(ptr: *mut c_void) -> u64 {
@@ -59,11 +72,12 @@ fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
 /// `cudalloc_record_stream` (a no-op for NULL).
 pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let p = guard(None, || {
+        let stream = stream_id(stream).map_err(|e| format!("cudalloc_malloc: {e}"))?;
         let dev = registry::device(device).map_err(|e| format!("cudalloc_malloc: {e}"))?;
         if size == 0 {
             return Ok(Some(std::ptr::null_mut()));
         }
-        let a = allocate(dev, size as u64, stream_id(stream))
+        let a = allocate(dev, size as u64, stream)
             .map_err(|e| format!("cudalloc_malloc({size} bytes, device {device}): {e}"))?;
         Ok(Some(a.ptr as usize as *mut c_void))
     });
@@ -134,9 +148,10 @@ pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void
         if ptr.is_null() {
             return Ok(OK); // an empty tensor's: nothing was allocated (see `malloc`)
         }
+        let stream = stream_id(stream).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
         let dev =
             holder(device, address(ptr)).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
-        dev.and_then(|dev| dev.alloc.record_stream(address(ptr), stream_id(stream)))
+        dev.and_then(|dev| dev.alloc.record_stream(address(ptr), stream))
             .map_err(|e| format!("cudalloc_record_stream({ptr:p}, device {device}): {e}"))?;
         Ok(OK)
     })

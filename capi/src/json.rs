@@ -1,7 +1,8 @@
 //! The JSON documents of `cudalloc_stats_json` and `cudalloc_snapshot_json`.
 //!
 //! Stats: one object. Every top-level integer is a `torch.cuda.memory_stats()` key
-//! ([`cudalloc_core::Stats::to_torch_dict`]); the other top-level entries are
+//! ([`cudalloc_core::Stats::to_torch_dict`]; a `.peak` is the sum of the stream shards' peaks,
+//! an upper bound when streams of several shards allocate); the other top-level entries are
 //! - `"policy"`: the policy's name;
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
@@ -12,8 +13,8 @@
 //!
 //! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
 //! `mapped`, `pool` (`small`/`large`), `stream`, `expandable` and `blocks`, each block with
-//! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`) and
-//! `stream`.
+//! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`,
+//! `thread_cached`) and `stream`.
 
 use cudalloc_core::{CachingAllocator, Policy};
 use cudalloc_sys::Device;

@@ -103,9 +103,14 @@ pub(crate) fn device_if_used(device: c_int) -> Result<Option<&'static Dev>, Stri
 
 /// The allocator of device `device` if a call has made it, without asking the driver: None if
 /// none has (no device has been used yet, or not this one; always without a driver). Errors:
-/// a bad config; once the devices are counted, those of [`device_if_used`].
+/// a bad config, a negative ordinal; once the devices are counted, those of [`device_if_used`].
 pub(crate) fn device_if_made(device: c_int) -> Result<Option<&'static Dev>, String> {
     config()?;
+    if device < 0 {
+        return Err(format!(
+            "no CUDA device {device}: a device ordinal is never negative"
+        ));
+    }
     match SLOTS.get() {
         Some(Ok(_)) => device_if_used(device),
         _ => Ok(None),

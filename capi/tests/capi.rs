@@ -186,6 +186,40 @@ fn freeing_junk_on_a_device_without_an_allocator_is_not_allocated() {
     assert!(last_error_message().contains("is not a live allocation"));
 }
 
+/// The per-thread default stream (0x2) is a different stream on each thread: refused by
+/// malloc and record_stream before anything else, GPU or not. A negative device is named as
+/// such by free and record_stream, which otherwise look for no allocator.
+#[test]
+fn the_per_thread_stream_and_negative_devices_are_refused() {
+    let _g = serial();
+    let per_thread = 0x2 as *mut c_void;
+    assert!(cudalloc_malloc(1 << 20, 0, per_thread).is_null());
+    let msg = last_error_message();
+    assert!(
+        msg.starts_with("cudalloc_malloc: stream 0x2 is cudaStreamPerThread"),
+        "{msg}"
+    );
+    let junk = 0xdead_0000 as *mut c_void;
+    assert_eq!(cudalloc_record_stream(junk, 0, per_thread), -1);
+    let msg = last_error_message();
+    assert!(
+        msg.starts_with("cudalloc_record_stream: stream 0x2 is cudaStreamPerThread"),
+        "{msg}"
+    );
+    for device in [-1, i32::MIN] {
+        cudalloc_free(junk, 512, device, null());
+        let msg = last_error_message();
+        assert!(
+            msg.starts_with(&format!(
+                "cudalloc_free: no CUDA device {device}: a device ordinal is never negative"
+            )),
+            "{msg}"
+        );
+        assert_eq!(cudalloc_record_stream(junk, device, null()), -1);
+        assert!(last_error_message().contains("never negative"));
+    }
+}
+
 #[test]
 fn trace_start_and_stop_report_their_errors() {
     let _g = serial();
