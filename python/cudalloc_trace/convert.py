@@ -68,6 +68,9 @@ ANNOTATIONS = frozenset(["user_defined", "annotate"])
 
 U64 = (1 << 64) - 1
 
+# The key of the count of allocations put before the history in device_events' `skipped`.
+BEFORE_HISTORY = "before history"
+
 # Globals a snapshot pickle may use to rebuild plain data; every other global becomes `Opaque`.
 _SAFE_BUILTINS = frozenset(
     ["set", "frozenset", "bytearray", "list", "dict", "tuple", "int", "float", "str", "bytes", "bool"]
@@ -320,7 +323,7 @@ def prehistory(rows, held):
 def device_events(snapshot, device=None, skipped=None):
     """Yields the rows of one device's trace, in order, without its annotation entries and after
     the allocations live before its history began (:func:`prehistory`); when ``skipped`` is a
-    dict, it counts the annotations by action."""
+    dict, it counts the annotations by action, and those allocations under ``"before history"``."""
     device, entries = _chosen_entries(snapshot, device)
     rows = []
     for i, entry in enumerate(entries, start=1):
@@ -330,17 +333,26 @@ def device_events(snapshot, device=None, skipped=None):
         elif skipped is not None:
             skipped[entry["action"]] = skipped.get(entry["action"], 0) + 1
     held = held_blocks(snapshot, device) if device is not None else []
-    yield from prehistory(rows, held)
+    before = prehistory(rows, held)
+    if skipped is not None and before:
+        skipped[BEFORE_HISTORY] = len(before)
+    yield from before
     yield from rows
 
 
 def skipped_note(skipped):
-    """What a count of skipped annotations (from :func:`device_events`) says; "" for none."""
-    total = sum(skipped.values())
-    if not total:
-        return ""
-    counts = ", ".join(f"{a}: {n}" for a, n in skipped.items())
-    return f"; skipped {total} annotation entries ({counts}), which are not allocator events"
+    """What the counts of :func:`device_events` say: annotations skipped and allocations added
+    before the history; "" for none."""
+    notes = []
+    before = skipped.get(BEFORE_HISTORY, 0)
+    if before:
+        notes.append(f"; {before} allocations live before the history began were put first")
+    annotations = {a: n for a, n in skipped.items() if a != BEFORE_HISTORY}
+    total = sum(annotations.values())
+    if total:
+        counts = ", ".join(f"{a}: {n}" for a, n in annotations.items())
+        notes.append(f"; skipped {total} annotation entries ({counts}), which are not allocator events")
+    return "".join(notes)
 
 
 def write_csv(rows, out_path):

@@ -244,8 +244,12 @@ class PrehistoryTest(unittest.TestCase):
     def test_the_late_fixture_converts_to_its_csv(self):
         with tempfile.TemporaryDirectory() as d:
             out = pathlib.Path(d) / "late.csv"
-            conv.convert(FIXTURES / "snapshot_late.pickle", out)
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertEqual(conv.main([str(FIXTURES / "snapshot_late.pickle"), str(out)]), 0)
             self.assertEqual(out.read_text(), (FIXTURES / "snapshot_late.csv").read_text())
+            self.assertIn("wrote 12 events", err.getvalue())
+            self.assertIn("5 allocations live before the history began were put first", err.getvalue())
 
     def test_frees_before_allocs_and_unmentioned_held_blocks_come_first(self):
         segment = {
