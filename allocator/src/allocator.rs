@@ -8,7 +8,9 @@
 //! other shard is released and the allocation retried once before out-of-memory is returned.
 //!
 //! Statistics are the sums over shards. With one stream (one shard) they are exactly PyTorch's;
-//! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak.
+//! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak, except
+//! `reserved_bytes.all.peak`: the shards raise one shared peak to the shared counter's total as
+//! they claim memory, so it is exact (invariant: at least the shared counter, under all locks).
 //!
 //! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the freeing
 //! thread's cache and serve that thread's next request of the same size and stream without any pool
@@ -48,7 +50,7 @@ use crate::live::{CacheTotals, Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
 use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
-use crate::stats::{Stat, StatArray, Stats, ThreadCacheStats};
+use crate::stats::{Stats, ThreadCacheStats};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering,
 };
@@ -76,6 +78,8 @@ pub struct CachingAllocator<D: Device> {
     device: Arc<D>,
     shards: Box<[Shard<D>]>,
     reserved: Arc<AtomicU64>,
+    /// The most `reserved` held since peaks were last reset (each shard raises it as it claims).
+    reserved_peak: Arc<AtomicU64>,
     live: LiveMap,
     caches: Option<Caches>,
     /// Per shard, as of its pool's last operation: the pool places large blocks by a layout
@@ -105,10 +109,12 @@ impl<D: Device> CachingAllocator<D> {
     pub fn new(device: D, cfg: Config) -> Self {
         let device = Arc::new(device);
         let reserved = Arc::new(AtomicU64::new(0));
+        let reserved_peak = Arc::new(AtomicU64::new(0));
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
+                pool.share_reserved_peak(reserved_peak.clone());
                 CachePadded::new(Mutex::new(pool))
             })
             .collect();
@@ -123,6 +129,7 @@ impl<D: Device> CachingAllocator<D> {
             device,
             shards,
             reserved,
+            reserved_peak,
             live: LiveMap::new(caches.as_ref().map_or(u64::MAX, Caches::small_part_limit)),
             watched: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
             crowd: (0..SHARDS)
@@ -501,18 +508,22 @@ impl<D: Device> CachingAllocator<D> {
     /// one block per such thread at that instant.
     pub fn stats(&self) -> Stats {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut total = sum_stats(&guards);
+        let mut total = sum_stats(&guards, self.reserved_peak.load(Ordering::Acquire));
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
         }
         total
     }
 
-    /// Resets peak statistics.
+    /// Resets peak statistics. Every shard stays locked until the shared reserved peak is set
+    /// to the reserved bytes, so no growth runs meanwhile and the peak is never below them.
     pub fn reset_peak_stats(&self) {
-        for s in self.shards.iter() {
-            s.lock().reset_peak_stats();
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        for g in &mut guards {
+            g.reset_peak_stats();
         }
+        let now = self.reserved.load(Ordering::Acquire);
+        self.reserved_peak.store(now, Ordering::Release);
     }
 
     /// Segments, blocks and statistics of every shard, as the callers see them: a block held
@@ -524,7 +535,7 @@ impl<D: Device> CachingAllocator<D> {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut snap = Snapshot {
             segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
-            stats: sum_stats(&guards),
+            stats: sum_stats(&guards, self.reserved_peak.load(Ordering::Acquire)),
         };
         snap.segments.sort_by_key(|s| s.addr);
         if self.caches.is_some() {
@@ -654,54 +665,16 @@ fn count_thread_caches(t: &mut Stats, c: &CacheTotals) {
     };
 }
 
-/// The pools' statistics, summed over the shards.
-fn sum_stats<D: Device>(pools: &[MutexGuard<'_, Pool<Arc<D>>>]) -> Stats {
+/// The pools' statistics, summed over the shards, with the exact peak of their reserved bytes
+/// together (`reserved_peak`) for `reserved_bytes.all.peak`; the other peaks are sums of the
+/// shards' peaks, an upper bound.
+fn sum_stats<D: Device>(pools: &[MutexGuard<'_, Pool<Arc<D>>>], reserved_peak: u64) -> Stats {
     let mut total = pools[0].stats().clone();
     for g in &pools[1..] {
-        add_stats(&mut total, g.stats());
+        total.add(g.stats());
     }
+    total.reserved_bytes.0[0].peak = reserved_peak as i64;
     total
-}
-
-fn add_stats(t: &mut Stats, s: &Stats) {
-    let pairs = [
-        (&mut t.allocation, &s.allocation),
-        (&mut t.segment, &s.segment),
-        (&mut t.active, &s.active),
-        (&mut t.inactive_split, &s.inactive_split),
-        (&mut t.allocated_bytes, &s.allocated_bytes),
-        (&mut t.reserved_bytes, &s.reserved_bytes),
-        (&mut t.active_bytes, &s.active_bytes),
-        (&mut t.inactive_split_bytes, &s.inactive_split_bytes),
-        (&mut t.requested_bytes, &s.requested_bytes),
-    ];
-    for (a, b) in pairs {
-        add_array(a, b);
-    }
-    add_stat(&mut t.oversize_allocations, &s.oversize_allocations);
-    add_stat(&mut t.oversize_segments, &s.oversize_segments);
-    t.num_alloc_retries += s.num_alloc_retries;
-    t.num_ooms += s.num_ooms;
-    t.num_sync_all_streams += s.num_sync_all_streams;
-    t.num_device_alloc += s.num_device_alloc;
-    t.num_device_free += s.num_device_free;
-    t.calls.mallocs += s.calls.mallocs;
-    t.calls.frees += s.calls.frees;
-    t.calls.maps += s.calls.maps;
-    t.calls.unmaps += s.calls.unmaps;
-}
-
-fn add_array(a: &mut StatArray, b: &StatArray) {
-    for (x, y) in a.0.iter_mut().zip(b.0.iter()) {
-        add_stat(x, y);
-    }
-}
-
-fn add_stat(a: &mut Stat, b: &Stat) {
-    a.current += b.current;
-    a.peak += b.peak;
-    a.allocated += b.allocated;
-    a.freed += b.freed;
 }
 
 #[cfg(test)]

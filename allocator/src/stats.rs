@@ -39,6 +39,15 @@ impl Stat {
     fn reset_peak(&mut self) {
         self.peak = self.current;
     }
+
+    /// Adds another count of the same quantity (its peak too: the sum of two peaks bounds the
+    /// peak of the sum).
+    pub fn add(&mut self, other: &Stat) {
+        self.current += other.current;
+        self.peak += other.peak;
+        self.allocated += other.allocated;
+        self.freed += other.freed;
+    }
 }
 
 /// Index into a [`StatArray`].
@@ -86,6 +95,13 @@ impl StatArray {
 
     fn reset_peak(&mut self) {
         self.0.iter_mut().for_each(Stat::reset_peak);
+    }
+
+    /// Adds another array, stat by stat ([`Stat::add`]).
+    pub fn add(&mut self, other: &StatArray) {
+        for (a, b) in self.0.iter_mut().zip(&other.0) {
+            a.add(b);
+        }
     }
 }
 
@@ -173,6 +189,36 @@ impl DriverCalls {
 }
 
 impl Stats {
+    /// Adds the statistics of another pool (of the same allocator): counts and bytes add up;
+    /// a peak becomes the sum of the peaks, an upper bound of the peak of the sum.
+    pub fn add(&mut self, s: &Stats) {
+        let pairs = [
+            (&mut self.allocation, &s.allocation),
+            (&mut self.segment, &s.segment),
+            (&mut self.active, &s.active),
+            (&mut self.inactive_split, &s.inactive_split),
+            (&mut self.allocated_bytes, &s.allocated_bytes),
+            (&mut self.reserved_bytes, &s.reserved_bytes),
+            (&mut self.active_bytes, &s.active_bytes),
+            (&mut self.inactive_split_bytes, &s.inactive_split_bytes),
+            (&mut self.requested_bytes, &s.requested_bytes),
+        ];
+        for (a, b) in pairs {
+            a.add(b);
+        }
+        self.oversize_allocations.add(&s.oversize_allocations);
+        self.oversize_segments.add(&s.oversize_segments);
+        self.num_alloc_retries += s.num_alloc_retries;
+        self.num_ooms += s.num_ooms;
+        self.num_sync_all_streams += s.num_sync_all_streams;
+        self.num_device_alloc += s.num_device_alloc;
+        self.num_device_free += s.num_device_free;
+        self.calls.mallocs += s.calls.mallocs;
+        self.calls.frees += s.calls.frees;
+        self.calls.maps += s.calls.maps;
+        self.calls.unmaps += s.calls.unmaps;
+    }
+
     /// Allocations that reached a pool: all of them less the thread-cache hits.
     pub fn pool_allocations(&self) -> i64 {
         self.allocation.get(StatType::All).allocated - self.thread_cache.hits as i64

@@ -6,7 +6,8 @@
 //! the allocated counts, so `recompute() == recorded()`; it is not free in the fragmentation
 //! figures (no other request can have it); a cache hit makes it `Allocated` again, and once the
 //! caches are flushed no block is `ThreadCached`. Under PyTorch's rules (no thread caches) a
-//! freed block is never `ThreadCached`.
+//! freed block is never `ThreadCached`. The reserved bytes' peak is the most that the shards
+//! held together, not the sum of their peaks.
 
 use cudalloc::snapshot::{BlockState, Snapshot};
 use cudalloc::{CachingAllocator, Config, Policy};
@@ -128,4 +129,43 @@ fn without_thread_caches_a_freed_block_is_free() {
     assert_eq!(state(&snap, keep.ptr), Some(BlockState::Allocated));
     assert_eq!(BlockState::ThreadCached.name(), "thread_cached");
     alloc.free(keep).unwrap();
+}
+
+/// Two streams (of different shards) each hold 100 MiB in turn, the cache emptied between:
+/// `reserved_bytes.all.peak` is the most held at once (100 MiB), not the sum of the shards'
+/// peaks (200 MiB, which the allocated bytes' peak still is: an upper bound); a reset makes it
+/// the reserved bytes, and the snapshot's statistics agree.
+#[test]
+fn the_reserved_peak_is_exact_across_streams() {
+    for policy in [Policy::Torch, Policy::TorchExpandable, Policy::Default] {
+        let alloc = front(policy);
+        for stream in [StreamId(1), StreamId(2)] {
+            let a = alloc.allocate(100 * MIB, stream).unwrap();
+            alloc.free(a).unwrap();
+            alloc.empty_cache().unwrap();
+        }
+        let s = alloc.stats();
+        let reserved = s.reserved_bytes.0[0];
+        assert_eq!(
+            (reserved.current, reserved.peak),
+            (0, 100 * MIB as i64),
+            "{policy:?}"
+        );
+        assert_eq!(
+            s.allocated_bytes.0[0].peak,
+            200 * MIB as i64,
+            "{policy:?}: shards summed"
+        );
+        assert_eq!(alloc.snapshot().stats.reserved_bytes, s.reserved_bytes);
+
+        let keep = alloc.allocate(10 * MIB, StreamId(1)).unwrap();
+        alloc.reset_peak_stats();
+        let held = alloc.stats().reserved_bytes.0[0];
+        assert!(held.current >= 10 * MIB as i64, "{policy:?}");
+        assert_eq!(
+            held.peak, held.current,
+            "{policy:?}: reset to the reserved bytes"
+        );
+        alloc.free(keep).unwrap();
+    }
 }

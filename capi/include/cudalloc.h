@@ -117,9 +117,10 @@ int cudalloc_reset_peak_stats(int device);
  *
  * Every top-level integer is a torch.cuda.memory_stats() key ("allocated_bytes.all.peak",
  * "reserved_bytes.all.current", "num_ooms", ...). The allocator keeps streams in 64 shards,
- * each with its own statistics; the current values and counts are exact, and a ".peak" is the
- * sum of the shards' peaks: exact while one stream (or several of one shard) allocates, an upper
- * bound when several do, since their peaks may not coincide. The other top-level entries:
+ * each with its own statistics; the current values and counts are exact, and so is
+ * "reserved_bytes.all.peak" (the most the device held for the allocator at once); any other
+ * ".peak" is the sum of the shards' peaks: exact while one stream (or several of one shard)
+ * allocates, an upper bound when several do. The other top-level entries:
  *   "policy":        the policy's name (string);
  *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
  *                     "utilisation", "mapped_bytes", "virtual_bytes",

@@ -1,8 +1,9 @@
 //! The JSON documents of `cudalloc_stats_json` and `cudalloc_snapshot_json`.
 //!
 //! Stats: one object. Every top-level integer is a `torch.cuda.memory_stats()` key
-//! ([`cudalloc_core::Stats::to_torch_dict`]; a `.peak` is the sum of the stream shards' peaks,
-//! an upper bound when streams of several shards allocate); the other top-level entries are
+//! ([`cudalloc_core::Stats::to_torch_dict`]; `reserved_bytes.all.peak` is exact, another
+//! `.peak` the sum of the stream shards' peaks, an upper bound when streams of several shards
+//! allocate); the other top-level entries are
 //! - `"policy"`: the policy's name;
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;

@@ -89,6 +89,9 @@ pub struct Pool<D: Device> {
     pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
+    /// The highest value `shared` reached since peaks were last reset (when a
+    /// `CachingAllocator` keeps it: the exact peak of its shards' reserved bytes together).
+    pub(crate) shared_peak: Option<Arc<AtomicU64>>,
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
@@ -120,6 +123,7 @@ impl<D: Device> Pool<D> {
             peers: Vec::new(),
             peak_requested: 0,
             shared: None,
+            shared_peak: None,
             reserve_failed: false,
             plans: plan::Plans::default(),
             handouts: 0,
@@ -613,15 +617,19 @@ impl<D: Device> Pool<D> {
     /// pools share a limit, the check and the count are one atomic step, so concurrent pools
     /// cannot pass the limit together; false (and nothing counted) when `n` would pass it.
     pub(crate) fn claim(&mut self, n: u64) -> bool {
-        if let (Some(s), Some(l)) = (&self.shared, self.limit) {
+        let before = if let (Some(s), Some(l)) = (&self.shared, self.limit) {
             let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
-            if s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
-                .is_err()
-            {
-                return false;
+            match s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits) {
+                Ok(before) => before,
+                Err(_) => return false,
             }
         } else if let Some(s) = &self.shared {
-            s.fetch_add(n, Ordering::AcqRel);
+            s.fetch_add(n, Ordering::AcqRel)
+        } else {
+            0
+        };
+        if let Some(p) = &self.shared_peak {
+            p.fetch_max(before + n, Ordering::AcqRel);
         }
         self.reserved += n;
         true
@@ -647,6 +655,13 @@ impl<D: Device> Pool<D> {
     pub fn share_reserved(&mut self, counter: Arc<AtomicU64>) {
         counter.fetch_add(self.reserved, Ordering::Relaxed);
         self.shared = Some(counter);
+    }
+
+    /// Makes this pool raise `peak` to the shared counter's total whenever it claims bytes
+    /// (after [`Pool::share_reserved`]), so that `peak` is the highest total the pools sharing
+    /// the counter held at once, where the sum of their own peaks is only a bound.
+    pub(crate) fn share_reserved_peak(&mut self, peak: Arc<AtomicU64>) {
+        self.shared_peak = Some(peak);
     }
 
     pub(crate) fn over_limit(&self, extra: u64) -> bool {
