@@ -132,8 +132,15 @@ class ConvertTest(unittest.TestCase):
         cases = [
             ([text, self.dir / "o.csv"], "notes.txt: not a pickle"),
             ([corrupt, self.dir / "o.csv"], "corrupt.pickle: not a pickle"),
-            ([future, self.dir / "o.csv"], "unsupported pickle protocol"),
-            ([good, self.dir / "no" / "o.csv"], "there is no folder"),
+            (
+                [future, self.dir / "o.csv"],
+                "p9.pickle: not a pickle written by torch.cuda.memory._dump_snapshot() "
+                "(unsupported pickle protocol",
+            ),
+            (
+                [good, self.dir / "no" / "o.csv"],
+                f"{self.dir / 'no' / 'o.csv'}: there is no folder {self.dir / 'no'}",
+            ),
             ([self.dir / "missing.pickle", self.dir / "o.csv"], "missing.pickle: No such file"),
         ]
         for args, says in cases:
