@@ -40,7 +40,8 @@
 //! and, when it had to, makes the caller's context current again (none, when none was) before it
 //! returns ([`Bound`]): a call never changes which device the caller's own CUDA work goes to, as
 //! PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same around
-//! cudarc's `CudaContext::new`, which binds the context. Methods take `&self` and may be called
+//! cudarc's `CudaContext::new`, which binds the context, and so does dropping the device around
+//! cudarc's drop of its last context handle, which binds it to release it. Methods take `&self` and may be called
 //! from any thread.
 //!
 //! # Bookkeeping
@@ -68,6 +69,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{result, sys, CudaContext};
@@ -280,11 +282,23 @@ impl Memory {
 #[derive(Debug)]
 pub struct CudaDevice {
     ordinal: usize,
-    ctx: Arc<CudaContext>,
+    /// Dropped in `drop`, where the caller's context is restored after it.
+    ctx: ManuallyDrop<Arc<CudaContext>>,
     granularity: OnceLock<u64>,
     memory: Mutex<Memory>,
     events: RwLock<HashSet<u64>>,
     streams: Mutex<HashSet<u64>>,
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let restore = current_context().ok().map(|previous| Bound {
+            previous: Some(previous),
+        });
+        // SAFETY: `ctx` is dropped once, here, and not used after: `self` is being dropped.
+        unsafe { ManuallyDrop::drop(&mut self.ctx) };
+        drop(restore);
+    }
 }
 
 /// The context current on the calling thread (null: none).
@@ -331,7 +345,7 @@ impl CudaDevice {
         drop(restore);
         Ok(CudaDevice {
             ordinal,
-            ctx,
+            ctx: ManuallyDrop::new(ctx),
             granularity: OnceLock::new(),
             memory: Mutex::new(Memory::default()),
             events: RwLock::new(HashSet::new()),

@@ -248,8 +248,8 @@ fn calls_work_from_any_thread() {
 }
 
 /// A call leaves the caller's current context as it found it: none on a fresh thread (which
-/// then still has none), ours when ours was current (nothing to restore); making a device on a
-/// fresh thread leaves none current too.
+/// then still has none), ours when ours was current (nothing to restore); making and dropping a
+/// device on a fresh thread leave none current too.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn calls_leave_the_callers_context_as_they_found_it() {
@@ -283,6 +283,11 @@ fn calls_leave_the_callers_context_as_they_found_it() {
         let again = CudaDevice::new(0).unwrap();
         assert_eq!(get_current().unwrap(), None, "new made its context current");
         drop(again);
+        assert_eq!(
+            get_current().unwrap(),
+            None,
+            "a drop made its context current"
+        );
         d.context().bind_to_thread().unwrap();
         let ptr = d.malloc(MIB).unwrap();
         d.free(ptr, MIB).unwrap();

@@ -9,8 +9,8 @@
 //!
 //! Statistics are the sums over shards. With one stream (one shard) they are exactly PyTorch's;
 //! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak, except
-//! `reserved_bytes.all.peak`: the shards raise one shared peak to the shared counter's total as
-//! they claim memory, so it is exact (invariant: at least the shared counter, under all locks).
+//! `reserved_bytes.all.peak`: the shards count what they hold into one [`SharedPeak`] once the
+//! device granted it, so it is exact (and a pool's reserved peak is capped by it).
 //!
 //! With `thread_cache` on (the `default` policy's default), freed blocks may stay in the freeing
 //! thread's cache and serve that thread's next request of the same size and stream without any pool
@@ -50,7 +50,7 @@ use crate::live::{CacheTotals, Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
 use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
-use crate::stats::{Stats, ThreadCacheStats};
+use crate::stats::{SharedPeak, Stats, ThreadCacheStats};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering,
 };
@@ -78,8 +78,9 @@ pub struct CachingAllocator<D: Device> {
     device: Arc<D>,
     shards: Box<[Shard<D>]>,
     reserved: Arc<AtomicU64>,
-    /// The most `reserved` held since peaks were last reset (each shard raises it as it claims).
-    reserved_peak: Arc<AtomicU64>,
+    /// The bytes the shards hold together, and the most they held at once since peaks were
+    /// last reset.
+    reserved_peak: Arc<SharedPeak>,
     live: LiveMap,
     caches: Option<Caches>,
     /// Per shard, as of its pool's last operation: the pool places large blocks by a layout
@@ -109,7 +110,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn new(device: D, cfg: Config) -> Self {
         let device = Arc::new(device);
         let reserved = Arc::new(AtomicU64::new(0));
-        let reserved_peak = Arc::new(AtomicU64::new(0));
+        let reserved_peak = Arc::new(SharedPeak::default());
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
@@ -508,7 +509,7 @@ impl<D: Device> CachingAllocator<D> {
     /// one block per such thread at that instant.
     pub fn stats(&self) -> Stats {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut total = sum_stats(&guards, self.reserved_peak.load(Ordering::Acquire));
+        let mut total = sum_stats(&guards, self.reserved_peak.peak());
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
         }
@@ -522,8 +523,7 @@ impl<D: Device> CachingAllocator<D> {
         for g in &mut guards {
             g.reset_peak_stats();
         }
-        let now = self.reserved.load(Ordering::Acquire);
-        self.reserved_peak.store(now, Ordering::Release);
+        self.reserved_peak.reset();
     }
 
     /// Segments, blocks and statistics of every shard, as the callers see them: a block held
@@ -535,7 +535,7 @@ impl<D: Device> CachingAllocator<D> {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut snap = Snapshot {
             segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
-            stats: sum_stats(&guards, self.reserved_peak.load(Ordering::Acquire)),
+            stats: sum_stats(&guards, self.reserved_peak.peak()),
         };
         snap.segments.sort_by_key(|s| s.addr);
         if self.caches.is_some() {
@@ -673,7 +673,13 @@ fn sum_stats<D: Device>(pools: &[MutexGuard<'_, Pool<Arc<D>>>], reserved_peak: u
     for g in &pools[1..] {
         total.add(g.stats());
     }
-    total.reserved_bytes.0[0].peak = reserved_peak as i64;
+    // Each pool's peak is at most the peak of all of them together (PyTorch's `all` is never
+    // below a pool's), and still bounds the pool's own.
+    let all = reserved_peak as i64;
+    for s in &mut total.reserved_bytes.0 {
+        s.peak = s.peak.min(all);
+    }
+    total.reserved_bytes.0[0].peak = all;
     total
 }
 

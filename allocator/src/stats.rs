@@ -8,6 +8,7 @@
 //! Invariant (checked by `check_invariants`): every `current` equals what the snapshot recomputes.
 
 use crate::sizes::PoolKind;
+use crate::sync::{AtomicU64, Ordering};
 
 /// One counted quantity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,6 +48,41 @@ impl Stat {
         self.peak += other.peak;
         self.allocated += other.allocated;
         self.freed += other.freed;
+    }
+}
+
+/// The bytes that several pools (the stream shards of one `CachingAllocator`) hold from the
+/// device together, and the most they held at once since the last [`SharedPeak::reset`]: the
+/// exact peak of the sum, where the sum of the pools' own peaks is only an upper bound.
+/// A pool counts bytes here once the device call that got them succeeded, and uncounts them
+/// as it gives them back, so `peak >= held` always, and a refused request never counts.
+#[derive(Debug, Default)]
+pub struct SharedPeak {
+    held: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl SharedPeak {
+    /// `n` more bytes are held.
+    pub fn grew(&self, n: u64) {
+        let now = self.held.fetch_add(n, Ordering::AcqRel) + n;
+        self.peak.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// `n` bytes are given back.
+    pub fn shrank(&self, n: u64) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// The most held at once since the last reset.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Acquire)
+    }
+
+    /// Makes the peak what is held now (while no pool changes it: under every pool's lock).
+    pub fn reset(&self) {
+        let now = self.held.load(Ordering::Acquire);
+        self.peak.store(now, Ordering::Release);
     }
 }
 

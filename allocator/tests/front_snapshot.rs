@@ -169,3 +169,28 @@ fn the_reserved_peak_is_exact_across_streams() {
         alloc.free(keep).unwrap();
     }
 }
+
+/// A request the device refuses (here: every call fails) leaves the reserved peak where it was:
+/// only memory the device granted counts, on one stream as on several.
+#[test]
+fn a_refused_request_does_not_raise_the_reserved_peak() {
+    for policy in [Policy::Torch, Policy::TorchExpandable, Policy::Default] {
+        let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(8 << 30)));
+        let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        let held = alloc.allocate(100 * MIB, StreamId(0)).unwrap();
+        let before = alloc.stats().reserved_bytes;
+        sim.fail_every(1);
+        assert!(alloc.allocate(2 << 30, StreamId(0)).is_err(), "{policy:?}");
+        sim.fail_every(0);
+        let after = alloc.stats().reserved_bytes;
+        assert_eq!(after.0[0].peak, before.0[0].peak, "{policy:?}");
+        assert!(after.0[0].peak >= after.0[0].current, "{policy:?}");
+        for pool in 1..3 {
+            assert!(
+                after.0[pool].peak <= after.0[0].peak,
+                "{policy:?}: a pool above all"
+            );
+        }
+        alloc.free(held).unwrap();
+    }
+}

@@ -319,6 +319,59 @@ fn pickled_ints_are_shown_as_python_prints_them() {
     }
 }
 
+/// `None` values and a stream outside 64 bits read as the Python converter words them
+/// (`python/tests/test_convert.py`: `test_messages_match_the_rust_reader`).
+#[test]
+fn none_and_a_stream_past_64_bits_are_worded_as_the_converter_words_them() {
+    let with = |key: &str, v: Value| {
+        let mut e = event(4096);
+        if let Value::Dict(d) = &mut e {
+            d.insert(HashableValue::String(key.into()), v);
+        }
+        e
+    };
+    let top = |segments: Option<Value>, entry: Value| {
+        let mut top = vec![(
+            HashableValue::String("device_traces".into()),
+            Value::List(vec![Value::List(vec![entry])]),
+        )];
+        if let Some(s) = segments {
+            top.push((HashableValue::String("segments".into()), s));
+        }
+        serde_pickle::value_to_vec(&Value::Dict(top.into_iter().collect()), SerOptions::new())
+            .unwrap()
+    };
+    let cases = [
+        (
+            top(None, with("time_us", Value::None)),
+            "trace entry 1: key `time_us` is a NoneType, not an int",
+        ),
+        (
+            top(None, with("stream", Value::Int((1u128 << 64).into()))),
+            "trace entry 1: key `stream` = 18446744073709551616 does not fit 64 bits",
+        ),
+        (
+            top(
+                None,
+                with("stream", Value::Int((-(1i128 << 63) - 1).into())),
+            ),
+            "trace entry 1: key `stream` = -9223372036854775809 does not fit 64 bits",
+        ),
+        (
+            top(Some(Value::None), event(4096)),
+            "`segments` is a NoneType, not a list",
+        ),
+        (
+            top(None, Value::None),
+            "trace entry 1: a NoneType, not a dict",
+        ),
+    ];
+    for (bytes, want) in cases {
+        let e = read_err("none.pickle", &bytes);
+        assert_eq!(e.message, want);
+    }
+}
+
 #[test]
 fn any_all_digit_number_too_large_overflows_64_bits() {
     let header = "action,addr,size,stream,time_us\n";

@@ -119,8 +119,9 @@ int cudalloc_reset_peak_stats(int device);
  * "reserved_bytes.all.current", "num_ooms", ...). The allocator keeps streams in 64 shards,
  * each with its own statistics; the current values and counts are exact, and so is
  * "reserved_bytes.all.peak" (the most the device held for the allocator at once); any other
- * ".peak" is the sum of the shards' peaks: exact while one stream (or several of one shard)
- * allocates, an upper bound when several do. The other top-level entries:
+ * ".peak" is the sum of the shards' peaks (the reserved ones capped by the exact one): exact
+ * while one stream (or several of one shard) allocates, an upper bound when several do. The
+ * other top-level entries:
  *   "policy":        the policy's name (string);
  *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
  *                     "utilisation", "mapped_bytes", "virtual_bytes",

@@ -216,12 +216,22 @@ def _json(fn, device):
 
 
 def current_device(device=None):
-    """``device``, or when it is ``None`` PyTorch's current device, as ``torch.cuda``'s memory
-    functions take it: ``torch.cuda.current_device()`` once torch has initialised CUDA (after
-    ``torch.cuda.set_device(local_rank)``, each rank of a distributed job its own), else 0.
-    Never initialises CUDA itself, so it may be called before :func:`enable`."""
+    """The device index ``torch.cuda``'s memory functions would use for ``device``: an int as
+    it is; ``"cuda:N"`` or ``torch.device("cuda", N)`` as N; ``None``, ``"cuda"`` or
+    ``torch.device("cuda")`` as PyTorch's current device: ``torch.cuda.current_device()`` once
+    torch has initialised CUDA (after ``torch.cuda.set_device(local_rank)``, each rank of a
+    distributed job its own), else 0. Never initialises CUDA itself, so it may be called before
+    :func:`enable`. Anything else raises ``ValueError``."""
+    if isinstance(device, bool):
+        raise ValueError(f"not a CUDA device: {device!r}")
+    if isinstance(device, int):
+        return device
     if device is not None:
-        return int(device)
+        kind, index = _cuda_device(device)
+        if kind != "cuda":
+            raise ValueError(f"not a CUDA device: {device!r}")
+        if index is not None:
+            return index
     import sys
 
     torch = sys.modules.get("torch")
@@ -229,6 +239,21 @@ def current_device(device=None):
     if cuda is not None and cuda.is_initialized():
         return cuda.current_device()
     return 0
+
+
+def _cuda_device(device):
+    """``(type, index or None)`` of a ``torch.device`` or of a string such as ``"cuda:1"``."""
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if not index:
+            return kind, None
+        if not index.isdigit():
+            raise ValueError(f"not a CUDA device: {device!r}")
+        return kind, int(index)
+    kind, index = getattr(device, "type", None), getattr(device, "index", None)
+    if not isinstance(kind, str) or not (index is None or isinstance(index, int)):
+        raise ValueError(f"not a CUDA device: {device!r}")
+    return kind, index
 
 
 def stats(device=None):

@@ -20,7 +20,8 @@ recording is switched off and one device's ``device_traces`` is written in cudal
 it (device 0 when it has events, else the only device that has). The output's folder is checked
 before the program starts, so a wrong path fails at once rather than after the job; a trace that
 cannot be written after the job (a full disk, a ``--device`` the snapshot has no trace of) is
-reported in one line and the command exits with 1.
+reported in one line and the command exits with 1; if the program itself raised, its error goes
+on as it would have, after that line.
 
 PyTorch keeps at most ``max_entries`` events (a ring buffer): a longer run loses its oldest
 events, and its trace then starts with frees of blocks it never saw allocated (readers count
@@ -63,8 +64,12 @@ def recording(out, device=None, max_entries=DEFAULT_MAX_ENTRIES):
     check_out(out)
     out = os.path.abspath(out)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=max_entries)
+    failure = None
     try:
         yield
+    except BaseException as e:
+        failure = e
+        raise
     finally:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -72,8 +77,14 @@ def recording(out, device=None, max_entries=DEFAULT_MAX_ENTRIES):
         try:
             n = write_csv(device_events(snapshot, device, skipped), out)
         except (SnapshotError, OSError) as e:
-            raise RecordError(f"{out}: the trace was not written: {e}") from e
-        print(f"cudalloc_trace: wrote {n} events to {out}{skipped_note(skipped)}", file=sys.stderr)
+            error = RecordError(f"{out}: the trace was not written: {e}")
+            if failure is None or isinstance(failure, SystemExit):
+                raise error from e
+            # The program failed too: say why the trace is missing, and let its own error
+            # (a traceback, KeyboardInterrupt) go on as it would have.
+            print(f"cudalloc_trace: {error}", file=sys.stderr)
+        else:
+            print(f"cudalloc_trace: wrote {n} events to {out}{skipped_note(skipped)}", file=sys.stderr)
 
 
 def run_target(target):

@@ -304,6 +304,27 @@ class PrehistoryTest(unittest.TestCase):
             self.assertEqual(str(e.exception), want)
 
 
+class MessagesTest(unittest.TestCase):
+    def test_messages_match_the_rust_reader(self):
+        """The same words as allocator/tests/trace_input_errors.rs
+        (none_and_a_stream_past_64_bits_are_worded_as_the_converter_words_them)."""
+        good = entry("alloc", 4096, 4096)
+        cases = [
+            (snapshot([dict(good, time_us=None)]), "trace entry 1: key `time_us` is a NoneType, not an int"),
+            (snapshot([dict(good, stream=1 << 64)]), "trace entry 1: key `stream` = 18446744073709551616 does not fit 64 bits"),
+            (
+                snapshot([dict(good, stream=-(1 << 63) - 1)]),
+                "trace entry 1: key `stream` = -9223372036854775809 does not fit 64 bits",
+            ),
+            (dict(snapshot([good]), segments=None), "`segments` is a NoneType, not a list"),
+            (snapshot([None]), "trace entry 1: a NoneType, not a dict"),
+        ]
+        for snap, want in cases:
+            with self.assertRaises(conv.SnapshotError) as e:
+                list(conv.device_events(snap))
+            self.assertEqual(str(e.exception), want)
+
+
 class FakeMemory:
     """Stands in for torch.cuda.memory: remembers the calls, returns a fixed snapshot (by
     default, one allocation on device 0)."""
@@ -395,6 +416,15 @@ class RecordTest(unittest.TestCase):
         self.assertFalse(out.exists())
         self.assertIn("the trace was not written: device 5 asked for", err.getvalue())
         self.assertNotIn("Traceback", err.getvalue())
+
+    def test_a_failing_program_keeps_its_error_when_the_trace_fails_too(self):
+        script = self.dir / "fails.py"
+        script.write_text("raise ValueError('the job broke')\n")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            with self.assertRaisesRegex(ValueError, "the job broke"):
+                record.main(["--out", str(self.dir / "t.csv"), "--device", "5", "--", str(script)])
+        self.assertIn("the trace was not written: device 5 asked for", err.getvalue())
 
     def test_max_entries_reaches_pytorch(self):
         script, _ = self.script()

@@ -81,6 +81,24 @@ class CurrentDeviceTest(unittest.TestCase):
         self.assertEqual(self.calls(), [0] * 5)
         self.assertNotIn("torch", sys.modules, "torch was imported")
 
+    def test_devices_are_taken_as_torch_cuda_takes_them(self):
+        sys.modules["torch"] = fake_torch(initialized=True, current=3)
+        device = types.SimpleNamespace  # stands in for torch.device: .type and .index
+        cases = [
+            (2, 2),
+            ("cuda:1", 1),
+            ("cuda", 3),
+            (device(type="cuda", index=4), 4),
+            (device(type="cuda", index=None), 3),
+        ]
+        for given, want in cases:
+            self.assertEqual(cudalloc_torch.current_device(given), want, given)
+        for bad in ["cpu", "cuda:x", device(type="cpu", index=0), 1.5, True]:
+            with self.assertRaises(ValueError, msg=repr(bad)):
+                cudalloc_torch.current_device(bad)
+        cudalloc_torch.memory_stats("cuda:1")
+        self.assertEqual(self.lib.devices, [1])
+
     def test_a_device_given_wins(self):
         sys.modules["torch"] = fake_torch(initialized=True, current=3)
         cudalloc_torch.memory_stats(1)

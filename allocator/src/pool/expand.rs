@@ -221,7 +221,7 @@ impl<D: Device> Pool<D> {
     }
 
     fn count_mapped(&mut self, pool: PoolKind, range: Range) {
-        self.stats.reserved_bytes.increase(pool, range.size);
+        self.reserved_grew(pool, range.size);
         self.stats.num_device_alloc += 1;
         self.stats.calls.maps += range.ops;
     }
@@ -256,7 +256,7 @@ impl<D: Device> Pool<D> {
         self.try_merge(id, next);
         self.index_unmapped(id);
         self.sub_reserved(range.size);
-        self.stats.reserved_bytes.decrease(pool, range.size);
+        self.reserved_shrank(pool, range.size);
         self.stats.num_device_free += 1;
         self.stats.calls.unmaps += range.ops;
         Ok(id)

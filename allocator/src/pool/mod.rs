@@ -29,7 +29,7 @@ pub mod segment;
 use crate::config::{Config, Policy};
 use crate::error::AllocError;
 use crate::sizes::{self, PoolKind, MIN_BLOCK, SMALL_SIZE};
-use crate::stats::Stats;
+use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use block::{Arena, Block, BlockId, NIL};
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
@@ -89,9 +89,8 @@ pub struct Pool<D: Device> {
     pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
-    /// The highest value `shared` reached since peaks were last reset (when a
-    /// `CachingAllocator` keeps it: the exact peak of its shards' reserved bytes together).
-    pub(crate) shared_peak: Option<Arc<AtomicU64>>,
+    /// The reserved bytes of the pools of one `CachingAllocator` together, and their peak.
+    pub(crate) shared_peak: Option<Arc<SharedPeak>>,
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
@@ -617,22 +616,35 @@ impl<D: Device> Pool<D> {
     /// pools share a limit, the check and the count are one atomic step, so concurrent pools
     /// cannot pass the limit together; false (and nothing counted) when `n` would pass it.
     pub(crate) fn claim(&mut self, n: u64) -> bool {
-        let before = if let (Some(s), Some(l)) = (&self.shared, self.limit) {
+        if let (Some(s), Some(l)) = (&self.shared, self.limit) {
             let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
-            match s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits) {
-                Ok(before) => before,
-                Err(_) => return false,
+            if s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+                .is_err()
+            {
+                return false;
             }
         } else if let Some(s) = &self.shared {
-            s.fetch_add(n, Ordering::AcqRel)
-        } else {
-            0
-        };
-        if let Some(p) = &self.shared_peak {
-            p.fetch_max(before + n, Ordering::AcqRel);
+            s.fetch_add(n, Ordering::AcqRel);
         }
         self.reserved += n;
         true
+    }
+
+    /// Counts `n` bytes the device now holds for `pool`, once the call that got them succeeded
+    /// (a claim that the device then refused counts in no statistic, no peak included).
+    pub(crate) fn reserved_grew(&mut self, pool: PoolKind, n: u64) {
+        self.stats.reserved_bytes.increase(pool, n);
+        if let Some(p) = &self.shared_peak {
+            p.grew(n);
+        }
+    }
+
+    /// Counts `n` bytes of `pool` given back to the device.
+    pub(crate) fn reserved_shrank(&mut self, pool: PoolKind, n: u64) {
+        self.stats.reserved_bytes.decrease(pool, n);
+        if let Some(p) = &self.shared_peak {
+            p.shrank(n);
+        }
     }
 
     /// Gives back bytes counted by [`Pool::claim`].
@@ -657,10 +669,9 @@ impl<D: Device> Pool<D> {
         self.shared = Some(counter);
     }
 
-    /// Makes this pool raise `peak` to the shared counter's total whenever it claims bytes
-    /// (after [`Pool::share_reserved`]), so that `peak` is the highest total the pools sharing
-    /// the counter held at once, where the sum of their own peaks is only a bound.
-    pub(crate) fn share_reserved_peak(&mut self, peak: Arc<AtomicU64>) {
+    /// Makes this pool count the bytes it holds into `peak` too, which then has the highest
+    /// total the pools sharing it held at once (the sum of their own peaks is only a bound).
+    pub(crate) fn share_reserved_peak(&mut self, peak: Arc<SharedPeak>) {
         self.shared_peak = Some(peak);
     }
 
@@ -687,7 +698,7 @@ impl<D: Device> Pool<D> {
             }
         };
         self.stats.segment.increase(req.pool, 1);
-        self.stats.reserved_bytes.increase(req.pool, size);
+        self.reserved_grew(req.pool, size);
         if size >= self.cfg.max_split_size {
             self.stats.oversize_segments.increase(1);
         }

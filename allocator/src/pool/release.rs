@@ -17,7 +17,7 @@ impl<D: Device> Pool<D> {
         debug_assert!(removed);
         self.sub_reserved(b.size);
         self.stats.segment.decrease(b.pool, 1);
-        self.stats.reserved_bytes.decrease(b.pool, b.size);
+        self.reserved_shrank(b.pool, b.size);
         if b.size >= self.cfg.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }

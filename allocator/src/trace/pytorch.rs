@@ -402,10 +402,13 @@ fn int_text(v: &Value) -> String {
     }
 }
 
-/// A stream handle: PyTorch writes `int64_t(stream)`, so negative values wrap.
+/// A stream handle: PyTorch writes `int64_t(stream)`, so negative values wrap; an int outside
+/// both 64-bit ranges is refused with the Python converter's words.
 fn stream(v: &Value) -> Result<u64, String> {
     match v {
         Value::I64(i) => Ok(*i as u64),
+        Value::Int(_) => uint(v, "stream")
+            .map_err(|_| format!("key `stream` = {} does not fit 64 bits", int_text(v))),
         _ => uint(v, "stream"),
     }
 }
@@ -413,7 +416,7 @@ fn stream(v: &Value) -> Result<u64, String> {
 /// Python's name for the type of a value.
 fn kind(v: &Value) -> &'static str {
     match v {
-        Value::None => "None",
+        Value::None => "NoneType",
         Value::Bool(_) => "bool",
         Value::I64(_) | Value::Int(_) => "int",
         Value::F64(_) => "float",
