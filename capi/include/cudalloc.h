@@ -146,8 +146,11 @@ size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
  * `cudalloc replay`. The trace begins with an "alloc" at time 0 for every allocation live now;
  * then cudalloc_malloc writes "alloc" ("oom" when it runs out of memory), cudalloc_free writes
  * "free_requested" and "free_completed"; time_us counts from the start. Other devices are not
- * recorded (the format has no device column). 0 or -1 (a trace is already running, the file
- * cannot be created). */
+ * recorded (the format has no device column). While a trace runs, device 0's cudalloc_malloc
+ * and cudalloc_free calls take one lock each, across threads, so that the events are written in
+ * the order they were served: threads allocating on device 0 at once wait for each other (the
+ * allocator's per-stream and per-thread concurrency returns when the trace stops). 0 or -1 (a
+ * trace is already running, the file cannot be created). */
 int cudalloc_trace_start(const char *path);
 
 /* Stops the trace and closes its file. Call it before the process exits: events are formatted
