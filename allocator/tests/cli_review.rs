@@ -4,7 +4,8 @@
 //! `garbage_collection_threshold` refused wherever the replay would ignore it (any policy but
 //! `torch`, or no cap) and acting where it is accepted; `--help` saying that a cap, any cap, puts
 //! `default` in its capped mode; the table's trace lines told apart from replayed operations;
-//! `stats` reporting a trace's anomalies as `replay` does.
+//! `stats` reporting a trace's anomalies as `replay` does; `--device` picking a snapshot's device
+//! (refused for a CSV trace).
 
 use cudalloc::Config;
 use serde_json::Value;
@@ -352,4 +353,49 @@ fn stats_reports_anomalies_as_replay_does() {
     let clean = run(&["stats", "--policy", "torch", &bert()]);
     assert!(clean.json()[0]["anomalies"]["first_line"].is_null());
     assert!(!clean.err.contains("anomalies"), "{}", clean.err);
+}
+
+/// `--device N` picks a snapshot's device in `replay` and `stats` (the fixture's device 1 holds
+/// 4,096 + 8,192 bytes); a device the snapshot lacks, or one given for a CSV trace, is an error
+/// naming the file (exit 2), not silently ignored.
+#[test]
+fn device_picks_a_snapshots_device_and_is_refused_for_a_csv() {
+    let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/snapshot.pickle");
+    let snap = snap.to_str().unwrap();
+    let one = run(&[
+        "replay", "--json", "--policy", "torch", "--device", "1", snap,
+    ]);
+    assert_eq!(one.code, Some(0), "{}", one.err);
+    assert_eq!(one.json()[0]["peak_live_bytes"], 4096 + 8192);
+    let zero = run(&["replay", "--json", "--policy", "torch", snap]);
+    assert_ne!(
+        zero.json()[0]["peak_live_bytes"],
+        4096 + 8192,
+        "device 0 by default"
+    );
+    let stats = run(&["stats", "--device", "1", snap]);
+    assert_eq!(stats.code, Some(0), "{}", stats.err);
+    assert_eq!(
+        stats.json()[0]["memory_stats"]["requested_bytes.all.peak"],
+        4096 + 8192
+    );
+
+    let absent = run(&["replay", "--policy", "torch", "--device", "5", snap]);
+    assert_eq!(absent.code, Some(2), "{}", absent.err);
+    assert!(
+        absent.err.contains("snapshot.pickle")
+            && absent
+                .err
+                .contains("device 5 asked for; the snapshot has traces of 2 device(s)"),
+        "{}",
+        absent.err
+    );
+    let csv = trace_file("device-csv", SMALL);
+    let csv = run(&["stats", "--device", "0", csv.to_str().unwrap()]);
+    assert_eq!(csv.code, Some(2), "{}", csv.err);
+    assert!(
+        csv.err.contains("small.csv") && csv.err.contains("not a PyTorch snapshot"),
+        "{}",
+        csv.err
+    );
 }

@@ -360,16 +360,33 @@ fn detect(head: &[u8]) -> Format {
 ///
 /// A UTF-8 byte order mark before a CSV header is skipped.
 pub fn read(path: &Path) -> Result<Trace, TraceError> {
+    read_device(path, None)
+}
+
+/// [`read`], with the device of a PyTorch snapshot to read given (`None`: chosen as
+/// [`pytorch::read_snapshot`] chooses). Our CSV and RMM's logs hold one device's events: a
+/// device given for one of them is an error, so that it is never silently ignored.
+pub fn read_device(path: &Path, device: Option<usize>) -> Result<Trace, TraceError> {
     let mut r = open(path)?;
     let head = r
         .fill_buf()
         .map_err(|e| TraceError::file(path, e.to_string()))?;
-    match detect(head) {
+    let format = detect(head);
+    if let (Some(d), Format::Rmm | Format::Csv) = (device, format) {
+        return Err(TraceError::file(
+            path,
+            format!("device {d} asked for, but this is not a PyTorch snapshot (its events have no device)"),
+        ));
+    }
+    match format {
         Format::Pickle => {
             let mut bytes = Vec::new();
             r.read_to_end(&mut bytes)
                 .map_err(|e| TraceError::file(path, e.to_string()))?;
-            pytorch::read_snapshot(path, &bytes)
+            match device {
+                Some(d) => pytorch::read_snapshot_device(path, &bytes, d),
+                None => pytorch::read_snapshot(path, &bytes),
+            }
         }
         Format::Rmm => rmm::read(path, r),
         Format::Csv => csv::read(path, r),

@@ -227,8 +227,8 @@ fn several_devices(devices: &[(usize, usize)]) -> String {
         .map(|(d, n)| format!("device {d}: {n} entries"))
         .collect();
     format!(
-        "device 0 has no trace entries and several devices do ({}); convert the one to replay \
-         with `python -m cudalloc_trace.convert SNAPSHOT OUT.csv --device N`",
+        "device 0 has no trace entries and several devices do ({}); pick one with `--device N` \
+         (`cudalloc replay`, `cudalloc stats`, `python -m cudalloc_trace.convert`)",
         list.join(", ")
     )
 }

@@ -100,6 +100,11 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// The device whose events to read from PyTorch snapshot pickles (default: device 0 if it
+    /// has events, else the only device that has); an error for a CSV or RMM trace.
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
+
     /// Trace files (our CSV, plain or gzip; PyTorch snapshot pickles; RMM logs). None: the
     /// bundled traces in `traces/`.
     #[arg(value_name = "TRACE")]
@@ -243,6 +248,10 @@ pub struct StatsArgs {
     /// key it is the `default` policy with those keys, not `torch`.
     #[arg(long, value_name = "STR", value_parser = parse_variant, conflicts_with = "policy")]
     pub config: Option<Variant>,
+
+    /// The device whose events to read from a PyTorch snapshot pickle (as `replay --device`).
+    #[arg(long, value_name = "N")]
+    pub device: Option<usize>,
 }
 
 impl StatsArgs {

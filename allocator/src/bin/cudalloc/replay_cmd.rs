@@ -88,7 +88,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         args.traces.clone()
     };
     check_distinct_paths(&paths)?;
-    let mut traces = read_all(&paths)?;
+    let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     warn_if_empty(&traces);
     let plan = Plan {
@@ -124,10 +124,10 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     }
 }
 
-fn read_all(paths: &[PathBuf]) -> Result<Vec<Trace>, CliError> {
+fn read_all(paths: &[PathBuf], device: Option<usize>) -> Result<Vec<Trace>, CliError> {
     paths
         .iter()
-        .map(|p| trace::read(p).map_err(|e| CliError::msg(e.to_string())))
+        .map(|p| trace::read_device(p, device).map_err(|e| CliError::msg(e.to_string())))
         .collect()
 }
 

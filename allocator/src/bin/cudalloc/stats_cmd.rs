@@ -23,7 +23,8 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let variant = args.variant();
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
-    let t = trace::read(&args.trace).map_err(|e| CliError::msg(e.to_string()))?;
+    let t =
+        trace::read_device(&args.trace, args.device).map_err(|e| CliError::msg(e.to_string()))?;
     if let Some(a) = table::anomalies(&t.anomalies) {
         eprintln!("warning: {}: anomalies: {a}", t.name);
     }
