@@ -24,13 +24,10 @@
 //! Page handles are the raw `CUmemGenericAllocationHandle`, events the raw `CUevent` pointer and
 //! streams the raw `CUstream` pointer, each as a `u64`.
 //!
-//! # Loading the driver
+//! # Loading the driver and errors
 //!
-//! cudarc loads `libcuda` on first use and panics when the library or a symbol is missing. The
-//! first call that needs the driver therefore checks, once per process and cached in a
-//! `OnceLock`: the library is present (`cudarc::driver::sys::is_culib_present`), every symbol this
-//! module calls resolves (inside `catch_unwind`), and `cuInit(0)` succeeds. If any step fails,
-//! that call and every later one return [`DeviceError::Unavailable`] with the reason; none panics.
+//! Loading and initialising the driver once per process, without a panic when it is missing,
+//! and turning a `CUresult` into a [`DeviceError`], are in the `driver` submodule.
 //!
 //! # Contexts and threads
 //!
@@ -38,11 +35,11 @@
 //! current per thread, so every method first makes the context current on the calling thread
 //! (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context, or none, is current)
 //! and, when it had to, makes the caller's context current again (none, when none was) before it
-//! returns ([`Bound`]): a call never changes which device the caller's own CUDA work goes to, as
-//! PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same around
+//! returns (a `Bound` guard): a call never changes which device the caller's own CUDA work goes
+//! to, as PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same around
 //! cudarc's `CudaContext::new`, which binds the context, and so does dropping the device around
-//! cudarc's drop of its last context handle, which binds it to release it. Methods take `&self` and may be called
-//! from any thread.
+//! cudarc's drop of its last context handle, which binds it to release it. Methods take `&self`
+//! and may be called from any thread.
 //!
 //! # Bookkeeping
 //!
@@ -57,143 +54,31 @@
 //! Dropping a `CudaDevice` releases nothing it handed out; the driver reclaims it when the
 //! primary context's last user goes away.
 //!
-//! # Errors
-//!
-//! - `CUDA_ERROR_OUT_OF_MEMORY` from `cuMemAlloc_v2`, `cuMemCreate` or `cuMemAddressReserve` is
-//!   [`DeviceError::OutOfMemory`].
-//! - Any other failing `CUresult` is [`DeviceError::Driver`] with the entry point's name, the
-//!   numeric code and `cuGetErrorString`'s message; `cuEventQuery`'s `CUDA_ERROR_NOT_READY` is
-//!   `Ok(false)`, and `cuCtxEnablePeerAccess`'s `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` is `Ok`.
-//! - Zero sizes, sizes or addresses that are not multiples of the granularity and the bookkeeping
-//!   checks above are [`DeviceError::InvalidArgument`].
+//! Zero sizes, sizes or addresses that are not multiples of the granularity and the bookkeeping
+//! checks above are [`DeviceError::InvalidArgument`]; `cuEventQuery`'s `CUDA_ERROR_NOT_READY` is
+//! `Ok(false)`, and `cuCtxEnablePeerAccess`'s `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` is `Ok`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{sys, CudaContext};
 use parking_lot::{Mutex, RwLock};
 
 use crate::device::{
     Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
 };
 
+mod driver;
+use driver::{check, check_alloc, driver, driver_error};
+
 // Sizes and addresses cross between `u64` and `usize` with `as`; that is lossless only here.
 const _: () = assert!(usize::BITS == 64, "cudalloc needs a 64-bit target");
-
-/// Every driver entry point that this module or `CudaContext::new`/`drop` calls.
-const SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorString",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuDeviceGetAttribute",
-    "cuDeviceCanAccessPeer",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxGetCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxSynchronize",
-    "cuCtxEnablePeerAccess",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemAllocAsync",
-    "cuLaunchHostFunc",
-    "cuStreamSynchronize",
-    "cuMemFreeAsync",
-    "cuMemGetInfo_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemsetD8Async",
-    "cuMemGetAllocationGranularity",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-];
-
-/// Ok once the driver is loaded and initialised; the reason otherwise. Checked once per process.
-fn driver() -> DeviceResult<()> {
-    static STATE: OnceLock<Result<(), String>> = OnceLock::new();
-    STATE
-        .get_or_init(load_driver)
-        .clone()
-        .map_err(DeviceError::Unavailable)
-}
-
-fn load_driver() -> Result<(), String> {
-    // SAFETY: `is_culib_present` only tries to open candidate library names and closes them.
-    if !unsafe { sys::is_culib_present() } {
-        return Err("the CUDA driver library (libcuda) was not found".into());
-    }
-    let resolved = std::panic::catch_unwind(resolve_symbols)
-        .unwrap_or_else(|_| Err("loading libcuda panicked".into()));
-    resolved?;
-    // SAFETY: every symbol resolved above; `cuInit` takes no pointers.
-    let code = unsafe { sys::cuInit(0) };
-    check("cuInit", code).map_err(|e| format!("cuInit failed: {e}"))
-}
-
-fn resolve_symbols() -> Result<(), String> {
-    // SAFETY: the library is present (checked by the caller); opening it runs its initialisers,
-    // which is what loading the CUDA driver means. A panic here is caught by the caller.
-    let lib = unsafe { sys::culib() };
-    for name in SYMBOLS {
-        // SAFETY: looking a symbol up does not call it; the pointer type is never used.
-        let found = unsafe { lib.get::<unsafe extern "C" fn()>(name.as_bytes()) };
-        found.map_err(|e| format!("libcuda lacks {name}: {e}"))?;
-    }
-    Ok(())
-}
 
 /// Host function for [`CudaDevice::sleep_on_stream`]: `data` carries the milliseconds.
 extern "C" fn sleep_host_fn(data: *mut c_void) {
     std::thread::sleep(std::time::Duration::from_millis(data as usize as u64));
-}
-
-/// The driver's message for a `CUresult`.
-fn describe(code: sys::CUresult) -> String {
-    match result::DriverError(code).error_string() {
-        Ok(message) => message.to_string_lossy().into_owned(),
-        Err(_) => format!("{code:?}"),
-    }
-}
-
-fn driver_error(call: &'static str, code: sys::CUresult) -> DeviceError {
-    DeviceError::Driver {
-        call,
-        code: code as i32,
-        message: describe(code),
-    }
-}
-
-/// Maps a `CUresult` to Ok or [`DeviceError::Driver`].
-fn check(call: &'static str, code: sys::CUresult) -> DeviceResult<()> {
-    match code {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        code => Err(driver_error(call, code)),
-    }
-}
-
-/// Like [`check`], but out-of-memory is [`DeviceError::OutOfMemory`] for `requested` bytes.
-fn check_alloc(call: &'static str, requested: u64, code: sys::CUresult) -> DeviceResult<()> {
-    match code {
-        sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-            Err(DeviceError::OutOfMemory { call, requested })
-        }
-        code => check(call, code),
-    }
 }
 
 /// A device memory location for `ordinal`. `CUmemLocation` changed shape in cudarc's CUDA 13.2+
