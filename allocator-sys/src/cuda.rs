@@ -36,10 +36,10 @@
 //! (`cuCtxGetCurrent`, then `cuCtxSetCurrent` only when another context, or none, is current)
 //! and, when it had to, makes the caller's context current again (none, when none was) before it
 //! returns (a `Bound` guard): a call never changes which device the caller's own CUDA work goes
-//! to, as PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same around
-//! cudarc's `CudaContext::new`, which binds the context, and so does dropping the device around
-//! cudarc's drop of its last context handle, which binds it to release it. Methods take `&self`
-//! and may be called from any thread.
+//! to, as PyTorch's allocator restores the device it found. [`CudaDevice::new`] does the same
+//! around cudarc's `CudaContext::new`, which binds the context, and so does dropping the device
+//! around cudarc's drop of its last context handle, which binds it to release it. Methods take
+//! `&self` and may be called from any thread.
 //!
 //! # Bookkeeping
 //!
