@@ -50,6 +50,8 @@ pub struct Block {
     pub episode_seq: u64,
     /// The handout it serves, while allocated ([`crate::pool::Allocation::serial`]).
     pub serial: u64,
+    /// False for a slot of the [`Arena`] whose block was removed.
+    live: bool,
 }
 
 impl Block {
@@ -71,6 +73,7 @@ impl Block {
             gc_base: 0,
             episode_seq: u64::MAX,
             serial: 0,
+            live: true,
         }
     }
 
@@ -96,36 +99,43 @@ impl Block {
 }
 
 /// Owner of all blocks; ids stay valid until [`Arena::remove`].
+///
+/// A removed block's slot keeps a dead block (`live` false) until an insert reuses it, so that
+/// indexing by a live id, the pool's every step, reads the slot without a check on whether it
+/// holds a block; [`Arena::get`] checks, and indexing by a dead id is a bug (a debug build
+/// panics on it).
 #[derive(Default)]
 pub struct Arena {
-    slots: Vec<Option<Block>>,
+    slots: Vec<Block>,
     vacant: Vec<BlockId>,
 }
 
 impl Arena {
     /// Stores a block and returns its id.
     pub fn insert(&mut self, b: Block) -> BlockId {
+        debug_assert!(b.live);
         if let Some(id) = self.vacant.pop() {
-            self.slots[id as usize] = Some(b);
+            self.slots[id as usize] = b;
             id
         } else {
-            self.slots.push(Some(b));
+            self.slots.push(b);
             (self.slots.len() - 1) as BlockId
         }
     }
 
     /// Drops a block; its id may be reused.
     pub fn remove(&mut self, id: BlockId) -> Block {
-        let b = self.slots[id as usize]
-            .take()
-            .expect("removing a block twice");
+        let slot = &mut self.slots[id as usize];
+        assert!(slot.live, "removing a block twice");
+        let mut dead = Block::new(0, 0, slot.stream, slot.pool);
+        dead.live = false;
         self.vacant.push(id);
-        b
+        std::mem::replace(slot, dead)
     }
 
     /// The block with this id, if it exists.
     pub fn get(&self, id: BlockId) -> Option<&Block> {
-        self.slots.get(id as usize).and_then(Option::as_ref)
+        self.slots.get(id as usize).filter(|b| b.live)
     }
 
     /// Every live block with its id.
@@ -133,7 +143,8 @@ impl Arena {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| b.as_ref().map(|b| (i as BlockId, b)))
+            .filter(|(_, b)| b.live)
+            .map(|(i, b)| (i as BlockId, b))
     }
 
     /// Number of live blocks.
@@ -150,12 +161,16 @@ impl Arena {
 impl std::ops::Index<BlockId> for Arena {
     type Output = Block;
     fn index(&self, id: BlockId) -> &Block {
-        self.slots[id as usize].as_ref().expect("stale block id")
+        let b = &self.slots[id as usize];
+        debug_assert!(b.live, "stale block id");
+        b
     }
 }
 
 impl std::ops::IndexMut<BlockId> for Arena {
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
-        self.slots[id as usize].as_mut().expect("stale block id")
+        let b = &mut self.slots[id as usize];
+        debug_assert!(b.live, "stale block id");
+        b
     }
 }

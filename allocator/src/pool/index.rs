@@ -208,7 +208,12 @@ impl Bins {
         let Ok(at) = bin.binary_search_by_key(&k, |e| e.0) else {
             return false;
         };
-        bin.remove(at);
+        // Most bins hold one block: popping the last entry spares a call to move none.
+        if at + 1 == bin.len() {
+            bin.pop();
+        } else {
+            bin.remove(at);
+        }
         if bin.is_empty() {
             self.used[b / 64] &= !(1 << (b % 64));
         }
