@@ -133,6 +133,17 @@ impl Arena {
         std::mem::replace(slot, dead)
     }
 
+    /// Drops a block that holds nothing to drop (no other streams' uses) where it lies: its
+    /// slot keeps its fields, marked dead, until an insert reuses it (cheaper than
+    /// [`Arena::remove`], which moves it out).
+    pub fn discard(&mut self, id: BlockId) {
+        let slot = &mut self.slots[id as usize];
+        assert!(slot.live, "removing a block twice");
+        debug_assert!(slot.stream_uses.is_empty());
+        slot.live = false;
+        self.vacant.push(id);
+    }
+
     /// The block with this id, if it exists.
     pub fn get(&self, id: BlockId) -> Option<&Block> {
         self.slots.get(id as usize).filter(|b| b.live)

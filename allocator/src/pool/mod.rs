@@ -566,27 +566,33 @@ impl<D: Device> Pool<D> {
         {
             return 0;
         }
-        let s = self.blocks.remove(src);
+        let idx = match s.pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
         let removed = if s.mapped {
-            self.index(s.pool).remove(&s)
+            idx.remove(s)
         } else {
-            self.index(s.pool).remove_unmapped(&s)
+            idx.remove_unmapped(s)
         };
         debug_assert!(removed, "merged block was not indexed");
-        if self.blocks[dst].prev == src {
-            self.blocks[dst].addr = s.addr;
-            self.blocks[dst].prev = s.prev;
-            if s.prev != NIL {
-                self.blocks[s.prev].next = dst;
+        let (addr, size, prev, next) = (s.addr, s.size, s.prev, s.next);
+        self.blocks.discard(src);
+        let d = &mut self.blocks[dst];
+        if d.prev == src {
+            d.addr = addr;
+            d.prev = prev;
+            if prev != NIL {
+                self.blocks[prev].next = dst;
             }
         } else {
-            self.blocks[dst].next = s.next;
-            if s.next != NIL {
-                self.blocks[s.next].prev = dst;
+            d.next = next;
+            if next != NIL {
+                self.blocks[next].prev = dst;
             }
         }
-        self.blocks[dst].size += s.size;
-        s.size
+        self.blocks[dst].size += size;
+        size
     }
 
     /// Gets new memory for a request: a new segment (`torch`) or mapped pages (expandable).
