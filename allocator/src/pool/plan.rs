@@ -217,9 +217,9 @@ impl<D: Device> Pool<D> {
         };
         let (from, at) = match self.unmapped_bytes(from, at, req.size) {
             None => return Ok(Placement::BestFit),
-            Some(0) => (from, at),
+            Some((holder, 0)) => (holder, at),
             Some(_) if !may_grow => return Ok(Placement::NeedsGrowth),
-            Some(n) => {
+            Some((_, n)) => {
                 // Giving memory back (never these bytes) may change the blocks around the
                 // target: find it again.
                 self.budget_room(req.size, n, Some((at, at + req.size)))?;
@@ -374,10 +374,12 @@ impl<D: Device> Pool<D> {
         None
     }
 
-    /// Bytes of pages to map so that `at..at + size` is free and mapped, or `None` when part
-    /// of it is taken (or outside the segment).
-    fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<u64> {
-        let mut id = self.block_containing(from, at)?;
+    /// The block holding `at` (found from `from`) and the bytes of pages to map so that
+    /// `at..at + size` is free and mapped, or `None` when part of it is taken (or outside the
+    /// segment).
+    fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<(BlockId, u64)> {
+        let holder = self.block_containing(from, at)?;
+        let mut id = holder;
         let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
         let mut need = 0;
         loop {
@@ -391,7 +393,7 @@ impl<D: Device> Pool<D> {
                 need += hi - lo;
             }
             if b.end() >= at + size {
-                return Some(need);
+                return Some((holder, need));
             }
             id = b.next;
             if id == NIL {
