@@ -34,7 +34,8 @@ rules, so both turn one snapshot into the same events):
   other global (a torch class, a function) becomes an inert :class:`Opaque` object, so torch is
   not needed to read a snapshot.
 
-Usage: ``python -m cudalloc_trace.convert snapshot.pickle out.csv.gz [--device N]``.
+Usage: ``python -m cudalloc_trace.convert snapshot.pickle out.csv.gz [--device N]`` (the
+snapshot plain or gzip'd, as ``cudalloc replay`` reads it).
 """
 
 import argparse
@@ -104,16 +105,20 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path):
-    """Loads a snapshot pickle without running any code from it; a file that is not a pickle
-    raises :class:`SnapshotError`."""
-    with open(path, "rb") as f:
+    """Loads a snapshot pickle, plain or gzip'd (as ``cudalloc replay`` reads it), without
+    running any code from it; a file that is not a pickle raises :class:`SnapshotError`."""
+    with open(path, "rb") as raw:
+        gzipped = raw.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gzipped else open
+    with opener(path, "rb") as f:
         try:
             return _SafeUnpickler(f).load()
         except SnapshotError:
             raise
         except Exception as e:  # a corrupt pickle can raise almost anything while it is read
+            what = "a gzip'd pickle" if gzipped else "a pickle"
             raise SnapshotError(
-                f"not a pickle written by torch.cuda.memory._dump_snapshot() ({e})"
+                f"not {what} written by torch.cuda.memory._dump_snapshot() ({e})"
             ) from e
 
 

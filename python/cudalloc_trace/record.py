@@ -24,8 +24,11 @@ reported in one line and the command exits with 1; if the program itself raised,
 on as it would have, after that line.
 
 PyTorch keeps at most ``max_entries`` events (a ring buffer): a longer run loses its oldest
-events, and its trace then starts with frees of blocks it never saw allocated (readers count
-those as anomalies). The default keeps everything.
+events. The conversion then puts an allocation first for each block freed before the kept
+history allocates it and for each block the snapshot holds that the history never mentions, so
+the trace starts with the memory live at its first kept event (as ``cudalloc replay`` does for
+a snapshot read directly); what happened in the lost stretch, its peak included, is not in it.
+The default keeps everything.
 """
 
 import argparse

@@ -169,6 +169,18 @@ class ConvertTest(unittest.TestCase):
         conv.convert(FIXTURES / "snapshot_p2.pickle", out2)
         self.assertEqual(out2.read_text(), out.read_text())
 
+    def test_a_gzipped_snapshot_reads_as_the_plain_one(self):
+        gz = self.dir / "snapshot.pickle.gz"
+        gz.write_bytes(gzip.compress((FIXTURES / "snapshot.pickle").read_bytes()))
+        out = self.dir / "from_gz.csv"
+        conv.convert(gz, out)
+        self.assertEqual(out.read_text(), (FIXTURES / "snapshot.csv").read_text())
+        cut = self.dir / "cut.pickle.gz"
+        cut.write_bytes(gz.read_bytes()[:40])
+        with self.assertRaises(conv.SnapshotError) as e:
+            conv.load_snapshot(cut)
+        self.assertIn("not a gzip'd pickle", str(e.exception))
+
     def test_real_torch_snapshot(self):
         out = self.dir / "torch.csv"
         self.assertEqual(conv.convert(FIXTURES / "torch211_snapshot.pickle", out), 167)
