@@ -68,7 +68,7 @@ mod tests {
             segment_allocs: 0,
             segment_sizes: Vec::new(),
             peak_live: 0,
-            anomalies: Default::default(),
+            ..Trace::default()
         };
         for (i, &o) in ops.iter().enumerate() {
             t.ops.push(if o > 0 {

@@ -51,7 +51,7 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "trace",
     "policy",
     "completed",
@@ -71,6 +71,7 @@ const KEYS: [&str; 19] = [
     "segment_alloc_events",
     "map_floor_2pct",
     "map_floor_5pct",
+    "allocations_before_history",
 ];
 
 #[test]
@@ -428,14 +429,21 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
         (&by[0]["holding_blocks"], &by[0]["largest_holding_block_op"]),
         (&json!(1), &json!(5431))
     );
+    // ... and the trace line that operation comes from (line 8074: `alloc` of 32,919,552 bytes).
+    assert_eq!(
+        (&by[0]["largest_holding_block_line"], &b["line"]),
+        (&json!(8074), &json!(8207))
+    );
     let o = cudalloc(&["replay", "--breakdown", "--policy", "default", &bert()]);
     let text = stdout(&o);
     assert!(
-        text.contains("  pinned in 11 chunks or segments; the most:\n    24.02 MiB pinned in a 30.00 MiB chunk beside 1 block in use (the largest 31.39 MiB, allocated at op 5,431)"),
+        text.contains("  pinned in 11 chunks or segments; the most:\n    24.02 MiB pinned in a 30.00 MiB chunk beside 1 block in use (the largest 31.39 MiB, allocated at op 5,431, line 8074)"),
         "{text}"
     );
     assert!(
-        text.contains("default: at peak reserved (op 5,518): 608.00 MiB = live 398.96 MiB"),
+        text.contains(
+            "default: at peak reserved (op 5,518, line 8207): 608.00 MiB = live 398.96 MiB"
+        ),
         "{text}"
     );
 }

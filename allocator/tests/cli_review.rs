@@ -399,3 +399,52 @@ fn device_picks_a_snapshots_device_and_is_refused_for_a_csv() {
         csv.err
     );
 }
+
+/// A replay that fails names the trace line of the failing allocation (its op counts only
+/// allocs and frees), in the text and in `--json`'s `failure.line`; a snapshot whose history
+/// began late says how many allocations were put before it, apart from the lines read, and an
+/// anomaly in a snapshot is placed by trace entry, not by line.
+#[test]
+fn failures_name_their_line_and_snapshots_count_what_was_put_first() {
+    // Line 4 (a `segment_alloc` and a `free_requested` are lines, not ops): the 40 MB alloc.
+    let text = "action,addr,size,stream,time_us\nsegment_alloc,4096,4194304,0,0\n\
+                alloc,4096,3000000,0,1\nfree_requested,4096,3000000,0,2\n\
+                alloc,8192,40000000,0,3\n";
+    let trace = trace_file("failure-line", text);
+    let trace = trace.to_str().unwrap();
+    let args = ["replay", "--policy", "torch", "--capacity", "32MiB"];
+    let json = run(&[&args[..], &["--json", trace]].concat());
+    assert_eq!(json.code, Some(1), "{}", json.err);
+    let failure = &json.json()[0]["failure"];
+    assert_eq!((&failure["op"], &failure["line"]), (&1.into(), &5.into()));
+    let text = run(&[&args[..], &[trace]].concat());
+    assert!(
+        text.out.contains("failed at op 1 of 2 (line 5): "),
+        "{}",
+        text.out
+    );
+
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let late = data.join("snapshot_late.pickle");
+    let late = late.to_str().unwrap();
+    let table = run(&["replay", "--policy", "torch", late]);
+    let header = table.out.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("7 trace lines read, 10 ops replayed"),
+        "{header}"
+    );
+    assert!(
+        header.contains(", 5 allocations live before the history began put first"),
+        "{header}"
+    );
+    let json = run(&["replay", "--json", "--policy", "torch", late]);
+    assert_eq!(json.json()[0]["allocations_before_history"], 5);
+    let csv = run(&["replay", "--json", "--policy", "torch", &bert()]);
+    assert_eq!(csv.json()[0]["allocations_before_history"], 0);
+    let t = cudalloc::trace::read(Path::new(late)).expect("the fixture reads");
+    assert_eq!(t.position.noun(), "trace entry");
+    assert_eq!(
+        (t.before_history, t.line_of(0), t.op_lines.len()),
+        (5, None, t.ops.len())
+    );
+}

@@ -147,6 +147,42 @@ pub struct Trace {
     pub peak_live: u64,
     /// Odd events.
     pub anomalies: Anomalies,
+    /// The line (1-based; for a snapshot, the trace entry) each operation of `ops` comes from;
+    /// 0 for an allocation put before the history ([`Trace::before_history`]).
+    pub op_lines: Vec<u64>,
+    /// Allocations put first because they were live before the history began (PyTorch
+    /// snapshots, [`prehistory`]); not counted in `events`.
+    pub before_history: u64,
+    /// What the trace's line numbers count.
+    pub position: Position,
+}
+
+/// What the line numbers of a trace (its anomalies, its errors, [`Trace::op_lines`]) count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Position {
+    /// Lines of a text file (our CSV, RMM logs).
+    #[default]
+    Line,
+    /// Entries of a snapshot's `device_traces` list.
+    Entry,
+}
+
+impl Position {
+    /// The word for one position: `line` or `trace entry`.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Position::Line => "line",
+            Position::Entry => "trace entry",
+        }
+    }
+}
+
+impl Trace {
+    /// The line (or trace entry) operation `op` comes from; `None` for an allocation put
+    /// before the history or an operation the trace does not have.
+    pub fn line_of(&self, op: usize) -> Option<u64> {
+        self.op_lines.get(op).copied().filter(|&l| l > 0)
+    }
 }
 
 /// A trace that could not be read.
@@ -223,6 +259,22 @@ impl TraceBuilder {
     /// Adds one event; `line` is where it came from (for anomaly reports).
     pub fn push(&mut self, e: Event, line: u64) {
         self.trace.events += 1;
+        self.add(e, line);
+    }
+
+    /// Adds the allocation of a block live before the history began (not a line of the input:
+    /// not counted in [`Trace::events`], counted in [`Trace::before_history`]).
+    pub fn push_before_history(&mut self, e: Event) {
+        self.trace.before_history += 1;
+        self.add(e, 0);
+    }
+
+    /// Says what the line numbers given to `push` count.
+    pub fn set_position(&mut self, p: Position) {
+        self.trace.position = p;
+    }
+
+    fn add(&mut self, e: Event, line: u64) {
         match e.action {
             Action::Alloc => self.alloc(e, line),
             Action::FreeCompleted => self.free_completed(e, line),
@@ -238,7 +290,7 @@ impl TraceBuilder {
         if self.live.contains_key(&e.addr) {
             self.anomaly(line);
             self.trace.anomalies.double_allocs += 1;
-            self.free(e.addr);
+            self.free(e.addr, line);
         }
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.trace.slots += 1;
@@ -258,10 +310,11 @@ impl TraceBuilder {
             stream,
             size: e.size,
         });
+        self.trace.op_lines.push(line);
     }
 
     fn free_completed(&mut self, e: Event, line: u64) {
-        match self.free(e.addr) {
+        match self.free(e.addr, line) {
             Some((size, stream)) if (size, stream) != (e.size, e.stream) => {
                 self.anomaly(line);
                 self.trace.anomalies.mismatched_frees += 1;
@@ -274,12 +327,14 @@ impl TraceBuilder {
         }
     }
 
-    /// Frees the allocation live at `addr`; returns its size and stream, `None` if none is.
-    fn free(&mut self, addr: u64) -> Option<(u64, u64)> {
+    /// Frees the allocation live at `addr` (at `line`); returns its size and stream, `None` if
+    /// none is.
+    fn free(&mut self, addr: u64, line: u64) -> Option<(u64, u64)> {
         let (slot, size, stream) = self.live.remove(&addr)?;
         self.live_bytes -= u128::from(size);
         self.free_slots.push(slot);
         self.trace.ops.push(Op::Free { slot });
+        self.trace.op_lines.push(line);
         Some((size, stream))
     }
 

@@ -48,7 +48,7 @@
 //! with `python -m cudalloc_trace.convert` and read the CSV, which streams.
 
 use super::prehistory::{self, Held};
-use super::{Action, Event, Trace, TraceBuilder, TraceError};
+use super::{Action, Event, Position, Trace, TraceBuilder, TraceError};
 use serde_pickle::{DeOptions, HashableValue, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -95,9 +95,9 @@ fn read_entries(path: &Path, bytes: &[u8], device: Device) -> Result<Trace, Trac
     }
     let held = held_blocks(d.segments.as_ref(), d.device).map_err(|m| TraceError::file(path, m))?;
     let mut b = TraceBuilder::new(super::trace_name(path));
-    // Line 0: not a line of the history (and none can be an anomaly).
+    b.set_position(Position::Entry);
     for e in prehistory::allocations(events.iter().map(|(e, _)| e), &held) {
-        b.push(e, 0);
+        b.push_before_history(e);
     }
     for (e, line) in events {
         b.push(e, line);

@@ -11,16 +11,23 @@ use std::io::{self, Write};
 /// many chunks or segments held pinned bytes, and the five that held the most). `events` and
 /// `ns_per_event` count replayed operations (`alloc` and `free_completed`), as the table's `ops`
 /// and `ns/op` do; the keys keep their first names so that scripts reading them keep working.
-/// `completed` is false when an allocation failed; `failure` then says at which operation and
-/// why (null otherwise), and the peaks are those reached before it. `anomalies` are the
-/// trace's odd events (frees of addresses not live, allocations of live ones).
+/// `completed` is false when an allocation failed; `failure` then says at which operation (its
+/// index among those replayed, and the trace line or snapshot entry it comes from) and why
+/// (null otherwise), and the peaks are those reached before it. `anomalies` are the trace's odd
+/// events (frees of addresses not live, allocations of live ones);
+/// `allocations_before_history` the allocations a snapshot's reader put first for memory live
+/// before its history began.
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
         "trace": report.name,
         "policy": run.label,
         "completed": r.failure.is_none(),
-        "failure": r.failure.as_ref().map(|f| json!({"op": f.op, "error": f.error.to_string()})),
+        "failure": r.failure.as_ref().map(|f| json!({
+            "op": f.op,
+            "line": report.line_of(f.op),
+            "error": f.error.to_string(),
+        })),
         "anomalies": anomalies(&report.anomalies),
         "events": r.events,
         "peak_live_bytes": r.peak_live_bytes,
@@ -36,10 +43,12 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "segment_alloc_events": report.segment_allocs,
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],
+        "allocations_before_history": report.before_history,
     });
     if let Some((op, e)) = r.peak_excess {
         v["peak_breakdown"] = json!({
             "op": op,
+            "line": report.line_of(op),
             "reserved_bytes": e.reserved,
             "live_bytes": e.live,
             "rounding_bytes": e.rounding,
@@ -49,7 +58,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         });
         if let Some(p) = &r.peak_pinning {
             v["peak_breakdown"]["pinned_units"] = json!(p.units);
-            v["peak_breakdown"]["pinned_by"] = pinned_by(p);
+            v["peak_breakdown"]["pinned_by"] = pinned_by(report, p);
         }
     }
     v
@@ -68,9 +77,10 @@ pub fn anomalies(a: &Anomalies) -> Value {
 
 /// The units that held the most pinned bytes at the reserved peak, each as `kind` (`chunk` or
 /// `segment`), `addr`, `unit_bytes`, `pinned_bytes`, `holding_blocks` (blocks in use in it),
-/// `largest_holding_block_bytes` and `largest_holding_block_op` (the operation that allocated
-/// it; null when it is waiting for events).
-fn pinned_by(p: &PeakPinning) -> Value {
+/// `largest_holding_block_bytes`, `largest_holding_block_op` (the operation that allocated
+/// it; null when it is waiting for events) and `largest_holding_block_line` (that operation's
+/// line or trace entry; null as the op is, or for an allocation put before the history).
+fn pinned_by(report: &Report, p: &PeakPinning) -> Value {
     p.most
         .iter()
         .map(|(u, op)| {
@@ -82,6 +92,7 @@ fn pinned_by(p: &PeakPinning) -> Value {
                 "holding_blocks": u.holders,
                 "largest_holding_block_bytes": u.largest.1,
                 "largest_holding_block_op": op,
+                "largest_holding_block_line": op.and_then(|op| report.line_of(op)),
             })
         })
         .collect()

@@ -9,7 +9,7 @@ use cudalloc::fmt::bytes;
 use cudalloc::replay::{
     min_capacity, replay, search_pages, ReplayOptions, ReplayResult, DEVICE_CAPACITY,
 };
-use cudalloc::trace::{self, Anomalies, Trace};
+use cudalloc::trace::{self, Anomalies, Position, Trace};
 use cudalloc::{Config, Policy};
 use std::io::Write;
 use std::path::PathBuf;
@@ -50,8 +50,28 @@ pub struct Report {
     pub map_floor: [u64; 2],
     /// Odd events of the trace.
     pub anomalies: Anomalies,
+    /// Allocations put first because they were live before a snapshot's history began.
+    pub before_history: u64,
+    /// What the trace's line numbers count (lines, or a snapshot's trace entries).
+    pub position: Position,
+    /// The line each operation comes from ([`Trace::op_lines`]).
+    pub op_lines: Vec<u64>,
     /// The replays, in the order of the configurations.
     pub runs: Vec<Run>,
+}
+
+impl Report {
+    /// The line (or trace entry) operation `op` comes from, in words: `line 312`; `None` for an
+    /// allocation put before the history.
+    pub fn place_of(&self, op: usize) -> Option<String> {
+        let line = self.op_lines.get(op).copied().filter(|&l| l > 0)?;
+        Some(format!("{} {line}", self.position.noun()))
+    }
+
+    /// The line (or trace entry) operation `op` comes from, as a number.
+    pub fn line_of(&self, op: usize) -> Option<u64> {
+        self.op_lines.get(op).copied().filter(|&l| l > 0)
+    }
 }
 
 /// What a replay is asked to do besides measuring.
@@ -378,6 +398,9 @@ fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progres
         peak_live: t.peak_live,
         map_floor: FLOOR_SLACKS.map(|slack| map_floor(t, slack, PAGE)),
         anomalies: t.anomalies.clone(),
+        before_history: t.before_history,
+        position: t.position,
+        op_lines: t.op_lines.clone(),
         runs,
     }
 }

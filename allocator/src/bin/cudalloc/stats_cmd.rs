@@ -25,7 +25,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let t =
         trace::read_device(&args.trace, args.device).map_err(|e| CliError::msg(e.to_string()))?;
-    if let Some(a) = table::anomalies(&t.anomalies) {
+    if let Some(a) = table::anomalies(&t.anomalies, t.position) {
         eprintln!("warning: {}: anomalies: {a}", t.name);
     }
     let pool = Pool::new(

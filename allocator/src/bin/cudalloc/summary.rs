@@ -204,6 +204,9 @@ mod tests {
             peak_live: live_mib * MIB,
             map_floor: [0, 0],
             anomalies: Default::default(),
+            before_history: 0,
+            position: Default::default(),
+            op_lines: Vec::new(),
             runs: vec![run],
         }
     }

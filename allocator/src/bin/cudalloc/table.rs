@@ -4,7 +4,7 @@
 use crate::replay_cmd::{Report, Run};
 use cudalloc::fmt::bytes;
 use cudalloc::replay::PeakPinning;
-use cudalloc::trace::Anomalies;
+use cudalloc::trace::{Anomalies, Position};
 use std::io::{self, Write};
 
 const HEADERS: [&str; 13] = [
@@ -39,9 +39,10 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
         if let Some((op, e)) = run.result.peak_excess {
             writeln!(
                 out,
-                "{}: at peak reserved (op {}): {} = live {} + rounding {} + pending {} + releasable {} + pinned {}",
+                "{}: at peak reserved (op {}{}): {} = live {} + rounding {} + pending {} + releasable {} + pinned {}",
                 run.label,
                 thousands(op as u64),
+                r.place_of(op).map_or(String::new(), |p| format!(", {p}")),
                 bytes(e.reserved),
                 bytes(e.live),
                 bytes(e.rounding),
@@ -51,7 +52,7 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
             )?;
         }
         if let Some(p) = &run.result.peak_pinning {
-            report_pinning(out, p)?;
+            report_pinning(out, r, p)?;
         }
     }
     Ok(())
@@ -59,7 +60,7 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
 
 /// Writes what held the pinned bytes at the reserved peak: how many units, and the few that
 /// held the most.
-fn report_pinning(out: &mut impl Write, p: &PeakPinning) -> io::Result<()> {
+fn report_pinning(out: &mut impl Write, r: &Report, p: &PeakPinning) -> io::Result<()> {
     if p.units == 0 {
         return Ok(());
     }
@@ -70,7 +71,8 @@ fn report_pinning(out: &mut impl Write, p: &PeakPinning) -> io::Result<()> {
     )?;
     for (u, op) in &p.most {
         let made = op.map_or(String::new(), |op| {
-            format!(", allocated at op {}", thousands(op as u64))
+            let place = r.place_of(op).map_or(String::new(), |p| format!(", {p}"));
+            format!(", allocated at op {}{place}", thousands(op as u64))
         });
         writeln!(
             out,
@@ -100,19 +102,29 @@ fn header_line(r: &Report, capacity: Option<u64>) -> String {
     if let Some(c) = capacity {
         line += &format!(", capacity {}", bytes(c));
     }
-    if let Some(a) = anomalies(&r.anomalies) {
+    if r.before_history > 0 {
+        line += &format!(
+            ", {} allocations live before the history began put first",
+            thousands(r.before_history)
+        );
+    }
+    if let Some(a) = anomalies(&r.anomalies, r.position) {
         line += &format!("; anomalies: {a}");
     }
     line
 }
 
-/// The trace's odd events in words, with the first line that has one (`None`: none).
-pub fn anomalies(a: &Anomalies) -> Option<String> {
+/// The trace's odd events in words, with the first line (or trace entry) that has one
+/// (`None`: none).
+pub fn anomalies(a: &Anomalies, position: Position) -> Option<String> {
     let first = a.first_line?;
     Some(format!(
         "{} unmatched frees, {} double allocs, {} frees whose size or stream differs from their \
-         alloc's (first at line {first})",
-        a.unmatched_frees, a.double_allocs, a.mismatched_frees
+         alloc's (first at {} {first})",
+        a.unmatched_frees,
+        a.double_allocs,
+        a.mismatched_frees,
+        position.noun()
     ))
 }
 
@@ -153,8 +165,14 @@ pub fn report_failures(out: &mut impl Write, r: &Report) -> io::Result<()> {
         if let Some(f) = &run.result.failure {
             writeln!(
                 out,
-                "{} / {}: failed at op {} of {}: {}",
-                r.name, run.label, f.op, r.ops, f.error
+                "{} / {}: failed at op {} of {}{}: {}",
+                r.name,
+                run.label,
+                f.op,
+                r.ops,
+                r.place_of(f.op)
+                    .map_or(String::new(), |p| format!(" ({p})")),
+                f.error
             )?;
         }
     }
