@@ -288,6 +288,11 @@ impl SimDevice {
         self.state.lock().faults.fail_next();
     }
 
+    /// The `k`-th release call from now fails (1-based); see [`FaultPlan::fail_release`].
+    pub fn fail_release(&self, k: u64) {
+        self.state.lock().faults.fail_release(k);
+    }
+
     /// Disarms every fault.
     pub fn clear_faults(&self) {
         self.state.lock().faults.clear();

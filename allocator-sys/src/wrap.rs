@@ -66,17 +66,36 @@ impl CallCounters {
 
 /// Which upcoming calls fail: shared by [`crate::SimDevice`] and [`FailCalls`].
 ///
-/// Only acquiring calls (those with `!call.is_release()`) are counted and failed; release calls
-/// never fail, so cleanup paths stay testable. A one-shot fault ([`FaultPlan::fail_call`]) and a
-/// periodic fault ([`FaultPlan::fail_every`]) may be armed together; a call fails if either fires.
+/// Acquiring calls (those with `!call.is_release()`) are counted and failed by a one-shot fault
+/// ([`FaultPlan::fail_call`]) and a periodic fault ([`FaultPlan::fail_every`]), which may be
+/// armed together; a call fails if either fires. Release calls fail only when a release fault
+/// is armed ([`FaultPlan::fail_release`], counted over release calls alone), so cleanup paths
+/// stay testable under acquiring faults and the release paths' own failures can be tested too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     /// Acquiring calls left until the one-shot fault (1 = the next one).
     countdown: Option<u64>,
+    /// Release calls left until the one-shot release fault (1 = the next one).
+    release_countdown: Option<u64>,
     /// Period of the periodic fault; 0 disables it.
     every: u64,
     /// Acquiring calls seen since the periodic fault last fired (or was armed).
     seen: u64,
+}
+
+/// Counts a one-shot fault down by one call; true when this call is the one that fails.
+fn count_down(countdown: &mut Option<u64>) -> bool {
+    match *countdown {
+        Some(1) => {
+            *countdown = None;
+            true
+        }
+        Some(n) => {
+            *countdown = Some(n - 1);
+            false
+        }
+        None => false,
+    }
 }
 
 impl FaultPlan {
@@ -101,6 +120,12 @@ impl FaultPlan {
         self.fail_call(1);
     }
 
+    /// The `k`-th release call from now (`free`, `unreserve`, `release_page`, `unmap`,
+    /// `destroy_event`) fails (1-based); `k = 0` disarms it.
+    pub fn fail_release(&mut self, k: u64) {
+        self.release_countdown = (k > 0).then_some(k);
+    }
+
     /// Disarms every fault.
     pub fn clear(&mut self) {
         *self = Self::default();
@@ -108,25 +133,15 @@ impl FaultPlan {
 
     /// True while some fault is still to come.
     pub fn is_armed(&self) -> bool {
-        self.countdown.is_some() || self.every > 0
+        self.countdown.is_some() || self.every > 0 || self.release_countdown.is_some()
     }
 
     /// Advances the plan by one call and says whether that call must fail.
     pub fn tick(&mut self, call: Call) -> bool {
         if call.is_release() {
-            return false;
+            return count_down(&mut self.release_countdown);
         }
-        let one_shot = match self.countdown {
-            Some(1) => {
-                self.countdown = None;
-                true
-            }
-            Some(n) => {
-                self.countdown = Some(n - 1);
-                false
-            }
-            None => false,
-        };
+        let one_shot = count_down(&mut self.countdown);
         let periodic = self.every > 0 && {
             self.seen += 1;
             self.seen == self.every
@@ -351,6 +366,11 @@ impl<D: Device> FailCalls<D> {
     /// Disarms every fault.
     pub fn clear_faults(&self) {
         self.plan.lock().clear();
+    }
+
+    /// The `k`-th release call from now fails (1-based); see [`FaultPlan::fail_release`].
+    pub fn fail_release(&self, k: u64) {
+        self.plan.lock().fail_release(k);
     }
 
     /// The wrapped device.

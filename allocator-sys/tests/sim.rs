@@ -446,6 +446,25 @@ fn releases_never_fail() {
 }
 
 #[test]
+fn a_release_fault_fails_the_release_it_names() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    let va = dev.reserve(G).unwrap();
+    let p = dev.create_page(G).unwrap();
+    dev.map(va, G, p).unwrap();
+    dev.fail_release(2);
+    dev.unmap(va, G).unwrap();
+    let e = dev.create_page(G).unwrap(); // acquiring calls do not count down
+    assert!(
+        dev.release_page(p).is_err(),
+        "the second release call fails"
+    );
+    dev.release_page(p).unwrap();
+    dev.release_page(e).unwrap();
+    dev.unreserve(va, G).unwrap();
+    assert_eq!(dev.outstanding_bytes(), 0);
+}
+
+#[test]
 fn a_failed_call_changes_nothing() {
     let dev = SimDevice::with_capacity(1 << 30);
     let va = dev.reserve(G).unwrap();

@@ -405,3 +405,40 @@ fn fail_calls_wrapper_faults_never_reach_the_device() {
         h.recover_and_finish(&label);
     }
 }
+
+/// An unmap that fails part of the way through a free block (the second of its three chunks):
+/// the chunk unmapped before it counts as unmapped, the rest stays mapped, and the pool still
+/// matches the device: its reserved bytes are the device's mapped bytes, its invariants hold,
+/// and a block it hands out later is backed by pages (before the fix the pool kept the whole
+/// block as mapped: 80 MiB reserved against 60 MiB mapped, and a later block had no pages).
+/// A page whose release fails after its unmap is released again at the next unmap.
+#[test]
+fn an_unmap_that_fails_part_of_the_way_leaves_pool_and_device_agreeing() {
+    let s = StreamId(1);
+    for release_call in 1..=6 {
+        let sim = Arc::new(SimDevice::new(
+            SimConfig::with_capacity(GIB).host_backing(true),
+        ));
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+        let live: Vec<Allocation> = [6, 30, 40]
+            .iter()
+            .map(|m| pool.allocate(m * MIB, s).unwrap())
+            .collect();
+        live.iter().for_each(|a| pool.free(a).unwrap());
+        let label = format!("release call {release_call} fails");
+        sim.fail_release(release_call);
+        let emptied = pool.empty_cache();
+        assert_eq!(pool.reserved(), sim.mapped_bytes(), "{label}: {emptied:?}");
+        pool.check_invariants()
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let b = pool.allocate(70 * MIB, s).unwrap();
+        sim.write(b.ptr, &vec![7u8; (70 * MIB) as usize])
+            .unwrap_or_else(|e| panic!("{label}: the block handed out is not all mapped: {e}"));
+        assert_eq!(pool.reserved(), sim.mapped_bytes(), "{label}");
+        pool.free(&b).unwrap();
+        pool.empty_cache().unwrap();
+        assert_eq!((pool.reserved(), sim.mapped_bytes()), (0, 0), "{label}");
+        drop(pool);
+        common::assert_device_empty(&sim, &label);
+    }
+}

@@ -99,6 +99,7 @@ impl<D: Device> Pool<D> {
             pool,
             chunks: BTreeMap::new(),
             mapped: 0,
+            leaked: Vec::new(),
         };
         let index = match self.segments.iter().position(Option::is_none) {
             Some(i) => {
@@ -228,17 +229,30 @@ impl<D: Device> Pool<D> {
 
     /// Unmaps the pages free block `id` covers entirely. The unmapped part becomes its own
     /// unmapped block (merged with unmapped neighbours); mapped slivers before and after stay
-    /// free. Returns the id of the unmapped block, or `id` when nothing was unmapped.
+    /// free. Returns the id of the unmapped block, or `id` when nothing was unmapped. When a
+    /// driver call fails part of the way, what was unmapped before it is accounted for as
+    /// above (so the blocks keep matching the device's pages) and the error is returned.
     pub(crate) fn unmap_block(&mut self, id: BlockId) -> Result<BlockId, DeviceError> {
         let b = &self.blocks[id];
-        let (addr, size, pool, seg_index) = (b.addr, b.size, b.pool, b.segment as usize);
+        let (addr, size, seg_index) = (b.addr, b.size, b.segment as usize);
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
-        let range = seg.unmap(&self.device, addr, size)?;
-        if range.size == 0 {
-            return Ok(id);
+        let done = seg.unmap(&self.device, addr, size);
+        let id = self.account_unmapped(id, addr, done.range);
+        match done.error {
+            Some(e) => Err(e),
+            None => Ok(id),
         }
+    }
+
+    /// Turns the part `range` of free block `id` (at `addr`) that was just unmapped into an
+    /// unmapped block, as [`Pool::unmap_block`] says.
+    fn account_unmapped(&mut self, id: BlockId, addr: u64, range: Range) -> BlockId {
+        if range.size == 0 {
+            return id;
+        }
+        let pool = self.blocks[id].pool;
         let removed = self.unindex_free(id);
         debug_assert!(removed);
         let before = range.addr - addr;
@@ -259,7 +273,7 @@ impl<D: Device> Pool<D> {
         self.reserved_shrank(pool, range.size);
         self.stats.num_device_free += 1;
         self.stats.calls.unmaps += range.ops;
-        Ok(id)
+        id
     }
 
     /// Splits `len` bytes off the front of block `id` into a new free mapped block.

@@ -39,6 +39,17 @@ pub struct ExpSegment {
     pub chunks: BTreeMap<u64, Chunk>,
     /// Sum of chunk sizes.
     pub mapped: u64,
+    /// Pages unmapped whose release failed, to release again at the next unmap.
+    pub leaked: Vec<PageHandle>,
+}
+
+/// What [`ExpSegment::unmap`] did, and the error that stopped it, if one did.
+#[derive(Debug)]
+pub struct Unmapped {
+    /// The chunks unmapped, one range from the first.
+    pub range: Range,
+    /// The failed call that stopped the unmapping early.
+    pub error: Option<DeviceError>,
 }
 
 /// What a map or unmap operation did.
@@ -111,49 +122,70 @@ impl ExpSegment {
         })
     }
 
-    /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, after waiting
-    /// for the work queued on the device.
-    pub fn unmap<D: Device>(
-        &mut self,
-        dev: &D,
-        addr: u64,
-        size: u64,
-    ) -> Result<Range, DeviceError> {
+    /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, in address
+    /// order, after waiting for the work queued on the device. A failed call stops it: what it
+    /// did until then is in [`Unmapped::range`] (chunks of a mapped range lie end to end, so
+    /// those released form one range from the first), the error in [`Unmapped::error`]. A chunk
+    /// whose `unmap` failed stays mapped and listed; one whose `unmap` succeeded and whose
+    /// `release_page` failed is unmapped (counted in the range) and its page is released again
+    /// at the segment's next unmap.
+    pub fn unmap<D: Device>(&mut self, dev: &D, addr: u64, size: u64) -> Unmapped {
+        self.retry_leaked(dev);
         let inside: Vec<(u64, Chunk)> = self
             .chunks
             .range(addr..addr + size)
             .filter(|(a, c)| **a + c.size <= addr + size)
             .map(|(a, c)| (*a, *c))
             .collect();
-        let Some(first) = inside.first().map(|c| c.0) else {
-            return Ok(Range {
-                addr,
+        let first = inside.first().map_or(addr, |c| c.0);
+        let mut done = Unmapped {
+            range: Range {
+                addr: first,
                 size: 0,
                 ops: 0,
-            });
+            },
+            error: None,
         };
+        if inside.is_empty() {
+            return done;
+        }
         // Work queued on these pages may still run (a block is freed in stream order, before
         // its kernels ran): wait for it, as PyTorch does before unmapping. The whole device,
         // since the segment's stream may have been destroyed.
-        dev.synchronize_device()?;
-        let mut total = 0;
+        if let Err(e) = dev.synchronize_device() {
+            done.error = Some(e);
+            return done;
+        }
         for (a, c) in &inside {
-            release_chunk(dev, *a, c)?;
+            if let Err(e) = dev.unmap(*a, c.size) {
+                done.error = Some(e);
+                break;
+            }
             self.chunks.remove(a);
             self.mapped -= c.size;
-            total += c.size;
+            done.range.size += c.size;
+            done.range.ops += 1;
+            if let Err(e) = dev.release_page(c.handle) {
+                self.leaked.push(c.handle);
+                done.error = Some(e);
+                break;
+            }
         }
-        Ok(Range {
-            addr: first,
-            size: total,
-            ops: inside.len() as u64,
-        })
+        done
+    }
+
+    /// Releases again the pages whose release failed after their unmap (best effort: one that
+    /// fails again stays for the next time).
+    fn retry_leaked<D: Device>(&mut self, dev: &D) {
+        self.leaked.retain(|&h| dev.release_page(h).is_err());
     }
 
     /// Unmaps exactly the chunks in `from..to` (used to roll back a partial map).
     fn unmap_exact<D: Device>(&mut self, dev: &D, from: u64, to: u64) -> Result<(), DeviceError> {
         if to > from {
-            self.unmap(dev, from, to - from)?;
+            if let Some(e) = self.unmap(dev, from, to - from).error {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -161,7 +193,9 @@ impl ExpSegment {
     /// Unmaps everything and frees the reservation.
     pub fn destroy<D: Device>(mut self, dev: &D) -> Result<(), DeviceError> {
         let (va, size) = (self.va, self.size);
-        self.unmap(dev, va, size)?;
+        if let Some(e) = self.unmap(dev, va, size).error {
+            return Err(e);
+        }
         dev.unreserve(va, size)
     }
 
@@ -205,9 +239,4 @@ fn map_chunk<D: Device>(
         return Err(e);
     }
     Ok(handle)
-}
-
-fn release_chunk<D: Device>(dev: &D, at: u64, c: &Chunk) -> Result<(), DeviceError> {
-    dev.unmap(at, c.size)?;
-    dev.release_page(c.handle)
 }
