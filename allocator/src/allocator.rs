@@ -46,11 +46,11 @@
 
 use crate::config::Config;
 use crate::error::AllocError;
-use crate::live::{CacheTotals, Entry, LiveMap};
+use crate::front_stats::{count_thread_caches, sum_stats};
+use crate::live::{Entry, LiveMap};
 use crate::pool::{Allocation, Pool};
-use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
-use crate::stats::{SharedPeak, Stats, ThreadCacheStats};
+use crate::stats::{SharedPeak, Stats};
 use crate::sync::{
     Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering,
 };
@@ -124,6 +124,7 @@ impl<D: Device> CachingAllocator<D> {
                 cfg.thread_cache_bytes,
                 cfg.thread_cache_block,
                 cfg.thread_cache_large,
+                cfg.max_split_size,
             )
         });
         CachingAllocator {
@@ -180,12 +181,12 @@ impl<D: Device> CachingAllocator<D> {
                 self.release_large_parts(c)?;
             }
         }
-        match self.try_allocate(size, stream) {
+        match self.try_allocate(size, stream, Try::Grow) {
             Err(e) if e.is_out_of_memory() => {
                 if !self.release_everything_else(shard_of(stream))? {
                     return Err(e);
                 }
-                self.try_allocate(size, stream)
+                self.try_allocate(size, stream, Try::Again)
             }
             other => other,
         }
@@ -227,35 +228,40 @@ impl<D: Device> CachingAllocator<D> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation>, AllocError> {
-        self.pool_allocate(size, stream, false)
+        self.pool_allocate(size, stream, Try::Cached)
     }
 
-    fn try_allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.pool_allocate(size, stream, true)
+    fn try_allocate(
+        &self,
+        size: u64,
+        stream: StreamId,
+        how: Try,
+    ) -> Result<Allocation, AllocError> {
+        self.pool_allocate(size, stream, how)
             .map(|a| a.expect("an allocation that may grow"))
     }
 
-    /// Allocates from the stream's pool (growing it when `may_grow`) and records the pointer.
+    /// Allocates from the stream's pool as `how` says and records the pointer.
     fn pool_allocate(
         &self,
         size: u64,
         stream: StreamId,
-        may_grow: bool,
+        how: Try,
     ) -> Result<Option<Allocation>, AllocError> {
         if self.caches.is_some() {
             self.found_held(shard_of(stream)); // a miss: lets a crowded shard's score decay
         }
         let mut pool = self.shard(stream);
-        let a = if may_grow {
-            match self.small_growth_check(&mut pool, size, stream)? {
-                Some(a) => a,
-                None => pool.allocate(size, stream)?,
-            }
-        } else {
-            match pool.allocate_cached(size, stream)? {
+        let a = match how {
+            Try::Cached => match pool.allocate_cached(size, stream)? {
                 Some(a) => a,
                 None => return Ok(None),
-            }
+            },
+            _ => match self.small_growth_check(&mut pool, size, stream)? {
+                Some(a) => a,
+                None if how == Try::Again => pool.allocate_again(size, stream)?,
+                None => pool.allocate(size, stream)?,
+            },
         };
         let b = pool.block(a.block).expect("allocated block");
         self.live.insert(Entry::live(a, b.size, b.pool));
@@ -341,7 +347,8 @@ impl<D: Device> CachingAllocator<D> {
         let flushed = self.flush_thread_caches()?;
         for (i, s) in self.shards.iter().enumerate() {
             if i != except {
-                s.lock().empty_cache()?;
+                // One wait for all streams per out-of-memory ladder: `except`'s counted it.
+                s.lock().release_all_cached()?;
             }
         }
         Ok(flushed > 0 || self.reserved.load(Ordering::Relaxed) < before)
@@ -463,11 +470,13 @@ impl<D: Device> CachingAllocator<D> {
         self.shard(a.stream).record_stream(a.block, ptr, stream)
     }
 
-    /// Returns every cached block that can go back to the device.
+    /// Returns every cached block that can go back to the device (one wait for all streams in
+    /// the statistics, as PyTorch's `empty_cache`, however many shards it empties).
     pub fn empty_cache(&self) -> Result<(), AllocError> {
         self.flush_thread_caches()?;
+        self.shards[0].lock().count_sync_all_streams();
         for s in self.shards.iter() {
-            s.lock().empty_cache()?;
+            s.lock().release_all_cached()?;
         }
         Ok(())
     }
@@ -629,58 +638,15 @@ impl<D: Device> Drop for CachingAllocator<D> {
     }
 }
 
-/// Turns the pools' statistics into the callers': a block in a thread cache is not allocated
-/// (`current` less what is cached), and each cache hit is an allocation and, earlier, a free
-/// that the pools never saw. With `hits` served and `cached` held now, the callers' frees are
-/// the pools' frees plus `hits + cached` (each block freed into a cache was claimed, is still
-/// cached, or went back to its pool, whose free counted it), so `current == allocated - freed`
-/// still holds. Peaks stay the pools' (a block counts until it leaves the caches).
-fn count_thread_caches(t: &mut Stats, c: &CacheTotals) {
-    for (i, pool) in [PoolKind::Small, PoolKind::Large].into_iter().enumerate() {
-        let (cached, hits) = (&c.cached, &c.hits);
-        for (a, now, served) in [
-            (&mut t.allocation, cached.blocks[i], hits.blocks[i]),
-            (&mut t.active, cached.blocks[i], hits.blocks[i]),
-            (&mut t.allocated_bytes, cached.bytes[i], hits.bytes[i]),
-            (&mut t.active_bytes, cached.bytes[i], hits.bytes[i]),
-            (
-                &mut t.requested_bytes,
-                cached.requested[i],
-                hits.requested[i],
-            ),
-        ] {
-            for k in [0, if pool == PoolKind::Small { 1 } else { 2 }] {
-                let s = &mut a.0[k];
-                s.current -= now as i64;
-                s.allocated += served as i64;
-                s.freed += (served + now) as i64;
-            }
-        }
-    }
-    let sum = |v: [u64; 2]| v[0] + v[1];
-    t.thread_cache = ThreadCacheStats {
-        hits: sum(c.hits.blocks),
-        blocks: sum(c.cached.blocks),
-        bytes: sum(c.cached.bytes),
-    };
-}
-
-/// The pools' statistics, summed over the shards, with the exact peak of their reserved bytes
-/// together (`reserved_peak`) for `reserved_bytes.all.peak`; the other peaks are sums of the
-/// shards' peaks, an upper bound.
-fn sum_stats<D: Device>(pools: &[MutexGuard<'_, Pool<Arc<D>>>], reserved_peak: u64) -> Stats {
-    let mut total = pools[0].stats().clone();
-    for g in &pools[1..] {
-        total.add(g.stats());
-    }
-    // Each pool's peak is at most the peak of all of them together (PyTorch's `all` is never
-    // below a pool's), and still bounds the pool's own.
-    let all = reserved_peak as i64;
-    for s in &mut total.reserved_bytes.0 {
-        s.peak = s.peak.min(all);
-    }
-    total.reserved_bytes.0[0].peak = all;
-    total
+/// How a pool is asked for a block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Try {
+    /// From cached blocks only.
+    Cached,
+    /// Growing the pool when needed, through its out-of-memory ladder.
+    Grow,
+    /// As `Grow`, again after memory elsewhere was released ([`Pool::allocate_again`]).
+    Again,
 }
 
 #[cfg(test)]

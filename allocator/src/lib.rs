@@ -31,6 +31,7 @@ pub mod bound;
 pub mod config;
 pub mod error;
 pub mod fmt;
+mod front_stats;
 pub mod interop;
 mod live;
 pub mod pool;

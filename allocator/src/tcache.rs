@@ -74,6 +74,9 @@ struct Limits {
     max_bytes: u64,
     max_block: u64,
     max_large: usize,
+    /// Blocks of at least this many bytes are never cached: PyTorch's oversize blocks
+    /// (`max_split_size`), which its statistics count apart while allocated.
+    oversize: u64,
 }
 
 impl Limits {
@@ -251,13 +254,14 @@ pub(crate) struct Caches {
 }
 
 impl Caches {
-    pub fn new(max_bytes: u64, max_block: u64, max_large: usize) -> Self {
+    pub fn new(max_bytes: u64, max_block: u64, max_large: usize, oversize: u64) -> Self {
         Caches {
             id: fresh_id(),
             limits: Limits {
                 max_bytes,
                 max_block,
                 max_large: max_large.min(MAX_LARGE),
+                oversize,
             },
             orphans: Arc::default(),
         }
@@ -265,10 +269,11 @@ impl Caches {
 
     /// Largest block a cache takes.
     fn max_cached_block(&self) -> u64 {
-        match self.limits.max_large {
+        let most = match self.limits.max_large {
             0 => self.limits.max_block.min(self.limits.max_bytes),
             _ => u64::MAX,
-        }
+        };
+        most.min(self.limits.oversize.saturating_sub(1))
     }
 
     /// Runs `f` on this thread's cache, creating it on first use; `None` while the thread's

@@ -99,9 +99,9 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// Waits for every pending event and returns their blocks to the pools.
+    /// Waits for every pending event and returns their blocks to the pools (the caller counts
+    /// the wait: [`Pool::count_sync_all_streams`]).
     pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), DeviceError> {
-        self.stats.num_sync_all_streams += 1;
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
                 self.device.synchronize_event(ev)?;

@@ -85,7 +85,8 @@ pub struct Pool<D: Device> {
     pub(crate) pending: BTreeMap<StreamId, VecDeque<(EventHandle, BlockId)>>,
     pub(crate) spare_events: Vec<EventHandle>,
     pub(crate) peers: Vec<usize>,
-    /// Highest sum of requested bytes seen (the `default` policy's budget base).
+    /// Highest sum of requested bytes seen (the `default` policy's budget base; not reset
+    /// with the peak statistics).
     pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
@@ -178,10 +179,11 @@ impl<D: Device> Pool<D> {
         self.blocks.get(id)
     }
 
-    /// Resets peak statistics.
+    /// Resets peak statistics. Only the statistics: the `default` policy's budget keeps its
+    /// base, the most bytes ever requested at once (a job that resets its peaks every epoch
+    /// must not make the pool give back and map again the memory of its next step).
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
-        self.peak_requested = self.stats.requested_bytes.0[0].current as u64;
     }
 
     /// Caps the bytes the pool may hold from the device (`None`: no cap).

@@ -27,11 +27,24 @@ impl<D: Device> Pool<D> {
     }
 
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
-    /// pages of expandable segments. Waits for pending stream events first.
+    /// pages of expandable segments. Waits for pending stream events first, counted as one
+    /// wait for all streams (`num_sync_all_streams`).
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
+        self.count_sync_all_streams();
+        self.release_all_cached()
+    }
+
+    /// [`Pool::release_cached_blocks`] without counting its wait: for a sweep over the stream
+    /// shards of one allocator, which counts its one wait itself.
+    pub(crate) fn release_all_cached(&mut self) -> Result<(), DeviceError> {
         self.synchronize_and_free_events()?;
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)
+    }
+
+    /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).
+    pub(crate) fn count_sync_all_streams(&mut self) {
+        self.stats.num_sync_all_streams += 1;
     }
 
     fn release_blocks(&mut self, pool: PoolKind) -> Result<(), DeviceError> {
@@ -144,6 +157,27 @@ impl<D: Device> Pool<D> {
     pub fn empty_cache(&mut self) -> Result<(), crate::error::AllocError> {
         self.release_cached_blocks()?;
         Ok(())
+    }
+
+    /// Tries again a request that ran out of memory here, after the caller released memory
+    /// held elsewhere (the other stream shards of one allocator): part of the same allocation,
+    /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
+    /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
+    /// once, not each try).
+    pub(crate) fn allocate_again(
+        &mut self,
+        size: u64,
+        stream: cudalloc_sys::StreamId,
+    ) -> Result<super::Allocation, crate::error::AllocError> {
+        let s = &self.stats;
+        let counts = (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams);
+        let r = self.allocate(size, stream);
+        let s = &mut self.stats;
+        (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams) = counts;
+        if r.is_ok() {
+            s.num_ooms = s.num_ooms.saturating_sub(1);
+        }
+        r
     }
 }
 
