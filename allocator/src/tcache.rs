@@ -178,6 +178,10 @@ struct Orphans {
     pending: AtomicBool,
     /// Threads whose cache for this allocator exists now.
     threads: AtomicUsize,
+    /// Set when the allocator is dropped: every thread then forgets its cache for it at its
+    /// next new cache (while another thread still held one, a count of holders never fell to
+    /// one, and each thread's list kept the dead allocators' caches).
+    gone: AtomicBool,
 }
 
 /// A thread's cache for one allocator; dropped when the thread exits, which hands the blocks
@@ -253,6 +257,12 @@ pub(crate) struct Caches {
     orphans: Arc<Orphans>,
 }
 
+impl Drop for Caches {
+    fn drop(&mut self) {
+        self.orphans.gone.store(true, Ordering::Release);
+    }
+}
+
 impl Caches {
     pub fn new(max_bytes: u64, max_block: u64, max_large: usize, oversize: u64) -> Self {
         Caches {
@@ -284,8 +294,8 @@ impl Caches {
             let i = match m.iter().position(|x| x.id == self.id) {
                 Some(i) => i,
                 None => {
-                    // Forget caches of allocators that are gone (only this thread holds them).
-                    m.retain(|x| Arc::strong_count(&x.orphans) > 1);
+                    // Forget caches of allocators that are gone.
+                    m.retain(|x| !x.orphans.gone.load(Ordering::Acquire));
                     self.orphans.threads.fetch_add(1, Ordering::Relaxed);
                     m.push(Mine {
                         id: self.id,
@@ -390,5 +400,30 @@ impl Caches {
             return Vec::new();
         }
         std::mem::take(&mut *self.orphans.entries.lock())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn caches_here() -> usize {
+        MINE.with(|m| m.borrow().len())
+    }
+
+    /// A thread forgets its cache for a dropped allocator when it makes its next cache, even
+    /// while another thread's cache for that allocator still exists (here: a second holder of
+    /// its orphans, as another thread's cache is).
+    #[test]
+    fn a_dropped_allocators_cache_is_forgotten_while_others_hold_one() {
+        let a = Caches::new(1 << 20, 1 << 20, 0, u64::MAX);
+        a.with_mine(|_| ());
+        let other_thread = a.orphans.clone();
+        assert_eq!(caches_here(), 1);
+        drop(a);
+        let b = Caches::new(1 << 20, 1 << 20, 0, u64::MAX);
+        b.with_mine(|_| ());
+        assert_eq!(caches_here(), 1, "only b's cache is left");
+        drop(other_thread);
     }
 }
