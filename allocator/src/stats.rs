@@ -153,11 +153,15 @@ fn pool_index(pool: PoolKind) -> usize {
 pub struct Stats {
     /// Live allocations (blocks handed out).
     pub allocation: StatArray,
-    /// Segments (for expandable policies: reserved virtual ranges).
+    /// Segments from `malloc` (`torch` policy). Always 0 under the expandable policies
+    /// (`torch-expandable`, `default`), as in PyTorch with `expandable_segments:True`: their
+    /// reserved ranges and mapped pages are counted in `reserved_bytes`, not here.
     pub segment: StatArray,
     /// Blocks that are allocated or waiting for stream events.
     pub active: StatArray,
     /// Free blocks inside segments that also hold other blocks (they cannot be released).
+    /// Always 0 under the expandable policies, as in PyTorch: there a free block's whole
+    /// pages can be unmapped whatever its neighbours.
     pub inactive_split: StatArray,
     /// Bytes of live allocations (rounded block sizes).
     pub allocated_bytes: StatArray,
@@ -175,9 +179,12 @@ pub struct Stats {
     pub num_ooms: u64,
     /// Times all pending stream events were waited for.
     pub num_sync_all_streams: u64,
-    /// Device allocations: `malloc` calls, or for expandable policies map operations.
+    /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
+    /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
+    /// those).
     pub num_device_alloc: u64,
-    /// Device frees: `free` calls, or for expandable policies unmap operations.
+    /// Device frees as PyTorch counts them: `free` calls, or for expandable policies unmapping
+    /// steps (one per block given back, whatever number of chunks: `calls.unmaps`).
     pub num_device_free: u64,
     /// Live allocations of at least `max_split_size`.
     pub oversize_allocations: Stat,

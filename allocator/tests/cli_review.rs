@@ -448,3 +448,37 @@ fn failures_name_their_line_and_snapshots_count_what_was_put_first() {
         (5, None, t.ops.len())
     );
 }
+
+/// `cudalloc stats` prints the keys README lists, its fragmentation with the free-block
+/// histogram the C library's has, and a failure with its trace line.
+#[test]
+fn stats_prints_the_documented_keys() {
+    let ok = run(&["stats", "--policy", "torch", &bert()]);
+    assert_eq!(ok.code, Some(0), "{}", ok.err);
+    let doc = &ok.json()[0];
+    let keys: Vec<&str> = doc
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let documented = [
+        "anomalies",
+        "events",
+        "failure",
+        "fragmentation_at_end",
+        "memory_stats",
+        "policy",
+        "trace",
+    ];
+    assert_eq!(keys, documented);
+    let frag = doc["fragmentation_at_end"].as_object().unwrap();
+    assert!(frag["free_histogram"].is_array(), "{frag:?}");
+    assert_eq!(frag.len(), 7, "{frag:?}");
+    let text = "action,addr,size,stream,time_us\nsegment_alloc,4096,4194304,0,0\n\
+                alloc,4096,3000000,0,1\nalloc,8192,400000000000000,0,3\n";
+    let trace = trace_file("stats-failure", text);
+    let failed = run(&["stats", "--policy", "torch", trace.to_str().unwrap()]);
+    assert_eq!(failed.code, Some(1), "{}", failed.err);
+    assert_eq!(failed.json()[0]["failure"]["line"], 4, "{}", failed.out);
+}

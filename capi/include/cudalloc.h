@@ -119,9 +119,10 @@ int cudalloc_reset_peak_stats(int device);
  * "reserved_bytes.all.current", "num_ooms", ...). The allocator keeps streams in 64 shards,
  * each with its own statistics; the current values and counts are exact, and so is
  * "reserved_bytes.all.peak" (the most the device held for the allocator at once); any other
- * ".peak" is the sum of the shards' peaks (the reserved ones capped by the exact one): exact
- * while one stream (or several of one shard) allocates, an upper bound when several do. The
- * other top-level entries:
+ * ".peak" is the sum of the shards' peaks (the reserved ones capped by the exact one), and a
+ * block waiting in a thread cache counts in them until it leaves the cache: exact while one
+ * stream (or several of one shard) allocates with thread caches off (thread_cache:False), an
+ * upper bound otherwise. The other top-level entries:
  *   "policy":        the policy's name (string);
  *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
  *                     "utilisation", "mapped_bytes", "virtual_bytes",

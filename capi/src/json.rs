@@ -2,8 +2,9 @@
 //!
 //! Stats: one object. Every top-level integer is a `torch.cuda.memory_stats()` key
 //! ([`cudalloc_core::Stats::to_torch_dict`]; `reserved_bytes.all.peak` is exact, another
-//! `.peak` the sum of the stream shards' peaks, an upper bound when streams of several shards
-//! allocate); the other top-level entries are
+//! `.peak` the sum of the stream shards' peaks, counting blocks held in thread caches: an upper
+//! bound when streams of several shards allocate or thread caches are on); the other top-level
+//! entries are
 //! - `"policy"`: the policy's name;
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;

@@ -40,7 +40,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
         "events".into(),
         json!(failure.as_ref().map_or(t.ops.len(), |f| f.0 + 1)),
     );
-    doc.insert("failure".into(), failure_json(&failure));
+    doc.insert("failure".into(), failure_json(&failure, &t));
     doc.insert("anomalies".into(), crate::json::anomalies(&t.anomalies));
     doc.insert("fragmentation_at_end".into(), fragmentation(&pool));
     doc.insert("memory_stats".into(), memory_stats(&pool));
@@ -79,9 +79,9 @@ fn drive(mut pool: Pool<SimDevice>, t: &Trace) -> (Pool<SimDevice>, Failure) {
     (pool, None)
 }
 
-fn failure_json(f: &Failure) -> Value {
+fn failure_json(f: &Failure, t: &Trace) -> Value {
     match f {
-        Some((op, e)) => json!({ "op": op, "error": e.to_string() }),
+        Some((op, e)) => json!({ "op": op, "line": t.line_of(*op), "error": e.to_string() }),
         None => Value::Null,
     }
 }
@@ -95,6 +95,7 @@ fn fragmentation(pool: &Pool<SimDevice>) -> Value {
         "utilisation": f.utilisation,
         "mapped_bytes": f.mapped_bytes,
         "virtual_bytes": f.virtual_bytes,
+        "free_histogram": f.free_histogram.iter().map(|&(b, n, s)| json!([b, n, s])).collect::<Vec<_>>(),
     })
 }
 
