@@ -226,6 +226,22 @@ fn rmm_good() {
     assert_eq!(t.anomalies, Anomalies::default());
 }
 
+/// RMM logs a 0-byte request as an `allocate` of a null pointer, and its free as a `free` of
+/// one: lines read, no memory (they were 512-byte allocations at address 0, each after the
+/// first a double allocation).
+#[test]
+fn rmm_null_pointers_are_no_allocations() {
+    let text = format!(
+        "{GOOD_RMM}1,08:23:46.000000,allocate,(nil),0,0x0\n1,08:23:46.000001,allocate,0x0,0,0x0\n\
+         1,08:23:46.000002,free,(nil),0,0x0\n"
+    );
+    let t = read_text("null.rmm.csv", &text).unwrap();
+    let good = read_text("good.rmm.csv", GOOD_RMM).unwrap();
+    assert_eq!((t.events, &t.ops), (good.events + 3, &good.ops));
+    assert_eq!(t.anomalies, Anomalies::default());
+    assert_eq!(t.op_lines.len(), t.ops.len());
+}
+
 #[test]
 fn rmm_gzip() {
     let plain = read_text("gz.rmm.csv", GOOD_RMM).unwrap();

@@ -269,6 +269,11 @@ impl TraceBuilder {
         self.add(e, 0);
     }
 
+    /// Counts a line read that holds no event to replay (in [`Trace::events`] only).
+    pub fn count_line(&mut self) {
+        self.trace.events += 1;
+    }
+
     /// Says what the line numbers given to `push` count.
     pub fn set_position(&mut self, p: Position) {
         self.trace.position = p;

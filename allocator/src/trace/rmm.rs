@@ -4,7 +4,9 @@
 //! call, e.g. `140573312345856,08:23:45.123456,allocate,0x7f8a40000000,1024,0x0`:
 //! - `Action` is `allocate` ([`Action::Alloc`]), `free` ([`Action::FreeCompleted`]; the spelling
 //!   `deallocate` is taken too) or `allocate failure` ([`Action::Oom`]);
-//! - `Pointer` is `%p`: hex with or without `0x`, `(nil)` for null;
+//! - `Pointer` is `%p`: hex with or without `0x`, `(nil)` for null; an `allocate` or `free` of
+//!   a null pointer (what RMM logs for a 0-byte request) holds no memory and is read as a line
+//!   and nothing more;
 //! - `Size` is decimal bytes;
 //! - `Stream` is hex with `0x`, or decimal without it;
 //! - `Time` is the time of day `HH:MM:SS.ffffff` (`:` before the fraction is taken too), read as
@@ -49,7 +51,12 @@ pub fn read(path: &Path, mut r: impl BufRead) -> Result<Trace, TraceError> {
             check_header(text).map_err(|m| TraceError::at(path, 1, m))?;
         } else if !text.is_empty() {
             let e = parse_line(text, &mut clock).map_err(|m| TraceError::at(path, n, m))?;
-            b.push(e, n);
+            if e.addr == 0 && e.action != Action::Oom {
+                // A null pointer: RMM's answer to a 0-byte request, and its free. No memory.
+                b.count_line();
+            } else {
+                b.push(e, n);
+            }
         }
     }
     if n == 0 {
