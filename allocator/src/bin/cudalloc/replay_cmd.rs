@@ -144,11 +144,25 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     }
 }
 
-fn read_all(paths: &[PathBuf], device: Option<usize>) -> Result<Vec<Trace>, CliError> {
-    paths
+/// Reads the traces, with a bar while that takes long ([`Progress::reading`]).
+pub fn read_all(paths: &[PathBuf], device: Option<usize>) -> Result<Vec<Trace>, CliError> {
+    let bytes = paths
         .iter()
-        .map(|p| trace::read_device(p, device).map_err(|e| CliError::msg(e.to_string())))
-        .collect()
+        .filter_map(|p| p.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    let progress = Progress::reading(paths.len() as u64, bytes);
+    let read = paths
+        .iter()
+        .map(|p| {
+            progress.message(p.display().to_string());
+            let t = trace::read_device(p, device).map_err(|e| CliError::msg(e.to_string()));
+            progress.step();
+            t
+        })
+        .collect();
+    progress.finish();
+    read
 }
 
 fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Result<(), CliError> {

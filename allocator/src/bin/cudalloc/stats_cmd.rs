@@ -6,7 +6,7 @@
 use crate::args::StatsArgs;
 use crate::{table, CliError};
 use cudalloc::replay::DEVICE_CAPACITY;
-use cudalloc::trace::{self, Op, Trace};
+use cudalloc::trace::{Op, Trace};
 use cudalloc::{AllocError, Allocation, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use serde_json::{json, Map, Value};
@@ -23,8 +23,8 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let variant = args.variant();
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
-    let t =
-        trace::read_device(&args.trace, args.device).map_err(|e| CliError::msg(e.to_string()))?;
+    let mut read = crate::replay_cmd::read_all(std::slice::from_ref(&args.trace), args.device)?;
+    let t = read.pop().expect("one trace read");
     if let Some(a) = table::anomalies(&t.anomalies, t.position) {
         eprintln!("warning: {}: anomalies: {a}", t.name);
     }
