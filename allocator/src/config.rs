@@ -351,8 +351,8 @@ impl Config {
             let v = p.integer(key)?;
             check_division(key, v, true)?;
             if bound == ">" {
-                // After the last interval listed, as PyTorch 2.x's parser fills (from
-                // `last_index + 1`; older releases started at the last listed interval itself).
+                // After the last interval listed, as PyTorch's current parser fills (from
+                // `last_index + 1`; some older releases started at the last listed interval).
                 for d in
                     &mut self.roundup_power2_divisions[(last_index + 1).min(DIVISION_INTERVALS)..]
                 {
