@@ -7,8 +7,11 @@
 //! which the memory limit applies; when a shard runs out of memory, the cached memory of every
 //! other shard is released and the allocation retried once before out-of-memory is returned.
 //!
-//! Statistics are the sums over shards. With one stream (one shard) they are exactly PyTorch's;
-//! with several, a `peak` is the sum of the shards' peaks, an upper bound of the true peak, except
+//! Statistics are the sums over shards, with PyTorch's meanings (a block in a thread cache is
+//! not allocated; an allocation that failed is one OOM however many shards it tried). With one
+//! stream (one shard) and thread caches off they are exactly PyTorch's; a block waiting in a
+//! thread cache counts in the peaks until it leaves it, and with several streams a `peak` is the
+//! sum of the shards' peaks, an upper bound of the true peak, except
 //! `reserved_bytes.all.peak`: the shards count what they hold into one [`SharedPeak`] once the
 //! device granted it, so it is exact (and a pool's reserved peak is capped by it).
 //!
@@ -257,9 +260,10 @@ impl<D: Device> CachingAllocator<D> {
                 Some(a) => a,
                 None => return Ok(None),
             },
-            _ => match self.small_growth_check(&mut pool, size, stream)? {
+            // Every thread cache was flushed before a second try: nothing for the check to do.
+            Try::Again => pool.allocate_again(size, stream)?,
+            Try::Grow => match self.small_growth_check(&mut pool, size, stream)? {
                 Some(a) => a,
-                None if how == Try::Again => pool.allocate_again(size, stream)?,
                 None => pool.allocate(size, stream)?,
             },
         };

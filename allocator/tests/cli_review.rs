@@ -406,7 +406,7 @@ fn device_picks_a_snapshots_device_and_is_refused_for_a_csv() {
 /// anomaly in a snapshot is placed by trace entry, not by line.
 #[test]
 fn failures_name_their_line_and_snapshots_count_what_was_put_first() {
-    // Line 4 (a `segment_alloc` and a `free_requested` are lines, not ops): the 40 MB alloc.
+    // Line 5 (a `segment_alloc` and a `free_requested` are lines, not ops): the 40 MB alloc.
     let text = "action,addr,size,stream,time_us\nsegment_alloc,4096,4194304,0,0\n\
                 alloc,4096,3000000,0,1\nfree_requested,4096,3000000,0,2\n\
                 alloc,8192,40000000,0,3\n";

@@ -406,8 +406,9 @@ fn fail_calls_wrapper_faults_never_reach_the_device() {
     }
 }
 
-/// An unmap that fails part of the way through a free block (the second of its three chunks):
-/// the chunk unmapped before it counts as unmapped, the rest stays mapped, and the pool still
+/// An unmap or a page release that fails part of the way through a free block of four 20 MiB
+/// chunks (each of its eight release calls in turn): the chunks unmapped before it count as
+/// unmapped, the rest stay mapped, and the pool still
 /// matches the device: its reserved bytes are the device's mapped bytes, its invariants hold,
 /// and a block it hands out later is backed by pages (before the fix the pool kept the whole
 /// block as mapped: 80 MiB reserved against 60 MiB mapped, and a later block had no pages).
@@ -415,7 +416,7 @@ fn fail_calls_wrapper_faults_never_reach_the_device() {
 #[test]
 fn an_unmap_that_fails_part_of_the_way_leaves_pool_and_device_agreeing() {
     let s = StreamId(1);
-    for release_call in 1..=6 {
+    for release_call in 1..=8 {
         let sim = Arc::new(SimDevice::new(
             SimConfig::with_capacity(GIB).host_backing(true),
         ));

@@ -56,14 +56,17 @@ const CAPACITY: u64 = 4 << 30;
 /// goes into a free slot, a `free` names a live slot, and `peak_live` is the peak of the summed
 /// sizes of live allocations.
 pub fn check_trace(t: &Trace) {
-    // One op per `alloc` or matched `free_completed`, plus the implied free of a double alloc.
-    let most = t.events + t.anomalies.double_allocs;
+    // One op per `alloc` or matched `free_completed`, plus the implied free of a double alloc
+    // and the allocations put before a snapshot's history; each op with its line.
+    let most = t.events + t.anomalies.double_allocs + t.before_history;
     assert!(
         t.ops.len() as u64 <= most,
-        "{} ops from {} events",
+        "{} ops from {} events and {} allocations before the history",
         t.ops.len(),
-        t.events
+        t.events,
+        t.before_history
     );
+    assert_eq!(t.op_lines.len(), t.ops.len());
     assert_eq!(t.segment_sizes.len() as u64, t.segment_allocs);
     let mut live: Vec<Option<u64>> = vec![None; t.slots as usize];
     let (mut bytes, mut peak) = (0u128, 0u128);

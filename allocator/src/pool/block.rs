@@ -98,7 +98,7 @@ impl Block {
     }
 }
 
-/// Owner of all blocks; ids stay valid until [`Arena::remove`].
+/// Owner of all blocks; ids stay valid until [`Arena::remove`] or [`Arena::discard`].
 ///
 /// A removed block's slot keeps a dead block (`live` false) until an insert reuses it, so that
 /// indexing by a live id, the pool's every step, reads the slot without a check on whether it

@@ -313,14 +313,20 @@ impl<D: Device> Pool<D> {
         self.insert_free(bid);
     }
 
-    /// Frees a segment whose single block is unmapped.
+    /// Frees a segment whose single block is unmapped. A segment holding pages whose release
+    /// failed after their unmap keeps its range until they are released (a later call tries
+    /// them again).
     pub(crate) fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), DeviceError> {
         let b = &self.blocks[id];
         let seg_index = b.segment as usize;
         let seg = self.segments[seg_index]
-            .as_ref()
+            .as_mut()
             .expect("segment released twice");
         debug_assert!(b.size == seg.size && !b.mapped && seg.chunks.is_empty());
+        seg.retry_leaked(&self.device);
+        if !seg.leaked.is_empty() {
+            return Ok(());
+        }
         self.device.unreserve(seg.va, seg.size)?;
         self.segments[seg_index] = None;
         let b = self.blocks.remove(id);

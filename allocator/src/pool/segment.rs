@@ -176,7 +176,7 @@ impl ExpSegment {
 
     /// Releases again the pages whose release failed after their unmap (best effort: one that
     /// fails again stays for the next time).
-    fn retry_leaked<D: Device>(&mut self, dev: &D) {
+    pub(crate) fn retry_leaked<D: Device>(&mut self, dev: &D) {
         self.leaked.retain(|&h| dev.release_page(h).is_err());
     }
 
@@ -195,6 +195,17 @@ impl ExpSegment {
         let (va, size) = (self.va, self.size);
         if let Some(e) = self.unmap(dev, va, size).error {
             return Err(e);
+        }
+        if !self.leaked.is_empty() {
+            // Still held by the device: keep the range until they go (the caller keeps `self`
+            // only through the error; nothing is lost silently).
+            return Err(DeviceError::invalid(
+                "release_page",
+                format!(
+                    "{} pages of an unmapped range could not be released",
+                    self.leaked.len()
+                ),
+            ));
         }
         dev.unreserve(va, size)
     }

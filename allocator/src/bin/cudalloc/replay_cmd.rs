@@ -11,6 +11,7 @@ use cudalloc::replay::{
 };
 use cudalloc::trace::{self, Anomalies, Position, Trace};
 use cudalloc::{Config, Policy};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -54,8 +55,9 @@ pub struct Report {
     pub before_history: u64,
     /// What the trace's line numbers count (lines, or a snapshot's trace entries).
     pub position: Position,
-    /// The line each operation comes from ([`Trace::op_lines`]).
-    pub op_lines: Vec<u64>,
+    /// The line (or trace entry) of each operation a report names: where a replay failed, the
+    /// reserved peak and the allocations pinning the most at it ([`Trace::line_of`]).
+    pub lines: BTreeMap<usize, u64>,
     /// The replays, in the order of the configurations.
     pub runs: Vec<Run>,
 }
@@ -64,13 +66,13 @@ impl Report {
     /// The line (or trace entry) operation `op` comes from, in words: `line 312`; `None` for an
     /// allocation put before the history.
     pub fn place_of(&self, op: usize) -> Option<String> {
-        let line = self.op_lines.get(op).copied().filter(|&l| l > 0)?;
+        let line = self.line_of(op)?;
         Some(format!("{} {line}", self.position.noun()))
     }
 
     /// The line (or trace entry) operation `op` comes from, as a number.
     pub fn line_of(&self, op: usize) -> Option<u64> {
-        self.op_lines.get(op).copied().filter(|&l| l > 0)
+        self.lines.get(&op).copied()
     }
 }
 
@@ -400,7 +402,7 @@ fn write_plot(path: &std::path::Path, reports: &[Report]) -> Result<(), CliError
 }
 
 fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progress) -> Report {
-    let runs = variants
+    let runs: Vec<Run> = variants
         .iter()
         .map(|v| replay_variant(t, v, plan, progress))
         .collect();
@@ -414,9 +416,29 @@ fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progres
         anomalies: t.anomalies.clone(),
         before_history: t.before_history,
         position: t.position,
-        op_lines: t.op_lines.clone(),
+        lines: named_lines(t, &runs),
         runs,
     }
+}
+
+/// The lines of the operations the reports of `runs` name: a failure's (not one that failed
+/// before any operation, as a missing GPU does), the reserved peak's and its pinning units'.
+fn named_lines(t: &Trace, runs: &[Run]) -> BTreeMap<usize, u64> {
+    let mut ops = Vec::new();
+    for r in runs.iter().map(|r| &r.result) {
+        ops.extend(
+            r.failure
+                .as_ref()
+                .map(|f| f.op)
+                .filter(|&op| op < r.events as usize),
+        );
+        ops.extend(r.peak_excess.map(|(op, _)| op));
+        let pinning = r.peak_pinning.iter().flat_map(|p| p.most.iter());
+        ops.extend(pinning.filter_map(|(_, op)| *op));
+    }
+    ops.into_iter()
+        .filter_map(|op| Some((op, t.line_of(op)?)))
+        .collect()
 }
 
 fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> Run {

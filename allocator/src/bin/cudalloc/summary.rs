@@ -206,7 +206,7 @@ mod tests {
             anomalies: Default::default(),
             before_history: 0,
             position: Default::default(),
-            op_lines: Vec::new(),
+            lines: Default::default(),
             runs: vec![run],
         }
     }
