@@ -4,14 +4,16 @@
 //!
 //! The handle owns its workspaces, so none can be freed while cuBLAS may still use it: they go
 //! back to the pool, each on its own stream (after the work queued there), only when the handle
-//! is dropped, after `cublasDestroy`. Sizing the workspaces and allocating them is the caller's
-//! job (`cudalloc::workspace`).
+//! is dropped, after `cublasDestroy` (whose failure, after a device fault, is not a panic).
+//! Sizing the workspaces and allocating them is the caller's job (`cudalloc::workspace`).
 
 use super::Buffer;
 use cudarc::cublas::result::CublasError;
 use cudarc::cublas::{sys, CudaBlas};
 use cudarc::driver::{CudaStream, DriverError};
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 /// Workspace addresses must be multiples of this (cuBLAS documentation of `cublasSetWorkspace`).
@@ -78,10 +80,22 @@ fn cublas_present() -> Result<(), BlasError> {
 /// A cuBLAS handle with pool-backed workspaces; see the module documentation.
 #[derive(Debug)]
 pub struct PooledBlas {
-    // Field order is drop order: the handle goes before the memory it may use.
-    blas: CudaBlas,
+    // Dropped by hand in `Drop`, first: the handle goes before the memory it may use.
+    blas: ManuallyDrop<CudaBlas>,
     stream: Arc<CudaStream>,
     workspaces: Vec<Buffer<u8>>,
+}
+
+impl Drop for PooledBlas {
+    /// Destroys the handle, then (as fields) the workspaces. cudarc's `CudaBlas` unwraps the
+    /// status of `cublasDestroy`: after a device fault that call can fail, and the panic is
+    /// caught here, so dropping a handle never panics in the caller (the panic hook still
+    /// prints it; the handle is gone either way).
+    fn drop(&mut self) {
+        // SAFETY: `blas` is taken out once, here, and `self` is never used after `drop`.
+        let blas = unsafe { ManuallyDrop::take(&mut self.blas) };
+        let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(blas)));
+    }
 }
 
 impl PooledBlas {
@@ -94,7 +108,7 @@ impl PooledBlas {
         let blas = CudaBlas::new(stream.clone())?;
         bind(&blas, &workspace)?;
         Ok(PooledBlas {
-            blas,
+            blas: ManuallyDrop::new(blas),
             stream,
             workspaces: vec![workspace],
         })
