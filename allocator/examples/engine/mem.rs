@@ -51,7 +51,7 @@ pub trait Mem {
     fn peak_reserved(&self) -> Result<u64>;
     /// Peak bytes of live buffers (as requested) since the last reset.
     fn peak_requested(&self) -> u64;
-    /// Allocations made since the backend was created.
+    /// Allocations made since the backend was created (cudalloc: those that reached a pool).
     fn allocations(&self) -> u64;
     /// Backend-specific figures.
     fn figures(&self) -> Result<Vec<Figure>>;
@@ -130,7 +130,9 @@ impl Mem for PoolMem {
         self.alloc.stats().requested_bytes.get(StatType::All).peak as u64
     }
     fn allocations(&self) -> u64 {
-        self.alloc.stats().allocation.get(StatType::All).allocated as u64
+        // Those that reached a pool: a thread-cache hit is an allocation in PyTorch's counts but
+        // takes no lock and no pool search.
+        self.alloc.stats().pool_allocations() as u64
     }
     fn figures(&self) -> Result<Vec<Figure>> {
         let s = self.alloc.stats();
