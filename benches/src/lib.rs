@@ -1,8 +1,9 @@
 //! Shared pieces of the benchmarks: the alloc/free loop run by many threads.
 //!
-//! `pairs` runs `threads` threads that each allocate and free blocks of `size` bytes `iters`
-//! times (keeping a few blocks live so segments stay split), on their own stream or all on one
-//! stream, and returns the wall time of the whole run: throughput is `threads * iters / time`.
+//! `pairs` runs `threads` threads that each run an allocate-and-free pair `iters` times, each on
+//! its own stream or all on one stream, and returns the wall time of the whole run: throughput
+//! is `threads * iters / time`. What a pair allocates (sizes, blocks kept live) is the caller's
+//! closure.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -16,8 +17,9 @@ pub enum Streams {
     Shared,
 }
 
-/// Runs `threads` threads doing `iters` alloc+free pairs each with `pair(thread, stream)`, and
-/// returns the wall time from the moment all threads started.
+/// Runs `threads` threads doing `iters` alloc+free pairs each with `pair(stream)` (the stream
+/// handle: the thread's own, or one for all under [`Streams::Shared`]), and returns the wall
+/// time from the moment all threads started.
 pub fn pairs<F>(threads: usize, streams: Streams, iters: u64, pair: F) -> Duration
 where
     F: Fn(u64) + Sync,
