@@ -4,7 +4,8 @@
 //! (`CudaStream::alloc_zeros`, i.e. `cuMemAllocAsync`).
 //!
 //! 1. Check: a tiny model's logits, after a prompt, a chunk of three tokens and three single
-//!    tokens, against a CPU reference (max relative error < 1e-3), on both backends.
+//!    tokens, against a CPU reference (largest difference over the largest reference logit,
+//!    `max |got - want| / max |want|`, below 1e-3), on both backends.
 //! 2. Benchmark (skipped with `--check`): a larger model (default 8 layers, hidden 1024, 16
 //!    heads, vocab 32000) prefills several prompts of different lengths, then decodes them
 //!    round-robin, one token per sequence per step, greedily. Printed per backend: tokens per
@@ -35,7 +36,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Largest relative error of the logits the check accepts.
+/// Largest `max |got - want| / max |want|` of the logits the check accepts.
 const TOLERANCE: f64 = 1e-3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
