@@ -20,9 +20,11 @@
 //! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 1: the small pool's blocks) |
 //! | `thread_cache_large` | integer 0..=4 | blocks of any size below `max_split_size` a thread cache keeps besides (the last freed; default 1); each thread may hold this many blocks beyond `thread_cache_mb` |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
-//! | `pinned_use_cuda_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `release_lock_on_cudamalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool |
+//! | `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `pinned_reserve_segment_size_mb`, `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool (their values are not checked, as PyTorch does) |
+//! | `graph_capture_record_stream_reuse` | any | accepted and ignored: cudalloc has no CUDA-graph capture mode |
 //!
-//! Without a `policy` key, [`Config::parse`] gives the `default` policy. A key given twice takes
+//! `True`/`False` values are also taken as `true`/`false` and `1`/`0` (PyTorch takes only
+//! `True`/`False`). Without a `policy` key, [`Config::parse`] gives the `default` policy. A key given twice takes
 //! its last value, as in PyTorch. Spaces around words are dropped; a space inside a word
 //! separates it, so `max_split_size_mb 128` is an error, not the key `max_split_size_mb128`.
 //!
@@ -322,9 +324,13 @@ impl Config {
                 }
             }
             "pinned_use_cuda_host_register"
+            | "pinned_use_hip_host_register"
             | "pinned_num_register_threads"
             | "pinned_use_background_threads"
-            | "release_lock_on_cudamalloc" => {
+            | "pinned_reserve_segment_size_mb"
+            | "release_lock_on_cudamalloc"
+            | "release_lock_on_hipmalloc"
+            | "graph_capture_record_stream_reuse" => {
                 p.next_word(key)?;
             }
             _ => return Err(ConfigError::new(key, "unknown key")),

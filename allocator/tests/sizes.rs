@@ -265,7 +265,9 @@ fn every_key_parses() {
     let c = parse_torch(
         " max_split_size_mb : 20 , max_non_split_rounding_mb:40, \
          backend:native, pinned_use_cuda_host_register:True, pinned_num_register_threads:8, \
-         pinned_use_background_threads:False, release_lock_on_cudamalloc:True",
+         pinned_use_background_threads:False, release_lock_on_cudamalloc:True, \
+         pinned_reserve_segment_size_mb:64, release_lock_on_hipmalloc:True, \
+         pinned_use_hip_host_register:False, graph_capture_record_stream_reuse:True",
     );
     assert_eq!(c.max_split_size, 20 * MIB);
     assert_eq!(c.max_non_split_rounding, 40 * MIB);
