@@ -80,7 +80,10 @@ impl ExpSegment {
     /// large free range holds whole chunks that can be unmapped). `max_chunk` is a multiple of
     /// the page size.
     /// Out of memory yields an empty [`Range`] with nothing left mapped; other errors are returned
-    /// with nothing left mapped either.
+    /// with nothing left mapped either, unless rolling back the chunks already mapped fails too
+    /// (a release call failing): then that error is returned and the chunks it could not unmap
+    /// stay listed here, mapped, while the pool does not count them (a known gap: the pool's
+    /// reserved bytes are then below the device's mapped bytes).
     pub fn map<D: Device>(
         &mut self,
         dev: &D,
