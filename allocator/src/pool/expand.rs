@@ -100,6 +100,7 @@ impl<D: Device> Pool<D> {
             chunks: BTreeMap::new(),
             mapped: 0,
             leaked: Vec::new(),
+            stuck: Vec::new(),
         };
         let index = match self.segments.iter().position(Option::is_none) {
             Some(i) => {
@@ -155,7 +156,9 @@ impl<D: Device> Pool<D> {
 
     /// Maps the first `size` bytes (rounded up to pages) of unmapped block `id`; the rest stays
     /// unmapped. The mapped block merges with free neighbours and enters the free index; its id
-    /// (after merging) is returned. `Ok(None)`: out of memory, nothing changed.
+    /// (after merging) is returned. `Ok(None)`: out of memory, nothing changed. On another
+    /// error, chunks whose rollback failed stay mapped and are counted as a free block (as
+    /// [`Pool::unmap_block`] counts what it unmapped before a failure).
     pub(crate) fn map_block(
         &mut self,
         id: BlockId,
@@ -164,7 +167,7 @@ impl<D: Device> Pool<D> {
     ) -> Result<Option<BlockId>, DeviceError> {
         let b = &self.blocks[id];
         debug_assert!(!b.mapped && size <= b.size);
-        let (addr, seg_index, pool) = (b.addr, b.segment as usize, b.pool);
+        let (addr, seg_index) = (b.addr, b.segment as usize);
         let seg = self.segments[seg_index]
             .as_ref()
             .expect("block of a released segment");
@@ -175,18 +178,33 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
-        let range = match seg.map(&self.device, addr, size, max_chunk, &self.peers) {
-            Ok(r) if r.size == len => r,
-            Ok(r) => {
-                debug_assert_eq!(r.size, 0, "a map is all or nothing");
-                self.sub_reserved(len);
-                return Ok(None);
-            }
-            Err(e) => {
-                self.sub_reserved(len);
-                return Err(e);
-            }
-        };
+        let done = seg.map(&self.device, addr, size, max_chunk, &self.peers);
+        self.stats.calls.maps += done.undone;
+        self.stats.calls.unmaps += done.undone;
+        let kept = done.range.size;
+        debug_assert!(
+            kept == len || done.error.is_some(),
+            "a map is all or nothing"
+        );
+        self.sub_reserved(len - kept);
+        let mapped = (kept > 0).then(|| self.account_mapped(id, done.range));
+        match done.error {
+            None => Ok(mapped),
+            Some(e) if e.is_out_of_memory() && kept == 0 => Ok(None),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Turns the part `range` of unmapped block `id` that was just mapped into a free block,
+    /// merged with free neighbours and in the free index (the parts before and after it stay
+    /// unmapped); returns its id.
+    fn account_mapped(&mut self, mut id: BlockId, range: Range) -> BlockId {
+        let pool = self.blocks[id].pool;
+        let before = range.addr - self.blocks[id].addr;
+        if before > 0 {
+            self.split_unmapped_tail(id, before);
+            id = self.blocks[id].next;
+        }
         let removed = self.unindex_unmapped(id);
         debug_assert!(removed);
         self.blocks[id].mapped = true;
@@ -199,7 +217,7 @@ impl<D: Device> Pool<D> {
         self.try_merge(id, next);
         self.insert_free(id);
         self.count_mapped(pool, range);
-        Ok(Some(id))
+        id
     }
 
     /// Cuts block `id` to `keep` bytes; the rest becomes a new unmapped block after it.
@@ -324,7 +342,7 @@ impl<D: Device> Pool<D> {
             .expect("segment released twice");
         debug_assert!(b.size == seg.size && !b.mapped && seg.chunks.is_empty());
         seg.retry_leaked(&self.device);
-        if !seg.leaked.is_empty() {
+        if seg.holds_strays() {
             return Ok(());
         }
         self.device.unreserve(seg.va, seg.size)?;

@@ -7,7 +7,10 @@
 //! chunk is any multiple of the device's granularity, so that growing by many pages costs one map.
 //!
 //! Invariants: chunks do not overlap, lie inside `va..va + size` and start and end on page
-//! boundaries; `mapped` is the sum of their sizes.
+//! boundaries; `mapped` is the sum of their sizes. Pages a failed driver call left behind
+//! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, not unmapped)
+//! are outside `chunks` and `mapped`, are retried at every map and unmap, and keep the range
+//! reserved until they are gone.
 
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, PageHandle, StreamId};
@@ -39,8 +42,27 @@ pub struct ExpSegment {
     pub chunks: BTreeMap<u64, Chunk>,
     /// Sum of chunk sizes.
     pub mapped: u64,
-    /// Pages unmapped whose release failed, to release again at the next unmap.
+    /// Pages unmapped (or never mapped) whose release failed, to release again at the next
+    /// map or unmap.
     pub leaked: Vec<PageHandle>,
+    /// Chunks mapped whose access could not be granted and whose unmap failed too: listed
+    /// neither in `chunks` nor in the pool (no block may use them), unmapped and released again
+    /// at the next map or unmap.
+    pub stuck: Vec<(u64, Chunk)>,
+}
+
+/// What [`ExpSegment::map`] did.
+#[derive(Debug)]
+pub struct Mapped {
+    /// The chunks mapped and still mapped, one range from the first address asked for or
+    /// after it: the whole request, or after a failure the chunks its rollback could not unmap
+    /// (none when the rollback undid everything).
+    pub range: Range,
+    /// Chunks mapped and unmapped again after a failure (one map and one unmap each).
+    pub undone: u64,
+    /// The failed call: the one that stopped the mapping (out of memory included), or the
+    /// one that stopped its rollback.
+    pub error: Option<DeviceError>,
 }
 
 /// What [`ExpSegment::unmap`] did, and the error that stopped it, if one did.
@@ -78,12 +100,9 @@ impl ExpSegment {
     /// page boundary, as chunks of at most `max_chunk` bytes that never cross a multiple of
     /// `max_chunk` from the segment's start (so a chunk lies inside one aligned window, and a
     /// large free range holds whole chunks that can be unmapped). `max_chunk` is a multiple of
-    /// the page size.
-    /// Out of memory yields an empty [`Range`] with nothing left mapped; other errors are returned
-    /// with nothing left mapped either, unless rolling back the chunks already mapped fails too
-    /// (a release call failing): then that error is returned and the chunks it could not unmap
-    /// stay listed here, mapped, while the pool does not count them (a known gap: the pool's
-    /// reserved bytes are then below the device's mapped bytes).
+    /// the page size. A failed call (out of memory included) undoes the chunks already mapped;
+    /// when that rollback fails too, the chunks it could not unmap stay mapped and are in
+    /// [`Mapped::range`], for the pool to count.
     pub fn map<D: Device>(
         &mut self,
         dev: &D,
@@ -91,13 +110,22 @@ impl ExpSegment {
         size: u64,
         max_chunk: u64,
         peers: &[usize],
-    ) -> Result<Range, DeviceError> {
+    ) -> Mapped {
+        self.retry_leaked(dev);
         let begin = self.page_floor(addr);
         let end = self.page_ceil(addr + size).min(self.va + self.size);
         debug_assert_eq!(begin, addr, "map must start on a page boundary");
         let window = max_chunk.max(self.page);
+        let mut done = Mapped {
+            range: Range {
+                addr: begin,
+                size: 0,
+                ops: 0,
+            },
+            undone: 0,
+            error: None,
+        };
         let mut at = begin;
-        let mut ops = 0;
         while at < end {
             let boundary = self.va + ((at - self.va) / window + 1) * window;
             let len = (end - at).min(boundary - at);
@@ -105,24 +133,39 @@ impl ExpSegment {
                 Ok(handle) => {
                     self.chunks.insert(at, Chunk { size: len, handle });
                     self.mapped += len;
-                    ops += 1;
+                    done.range.size += len;
+                    done.range.ops += 1;
                     at += len;
                 }
-                Err(e) => {
-                    self.unmap_exact(dev, begin, at)?;
-                    return if e.is_out_of_memory() {
-                        Ok(Range::default())
-                    } else {
-                        Err(e)
-                    };
+                Err(failed) => {
+                    match failed.left {
+                        Left::Nothing => {}
+                        Left::Page(handle) => self.leaked.push(handle),
+                        Left::Mapped(handle) => self.stuck.push((at, Chunk { size: len, handle })),
+                    }
+                    done.error = Some(failed.error);
+                    self.roll_back(dev, &mut done);
+                    break;
                 }
             }
         }
-        Ok(Range {
-            addr: begin,
-            size: end - begin,
-            ops,
-        })
+        done
+    }
+
+    /// Unmaps the chunks `done` mapped, after the failure it holds: what could not be unmapped
+    /// stays in `done.range`, and a failure of the rollback replaces the error.
+    fn roll_back<D: Device>(&mut self, dev: &D, done: &mut Mapped) {
+        let r = done.range;
+        let undone = self.unmap(dev, r.addr, r.size);
+        done.undone = undone.range.ops;
+        done.range = Range {
+            addr: r.addr + undone.range.size,
+            size: r.size - undone.range.size,
+            ops: r.ops - undone.range.ops,
+        };
+        if let Some(e) = undone.error {
+            done.error = Some(e);
+        }
     }
 
     /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, in address
@@ -177,20 +220,24 @@ impl ExpSegment {
         done
     }
 
-    /// Releases again the pages whose release failed after their unmap (best effort: one that
-    /// fails again stays for the next time).
+    /// Unmaps and releases again what a failed call left behind ([`ExpSegment::stuck`],
+    /// [`ExpSegment::leaked`]); best effort: what fails again stays for the next time.
     pub(crate) fn retry_leaked<D: Device>(&mut self, dev: &D) {
+        let leaked = &mut self.leaked;
+        self.stuck.retain(|&(at, c)| {
+            if dev.unmap(at, c.size).is_err() {
+                return true;
+            }
+            leaked.push(c.handle);
+            false
+        });
         self.leaked.retain(|&h| dev.release_page(h).is_err());
     }
 
-    /// Unmaps exactly the chunks in `from..to` (used to roll back a partial map).
-    fn unmap_exact<D: Device>(&mut self, dev: &D, from: u64, to: u64) -> Result<(), DeviceError> {
-        if to > from {
-            if let Some(e) = self.unmap(dev, from, to - from).error {
-                return Err(e);
-            }
-        }
-        Ok(())
+    /// True while pages of this segment are held by the device outside its chunks (their
+    /// release failed): its range must stay reserved until they are gone.
+    pub fn holds_strays(&self) -> bool {
+        !self.leaked.is_empty() || !self.stuck.is_empty()
     }
 
     /// Unmaps everything and frees the reservation.
@@ -199,14 +246,14 @@ impl ExpSegment {
         if let Some(e) = self.unmap(dev, va, size).error {
             return Err(e);
         }
-        if !self.leaked.is_empty() {
+        if self.holds_strays() {
             // Still held by the device: keep the range until they go (the caller keeps `self`
             // only through the error; nothing is lost silently).
             return Err(DeviceError::invalid(
                 "release_page",
                 format!(
                     "{} pages of an unmapped range could not be released",
-                    self.leaked.len()
+                    self.leaked.len() + self.stuck.len()
                 ),
             ));
         }
@@ -234,23 +281,48 @@ impl ExpSegment {
     }
 }
 
+/// What a chunk that failed to map left behind after its cleanup.
+enum Left {
+    /// Nothing: the page was released or never created.
+    Nothing,
+    /// A page created and not mapped (or unmapped) whose release failed.
+    Page(PageHandle),
+    /// A page mapped without access whose unmap failed.
+    Mapped(PageHandle),
+}
+
+/// A chunk that could not be mapped.
+struct ChunkFailed {
+    error: DeviceError,
+    left: Left,
+}
+
 /// Creates one physical allocation of `len` bytes, maps it at `at` and makes it accessible;
-/// on failure nothing is left behind.
+/// on failure undoes what it did, and says what it could not undo.
 fn map_chunk<D: Device>(
     dev: &D,
     at: u64,
     len: u64,
     peers: &[usize],
-) -> Result<PageHandle, DeviceError> {
-    let handle = dev.create_page(len)?;
-    if let Err(e) = dev.map(at, len, handle) {
-        let _ = dev.release_page(handle);
-        return Err(e);
+) -> Result<PageHandle, ChunkFailed> {
+    let handle = dev.create_page(len).map_err(|error| ChunkFailed {
+        error,
+        left: Left::Nothing,
+    })?;
+    let release = |handle| match dev.release_page(handle) {
+        Ok(()) => Left::Nothing,
+        Err(_) => Left::Page(handle),
+    };
+    if let Err(error) = dev.map(at, len, handle) {
+        let left = release(handle);
+        return Err(ChunkFailed { error, left });
     }
-    if let Err(e) = dev.set_access(at, len, peers) {
-        let _ = dev.unmap(at, len);
-        let _ = dev.release_page(handle);
-        return Err(e);
+    if let Err(error) = dev.set_access(at, len, peers) {
+        let left = match dev.unmap(at, len) {
+            Ok(()) => release(handle),
+            Err(_) => Left::Mapped(handle),
+        };
+        return Err(ChunkFailed { error, left });
     }
     Ok(handle)
 }
