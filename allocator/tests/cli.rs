@@ -51,7 +51,7 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 22] = [
     "trace",
     "policy",
     "completed",
@@ -68,6 +68,8 @@ const KEYS: [&str; 20] = [
     "device_unmaps",
     "ooms",
     "ns_per_event",
+    "trace_lines",
+    "trace_lines_per_s",
     "segment_alloc_events",
     "map_floor_2pct",
     "map_floor_5pct",
@@ -104,7 +106,16 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         assert_eq!(v["ooms"], 0);
         let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
         assert!(615862208 <= allocated && allocated <= v["peak_reserved_bytes"].as_u64().unwrap());
-        assert!(v["ns_per_event"].as_f64().unwrap() > 0.0);
+        let ns = v["ns_per_event"].as_f64().unwrap();
+        assert!(ns > 0.0);
+        // Every action of the trace (44,615 lines after the header), over the replay's time.
+        assert_eq!(v["trace_lines"], 44615);
+        let per_s = v["trace_lines_per_s"].as_f64().unwrap();
+        let want = 44615.0 / (ns * 29722.0) * 1e9;
+        assert!(
+            (per_s - want).abs() <= want * 0.01,
+            "{per_s} against {want}"
+        );
         assert_eq!(v["segment_alloc_events"], 33);
         // The trace's map floor (bound::map_floor): policy-independent, fewer with more slack.
         assert_eq!(
@@ -510,8 +521,9 @@ fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
         empty.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
     assert!(
-        json_lines(&o)[0]["ns_per_event"].is_null(),
+        v["ns_per_event"].is_null() && v["trace_lines_per_s"].is_null(),
         "{}",
         stdout(&o)
     );

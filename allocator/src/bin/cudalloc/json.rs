@@ -11,6 +11,9 @@ use std::io::{self, Write};
 /// many chunks or segments held pinned bytes, and the five that held the most). `events` and
 /// `ns_per_event` count replayed operations (`alloc` and `free_completed`), as the table's `ops`
 /// and `ns/op` do; the keys keep their first names so that scripts reading them keep working.
+/// `trace_lines` counts every action of the trace (the header line's "trace lines read") and
+/// `trace_lines_per_s` spreads the replay time over them (the table's `Mlines/s`; null for a
+/// failed replay).
 /// `completed` is false when an allocation failed; `failure` then says at which operation (its
 /// index among those replayed, and the trace line or snapshot entry it comes from) and why
 /// (null otherwise), and the peaks are those reached before it. `anomalies` are the trace's odd
@@ -40,6 +43,8 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_unmaps": r.device_unmaps,
         "ooms": r.ooms,
         "ns_per_event": (r.events > 0).then(|| (r.ns_per_event * 10.0).round() / 10.0),
+        "trace_lines": report.events,
+        "trace_lines_per_s": report.lines_per_second(run).map(f64::round),
         "segment_alloc_events": report.segment_allocs,
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],

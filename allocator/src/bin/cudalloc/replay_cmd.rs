@@ -63,6 +63,15 @@ pub struct Report {
 }
 
 impl Report {
+    /// Trace lines (every action, as the header line counts them) per second of `run`'s
+    /// replay: its replay time spread over the whole trace, the measure of the replayer's
+    /// speed target ("events per second"). `None` for a replay that failed or replayed nothing.
+    pub fn lines_per_second(&self, run: &Run) -> Option<f64> {
+        let r = &run.result;
+        let ns = r.ns_per_event * r.events as f64;
+        (r.failure.is_none() && r.events > 0 && ns > 0.0).then(|| self.events as f64 / ns * 1e9)
+    }
+
     /// The line (or trace entry) operation `op` comes from, in words: `line 312`; `None` for an
     /// allocation put before the history.
     pub fn place_of(&self, op: usize) -> Option<String> {

@@ -7,7 +7,7 @@ use cudalloc::replay::PeakPinning;
 use cudalloc::trace::{Anomalies, Position};
 use std::io::{self, Write};
 
-const HEADERS: [&str; 13] = [
+const HEADERS: [&str; 14] = [
     "policy",
     "ops",
     "peak live",
@@ -21,12 +21,13 @@ const HEADERS: [&str; 13] = [
     "unmaps",
     "OOMs",
     "ns/op",
+    "Mlines/s",
 ];
 
 /// Writes the header line, the table and the failures of one trace.
 pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> io::Result<()> {
     writeln!(out, "{}", header_line(r, capacity))?;
-    let rows: Vec<Vec<String>> = r.runs.iter().map(|run| row(run, r.peak_live)).collect();
+    let rows: Vec<Vec<String>> = r.runs.iter().map(|run| row(run, r)).collect();
     write_table(out, &HEADERS, &rows)?;
     report_breakdowns(out, r)?;
     report_failures(out, r)?;
@@ -128,8 +129,8 @@ pub fn anomalies(a: &Anomalies, position: Position) -> Option<String> {
     ))
 }
 
-fn row(run: &Run, peak_live: u64) -> Vec<String> {
-    let r = &run.result;
+fn row(run: &Run, report: &Report) -> Vec<String> {
+    let (r, peak_live) = (&run.result, report.peak_live);
     vec![
         run.label.clone(),
         thousands(r.events),
@@ -151,6 +152,9 @@ fn row(run: &Run, peak_live: u64) -> Vec<String> {
         } else {
             "-".into()
         },
+        report
+            .lines_per_second(run)
+            .map_or("-".into(), |l| format!("{:.1}", l / 1e6)),
     ]
 }
 
