@@ -474,6 +474,20 @@ impl<D: Device> CachingAllocator<D> {
         self.shard(a.stream).record_stream(a.block, ptr, stream)
     }
 
+    /// Starts (or stops) keeping, in every shard, the addresses of frees that waited for other
+    /// streams' work when each completes ([`Pool::track_completions`]; a trace recorder's).
+    pub fn track_completions(&self, on: bool) {
+        self.shards
+            .iter()
+            .for_each(|s| s.lock().track_completions(on));
+    }
+
+    /// The frees of allocations made on `stream` (or a stream of its shard) that waited for
+    /// other streams' work and completed since the last call ([`Pool::take_completions`]).
+    pub fn take_completions(&self, stream: StreamId) -> Vec<u64> {
+        self.shard(stream).take_completions()
+    }
+
     /// Returns every cached block that can go back to the device (one wait for all streams in
     /// the statistics, as PyTorch's `empty_cache`, however many shards it empties).
     pub fn empty_cache(&self) -> Result<(), AllocError> {

@@ -512,3 +512,58 @@ fn recording_from_threads_keeps_the_order() {
     assert_eq!(t.ops.len(), 4 * 500 * 2);
     assert_eq!(t.anomalies, Anomalies::default());
 }
+
+/// A trace recorded from a job whose allocations are also used on a second stream, whose work
+/// completes only now and then, replays to the allocator's own figures: each such free is
+/// written as completed when its block went back to the pool, not at the free (before, the
+/// replay reused those blocks early: fewer segments and a lower reserved peak than the job's).
+#[test]
+fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
+    let cfg = Config {
+        thread_cache: Some(false),
+        ..Config::for_policy(Policy::Torch)
+    };
+    let file = TempFile::new("record-stream.csv");
+    let path = &file.0;
+    let sim = std::sync::Arc::new(SimDevice::new(cudalloc_sys::SimConfig::with_capacity(
+        cudalloc::replay::DEVICE_CAPACITY,
+    )));
+    sim.set_auto_complete(false);
+    let out = std::fs::File::create(path).unwrap();
+    let rec =
+        RecordingAllocator::new(CachingAllocator::new(sim.clone(), cfg.clone()), out).unwrap();
+    let (mine, other) = (StreamId(1), StreamId(2));
+    let mut rng = common::Rng(11);
+    let mut live = Vec::new();
+    for _ in 0..3000 {
+        match rng.below(8) {
+            0..=3 => live.push(rec.allocate(rng.range(1, 48 * MIB), mine).unwrap()),
+            4 if !live.is_empty() => {
+                let a: &cudalloc::Allocation = &live[rng.below(live.len() as u64) as usize];
+                rec.record_stream(a.ptr, other).unwrap();
+            }
+            5 => sim.complete_stream(other),
+            _ if !live.is_empty() => {
+                let i = rng.below(live.len() as u64) as usize;
+                rec.free(live.swap_remove(i)).unwrap();
+            }
+            _ => {}
+        }
+    }
+    let s = rec.stats();
+    let (inner, written) = rec.into_inner();
+    written.unwrap();
+    drop(inner);
+    let t = trace::read(path).unwrap();
+    assert_eq!(t.anomalies, Anomalies::default());
+    let r = cudalloc::replay::replay(&t, &cfg, &Default::default());
+    assert!(s.calls.mallocs > 10, "{:?}", s.calls);
+    assert_eq!(
+        (r.peak_reserved_bytes, r.device_mallocs, r.device_frees),
+        (
+            s.reserved_bytes.0[0].peak as u64,
+            s.calls.mallocs,
+            s.calls.frees
+        )
+    );
+}

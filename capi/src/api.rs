@@ -66,6 +66,14 @@ fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
     }
 }
 
+fn record_on(dev: &Dev, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+    if dev.ordinal == 0 {
+        TRACER.record_stream(&dev.alloc, ptr, stream)
+    } else {
+        dev.alloc.record_stream(ptr, stream)
+    }
+}
+
 /// `None` on failure. Zero bytes give NULL once the device is checked: nothing is handed out,
 /// as PyTorch's own allocator hands out nothing for an empty tensor. PyTorch's pluggable
 /// allocator may still pass that NULL to `cudalloc_free` (which ignores it) and to
@@ -98,7 +106,7 @@ fn report_malloc_failure() {
     if action == ABORT {
         // Close a running trace first, so that it ends complete, with its `oom` event.
         if TRACER.is_recording() {
-            if let Err(e) = TRACER.stop() {
+            if let Err(e) = TRACER.stop(registry::existing(0).map(|d| &d.alloc)) {
                 let _ = writeln!(err, "cudalloc: {e}");
             }
         }
@@ -151,7 +159,7 @@ pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void
         let stream = stream_id(stream).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
         let dev =
             holder(device, address(ptr)).map_err(|e| format!("cudalloc_record_stream: {e}"))?;
-        dev.and_then(|dev| dev.alloc.record_stream(address(ptr), stream))
+        dev.and_then(|dev| record_on(dev, address(ptr), stream))
             .map_err(|e| format!("cudalloc_record_stream({ptr:p}, device {device}): {e}"))?;
         Ok(OK)
     })
@@ -169,9 +177,12 @@ pub(crate) fn empty_cache(device: c_int) -> c_int {
         let used =
             registry::device_if_used(device).map_err(|e| format!("cudalloc_empty_cache: {e}"))?;
         if let Some(dev) = used {
-            dev.alloc
-                .empty_cache()
-                .map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
+            let emptied = if dev.ordinal == 0 {
+                TRACER.empty_cache(&dev.alloc)
+            } else {
+                dev.alloc.empty_cache()
+            };
+            emptied.map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
         }
         Ok(OK)
     })
@@ -247,7 +258,7 @@ pub(crate) fn trace_start(path: CStrArg<'_>) -> c_int {
 pub(crate) fn trace_stop() -> c_int {
     guard(FAILED, || {
         TRACER
-            .stop()
+            .stop(registry::existing(0).map(|d| &d.alloc))
             .map_err(|e| format!("cudalloc_trace_stop: {e}"))?;
         Ok(OK)
     })

@@ -4,7 +4,9 @@
 //! - `cudalloc_malloc` writes `alloc` (address, requested size, stream), or `oom` (address 0)
 //!   when the allocator ran out of memory;
 //! - `cudalloc_free` writes `free_requested` then `free_completed` with the size and stream of
-//!   the allocation;
+//!   the allocation; for an allocation used on another stream (`cudalloc_record_stream` while
+//!   the trace is on), `free_completed` is written when its block goes back to the pool, after
+//!   that stream's work, as PyTorch writes it;
 //! - starting a trace while allocations are live writes an `alloc` at time 0 for each of them
 //!   (from a snapshot), so that their frees match and a replay starts from the same live set;
 //! - `time_us` counts microseconds since the start and never decreases.
@@ -95,6 +97,20 @@ impl Sink {
 struct Recording {
     path: PathBuf,
     recorder: Recorder<BackgroundWriter<Sink>>,
+    /// Whether the allocator keeps completions for this recording yet.
+    tracking: bool,
+}
+
+impl Recording {
+    /// Writes the frees that completed since the last event (those that waited for another
+    /// stream's work), after making the allocator keep them from now on.
+    fn catch_up<D: Device>(&mut self, alloc: &CachingAllocator<D>) {
+        if !self.tracking {
+            alloc.track_completions(true);
+            self.tracking = true;
+        }
+        self.recorder.catch_up(|s| alloc.take_completions(s));
+    }
 }
 
 /// Records the calls of one allocator while switched on; see the module documentation.
@@ -137,6 +153,7 @@ impl Tracer {
         let mut r = Recording {
             path: path.to_path_buf(),
             recorder: Recorder::new(sink.map_err(fail)?).map_err(fail)?,
+            tracking: false,
         };
         for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
             let allocated = seg
@@ -152,8 +169,12 @@ impl Tracer {
         Ok(())
     }
 
-    /// Stops the trace and closes its file; the first write error if there was one.
-    pub fn stop(&self) -> Result<(), String> {
+    /// Stops the trace and closes its file; the first write error if there was one. `alloc`
+    /// (the traced allocator, if made) stops keeping completions.
+    pub fn stop<D: Device>(&self, alloc: Option<&CachingAllocator<D>>) -> Result<(), String> {
+        if let Some(a) = alloc {
+            a.track_completions(false);
+        }
         let r = {
             let mut state = self.state.lock();
             self.on.store(false, Ordering::SeqCst);
@@ -187,6 +208,7 @@ impl Tracer {
         let mut state = self.state.lock();
         let result = alloc.allocate(size, stream);
         if let Some(r) = state.as_mut() {
+            r.catch_up(alloc);
             r.recorder.allocated(&result, size, stream);
         }
         result
@@ -199,11 +221,49 @@ impl Tracer {
             return alloc.free_ptr(ptr);
         }
         let mut state = self.state.lock();
+        if let Some(r) = state.as_mut() {
+            r.catch_up(alloc);
+        }
         alloc.free_ptr(ptr)?;
         if let Some(r) = state.as_mut() {
             r.recorder.freed(ptr);
         }
         Ok(())
+    }
+
+    /// [`CachingAllocator::record_stream`], noted while a trace is on: the allocation's
+    /// `free_completed` is then written when its block goes back to the pool.
+    pub fn record_stream<D: Device>(
+        &self,
+        alloc: &CachingAllocator<D>,
+        ptr: u64,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        if !self.on.load(Ordering::Relaxed) {
+            return alloc.record_stream(ptr, stream);
+        }
+        let mut state = self.state.lock();
+        if let Some(r) = state.as_mut() {
+            r.catch_up(alloc);
+        }
+        alloc.record_stream(ptr, stream)?;
+        if let Some(r) = state.as_mut() {
+            r.recorder.used_on(ptr, stream);
+        }
+        Ok(())
+    }
+
+    /// [`CachingAllocator::empty_cache`]; frees that waited for other streams complete in it.
+    pub fn empty_cache<D: Device>(&self, alloc: &CachingAllocator<D>) -> Result<(), AllocError> {
+        if !self.on.load(Ordering::Relaxed) {
+            return alloc.empty_cache();
+        }
+        let mut state = self.state.lock();
+        let result = alloc.empty_cache();
+        if let Some(r) = state.as_mut() {
+            r.catch_up(alloc);
+        }
+        result
     }
 }
 
@@ -250,7 +310,7 @@ mod tests {
         assert!(t.allocate(&alloc, 4 << 30, s).is_err());
         t.free(&alloc, before.ptr).unwrap();
         t.free(&alloc, a.ptr).unwrap();
-        t.stop().unwrap();
+        t.stop(Some(&alloc)).unwrap();
         assert!(!t.is_recording());
         let after = t.allocate(&alloc, 10, s).unwrap();
         t.free(&alloc, after.ptr).unwrap();
@@ -276,7 +336,7 @@ mod tests {
         assert!(l[3].starts_with(&format!("oom,0,{},7,", 4u64 << 30)));
         let trace = read(&path).unwrap();
         assert_eq!(trace.anomalies.unmatched_frees, 0);
-        assert!(t.stop().unwrap_err().contains("no trace"));
+        assert!(t.stop(Some(&alloc)).unwrap_err().contains("no trace"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -299,7 +359,7 @@ mod tests {
         assert_eq!(again.ptr, cached.ptr, "a thread-cache hit");
         t.free(&alloc, again.ptr).unwrap();
         t.free(&alloc, keep.ptr).unwrap();
-        t.stop().unwrap();
+        t.stop(Some(&alloc)).unwrap();
         let l = lines(&path);
         assert_eq!(l[1], format!("alloc,{},1000,7,0", keep.ptr));
         assert!(l[2].starts_with(&format!("alloc,{},3000,7,", cached.ptr)));
@@ -318,7 +378,7 @@ mod tests {
         t.start::<SimDevice>(&path, None).unwrap();
         let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
         t.free(&alloc, a.ptr).unwrap();
-        t.stop().unwrap();
+        t.stop(Some(&alloc)).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
         let trace = read(&path).unwrap();
@@ -333,7 +393,7 @@ mod tests {
         let path = dir.join(".gz");
         let t = Tracer::new();
         t.start::<SimDevice>(&path, None).unwrap();
-        t.stop().unwrap();
+        t.stop::<SimDevice>(None).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..2], &[0x1f, 0x8b], "not gzip'd");
         assert!(read(&path).unwrap().ops.is_empty());
@@ -349,7 +409,7 @@ mod tests {
             let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
             t.free(&alloc, a.ptr).unwrap();
         }
-        t.stop()
+        t.stop(Some(&alloc))
     }
 
     /// /dev/null takes every byte, but is not a file that fsync can sync (EINVAL on Linux).
@@ -396,6 +456,76 @@ mod tests {
         assert!(!t.is_recording());
     }
 
+    /// An allocation used on another stream is freed while that stream's work is pending: the
+    /// trace writes `free_requested` at the free and `free_completed` only when the block went
+    /// back to the pool (at the allocation after the work completed), before the allocation
+    /// that reuses it, so a replay reuses it no earlier. Before, both were written at the free.
+    #[test]
+    fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-capi-rs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.csv");
+        let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
+        sim.set_auto_complete(false);
+        let alloc = CachingAllocator::new(
+            sim.clone(),
+            Config::for_policy(cudalloc_core::Policy::Torch),
+        );
+        let t = Tracer::new();
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        t.start::<std::sync::Arc<SimDevice>>(&path, None).unwrap();
+        let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        t.record_stream(&alloc, a.ptr, s2).unwrap();
+        t.free(&alloc, a.ptr).unwrap();
+        let b = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        assert_ne!(b.ptr, a.ptr, "the block waits for stream 2");
+        t.free(&alloc, b.ptr).unwrap();
+        sim.complete_stream(s2);
+        let c = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        t.free(&alloc, c.ptr).unwrap();
+        t.stop(Some(&alloc)).unwrap();
+        let events: Vec<String> = lines(&path)[1..]
+            .iter()
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                let who = if f[1] == a.ptr.to_string() {
+                    "a"
+                } else {
+                    "other"
+                };
+                format!("{} {who}", f[0])
+            })
+            .collect();
+        assert_eq!(
+            events,
+            [
+                "alloc a",
+                "free_requested a",
+                "alloc other",
+                "free_requested other",
+                "free_completed other",
+                "free_completed a",
+                "alloc a",
+                "free_requested a",
+                "free_completed a",
+            ]
+        );
+        let trace = read(&path).unwrap();
+        assert_eq!(trace.anomalies, Default::default());
+        let r = cudalloc_core::replay::replay(
+            &trace,
+            &Config::for_policy(cudalloc_core::Policy::Torch),
+            &Default::default(),
+        );
+        let live = alloc.stats();
+        assert_eq!(
+            (r.peak_reserved_bytes, r.device_mallocs),
+            (live.reserved_bytes.0[0].peak as u64, live.num_device_alloc),
+            "the replay reserves what the allocator did"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// Writes fail on the writer thread (`/dev/full`: no space left); the allocator keeps
     /// serving, and stopping reports the error.
     #[cfg(target_os = "linux")]
@@ -408,7 +538,7 @@ mod tests {
             let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
             t.free(&alloc, a.ptr).unwrap();
         }
-        let e = t.stop().unwrap_err();
+        let e = t.stop(Some(&alloc)).unwrap_err();
         assert!(e.contains("writing the trace to /dev/full failed"), "{e}");
         assert!(!t.is_recording());
     }

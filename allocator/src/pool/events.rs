@@ -2,6 +2,8 @@
 //! recorded on each of those streams at free time has completed.
 //!
 //! Events are pooled: a completed event goes back to `spare_events` and is recorded again later.
+//! While tracked, the address of each block whose events all completed is kept for a trace
+//! recorder ([`Pool::take_completions`]).
 //! Invariant: a block with `event_count > 0` is neither allocated to a caller nor indexed, and
 //! appears `event_count` times in `pending`.
 
@@ -95,8 +97,31 @@ impl<D: Device> Pool<D> {
         let b = &mut self.blocks[id];
         b.event_count -= 1;
         if b.event_count == 0 {
+            if let Some(c) = &mut self.completions {
+                c.push(b.addr);
+            }
             self.free_block(id);
         }
+    }
+
+    /// Starts (or stops) keeping the addresses of frees that waited for events, when each
+    /// completes (a trace recorder writes its `free_completed` then); stopping drops those not
+    /// taken.
+    pub fn track_completions(&mut self, on: bool) {
+        match (on, &self.completions) {
+            (true, None) => self.completions = Some(Vec::new()),
+            (false, _) => self.completions = None,
+            (true, Some(_)) => {}
+        }
+    }
+
+    /// The addresses of frees that waited for events and completed since the last call, in
+    /// the order they completed (none when not tracked: [`Pool::track_completions`]).
+    pub fn take_completions(&mut self) -> Vec<u64> {
+        self.completions
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Waits for every pending event and returns their blocks to the pools (the caller counts

@@ -8,7 +8,12 @@
 //! - a `free` writes `free_requested` then `free_completed`, with the size and stream the
 //!   allocation was made with; a free of an allocation the recorder never saw made (or was
 //!   told of with [`Recorder::live_at_start`]) is not written, so a trace never holds an
-//!   unmatched free. Segments are not recorded.
+//!   unmatched free. Segments are not recorded;
+//! - a free of an allocation used on another stream ([`Recorder::used_on`]) writes
+//!   `free_requested` at once and `free_completed` when the block goes back to its pool, after
+//!   that stream's work (as PyTorch writes them): the allocator keeps those completions
+//!   ([`CachingAllocator::take_completions`]) and [`Recorder::catch_up`] writes them before the
+//!   next event, so a replay reuses the block no earlier than the allocator did.
 //!
 //! Guarantees:
 //! - events are written in the order the allocator served the calls, across threads (the
@@ -35,7 +40,7 @@ use crate::stats::Stats;
 use crate::sync::Mutex;
 use crate::CachingAllocator;
 use cudalloc_sys::{Device, StreamId};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::time::Instant;
 
@@ -45,6 +50,11 @@ pub struct Recorder<W: Write> {
     start: Instant,
     /// Address -> (requested size, stream) of each live allocation.
     live: HashMap<u64, (u64, u64)>,
+    /// Live allocations used on a stream other than their own.
+    used_elsewhere: HashSet<u64>,
+    /// Freed allocations whose `free_completed` waits for their block to go back to its pool,
+    /// as `live`.
+    waiting: HashMap<u64, (u64, u64)>,
     /// The first write error.
     error: Option<io::Error>,
 }
@@ -56,6 +66,8 @@ impl<W: Write> Recorder<W> {
             writer: csv::Writer::new(out)?,
             start: Instant::now(),
             live: HashMap::new(),
+            used_elsewhere: HashSet::new(),
+            waiting: HashMap::new(),
             error: None,
         })
     }
@@ -85,12 +97,44 @@ impl<W: Write> Recorder<W> {
         }
     }
 
-    /// Writes a successful free of `ptr`.
+    /// Notes that the allocation at `ptr` is used on `stream` too (`record_stream`): if that is
+    /// not its own stream, its free completes only after that stream's work.
+    pub fn used_on(&mut self, ptr: u64, stream: StreamId) {
+        if self.live.get(&ptr).is_some_and(|&(_, s)| s != stream.0) {
+            self.used_elsewhere.insert(ptr);
+        }
+    }
+
+    /// Writes a successful free of `ptr`: `free_requested`, and `free_completed` unless the
+    /// allocation was used on another stream (then [`Recorder::catch_up`] writes it).
     pub fn freed(&mut self, ptr: u64) {
         if let Some((size, stream)) = self.live.remove(&ptr) {
             let t = self.now();
             self.emit(Action::FreeRequested, ptr, size, stream, t);
-            self.emit(Action::FreeCompleted, ptr, size, stream, t);
+            if self.used_elsewhere.remove(&ptr) {
+                self.waiting.insert(ptr, (size, stream));
+            } else {
+                self.emit(Action::FreeCompleted, ptr, size, stream, t);
+            }
+        }
+    }
+
+    /// Writes `free_completed` for the waiting frees that have completed: `take(stream)` gives
+    /// the addresses of the frees that completed among the allocations of that stream
+    /// ([`CachingAllocator::take_completions`]). Call it before writing each event; it asks
+    /// nothing while no free is waiting.
+    pub fn catch_up(&mut self, mut take: impl FnMut(StreamId) -> Vec<u64>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let streams: BTreeSet<u64> = self.waiting.values().map(|&(_, s)| s).collect();
+        for s in streams {
+            for ptr in take(StreamId(s)) {
+                if let Some((size, stream)) = self.waiting.remove(&ptr) {
+                    let t = self.now();
+                    self.emit(Action::FreeCompleted, ptr, size, stream, t);
+                }
+            }
         }
     }
 
@@ -156,23 +200,30 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     /// Wraps `inner` and writes the header to `out`. Allocations `inner` holds already are
     /// not in the trace, nor are their frees.
     pub fn new(inner: CachingAllocator<D>, out: W) -> io::Result<Self> {
-        Ok(RecordingAllocator {
-            inner,
-            recorder: Mutex::new(Recorder::new(out)?),
-        })
+        let recorder = Mutex::new(Recorder::new(out)?);
+        inner.track_completions(true);
+        Ok(RecordingAllocator { inner, recorder })
+    }
+
+    /// Locks the recorder and writes the frees completed since its last event.
+    fn recorder(&self) -> crate::sync::MutexGuard<'_, Recorder<W>> {
+        let mut rec = self.recorder.lock();
+        rec.catch_up(|s| self.inner.take_completions(s));
+        rec
     }
 
     /// [`CachingAllocator::allocate`], recorded.
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         let mut rec = self.recorder.lock();
         let result = self.inner.allocate(size, stream);
+        rec.catch_up(|s| self.inner.take_completions(s));
         rec.allocated(&result, size, stream);
         result
     }
 
     /// [`CachingAllocator::free`], recorded.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        let mut rec = self.recorder.lock();
+        let mut rec = self.recorder();
         // The whole handle is checked (a stale one whose address was handed out again is
         // refused), as `CachingAllocator::free` does.
         self.inner.free(a)?;
@@ -182,7 +233,7 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free_ptr`], recorded.
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
-        let mut rec = self.recorder.lock();
+        let mut rec = self.recorder();
         self.inner.free_ptr(ptr)?;
         rec.freed(ptr);
         Ok(())
@@ -191,20 +242,28 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     /// [`CachingAllocator::free_on`], recorded: frees the allocation at `ptr` made on
     /// `stream` (a different stream is an error and writes nothing). `Buffer`s go back here.
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let mut rec = self.recorder.lock();
+        let mut rec = self.recorder();
         self.inner.free_on(ptr, stream)?;
         rec.freed(ptr);
         Ok(())
     }
 
-    /// [`CachingAllocator::record_stream`] (not an event of the trace).
+    /// [`CachingAllocator::record_stream`] (not an event of the trace: the allocation's
+    /// `free_completed` is written when its block goes back to its pool).
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        self.inner.record_stream(ptr, stream)
+        let mut rec = self.recorder();
+        self.inner.record_stream(ptr, stream)?;
+        rec.used_on(ptr, stream);
+        Ok(())
     }
 
-    /// [`CachingAllocator::empty_cache`] (not an event of the trace).
+    /// [`CachingAllocator::empty_cache`] (not an event of the trace; frees that waited for
+    /// other streams complete in it).
     pub fn empty_cache(&self) -> Result<(), AllocError> {
-        self.inner.empty_cache()
+        let mut rec = self.recorder.lock();
+        let result = self.inner.empty_cache();
+        rec.catch_up(|s| self.inner.take_completions(s));
+        result
     }
 
     /// [`CachingAllocator::stats`].
@@ -237,8 +296,10 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
         self.into_inner().1
     }
 
-    /// The allocator back, with the flushed writer or the first write error.
+    /// The allocator back (no longer keeping completions), with the flushed writer or the
+    /// first write error. Frees still waiting for other streams' work are not written.
     pub fn into_inner(self) -> (CachingAllocator<D>, io::Result<W>) {
+        self.inner.track_completions(false);
         (self.inner, self.recorder.into_inner().finish())
     }
 }
