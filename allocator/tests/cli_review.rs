@@ -482,3 +482,27 @@ fn stats_prints_the_documented_keys() {
     assert_eq!(failed.code, Some(1), "{}", failed.err);
     assert_eq!(failed.json()[0]["failure"]["line"], 4, "{}", failed.out);
 }
+
+/// A reader that closes the pipe before reading (`| head -0`) does not turn a failed replay's
+/// status into success: `replay` and `stats` still exit 1 when a replay ran out of memory
+/// (before, the broken pipe made the status 0 whenever the write came after the close), and 0
+/// when none did.
+#[test]
+fn a_closed_output_keeps_a_failed_replays_status() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/resnet_train.trace.csv.gz");
+    let trace = trace.to_str().unwrap();
+    let capped = ["replay", "--policy", "torch", "--capacity", "1.5GB", trace];
+    let stats = ["stats", "--config", "policy:torch", trace];
+    let plain = ["replay", "--policy", "torch", trace];
+    for (args, want) in [(&capped[..], 1), (&stats[..], 0), (&plain[..], 0)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let code = child.wait().unwrap().code();
+        assert_eq!(code, Some(want), "{args:?}");
+    }
+}

@@ -146,7 +146,9 @@ size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
  * (CSV "action,addr,size,stream,time_us"; gzip'd when path ends in ".gz"), for
  * `cudalloc replay`. The trace begins with an "alloc" at time 0 for every allocation live now;
  * then cudalloc_malloc writes "alloc" ("oom" when it runs out of memory), cudalloc_free writes
- * "free_requested" and "free_completed"; time_us counts from the start. Other devices are not
+ * "free_requested" and "free_completed" (for an allocation given to cudalloc_record_stream on
+ * another stream while the trace runs, "free_completed" when its block goes back to the pool,
+ * after that stream's work); time_us counts from the start. Other devices are not
  * recorded (the format has no device column). While a trace runs, device 0's cudalloc_malloc
  * and cudalloc_free calls take one lock each, across threads, so that the events are written in
  * the order they were served: threads allocating on device 0 at once wait for each other (the

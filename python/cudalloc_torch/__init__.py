@@ -277,9 +277,11 @@ def snapshot(device=None):
 
 
 def empty_cache(device=None):
-    """Releases cached, unused memory of ``device`` (default: every device) to the driver."""
+    """Releases cached, unused memory of ``device`` to the driver; ``None`` (the default):
+    every device, as ``torch.cuda.empty_cache()`` does. A device is read as the other functions
+    read it (:func:`current_device`: an int, ``"cuda:N"``, ``torch.device``)."""
     lib = _device_lib()
-    devices = range(device_count()) if device is None else [device]
+    devices = range(device_count()) if device is None else [current_device(device)]
     for d in devices:
         _check(lib.cudalloc_empty_cache(d))
 
@@ -299,6 +301,11 @@ def set_memory_fraction(fraction, device=None):
 def record_stream(tensor, stream):
     """``tensor.record_stream(stream)`` for cudalloc. PyTorch's pluggable allocator ignores
     ``Tensor.record_stream``; call this instead when a tensor is used on a side stream."""
+    if stream.device != tensor.device:
+        # The event marking the stream's use is recorded on the tensor's device; a stream of
+        # another device could not take it, and every free of the tensor would then fail.
+        raise CudallocError(
+            f"record_stream: the stream is on {stream.device}, the tensor on {tensor.device}")
     ptr = tensor.untyped_storage().data_ptr()
     _check(_device_lib().cudalloc_record_stream(ptr, tensor.device.index, stream.cuda_stream))
 

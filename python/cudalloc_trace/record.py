@@ -49,6 +49,8 @@ class RecordError(Exception):
 def check_out(out):
     """Raises :class:`RecordError` unless ``out`` can be written: its folder exists and is
     writable (checked before the program runs, so a wrong path does not cost a whole job)."""
+    if os.path.isdir(out):
+        raise RecordError(f"{out}: is a folder; name the trace file to write")
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise RecordError(f"{out}: there is no folder {folder}")

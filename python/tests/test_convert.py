@@ -408,6 +408,15 @@ class RecordTest(unittest.TestCase):
         self.assertIn(f"there is no folder {self.dir / 'no'}", err.getvalue())
         self.assertNotIn(".part", err.getvalue())
 
+    def test_an_output_that_is_a_folder_stops_before_the_program(self):
+        script, marker = self.script()
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(record.main(["--out", str(self.dir), "--", str(script)]), 1)
+        self.assertFalse(marker.exists(), "the program ran")
+        self.assertEqual(self.memory.calls, [], "recording started")
+        self.assertIn("is a folder", err.getvalue())
+
     def test_without_device_the_device_with_events_is_written(self):
         self.memory.snap = snapshot([], [entry("alloc", 8192, 20, time_us=2)])
         script, _ = self.script()

@@ -36,6 +36,14 @@ class FakeLib:
         self.devices.append(device)
         return 0
 
+    def cudalloc_empty_cache(self, device):
+        self.devices.append(device)
+        return 0
+
+    def cudalloc_record_stream(self, ptr, device, stream):
+        self.devices.append(device)
+        return 0
+
 
 def fake_torch(initialized, current):
     torch = types.ModuleType("torch")
@@ -104,6 +112,25 @@ class CurrentDeviceTest(unittest.TestCase):
         cudalloc_torch.memory_stats(1)
         cudalloc_torch.set_memory_fraction(0.5, device=2)
         self.assertEqual(self.lib.devices, [1, 2])
+
+    def test_empty_cache_takes_a_device_as_the_others(self):
+        sys.modules["torch"] = fake_torch(initialized=True, current=3)
+        cudalloc_torch.empty_cache("cuda:1")
+        cudalloc_torch.empty_cache(types.SimpleNamespace(type="cuda", index=2))
+        self.assertEqual(self.lib.devices, [1, 2])
+
+    def test_record_stream_refuses_a_stream_of_another_device(self):
+        tensor = types.SimpleNamespace(
+            device=types.SimpleNamespace(type="cuda", index=0),
+            untyped_storage=lambda: types.SimpleNamespace(data_ptr=lambda: 4096),
+        )
+        same = types.SimpleNamespace(device=tensor.device, cuda_stream=7)
+        other = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=1), cuda_stream=9)
+        cudalloc_torch.record_stream(tensor, same)
+        self.assertEqual(self.lib.devices, [0])
+        with self.assertRaisesRegex(cudalloc_torch.CudallocError, "the stream is on"):
+            cudalloc_torch.record_stream(tensor, other)
+        self.assertEqual(self.lib.devices, [0], "nothing reached the library")
 
 
 if __name__ == "__main__":

@@ -132,26 +132,50 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
     let progress = Progress::new(steps, args.min_capacity || long);
-    let mut out = std::io::stdout().lock();
     let mut reports = Vec::with_capacity(traces.len());
-    for t in &traces {
-        let report = replay_trace(t, &variants, &plan, &progress);
-        progress.suspend(|| print_report(&mut out, &report, args))?;
-        reports.push(report);
-    }
+    let printed = replay_and_print(&traces, &variants, &plan, args, &progress, &mut reports);
     progress.finish();
-    if !args.json && (variants.len() > 1 || reports.len() > 1) {
-        summary::write(&mut out, &reports)?;
+    match printed {
+        // The reader stopped reading (a pipe closed): no more replays, and the status says
+        // whether one of those made failed.
+        Err(CliError::BrokenPipe) => return Ok(status(&reports)),
+        other => other?,
     }
-    out.flush()?;
     if let Some(path) = &args.plot {
         write_plot(path, &reports)?;
     }
+    Ok(status(&reports))
+}
+
+/// Replays each trace under every configuration and prints its report as it completes (each
+/// report is kept in `reports` before it is printed), then the summary.
+fn replay_and_print(
+    traces: &[Trace],
+    variants: &[Variant],
+    plan: &Plan,
+    args: &ReplayArgs,
+    progress: &Progress,
+    reports: &mut Vec<Report>,
+) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    for t in traces {
+        reports.push(replay_trace(t, variants, plan, progress));
+        let report = reports.last().expect("just pushed");
+        progress.suspend(|| print_report(&mut out, report, args))?;
+    }
+    if !args.json && (variants.len() > 1 || reports.len() > 1) {
+        summary::write(&mut out, reports)?;
+    }
+    Ok(out.flush()?)
+}
+
+/// 1 when a replay failed, else 0.
+fn status(reports: &[Report]) -> ExitCode {
     let mut runs = reports.iter().flat_map(|r| &r.runs);
     if runs.any(|r| r.result.failure.is_some()) {
-        Ok(ExitCode::from(1))
+        ExitCode::from(1)
     } else {
-        Ok(ExitCode::SUCCESS)
+        ExitCode::SUCCESS
     }
 }
 

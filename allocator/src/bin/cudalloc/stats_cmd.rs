@@ -47,13 +47,17 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let text = serde_json::to_string_pretty(&Value::Object(doc))
         .map_err(|e| CliError::msg(e.to_string()))?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")?;
-    out.flush()?;
-    Ok(if failure.is_some() {
+    let written = writeln!(out, "{text}").and_then(|()| out.flush());
+    let status = if failure.is_some() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
-    })
+    };
+    // A reader that stopped reading (a pipe closed) does not change whether the replay failed.
+    match written.map_err(CliError::from) {
+        Ok(()) | Err(CliError::BrokenPipe) => Ok(status),
+        Err(e) => Err(e),
+    }
 }
 
 type Failure = Option<(usize, AllocError)>;
