@@ -689,6 +689,29 @@ impl Device for CudaDevice {
         check("cuEventRecord", code)
     }
 
+    /// The default streams (0: legacy, 1: `cudaStreamLegacy`, 2: `cudaStreamPerThread`) are
+    /// those of whatever context is current when an event is recorded, ours then; any other
+    /// stream must belong to our context (`cuStreamGetCtx`).
+    fn check_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        if stream.0 <= 2 {
+            return Ok(());
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; the driver validates the stream handle as
+        // cuEventRecord would (the caller's stream must be a live stream, as for every call
+        // taking one).
+        let code = unsafe { sys::cuStreamGetCtx(stream.0 as sys::CUstream, &mut ctx) };
+        check("cuStreamGetCtx", code)?;
+        if ctx != self.ctx.cu_ctx() {
+            let msg = format!(
+                "stream {:#x} belongs to another context (another device's), not device {}'s",
+                stream.0, self.ordinal
+            );
+            return Err(DeviceError::invalid("cuStreamGetCtx", msg));
+        }
+        Ok(())
+    }
+
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         let events = self.events.read();
         Self::check_event(&events, "query_event", event)?;

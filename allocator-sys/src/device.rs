@@ -288,6 +288,11 @@ pub trait Device: Send + Sync {
     fn destroy_event(&self, event: EventHandle) -> DeviceResult<()>;
     /// Records `event` on `stream`: it completes once the stream's earlier work has.
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()>;
+    /// Checks that this device's events can be recorded on `stream` (a stream of this device's
+    /// context; the default streams always can). The allocator asks before it takes a
+    /// `record_stream`, whose event is recorded only at the free, when a refusal could no
+    /// longer be undone.
+    fn check_stream(&self, stream: StreamId) -> DeviceResult<()>;
     /// True once the work before the last `record_event` has completed.
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;
     /// Blocks until the event has completed.
@@ -344,6 +349,9 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
         (**self).record_event(event, stream)
+    }
+    fn check_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        (**self).check_stream(stream)
     }
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         (**self).query_event(event)

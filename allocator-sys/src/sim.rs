@@ -38,7 +38,7 @@
 //! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`]
 //! or `synchronize_event` (which completes the stream up to that event, like a wait).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -161,6 +161,8 @@ struct State {
     /// Events: handle -> (stream, target) of the last record, if any.
     events: HashMap<u64, Option<(StreamId, u64)>>,
     streams: HashMap<StreamId, Work>,
+    /// Streams of another device ([`SimDevice::add_foreign_stream`]).
+    foreign: HashSet<StreamId>,
     malloc_bytes: u64,
     page_bytes: u64,
     next_handle: u64,
@@ -291,6 +293,12 @@ impl SimDevice {
     /// The `k`-th release call from now fails (1-based); see [`FaultPlan::fail_release`].
     pub fn fail_release(&self, k: u64) {
         self.state.lock().faults.fail_release(k);
+    }
+
+    /// Makes `stream` a stream of another device: events cannot be recorded on it (CUDA refuses
+    /// an event and a stream of different contexts) and [`Device::check_stream`] refuses it.
+    pub fn add_foreign_stream(&self, stream: StreamId) {
+        self.state.lock().foreign.insert(stream);
     }
 
     /// Disarms every fault.
@@ -698,6 +706,13 @@ impl Device for SimDevice {
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
         let mut s = self.enter(Call::RecordEvent, 0)?;
         s.event(Call::RecordEvent, event)?;
+        if s.foreign.contains(&stream) {
+            bail!(
+                RecordEvent,
+                "stream {:#x} belongs to another device",
+                stream.0
+            );
+        }
         let auto = s.auto_complete;
         let work = s.streams.entry(stream).or_default();
         work.submitted += 1;
@@ -715,6 +730,15 @@ impl Device for SimDevice {
             return Ok(true);
         };
         Ok(s.streams[&stream].completed >= target)
+    }
+
+    /// Not a counted call (nothing is acquired); refuses the streams of another device.
+    fn check_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        if self.state.lock().foreign.contains(&stream) {
+            let msg = format!("stream {:#x} belongs to another device", stream.0);
+            return Err(DeviceError::invalid("check_stream", msg));
+        }
+        Ok(())
     }
 
     fn synchronize_device(&self) -> DeviceResult<()> {

@@ -286,6 +286,7 @@ impl<D: Device> Device for Limit<D> {
     forward! {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
+        check_stream(stream: StreamId) -> DeviceResult<()>;
         reserve(size: u64) -> DeviceResult<DevicePtr>;
         unreserve(va: DevicePtr, size: u64) -> DeviceResult<()>;
         map(va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()>;
@@ -403,6 +404,7 @@ impl<D: Device> Device for FailCalls<D> {
     forward! {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
+        check_stream(stream: StreamId) -> DeviceResult<()>;
     }
     hooked! { check;
         malloc => Malloc(size: u64) [size] -> DeviceResult<DevicePtr>;
@@ -494,6 +496,7 @@ impl<D: Device> Device for CountCalls<D> {
     forward! {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
+        check_stream(stream: StreamId) -> DeviceResult<()>;
     }
     hooked! { count;
         mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
@@ -672,6 +675,7 @@ impl<D: Device> Device for LogCalls<D> {
     forward! {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
+        check_stream(stream: StreamId) -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {

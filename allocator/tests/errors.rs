@@ -141,3 +141,32 @@ fn every_message_names_its_values() {
         }
     }
 }
+
+/// `record_stream` with a stream whose context cannot take the allocator's events (another
+/// device's) is refused at once, and the allocation frees normally. Before, it was taken; the
+/// event recorded on it at the free failed, so every free of the allocation failed and its
+/// memory stayed allocated for good (a review, with the C ABI's `cudalloc_record_stream`).
+#[test]
+fn record_stream_on_a_stream_of_another_device_is_refused_and_the_free_works() {
+    for policy in Policy::ALL {
+        let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+        let (mine, foreign) = (StreamId(7), StreamId(0xf0));
+        sim.add_foreign_stream(foreign);
+        let a = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        let x = a.allocate(8 << 20, mine).unwrap();
+        let e = a.record_stream(x.ptr, foreign).unwrap_err();
+        assert!(matches!(e, AllocError::Device(_)), "{policy:?}: {e:?}");
+        assert!(e.to_string().contains("another device"), "{e}");
+        a.free(x).unwrap();
+        a.empty_cache().unwrap();
+        let s = a.stats();
+        assert_eq!(
+            (
+                s.allocated_bytes.0[0].current,
+                s.reserved_bytes.0[0].current
+            ),
+            (0, 0),
+            "{policy:?}"
+        );
+    }
+}

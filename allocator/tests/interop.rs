@@ -8,7 +8,8 @@
 //! stream and read on its owner sees the write; the cuBLAS workspace is one pool allocation
 //! per (handle, stream), counted in the statistics and returned when the handle is dropped; a
 //! request larger than the card is `OutOfMemory`; a stream of another CUDA context (a second,
-//! non-primary one on the same device) is `ForeignContext` naming the stream and both devices.
+//! non-primary one on the same device) is `ForeignContext` naming the stream and both devices,
+//! and `record_stream` refuses one.
 //! After each test every buffer is back in the pool (allocated bytes 0) and the allocator's
 //! invariants hold.
 
@@ -20,7 +21,7 @@ use cudalloc_sys::buffer::cudarc::cublas::sys::cublasOperation_t as Op;
 use cudalloc_sys::buffer::cudarc::cublas::GemmConfig;
 use cudalloc_sys::buffer::cudarc::driver::{CudaContext, CudaStream};
 use cudalloc_sys::buffer::ops::{gemm_f32, Kernels};
-use cudalloc_sys::{CudaDevice, Device};
+use cudalloc_sys::{CudaDevice, Device, StreamId};
 use std::sync::Arc;
 
 type Alloc = Arc<CachingAllocator<CudaDevice>>;
@@ -311,6 +312,27 @@ fn a_stream_of_another_context_is_refused() {
         }) => assert_eq!((stream, stream_device, device), (stream_id(&s), 0, 0)),
         other => panic!("expected ForeignContext, got {other:?}"),
     }
+    settled(&a);
+}
+
+/// `record_stream` with a stream of another context (its event could never be recorded there)
+/// is refused through `cuStreamGetCtx`, a stream of the allocator's own context is taken, and
+/// the allocation frees normally.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn record_stream_refuses_a_stream_of_another_context() {
+    let a = allocator(Policy::Default);
+    let other = CudaContext::new_non_primary(0, 0).expect("a second context on device 0");
+    let foreign = other.new_stream().expect("a stream");
+    let own = a
+        .with_device(|d| d.context().new_stream())
+        .expect("a stream");
+    let x = a.allocate(4 << 20, StreamId::DEFAULT).unwrap();
+    let e = a.record_stream(x.ptr, stream_id(&foreign)).unwrap_err();
+    assert!(e.to_string().contains("another context"), "{e}");
+    a.record_stream(x.ptr, stream_id(&own)).unwrap();
+    a.free(x).unwrap();
+    own.synchronize().unwrap();
     settled(&a);
 }
 

@@ -99,7 +99,9 @@ int cudalloc_empty_cache(int device);
 
 /* Marks the live allocation ptr as used on stream too: once freed, its memory is reused only
  * after the work queued on stream up to its free has completed. 0 or -1. NULL (what a 0-byte
- * cudalloc_malloc returns) is ignored: 0. */
+ * cudalloc_malloc returns) is ignored: 0. stream must belong to device's primary context (or
+ * be a default stream): a stream of another device is refused (-1), since the event marking
+ * its use could never be recorded on it. */
 int cudalloc_record_stream(void *ptr, int device, cudalloc_stream_t stream);
 
 /* Caps device's allocator at fraction (0 <= fraction <= 1) of the device's memory; requests

@@ -101,8 +101,9 @@ pub extern "C" fn cudalloc_empty_cache(device: c_int) -> c_int {
 }
 
 /// Marks the allocation at `ptr` as used on `stream` too: when freed, its block returns to the
-/// pool only after the work queued on `stream` until now has completed. 0, or -1 on failure.
-/// NULL (a 0-byte allocation) is ignored: 0.
+/// pool only after the work queued on `stream` up to the free has completed. 0, or -1 on
+/// failure (a stream of another device's context included). NULL (a 0-byte allocation) is
+/// ignored: 0.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_record_stream(

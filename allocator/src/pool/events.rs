@@ -28,6 +28,9 @@ impl<D: Device> Pool<D> {
         if b.stream == stream || b.stream_uses.contains(&stream) {
             return Ok(());
         }
+        // Its event is recorded at the free, when a stream that cannot take it would keep the
+        // block allocated for good: refuse it now.
+        self.device.check_stream(stream)?;
         self.blocks[block].stream_uses.push(stream);
         Ok(())
     }
