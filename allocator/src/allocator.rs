@@ -159,10 +159,7 @@ impl<D: Device> CachingAllocator<D> {
     /// out nothing for zero bytes instead).
     pub fn allocate(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         if size > crate::sizes::MAX_REQUEST {
-            return Err(AllocError::TooLarge {
-                requested: size,
-                limit: crate::sizes::MAX_REQUEST,
-            });
+            return Err(self.shard(stream).refuse_too_large(size));
         }
         if let Some(c) = &self.caches {
             // A pool that watches its large blocks gets the request, unless another thread is

@@ -1,7 +1,8 @@
 //! `AllocError`'s typed causes: each bad argument `CachingAllocator` refuses comes back as its own
 //! variant carrying the values that explain it, and the message names those values.
 //!
-//! Checked: a request above `MAX_REQUEST` is `TooLarge` with the request and the limit; a memory
+//! Checked: a request above `MAX_REQUEST` is `TooLarge` with the request and the limit (and
+//! counts in `num_ooms`); a memory
 //! fraction outside [0, 1] is `BadFraction` with that fraction and changes no limit; `free_on` on
 //! the wrong stream is `WrongStream` with the address and both streams and frees nothing (the
 //! right stream then frees it); each variant's message holds its figures. The element-count
@@ -32,6 +33,8 @@ fn a_request_above_the_limit_is_too_large_with_both_sizes() {
     }
     let at_limit = alloc.allocate(MAX_REQUEST, StreamId(0)).unwrap_err();
     assert!(at_limit.is_out_of_memory(), "{at_limit:?}");
+    // Each is an out-of-memory error in the statistics, as PyTorch counts them.
+    assert_eq!(alloc.stats().num_ooms, 4);
     alloc.check_invariants().unwrap();
 }
 

@@ -308,6 +308,10 @@ mod tests {
             .contains("already"));
         let a = t.allocate(&alloc, 2 << 20, s).unwrap();
         assert!(t.allocate(&alloc, 4 << 30, s).is_err());
+        assert!(
+            t.allocate(&alloc, 1 << 50, s).is_err(),
+            "more than any device holds"
+        );
         t.free(&alloc, before.ptr).unwrap();
         t.free(&alloc, a.ptr).unwrap();
         t.stop(Some(&alloc)).unwrap();
@@ -327,6 +331,7 @@ mod tests {
                 "alloc",
                 "alloc",
                 "oom",
+                "oom",
                 "free_requested",
                 "free_completed",
                 "free_requested",
@@ -334,6 +339,7 @@ mod tests {
             ]
         );
         assert!(l[3].starts_with(&format!("oom,0,{},7,", 4u64 << 30)));
+        assert!(l[4].starts_with(&format!("oom,0,{},7,", 1u64 << 50)));
         let trace = read(&path).unwrap();
         assert_eq!(trace.anomalies.unmatched_frees, 0);
         assert!(t.stop(Some(&alloc)).unwrap_err().contains("no trace"));

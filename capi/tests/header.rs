@@ -149,9 +149,13 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(aborted.status.signal(), Some(6), "SIGABRT");
     }
-    // The trace was closed before the abort: a complete gzip file that reads back.
+    // The trace was closed before the abort: a complete gzip file that reads back, ending (on
+    // a GPU) with the failed request's `oom`; without one the malloc failed before any
+    // allocator existed and the trace is empty.
     let t = cudalloc_core::trace::read(&trace).unwrap();
     assert_eq!(t.anomalies, Default::default());
+    let gpu = line("gpu ") == "1";
+    assert_eq!(t.events, u64::from(gpu), "the trace's events: {t:?}");
 
     if tool("c++") {
         let out = Command::new("c++")

@@ -239,6 +239,16 @@ impl<D: Device> Pool<D> {
         self.allocate_or_grow(size, stream, false)
     }
 
+    /// The error for a request above [`sizes::MAX_REQUEST`], counted as an out-of-memory error
+    /// (PyTorch's ladder fails such a request and counts it in `num_ooms`).
+    pub(crate) fn refuse_too_large(&mut self, size: u64) -> AllocError {
+        self.stats.num_ooms += 1;
+        AllocError::TooLarge {
+            requested: size,
+            limit: sizes::MAX_REQUEST,
+        }
+    }
+
     fn allocate_or_grow(
         &mut self,
         size: u64,
@@ -246,10 +256,7 @@ impl<D: Device> Pool<D> {
         may_grow: bool,
     ) -> Result<Option<Allocation>, AllocError> {
         if size > sizes::MAX_REQUEST {
-            return Err(AllocError::TooLarge {
-                requested: size,
-                limit: sizes::MAX_REQUEST,
-            });
+            return Err(self.refuse_too_large(size));
         }
         self.process_events()?;
         let rounded = sizes::round_size(size, &self.cfg);

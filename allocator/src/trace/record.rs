@@ -4,7 +4,8 @@
 //! ([`super::csv`]); [`RecordingAllocator`] wraps a [`CachingAllocator`] with one, and the C
 //! ABI's trace (`cudalloc_trace_start`) uses one too:
 //! - a successful `allocate` writes `alloc` (the address, the requested size, the stream);
-//! - an `allocate` that runs out of memory writes `oom` (address 0, the requested size);
+//! - an `allocate` that runs out of memory (or asks for more than any device holds: `TooLarge`)
+//!   writes `oom` (address 0, the requested size);
 //! - a `free` writes `free_requested` then `free_completed`, with the size and stream the
 //!   allocation was made with; a free of an allocation the recorder never saw made (or was
 //!   told of with [`Recorder::live_at_start`]) is not written, so a trace never holds an
@@ -92,7 +93,11 @@ impl<W: Write> Recorder<W> {
                 self.live.insert(a.ptr, (a.size, stream.0));
                 self.emit(Action::Alloc, a.ptr, a.size, stream.0, t);
             }
-            Err(e) if e.is_out_of_memory() => self.emit(Action::Oom, 0, size, stream.0, t),
+            // A request above the most any device holds fails as running out of memory
+            // does (PyTorch writes `oom` for it too).
+            Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
+                self.emit(Action::Oom, 0, size, stream.0, t)
+            }
             Err(_) => {}
         }
     }
