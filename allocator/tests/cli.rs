@@ -51,7 +51,7 @@ fn json_lines(o: &Output) -> Vec<serde_json::Value> {
         .collect()
 }
 
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "trace",
     "policy",
     "completed",
@@ -74,6 +74,7 @@ const KEYS: [&str; 22] = [
     "map_floor_2pct",
     "map_floor_5pct",
     "allocations_before_history",
+    "recorded_ooms",
 ];
 
 #[test]
@@ -676,4 +677,32 @@ fn a_sweep_replays_the_default_and_each_value() {
     let bad = cudalloc(&["replay", "--sweep", "max_chunk_mbs=16", &bert()]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(stderr(&bad).contains("max_chunk_mbs"), "{}", stderr(&bad));
+}
+
+/// A trace's `oom` events (allocations that failed when it was recorded) are counted and named
+/// as not replayed, in the header line and as `--json`'s `recorded_ooms` (0 for a trace with
+/// none).
+#[test]
+fn recorded_ooms_are_counted_not_replayed() {
+    let dir = scratch("recorded-ooms");
+    let path = dir.join("oom.csv");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,1000,0,1\noom,0,1125899906842624,0,5\n\
+                oom,0,2000000000000,0,6\nfree_completed,4096,1000,0,7\n";
+    std::fs::write(&path, text).unwrap();
+    let p = path.to_str().unwrap();
+    let o = cudalloc(&["replay", "--policy", "torch", p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("2 oom events recorded (failed allocations, not replayed)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = cudalloc(&["replay", "--json", "--policy", "torch", p]);
+    let v = &json_lines(&o)[0];
+    assert_eq!(
+        (v["recorded_ooms"].as_u64(), v["ooms"].as_u64()),
+        (Some(2), Some(0))
+    );
+    let o = cudalloc(&["replay", "--json", "--policy", "torch", &bert()]);
+    assert_eq!(json_lines(&o)[0]["recorded_ooms"], 0);
 }

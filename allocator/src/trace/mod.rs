@@ -155,6 +155,11 @@ pub struct Trace {
     pub before_history: u64,
     /// What the trace's line numbers count.
     pub position: Position,
+    /// `oom` events: allocations that failed while the trace was recorded. Not replayed (the
+    /// request failed on the recording's device, with its limit and its other processes), nor
+    /// is what the recording allocator did before failing (its out-of-memory ladder released
+    /// its cached blocks), so a replay's figures after one may differ from the recording's.
+    pub recorded_ooms: u64,
 }
 
 /// What the line numbers of a trace (its anomalies, its errors, [`Trace::op_lines`]) count.
@@ -287,6 +292,7 @@ impl TraceBuilder {
                 self.trace.segment_allocs += 1;
                 self.trace.segment_sizes.push(e.size);
             }
+            Action::Oom => self.trace.recorded_ooms += 1,
             _ => {}
         }
     }

@@ -19,7 +19,8 @@ use std::io::{self, Write};
 /// (null otherwise), and the peaks are those reached before it. `anomalies` are the trace's odd
 /// events (frees of addresses not live, allocations of live ones);
 /// `allocations_before_history` the allocations a snapshot's reader put first for memory live
-/// before its history began.
+/// before its history began; `recorded_ooms` the trace's `oom` events (allocations that failed
+/// when it was recorded; not replayed).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
@@ -49,6 +50,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "map_floor_2pct": report.map_floor[0],
         "map_floor_5pct": report.map_floor[1],
         "allocations_before_history": report.before_history,
+        "recorded_ooms": report.recorded_ooms,
     });
     if let Some((op, e)) = r.peak_excess {
         v["peak_breakdown"] = json!({

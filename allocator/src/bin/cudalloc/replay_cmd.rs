@@ -53,6 +53,8 @@ pub struct Report {
     pub anomalies: Anomalies,
     /// Allocations put first because they were live before a snapshot's history began.
     pub before_history: u64,
+    /// `oom` events of the trace (allocations that failed when it was recorded; not replayed).
+    pub recorded_ooms: u64,
     /// What the trace's line numbers count (lines, or a snapshot's trace entries).
     pub position: Position,
     /// The line (or trace entry) of each operation a report names: where a replay failed, the
@@ -448,6 +450,7 @@ fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progres
         map_floor: FLOOR_SLACKS.map(|slack| map_floor(t, slack, PAGE)),
         anomalies: t.anomalies.clone(),
         before_history: t.before_history,
+        recorded_ooms: t.recorded_ooms,
         position: t.position,
         lines: named_lines(t, &runs),
         runs,

@@ -205,6 +205,7 @@ mod tests {
             map_floor: [0, 0],
             anomalies: Default::default(),
             before_history: 0,
+            recorded_ooms: 0,
             position: Default::default(),
             lines: Default::default(),
             runs: vec![run],

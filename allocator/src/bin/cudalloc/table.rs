@@ -103,6 +103,12 @@ fn header_line(r: &Report, capacity: Option<u64>) -> String {
     if let Some(c) = capacity {
         line += &format!(", capacity {}", bytes(c));
     }
+    if r.recorded_ooms > 0 {
+        line += &format!(
+            ", {} oom events recorded (failed allocations, not replayed)",
+            thousands(r.recorded_ooms)
+        );
+    }
     if r.before_history > 0 {
         line += &format!(
             ", {} allocations live before the history began put first",
