@@ -544,3 +544,62 @@ fn through_the_caching_allocator_the_plan_places_the_batches_past_the_thread_cac
     );
     assert!(!kept, "without plans the large part keeps it");
 }
+
+/// A planned placement that splits an unmapped block at the planned address and then cannot map
+/// (each of the first calls of the next batch's first allocation failing in turn: an
+/// out-of-memory from `create_page`, a driver error from `map` or `set_access`) joins the split
+/// back: the pool stays sound, the allocation is served another way or fails cleanly, and after
+/// `empty_cache` and drop nothing stays reserved on the device. Before the fix two unmapped
+/// blocks were left side by side and the segment's range was never released (a review).
+#[test]
+fn a_planned_placement_that_cannot_map_leaves_no_split_behind() {
+    let batch = bert_batch(12);
+    for k in 1..=4 {
+        let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+        let weights = pool.allocate(100 * MIB, S0).unwrap();
+        for u in [3, 5, 2] {
+            play(&sim, &mut pool, &batch, u * MIB + 3 * KIB);
+        }
+        assert!(pool.has_plan());
+        sim.fail_call(k);
+        let a = pool.allocate(9 * MIB + 3 * KIB, S0);
+        sim.clear_faults();
+        pool.check_invariants()
+            .unwrap_or_else(|e| panic!("call {k} failing: {e}"));
+        if let Ok(a) = a {
+            pool.free(&a).unwrap();
+        }
+        pool.free(&weights).unwrap();
+        pool.empty_cache().unwrap();
+        drop(pool);
+        common::assert_device_empty(&sim, &format!("call {k} failing"));
+    }
+}
+
+/// `release_available_cached_blocks` never frees a split block: with `max_split_size` set in
+/// code below the 20 MiB a parsed config must have, a split block can be at or above it (before,
+/// a debug build panicked and a release build asked the device to free an address inside a
+/// segment; a review).
+#[test]
+fn the_oversize_release_step_skips_split_blocks() {
+    let cfg = Config {
+        max_split_size: 4 * MIB,
+        ..Config::for_policy(cudalloc::Policy::Torch)
+    };
+    let (sim, mut pool) = pool_with(cfg, 16 * GIB);
+    pool.set_limit(Some(40 * MIB));
+    let small = pool.allocate(2 * MIB, S0).unwrap();
+    let big = pool.allocate(30 * MIB, S0);
+    assert!(
+        matches!(big, Ok(_) | Err(cudalloc::AllocError::OutOfMemory { .. })),
+        "{big:?}"
+    );
+    check(&sim, &pool);
+    pool.free(&small).unwrap();
+    if let Ok(b) = big {
+        pool.free(&b).unwrap();
+    }
+    pool.empty_cache().unwrap();
+    drop(pool);
+    common::assert_device_empty(&sim, "max_split_size 4 MiB");
+}

@@ -425,13 +425,21 @@ impl<D: Device> Pool<D> {
             let b = &self.blocks[u];
             let lo = seg.page_floor(at.max(b.addr));
             let hi = seg.page_ceil((at + size).min(b.end()));
-            let u = if lo > b.addr {
+            let (head, u) = if lo > b.addr {
                 self.split_unmapped_tail(u, lo - b.addr);
-                self.blocks[u].next
+                (Some(u), self.blocks[u].next)
             } else {
-                u
+                (None, u)
             };
-            match self.map_block(u, hi - lo, window)? {
+            let mapped = self.map_block(u, hi - lo, window);
+            if let (Some(head), false) = (head, matches!(mapped, Ok(Some(_)))) {
+                // Nothing (or, after a failed rollback, only a part that stays mapped) was
+                // mapped: join the split back, so no two unmapped blocks lie side by side and
+                // the range can be released whole.
+                let next = self.blocks[head].next;
+                self.try_merge(head, next);
+            }
+            match mapped? {
                 Some(mapped) => from = mapped,
                 None => return Ok(None),
             }

@@ -91,7 +91,9 @@ impl<D: Device> Pool<D> {
         let stream = req.stream.0;
         let first = self.index(req.pool).at_least(stream, key).next();
         if let Some((_, id)) = first {
-            if !self.blocks[id].is_expandable() {
+            // Split blocks only exist below `max_split_size` when a `Config` built in code set
+            // it under the 20 MiB a parsed one must have: never release one of those.
+            if !self.blocks[id].is_expandable() && !self.blocks[id].is_split() {
                 self.release_block(id)?;
                 return Ok(true);
             }
@@ -102,7 +104,7 @@ impl<D: Device> Pool<D> {
             if released >= key || size < mss {
                 break;
             }
-            if !self.blocks[id].is_expandable() {
+            if !self.blocks[id].is_expandable() && !self.blocks[id].is_split() {
                 self.release_block(id)?;
                 released += size;
             }
