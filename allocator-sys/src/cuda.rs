@@ -689,11 +689,16 @@ impl Device for CudaDevice {
         check("cuEventRecord", code)
     }
 
-    /// The default streams (0: legacy, 1: `cudaStreamLegacy`, 2: `cudaStreamPerThread`) are
-    /// those of whatever context is current when an event is recorded, ours then; any other
-    /// stream must belong to our context (`cuStreamGetCtx`).
+    /// The legacy default stream (0, and 1: `cudaStreamLegacy`) is that of whatever context is
+    /// current when an event is recorded, ours then. The per-thread default stream (2) is
+    /// refused: its one handle names a different stream on each thread. Any other stream must
+    /// belong to our context (`cuStreamGetCtx`).
     fn check_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        if stream.0 <= 2 {
+        if stream.0 == 2 {
+            let msg = "the per-thread default stream (0x2) is a different stream on each thread";
+            return Err(DeviceError::invalid("check_stream", msg));
+        }
+        if stream.0 <= 1 {
             return Ok(());
         }
         let mut ctx: sys::CUcontext = std::ptr::null_mut();

@@ -183,10 +183,13 @@ impl<D: Device> CachingAllocator<D> {
         }
         match self.try_allocate(size, stream, Try::Grow) {
             Err(e) if e.is_out_of_memory() => {
-                if !self.release_everything_else(shard_of(stream))? {
-                    return Err(e);
+                // A release that failed is reported only if the request still fails.
+                let (released, failed) = self.release_everything_else(shard_of(stream));
+                if !released {
+                    return Err(failed.unwrap_or(e));
                 }
                 self.try_allocate(size, stream, Try::Again)
+                    .map_err(|again| failed.unwrap_or(again))
             }
             other => other,
         }
@@ -341,18 +344,25 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// Flushes the thread caches and empties the caches of every shard but `except`; true when
-    /// anything was released.
-    fn release_everything_else(&self, except: usize) -> Result<bool, AllocError> {
+    /// Flushes the thread caches and empties the caches of every shard but `except`: whether
+    /// anything was released, and the first failure (a failure does not stop the others).
+    fn release_everything_else(&self, except: usize) -> (bool, Option<AllocError>) {
         let before = self.reserved.load(Ordering::Relaxed);
-        let flushed = self.flush_thread_caches()?;
+        let mut failed = None;
+        let flushed = self.flush_thread_caches().unwrap_or_else(|e| {
+            failed = Some(e);
+            0
+        });
         for (i, s) in self.shards.iter().enumerate() {
             if i != except {
                 // One wait for all streams per out-of-memory ladder: `except`'s counted it.
-                s.lock().release_all_cached()?;
+                if let Err(e) = s.lock().release_all_cached() {
+                    failed.get_or_insert(AllocError::from(e));
+                }
             }
         }
-        Ok(flushed > 0 || self.reserved.load(Ordering::Relaxed) < before)
+        let released = flushed > 0 || self.reserved.load(Ordering::Relaxed) < before;
+        (released, failed)
     }
 
     /// Returns every block held in thread caches to its pool; returns how many there were.
@@ -464,8 +474,10 @@ impl<D: Device> CachingAllocator<D> {
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let a = self.live.live(ptr)?.alloc;
         // Marked first: a free racing this call then finds the mark and skips the thread cache
-        // (a block with other streams' uses must go back through its pool's events).
+        // (a block with other streams' uses must go back through its pool's events). A stream
+        // the pool would refuse is refused before the mark, so that the call changes nothing.
         if stream != a.stream {
+            self.with_device(|d| d.check_stream(stream))?;
             self.live.mark_recorded(ptr);
         }
         self.shard(a.stream).record_stream(a.block, ptr, stream)

@@ -53,6 +53,11 @@ pub fn buffer_bytes<T>(len: usize) -> Result<u64, AllocError> {
         })
 }
 
+/// The handle of CUDA's per-thread default stream (`cudaStreamPerThread`, cudarc's
+/// `per_thread_stream()`): the same on every thread for a different stream on each, so the
+/// allocator refuses it (blocks freed on one thread's would be handed to another's unordered).
+pub const PER_THREAD_STREAM: StreamId = StreamId(2);
+
 /// The allocator's name for a cudarc stream (its raw `CUstream` handle).
 pub fn stream_id(stream: &CudaStream) -> StreamId {
     StreamId(stream.cu_stream() as u64)
@@ -199,6 +204,13 @@ pub(crate) fn raw_buffer<P: BufferSource, T>(
     stream: &Arc<CudaStream>,
 ) -> Result<Buffer<T>, AllocError> {
     let bytes = buffer_bytes::<T>(len)?;
+    if stream_id(stream) == PER_THREAD_STREAM {
+        return Err(AllocError::Device(DeviceError::invalid(
+            "stream",
+            "the per-thread default stream (handle 0x2) is a different stream on each thread, \
+             which the allocator cannot tell apart; pass a stream created for the work",
+        )));
+    }
     let (same, device) = pool.with_device(|d| (**d.context() == **stream.context(), d.ordinal()));
     if !same {
         return Err(AllocError::ForeignContext {

@@ -173,3 +173,45 @@ fn record_stream_on_a_stream_of_another_device_is_refused_and_the_free_works() {
         );
     }
 }
+
+/// Out of memory, the front empties the other stream shards' caches and tries again: one
+/// shard's release failing does not stop the others nor the second try, which succeeds here
+/// (before, the first failure ended the sweep and the request failed with it; a review).
+#[test]
+fn a_release_that_fails_in_the_out_of_memory_sweep_does_not_stop_it() {
+    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let a = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
+    a.set_memory_fraction(60.0 * 1048576.0 / (4.0 * GIB as f64))
+        .unwrap();
+    for s in [1, 3] {
+        let x = a.allocate(20 << 20, StreamId(s)).unwrap();
+        a.free(x).unwrap();
+    }
+    sim.fail_release(1);
+    let x = a.allocate(30 << 20, StreamId(2));
+    sim.clear_faults();
+    let x = x.expect("the other shard's cache was released and the second try succeeded");
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+}
+
+/// A `record_stream` refused (a stream of another device) changes nothing: the allocation's
+/// later free goes where it would have gone without the call (a thread cache under `default`),
+/// not through the pool's events (before, the refused call had already marked it).
+#[test]
+fn a_refused_record_stream_changes_nothing() {
+    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let foreign = StreamId(0xf0);
+    sim.add_foreign_stream(foreign);
+    let a = CachingAllocator::new(sim, Config::for_policy(Policy::Default));
+    let x = a.allocate(4096, StreamId(7)).unwrap();
+    a.record_stream(x.ptr, foreign).unwrap_err();
+    a.free(x).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        (s.thread_cache.blocks, s.pool_frees()),
+        (1, 0),
+        "the free stayed in the thread cache"
+    );
+}

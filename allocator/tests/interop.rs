@@ -336,6 +336,23 @@ fn record_stream_refuses_a_stream_of_another_context() {
     settled(&a);
 }
 
+/// The per-thread default stream (one handle, 0x2, for a different stream on each thread) is
+/// refused for a buffer and for `record_stream`: the allocator could not tell two threads'
+/// streams apart and would hand one thread's freed block to another's unordered work.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_per_thread_default_stream_is_refused() {
+    let a = allocator(Policy::Default);
+    let per_thread = a.with_device(|d| d.context().per_thread_stream());
+    let e = a.buffer::<f32>(16, &per_thread).unwrap_err();
+    assert!(e.to_string().contains("per-thread default stream"), "{e}");
+    let x = a.allocate(4096, StreamId::DEFAULT).unwrap();
+    let e = a.record_stream(x.ptr, stream_id(&per_thread)).unwrap_err();
+    assert!(e.to_string().contains("per-thread default stream"), "{e}");
+    a.free(x).unwrap();
+    settled(&a);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn larger_than_the_card_is_out_of_memory() {
