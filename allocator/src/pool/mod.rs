@@ -632,8 +632,12 @@ impl<D: Device> Pool<D> {
     }
 
     /// Counts `n` more bytes as held from the device, before asking the device for them. When
-    /// pools share a limit, the check and the count are one atomic step, so concurrent pools
-    /// cannot pass the limit together; false (and nothing counted) when `n` would pass it.
+    /// pools share a limit (`CachingAllocator`'s shards), the check and the count are one
+    /// atomic step, so concurrent pools cannot pass the limit together; false (and nothing
+    /// counted) when `n` would pass it. A pool alone checks its limit against the request's
+    /// size before this, as PyTorch does, and always gets true here: under expandable segments
+    /// it can then map up to one page (20 MiB under `torch-expandable`) past its limit, where
+    /// `CachingAllocator` refuses (docs/fidelity.md).
     pub(crate) fn claim(&mut self, n: u64) -> bool {
         if let (Some(s), Some(l)) = (&self.shared, self.limit) {
             let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
