@@ -48,8 +48,11 @@
 //! reservations, pages with their mapping counts, mappings, events and streams. Releasing anything
 //! else, a size that does not match, a release whose precondition does not hold, or a map outside
 //! a reservation or over an existing mapping is [`DeviceError::InvalidArgument`] before the driver
-//! is called. The memory tables' lock is held across the driver call, so table and driver agree;
-//! events sit behind a read-write lock, so a `synchronize_event` does not block other queries.
+//! is called. The memory tables' lock is held across each release's driver call, and a new
+//! handle enters its table only after the driver gave it, so table and driver agree; events sit
+//! behind a read-write lock whose readers (`record_event`, `query_event`, `synchronize_event`)
+//! do not queue behind a waiting writer, so a `synchronize_event` blocks only `create_event` and
+//! `destroy_event` for its wait, not other queries.
 //!
 //! Dropping a `CudaDevice` releases nothing it handed out; the driver reclaims it when the
 //! primary context's last user goes away.
@@ -150,16 +153,17 @@ impl Memory {
         before.is_some_and(|(&start, m)| start + m.size > va)
     }
 
-    /// True if mappings cover every byte of `va..end`.
+    /// True if whole mappings cover exactly `va..end` (starting at `va`, ending at `end`, none
+    /// missing between: `cuMemSetAccess` takes a range of whole mappings).
     fn fully_mapped(&self, va: u64, end: u64) -> bool {
         let mut at = va;
         while at < end {
-            match self.mappings.range(..=at).next_back() {
-                Some((&start, m)) if start + m.size > at => at = start + m.size,
-                _ => return false,
+            match self.mappings.get(&at) {
+                Some(m) => at += m.size,
+                None => return false,
             }
         }
-        true
+        at == end
     }
 }
 
@@ -643,7 +647,7 @@ impl Device for CudaDevice {
         let end = end_of("set_access", va, size)?;
         let mem = self.memory.lock();
         if !mem.fully_mapped(va, end) {
-            let message = format!("{va:#x}+{size} is not entirely mapped");
+            let message = format!("{va:#x}+{size} is not a range of whole mappings");
             return Err(DeviceError::invalid("set_access", message));
         }
         let descs = self.access_descriptors(peers);
@@ -679,7 +683,7 @@ impl Device for CudaDevice {
     }
 
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
-        let events = self.events.read();
+        let events = self.events.read_recursive();
         Self::check_event(&events, "record_event", event)?;
         let _bound = self.bind()?;
         let raw_stream = stream.0 as sys::CUstream;
@@ -718,7 +722,7 @@ impl Device for CudaDevice {
     }
 
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
-        let events = self.events.read();
+        let events = self.events.read_recursive();
         Self::check_event(&events, "query_event", event)?;
         let _bound = self.bind()?;
         // SAFETY: the event is live and cannot be destroyed while the read lock is held.
@@ -733,7 +737,7 @@ impl Device for CudaDevice {
     }
 
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
-        let events = self.events.read();
+        let events = self.events.read_recursive();
         Self::check_event(&events, "synchronize_event", event)?;
         let _bound = self.bind()?;
         // SAFETY: the event is live and cannot be destroyed while the read lock is held.

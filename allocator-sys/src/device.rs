@@ -212,8 +212,8 @@ impl Call {
         Call::RecordEvent,
         Call::QueryEvent,
         Call::SynchronizeEvent,
-        Call::MemInfo,
         Call::SynchronizeDevice,
+        Call::MemInfo,
     ];
 
     /// Index into [`Call::ALL`].
@@ -288,10 +288,12 @@ pub trait Device: Send + Sync {
     fn destroy_event(&self, event: EventHandle) -> DeviceResult<()>;
     /// Records `event` on `stream`: it completes once the stream's earlier work has.
     fn record_event(&self, event: EventHandle, stream: StreamId) -> DeviceResult<()>;
-    /// Checks that this device's events can be recorded on `stream` (a stream of this device's
-    /// context; the default streams always can). The allocator asks before it takes a
-    /// `record_stream`, whose event is recorded only at the free, when a refusal could no
-    /// longer be undone.
+    /// Checks that this device's events can be recorded on `stream` (on CUDA: a stream of this
+    /// device's context, or the legacy default stream; the per-thread default stream is refused,
+    /// its one handle naming a different stream on each thread). The allocator asks before it
+    /// takes a `record_stream`, whose event is recorded only at the free, when a refusal could
+    /// no longer be undone. `stream` must be a live stream (or a default one): as for every
+    /// call taking a stream, the driver does not check a made-up handle.
     fn check_stream(&self, stream: StreamId) -> DeviceResult<()>;
     /// True once the work before the last `record_event` has completed.
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool>;

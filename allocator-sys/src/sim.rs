@@ -683,6 +683,13 @@ impl Device for SimDevice {
         if at < end {
             bail!(SetAccess, "{at:#x} is not mapped");
         }
+        if at > end {
+            // CUDA takes whole mappings: a range ending inside one is refused.
+            bail!(
+                SetAccess,
+                "{va:#x} + {size} ends inside a mapping (at {at:#x})"
+            );
+        }
         for (_, info) in s.mappings.range_mut(va..end) {
             info.accessible = true;
         }

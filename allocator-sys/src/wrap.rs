@@ -16,7 +16,7 @@
 //! [`crate::SimDevice`] shares the exact same counting and fault semantics as [`CountCalls`] and
 //! [`FailCalls`].
 //!
-//! Only the fifteen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
+//! Only the sixteen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
 //! are plain queries and are forwarded untouched.
 
 use std::collections::HashMap;
@@ -326,8 +326,11 @@ impl<D: Device> Device for Limit<D> {
     }
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
+        // Held across the release: the driver may hand the handle out again at once, and a
+        // `create_page` that gets it must not book its page before this one is unbooked.
+        let mut bytes = self.bytes.lock();
         self.inner.release_page(page)?;
-        self.bytes.lock().release_page(page);
+        bytes.release_page(page);
         Ok(())
     }
 }
@@ -539,8 +542,10 @@ impl<D: Device> Device for CountCalls<D> {
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
         self.counters.record(Call::ReleasePage);
+        // Held across the release, as in `Limit::release_page`: the handle may be reused.
+        let mut bytes = self.bytes.lock();
         self.inner.release_page(page)?;
-        self.bytes.lock().release_page(page);
+        bytes.release_page(page);
         Ok(())
     }
 }

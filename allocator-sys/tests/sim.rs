@@ -209,6 +209,16 @@ fn map_rejects_every_broken_precondition() {
     );
     assert!(is_invalid(dev.map(other, G, p)), "page mapped twice");
     assert_eq!(dev.mapped_bytes(), 3 * G);
+    // cuMemSetAccess takes whole mappings: a range ending or starting inside one is refused.
+    assert!(
+        is_invalid(dev.set_access(va + 2 * G, G, &[])),
+        "ends inside a mapping"
+    );
+    assert!(
+        is_invalid(dev.set_access(va + 3 * G, G, &[])),
+        "starts inside a mapping"
+    );
+    dev.set_access(va + 2 * G, 2 * G, &[]).unwrap();
     dev.check_invariants();
 }
 

@@ -183,13 +183,13 @@ impl<D: Device> CachingAllocator<D> {
         }
         match self.try_allocate(size, stream, Try::Grow) {
             Err(e) if e.is_out_of_memory() => {
-                // A release that failed is reported only if the request still fails.
-                let (released, failed) = self.release_everything_else(shard_of(stream));
-                if !released {
-                    return Err(failed.unwrap_or(e));
+                // A release that failed leaves its blocks cached (tried again at the next
+                // `empty_cache` or sweep); the request's own outcome is what is returned, an
+                // out-of-memory error when it still does not fit.
+                if !self.release_everything_else(shard_of(stream)) {
+                    return Err(e);
                 }
                 self.try_allocate(size, stream, Try::Again)
-                    .map_err(|again| failed.unwrap_or(again))
             }
             other => other,
         }
@@ -344,25 +344,19 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// Flushes the thread caches and empties the caches of every shard but `except`: whether
-    /// anything was released, and the first failure (a failure does not stop the others).
-    fn release_everything_else(&self, except: usize) -> (bool, Option<AllocError>) {
+    /// Flushes the thread caches and empties the caches of every shard but `except`; true when
+    /// anything was released. A release that fails does not stop the others (what it could not
+    /// release stays cached).
+    fn release_everything_else(&self, except: usize) -> bool {
         let before = self.reserved.load(Ordering::Relaxed);
-        let mut failed = None;
-        let flushed = self.flush_thread_caches().unwrap_or_else(|e| {
-            failed = Some(e);
-            0
-        });
+        let flushed = self.flush_thread_caches().unwrap_or(0);
         for (i, s) in self.shards.iter().enumerate() {
             if i != except {
                 // One wait for all streams per out-of-memory ladder: `except`'s counted it.
-                if let Err(e) = s.lock().release_all_cached() {
-                    failed.get_or_insert(AllocError::from(e));
-                }
+                let _ = s.lock().release_all_cached();
             }
         }
-        let released = flushed > 0 || self.reserved.load(Ordering::Relaxed) < before;
-        (released, failed)
+        flushed > 0 || self.reserved.load(Ordering::Relaxed) < before
     }
 
     /// Returns every block held in thread caches to its pool; returns how many there were.
@@ -493,7 +487,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// The frees of allocations made on `stream` (or a stream of its shard) that waited for
     /// other streams' work and completed since the last call ([`Pool::take_completions`]).
-    pub fn take_completions(&self, stream: StreamId) -> Vec<u64> {
+    pub fn take_completions(&self, stream: StreamId) -> Vec<(u64, StreamId)> {
         self.shard(stream).take_completions()
     }
 

@@ -215,3 +215,24 @@ fn a_refused_record_stream_changes_nothing() {
         "the free stayed in the thread cache"
     );
 }
+
+/// A request that still does not fit after the sweep fails as out of memory even when one of
+/// the sweep's releases failed (before, the release's driver error was returned: no `oom` in a
+/// recorded trace, and PyTorch through the C library raised a plain error; a review).
+#[test]
+fn out_of_memory_after_a_failed_release_is_still_out_of_memory() {
+    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let a = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
+    a.set_memory_fraction(60.0 * 1048576.0 / (4.0 * GIB as f64))
+        .unwrap();
+    for s in [1, 3] {
+        let x = a.allocate(20 << 20, StreamId(s)).unwrap();
+        a.free(x).unwrap();
+    }
+    sim.fail_release(1);
+    let e = a.allocate(100 << 20, StreamId(2)).unwrap_err();
+    sim.clear_faults();
+    assert!(e.is_out_of_memory(), "{e:?}");
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+}

@@ -103,13 +103,18 @@ struct Recording {
 
 impl Recording {
     /// Writes the frees that completed since the last event (those that waited for another
-    /// stream's work), after making the allocator keep them from now on.
-    fn catch_up<D: Device>(&mut self, alloc: &CachingAllocator<D>) {
+    /// stream's work), after making the allocator keep them from now on; before the free of
+    /// `ptr` when one is given ([`Recorder::catch_up_before_free`]).
+    fn catch_up<D: Device>(&mut self, alloc: &CachingAllocator<D>, freeing: Option<u64>) {
         if !self.tracking {
             alloc.track_completions(true);
             self.tracking = true;
         }
-        self.recorder.catch_up(|s| alloc.take_completions(s));
+        let take = |s| alloc.take_completions(s);
+        match freeing {
+            Some(ptr) => self.recorder.catch_up_before_free(ptr, take),
+            None => self.recorder.catch_up(take),
+        }
     }
 }
 
@@ -172,11 +177,14 @@ impl Tracer {
     /// Stops the trace and closes its file; the first write error if there was one. `alloc`
     /// (the traced allocator, if made) stops keeping completions.
     pub fn stop<D: Device>(&self, alloc: Option<&CachingAllocator<D>>) -> Result<(), String> {
-        if let Some(a) = alloc {
-            a.track_completions(false);
-        }
         let r = {
             let mut state = self.state.lock();
+            // Under the lock, so that no recorded call runs between the last catch-up and the
+            // end of tracking (a completion dropped then would leave a free unfinished).
+            if let (Some(r), Some(a)) = (state.as_mut(), alloc) {
+                r.catch_up(a, None);
+                a.track_completions(false);
+            }
             self.on.store(false, Ordering::SeqCst);
             state.take()
         }
@@ -208,7 +216,7 @@ impl Tracer {
         let mut state = self.state.lock();
         let result = alloc.allocate(size, stream);
         if let Some(r) = state.as_mut() {
-            r.catch_up(alloc);
+            r.catch_up(alloc, None);
             r.recorder.allocated(&result, size, stream);
         }
         result
@@ -222,7 +230,7 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         if let Some(r) = state.as_mut() {
-            r.catch_up(alloc);
+            r.catch_up(alloc, Some(ptr));
         }
         alloc.free_ptr(ptr)?;
         if let Some(r) = state.as_mut() {
@@ -244,7 +252,7 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         if let Some(r) = state.as_mut() {
-            r.catch_up(alloc);
+            r.catch_up(alloc, None);
         }
         alloc.record_stream(ptr, stream)?;
         if let Some(r) = state.as_mut() {
@@ -261,7 +269,7 @@ impl Tracer {
         let mut state = self.state.lock();
         let result = alloc.empty_cache();
         if let Some(r) = state.as_mut() {
-            r.catch_up(alloc);
+            r.catch_up(alloc, None);
         }
         result
     }

@@ -55,6 +55,7 @@ const SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuEventQuery",
     "cuEventSynchronize",
+    "cuStreamGetCtx",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
 ];

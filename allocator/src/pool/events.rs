@@ -101,7 +101,7 @@ impl<D: Device> Pool<D> {
         b.event_count -= 1;
         if b.event_count == 0 {
             if let Some(c) = &mut self.completions {
-                c.push(b.addr);
+                c.push((b.addr, b.stream));
             }
             self.free_block(id);
         }
@@ -118,9 +118,9 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// The addresses of frees that waited for events and completed since the last call, in
-    /// the order they completed (none when not tracked: [`Pool::track_completions`]).
-    pub fn take_completions(&mut self) -> Vec<u64> {
+    /// The address and stream of each free that waited for events and completed since the last
+    /// call, in the order they completed (none when not tracked: [`Pool::track_completions`]).
+    pub fn take_completions(&mut self) -> Vec<(u64, StreamId)> {
         self.completions
             .as_mut()
             .map(std::mem::take)

@@ -99,9 +99,9 @@ pub struct Pool<D: Device> {
     pub(crate) plans: plan::Plans,
     /// Allocations handed out so far ([`Allocation::serial`]).
     pub(crate) handouts: u64,
-    /// Addresses of blocks whose free waited for events and has completed since the last
-    /// [`Pool::take_completions`], while tracked (`None`: not tracked).
-    pub(crate) completions: Option<Vec<u64>>,
+    /// Address and stream of blocks whose free waited for events and has completed since the
+    /// last [`Pool::take_completions`], while tracked (`None`: not tracked).
+    pub(crate) completions: Option<Vec<(u64, StreamId)>>,
 }
 
 impl<D: Device> Pool<D> {

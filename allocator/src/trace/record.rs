@@ -125,17 +125,41 @@ impl<W: Write> Recorder<W> {
     }
 
     /// Writes `free_completed` for the waiting frees that have completed: `take(stream)` gives
-    /// the addresses of the frees that completed among the allocations of that stream
-    /// ([`CachingAllocator::take_completions`]). Call it before writing each event; it asks
-    /// nothing while no free is waiting.
-    pub fn catch_up(&mut self, mut take: impl FnMut(StreamId) -> Vec<u64>) {
-        if self.waiting.is_empty() {
+    /// the address and stream of the frees that completed among the allocations of that
+    /// stream's shard ([`CachingAllocator::take_completions`]); those the recorder was not
+    /// waiting for (frees it never saw marked) are dropped. Call it before writing each event;
+    /// it asks nothing while no free is waiting.
+    pub fn catch_up(&mut self, take: impl FnMut(StreamId) -> Vec<(u64, StreamId)>) {
+        self.catch_up_with(None, take);
+    }
+
+    /// [`Recorder::catch_up`] before the free of `ptr`: when that free will wait for another
+    /// stream, its shard's list is emptied now too, so that a completion kept from an earlier
+    /// free at the same address (one the recorder did not wait for) cannot pass for this one's.
+    pub fn catch_up_before_free(
+        &mut self,
+        ptr: u64,
+        take: impl FnMut(StreamId) -> Vec<(u64, StreamId)>,
+    ) {
+        let stream = self.live.get(&ptr).map(|&(_, s)| s);
+        let waits = self.used_elsewhere.contains(&ptr);
+        self.catch_up_with(stream.filter(|_| waits), take);
+    }
+
+    fn catch_up_with(
+        &mut self,
+        extra: Option<u64>,
+        mut take: impl FnMut(StreamId) -> Vec<(u64, StreamId)>,
+    ) {
+        if self.waiting.is_empty() && extra.is_none() {
             return;
         }
-        let streams: BTreeSet<u64> = self.waiting.values().map(|&(_, s)| s).collect();
+        let mut streams: BTreeSet<u64> = self.waiting.values().map(|&(_, s)| s).collect();
+        streams.extend(extra);
         for s in streams {
-            for ptr in take(StreamId(s)) {
-                if let Some((size, stream)) = self.waiting.remove(&ptr) {
+            for (ptr, stream) in take(StreamId(s)) {
+                if self.waiting.get(&ptr).is_some_and(|&(_, w)| w == stream.0) {
+                    let (size, stream) = self.waiting.remove(&ptr).expect("waiting");
                     let t = self.now();
                     self.emit(Action::FreeCompleted, ptr, size, stream, t);
                 }
@@ -210,10 +234,11 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
         Ok(RecordingAllocator { inner, recorder })
     }
 
-    /// Locks the recorder and writes the frees completed since its last event.
-    fn recorder(&self) -> crate::sync::MutexGuard<'_, Recorder<W>> {
+    /// Locks the recorder and writes the frees completed since its last event, before the free
+    /// of `ptr` ([`Recorder::catch_up_before_free`]).
+    fn recorder_to_free(&self, ptr: u64) -> crate::sync::MutexGuard<'_, Recorder<W>> {
         let mut rec = self.recorder.lock();
-        rec.catch_up(|s| self.inner.take_completions(s));
+        rec.catch_up_before_free(ptr, |s| self.inner.take_completions(s));
         rec
     }
 
@@ -228,7 +253,7 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free`], recorded.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        let mut rec = self.recorder();
+        let mut rec = self.recorder_to_free(a.ptr);
         // The whole handle is checked (a stale one whose address was handed out again is
         // refused), as `CachingAllocator::free` does.
         self.inner.free(a)?;
@@ -238,7 +263,7 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free_ptr`], recorded.
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
-        let mut rec = self.recorder();
+        let mut rec = self.recorder_to_free(ptr);
         self.inner.free_ptr(ptr)?;
         rec.freed(ptr);
         Ok(())
@@ -247,7 +272,7 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     /// [`CachingAllocator::free_on`], recorded: frees the allocation at `ptr` made on
     /// `stream` (a different stream is an error and writes nothing). `Buffer`s go back here.
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let mut rec = self.recorder();
+        let mut rec = self.recorder_to_free(ptr);
         self.inner.free_on(ptr, stream)?;
         rec.freed(ptr);
         Ok(())
@@ -256,7 +281,8 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     /// [`CachingAllocator::record_stream`] (not an event of the trace: the allocation's
     /// `free_completed` is written when its block goes back to its pool).
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let mut rec = self.recorder();
+        let mut rec = self.recorder.lock();
+        rec.catch_up(|s| self.inner.take_completions(s));
         self.inner.record_stream(ptr, stream)?;
         rec.used_on(ptr, stream);
         Ok(())
