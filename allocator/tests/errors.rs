@@ -179,14 +179,7 @@ fn record_stream_on_a_stream_of_another_device_is_refused_and_the_free_works() {
 /// (before, the first failure ended the sweep and the request failed with it; a review).
 #[test]
 fn a_release_that_fails_in_the_out_of_memory_sweep_does_not_stop_it() {
-    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
-    let a = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
-    a.set_memory_fraction(60.0 * 1048576.0 / (4.0 * GIB as f64))
-        .unwrap();
-    for s in [1, 3] {
-        let x = a.allocate(20 << 20, StreamId(s)).unwrap();
-        a.free(x).unwrap();
-    }
+    let (sim, a) = two_shards_caching_20_mib_under_60();
     sim.fail_release(1);
     let x = a.allocate(30 << 20, StreamId(2));
     sim.clear_faults();
@@ -221,6 +214,20 @@ fn a_refused_record_stream_changes_nothing() {
 /// recorded trace, and PyTorch through the C library raised a plain error; a review).
 #[test]
 fn out_of_memory_after_a_failed_release_is_still_out_of_memory() {
+    let (sim, a) = two_shards_caching_20_mib_under_60();
+    sim.fail_release(1);
+    let e = a.allocate(100 << 20, StreamId(2)).unwrap_err();
+    sim.clear_faults();
+    assert!(e.is_out_of_memory(), "{e:?}");
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+}
+
+/// `torch` rules under a 60 MiB cap, with a 20 MiB segment cached in each of two stream shards.
+fn two_shards_caching_20_mib_under_60() -> (
+    std::sync::Arc<SimDevice>,
+    CachingAllocator<std::sync::Arc<SimDevice>>,
+) {
     let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
     let a = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
     a.set_memory_fraction(60.0 * 1048576.0 / (4.0 * GIB as f64))
@@ -229,10 +236,5 @@ fn out_of_memory_after_a_failed_release_is_still_out_of_memory() {
         let x = a.allocate(20 << 20, StreamId(s)).unwrap();
         a.free(x).unwrap();
     }
-    sim.fail_release(1);
-    let e = a.allocate(100 << 20, StreamId(2)).unwrap_err();
-    sim.clear_faults();
-    assert!(e.is_out_of_memory(), "{e:?}");
-    a.empty_cache().unwrap();
-    a.check_invariants().unwrap();
+    (sim, a)
 }
