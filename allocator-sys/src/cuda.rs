@@ -304,12 +304,16 @@ impl CudaDevice {
         })
     }
 
-    /// Copies `data` to device memory at `ptr` and waits for the copy.
+    /// Copies `data` to device memory at `ptr` and waits for the copy. A test and example
+    /// helper: `ptr` must be device memory of this device (the driver refuses addresses it does
+    /// not know, but with unified addressing a pinned or managed host buffer has a device
+    /// address too, which this would write).
     pub fn copy_to_device(&self, ptr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
         let _bound = self.bind()?;
         let src = data.as_ptr().cast::<c_void>();
-        // SAFETY: `src` is valid for `data.len()` bytes for the whole (synchronous) call; the
-        // driver validates `ptr` and returns an error for memory it does not know.
+        // SAFETY: `src` is valid for `data.len()` bytes for the whole (synchronous) call. `ptr`
+        // is the caller's device memory (see above); the driver refuses addresses it does not
+        // know.
         let code = unsafe { sys::cuMemcpyHtoD_v2(ptr, src, data.len()) };
         check("cuMemcpyHtoD_v2", code)
     }
@@ -324,7 +328,9 @@ impl CudaDevice {
         check("cuMemcpyDtoH_v2", code)
     }
 
-    /// Enqueues a fill of `len` bytes at `ptr` with `value` on `stream`; returns at once.
+    /// Enqueues a fill of `len` bytes at `ptr` with `value` on `stream`; returns at once. As
+    /// [`CudaDevice::copy_to_device`], `ptr` must be this device's memory, and `stream` a live
+    /// stream (the driver does not check a made-up handle).
     pub fn memset_async(
         &self,
         ptr: DevicePtr,
