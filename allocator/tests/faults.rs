@@ -12,7 +12,7 @@
 //!   segment, page, reservation or event behind;
 //! - the same holds behind the `Limit` and `FailCalls` wrappers.
 
-use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
 use cudalloc_sys::wrap::{FailCalls, Limit};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -488,4 +488,36 @@ fn a_map_whose_rollback_fails_leaves_pool_and_device_agreeing() {
         }
     }
     assert!(errors > 0, "no combination made the allocation fail");
+}
+
+/// A page whose release failed after its unmap still counts against the memory limit until it
+/// is released: under a 60 MiB cap, after stream 1's cached 20 MiB page was unmapped and its
+/// release failed, stream 2's three 20 MiB allocations never make the device hold more than
+/// the cap (the out-of-memory sweep releases the page again and the third succeeds). Before, the
+/// page was no longer counted and the device reached 80 MiB (a review).
+#[test]
+fn a_page_whose_release_failed_still_counts_against_the_limit() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
+    let a = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+    a.set_memory_fraction((60 * MIB) as f64 / GIB as f64)
+        .unwrap();
+    let x = a.allocate(20 * MIB, StreamId(1)).unwrap();
+    a.free(x).unwrap();
+    sim.fail_release(2);
+    assert!(a.empty_cache().is_err(), "the page's release failed");
+    sim.clear_faults();
+    let mut live = Vec::new();
+    for i in 0..3 {
+        live.push(a.allocate(20 * MIB, StreamId(2)).unwrap());
+        assert!(
+            sim.outstanding_bytes() <= 60 * MIB,
+            "after allocation {i}: the device holds {} bytes",
+            sim.outstanding_bytes()
+        );
+    }
+    live.into_iter().for_each(|x| a.free(x).unwrap());
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    drop(a);
+    common::assert_device_empty(&sim, "after drop");
 }

@@ -178,7 +178,9 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
+        let strays = seg.stray_bytes();
         let done = seg.map(&self.device, addr, size, max_chunk, &self.peers);
+        self.track_strays(seg_index, strays);
         self.stats.calls.maps += done.undone;
         self.stats.calls.unmaps += done.undone;
         let kept = done.range.size;
@@ -256,7 +258,9 @@ impl<D: Device> Pool<D> {
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
+        let strays = seg.stray_bytes();
         let done = seg.unmap(&self.device, addr, size);
+        self.track_strays(seg_index, strays);
         let id = self.account_unmapped(id, addr, done.range);
         match done.error {
             Some(e) => Err(e),
@@ -341,7 +345,12 @@ impl<D: Device> Pool<D> {
             .as_mut()
             .expect("segment released twice");
         debug_assert!(b.size == seg.size && !b.mapped && seg.chunks.is_empty());
+        let strays = seg.stray_bytes();
         seg.retry_leaked(&self.device);
+        self.track_strays(seg_index, strays);
+        let seg = self.segments[seg_index]
+            .as_ref()
+            .expect("segment released twice");
         if seg.holds_strays() {
             return Ok(());
         }

@@ -102,6 +102,10 @@ pub struct Pool<D: Device> {
     /// Address and stream of blocks whose free waited for events and has completed since the
     /// last [`Pool::take_completions`], while tracked (`None`: not tracked).
     pub(crate) completions: Option<Vec<(u64, StreamId)>>,
+    /// Bytes of pages the device still holds outside every chunk (a release that failed:
+    /// [`segment::ExpSegment::stray_bytes`]): not reserved bytes, but counted against the limit
+    /// (and in the shared counter) until released.
+    pub(crate) strays: u64,
 }
 
 impl<D: Device> Pool<D> {
@@ -131,6 +135,7 @@ impl<D: Device> Pool<D> {
             plans: plan::Plans::default(),
             handouts: 0,
             completions: None,
+            strays: 0,
         }
     }
 
@@ -682,7 +687,26 @@ impl<D: Device> Pool<D> {
     pub(crate) fn total_reserved(&self) -> u64 {
         self.shared
             .as_ref()
-            .map_or(self.reserved, |s| s.load(Ordering::Relaxed))
+            .map_or(self.reserved + self.strays, |s| s.load(Ordering::Relaxed))
+    }
+
+    /// Counts against the limit the stray pages segment `seg` holds now, given what it held
+    /// before a call (`before`, [`segment::ExpSegment::stray_bytes`]).
+    pub(crate) fn track_strays(&mut self, seg: usize, before: u64) {
+        let now = self.segments[seg].as_ref().map_or(0, |s| s.stray_bytes());
+        if now >= before {
+            let n = now - before;
+            self.strays += n;
+            if let Some(s) = &self.shared {
+                s.fetch_add(n, Ordering::AcqRel);
+            }
+        } else {
+            let n = before - now;
+            self.strays -= n;
+            if let Some(s) = &self.shared {
+                s.fetch_sub(n, Ordering::AcqRel);
+            }
+        }
     }
 
     /// Makes this pool count its reserved bytes into `counter`, which pools sharing one device

@@ -44,7 +44,7 @@ pub struct ExpSegment {
     pub mapped: u64,
     /// Pages unmapped (or never mapped) whose release failed, to release again at the next
     /// map or unmap.
-    pub leaked: Vec<PageHandle>,
+    pub leaked: Vec<(PageHandle, u64)>,
     /// Chunks mapped whose access could not be granted and whose unmap failed too: listed
     /// neither in `chunks` nor in the pool (no block may use them), unmapped and released again
     /// at the next map or unmap.
@@ -140,7 +140,7 @@ impl ExpSegment {
                 Err(failed) => {
                     match failed.left {
                         Left::Nothing => {}
-                        Left::Page(handle) => self.leaked.push(handle),
+                        Left::Page(handle) => self.leaked.push((handle, len)),
                         Left::Mapped(handle) => self.stuck.push((at, Chunk { size: len, handle })),
                     }
                     done.error = Some(failed.error);
@@ -212,7 +212,7 @@ impl ExpSegment {
             done.range.size += c.size;
             done.range.ops += 1;
             if let Err(e) = dev.release_page(c.handle) {
-                self.leaked.push(c.handle);
+                self.leaked.push((c.handle, c.size));
                 done.error = Some(e);
                 break;
             }
@@ -228,16 +228,23 @@ impl ExpSegment {
             if dev.unmap(at, c.size).is_err() {
                 return true;
             }
-            leaked.push(c.handle);
+            leaked.push((c.handle, c.size));
             false
         });
-        self.leaked.retain(|&h| dev.release_page(h).is_err());
+        self.leaked.retain(|&(h, _)| dev.release_page(h).is_err());
     }
 
     /// True while pages of this segment are held by the device outside its chunks (their
     /// release failed): its range must stay reserved until they are gone.
     pub fn holds_strays(&self) -> bool {
         !self.leaked.is_empty() || !self.stuck.is_empty()
+    }
+
+    /// Bytes of the pages held by the device outside the chunks ([`ExpSegment::holds_strays`]):
+    /// the pool counts them against its memory limit until they are released.
+    pub fn stray_bytes(&self) -> u64 {
+        let leaked: u64 = self.leaked.iter().map(|&(_, n)| n).sum();
+        leaked + self.stuck.iter().map(|(_, c)| c.size).sum::<u64>()
     }
 
     /// Unmaps everything and frees the reservation.
