@@ -609,7 +609,8 @@ impl<D: Device> CachingAllocator<D> {
         for pool in &pools {
             pool.check_invariants()?;
             allocations += pool.stats().allocation.0[0].current as usize;
-            reserved += pool.reserved();
+            // The shared counter holds pages a failed release left too (`Pool::strays`).
+            reserved += pool.reserved() + pool.strays;
         }
         self.live.check_invariants()?;
         let live = self.live.len();
@@ -637,7 +638,8 @@ impl<D: Device> CachingAllocator<D> {
         f(&self.device)
     }
 
-    /// Bytes held from the device.
+    /// Bytes held from the device: the shards' reserved bytes, and pages whose release failed
+    /// until they are released.
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved.load(Ordering::Relaxed)
     }

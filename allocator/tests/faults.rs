@@ -506,6 +506,8 @@ fn a_page_whose_release_failed_still_counts_against_the_limit() {
     sim.fail_release(2);
     assert!(a.empty_cache().is_err(), "the page's release failed");
     sim.clear_faults();
+    a.check_invariants().unwrap();
+    assert_eq!(a.reserved_bytes(), 20 * MIB, "the page still counts");
     let mut live = Vec::new();
     for i in 0..3 {
         live.push(a.allocate(20 * MIB, StreamId(2)).unwrap());
