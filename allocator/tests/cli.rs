@@ -36,6 +36,13 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
+/// A CSV trace of `lines` (after the header) named `name` in test `test`'s scratch directory.
+fn csv_trace(test: &str, name: &str, lines: &str) -> PathBuf {
+    let path = scratch(test).join(name);
+    std::fs::write(&path, format!("action,addr,size,stream,time_us\n{lines}")).unwrap();
+    path
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -476,11 +483,12 @@ fn cuda_replay_reserves_what_the_simulation_does() {
 /// The trace's odd events reach `--json`; a trace with no operations shows no speed.
 #[test]
 fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
-    let dir = scratch("anomalies");
-    let odd = dir.join("odd.csv");
-    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,8192,512,0,2\n\
-                alloc,16384,512,0,3\nfree_completed,16384,1024,0,4\n";
-    std::fs::write(&odd, text).unwrap();
+    let odd = csv_trace(
+        "anomalies",
+        "odd.csv",
+        "alloc,4096,512,0,1\nfree_completed,8192,512,0,2\n\
+         alloc,16384,512,0,3\nfree_completed,16384,1024,0,4\n",
+    );
     let o = cudalloc(&[
         "replay",
         "--json",
@@ -500,8 +508,7 @@ fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
         "{}",
         stdout(&o)
     );
-    let empty = dir.join("empty.csv");
-    std::fs::write(&empty, "action,addr,size,stream,time_us\n").unwrap();
+    let empty = csv_trace("anomalies-empty", "empty.csv", "");
     let o = cudalloc(&["replay", "--policy", "torch", empty.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
@@ -684,11 +691,12 @@ fn a_sweep_replays_the_default_and_each_value() {
 /// none).
 #[test]
 fn recorded_ooms_are_counted_not_replayed() {
-    let dir = scratch("recorded-ooms");
-    let path = dir.join("oom.csv");
-    let text = "action,addr,size,stream,time_us\nalloc,4096,1000,0,1\noom,0,1125899906842624,0,5\n\
-                oom,0,2000000000000,0,6\nfree_completed,4096,1000,0,7\n";
-    std::fs::write(&path, text).unwrap();
+    let path = csv_trace(
+        "recorded-ooms",
+        "oom.csv",
+        "alloc,4096,1000,0,1\noom,0,1125899906842624,0,5\n\
+         oom,0,2000000000000,0,6\nfree_completed,4096,1000,0,7\n",
+    );
     let p = path.to_str().unwrap();
     let o = cudalloc(&["replay", "--policy", "torch", p]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

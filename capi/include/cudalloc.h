@@ -152,7 +152,8 @@ size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
  * another stream while the trace runs, "free_completed" when its block goes back to the pool,
  * after that stream's work); time_us counts from the start. Other devices are not
  * recorded (the format has no device column). While a trace runs, device 0's cudalloc_malloc
- * and cudalloc_free calls take one lock each, across threads, so that the events are written in
+ * and cudalloc_free calls (and cudalloc_record_stream and cudalloc_empty_cache) take one lock
+ * each, across threads, so that the events are written in
  * the order they were served: threads allocating on device 0 at once wait for each other (the
  * allocator's per-stream and per-thread concurrency returns when the trace stops). 0 or -1 (a
  * trace is already running, the file cannot be created). */
