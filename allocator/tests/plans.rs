@@ -93,12 +93,13 @@ fn lifetimes(steps: &[Step], unit: u64) -> Vec<Lifetime> {
 }
 
 #[test]
-fn on_bert_layers_best_fit_spans_14_units_for_11_live_and_the_packing_12() {
+fn on_bert_layers_best_fit_spans_14_units_for_11_live_and_the_packing_11() {
+    // Every greedy order spans 12 units here; the search finds the live peak.
     let t = lifetimes(&bert_batch(12), 1);
     assert_eq!(live_peak(&t), 11);
     assert_eq!(best_fit_extent(&t), 14);
     let p = pack(&t);
-    assert_eq!(p.extent, 12);
+    assert_eq!(p.extent, 11);
     for (i, a) in t.iter().enumerate() {
         for (j, b) in t.iter().enumerate().skip(i + 1) {
             let together = a.start < b.end && b.start < a.end;
@@ -195,11 +196,12 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
         8 * per_batch
     );
     // The largest batch (9 units) comes after the plan is known: 100 MiB of weights and at most
-    // 12 of its units instead of best fit's 14 (plus pages and the budget's cushion).
+    // 11 of its units (the live peak, found by the search) instead of best fit's 14 (plus pages
+    // and the budget's cushion).
     let unit = 9 * MIB + 3 * KIB;
     assert!(planned < plain, "plans {planned} vs best fit {plain}");
     assert!(
-        planned <= 100 * MIB + 12 * unit + 8 * MIB,
+        planned <= 100 * MIB + 11 * unit + 8 * MIB,
         "plans reserved {} MiB",
         planned >> 20
     );
@@ -214,15 +216,16 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
 fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
     // Each batch is larger than any before, so the pool's peak rises during it. Its plan says
     // how far: the budget counts the planned peak from the batch's second allocation on (the
-    // first only sets the scale), rather than giving back pages (and mapping them again) on the batch's way up. (Counting only the
-    // peak reached so far, the 4-unit batch unmaps 9 chunks. From 5 units on, the packing's
-    // 12 units plus the weights no longer fit in twice the budget, and pages go back and forth
-    // either way: docs/policies.md, "Anticipating the planned peak".)
+    // first only sets the scale), rather than giving back pages (and mapping them again) on
+    // the batch's way up. (Counting only the peak reached so far, the 4-unit batch unmapped 9
+    // chunks. With the greedy orders' packing of 12 units, from 5 units on the packing plus the
+    // weights no longer fit in twice the budget and pages went back and forth, 48 unmaps in
+    // the 7-unit batch; the search's packing of 11 units fits: docs/policies.md.)
     let batch = bert_batch(12);
     let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
     let weights = pool.allocate(100 * MIB, S0).unwrap();
     let mut unmaps = Vec::new();
-    for units in [2, 3, 4] {
+    for units in [2, 3, 4, 5, 6, 7] {
         let before = pool.stats().calls.unmaps;
         play(&sim, &mut pool, &batch, units * MIB + 3 * KIB);
         unmaps.push(pool.stats().calls.unmaps - before);
@@ -230,11 +233,11 @@ fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
     pool.free(&weights).unwrap();
     check(&sim, &pool);
     assert!(
-        pool.planned_allocations() >= 2 * 140,
+        pool.planned_allocations() >= 5 * 140,
         "placed {}",
         pool.planned_allocations()
     );
-    assert_eq!(unmaps[1..], [0, 0], "unmaps per batch: {unmaps:?}");
+    assert_eq!(unmaps[1..], [0; 5], "unmaps per batch: {unmaps:?}");
 }
 
 #[test]

@@ -24,6 +24,7 @@ mod packing;
 mod pinning;
 pub mod plan;
 mod release;
+mod search;
 pub mod segment;
 
 use crate::config::{Config, Policy};

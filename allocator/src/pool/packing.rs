@@ -31,6 +31,13 @@ pub struct Plan {
     pub live_peak: u64,
 }
 
+use super::search::search;
+
+/// The search for a packing within the live peak (`search`) runs when the best order spans
+/// more than this many times the live peak: slack under the default fragmentation budget (2%)
+/// is not worth its work, which could hold later evaluations back (`plan`'s work bound).
+pub const SEARCH_ABOVE: f64 = 1.02;
+
 /// A sort key for allocations: the smaller one is placed first.
 type OrderKey = fn(&Lifetime) -> (u64, u64);
 
@@ -53,17 +60,25 @@ const ORDERS: [OrderKey; 5] = [
 /// Packs allocations of known lifetimes: in each of a few orders (`ORDERS`), each at the
 /// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own; keeps
 /// the packing that spans least (the first one that spans no more than the live peak, which
-/// none can beat). An allocation still live (`end` of `u32::MAX`) lives to the end.
+/// none can beat). When that one spans more than [`SEARCH_ABOVE`] times the live peak, a
+/// search (`search`, at most [`SEARCH_WORK`] steps) looks for a packing within the live peak.
+/// An allocation still live (`end` of `u32::MAX`) lives to the end.
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
     pack_within(lifetimes, u64::MAX, u64::MAX)
         .0
         .expect("some order packs within an unbounded extent and work")
 }
 
+/// Most steps the search for a packing within the live peak takes, however much work
+/// [`pack_within`] is given: about a millisecond (the search may take time exponential in
+/// the allocations to find that there is none).
+pub const SEARCH_WORK: u64 = 1 << 18;
+
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
 /// soon as it spans more, or as much as the best so far), and spending at most about
 /// `max_work` steps (the best packing found by then, if any); also the steps it took, the
-/// unit of [`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC).
+/// unit of [`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC). The search runs only when an
+/// order packed within `bound`.
 pub(crate) fn pack_within(
     lifetimes: &[Lifetime],
     bound: u64,
@@ -73,6 +88,33 @@ pub(crate) fn pack_within(
     let Some(overlaps) = Overlaps::of(lifetimes, max_work) else {
         return (None, max_work);
     };
+    let (mut best, mut work) = pack_in_orders(lifetimes, &overlaps, floor, bound, max_work);
+    // Slack left above the live peak: search for a packing without it.
+    if best
+        .as_ref()
+        .is_some_and(|p| p.extent as f64 > SEARCH_ABOVE * floor as f64)
+    {
+        let left = max_work.saturating_sub(work).min(SEARCH_WORK);
+        let (found, steps) = search(lifetimes, |i| overlaps.of_one(i), floor, left);
+        work += steps;
+        if let Some(mut plan) = found {
+            plan.live_peak = floor;
+            best = Some(plan);
+        }
+    }
+    (best, work)
+}
+
+/// The orders part of [`pack_within`]: the tightest packing of [`ORDERS`] within `bound`
+/// (`floor` is the live peak, where it stops), and the steps it took, counting those of
+/// `overlaps`.
+fn pack_in_orders(
+    lifetimes: &[Lifetime],
+    overlaps: &Overlaps,
+    floor: u64,
+    bound: u64,
+    max_work: u64,
+) -> (Option<Plan>, u64) {
     let (mut best, mut limit) = (None, bound);
     let mut work = overlaps.list.len() as u64;
     let mut keyed: Vec<(u64, u64, usize)> = Vec::with_capacity(lifetimes.len());
@@ -87,7 +129,7 @@ pub(crate) fn pack_within(
         // Ordering costs a few steps per allocation besides the placing.
         work += 8 * lifetimes.len() as u64;
         let left = max_work.saturating_sub(work);
-        let (placed, steps) = place_in_order(lifetimes, &overlaps, &order, limit, left);
+        let (placed, steps) = place_in_order(lifetimes, overlaps, &order, limit, left);
         work += steps;
         match placed {
             Placed::Within(mut plan) => {
@@ -373,15 +415,15 @@ pub fn live_peak(lifetimes: &[Lifetime]) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn t(size: u64, start: u32, end: u32) -> Lifetime {
+    pub(in crate::pool) fn t(size: u64, start: u32, end: u32) -> Lifetime {
         Lifetime { size, start, end }
     }
 
     /// No two allocations alive at once share a byte.
-    fn assert_disjoint(p: &Plan) {
+    pub(in crate::pool) fn assert_disjoint(p: &Plan) {
         for (i, a) in p.lifetimes.iter().enumerate() {
             for (j, b) in p.lifetimes.iter().enumerate().skip(i + 1) {
                 let live_together = a.start < b.end && b.start < a.end;
@@ -500,9 +542,17 @@ mod tests {
             if let (Placed::Within(g), _) = place_in_order(&lifetimes, &overlaps, &first, u64::MAX, u64::MAX) {
                 proptest::prop_assert!(p.extent <= g.extent, "never worse than largest first");
             }
-            let at = pack_within(&lifetimes, p.extent, u64::MAX).0.map(|q| q.extent);
-            proptest::prop_assert_eq!(at, Some(p.extent));
-            proptest::prop_assert!(pack_within(&lifetimes, p.extent - 1, u64::MAX).0.is_none());
+            // The orders' bound is exact: the best order within it, none below it.
+            let floor = live_peak(&lifetimes);
+            let orders = |bound| pack_in_orders(&lifetimes, &overlaps, floor, bound, u64::MAX).0.map(|q| q.extent);
+            let e = orders(u64::MAX).expect("unbounded");
+            proptest::prop_assert!(p.extent <= e);
+            proptest::prop_assert_eq!(orders(e), Some(e));
+            proptest::prop_assert!(orders(e - 1).is_none());
+            // The search runs only on top of an order within the bound.
+            if e > floor {
+                proptest::prop_assert!(pack_within(&lifetimes, e - 1, u64::MAX).0.is_none());
+            }
         }
     }
 }

@@ -137,6 +137,9 @@ pub struct Plans {
     pub evaluated: u64,
     /// Signature of the last episode decided on (evaluated, or recognised as rejected).
     packed: Option<u64>,
+    /// The last plan made, with the signature of the episode it was packed from and the work
+    /// its evaluation took: that episode again gets the same plan without being evaluated.
+    made: Option<(u64, u64, Plan)>,
     /// Signatures of the last episodes that made no plan, with the work their evaluation took
     /// ([`REJECTED`] of them, oldest overwritten first): such an episode again drops the plan
     /// and is charged that work without being evaluated.
@@ -570,6 +573,13 @@ impl<D: Device> Pool<D> {
             return;
         }
         self.plans.packed = Some(sig);
+        if let Some((work, plan)) = self.plans.made_before(sig) {
+            // Packed before into the plan it made then: the same plan again, charged as the
+            // evaluation it stands for (as a rejected episode is).
+            self.plans.plan = Some(plan);
+            self.plans.debt += work;
+            return;
+        }
         if let Some(work) = self.plans.rejected_work(sig) {
             // Evaluated before, and no plan came of it: the same decision again, charged as the
             // evaluation it stands for, so that which later episodes get evaluated (the work
@@ -595,8 +605,9 @@ impl<D: Device> Pool<D> {
             work += steps;
             self.plans.plan = plan;
         }
-        if self.plans.plan.is_none() {
-            self.plans.remember_rejected(sig, work);
+        match &self.plans.plan {
+            Some(plan) => self.plans.made = Some((sig, work, plan.clone())),
+            None => self.plans.remember_rejected(sig, work),
         }
         self.plans.debt += work;
     }
@@ -630,6 +641,13 @@ impl Plans {
 
     /// The work of the evaluation of an episode of signature `sig` that made no plan, when it is
     /// among the last [`REJECTED`].
+    /// The work and plan of the last plan made, when it was packed from an episode of
+    /// signature `sig`.
+    fn made_before(&self, sig: u64) -> Option<(u64, Plan)> {
+        let (made, work, plan) = self.made.as_ref()?;
+        (*made == sig).then(|| (*work, plan.clone()))
+    }
+
     fn rejected_work(&self, sig: u64) -> Option<u64> {
         self.rejected
             .iter()
