@@ -70,7 +70,7 @@ pub fn pack(lifetimes: &[Lifetime]) -> Plan {
 }
 
 /// Most steps the search for a packing within the live peak takes, however much work
-/// [`pack_within`] is given: about a millisecond (the search may take time exponential in
+/// the evaluation is given: about a millisecond (the search may take time exponential in
 /// the allocations to find that there is none).
 pub const SEARCH_WORK: u64 = 1 << 18;
 

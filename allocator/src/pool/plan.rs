@@ -18,14 +18,18 @@
 //! - an episode of at least [`MIN_ALLOCS`] allocations is packed offline: in each of a few
 //!   orders (largest first, latest first among equals, largest bytes x lifetime first, ...),
 //!   each allocation at the lowest offset clear of those whose lifetimes overlap its own; the
-//!   tightest packing wins. It becomes the *plan* when it spans at most [`PLAN_GAIN`] of what
+//!   tightest packing wins, unless it spans more than
+//!   [`SEARCH_ABOVE`] times the episode's live peak and a
+//!   bounded search (`search`) finds a packing within the live peak. It becomes the *plan*
+//!   when it spans at most [`PLAN_GAIN`] of what
 //!   best fit spans on the same sequence, and the plan is dropped otherwise: where best fit
 //!   packs well (training steps that repeat the same sizes), placement stays best fit's. An
 //!   episode that followed the plan (sizes at the episode's scale within rounding or up to
 //!   [`SMALLER`] less, allocation and free order) keeps it without packing, and an episode
 //!   like one of the last [`REJECTED`] that made no plan (a training loop's steps) drops the
 //!   plan without being evaluated again, charged the work its evaluation took (so the work
-//!   bound below admits the same evaluations as before). Evaluating costs
+//!   bound below admits the same evaluations as before); one like the episode the last plan
+//!   was made from gets that plan again, charged the same way. Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
 //!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
 //!   [`WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
@@ -55,7 +59,9 @@
 
 use super::block::{BlockId, NIL};
 use super::packing::{best_fit, pack_within};
-pub use super::packing::{best_fit_extent, live_peak, pack, Lifetime, Plan};
+pub use super::packing::{
+    best_fit_extent, live_peak, pack, Lifetime, Plan, SEARCH_ABOVE, SEARCH_WORK,
+};
 use super::{Pool, Request};
 use crate::config::Policy;
 use crate::sizes::PoolKind;
