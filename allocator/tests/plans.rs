@@ -338,6 +338,34 @@ fn alternating_steps_that_make_no_plan_are_evaluated_once_each() {
 }
 
 #[test]
+fn a_batch_alternating_with_a_step_that_makes_no_plan_is_searched_once() {
+    // The batch makes a plan (by the search: its greedy orders span 12 units of 11 live); the
+    // step after it makes none. The batch again gets the plan it made, without a second
+    // evaluation (or search).
+    let batch = bert_batch(12);
+    let per_batch = allocations(&batch);
+    let step = nested_step(&(0..20).map(|i| 2 + i % 3).collect::<Vec<u64>>());
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let mut placed = Vec::new();
+    for _ in 0..4 {
+        play(&sim, &mut pool, &batch, 3 * MIB);
+        placed.push(pool.planned_allocations());
+        play(&sim, &mut pool, &step, 2 * MIB);
+    }
+    check(&sim, &pool);
+    assert_eq!(
+        pool.evaluated_episodes(),
+        2,
+        "the batch and the step once each"
+    );
+    assert_eq!(placed[0], 0, "the first batch teaches the plan");
+    assert!(
+        placed[3] - placed[2] >= per_batch,
+        "the last batch follows it: {placed:?}"
+    );
+}
+
+#[test]
 fn another_streams_allocations_are_not_recorded_in_an_episode() {
     // One stream fills an episode to its limit while another allocates and frees in between:
     // the other stream's blocks are not part of it, and nothing is counted twice.
