@@ -366,6 +366,43 @@ fn a_batch_alternating_with_a_step_that_makes_no_plan_is_searched_once() {
 }
 
 #[test]
+fn an_episode_that_only_resembles_the_one_a_plan_came_from_is_evaluated_on_its_own() {
+    // B is the BERT batch with two frees swapped and the two allocations they free 1 MiB
+    // larger: under the signature of the fifteenth session (sizes and ticks sharing bits) it
+    // had the batch's signature, got the batch's remembered plan without being evaluated and
+    // kept it, and was placed by best fit (98 of 7,300 allocations placed by a plan).
+    let a = bert_batch(12);
+    let mut b = a.clone();
+    assert!(matches!(b[6], Step::Free { .. }) && matches!(b[7], Step::Free { .. }));
+    b.swap(6, 7);
+    let step = nested_step(&[1; 20]);
+    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+    let weights = pool.allocate(100 * MIB, S0).unwrap();
+    play(&sim, &mut pool, &a, 2 * MIB);
+    play(&sim, &mut pool, &step, 2 * MIB);
+    let before = pool.planned_allocations();
+    let repeats = 50;
+    for _ in 0..repeats {
+        let mut k = 0;
+        play_resized(&sim, &mut pool, &b, 2 * MIB, |size| {
+            k += 1;
+            if k == 3 || k == 4 {
+                size + MIB
+            } else {
+                size
+            }
+        });
+    }
+    pool.free(&weights).unwrap();
+    check(&sim, &pool);
+    let placed = pool.planned_allocations() - before;
+    assert!(
+        placed >= (repeats - 2) * allocations(&b),
+        "B repeated {repeats} times, {placed} of its allocations placed by a plan"
+    );
+}
+
+#[test]
 fn another_streams_allocations_are_not_recorded_in_an_episode() {
     // One stream fills an episode to its limit while another allocates and frees in between:
     // the other stream's blocks are not part of it, and nothing is counted twice.

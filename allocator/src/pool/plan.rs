@@ -579,7 +579,7 @@ impl<D: Device> Pool<D> {
             return;
         }
         self.plans.packed = Some(sig);
-        if let Some((work, plan)) = self.plans.made_before(sig) {
+        if let Some((work, plan)) = self.plans.made_before(sig, &closed) {
             // Packed before into the plan it made then: the same plan again, charged as the
             // evaluation it stands for (as a rejected episode is).
             self.plans.plan = Some(plan);
@@ -619,11 +619,14 @@ impl<D: Device> Pool<D> {
     }
 }
 
-/// A hash of an episode's sizes and lifetimes.
+/// A hash of an episode's sizes and lifetimes, each field mixed in on its own (sizes of a MiB
+/// or more and ticks must not share bits, or episodes that differ would collide easily).
 fn signature(lifetimes: &[Lifetime]) -> u64 {
+    let mix = |h: u64, x: u64| (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     lifetimes.iter().fold(lifetimes.len() as u64, |h, t| {
-        let x = t.size ^ (u64::from(t.start) << 40) ^ (u64::from(t.end) << 20);
-        (h.rotate_left(5) ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        let h = mix(h, t.size);
+        let h = mix(h, u64::from(t.start));
+        mix(h, u64::from(t.end))
     })
 }
 
@@ -645,15 +648,15 @@ impl Plans {
         self.next_rejected = (self.next_rejected + 1) % REJECTED;
     }
 
-    /// The work of the evaluation of an episode of signature `sig` that made no plan, when it is
-    /// among the last [`REJECTED`].
-    /// The work and plan of the last plan made, when it was packed from an episode of
-    /// signature `sig`.
-    fn made_before(&self, sig: u64) -> Option<(u64, Plan)> {
+    /// The work and plan of the last plan made, when it was packed from this episode (of
+    /// signature `sig`, and the same lifetimes: two episodes may share a signature).
+    fn made_before(&self, sig: u64, lifetimes: &[Lifetime]) -> Option<(u64, Plan)> {
         let (made, work, plan) = self.made.as_ref()?;
-        (*made == sig).then(|| (*work, plan.clone()))
+        (*made == sig && plan.lifetimes == lifetimes).then(|| (*work, plan.clone()))
     }
 
+    /// The work of the evaluation of an episode of signature `sig` that made no plan, when it is
+    /// among the last [`REJECTED`].
     fn rejected_work(&self, sig: u64) -> Option<u64> {
         self.rejected
             .iter()
@@ -716,6 +719,27 @@ mod tests {
         stats.allocation.0[0].allocated = 10;
         assert!(plans.may_work(&stats));
         assert_eq!(plans.debt, WORK_BURST);
+    }
+
+    #[test]
+    fn a_remembered_plan_is_given_back_only_to_the_episode_it_was_packed_from() {
+        let t = |size, start, end| Lifetime { size, start, end };
+        let a = vec![t(2 << 20, 0, 2), t(2 << 20, 1, 3)];
+        let b = vec![t(3 << 20, 0, 2), t(2 << 20, 1, 3)];
+        let plan = super::super::packing::pack(&a);
+        let plans = Plans {
+            made: Some((signature(&a), 77, plan)),
+            ..Plans::default()
+        };
+        assert_eq!(plans.made_before(signature(&a), &a).map(|m| m.0), Some(77));
+        // Another episode under the same signature (a collision) gets nothing.
+        assert!(plans.made_before(signature(&a), &b).is_none());
+        assert!(plans.made_before(signature(&b), &b).is_none());
+        // Fields that used to share bits no longer cancel out: a size 1 MiB larger and an end
+        // tick one later or earlier.
+        let c = vec![t(3 << 20, 0, 3), t(2 << 20, 1, 2)];
+        let d = vec![t(2 << 20, 0, 2), t(2 << 20, 1, 3)];
+        assert_ne!(signature(&c), signature(&d));
     }
 
     #[test]
