@@ -79,12 +79,19 @@ use tracker::Tracker;
 /// Why a pool could not take a buffer back.
 pub type PoolError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Proof that a call of [`BufferPool::free`] comes from a [`Buffer`] giving its memory back:
+/// only this crate makes one, so a pool can free a buffer's block on that call alone and refuse
+/// every other way of freeing it (freed by address while the buffer lives, the block could be
+/// handed to a second buffer, and both would use it).
+#[derive(Debug)]
+pub struct FromBuffer(());
+
 /// Where buffers come from and go back to: implemented by `cudalloc`'s
 /// `CachingAllocator<CudaDevice>`.
 pub trait BufferPool: Send + Sync {
-    /// Takes back the allocation at `ptr`, made on `stream`; stream-ordered: later work on
-    /// `stream` may reuse it at once.
-    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError>;
+    /// Takes back the allocation at `ptr`, made on `stream`, from the buffer that owned it;
+    /// stream-ordered: later work on `stream` may reuse it at once.
+    fn free(&self, ptr: u64, stream: StreamId, from: FromBuffer) -> Result<(), PoolError>;
 
     /// Marks the allocation at `ptr` as used on `stream` too: when it is freed, it is reused
     /// only after the work queued on `stream` by then has completed.
@@ -174,7 +181,10 @@ impl<T> Buffer<T> {
 
     /// Marks the buffer as used on `stream` (PyTorch's `record_stream`): when it is dropped, the
     /// pool reuses the block only after the work queued on `stream` by then completes. The
-    /// buffer keeps `stream` alive until then. Uses through cudarc's traits need no call.
+    /// buffer keeps `stream` alive until then. Uses through cudarc's traits need no call. The
+    /// per-thread default stream (handle 0x2, a different stream on each thread) cannot be
+    /// kept: the call waits on the host for the work queued on the calling thread's one so
+    /// far, and work queued there later is not covered; use a stream created for the work.
     pub fn record_stream(&self, stream: &Arc<CudaStream>) {
         self.tracker.record_stream(&self.stream, stream);
     }
@@ -207,7 +217,11 @@ impl<T> Buffer<T> {
                 s.synchronize()?;
             }
         }
-        let freed = pool.free(self.ptr, StreamId(self.stream.cu_stream() as u64));
+        let freed = pool.free(
+            self.ptr,
+            StreamId(self.stream.cu_stream() as u64),
+            FromBuffer(()),
+        );
         drop(recorded);
         freed
     }

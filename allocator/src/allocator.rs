@@ -444,16 +444,40 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
-    /// Frees the allocation at `ptr`.
+    /// Frees the allocation at `ptr` (not one a `Buffer` owns: [`AllocError::OwnedByBuffer`]).
     pub fn free_ptr(&self, ptr: u64) -> Result<(), AllocError> {
         let e = self.live.live(ptr)?;
+        if e.buffer {
+            return Err(AllocError::OwnedByBuffer(ptr));
+        }
         self.free(e.handle())
     }
 
     /// Frees the allocation at `ptr` that was made on `stream` (PyTorch's pluggable allocator
-    /// passes the stream); a different stream is an error.
+    /// passes the stream); a different stream is an error, and so is a `Buffer`'s allocation
+    /// ([`AllocError::OwnedByBuffer`]).
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let e = self.live.live(ptr)?;
+        if e.buffer {
+            return Err(AllocError::OwnedByBuffer(ptr));
+        }
+        self.free_entry(e, stream)
+    }
+
+    /// Marks the live allocation at `ptr` as a `Buffer`'s: [`CachingAllocator::free_ptr`] and
+    /// [`CachingAllocator::free_on`] refuse it from then on.
+    pub(crate) fn mark_buffer(&self, ptr: u64) {
+        self.live.mark_buffer(ptr);
+    }
+
+    /// Frees a `Buffer`'s allocation at `ptr`, made on `stream` (the buffer's way back).
+    pub(crate) fn free_buffer(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        self.free_entry(self.live.live(ptr)?, stream)
+    }
+
+    /// Frees live entry `e` if it was made on `stream`.
+    fn free_entry(&self, e: Entry, stream: StreamId) -> Result<(), AllocError> {
+        let ptr = e.alloc.ptr;
         if e.alloc.stream != stream {
             return Err(AllocError::WrongStream {
                 ptr,
@@ -673,95 +697,5 @@ enum Try {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Policy;
-    use cudalloc_sys::{SimConfig, SimDevice};
-    use std::time::Duration;
-
-    /// A `default` allocator of `capacity` bytes with two large blocks live on stream 1: an
-    /// episode with two allocations live, so the pool watches its large blocks.
-    fn watched_pair(capacity: u64) -> (CachingAllocator<SimDevice>, Allocation, Allocation) {
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(capacity)),
-            Config::for_policy(Policy::Default),
-        );
-        let s = StreamId(1);
-        let a = alloc.allocate(64 << 20, s).unwrap();
-        let b = alloc.allocate(32 << 20, s).unwrap();
-        assert!(
-            alloc.bypasses_caches(a.size, s),
-            "two live blocks of one episode"
-        );
-        (alloc, a, b)
-    }
-
-    /// A large block freed while its pool watches large blocks goes to the pool, but to the
-    /// freeing thread's cache while another thread holds the pool's lock: the free does not wait
-    /// for it.
-    #[test]
-    fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
-        let (alloc, a, b) = watched_pair(4 << 30);
-        let s = a.stream;
-        let pool_frees = || alloc.stats().pool_frees();
-        let before = pool_frees();
-        let held = alloc.shards[shard_of(s)].lock();
-        let shared = &alloc;
-        std::thread::scope(|t| {
-            let (done, wait) = std::sync::mpsc::channel();
-            t.spawn(move || {
-                shared.free(a).unwrap();
-                done.send(()).unwrap();
-            });
-            let freed = wait.recv_timeout(Duration::from_secs(10));
-            drop(held);
-            freed.expect("the free waited for the pool's lock");
-        });
-        assert_eq!(
-            pool_frees(),
-            before,
-            "the free went to its pool while it was held"
-        );
-        alloc.free(b).unwrap();
-        assert_eq!(
-            pool_frees(),
-            before + 1,
-            "a free with the pool's lock free went to the cache"
-        );
-        alloc.empty_cache().unwrap();
-        alloc.check_invariants().unwrap();
-    }
-
-    /// A watched shard whose lock threads keep finding held lets its large blocks use the
-    /// thread caches; pool operations that find it free bring the watch back.
-    #[test]
-    fn a_crowded_shard_stops_bypassing_the_caches_until_it_calms_down() {
-        let (alloc, a, b) = watched_pair(8 << 30);
-        let s = a.stream;
-        let i = shard_of(s);
-        for _ in 0..CROWDED / CROWD_STEP {
-            alloc.note_crowding(i, true);
-        }
-        assert!(!alloc.bypasses_caches(a.size, s), "crowded");
-        let before = alloc.stats().pool_frees();
-        alloc.free(a).unwrap();
-        assert_eq!(alloc.stats().pool_frees(), before, "went to the pool");
-        for _ in 0..CROWD_MAX {
-            alloc.note_crowding(i, true);
-        }
-        assert_eq!(alloc.crowd[i].load(Ordering::Relaxed), CROWD_MAX);
-        // Misses decay the score: each pool allocation finds the lock free.
-        let mut live = Vec::new();
-        while !alloc.bypasses_caches(b.size, s) {
-            live.push(alloc.allocate(2 << 20, s).unwrap());
-            assert!(live.len() <= CROWD_MAX, "the score never fell");
-        }
-        assert_eq!(live.len(), CROWD_MAX - CROWDED + 1);
-        for x in live {
-            alloc.free(x).unwrap();
-        }
-        alloc.free(b).unwrap();
-        alloc.empty_cache().unwrap();
-        alloc.check_invariants().unwrap();
-    }
-}
+#[path = "allocator_tests.rs"]
+mod tests;

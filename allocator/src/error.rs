@@ -42,6 +42,9 @@ pub enum AllocError {
     Device(DeviceError),
     /// The pointer is not a live allocation of this allocator (a double free, a foreign pointer).
     NotAllocated(u64),
+    /// The pointer belongs to a `Buffer` (`CachingAllocator::buffer` and the like): it goes
+    /// back to the pool when the buffer is dropped or freed, not by address.
+    OwnedByBuffer(u64),
     /// A request larger than `limit`, the most the call takes: [`MAX_REQUEST`] (256 TiB, more
     /// than any device holds) for an allocation; for a cuBLAS workspace on a host whose `usize`
     /// is narrower than 64 bits, also `usize::MAX` (a buffer's length).
@@ -143,6 +146,11 @@ impl fmt::Display for AllocError {
             AllocError::NotAllocated(p) => {
                 write!(f, "{p:#x} is not a live allocation of this allocator")
             }
+            AllocError::OwnedByBuffer(p) => write!(
+                f,
+                "{p:#x} belongs to a Buffer: it is freed when the buffer is dropped (or by \
+                 Buffer::free), not by address"
+            ),
             AllocError::TooLarge { requested, limit } => too_large(f, *requested, *limit),
             AllocError::BadFraction(x) => write!(f, "memory fraction {x} is not in [0, 1]"),
             AllocError::WrongStream {

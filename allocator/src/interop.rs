@@ -37,7 +37,7 @@ use crate::pool::Allocation;
 use crate::sync::Arc;
 use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::driver::{CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
-use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, PoolError};
+use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, FromBuffer, PoolError};
 use cudalloc_sys::{CudaDevice, Device, DeviceError, StreamId};
 use std::io::Write;
 
@@ -73,8 +73,8 @@ pub(crate) fn driver_error(call: &'static str, e: DriverError) -> AllocError {
 }
 
 impl BufferPool for CachingAllocator<CudaDevice> {
-    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
-        Ok(self.free_on(ptr, stream)?)
+    fn free(&self, ptr: u64, stream: StreamId, _: FromBuffer) -> Result<(), PoolError> {
+        Ok(self.free_buffer(ptr, stream)?)
     }
 
     fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
@@ -84,8 +84,8 @@ impl BufferPool for CachingAllocator<CudaDevice> {
 
 /// Frees go through the recorder (`free_requested`, `free_completed` on the buffer's stream).
 impl<W: Write + Send + 'static> BufferPool for RecordingAllocator<CudaDevice, W> {
-    fn free(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
-        Ok(self.free_on(ptr, stream)?)
+    fn free(&self, ptr: u64, stream: StreamId, _: FromBuffer) -> Result<(), PoolError> {
+        Ok(self.free_buffer(ptr, stream)?)
     }
 
     fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), PoolError> {
@@ -101,6 +101,9 @@ pub(crate) trait BufferSource: BufferPool + Sized + 'static {
 
     /// The pool's CUDA device.
     fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R;
+
+    /// Marks the allocation at `ptr` as a buffer's (freed only through [`BufferPool::free`]).
+    fn mark_buffer(&self, ptr: u64);
 }
 
 // Each method calls the inherent one of the same name: a `Type::method` path picks an
@@ -113,6 +116,10 @@ impl BufferSource for CachingAllocator<CudaDevice> {
     fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R {
         CachingAllocator::with_device(self, f)
     }
+
+    fn mark_buffer(&self, ptr: u64) {
+        CachingAllocator::mark_buffer(self, ptr);
+    }
 }
 
 impl<W: Write + Send + 'static> BufferSource for RecordingAllocator<CudaDevice, W> {
@@ -122,6 +129,10 @@ impl<W: Write + Send + 'static> BufferSource for RecordingAllocator<CudaDevice, 
 
     fn with_device<R>(&self, f: impl FnOnce(&CudaDevice) -> R) -> R {
         RecordingAllocator::with_device(self, f)
+    }
+
+    fn mark_buffer(&self, ptr: u64) {
+        RecordingAllocator::mark_buffer(self, ptr);
     }
 }
 
@@ -220,6 +231,8 @@ pub(crate) fn raw_buffer<P: BufferSource, T>(
         });
     }
     let a = pool.allocate(bytes, stream_id(stream))?;
+    // Before the address leaves this function: from now on only the buffer frees it.
+    pool.mark_buffer(a.ptr);
     let owner: Arc<dyn BufferPool> = pool.clone();
     Ok(Buffer::from_pool(owner, a.ptr, len, stream.clone()))
 }

@@ -82,6 +82,9 @@ pub(crate) struct Entry {
     pub token: u64,
     /// Used on another stream (`record_stream`): it must go back through its pool's events.
     pub recorded: bool,
+    /// Owned by a `Buffer`: freed only when the buffer gives it back, never by address
+    /// (`CachingAllocator::free_ptr`), which would let a second buffer share the block.
+    pub buffer: bool,
 }
 
 impl Entry {
@@ -94,6 +97,7 @@ impl Entry {
             pool,
             token: 0,
             recorded: false,
+            buffer: false,
         }
     }
 
@@ -244,6 +248,7 @@ impl LiveMap {
                 e.token = 0;
                 // The hit is a new handout: its handle carries the token (tokens are unique).
                 e.handle_serial = token;
+                e.buffer = false;
                 s.cached.sub(e);
                 s.hits.add(e);
                 self.count_large(ptr, e, false);
@@ -308,6 +313,13 @@ impl LiveMap {
             }
         }
         t
+    }
+
+    /// Notes that the live allocation at `ptr` belongs to a `Buffer` now.
+    pub fn mark_buffer(&self, ptr: u64) {
+        if let Some(e) = self.shard(ptr).map.get_mut(&ptr) {
+            e.buffer = true;
+        }
     }
 
     /// Notes that the live allocation at `ptr` was used on another stream.

@@ -9,7 +9,8 @@
 //! per (handle, stream), counted in the statistics and returned when the handle is dropped; a
 //! request larger than the card is `OutOfMemory`; a stream of another CUDA context (a second,
 //! non-primary one on the same device) is `ForeignContext` naming the stream and both devices,
-//! and `record_stream` refuses one.
+//! and `record_stream` refuses one; a buffer's block is not freed by address; two threads'
+//! per-thread default streams using one buffer are ordered.
 //! After each test every buffer is back in the pool (allocated bytes 0) and the allocator's
 //! invariants hold.
 
@@ -350,6 +351,69 @@ fn the_per_thread_default_stream_is_refused() {
     let e = a.record_stream(x.ptr, stream_id(&per_thread)).unwrap_err();
     assert!(e.to_string().contains("per-thread default stream"), "{e}");
     a.free(x).unwrap();
+    settled(&a);
+}
+
+/// A buffer's block is freed only by the buffer: freed by address while the buffer lives, it
+/// could be handed to a second buffer and both would use it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_buffer_s_block_is_not_freed_by_address() {
+    let a = allocator(Policy::Default);
+    let s = new_stream(&a);
+    let b = a.buffer::<u8>(4096, &s).unwrap();
+    let p = b.device_address();
+    for r in [a.free_ptr(p), a.free_on(p, stream_id(&s))] {
+        assert!(
+            matches!(r, Err(AllocError::OwnedByBuffer(q)) if q == p),
+            "{r:?}"
+        );
+    }
+    let c = a.buffer::<u8>(4096, &s).unwrap();
+    assert_ne!(
+        c.device_address(),
+        p,
+        "the live buffer's block was handed out again"
+    );
+    drop((b, c));
+    settled(&a);
+}
+
+/// Threads that use one buffer on their per-thread default streams (one handle, 0x2, for a
+/// different stream on each) are ordered by waiting on the host: a write on one thread's is
+/// complete before another thread reads, and no slot stands for the handle.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn per_thread_default_streams_of_two_threads_are_ordered() {
+    let a = allocator(Policy::Default);
+    let owner = new_stream(&a);
+    let host = data(1 << 22, 3);
+    let mut buf = a.buffer::<f32>(host.len(), &owner).unwrap();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let pt = a.with_device(|d| d.context().per_thread_stream());
+            pt.memcpy_htod(&host, &mut buf).unwrap();
+        })
+        .join()
+        .unwrap();
+    });
+    assert_eq!(
+        buf.tracked_streams(),
+        0,
+        "no slot for the per-thread stream"
+    );
+    let read = std::thread::scope(|t| {
+        t.spawn(|| {
+            let pt = a.with_device(|d| d.context().per_thread_stream());
+            pt.clone_dtoh(&buf).unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(read, host);
+    let pt = a.with_device(|d| d.context().per_thread_stream());
+    buf.record_stream(&pt);
+    drop(buf);
     settled(&a);
 }
 

@@ -6,7 +6,7 @@
 //! goes back to its pool; the workspace of a `PooledBlas` follows its stream.
 
 use super::ops::check_gemm;
-use super::{Buffer, BufferPool, PoolError, PooledBlas};
+use super::{Buffer, BufferPool, FromBuffer, PoolError, PooledBlas};
 use crate::cuda::CudaDevice;
 use crate::device::{Device, StreamId};
 use cudarc::cublas::sys::cublasOperation_t as Op;
@@ -129,7 +129,7 @@ impl MallocPool {
 }
 
 impl BufferPool for MallocPool {
-    fn free(&self, ptr: u64, _stream: StreamId) -> Result<(), PoolError> {
+    fn free(&self, ptr: u64, _stream: StreamId, _: FromBuffer) -> Result<(), PoolError> {
         let size = self.live.lock().remove(&ptr).ok_or("unknown pointer")?;
         // cuMemFree waits for the device, so stream order holds trivially.
         self.dev.free(ptr, size)?;

@@ -23,9 +23,13 @@
 //! with `new_stream`/`fork`); otherwise ordering across streams is the caller's business. Slots
 //! that exist are always honoured by owner uses and by the free.
 //!
-//! When events cannot be created (a driver error) or more than [`SLOTS`] foreign streams use the
-//! buffer before the owner writes it again, a use falls back to waiting on the host: the owner
-//! and every slot are synchronized before, and the using stream after, the operation.
+//! When events cannot be created (a driver error), more than [`SLOTS`] foreign streams use the
+//! buffer before the owner writes it again, or the foreign stream is the per-thread default
+//! stream (handle 0x2 on every thread, for a different stream on each, so no slot can stand
+//! for it), a use falls back to waiting on the host: the owner and every slot are
+//! synchronized before, and the using stream after, the operation. `Buffer::record_stream` of
+//! the per-thread default stream waits on the host at once for the work queued on it so far
+//! (on the calling thread's stream).
 
 use cudarc::driver::{CudaEvent, CudaStream, DriverError, SyncOnDrop};
 use parking_lot::Mutex;
@@ -71,6 +75,15 @@ struct Slot {
 enum Trouble {
     Driver(DriverError),
     Full,
+    /// The per-thread default stream: no slot can stand for it.
+    PerThread,
+}
+
+/// The handle of the per-thread default stream (`CU_STREAM_PER_THREAD`).
+const PER_THREAD: usize = 2;
+
+fn per_thread(stream: &CudaStream) -> bool {
+    stream.cu_stream() as usize == PER_THREAD
 }
 
 impl From<DriverError> for Trouble {
@@ -172,6 +185,9 @@ impl Tracker {
         if !managing(owner) {
             return SyncOnDrop::Record(None);
         }
+        if per_thread(on) {
+            return self.fall_back(owner, on, Trouble::PerThread);
+        }
         match self.foreign_read(owner, on) {
             Ok(slot) => SyncOnDrop::Record(Some((&slot.event, on))),
             Err(t) => self.fall_back(owner, on, t),
@@ -193,6 +209,9 @@ impl Tracker {
             return SyncOnDrop::Record(None);
         }
         let this = &*self;
+        if per_thread(on) {
+            return this.fall_back(owner, on, Trouble::PerThread);
+        }
         match this.foreign_write(owner, on) {
             Ok(slot) => SyncOnDrop::Record(Some((&slot.event, on))),
             Err(t) => this.fall_back(owner, on, t),
@@ -279,9 +298,15 @@ impl Tracker {
         SyncOnDrop::sync_stream(on)
     }
 
-    /// Keeps `stream` for [`Tracker::take_recorded`] (once per stream).
+    /// Keeps `stream` for [`Tracker::take_recorded`] (once per stream); the per-thread default
+    /// stream is waited for on the host now instead (it names another stream on the thread
+    /// that drops the buffer).
     pub(super) fn record_stream(&self, owner: &CudaStream, stream: &Arc<CudaStream>) {
         if **stream == *owner {
+            return;
+        }
+        if per_thread(stream) {
+            note(owner, stream.synchronize());
             return;
         }
         let mut r = self.recorded.lock();

@@ -270,12 +270,26 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
     }
 
     /// [`CachingAllocator::free_on`], recorded: frees the allocation at `ptr` made on
-    /// `stream` (a different stream is an error and writes nothing). `Buffer`s go back here.
+    /// `stream` (a different stream, or a `Buffer`'s allocation, is an error and writes
+    /// nothing).
     pub fn free_on(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let mut rec = self.recorder_to_free(ptr);
         self.inner.free_on(ptr, stream)?;
         rec.freed(ptr);
         Ok(())
+    }
+
+    /// [`CachingAllocator::free_buffer`], recorded: a `Buffer`'s way back.
+    pub(crate) fn free_buffer(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let mut rec = self.recorder_to_free(ptr);
+        self.inner.free_buffer(ptr, stream)?;
+        rec.freed(ptr);
+        Ok(())
+    }
+
+    /// [`CachingAllocator::mark_buffer`].
+    pub(crate) fn mark_buffer(&self, ptr: u64) {
+        self.inner.mark_buffer(ptr);
     }
 
     /// [`CachingAllocator::record_stream`] (not an event of the trace: the allocation's
