@@ -9,7 +9,9 @@
 //! - which device of a snapshot is read when only another one has events, or several do;
 //! - messages: ints shown as Python prints them, any all-digit number too large "overflows 64
 //!   bits", a truncated gzip stream and trailing data after one say so, with file and line;
-//! - a `free_completed` whose size or stream is not its allocation's is counted.
+//! - a `free_completed` whose size or stream is not its allocation's is counted;
+//! - a pickle whose memo references multiply what it decodes to is an error (exit 2); a line
+//!   longer than 4 KiB is an error naming it; bytes after a pickle's STOP are ignored.
 
 use cudalloc::trace::{self, pytorch, Anomalies, Op, Trace, TraceError};
 use serde_pickle::{HashableValue, SerOptions, Value};
@@ -156,6 +158,65 @@ fn cli_replay_of_a_pickle_that_copies_containers_exits_2() {
         err.contains("DUP") && err.contains(&*p.to_string_lossy()),
         "{err}"
     );
+}
+
+/// A 300 KB pickle of a list of 100,000 memo references to a list of 100,000 values: the
+/// decoder copies the list for each reference (10^10 values; it aborted the replay out of
+/// memory). An error naming the file now.
+#[test]
+fn cli_replay_of_a_pickle_whose_memo_references_multiply_exits_2() {
+    let n = 100_000;
+    let bomb = [
+        &b"\x80\x02]q\x00("[..],
+        &b"N".repeat(n),
+        b"e](",
+        &b"h\x00".repeat(n),
+        b"e.",
+    ]
+    .concat();
+    let p = write("cli_memo_bomb.pickle", &bomb);
+    let (code, err) = replay(&p);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("memo references") && err.contains(&*p.to_string_lossy()),
+        "{err}"
+    );
+}
+
+/// One enormous line (a file of another kind, a JSON dump gzip'd) is refused at its first
+/// 4 KiB, naming the line, rather than read whole into memory first.
+#[test]
+fn a_line_longer_than_any_trace_line_is_refused() {
+    let long = |header: &str| format!("{header}\n{}\n", "x".repeat(1 << 20));
+    let e = read_err("long_line.csv", long(trace::csv::HEADER).as_bytes());
+    assert!(e.to_string().contains(":2: longer than 4096 bytes"), "{e}");
+    let e = read_err(
+        "long_first_line.csv.gz",
+        &gzip(long("action").replace('\n', "").as_bytes()),
+    );
+    assert!(e.to_string().contains(":1: longer than 4096 bytes"), "{e}");
+    let rmm = format!(
+        "Thread,Time,Action,Pointer,Size,Stream\n{}",
+        "1,".repeat(1 << 19)
+    );
+    let e = read_err("long_line.rmm.csv", rmm.as_bytes());
+    assert!(e.to_string().contains(":2: longer than 4096 bytes"), "{e}");
+}
+
+/// Bytes after the pickle's STOP (a newline, a second pickle) are ignored, as Python's
+/// `pickle.load` and the converter ignore them; the reader refused the file before.
+#[test]
+fn bytes_after_a_snapshot_pickle_are_ignored() {
+    let one = snapshot(&[3]);
+    let want = read("one.pickle", &one).unwrap().ops;
+    for (name, tail) in [("newline", &b"\n"[..]), ("second", &one[..])] {
+        let t = read(
+            &format!("trailing_{name}.pickle"),
+            &[&one[..], tail].concat(),
+        )
+        .unwrap();
+        assert_eq!(t.ops, want, "{name}");
+    }
 }
 
 #[test]

@@ -388,6 +388,32 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
 pub(crate) const BOM: &[u8] = b"\xef\xbb\xbf";
 
 /// The bytes without a leading [`BOM`].
+/// Longest line the text readers take (ours and RMM's are under 200 bytes).
+pub const MAX_LINE: usize = 4096;
+
+/// Reads line `n` (counting from 1) into `buf` as `BufRead::read_until` does, but no more than
+/// [`MAX_LINE`] bytes: a longer one (a file of another kind, one enormous line) is an error
+/// naming the line, before it is all in memory.
+pub(crate) fn read_line(
+    path: &Path,
+    r: &mut impl BufRead,
+    n: u64,
+    buf: &mut Vec<u8>,
+) -> Result<usize, TraceError> {
+    let got = r
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', buf)
+        .map_err(|e| TraceError::read_failed(path, n, &e))?;
+    if buf.len() > MAX_LINE {
+        return Err(TraceError::at(
+            path,
+            n,
+            format!("longer than {MAX_LINE} bytes: not a line of a trace"),
+        ));
+    }
+    Ok(got)
+}
+
 pub(crate) fn strip_bom(text: &[u8]) -> &[u8] {
     text.strip_prefix(BOM).unwrap_or(text)
 }
@@ -446,8 +472,11 @@ pub fn read_device(path: &Path, device: Option<usize>) -> Result<Trace, TraceErr
     }
     match format {
         Format::Pickle => {
+            // Read no further than the size `pickle_scan` refuses, rather than all of a larger
+            // (or endless) input first.
             let mut bytes = Vec::new();
-            r.read_to_end(&mut bytes)
+            r.take(u64::from(u32::MAX) + 1)
+                .read_to_end(&mut bytes)
                 .map_err(|e| TraceError::file(path, e.to_string()))?;
             match device {
                 Some(d) => pytorch::read_snapshot_device(path, &bytes, d),

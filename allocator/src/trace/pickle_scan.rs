@@ -21,8 +21,12 @@
 //! once (each costs the decoder a buffer), passes [`MAX_DEPTH`]. PyTorch snapshots stay below
 //! 20. `DUP` of a container is refused outright: the decoder copies the value whole, so a few
 //! bytes of `DUP` + `APPEND` double the decoded size each time (84 bytes made an allocation of
-//! 2^40 values fail); Python's pickler never writes `DUP`. Memo references are not copied by
-//! the decoder, so they expand nothing.
+//! 2^40 values fail); Python's pickler never writes `DUP`. The decoder copies a memo's value
+//! for each reference to it too, when it turns the pickle into values: a pickle is refused
+//! when the graph unfolded (every node as many times as paths reach it) passes
+//! [`MAX_VALUES_PER_BYTE`] values per byte of the file (a list of 100,000 references to a list
+//! of 100,000 values is a 300 KB file of 10^10 values; PyTorch snapshots share their stack
+//! frames this way, far below the bound).
 
 use std::collections::HashMap;
 
@@ -56,10 +60,37 @@ pub fn check_nesting(b: &[u8]) -> Result<(), String> {
             break;
         }
     }
-    match Graph::new(m.nodes as usize, &m.edges).deeper_than(MAX_DEPTH) {
-        true => Err(too_deep()),
-        false => Ok(()),
+    // The decoder copies a memo's value for each reference to it, so what it builds is the
+    // graph unfolded into a tree.
+    let max_values = MAX_VALUES_PER_BYTE
+        .saturating_mul(b.len() as u64)
+        .max(MIN_MAX_VALUES);
+    let g = Graph::new(m.nodes as usize, &m.edges);
+    match g.exceeds(&m.weight, MAX_DEPTH, max_values) {
+        None => Ok(()),
+        Some(Excess::Depth) => Err(too_deep()),
+        Some(Excess::Values) => Err(format!(
+            "the pickle would decode to more than {max_values} values (the bound is \
+             {MAX_VALUES_PER_BYTE} per byte of the file, at least {MIN_MAX_VALUES}): its memo \
+             references repeat large values many times over"
+        )),
     }
+}
+
+/// Values a pickle may decode to, per byte of the file (or [`MIN_MAX_VALUES`] for a small
+/// file): a memo reference is a few bytes and the decoder copies the value it names, so a
+/// small file can name a great many values (a list of 100,000 references to a list of 100,000
+/// values: 300 KB for 10^10 values).
+pub const MAX_VALUES_PER_BYTE: u64 = 64;
+
+/// Values any pickle may decode to, however small the file.
+pub const MIN_MAX_VALUES: u64 = 1 << 20;
+
+/// Why [`Graph::exceeds`] refused.
+#[derive(Debug, PartialEq, Eq)]
+enum Excess {
+    Depth,
+    Values,
 }
 
 fn too_deep() -> String {
@@ -78,6 +109,9 @@ struct Machine {
     memo: Memo,
     nodes: u32,
     edges: Vec<(u32, u32)>,
+    /// Values each node stands for itself (a container 1, plus the scalars it holds; a memo
+    /// id the scalars put under it), besides those of the nodes it reaches.
+    weight: Vec<u64>,
     /// `DUP` copied a container.
     copied_container: bool,
 }
@@ -103,7 +137,7 @@ impl Machine {
                 // the original is filled further). A container copied is noted: refused.
                 let at = self.above(1)?;
                 self.copied_container |= self.stack[at].is_some();
-                let copy = self.stack[at].map(|t| self.node(&[Some(t)]));
+                let copy = self.stack[at].map(|t| self.node(1, &[Some(t)]));
                 self.stack.push(copy);
             }
             b'p' | b'q' | b'r' | 0x94 => self.put(op, arg)?,
@@ -157,10 +191,11 @@ impl Machine {
         Some(())
     }
 
-    /// A new node holding `items`.
-    fn node(&mut self, items: &[Item]) -> u32 {
+    /// A new node of `weight` values holding `items`.
+    fn node(&mut self, weight: u64, items: &[Item]) -> u32 {
         let node = self.nodes;
         self.nodes += 1;
+        self.weight.push(weight);
         self.edges
             .extend(items.iter().flatten().map(|&c| (node, c)));
         node
@@ -168,10 +203,8 @@ impl Machine {
 
     /// Replaces the items from `at` up with a new container holding them.
     fn make(&mut self, at: usize) {
-        let node = self.nodes;
-        self.nodes += 1;
-        let items = self.stack.drain(at..).flatten();
-        self.edges.extend(items.map(|c| (node, c)));
+        let node = self.node(1, &[]);
+        self.add_items(node, at);
         self.stack.push(Some(node));
     }
 
@@ -179,9 +212,21 @@ impl Machine {
     fn fill(&mut self, at: usize) -> Option<()> {
         let below = at.checked_sub(1).filter(|&b| b >= self.base())?;
         let container = self.stack[below]?;
-        let items = self.stack.drain(at..).flatten();
-        self.edges.extend(items.map(|c| (container, c)));
+        self.add_items(container, at);
         Some(())
+    }
+
+    /// Moves the items from `at` up into `node`: an edge to each container, a value of its
+    /// weight for each scalar.
+    fn add_items(&mut self, node: u32, at: usize) {
+        let mut scalars = 0;
+        for item in self.stack.drain(at..) {
+            match item {
+                Some(c) => self.edges.push((node, c)),
+                None => scalars += 1,
+            }
+        }
+        self.weight[node as usize] += scalars;
     }
 
     /// `PUT`, `BINPUT`, `LONG_BINPUT`, `MEMOIZE`: the top moves under the memo id's node.
@@ -194,12 +239,15 @@ impl Machine {
         let node = match self.memo.get(id) {
             Some(n) => n,
             None => {
-                let n = self.node(&[]);
+                let n = self.node(0, &[]);
                 self.memo.insert(id, n);
                 n
             }
         };
-        self.edges.extend(item.map(|c| (node, c)));
+        match item {
+            Some(c) => self.edges.push((node, c)),
+            None => self.weight[node as usize] += 1,
+        }
         self.stack.push(Some(node));
         Some(())
     }
@@ -301,11 +349,16 @@ impl Graph {
     }
 
     /// Whether some path, counting nodes (a strongly connected set as all its nodes), is longer
-    /// than `limit`. Tarjan's algorithm without recursion: a set is finished only after every
-    /// set it reaches, so the depth of those is known when it is.
-    fn deeper_than(&self, limit: usize) -> bool {
+    /// than `depth`, or the values some node unfolds to (its weight and, for each edge, those
+    /// of the node it reaches; a strongly connected set counted once) pass `values`. Tarjan's
+    /// algorithm without recursion: a set is finished only after every set it reaches, so the
+    /// depth and values of those are known when it is.
+    fn exceeds(&self, weight: &[u64], depth: usize, values: u64) -> Option<Excess> {
         let mut t = Tarjan::new(self.nodes());
-        (0..self.nodes() as u32).any(|v| t.index[v as usize] == UNSEEN && t.run(self, v, limit))
+        (0..self.nodes() as u32).find_map(|v| match t.index[v as usize] {
+            UNSEEN => t.run(self, weight, v, (depth, values)),
+            _ => None,
+        })
     }
 }
 
@@ -317,6 +370,8 @@ struct Tarjan {
     set: Vec<u32>,
     /// Longest path from each finished set.
     depth: Vec<usize>,
+    /// Values each finished set unfolds to.
+    values: Vec<u64>,
     open: Vec<u32>,
     next_index: u32,
 }
@@ -328,6 +383,7 @@ impl Tarjan {
             low: vec![0; nodes],
             set: vec![UNSEEN; nodes],
             depth: Vec::new(),
+            values: Vec::new(),
             open: Vec::new(),
             next_index: 0,
         }
@@ -340,8 +396,9 @@ impl Tarjan {
         self.open.push(v);
     }
 
-    /// Visits everything reachable from `root`; true once a path longer than `limit` is found.
-    fn run(&mut self, g: &Graph, root: u32, limit: usize) -> bool {
+    /// Visits everything reachable from `root`; stops at the first set deeper or larger than
+    /// `limit` (depth, values).
+    fn run(&mut self, g: &Graph, weight: &[u64], root: u32, limit: (usize, u64)) -> Option<Excess> {
         let mut calls: Vec<(u32, usize)> = vec![(root, 0)];
         self.visit(root);
         while let Some(call) = calls.last_mut() {
@@ -360,32 +417,42 @@ impl Tarjan {
             if let Some(&(parent, _)) = calls.last() {
                 self.low[parent as usize] = self.low[parent as usize].min(self.low[v as usize]);
             }
-            if self.low[v as usize] == self.index[v as usize] && self.finish(g, v) > limit {
-                return true;
+            if self.low[v as usize] == self.index[v as usize] {
+                let (depth, values) = self.finish(g, weight, v);
+                if depth > limit.0 {
+                    return Some(Excess::Depth);
+                }
+                if values > limit.1 {
+                    return Some(Excess::Values);
+                }
             }
         }
-        false
+        None
     }
 
-    /// Closes the set whose root is `v`; returns its depth.
-    fn finish(&mut self, g: &Graph, v: u32) -> usize {
+    /// Closes the set whose root is `v`; returns its depth and the values it unfolds to.
+    fn finish(&mut self, g: &Graph, weight: &[u64], v: u32) -> (usize, u64) {
         let set = self.depth.len() as u32;
         let at = self.open.iter().rposition(|&x| x == v).unwrap_or(0);
         let members = self.open.split_off(at);
         for &m in &members {
             self.set[m as usize] = set;
         }
-        let below = members
-            .iter()
-            .flat_map(|&m| g.targets(m))
-            .map(|&w| self.set[w as usize])
-            .filter(|&s| s != set)
-            .map(|s| self.depth[s as usize])
-            .max()
-            .unwrap_or(0);
+        let (mut below, mut values) = (0, 0u64);
+        for &m in &members {
+            values = values.saturating_add(weight[m as usize]);
+            for &w in g.targets(m) {
+                let s = self.set[w as usize];
+                if s != set {
+                    below = below.max(self.depth[s as usize]);
+                    values = values.saturating_add(self.values[s as usize]);
+                }
+            }
+        }
         let depth = members.len() + below;
         self.depth.push(depth);
-        depth
+        self.values.push(values);
+        (depth, values)
     }
 }
 
@@ -529,6 +596,32 @@ mod tests {
         assert!(check_nesting(&pickle(b"]N2aa")).is_ok());
         // A list that holds itself (`l = []; l.append(l)`) is one cycle of two nodes.
         assert!(check_nesting(&pickle(b"]q\x00h\x00a")).is_ok());
+    }
+
+    #[test]
+    fn memo_references_that_multiply_the_decoded_values_are_refused() {
+        // A list of n Nones under memo 0, then a list of n references to it: n + n^2 values
+        // decoded from about 3n bytes.
+        let bomb = |n: usize| {
+            let mut b = b"\x80\x02]q\x00(".to_vec();
+            b.extend(b"N".repeat(n));
+            b.extend(b"e](");
+            b.extend(b"h\x00".repeat(n));
+            b.extend(b"e.");
+            b
+        };
+        let err = check_nesting(&bomb(100_000)).unwrap_err();
+        assert!(err.contains("more than"), "{err}");
+        // A few hundred references to a small list are fine (real snapshots share frames).
+        assert!(check_nesting(&bomb(300)).is_ok());
+        // Nested sharing doubles at each level: 2^k values from 2k memo references.
+        let mut b = b"\x80\x02N".to_vec();
+        for level in 0..40u8 {
+            b.extend([b'q', level, b'h', level, 0x86]);
+        }
+        b.push(b'.');
+        let err = check_nesting(&b).unwrap_err();
+        assert!(err.contains("memo references"), "{err}");
     }
 
     #[test]

@@ -136,7 +136,10 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Decoded, String> {
     let opts = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
-    let value = serde_pickle::value_from_slice(bytes, opts)
+    // Bytes after the pickle's STOP are ignored, as Python's `pickle.load` (and so PyTorch's
+    // tools and `cudalloc_trace.convert`) ignores them.
+    let value = serde_pickle::Deserializer::new(bytes, opts)
+        .deserialize_value()
         .map_err(|e| format!("not a readable snapshot pickle: {e}"))?;
     let Value::Dict(mut top) = value else {
         return Err(format!(

@@ -37,9 +37,7 @@ pub fn read(path: &Path, mut r: impl BufRead) -> Result<Trace, TraceError> {
     let mut n = 0u64;
     loop {
         buf.clear();
-        let got = r
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| TraceError::read_failed(path, n + 1, &e))?;
+        let got = super::read_line(path, &mut r, n + 1, &mut buf)?;
         if got == 0 {
             break;
         }
