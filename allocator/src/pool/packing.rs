@@ -6,6 +6,8 @@
 //! ticks (one allocation or free each, `0..2n`) and every lifetime ends after it starts; other
 //! input (shared ticks, lifetimes still live) is taken too, more slowly (`timeline`).
 
+use super::search::search;
+
 /// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
 /// episode's clock, which advances on each of its allocations and frees).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,8 +32,6 @@ pub struct Plan {
     /// The most bytes live at once in the episode.
     pub live_peak: u64,
 }
-
-use super::search::search;
 
 /// The search for a packing within the live peak (`search`) runs when the best order spans
 /// more than this many times the live peak: slack under the default fragmentation budget (2%)
