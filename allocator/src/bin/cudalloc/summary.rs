@@ -9,7 +9,9 @@
 //! both. Invariants: a replay that stopped at a failed allocation counts in none of the figures
 //! (the counts say of how many traces); a trace with no live bytes has no ratio and counts in
 //! none of the ratio figures; a trace without `segment_alloc` events (an RMM log, a snapshot
-//! without them) has no call budget and counts in neither the calls nor the "both" count.
+//! without them) has no call budget and counts in neither the calls nor the "both" count, and
+//! neither has a snapshot whose history began after memory was allocated (allocations put
+//! first): its `segment_alloc` events leave out the segments made before the history.
 
 use crate::replay_cmd::Report;
 use crate::table::{ratio, thousands, write_table};
@@ -61,7 +63,7 @@ pub fn point(reports: &[Report], i: usize) -> Point {
         p.completed += 1;
         let calls = run.result.driver_calls();
         p.calls += calls;
-        let budgeted = r.segment_allocs > 0;
+        let budgeted = r.segment_allocs > 0 && r.before_history == 0;
         let calls_ok = calls <= CALLS_PER_SEGMENT_ALLOC * r.segment_allocs;
         if budgeted {
             p.within_calls.1 += 1;
@@ -221,19 +223,24 @@ mod tests {
             report("b", 100, 4, run(108, 12, Some(104))),
             // No segment_alloc events: no call budget, so not in "both" though it has 0 calls.
             report("c", 200, 0, no_calls(run(200, 0, Some(200)))),
+            // A history that began late: its segment_alloc events are not its budget.
+            Report {
+                before_history: 3,
+                ..report("d", 100, 4, run(101, 9, Some(101)))
+            },
         ];
         let p = point(&reports, 0);
-        assert_eq!((p.completed, p.traces), (3, 3));
-        assert_eq!(p.calls, 10 + 13);
+        assert_eq!((p.completed, p.traces), (4, 4));
+        assert_eq!(p.calls, 10 + 13 + 10);
         assert_eq!(p.within_calls, (1, 2));
-        assert_eq!(p.within_memory, 2);
-        // "a" meets both; "c" has no call budget, so it counts in neither.
+        assert_eq!(p.within_memory, 3);
+        // "a" meets both; "c" and "d" have no call budget, so they count in neither.
         assert_eq!(p.within_both, 1);
         let (worst, name) = p.worst.clone().unwrap();
         assert!((worst - 1.08).abs() < 1e-9 && name == "b", "{worst} {name}");
-        let geo = (1.02f64 * 1.08).cbrt();
+        let geo = (1.02f64 * 1.08 * 1.01).powf(0.25);
         assert!((p.reserved_per_live.unwrap() - geo).abs() < 1e-9);
-        let caps = (1.01f64 * 1.04).cbrt();
+        let caps = (1.01f64 * 1.04 * 1.01).powf(0.25);
         assert!((p.min_capacity_per_live.unwrap() - caps).abs() < 1e-9);
     }
 

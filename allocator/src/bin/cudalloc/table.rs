@@ -111,7 +111,8 @@ fn header_line(r: &Report, capacity: Option<u64>) -> String {
     }
     if r.before_history > 0 {
         line += &format!(
-            ", {} allocations live before the history began put first",
+            ", {} allocations live before the history began put first (no call budget: \
+             segments made before the history are not among its segment_alloc events)",
             thousands(r.before_history)
         );
     }
