@@ -526,13 +526,10 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
-    /// Caps the allocator at `fraction` of the device's memory.
+    /// Caps the allocator at `fraction` of the device's memory; 1.0 removes the cap
+    /// ([`Pool::set_memory_fraction`]).
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(AllocError::BadFraction(fraction));
-        }
-        let (_, total) = self.device.mem_info()?;
-        self.set_memory_limit(Some((fraction * total as f64) as u64));
+        self.set_memory_limit(crate::pool::fraction_limit(&*self.device, fraction)?);
         Ok(())
     }
 

@@ -99,7 +99,8 @@ impl Timeline {
         self.seen = 0;
     }
 
-    /// The points, the current interval's included, then the figures at the end (`op`).
+    /// The points, the current interval's included, then `end`: the figures after the last
+    /// operation.
     fn finish(mut self, end: Sample) -> Vec<Sample> {
         self.close();
         self.points.push(end);
@@ -256,10 +257,13 @@ pub fn replay_on<D: Device>(
     }
     let elapsed = start.elapsed();
     let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
+    // The last point: the figures after the last operation, before what is still live is
+    // freed below (a trace that ends with memory live does not end at zero).
+    let end = Sample::of(&pool, done.saturating_sub(1));
     for a in slots.iter().flatten() {
         let _ = pool.free(a);
     }
-    let timeline = timeline.map_or_else(Vec::new, |t| t.finish(Sample::of(&pool, done)));
+    let timeline = timeline.map_or_else(Vec::new, |t| t.finish(end));
     let s = pool.stats();
     ReplayResult {
         events: done as u64,

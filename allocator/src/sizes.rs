@@ -26,6 +26,10 @@ pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// Rounding of large segments.
 pub const ROUND_LARGE: u64 = 2 << 20;
 
+/// 1 EiB: PyTorch refuses a request of this size or more before its allocator sees it (not
+/// counted in `num_ooms`).
+pub const ONE_EIB: u64 = 1 << 60;
+
 /// Largest request accepted (256 TiB, far above any device); larger ones are refused as errors
 /// ([`crate::AllocError::TooLarge`] from `Pool` and [`crate::CachingAllocator`]) rather than overflows in
 /// rounding.

@@ -317,6 +317,7 @@ fn pool_rejects_bad_memory_fractions() {
         assert!(e.to_string().contains("out of memory"), "{e}");
         check_pool(&sim, &pool, "a cap of 0 bytes");
         pool.set_memory_fraction(1.0).unwrap();
+        assert_eq!(pool.limit(), None, "{policy:?}: a fraction of 1 is no cap");
         pool_still_works(&sim, &mut pool, &format!("{policy:?} fractions"));
     }
 }

@@ -33,8 +33,29 @@ fn a_request_above_the_limit_is_too_large_with_both_sizes() {
     }
     let at_limit = alloc.allocate(MAX_REQUEST, StreamId(0)).unwrap_err();
     assert!(at_limit.is_out_of_memory(), "{at_limit:?}");
-    // Each is an out-of-memory error in the statistics, as PyTorch counts them.
-    assert_eq!(alloc.stats().num_ooms, 4);
+    // Those below 1 EiB (MAX_REQUEST + 1) are out-of-memory errors in the statistics, as
+    // PyTorch's ladder counts them; from 1 EiB up (2^63, u64::MAX) PyTorch refuses the request
+    // before the ladder, uncounted. The one at the limit is an ordinary out-of-memory error.
+    assert_eq!(alloc.stats().num_ooms, 2);
+    alloc.check_invariants().unwrap();
+}
+
+/// A fraction of 1 sets no cap (as PyTorch since 2.10): `garbage_collection_threshold` stays
+/// off and `default` keeps its uncapped rules; any smaller fraction caps.
+#[test]
+fn a_fraction_of_one_removes_the_cap() {
+    let sim = SimDevice::new(SimConfig::with_capacity(4 * GIB));
+    let mut pool = cudalloc::Pool::new(sim, Config::for_policy(Policy::Torch));
+    pool.set_memory_fraction(0.5).unwrap();
+    assert_eq!(pool.limit(), Some(2 * GIB));
+    pool.set_memory_fraction(1.0).unwrap();
+    assert_eq!(pool.limit(), None);
+    let alloc = front();
+    alloc.set_memory_fraction(0.9).unwrap();
+    assert!(alloc.allocate(4 * GIB - (64 << 20), StreamId(0)).is_err());
+    alloc.set_memory_fraction(1.0).unwrap();
+    let a = alloc.allocate(4 * GIB - (64 << 20), StreamId(0)).unwrap();
+    alloc.free(a).unwrap();
     alloc.check_invariants().unwrap();
 }
 

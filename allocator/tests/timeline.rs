@@ -50,9 +50,26 @@ fn the_timeline_reaches_the_peaks() {
             // The start, the full intervals, a last partial one and the end.
             assert!(p.len() <= opts.samples + 3, "{what}: {} points", p.len());
             assert!(p.windows(2).all(|w| w[0].op <= w[1].op), "{what}: order");
-            assert_eq!(p.last().unwrap().op as u64, r.events, "{what}: last point");
+            // The end: the figures after the last operation, what is still live included
+            // (not after the replay freed it: every plot ended with a drop to zero).
+            let end = p.last().unwrap();
+            assert_eq!(end.op as u64, r.events - 1, "{what}: last point");
+            assert_eq!(end.live, live_at_end(&t), "{what}: live at the end");
         }
     }
+}
+
+/// Requested bytes of the allocations a trace leaves live.
+fn live_at_end(t: &cudalloc::trace::Trace) -> u64 {
+    use cudalloc::trace::Op;
+    let mut sizes = vec![0u64; t.slots as usize];
+    for op in &t.ops {
+        match *op {
+            Op::Alloc { slot, size, .. } => sizes[slot as usize] = size,
+            Op::Free { slot } => sizes[slot as usize] = 0,
+        }
+    }
+    sizes.iter().sum()
 }
 
 /// Without a timeline asked for, none is kept.

@@ -207,13 +207,11 @@ impl<D: Device> Pool<D> {
     }
 
     /// Caps the pool at `fraction` of the device's total memory, as PyTorch's
-    /// `set_per_process_memory_fraction` does.
+    /// `set_per_process_memory_fraction` does; 1.0 removes the cap (since PyTorch 2.10 a
+    /// fraction of 1 sets none, so garbage collection stays off and `default` keeps its uncapped
+    /// rules; before, it capped at the whole device).
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
-        if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {
-            return Err(AllocError::BadFraction(fraction));
-        }
-        let (_, total) = self.device.mem_info()?;
-        self.limit = Some((fraction * total as f64) as u64);
+        self.limit = fraction_limit(&self.device, fraction)?;
         Ok(())
     }
 
@@ -246,9 +244,12 @@ impl<D: Device> Pool<D> {
     }
 
     /// The error for a request above [`sizes::MAX_REQUEST`], counted as an out-of-memory error
-    /// (PyTorch's ladder fails such a request and counts it in `num_ooms`).
+    /// below 1 EiB (PyTorch's ladder fails such a request and counts it in `num_ooms`; from
+    /// 1 EiB up its front refuses the request before the ladder, uncounted).
     pub(crate) fn refuse_too_large(&mut self, size: u64) -> AllocError {
-        self.stats.num_ooms += 1;
+        if size < sizes::ONE_EIB {
+            self.stats.num_ooms += 1;
+        }
         AllocError::TooLarge {
             requested: size,
             limit: sizes::MAX_REQUEST,
@@ -776,4 +777,20 @@ fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
         0
     };
     b.size + tail
+}
+
+/// The cap `fraction` of `device`'s total memory sets ([`Pool::set_memory_fraction`]): `None`
+/// for 1.0, as PyTorch since 2.10.
+pub(crate) fn fraction_limit<D: Device>(
+    device: &D,
+    fraction: f64,
+) -> Result<Option<u64>, AllocError> {
+    if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {
+        return Err(AllocError::BadFraction(fraction));
+    }
+    if fraction == 1.0 {
+        return Ok(None);
+    }
+    let (_, total) = device.mem_info()?;
+    Ok(Some((fraction * total as f64) as u64))
 }
