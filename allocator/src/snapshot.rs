@@ -73,6 +73,10 @@ pub struct SegmentInfo {
     pub size: u64,
     /// Bytes backed by device memory (equal to `size` unless expandable).
     pub mapped: u64,
+    /// Bytes of pages unmapped from an expandable segment whose release failed: the device
+    /// still holds them (they count in `reserved_bytes`) until a later call on the segment
+    /// releases them; 0 otherwise.
+    pub stray: u64,
     /// Pool.
     pub pool: PoolKind,
     /// Stream.
@@ -130,6 +134,9 @@ pub struct Excess {
     /// Free bytes that cannot go back while a live or pending block shares their chunk or
     /// segment.
     pub pinned: u64,
+    /// Pages unmapped whose release failed, held until a later call releases them (0 unless
+    /// a driver call failed).
+    pub stray: u64,
 }
 
 /// One unit holding pinned bytes ([`crate::Pool::pinning`]): a chunk of an expandable segment
@@ -160,6 +167,7 @@ impl std::ops::AddAssign for Excess {
         self.pending += o.pending;
         self.releasable += o.releasable;
         self.pinned += o.pinned;
+        self.stray += o.stray;
     }
 }
 
@@ -185,7 +193,7 @@ impl Snapshot {
             if !seg.expandable {
                 add(1, 1);
             }
-            add(5, seg.mapped);
+            add(5, seg.mapped + seg.stray);
             let split = seg.blocks.len() > 1;
             for b in &seg.blocks {
                 match b.state {

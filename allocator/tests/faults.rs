@@ -508,6 +508,17 @@ fn a_page_whose_release_failed_still_counts_against_the_limit() {
     sim.clear_faults();
     a.check_invariants().unwrap();
     assert_eq!(a.reserved_bytes(), 20 * MIB, "the page still counts");
+    // ... in the statistics and the breakdown too, as the device holds it (they read 0 before
+    // the sixteenth session).
+    let held = sim.outstanding_bytes();
+    assert_eq!(held, 20 * MIB);
+    let reserved = a.stats().reserved_bytes.0[0];
+    assert_eq!(reserved.current as u64, held, "stats reserved_bytes");
+    let e = a.excess();
+    assert_eq!((e.reserved, e.stray), (held, held), "{e:?}");
+    let snap = a.snapshot();
+    let stray: u64 = snap.segments.iter().map(|s| s.stray).sum();
+    assert_eq!(stray, held);
     let mut live = Vec::new();
     for i in 0..3 {
         live.push(a.allocate(20 * MIB, StreamId(2)).unwrap());
@@ -520,6 +531,8 @@ fn a_page_whose_release_failed_still_counts_against_the_limit() {
     live.into_iter().for_each(|x| a.free(x).unwrap());
     a.empty_cache().unwrap();
     a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved_bytes.0[0].current, 0, "released since");
+    assert_eq!(a.excess().stray, 0);
     drop(a);
     common::assert_device_empty(&sim, "after drop");
 }

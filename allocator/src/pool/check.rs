@@ -13,18 +13,19 @@ impl<D: Device> Pool<D> {
             if b.prev != NIL {
                 continue;
             }
-            let (size, mapped, expandable) = if b.segment == NO_SEGMENT {
-                (self.chain_bytes(id), self.chain_bytes(id), false)
+            let (size, mapped, stray, expandable) = if b.segment == NO_SEGMENT {
+                (self.chain_bytes(id), self.chain_bytes(id), 0, false)
             } else {
                 let s = self.segments[b.segment as usize]
                     .as_ref()
                     .expect("live segment");
-                (s.size, s.mapped, true)
+                (s.size, s.mapped, s.stray_bytes(), true)
             };
             segments.push(SegmentInfo {
                 addr: b.addr,
                 size,
                 mapped,
+                stray,
                 pool: b.pool,
                 stream: b.stream,
                 expandable,
@@ -42,7 +43,8 @@ impl<D: Device> Pool<D> {
     /// ([`Excess`]), from one scan of the blocks.
     pub fn excess(&self) -> Excess {
         let mut e = Excess {
-            reserved: self.reserved,
+            reserved: self.reserved + self.strays,
+            stray: self.strays,
             ..Excess::default()
         };
         for (_, b) in self.blocks.iter().filter(|(_, b)| b.mapped) {
@@ -121,10 +123,10 @@ impl<D: Device> Pool<D> {
             ));
         }
         let reserved = self.stats.reserved_bytes.0[0].current as u64;
-        if reserved != self.reserved {
+        if reserved != self.reserved + self.strays {
             return Err(format!(
-                "reserved_bytes {reserved} != held bytes {}",
-                self.reserved
+                "reserved_bytes {reserved} != held bytes {} + stray pages {}",
+                self.reserved, self.strays
             ));
         }
         self.check_pinning()?;

@@ -692,22 +692,28 @@ impl<D: Device> Pool<D> {
             .map_or(self.reserved + self.strays, |s| s.load(Ordering::Relaxed))
     }
 
-    /// Counts against the limit the stray pages segment `seg` holds now, given what it held
-    /// before a call (`before`, [`segment::ExpSegment::stray_bytes`]).
+    /// Counts against the limit, and in the reserved bytes' statistic (the device still holds
+    /// them), the stray pages segment `seg` holds now, given what it held before a call
+    /// (`before`, [`segment::ExpSegment::stray_bytes`]).
     pub(crate) fn track_strays(&mut self, seg: usize, before: u64) {
-        let now = self.segments[seg].as_ref().map_or(0, |s| s.stray_bytes());
+        let Some(s) = self.segments[seg].as_ref() else {
+            return;
+        };
+        let (now, pool) = (s.stray_bytes(), s.pool);
         if now >= before {
             let n = now - before;
             self.strays += n;
             if let Some(s) = &self.shared {
                 s.fetch_add(n, Ordering::AcqRel);
             }
+            self.reserved_grew(pool, n);
         } else {
             let n = before - now;
             self.strays -= n;
             if let Some(s) = &self.shared {
                 s.fetch_sub(n, Ordering::AcqRel);
             }
+            self.reserved_shrank(pool, n);
         }
     }
 
