@@ -12,7 +12,8 @@
 //! - a block is in its pool's free index iff it is free and mapped, in the unmapped index iff it
 //!   is unmapped;
 //! - every statistic's `current` equals what a scan of the blocks recomputes;
-//! - bytes the device holds for this pool equal `reserved_bytes.all.current`.
+//! - bytes the device holds for this pool (pages whose release failed included) equal
+//!   `reserved_bytes.all.current` (`reserved`).
 
 pub mod block;
 mod budget;
@@ -24,6 +25,8 @@ mod packing;
 mod pinning;
 pub mod plan;
 mod release;
+mod reserved;
+pub(crate) use reserved::fraction_limit;
 mod search;
 pub mod segment;
 
@@ -31,7 +34,7 @@ use crate::config::{Config, Policy};
 use crate::error::AllocError;
 use crate::sizes::{self, PoolKind, MIN_BLOCK, SMALL_SIZE};
 use crate::stats::{SharedPeak, Stats};
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64};
 use block::{Arena, Block, BlockId, NIL};
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
@@ -204,15 +207,6 @@ impl<D: Device> Pool<D> {
     /// The cap, if any.
     pub fn limit(&self) -> Option<u64> {
         self.limit
-    }
-
-    /// Caps the pool at `fraction` of the device's total memory, as PyTorch's
-    /// `set_per_process_memory_fraction` does; 1.0 removes the cap (since PyTorch 2.10 a
-    /// fraction of 1 sets none, so garbage collection stays off and `default` keeps its uncapped
-    /// rules; before, it capped at the whole device).
-    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
-        self.limit = fraction_limit(&self.device, fraction)?;
-        Ok(())
     }
 
     /// Peer devices whose access is set on every page mapped from now on.
@@ -638,103 +632,6 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// Counts `n` more bytes as held from the device, before asking the device for them. When
-    /// pools share a limit (`CachingAllocator`'s shards), the check and the count are one
-    /// atomic step, so concurrent pools cannot pass the limit together; false (and nothing
-    /// counted) when `n` would pass it. A pool alone checks its limit against the request's
-    /// size before this, as PyTorch does, and always gets true here: under expandable segments
-    /// it can then map up to one page (20 MiB under `torch-expandable`) past its limit, where
-    /// `CachingAllocator` refuses (docs/fidelity.md).
-    pub(crate) fn claim(&mut self, n: u64) -> bool {
-        if let (Some(s), Some(l)) = (&self.shared, self.limit) {
-            let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
-            if s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
-                .is_err()
-            {
-                return false;
-            }
-        } else if let Some(s) = &self.shared {
-            s.fetch_add(n, Ordering::AcqRel);
-        }
-        self.reserved += n;
-        true
-    }
-
-    /// Counts `n` bytes the device now holds for `pool`, once the call that got them succeeded
-    /// (a claim that the device then refused counts in no statistic, no peak included).
-    pub(crate) fn reserved_grew(&mut self, pool: PoolKind, n: u64) {
-        self.stats.reserved_bytes.increase(pool, n);
-        if let Some(p) = &self.shared_peak {
-            p.grew(n);
-        }
-    }
-
-    /// Counts `n` bytes of `pool` given back to the device.
-    pub(crate) fn reserved_shrank(&mut self, pool: PoolKind, n: u64) {
-        self.stats.reserved_bytes.decrease(pool, n);
-        if let Some(p) = &self.shared_peak {
-            p.shrank(n);
-        }
-    }
-
-    /// Gives back bytes counted by [`Pool::claim`].
-    pub(crate) fn sub_reserved(&mut self, n: u64) {
-        self.reserved -= n;
-        if let Some(s) = &self.shared {
-            s.fetch_sub(n, Ordering::AcqRel);
-        }
-    }
-
-    /// Bytes held from the device by this pool and every pool sharing its limit.
-    pub(crate) fn total_reserved(&self) -> u64 {
-        self.shared
-            .as_ref()
-            .map_or(self.reserved + self.strays, |s| s.load(Ordering::Relaxed))
-    }
-
-    /// Counts against the limit, and in the reserved bytes' statistic (the device still holds
-    /// them), the stray pages segment `seg` holds now, given what it held before a call
-    /// (`before`, [`segment::ExpSegment::stray_bytes`]).
-    pub(crate) fn track_strays(&mut self, seg: usize, before: u64) {
-        let Some(s) = self.segments[seg].as_ref() else {
-            return;
-        };
-        let (now, pool) = (s.stray_bytes(), s.pool);
-        if now >= before {
-            let n = now - before;
-            self.strays += n;
-            if let Some(s) = &self.shared {
-                s.fetch_add(n, Ordering::AcqRel);
-            }
-            self.reserved_grew(pool, n);
-        } else {
-            let n = before - now;
-            self.strays -= n;
-            if let Some(s) = &self.shared {
-                s.fetch_sub(n, Ordering::AcqRel);
-            }
-            self.reserved_shrank(pool, n);
-        }
-    }
-
-    /// Makes this pool count its reserved bytes into `counter`, which pools sharing one device
-    /// and one memory limit have in common; the limit applies to the counter's total.
-    pub fn share_reserved(&mut self, counter: Arc<AtomicU64>) {
-        counter.fetch_add(self.reserved, Ordering::Relaxed);
-        self.shared = Some(counter);
-    }
-
-    /// Makes this pool count the bytes it holds into `peak` too, which then has the highest
-    /// total the pools sharing it held at once (the sum of their own peaks is only a bound).
-    pub(crate) fn share_reserved_peak(&mut self, peak: Arc<SharedPeak>) {
-        self.shared_peak = Some(peak);
-    }
-
-    pub(crate) fn over_limit(&self, extra: u64) -> bool {
-        self.limit
-            .is_some_and(|l| self.total_reserved() + extra > l)
-    }
-
     /// One `malloc` of `req.alloc_size` bytes: a new segment holding one free block.
     fn alloc_segment(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
         let size = req.alloc_size;
@@ -783,20 +680,4 @@ fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
         0
     };
     b.size + tail
-}
-
-/// The cap `fraction` of `device`'s total memory sets ([`Pool::set_memory_fraction`]): `None`
-/// for 1.0, as PyTorch since 2.10.
-pub(crate) fn fraction_limit<D: Device>(
-    device: &D,
-    fraction: f64,
-) -> Result<Option<u64>, AllocError> {
-    if !(0.0..=1.0).contains(&fraction) || fraction.is_nan() {
-        return Err(AllocError::BadFraction(fraction));
-    }
-    if fraction == 1.0 {
-        return Ok(None);
-    }
-    let (_, total) = device.mem_info()?;
-    Ok(Some((fraction * total as f64) as u64))
 }

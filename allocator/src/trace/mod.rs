@@ -387,7 +387,6 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
 /// UTF-8's byte order mark, which some editors write at the start of a text file.
 pub(crate) const BOM: &[u8] = b"\xef\xbb\xbf";
 
-/// The bytes without a leading [`BOM`].
 /// Longest line the text readers take (ours and RMM's are under 200 bytes).
 pub const MAX_LINE: usize = 4096;
 
@@ -414,6 +413,7 @@ pub(crate) fn read_line(
     Ok(got)
 }
 
+/// The bytes without a leading [`BOM`].
 pub(crate) fn strip_bom(text: &[u8]) -> &[u8] {
     text.strip_prefix(BOM).unwrap_or(text)
 }
