@@ -22,8 +22,10 @@
 //! before does not give back, on its way up, pages it will use again before it ends.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception: the cached pages of the footprint a layout plan places
-//! episodes in (`plan`) are given back only once the pool would pass twice the budget, so a
-//! batch that follows the plan finds the pages of the last one still mapped.
+//! episodes in (`plan`; two ranges after a split, `footprint`) are given back only once the
+//! pool would pass twice the budget, so a batch that follows the plan finds the pages of the
+//! last one still mapped. A free block holding a piece of a split footprint may give back the
+//! rest of its pages before that.
 
 use super::block::BlockId;
 use super::{Pool, Request};
@@ -180,11 +182,22 @@ impl<D: Device> Pool<D> {
             && self
                 .plans
                 .protected()
-                .is_some_and(|(seg, lo, hi)| b.segment == seg && b.overlaps(lo, hi))
+                .is_some_and(|k| k.overlaps(b.segment, b.addr, b.end()))
+    }
+
+    /// The kept footprint when it is split in two and free block `id` overlaps it: the block
+    /// then holds a piece and may have free pages beside it that belong to no footprint (the
+    /// rest of the free block the piece was placed in), which can be given back alone.
+    fn split_footprint_in(&self, id: BlockId) -> Option<super::Kept> {
+        let k = self.plans.protected().filter(|k| k.is_split())?;
+        let b = &self.blocks[id];
+        (self.limit.is_none() && k.overlaps(b.segment, b.addr, b.end())).then_some(k)
     }
 
     /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is
-    /// left; the plan's footprint only when `footprint_too`, and nothing overlapping `keep`.
+    /// left; the plan's footprint only when `footprint_too` (a block overlapping a split
+    /// footprint gives back the largest part of it outside the footprint), and nothing
+    /// overlapping `keep`.
     pub(crate) fn release_free_chunks(
         &mut self,
         bytes: u64,
@@ -200,7 +213,10 @@ impl<D: Device> Pool<D> {
             .filter(|&id| {
                 let b = &self.blocks[id];
                 let kept = keep.is_some_and(|(lo, hi)| b.overlaps(lo, hi));
-                b.is_expandable() && !kept && (footprint_too || !self.in_footprint(id))
+                let spared = !footprint_too
+                    && self.in_footprint(id)
+                    && self.split_footprint_in(id).is_none();
+                b.is_expandable() && !kept && !spared
             })
             .map(|id| (self.blocks[id].size, id))
             .collect();
@@ -214,7 +230,17 @@ impl<D: Device> Pool<D> {
                 continue;
             }
             let before = self.reserved;
-            self.unmap_block(id)?;
+            match self.split_footprint_in(id).filter(|_| !footprint_too) {
+                Some(k) => {
+                    let b = &self.blocks[id];
+                    if let Some((lo, hi)) = k.largest_outside(b.addr, b.end()) {
+                        self.unmap_part(id, lo, hi - lo)?;
+                    }
+                }
+                None => {
+                    self.unmap_block(id)?;
+                }
+            }
             released += before - self.reserved;
         }
         Ok(released)

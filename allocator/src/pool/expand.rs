@@ -40,20 +40,29 @@ impl<D: Device> Pool<D> {
         pool: PoolKind,
         size: u64,
     ) -> Option<BlockId> {
+        self.runs_in_ranges(stream, pool)
+            .find(|&c| self.has_room(c, size))
+    }
+
+    /// The first block of each run of free and unmapped blocks of `stream`'s ranges of `pool`
+    /// that ends in unmapped space, lowest first.
+    pub(crate) fn runs_in_ranges(
+        &self,
+        stream: StreamId,
+        pool: PoolKind,
+    ) -> impl Iterator<Item = BlockId> + '_ {
         let idx = match pool {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
         };
-        idx.unmapped_of(stream.0)
-            .map(|c| {
-                let prev = self.blocks[c].prev;
-                if self.allocatable(prev) {
-                    prev
-                } else {
-                    c
-                }
-            })
-            .find(|&c| self.has_room(c, size))
+        idx.unmapped_of(stream.0).map(|c| {
+            let prev = self.blocks[c].prev;
+            if self.allocatable(prev) {
+                prev
+            } else {
+                c
+            }
+        })
     }
 
     /// [`Pool::room_in_ranges`], or a new range of 1.125 times the device's memory (as PyTorch
@@ -254,12 +263,24 @@ impl<D: Device> Pool<D> {
     /// above (so the blocks keep matching the device's pages) and the error is returned.
     pub(crate) fn unmap_block(&mut self, id: BlockId) -> Result<BlockId, DeviceError> {
         let b = &self.blocks[id];
-        let (addr, size, seg_index) = (b.addr, b.size, b.segment as usize);
+        let (addr, size) = (b.addr, b.size);
+        self.unmap_part(id, addr, size)
+    }
+
+    /// [`Pool::unmap_block`] for the pages of free block `id` inside `lo..lo + len` only.
+    pub(crate) fn unmap_part(
+        &mut self,
+        id: BlockId,
+        lo: u64,
+        len: u64,
+    ) -> Result<BlockId, DeviceError> {
+        let b = &self.blocks[id];
+        let (addr, seg_index) = (b.addr, b.segment as usize);
         let seg = self.segments[seg_index]
             .as_mut()
             .expect("block of a released segment");
         let strays = seg.stray_bytes();
-        let done = seg.unmap(&self.device, addr, size);
+        let done = seg.unmap(&self.device, lo, len);
         self.track_strays(seg_index, strays);
         let id = self.account_unmapped(id, addr, done.range);
         match done.error {

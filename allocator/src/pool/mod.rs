@@ -20,6 +20,8 @@ mod budget;
 mod check;
 mod events;
 mod expand;
+mod footprint;
+pub(crate) use footprint::Kept;
 pub mod index;
 mod packing;
 mod pinning;

@@ -41,13 +41,15 @@
 //!   are free or unmapped; the missing pages
 //!   are mapped under the fragmentation budget like any growth (and never when the caller asked
 //!   for cached memory only). The first allocation sets the scale, and the base (the
-//!   *footprint*): the last footprint's base if the scaled extent is free there, else the start
-//!   of the best-fitting free block for it, or of the lowest run of free and unmapped blocks
-//!   that holds it. An allocation whose size does not match ends the plan for the episode; one
-//!   whose bytes are taken falls back to best fit;
-//! - the last footprint (up to the largest extent placed at its base) keeps its cached pages
-//!   when the budget gives memory back, until the pool is past twice the budget
-//!   (`budget::budget_room`), so that the next episode finds them mapped.
+//!   *footprint*, chosen as `footprint` says: the last one's base when the scaled extent is
+//!   free there, a free block that holds it, or a run of free and unmapped blocks; or split in
+//!   two pieces at a clean cut of the plan, one in a free block too small for the whole).
+//!   With a split, `base + ...` above is the lower piece's base for the offsets below the cut,
+//!   and the upper piece's for the rest. An allocation whose size does not match ends the plan
+//!   for the episode; one whose bytes are taken falls back to best fit;
+//! - the last footprint (up to the largest extent placed at its base, both pieces of a split)
+//!   keeps its cached pages when the budget gives memory back, until the pool is past twice
+//!   the budget (`budget::budget_room`), so that the next episode finds them mapped.
 //!
 //! Invariants: a block's `episode_seq` is the number of the recorded allocation it serves
 //! ([`NO_SEQ`] otherwise, and always while the block is free or unmapped); numbers of a dropped
@@ -58,6 +60,7 @@
 //! overlap on overlapping bytes.
 
 use super::block::{BlockId, NIL};
+use super::footprint::{Footprint, Kept};
 use super::packing::{best_fit, pack_within};
 pub use super::packing::{
     best_fit_extent, live_peak, pack, Lifetime, Plan, SEARCH_ABOVE, SEARCH_WORK,
@@ -83,17 +86,6 @@ pub(crate) enum Placement {
     BestFit,
     /// The planned bytes need new pages and the caller asked for cached memory only.
     NeedsGrowth,
-}
-
-/// Where the plan places the open episode: its scale against the plan, and its base address in
-/// the stream's range `segment`.
-struct Footprint {
-    scale: f64,
-    base: u64,
-    segment: u32,
-    /// The live bytes the pool will hold at the episode's peak if it follows the plan: those
-    /// live when it started, and its own peak at its scale.
-    expected: u64,
 }
 
 /// The episode being recorded.
@@ -153,7 +145,10 @@ pub struct Plans {
     /// Where the next rejected signature goes in `rejected`.
     next_rejected: usize,
     /// Segment, base and end of the last footprint: the next episode reuses it when it is free.
-    last: Option<(u32, u64, u64)>,
+    pub(super) last: Option<(u32, u64, u64)>,
+    /// A second range of the same segment whose cached pages are kept (`footprint`): the other
+    /// piece of the last split footprint, or the footprint before it.
+    pub(super) other: Option<(u64, u64)>,
     /// Work of evaluations not yet earned back by allocations ([`WORK_PER_ALLOC`]).
     debt: u64,
     /// The pool's allocation count when `debt` was last brought up to date.
@@ -184,10 +179,6 @@ pub const REJECTED: usize = 8;
 
 /// A packing becomes the plan when it spans at most this fraction of what best fit spans.
 pub const PLAN_GAIN: f64 = 0.9;
-
-/// Offsets are stretched by this fraction over the scale, so that sizes rounded up after scaling
-/// still fit where the plan put them.
-const STRETCH: f64 = 1.0 / 256.0;
 
 /// An allocation down to this fraction of its planned size (at the episode's scale) still
 /// takes its planned place: shapes that do not all scale alike (a convolutional net at
@@ -283,18 +274,19 @@ impl<D: Device> Pool<D> {
         let (extent, plan_peak) = (plan.extent, plan.live_peak);
         if k == 0 {
             let scale = req.size as f64 / planned.size as f64;
-            let (from, base, segment) = self.choose_footprint(req.stream, scale, extent)?;
+            let placed = self.choose_footprint(req.stream, scale, plan)?;
             let live = self.stats.requested_bytes.0[0].current as u64;
-            let expected = live.saturating_add((plan_peak as f64 * scale) as u64);
-            let e = self.plans.episode.as_mut()?;
-            e.footprint = Some(Footprint {
+            let f = Footprint {
                 scale,
-                base,
-                segment,
-                expected,
-            });
-            self.remember_footprint(segment, base, spanned(extent, scale));
-            return Some((from, base + stretched(offset, scale)));
+                base: placed.base,
+                segment: placed.segment,
+                split: placed.split,
+                expected: live.saturating_add((plan_peak as f64 * scale) as u64),
+            };
+            let at = f.address(offset);
+            self.remember_footprint(&f, extent);
+            self.plans.episode.as_mut()?.footprint = Some(f);
+            return Some((placed.from, at));
         }
         let e = self.plans.episode.as_mut()?;
         let f = e.footprint.as_ref()?;
@@ -304,7 +296,7 @@ impl<D: Device> Pool<D> {
             return None;
         }
         e.confirmed = true;
-        let (at, segment) = (f.base + stretched(offset, f.scale), f.segment);
+        let (at, segment) = (f.address(offset), f.segment);
         let from = match e.anchors.last() {
             Some(&a) => a,
             None => self.block_of_segment(req.stream, segment)?,
@@ -312,64 +304,16 @@ impl<D: Device> Pool<D> {
         Some((from, at))
     }
 
-    /// Records the footprint just chosen; on the same base as the last one, it keeps the larger
-    /// end (its pages stay cached up to the largest episode placed there).
-    fn remember_footprint(&mut self, segment: u32, base: u64, bytes: u64) {
-        let mut end = base.saturating_add(bytes);
-        if let Some((seg, b, e)) = self.plans.last {
-            if (seg, b) == (segment, base) {
-                end = end.max(e);
-            }
-        }
-        self.plans.last = Some((segment, base, end));
-    }
-
-    /// The last footprint when `bytes` from its base are all free or unmapped again; else the
-    /// start of the best-fitting free block of `stream` for them, or of the lowest run of free
-    /// and unmapped blocks that holds them.
-    fn choose_footprint(
-        &self,
-        stream: StreamId,
-        scale: f64,
-        extent: u64,
-    ) -> Option<(BlockId, u64, u32)> {
-        let bytes = spanned(extent, scale);
-        if let Some(again) = self.last_footprint(stream, bytes) {
-            return Some(again);
-        }
-        let fit = self
-            .large
-            .at_least(stream.0, bytes)
-            .next()
-            .map(|(_, id)| id);
-        let id = fit.or_else(|| self.room_in_ranges(stream, PoolKind::Large, bytes))?;
-        let b = &self.blocks[id];
-        b.is_expandable().then_some((id, b.addr, b.segment))
-    }
-
-    /// The last footprint, when its first `bytes` are all free or unmapped again.
-    fn last_footprint(&self, stream: StreamId, bytes: u64) -> Option<(BlockId, u64, u32)> {
-        let (segment, base, _) = self.plans.last?;
-        let seg = self.segments.get(segment as usize)?.as_ref()?;
-        if seg.stream != stream || base.saturating_add(bytes) > seg.va + seg.size {
-            return None;
-        }
-        let start = self.block_of_segment(stream, segment)?;
-        let id = self.block_containing(start, base)?;
-        self.unmapped_bytes(id, base, bytes)
-            .map(|_| (id, base, segment))
-    }
-
     /// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range
     /// keeps unmapped space at its end until it is full).
-    fn block_of_segment(&self, stream: StreamId, segment: u32) -> Option<BlockId> {
+    pub(super) fn block_of_segment(&self, stream: StreamId, segment: u32) -> Option<BlockId> {
         self.large
             .unmapped_of(stream.0)
             .find(|&id| self.blocks[id].segment == segment)
     }
 
     /// The block holding address `at`, walking the segment's blocks from `from`.
-    fn block_containing(&self, mut id: BlockId, at: u64) -> Option<BlockId> {
+    pub(super) fn block_containing(&self, mut id: BlockId, at: u64) -> Option<BlockId> {
         while id != NIL {
             let b = &self.blocks[id];
             if at < b.addr {
@@ -386,7 +330,12 @@ impl<D: Device> Pool<D> {
     /// The block holding `at` (found from `from`) and the bytes of pages to map so that
     /// `at..at + size` is free and mapped, or `None` when part of it is taken (or outside the
     /// segment).
-    fn unmapped_bytes(&self, from: BlockId, at: u64, size: u64) -> Option<(BlockId, u64)> {
+    pub(super) fn unmapped_bytes(
+        &self,
+        from: BlockId,
+        at: u64,
+        size: u64,
+    ) -> Option<(BlockId, u64)> {
         let holder = self.block_containing(from, at)?;
         let mut id = holder;
         let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
@@ -612,7 +561,15 @@ impl<D: Device> Pool<D> {
             self.plans.plan = plan;
         }
         match &self.plans.plan {
-            Some(plan) => self.plans.made = Some((sig, work, plan.clone())),
+            Some(plan) => {
+                if std::env::var("DUMP_PLAN").is_ok() {
+                    eprintln!("PLAN extent {} peak {}", plan.extent, plan.live_peak);
+                    for (t, o) in plan.lifetimes.iter().zip(&plan.offsets) {
+                        eprintln!("A {} {} {} {}", o, t.size, t.start, t.end);
+                    }
+                }
+                self.plans.made = Some((sig, work, plan.clone()))
+            }
             None => self.plans.remember_rejected(sig, work),
         }
         self.plans.debt += work;
@@ -634,10 +591,16 @@ impl Plans {
     /// The live bytes the open episode will reach at its peak if it follows the plan; 0 when no
     /// plan places it, until an allocation after its first (any first allocation sets a scale)
     /// has matched the plan too (from that allocation's own request on), and once none of its
-    /// allocations is live.
+    /// allocations is live. A split footprint (`footprint`) counts from its first allocation's
+    /// request on: it was placed to use a cached block, which the budget must not give back to
+    /// make room for that allocation.
     pub(crate) fn expected_peak(&self) -> u64 {
         let e = self.episode.as_ref();
-        let e = e.filter(|e| e.follows && e.confirmed && e.live > 0);
+        let e = e.filter(|e| {
+            let split = e.footprint.as_ref().is_some_and(|f| f.split.is_some());
+            let first = e.lifetimes.is_empty();
+            e.follows && (e.live > 0 || first) && (e.confirmed || split)
+        });
         let f = e.and_then(|e| e.footprint.as_ref());
         f.map_or(0, |f| f.expected)
     }
@@ -686,26 +649,22 @@ impl Plans {
         self.episode.as_ref().is_some_and(|e| e.live >= 2)
     }
 
-    /// The last footprint (segment, first and end address) while there is a plan: giving
-    /// memory back leaves its cached pages alone up to twice the budget.
-    pub(crate) fn protected(&self) -> Option<(u32, u64, u64)> {
+    /// The cached pages of the last footprints while there is a plan: giving memory back leaves
+    /// them alone up to twice the budget.
+    pub(crate) fn protected(&self) -> Option<Kept> {
         self.plan.as_ref()?;
-        self.last
+        let (segment, lo, hi) = self.last?;
+        let other = self.other.unwrap_or((hi, hi));
+        Some(Kept {
+            segment,
+            ranges: [(lo, hi), other],
+        })
     }
-}
-
-/// Bytes a footprint of a plan spanning `extent` takes at `scale`.
-fn spanned(extent: u64, scale: f64) -> u64 {
-    stretched(extent, scale).saturating_add(512)
-}
-
-/// `offset` scaled, stretched and rounded down to 512 bytes.
-fn stretched(offset: u64, scale: f64) -> u64 {
-    ((offset as f64 * scale * (1.0 + STRETCH)) as u64) / 512 * 512
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::footprint::stretched;
     use super::*;
 
     #[test]
