@@ -539,6 +539,38 @@ proptest! {
         run(with_plans(true), &batches);
     }
 
+    /// After a model is loaded and converted (a free block between its fp16 weights and the
+    /// embedding's copy), batches with a long-lived cache at random scales, some larger than
+    /// the free block, some of another sequence: whether footprints split or not, the
+    /// invariants hold after every step (checked in `play`).
+    #[test]
+    fn split_footprints_keep_the_pool_sound(seed in any::<u64>(), len in 20usize..60, reps in 2usize..7, n in 8usize..40) {
+        let mut rng = Rng(seed);
+        let cache = rng.range(1, 8);
+        let inner = if rng.below(2) == 0 {
+            bert_batch(rng.range(2, 13) as usize)
+        } else {
+            random_batch(&mut rng, len)
+        };
+        let template = with_long_lived(cache, &inner);
+        let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
+        let (embedding, tensor) = (rng.range(8, 96) * MIB, rng.range(1, 12) * MIB);
+        let weights = load_and_convert(&mut pool, embedding, n, tensor);
+        check(&sim, &pool);
+        for _ in 0..reps {
+            let steps = if rng.below(4) == 0 {
+                random_batch(&mut rng, len)
+            } else {
+                template.clone()
+            };
+            play(&sim, &mut pool, &steps, rng.range(1, 24) * MIB + rng.below(4) * 512);
+        }
+        for w in &weights {
+            pool.free(w).unwrap();
+        }
+        check(&sim, &pool);
+    }
+
     /// The same with a second stream allocating large blocks in between and requests for
     /// cached memory only: invariants hold after every step.
     #[test]
