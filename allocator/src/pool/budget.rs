@@ -16,8 +16,9 @@
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation, the peak a layout plan expects)`, unmapping cached chunks (largest free
 //! block first) when it would not hold. The last term counts while a plan places an episode
-//! (from the first allocation after its first that matches the plan on, while any of its
-//! allocations is live; not under a memory cap): the live bytes when the episode
+//! (from the first allocation after its first that matches the plan on, or from its first for
+//! a split footprint, while any of its allocations is live; not under a memory cap): the live
+//! bytes when the episode
 //! started plus the plan's live peak at the episode's scale, so that a batch larger than any
 //! before does not give back, on its way up, pages it will use again before it ends.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
@@ -185,9 +186,10 @@ impl<D: Device> Pool<D> {
                 .is_some_and(|k| k.overlaps(b.segment, b.addr, b.end()))
     }
 
-    /// The kept footprint when it is split in two and free block `id` overlaps it: the block
-    /// then holds a piece and may have free pages beside it that belong to no footprint (the
-    /// rest of the free block the piece was placed in), which can be given back alone.
+    /// The kept footprint when it has two ranges and free block `id` overlaps one: the block
+    /// then holds a piece of a split footprint (or the range an episode left for the other
+    /// piece) and may have free pages beside it that belong to no kept range (the rest of the
+    /// free block the piece was placed in), which can be given back alone.
     fn split_footprint_in(&self, id: BlockId) -> Option<super::Kept> {
         let k = self.plans.protected().filter(|k| k.is_split())?;
         let b = &self.blocks[id];

@@ -377,6 +377,9 @@ impl<D: Device> Pool<D> {
         }
         self.device.unreserve(seg.va, seg.size)?;
         self.segments[seg_index] = None;
+        // A later segment may get this index and these addresses: the plan's kept ranges in
+        // this one must not spare its pages.
+        self.plans.forget_segment(seg_index as u32);
         let b = self.blocks.remove(id);
         let removed = self.index(b.pool).remove_unmapped(&b);
         debug_assert!(removed);

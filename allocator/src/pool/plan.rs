@@ -47,9 +47,10 @@
 //!   With a split, `base + ...` above is the lower piece's base for the offsets below the cut,
 //!   and the upper piece's for the rest. An allocation whose size does not match ends the plan
 //!   for the episode; one whose bytes are taken falls back to best fit;
-//! - the last footprint (up to the largest extent placed at its base, both pieces of a split)
-//!   keeps its cached pages when the budget gives memory back, until the pool is past twice
-//!   the budget (`budget::budget_room`), so that the next episode finds them mapped.
+//! - the last footprint (up to the largest extent placed at its base) keeps its cached pages
+//!   when the budget gives memory back, until the pool is past twice the budget
+//!   (`budget::budget_room`), so that the next episode finds them mapped; after a split, so
+//!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
 //! Invariants: a block's `episode_seq` is the number of the recorded allocation it serves
 //! ([`NO_SEQ`] otherwise, and always while the block is free or unmapped); numbers of a dropped
@@ -266,13 +267,16 @@ impl<D: Device> Pool<D> {
     }
 
     /// A block to walk from and the address the plan gives allocation `k`; sets the episode's
-    /// footprint on its first allocation and ends the plan on a size that does not match.
+    /// footprint on its first allocation (once: asked again for that allocation, after the
+    /// budget made room for it, it keeps the footprint the budget was asked about) and ends
+    /// the plan on a size that does not match.
     fn plan_target(&mut self, k: usize, req: &Request) -> Option<(BlockId, u64)> {
         let plan = self.plans.plan.as_ref()?;
         let planned = *plan.lifetimes.get(k)?;
         let offset = plan.offsets[k];
         let (extent, plan_peak) = (plan.extent, plan.live_peak);
-        if k == 0 {
+        let placed = self.plans.episode.as_ref()?.footprint.is_some();
+        if k == 0 && !placed {
             let scale = req.size as f64 / planned.size as f64;
             let placed = self.choose_footprint(req.stream, scale, plan)?;
             let live = self.stats.requested_bytes.0[0].current as u64;
@@ -290,12 +294,14 @@ impl<D: Device> Pool<D> {
         }
         let e = self.plans.episode.as_mut()?;
         let f = e.footprint.as_ref()?;
-        if !matches(req.size, planned.size, f.scale) {
-            e.footprint = None;
-            e.follows = false;
-            return None;
+        if k > 0 {
+            if !matches(req.size, planned.size, f.scale) {
+                e.footprint = None;
+                e.follows = false;
+                return None;
+            }
+            e.confirmed = true;
         }
-        e.confirmed = true;
         let (at, segment) = (f.address(offset), f.segment);
         let from = match e.anchors.last() {
             Some(&a) => a,
@@ -561,15 +567,7 @@ impl<D: Device> Pool<D> {
             self.plans.plan = plan;
         }
         match &self.plans.plan {
-            Some(plan) => {
-                if std::env::var("DUMP_PLAN").is_ok() {
-                    eprintln!("PLAN extent {} peak {}", plan.extent, plan.live_peak);
-                    for (t, o) in plan.lifetimes.iter().zip(&plan.offsets) {
-                        eprintln!("A {} {} {} {}", o, t.size, t.start, t.end);
-                    }
-                }
-                self.plans.made = Some((sig, work, plan.clone()))
-            }
+            Some(plan) => self.plans.made = Some((sig, work, plan.clone())),
             None => self.plans.remember_rejected(sig, work),
         }
         self.plans.debt += work;
@@ -647,6 +645,15 @@ impl Plans {
     /// freed now is one of several the episode's packing will place together.
     pub fn episode_busy(&self) -> bool {
         self.episode.as_ref().is_some_and(|e| e.live >= 2)
+    }
+
+    /// Forgets the kept ranges of the last footprints when they lie in segment `segment`, which
+    /// was just released.
+    pub(crate) fn forget_segment(&mut self, segment: u32) {
+        if self.last.is_some_and(|(s, _, _)| s == segment) {
+            self.last = None;
+            self.other = None;
+        }
     }
 
     /// The cached pages of the last footprints while there is a plan: giving memory back leaves
