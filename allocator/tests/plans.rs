@@ -5,6 +5,8 @@
 mod common;
 #[path = "common/pool.rs"]
 mod pool;
+#[path = "common/steps.rs"]
+mod steps;
 
 use common::Rng;
 use cudalloc::pool::plan::{best_fit_extent, live_peak, pack, Lifetime};
@@ -12,57 +14,7 @@ use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};
 use proptest::prelude::*;
-
-/// One step of a repeated sequence: allocate `units` into `slot`, or free `slot`.
-#[derive(Clone, Copy, Debug)]
-enum Step {
-    Alloc { slot: usize, units: u64 },
-    Free { slot: usize },
-}
-
-/// A sequence in the making.
-#[derive(Default)]
-struct Tape {
-    steps: Vec<Step>,
-    next: usize,
-}
-
-impl Tape {
-    fn alloc(&mut self, units: u64) -> usize {
-        self.steps.push(Step::Alloc {
-            slot: self.next,
-            units,
-        });
-        self.next += 1;
-        self.next - 1
-    }
-    fn free(&mut self, slots: &[usize]) {
-        self.steps
-            .extend(slots.iter().map(|&slot| Step::Free { slot }));
-    }
-}
-
-/// BERT's encoder layers in units of the hidden state (attention scores are 4 units): a mask
-/// lives throughout, each layer's output lives into the next layer.
-fn bert_batch(layers: usize) -> Vec<Step> {
-    let mut tape = Tape::default();
-    let mask = tape.alloc(1);
-    let mut x = tape.alloc(1);
-    for _ in 0..layers {
-        let a: Vec<usize> = (0..4).map(|_| tape.alloc(1)).collect();
-        tape.free(&a[..3]);
-        let b: Vec<usize> = (0..3).map(|_| tape.alloc(1)).collect();
-        tape.free(&[b[1], b[0], a[3]]);
-        let s1 = tape.alloc(4);
-        let s2 = tape.alloc(4);
-        tape.free(&[s1]);
-        let o: Vec<usize> = (0..3).map(|_| tape.alloc(1)).collect();
-        tape.free(&[o[1], o[0], s2, b[2], x]);
-        x = o[2];
-    }
-    tape.free(&[x, mask]);
-    tape.steps
-}
+use steps::{bert_batch, drive, play, play_resized, random_batch, Step, Tape};
 
 /// How many allocations `steps` makes.
 fn allocations(steps: &[Step]) -> u64 {
@@ -122,56 +74,6 @@ fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
     check(&sim, &pool);
     let peak = pool.stats().reserved_bytes.0[0].peak as u64;
     (peak, pool.planned_allocations())
-}
-
-fn play(sim: &Sim, pool: &mut Pool<Sim>, steps: &[Step], unit: u64) {
-    play_resized(sim, pool, steps, unit, |size| size);
-}
-
-/// [`play`], each request's size passed through `resize` first.
-fn play_resized(
-    sim: &Sim,
-    pool: &mut Pool<Sim>,
-    steps: &[Step],
-    unit: u64,
-    mut resize: impl FnMut(u64) -> u64,
-) {
-    let pool = std::cell::RefCell::new(pool);
-    drive(
-        steps,
-        unit,
-        |size| {
-            let a = pool.borrow_mut().allocate(resize(size), S0).unwrap();
-            check(sim, &pool.borrow());
-            a
-        },
-        |a| {
-            pool.borrow_mut().free(&a).unwrap();
-            check(sim, &pool.borrow());
-        },
-    );
-}
-
-/// Runs `steps` with `unit` bytes per unit through `alloc` and `free`; frees what is left.
-fn drive(
-    steps: &[Step],
-    unit: u64,
-    mut alloc: impl FnMut(u64) -> Allocation,
-    mut free: impl FnMut(Allocation),
-) {
-    let mut live: Vec<Option<Allocation>> = Vec::new();
-    for &s in steps {
-        match s {
-            Step::Alloc { slot, units } => {
-                if live.len() <= slot {
-                    live.resize(slot + 1, None);
-                }
-                live[slot] = Some(alloc(units * unit));
-            }
-            Step::Free { slot } => free(live[slot].take().expect("freed twice")),
-        }
-    }
-    live.into_iter().flatten().for_each(free);
 }
 
 fn with_plans(on: bool) -> Config {
@@ -449,28 +351,6 @@ fn a_planned_request_for_cached_memory_maps_nothing() {
     check(&sim, &pool);
 }
 
-/// A random sequence of allocations and frees of 1-6 units that ends with nothing live.
-fn random_batch(rng: &mut Rng, len: usize) -> Vec<Step> {
-    let mut steps = Vec::new();
-    let mut live: Vec<usize> = Vec::new();
-    let mut next = 0;
-    for _ in 0..len {
-        if live.is_empty() || rng.below(100) < 55 {
-            steps.push(Step::Alloc {
-                slot: next,
-                units: rng.range(1, 7),
-            });
-            live.push(next);
-            next += 1;
-        } else {
-            let slot = live.swap_remove(rng.below(live.len() as u64) as usize);
-            steps.push(Step::Free { slot });
-        }
-    }
-    steps.extend(live.into_iter().map(|slot| Step::Free { slot }));
-    steps
-}
-
 /// Runs `main` on stream 0 and `noise` on stream 1, interleaved at random, asking for cached
 /// memory first now and then (as `CachingAllocator` does); checks the pool after every step.
 fn play_two_streams(
@@ -537,38 +417,6 @@ proptest! {
             batches.push((random_batch(&mut rng, 6), 64 * KIB));
         }
         run(with_plans(true), &batches);
-    }
-
-    /// After a model is loaded and converted (a free block between its fp16 weights and the
-    /// embedding's copy), batches with a long-lived cache at random scales, some larger than
-    /// the free block, some of another sequence: whether footprints split or not, the
-    /// invariants hold after every step (checked in `play`).
-    #[test]
-    fn split_footprints_keep_the_pool_sound(seed in any::<u64>(), len in 20usize..60, reps in 2usize..7, n in 8usize..40) {
-        let mut rng = Rng(seed);
-        let cache = rng.range(1, 8);
-        let inner = if rng.below(2) == 0 {
-            bert_batch(rng.range(2, 13) as usize)
-        } else {
-            random_batch(&mut rng, len)
-        };
-        let template = with_long_lived(cache, &inner);
-        let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
-        let (embedding, tensor) = (rng.range(8, 96) * MIB, rng.range(1, 12) * MIB);
-        let weights = load_and_convert(&mut pool, embedding, n, tensor);
-        check(&sim, &pool);
-        for _ in 0..reps {
-            let steps = if rng.below(4) == 0 {
-                random_batch(&mut rng, len)
-            } else {
-                template.clone()
-            };
-            play(&sim, &mut pool, &steps, rng.range(1, 24) * MIB + rng.below(4) * 512);
-        }
-        for w in &weights {
-            pool.free(w).unwrap();
-        }
-        check(&sim, &pool);
     }
 
     /// The same with a second stream allocating large blocks in between and requests for
@@ -702,84 +550,4 @@ fn the_oversize_release_step_skips_split_blocks() {
     pool.empty_cache().unwrap();
     drop(pool);
     common::assert_device_empty(&sim, "max_split_size 4 MiB");
-}
-
-/// Loads `n` fp32 tensors of `size` bytes after one of `embedding` bytes, then converts each to
-/// fp16 the way `model.half()` does: the half-size copy made before the original is freed, the
-/// embedding first (its copy lands above everything loaded), the rest in order. Returns the
-/// copies; between the fp16 weights and the embedding's copy lies a free block of about half
-/// of what was loaded.
-fn load_and_convert(pool: &mut Pool<Sim>, embedding: u64, n: usize, size: u64) -> Vec<Allocation> {
-    let mut fp32 = vec![pool.allocate(embedding, S0).unwrap()];
-    fp32.extend((0..n).map(|_| pool.allocate(size, S0).unwrap()));
-    let mut fp16 = Vec::new();
-    for a in fp32 {
-        fp16.push(pool.allocate(a.size / 2, S0).unwrap());
-        pool.free(&a).unwrap();
-    }
-    fp16
-}
-
-/// `steps` with an allocation of `units` made before them and freed after them (a cache that
-/// lives through the batch): the packing puts it beside the rest, a clean cut between them.
-fn with_long_lived(units: u64, steps: &[Step]) -> Vec<Step> {
-    let shift = |s: &Step| match *s {
-        Step::Alloc { slot, units } => Step::Alloc {
-            slot: slot + 1,
-            units,
-        },
-        Step::Free { slot } => Step::Free { slot: slot + 1 },
-    };
-    let mut all = vec![Step::Alloc { slot: 0, units }];
-    all.extend(steps.iter().map(shift));
-    all.push(Step::Free { slot: 0 });
-    all
-}
-
-#[test]
-fn a_footprint_split_at_a_clean_cut_uses_the_block_a_conversion_left() {
-    // bert_dynamic's shape: after the conversion a 160 MiB free block lies between the fp16
-    // weights and the embedding's copy. A batch of 11 live units of 22 MiB (242 MiB) fits in
-    // no free block; in one piece its footprint goes above the embedding and the budget gives
-    // the free block back, one unmap per chunk it was loaded in. Split at a clean cut of the
-    // plan, most of the batch goes into the free block instead (docs/policies.md).
-    let batch = with_long_lived(6, &bert_batch(12));
-    let (sim, mut pool) = pool_with(with_plans(true), 16 * GIB);
-    let weights = load_and_convert(&mut pool, 90 * MIB, 36, 9 * MIB);
-    let loaded = pool.stats().calls;
-    assert!(
-        loaded.maps >= 40,
-        "loaded in small chunks: {} maps",
-        loaded.maps
-    );
-    // Small batches first: the plan is made, and they fit in the free block.
-    for units in [2, 3, 2] {
-        play(&sim, &mut pool, &batch, units * MIB + 3 * KIB);
-    }
-    let before = pool.stats().calls;
-    for units in [20, 18, 21, 20] {
-        play(&sim, &mut pool, &batch, units * MIB + 3 * KIB);
-    }
-    let after = pool.stats().calls;
-    let stats = pool.stats();
-    let (reserved, live) = (
-        stats.reserved_bytes.0[0].peak as f64,
-        stats.requested_bytes.0[0].peak as f64,
-    );
-    for w in &weights {
-        pool.free(w).unwrap();
-    }
-    check(&sim, &pool);
-    assert_eq!(
-        before.maps - loaded.maps,
-        0,
-        "the small batches fit in the free block"
-    );
-    // In one piece (SPLIT_SAVES set out of reach): 16 maps and 30 unmaps, the free block given
-    // back chunk by chunk; split: 7 maps, and 3 unmaps of the free block's rest.
-    let (maps, unmaps) = (after.maps - before.maps, after.unmaps - before.unmaps);
-    assert!(maps <= 8 && unmaps <= 4, "maps {maps} unmaps {unmaps}");
-    // The idle rest of the free block is cached memory the footprint keeps, within twice the
-    // budget (2%) like any footprint's pages: 582 MiB for 564 live (566 in one piece).
-    assert!(reserved <= 1.04 * live, "reserved {reserved} live {live}");
 }

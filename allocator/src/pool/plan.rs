@@ -710,6 +710,28 @@ mod tests {
     }
 
     #[test]
+    fn kept_ranges_are_forgotten_with_their_segment() {
+        let mut plans = Plans {
+            plan: Some(super::super::packing::pack(&[Lifetime {
+                size: 1 << 20,
+                start: 0,
+                end: 1,
+            }])),
+            last: Some((3, 100, 200)),
+            other: Some((300, 400)),
+            ..Plans::default()
+        };
+        plans.forget_segment(2);
+        let kept = plans
+            .protected()
+            .expect("another segment's release keeps them");
+        assert_eq!(kept.ranges, [(100, 200), (300, 400)]);
+        plans.forget_segment(3);
+        assert_eq!(plans.protected(), None);
+        assert_eq!(plans.other, None);
+    }
+
+    #[test]
     fn sizes_match_up_to_rounding_at_any_scale() {
         assert!(matches(3 << 20, 1 << 20, 3.0));
         assert!(matches((3 << 20) + 512, 1 << 20, 3.0));
