@@ -247,3 +247,30 @@ fn the_first_allocation_keeps_the_footprint_the_budget_made_room_for() {
     let calls = noisy_scenario(102);
     assert!(calls <= 1824, "{calls} maps and unmaps");
 }
+
+#[test]
+fn kept_ranges_go_with_their_segment() {
+    // Batches on stream 0 make a plan; `empty_cache` releases their range, and stream 1's first
+    // range gets its index and its addresses. The footprint's kept range then matched stream
+    // 1's blocks: freeing 12 MiB there and asking for 14 kept the 12 MiB mapped (414 MiB
+    // reserved instead of 402).
+    let cfg = Config::parse("layout_plans:true,max_chunk_mb:2").unwrap();
+    let (sim, mut pool) = pool_with(cfg, 16 * GIB);
+    for units in [4, 4, 4] {
+        play(&sim, &mut pool, &bert_batch(12), units * MIB);
+    }
+    assert!(pool.has_plan());
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved(), 0);
+    let s1 = cudalloc_sys::StreamId(1);
+    let a = pool.allocate(12 * MIB, s1).unwrap();
+    let b = pool.allocate(388 * MIB, s1).unwrap();
+    pool.free(&a).unwrap();
+    let c = pool.allocate(14 * MIB, s1).unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.reserved(), 402 * MIB);
+    for x in [b, c] {
+        pool.free(&x).unwrap();
+    }
+    check(&sim, &pool);
+}

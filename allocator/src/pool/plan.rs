@@ -216,6 +216,7 @@ impl<D: Device> Pool<D> {
         let Some((from, at)) = self.plan_target(k, req) else {
             return Ok(Placement::BestFit);
         };
+        let mut asked = 0;
         let (from, at) = match self.unmapped_bytes(from, at, req.size) {
             None => return Ok(Placement::BestFit),
             Some((holder, 0)) => (holder, at),
@@ -224,13 +225,22 @@ impl<D: Device> Pool<D> {
                 // Giving memory back (never these bytes) may change the blocks around the
                 // target: find it again.
                 self.budget_room(req.size, n, Some((at, at + req.size)))?;
+                asked = n;
                 match self.plan_target(k, req) {
                     Some(t) => t,
                     None => return Ok(Placement::BestFit),
                 }
             }
         };
-        Ok(match self.take_at(from, at, req.size)? {
+        let before = self.reserved;
+        let taken = self.take_at(from, at, req.size)?;
+        // The pages mapped are those the budget was asked about, at the same address.
+        debug_assert!(
+            self.reserved.saturating_sub(before) <= asked,
+            "mapped {} bytes for a planned allocation, the budget was asked about {asked}",
+            self.reserved.saturating_sub(before)
+        );
+        Ok(match taken {
             Some(id) => Placement::At(id),
             None => Placement::BestFit,
         })
