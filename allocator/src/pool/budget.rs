@@ -18,9 +18,9 @@
 //! block first) when it would not hold. The last term counts while a plan places an episode
 //! (from the first allocation after its first that matches the plan on, or from its first for
 //! a split footprint, while any of its allocations is live; not under a memory cap): the live
-//! bytes when the episode
-//! started plus the plan's live peak at the episode's scale, so that a batch larger than any
-//! before does not give back, on its way up, pages it will use again before it ends.
+//! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
+//! batch larger than any before does not give back, on its way up, pages it will use again
+//! before it ends.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception: the cached pages of the footprint a layout plan places
 //! episodes in (`plan`; two ranges after a split, `footprint`) are given back only once the

@@ -285,8 +285,8 @@ impl<D: Device> Pool<D> {
         let planned = *plan.lifetimes.get(k)?;
         let offset = plan.offsets[k];
         let (extent, plan_peak) = (plan.extent, plan.live_peak);
-        let placed = self.plans.episode.as_ref()?.footprint.is_some();
-        if k == 0 && !placed {
+        let chosen = self.plans.episode.as_ref()?.footprint.is_some();
+        if k == 0 && !chosen {
             let scale = req.size as f64 / planned.size as f64;
             let placed = self.choose_footprint(req.stream, scale, plan)?;
             let live = self.stats.requested_bytes.0[0].current as u64;
