@@ -80,7 +80,7 @@ impl<D: Device> Pool<D> {
 
     /// Counts against the limit, and in the reserved bytes' statistic (the device still holds
     /// them), the stray pages segment `seg` holds now, given what it held before a call
-    /// (`before`, [`segment::ExpSegment::stray_bytes`]).
+    /// (`before`, [`super::segment::ExpSegment::stray_bytes`]).
     pub(crate) fn track_strays(&mut self, seg: usize, before: u64) {
         let Some(s) = self.segments[seg].as_ref() else {
             return;
