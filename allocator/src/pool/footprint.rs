@@ -133,7 +133,7 @@ impl Kept {
 }
 
 impl<D: Device> Pool<D> {
-    /// Where the footprint of a plan spanning `extent` goes at `scale` (see the module docs).
+    /// Where the footprint of `plan` goes at `scale` (see the module docs).
     pub(super) fn choose_footprint(
         &self,
         stream: StreamId,
@@ -202,8 +202,7 @@ impl<D: Device> Pool<D> {
         let total = spanned(plan.extent, scale);
         let mut best: Option<(u64, Placed)> = None;
         for cut in clean_cuts(plan) {
-            let lower = stretched(cut, scale) + 512;
-            let upper = total - stretched(cut, scale);
+            let (lower, upper) = pieces(plan.extent, cut, scale);
             for lower_cached in [true, false] {
                 let (cached, other) = if lower_cached {
                     (lower, upper)
@@ -265,14 +264,13 @@ impl<D: Device> Pool<D> {
     /// are kept (see the module docs). On the same base as the last one a range keeps the
     /// larger end (its pages stay cached up to the largest episode placed there).
     pub(super) fn remember_footprint(&mut self, f: &Footprint, extent: u64) {
-        let total = spanned(extent, f.scale);
         let Some(s) = f.split else {
-            self.remember_base(f.segment, f.base, total);
+            self.remember_base(f.segment, f.base, spanned(extent, f.scale));
             return;
         };
-        let cut = stretched(s.cut, f.scale);
-        self.remember_base(f.segment, f.base, cut + 512);
-        let mut end = s.upper + (total - cut);
+        let (lower, upper) = pieces(extent, s.cut, f.scale);
+        self.remember_base(f.segment, f.base, lower);
+        let mut end = s.upper + upper;
         if let Some((at, e)) = self.plans.other {
             if at == s.upper {
                 end = end.max(e);
@@ -319,6 +317,13 @@ pub fn clean_cuts(plan: &Plan) -> Vec<u64> {
         reach = reach.max(end);
     }
     cuts
+}
+
+/// Bytes the two pieces of a footprint of a plan spanning `extent` take at `scale` when it is
+/// split at plan offset `cut`: the lower from its base, the upper from the cut's address.
+fn pieces(extent: u64, cut: u64, scale: f64) -> (u64, u64) {
+    let at = stretched(cut, scale);
+    (at + 512, spanned(extent, scale) - at)
 }
 
 /// Bytes a footprint of a plan spanning `extent` takes at `scale`.
