@@ -120,6 +120,7 @@ fn torch_expandable_partial_pages_stay_mapped() {
 #[test]
 fn default_policy_maps_pages_in_chunks_and_unmaps_them() {
     let (sim, mut pool) = pool_with(Config::for_policy(Policy::Default), 4 * GIB);
+    past_loading(&mut pool);
     let a = alloc(&mut pool, 1000, S0);
     check_exp(&sim, &pool);
     assert_eq!(

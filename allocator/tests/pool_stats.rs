@@ -427,8 +427,10 @@ fn pinning_counts_a_block_waiting_for_another_stream_as_a_holder() {
 
 /// A `default` pool whose chunks are single 2 MiB pages.
 fn default_with_page_chunks() -> (Sim, Pool<Sim>) {
-    pool_with(
+    let (sim, mut pool) = pool_with(
         Config::parse("policy:default,max_chunk_mb:2").unwrap(),
         4 * GIB,
-    )
+    );
+    past_loading(&mut pool);
+    (sim, pool)
 }

@@ -14,8 +14,10 @@
 //!
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
-//! this allocation, the peak a layout plan expects)`, unmapping cached chunks (largest free
-//! block first) when it would not hold. The last term counts while a plan places an episode
+//! this allocation, the peak a layout plan expects)`, unmapping cached chunks when it would not
+//! hold: the smallest free block that covers the excess first, then the largest first (giving
+//! back the largest block for a small excess could unmap hundreds of MiB that a later growth
+//! maps again). The last term counts while a plan places an episode
 //! (from the first allocation after its first that matches the plan on, or from its first for
 //! a split footprint, while any of its allocations is live; not under a memory cap): the live
 //! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
@@ -27,6 +29,11 @@
 //! pool would pass twice the budget, so a batch that follows the plan finds the pages of the
 //! last one still mapped. A free block holding a piece of a split footprint may give back the
 //! rest of its pages before that.
+//!
+//! While the pool has never freed a block (a job loading its weights), a large-pool growth
+//! maps one page more than it needs, so the next tensor often fits without a driver call; the
+//! ceiling above may then be passed by that page (never under a memory cap, where there is no
+//! page ahead).
 
 use super::block::BlockId;
 use super::{Pool, Request};
@@ -115,8 +122,12 @@ impl<D: Device> Pool<D> {
             return Ok(None);
         };
         let window = self.chunk_limit(page);
+        let ahead = self.page_ahead(req, page);
         if !self.blocks[c].mapped {
-            let want = self.with_slack(c, self.blocks[c].size.min(req.size), window, room);
+            let want = self.blocks[c].size.min(req.size);
+            let want = self
+                .with_slack(c, want, window, room)
+                .max(self.ahead(c, want, ahead));
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
@@ -128,7 +139,9 @@ impl<D: Device> Pool<D> {
         while self.blocks[c].size < req.size {
             let next = self.blocks[c].next;
             let want = (req.size - self.blocks[c].size).min(self.blocks[next].size);
-            let want = self.with_slack(next, want, window, room);
+            let want = self
+                .with_slack(next, want, window, room)
+                .max(self.ahead(next, want, ahead));
             if self.over_limit(want.div_ceil(page) * page) {
                 return Ok(None);
             }
@@ -140,6 +153,27 @@ impl<D: Device> Pool<D> {
         let removed = self.unindex_free(c);
         debug_assert!(removed);
         Ok(Some(c))
+    }
+
+    /// Bytes to map beyond what a large-pool growth needs while the pool has freed nothing:
+    /// one page. A job that has not freed anything yet is loading what it keeps (weights,
+    /// as a rule), one tensor after another; with the page ahead, the next tensor often fits
+    /// in what the last growth mapped, which saves a driver call, and what is left mapped when
+    /// loading ends is at most a page (the budget's ceiling is passed by at most that much).
+    /// None under a memory cap, where every page is the owner's, and none in the small pool,
+    /// whose pages hold many small blocks anyway.
+    fn page_ahead(&self, req: &Request, page: u64) -> u64 {
+        let loading = !self.freed_any && self.limit.is_none();
+        if loading && req.pool == PoolKind::Large {
+            page
+        } else {
+            0
+        }
+    }
+
+    /// `want` bytes of unmapped block `id` and `ahead` more, as far as the block goes.
+    fn ahead(&self, id: BlockId, want: u64, ahead: u64) -> u64 {
+        (want + ahead).min(self.blocks[id].size)
     }
 
     fn find_budget_block(
@@ -223,6 +257,7 @@ impl<D: Device> Pool<D> {
             .map(|id| (self.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
+        best_fit_first(&mut free, bytes);
         let mut released = 0;
         for (_, id) in free {
             if released >= bytes {
@@ -246,5 +281,16 @@ impl<D: Device> Pool<D> {
             released += before - self.reserved;
         }
         Ok(released)
+    }
+}
+
+/// Moves the smallest block of `free` (sorted largest first) that holds at least `bytes` to
+/// the front, so the budget gives back one block that is enough rather than the largest (which
+/// may be hundreds of MiB that a later growth maps again, chunk by chunk); when none is
+/// enough, the order stays largest first.
+fn best_fit_first(free: &mut Vec<(u64, BlockId)>, bytes: u64) {
+    if let Some(i) = free.iter().rposition(|&(size, _)| size >= bytes) {
+        let fit = free.remove(i);
+        free.insert(0, fit);
     }
 }

@@ -112,6 +112,10 @@ pub struct Pool<D: Device> {
     /// [`segment::ExpSegment::stray_bytes`]): not reserved bytes, but counted against the limit
     /// (and in the shared counter) until released.
     pub(crate) strays: u64,
+    /// A block was freed at least once. Until then every live block is one the job allocated
+    /// and kept (loading its weights, as a rule), and the `default` policy maps a page ahead
+    /// in the large pool (`budget`).
+    pub(crate) freed_any: bool,
 }
 
 impl<D: Device> Pool<D> {
@@ -142,6 +146,7 @@ impl<D: Device> Pool<D> {
             handouts: 0,
             completions: None,
             strays: 0,
+            freed_any: false,
         }
     }
 
@@ -534,6 +539,7 @@ impl<D: Device> Pool<D> {
 
     /// Returns a block to its pool, merging it with free neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
+        self.freed_any = true;
         if self.blocks[id].episode_seq != plan::NO_SEQ {
             self.note_free(id);
         }

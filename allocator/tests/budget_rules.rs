@@ -1,0 +1,99 @@
+//! Two rules of the `default` policy's budget (`pool::budget`): it gives back the smallest free
+//! block that covers its excess, not the largest; and a pool that has never freed a block
+//! (loading weights) maps a page ahead in the large pool, which saves driver calls.
+
+mod common;
+#[path = "common/pool.rs"]
+mod pool;
+
+use cudalloc::{Allocation, Config, Pool};
+use cudalloc_sys::Call;
+use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0};
+
+const PAGE: u64 = 2 * MIB;
+
+fn default_with(extra: &str) -> (Sim, Pool<Sim>) {
+    let cfg = Config::parse(&format!("policy:default,layout_plans:false{extra}")).unwrap();
+    pool_with(cfg, 4 * GIB)
+}
+
+/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block; then a 34 MiB growth that
+/// fits in neither passes the budget (75%: 70 MiB) by 4 MiB. The 6 MiB block covers that.
+#[test]
+fn the_budget_gives_back_the_smallest_free_block_that_covers_its_excess() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    let large = alloc(&mut pool, 30 * MIB, S0);
+    let _k1 = alloc(&mut pool, 2 * MIB, S0);
+    let small = alloc(&mut pool, 6 * MIB, S0);
+    let _k2 = alloc(&mut pool, 2 * MIB, S0);
+    free(&mut pool, &large);
+    free(&mut pool, &small);
+    assert_eq!(sim.mapped_bytes(), 40 * MIB);
+    let unmaps = sim.calls(Call::Unmap);
+    let _z = alloc(&mut pool, 34 * MIB, S0);
+    check(&sim, &pool);
+    // The 6 MiB block's three chunks went; the 30 MiB block stays cached (given back whole,
+    // largest first, it took 15 unmaps and left 44 MiB mapped).
+    assert_eq!(sim.calls(Call::Unmap) - unmaps, 3);
+    assert_eq!(sim.mapped_bytes(), 68 * MIB);
+    let again = alloc(&mut pool, 30 * MIB, S0);
+    assert_eq!(again.ptr, large.ptr, "the 30 MiB block is still mapped");
+    check(&sim, &pool);
+}
+
+/// Loads `n` tensors of `size` bytes; returns them and the map calls they took.
+fn load(sim: &Sim, pool: &mut Pool<Sim>, n: usize, size: u64) -> (Vec<Allocation>, u64) {
+    let maps = sim.calls(Call::Map);
+    let loaded = (0..n).map(|_| alloc(pool, size, S0)).collect();
+    check(sim, pool);
+    (loaded, sim.calls(Call::Map) - maps)
+}
+
+#[test]
+fn a_pool_that_has_freed_nothing_maps_a_page_ahead() {
+    // bert's weight tensors: 2.25 MiB each, so each growth needs two pages or one.
+    let size = 2_359_296;
+    let (sim, mut pool) = default_with("");
+    let (weights, ahead) = load(&sim, &mut pool, 40, size);
+    let live = 40 * size;
+    // At most the page ahead and the last tensor's page tail are mapped beyond the live bytes.
+    let extra = sim.mapped_bytes() - live;
+    assert!(
+        extra <= 2 * PAGE,
+        "{extra} bytes mapped beyond the live bytes"
+    );
+
+    let (sim2, mut pool2) = default_with("");
+    past_loading(&mut pool2);
+    let (_, exact) = load(&sim2, &mut pool2, 40, size);
+    assert!(
+        ahead * 10 <= exact * 6,
+        "{ahead} maps with a page ahead, {exact} without"
+    );
+
+    // Once a block was freed, a growth maps only what it needs again.
+    free(&mut pool, &weights[0]);
+    let before = sim.mapped_bytes();
+    let more = alloc(&mut pool, 10 * MIB, S0);
+    let tail = before - live;
+    assert_eq!(
+        sim.mapped_bytes() - before,
+        (10 * MIB - tail).div_ceil(PAGE) * PAGE
+    );
+    free(&mut pool, &more);
+    check(&sim, &pool);
+}
+
+#[test]
+fn no_page_ahead_in_the_small_pool_or_under_a_memory_cap() {
+    let (sim, mut pool) = default_with("");
+    let _small = alloc(&mut pool, 4096, S0);
+    assert_eq!(sim.mapped_bytes(), PAGE, "one small-pool page");
+
+    let (sim, mut pool) = default_with("");
+    pool.set_memory_fraction(0.5).unwrap();
+    let _a = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(sim.mapped_bytes(), 2 * PAGE, "the pages 3 MiB needs");
+    check(&sim, &pool);
+}
