@@ -230,8 +230,8 @@ impl<D: Device> Pool<D> {
         (self.limit.is_none() && k.overlaps(b.segment, b.addr, b.end())).then_some(k)
     }
 
-    /// Unmaps cached chunks, largest free block first, until `bytes` are released or none is
-    /// left; the plan's footprint only when `footprint_too` (a block overlapping a split
+    /// Unmaps cached chunks until `bytes` are released or none is left: first the smallest free
+    /// block that holds `bytes` ([`best_fit_first`]), then the largest first; the plan's footprint only when `footprint_too` (a block overlapping a split
     /// footprint gives back the largest part of it outside the footprint), and nothing
     /// overlapping `keep`.
     pub(crate) fn release_free_chunks(
