@@ -97,3 +97,24 @@ fn no_page_ahead_in_the_small_pool_or_under_a_memory_cap() {
     assert_eq!(sim.mapped_bytes(), 2 * PAGE, "the pages 3 MiB needs");
     check(&sim, &pool);
 }
+
+/// Loading a model that fills the device: the page ahead (or slack to a chunk window's end)
+/// would not fit, and the growth maps only what it needs instead of failing.
+#[test]
+fn a_growth_that_fits_only_without_its_page_ahead_still_succeeds() {
+    let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
+    // A large-pool range is an eighth of the device (20 MiB) or the request when larger.
+    let (sim, mut pool) = pool_with(cfg, 160 * MIB);
+    let _a = alloc(&mut pool, 150 * MIB, S0);
+    assert_eq!(
+        sim.mapped_bytes(),
+        150 * MIB,
+        "a range of its own: no page ahead"
+    );
+    // 9 MiB in a 20 MiB range: five pages, the last 10 MiB of the device; with the page
+    // ahead it would need six.
+    let b = alloc(&mut pool, 9 * MIB, S0);
+    assert_eq!(sim.mapped_bytes(), 160 * MIB, "every page of the device");
+    check(&sim, &pool);
+    free(&mut pool, &b);
+}

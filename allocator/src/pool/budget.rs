@@ -125,13 +125,10 @@ impl<D: Device> Pool<D> {
         let ahead = self.page_ahead(req, page);
         if !self.blocks[c].mapped {
             let want = self.blocks[c].size.min(req.size);
-            let want = self
+            let extended = self
                 .with_slack(c, want, window, room)
                 .max(self.ahead(c, want, ahead));
-            if self.over_limit(want.div_ceil(page) * page) {
-                return Ok(None);
-            }
-            match self.map_block(c, want, window)? {
+            match self.map_growth(c, want, extended, page, window)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -139,13 +136,10 @@ impl<D: Device> Pool<D> {
         while self.blocks[c].size < req.size {
             let next = self.blocks[c].next;
             let want = (req.size - self.blocks[c].size).min(self.blocks[next].size);
-            let want = self
+            let extended = self
                 .with_slack(next, want, window, room)
                 .max(self.ahead(next, want, ahead));
-            if self.over_limit(want.div_ceil(page) * page) {
-                return Ok(None);
-            }
-            match self.map_block(next, want, window)? {
+            match self.map_growth(next, want, extended, page, window)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -153,6 +147,31 @@ impl<D: Device> Pool<D> {
         let removed = self.unindex_free(c);
         debug_assert!(removed);
         Ok(Some(c))
+    }
+
+    /// Maps the first `extended` bytes of unmapped block `id`, or only the `want` it needs when
+    /// the device has no room for more: slack and the page ahead are a saving of driver calls,
+    /// never a reason to fail. `Ok(None)`: out of memory even for `want`.
+    fn map_growth(
+        &mut self,
+        id: BlockId,
+        want: u64,
+        extended: u64,
+        page: u64,
+        window: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        for size in [extended, want] {
+            if self.over_limit(size.div_ceil(page) * page) {
+                continue;
+            }
+            if let Some(mapped) = self.map_block(id, size, window)? {
+                return Ok(Some(mapped));
+            }
+            if size == want {
+                break;
+            }
+        }
+        Ok(None)
     }
 
     /// Bytes to map beyond what a large-pool growth needs while the pool has freed nothing:
