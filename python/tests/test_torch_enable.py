@@ -2,8 +2,9 @@
 
 The library reads ``CUDALLOC_CONF`` once per process, so each case runs in a fresh Python
 process. They need ``libcudalloc_capi.so`` (``$CUDALLOC_LIB``, else the newer of
-``target/debug`` and ``target/release``), which ``cargo test --workspace`` (CI's first step)
-or ``cargo build -p cudalloc-capi`` builds; without it they are skipped, saying so.
+``debug`` and ``release`` in cargo's target directory, ``$CARGO_TARGET_DIR`` or ``target``),
+which ``cargo test --workspace`` (CI's first step) or ``cargo build -p cudalloc-capi`` builds;
+without it they are skipped, saying so.
 """
 
 import os
@@ -14,7 +15,9 @@ import textwrap
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILT = [ROOT / "target" / kind / "libcudalloc_capi.so" for kind in ("debug", "release")]
+# Cargo's target directory: $CARGO_TARGET_DIR when set (relative to the root), else target/.
+TARGET = ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
+BUILT = [TARGET / kind / "libcudalloc_capi.so" for kind in ("debug", "release")]
 # $CUDALLOC_LIB when set, else the newer of the two builds.
 LIB = next(
     (pathlib.Path(p) for p in [os.environ.get("CUDALLOC_LIB")] if p),
