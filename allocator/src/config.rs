@@ -11,6 +11,7 @@
 //! | `max_non_split_rounding_mb` | integer >= 20 | how much larger an unsplit oversize block may be than the request (PyTorch) |
 //! | `roundup_power2_divisions` | power of two, or `[MB:div,...,>:div]` | rounding of request sizes (PyTorch) |
 //! | `garbage_collection_threshold` | 0 < x < 1 | free old cached segments above this fraction of the memory limit (PyTorch) |
+//! | `per_process_memory_fraction` | 0 <= x <= 1 | cap the memory held from each device at this fraction of it, as `set_memory_fraction` does; 1 sets no cap (PyTorch 2.10) |
 //! | `expandable_segments` | `True`/`False` | PyTorch's expandable segments: with `policy:torch` or `policy:torch-expandable`, picks between the two; `True` is accepted by `default` (which always maps pages into expandable ranges), `False` is refused there |
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | even integer >= 2 (whole 2 MiB pages) | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
@@ -138,6 +139,10 @@ pub struct Config {
     /// Blocks of any size a thread cache's large part holds (at most
     /// [`crate::tcache::MAX_LARGE`]).
     pub thread_cache_large: usize,
+    /// Cap on the memory held from each device, as a fraction of it (PyTorch's
+    /// `per_process_memory_fraction` key; `None`: no cap). A pool applies it when it is made,
+    /// as [`crate::Pool::set_memory_fraction`] would.
+    pub memory_fraction: Option<f64>,
 }
 
 impl Default for Config {
@@ -172,6 +177,7 @@ impl Config {
             thread_cache_bytes: 2 << 20,
             thread_cache_block: 1 << 20,
             thread_cache_large: 1,
+            memory_fraction: None,
         }
     }
 
@@ -273,6 +279,13 @@ impl Config {
                 self.fragmentation_budget = v;
             }
             "roundup_power2_divisions" => self.parse_divisions(key, p)?,
+            "per_process_memory_fraction" => {
+                let v = p.number(key)?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(ConfigError::new(key, format!("{v} is not in [0, 1]")));
+                }
+                self.memory_fraction = Some(v);
+            }
             "max_chunk_mb" => {
                 let mb = p.integer(key)?;
                 if !(2..=1 << 20).contains(&mb) {

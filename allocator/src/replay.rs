@@ -176,7 +176,8 @@ impl ReplayResult {
 /// How to replay.
 #[derive(Clone, Debug, Default)]
 pub struct ReplayOptions {
-    /// Cap on the pool's bytes (`None`: only the device's capacity).
+    /// Cap on the pool's bytes (`None`: only the device's capacity, and the config's
+    /// `per_process_memory_fraction` if it has one; with both caps, the lower).
     pub capacity: Option<u64>,
     /// Record about this many timeline samples (0: none).
     pub samples: usize,
@@ -229,7 +230,11 @@ pub fn replay_on<D: Device>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     let mut pool = Pool::new(device, cfg.clone());
-    pool.set_limit(opts.capacity);
+    if let Some(cap) = opts.capacity {
+        // The lower of this cap and the one the config's memory fraction set.
+        let limit = pool.limit().map_or(cap, |l| l.min(cap));
+        pool.set_limit(Some(limit));
+    }
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
     let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
     let mut timeline = (opts.samples > 0).then(|| {

@@ -116,6 +116,9 @@ pub struct Pool<D: Device> {
     /// and kept (loading its weights, as a rule), and the `default` policy maps a page ahead
     /// in the large pool (`budget`).
     pub(crate) freed_any: bool,
+    /// The config's memory fraction while it is not yet a limit: the device could not say how
+    /// much memory it has when the pool was made; the first allocation tries again.
+    pub(crate) fraction: Option<f64>,
 }
 
 impl<D: Device> Pool<D> {
@@ -125,7 +128,8 @@ impl<D: Device> Pool<D> {
             max_split_size: cfg.max_split_size,
             ..Stats::default()
         };
-        Pool {
+        let fraction = cfg.memory_fraction;
+        let mut pool = Pool {
             device,
             cfg,
             blocks: Arena::default(),
@@ -147,7 +151,11 @@ impl<D: Device> Pool<D> {
             completions: None,
             strays: 0,
             freed_any: false,
-        }
+            fraction,
+        };
+        // A failure is kept for the first allocation to report.
+        let _ = pool.apply_fraction();
+        pool
     }
 
     /// The configuration.
@@ -209,6 +217,7 @@ impl<D: Device> Pool<D> {
     /// Caps the bytes the pool may hold from the device (`None`: no cap).
     pub fn set_limit(&mut self, limit: Option<u64>) {
         self.limit = limit;
+        self.fraction = None;
     }
 
     /// The cap, if any.
@@ -266,6 +275,7 @@ impl<D: Device> Pool<D> {
         if size > sizes::MAX_REQUEST {
             return Err(self.refuse_too_large(size));
         }
+        self.apply_fraction()?;
         self.process_events()?;
         let rounded = sizes::round_size(size, &self.cfg);
         let pool = PoolKind::for_size(rounded);

@@ -20,7 +20,16 @@ impl<D: Device> Pool<D> {
     /// fraction of 1 sets none, so garbage collection stays off and `default` keeps its uncapped
     /// rules; before, it capped at the whole device).
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
-        self.limit = fraction_limit(&self.device, fraction)?;
+        self.set_limit(fraction_limit(&self.device, fraction)?);
+        Ok(())
+    }
+
+    /// Turns the config's memory fraction ([`crate::Config::memory_fraction`]) into the limit,
+    /// once; on an error (the device could not say how much memory it has) it stays pending.
+    pub(crate) fn apply_fraction(&mut self) -> Result<(), AllocError> {
+        if let Some(f) = self.fraction {
+            self.set_limit(fraction_limit(&self.device, f)?);
+        }
         Ok(())
     }
 

@@ -1,0 +1,114 @@
+//! The `per_process_memory_fraction` config key (PyTorch 2.10's): a pool or an allocator made
+//! with it is capped as if `set_memory_fraction` had been called, under every policy.
+
+mod common;
+#[path = "common/pool.rs"]
+mod pool;
+
+use cudalloc::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{SimConfig, SimDevice};
+use pool::{alloc, check, free, pool_with, GIB, MIB, S0};
+use std::sync::Arc;
+
+fn with_fraction(policy: Policy, f: &str) -> Config {
+    Config::parse(&format!(
+        "policy:{},per_process_memory_fraction:{f}",
+        policy.name()
+    ))
+    .unwrap()
+}
+
+#[test]
+fn the_key_caps_each_policy_at_its_fraction_of_the_device() {
+    for policy in Policy::ALL {
+        let (sim, mut pool) = pool_with(with_fraction(policy, "0.25"), 4 * GIB);
+        assert_eq!(pool.limit(), Some(GIB), "{policy:?}");
+        let a = alloc(&mut pool, 900 * MIB, S0);
+        let e = pool.allocate(200 * MIB, S0).unwrap_err();
+        assert!(e.is_out_of_memory(), "{policy:?}: {e}");
+        assert!(sim.page_bytes() + sim.malloc_bytes() <= GIB, "{policy:?}");
+        free(&mut pool, &a);
+        check(&sim, &pool);
+    }
+}
+
+#[test]
+fn a_fraction_of_one_sets_no_cap_and_a_later_call_overrides_the_key() {
+    let (_, pool) = pool_with(with_fraction(Policy::Default, "1"), 4 * GIB);
+    assert_eq!(pool.limit(), None);
+    let (_, mut pool) = pool_with(with_fraction(Policy::Torch, "0.5"), 4 * GIB);
+    assert_eq!(pool.limit(), Some(2 * GIB));
+    pool.set_memory_fraction(0.75).unwrap();
+    assert_eq!(pool.limit(), Some(3 * GIB));
+    pool.set_limit(None);
+    assert_eq!(pool.limit(), None);
+}
+
+#[test]
+fn the_allocator_caps_all_its_streams_together() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let alloc = CachingAllocator::new(sim.clone(), with_fraction(Policy::Default, "0.25"));
+    let a = alloc
+        .allocate(600 * MIB, cudalloc_sys::StreamId(1))
+        .unwrap();
+    // Another stream lives in another shard; the cap is shared.
+    let e = alloc
+        .allocate(600 * MIB, cudalloc_sys::StreamId(2))
+        .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    alloc.free(a).unwrap();
+    alloc.empty_cache().unwrap();
+    assert_eq!(sim.page_bytes(), 0);
+}
+
+#[test]
+fn a_device_that_cannot_tell_its_memory_at_first_is_capped_at_the_first_allocation() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    sim.fail_next();
+    let mut pool = cudalloc::Pool::new(sim.clone(), with_fraction(Policy::Default, "0.25"));
+    assert_eq!(
+        pool.limit(),
+        None,
+        "the device failed to say how much memory it has"
+    );
+    let a = alloc(&mut pool, MIB, S0);
+    assert_eq!(pool.limit(), Some(GIB));
+    free(&mut pool, &a);
+    check(&sim, &pool);
+}
+
+#[test]
+fn bad_values_are_errors_naming_the_key() {
+    for bad in ["1.5", "-0.1", "nan", "inf", "x", ""] {
+        let e = Config::parse(&format!("per_process_memory_fraction:{bad}")).unwrap_err();
+        assert!(
+            e.to_string().contains("per_process_memory_fraction"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+/// A replay honours the key: bert_dynamic (587 MiB live at its peak) fails under 0.4% of the
+/// simulated H200 (575 MiB) and completes under 0.45% (647 MiB); a replay's own cap, when
+/// lower, wins.
+#[test]
+fn a_replay_is_capped_by_the_key_and_by_its_own_cap() {
+    use cudalloc::replay::{replay, ReplayOptions};
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces/bert_dynamic.trace.csv.gz");
+    let trace = cudalloc::trace::read(&path).expect("bundled trace reads");
+    let run = |f: &str, capacity: Option<u64>| {
+        let opts = ReplayOptions {
+            capacity,
+            ..ReplayOptions::default()
+        };
+        replay(&trace, &with_fraction(Policy::Default, f), &opts)
+    };
+    let r = run("0.004", None);
+    assert!(r.failure.is_some(), "completed under 575 MiB");
+    let r = run("0.0045", None);
+    assert!(r.failure.is_none(), "{:?}", r.failure);
+    assert!(r.peak_reserved_bytes <= (0.0045 * 143_771.0 * MIB as f64) as u64);
+    let r = run("0.0045", Some(500 * MIB));
+    assert!(r.failure.is_some(), "the replay's 500 MiB cap is the lower");
+}
