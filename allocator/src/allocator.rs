@@ -97,6 +97,9 @@ pub struct CachingAllocator<D: Device> {
     /// blocks use the thread caches even while it is watched, rather than queue the threads
     /// behind its lock.
     crowd: Box<[CachePadded<AtomicUsize>]>,
+    /// Shared by every shard's pool: true until the first free, wherever it goes (a pool or a
+    /// thread cache), while the job is loading (`Pool::share_loading`).
+    loading: Arc<AtomicBool>,
     cfg: Config,
 }
 
@@ -114,11 +117,13 @@ impl<D: Device> CachingAllocator<D> {
         let device = Arc::new(device);
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
+        let loading = Arc::new(AtomicBool::new(true));
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
                 pool.share_reserved_peak(reserved_peak.clone());
+                pool.share_loading(loading.clone());
                 CachePadded::new(Mutex::new(pool))
             })
             .collect();
@@ -140,6 +145,7 @@ impl<D: Device> CachingAllocator<D> {
             crowd: (0..SHARDS)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
+            loading,
             caches,
             cfg,
         }
@@ -415,6 +421,8 @@ impl<D: Device> CachingAllocator<D> {
                 return self.free_to_locked_pool(pool, &a);
             }
         }
+        // A free into a thread cache is a free all the same: the job is past its loading.
+        crate::pool::end_loading(&self.loading);
         if c.put(&self.live, &a, |e| self.evict(e))? {
             return Ok(());
         }

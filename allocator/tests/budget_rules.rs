@@ -118,3 +118,34 @@ fn a_growth_that_fits_only_without_its_page_ahead_still_succeeds() {
     check(&sim, &pool);
     free(&mut pool, &b);
 }
+
+/// Through `CachingAllocator`, a free that a thread cache keeps ends the loading too, for every
+/// stream: the pool never sees that free, but the allocator's shards share one flag.
+#[test]
+fn a_free_into_a_thread_cache_ends_the_loading_of_every_shard() {
+    use cudalloc::CachingAllocator;
+    use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+    use std::sync::Arc;
+    let grow = |free_first: bool| {
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+        let alloc = CachingAllocator::new(sim.clone(), Config::parse("policy:default").unwrap());
+        if free_first {
+            let a = alloc.allocate(512, StreamId(1)).unwrap();
+            alloc.free(a).unwrap();
+        }
+        let before = sim.mapped_bytes();
+        // Another stream, so another shard than the free's.
+        let _b = alloc.allocate(3 * MIB, StreamId(2)).unwrap();
+        sim.mapped_bytes() - before
+    };
+    assert_eq!(
+        grow(false),
+        3 * PAGE,
+        "loading: the two pages needed and one ahead"
+    );
+    assert_eq!(
+        grow(true),
+        2 * PAGE,
+        "after a free, only the two pages needed"
+    );
+}

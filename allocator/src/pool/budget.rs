@@ -15,11 +15,11 @@
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation, the peak a layout plan expects)`, unmapping cached chunks when it would not
-//! hold: the smallest free block that covers the excess first, then the largest first (giving
-//! back the largest block for a small excess could unmap hundreds of MiB that a later growth
-//! maps again). The last term counts while a plan places an episode
-//! (from the first allocation after its first that matches the plan on, or from its first for
-//! a split footprint, while any of its allocations is live; not under a memory cap): the live
+//! hold: the smallest free block at least as large as the excess first, then the largest
+//! first (giving back the largest block for a small excess could unmap hundreds of MiB that a
+//! later growth maps again). The last term counts while a plan places an episode (from the
+//! first allocation after its first that matches the plan on, or from its first for a split
+//! footprint, while any of its allocations is live; not under a memory cap): the live
 //! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
 //! batch larger than any before does not give back, on its way up, pages it will use again
 //! before it ends.
@@ -30,14 +30,18 @@
 //! last one still mapped. A free block holding a piece of a split footprint may give back the
 //! rest of its pages before that.
 //!
-//! While the pool has never freed a block (a job loading its weights), a large-pool growth
-//! maps one page more than it needs, so the next tensor often fits without a driver call; the
-//! ceiling above may then be passed by that page (never under a memory cap, where there is no
-//! page ahead).
+//! While the job has freed no block (it is loading its weights; with `CachingAllocator`, a
+//! free into any shard or thread cache counts), a large-pool growth maps one page more than
+//! it needs, so the next tensor often fits without a driver call; the ceiling above may then
+//! be passed by that page, per pool. Not under a memory cap. The page shares a chunk with the
+//! tensor before it, so the last one stays mapped (and unusable by other pools) until that
+//! tensor is freed; a growth whose page ahead or slack does not fit on the device maps only
+//! what it needs (`map_growth`).
 
 use super::block::BlockId;
 use super::{Pool, Request};
 use crate::sizes::PoolKind;
+use crate::sync::Ordering;
 use cudalloc_sys::{Device, DeviceError};
 
 impl<D: Device> Pool<D> {
@@ -174,15 +178,15 @@ impl<D: Device> Pool<D> {
         Ok(None)
     }
 
-    /// Bytes to map beyond what a large-pool growth needs while the pool has freed nothing:
-    /// one page. A job that has not freed anything yet is loading what it keeps (weights,
-    /// as a rule), one tensor after another; with the page ahead, the next tensor often fits
-    /// in what the last growth mapped, which saves a driver call, and what is left mapped when
-    /// loading ends is at most a page (the budget's ceiling is passed by at most that much).
-    /// None under a memory cap, where every page is the owner's, and none in the small pool,
-    /// whose pages hold many small blocks anyway.
+    /// Bytes to map beyond what a large-pool growth needs while the job is loading (no block
+    /// freed: `Pool::loading`): one page. A job that has not freed anything yet is loading
+    /// what it keeps (weights, as a rule), one tensor after another; with the page ahead, the
+    /// next tensor often fits in what the last growth mapped, which saves a driver call, and
+    /// what is left mapped when loading ends is at most a page per pool. None under a memory
+    /// cap, where every page is the owner's, and none in the small pool, whose pages hold many
+    /// small blocks anyway.
     fn page_ahead(&self, req: &Request, page: u64) -> u64 {
-        let loading = !self.freed_any && self.limit.is_none();
+        let loading = self.loading.load(Ordering::Relaxed) && self.limit.is_none();
         if loading && req.pool == PoolKind::Large {
             page
         } else {
@@ -250,9 +254,9 @@ impl<D: Device> Pool<D> {
     }
 
     /// Unmaps cached chunks until `bytes` are released or none is left: first the smallest free
-    /// block that holds `bytes` ([`best_fit_first`]), then the largest first; the plan's footprint only when `footprint_too` (a block overlapping a split
-    /// footprint gives back the largest part of it outside the footprint), and nothing
-    /// overlapping `keep`.
+    /// block of at least `bytes` ([`best_fit_first`]), then the largest first; the plan's
+    /// footprint only when `footprint_too` (a block overlapping a split footprint gives back
+    /// the largest part of it outside the footprint), and nothing overlapping `keep`.
     pub(crate) fn release_free_chunks(
         &mut self,
         bytes: u64,
@@ -303,10 +307,13 @@ impl<D: Device> Pool<D> {
     }
 }
 
-/// Moves the smallest block of `free` (sorted largest first) that holds at least `bytes` to
-/// the front, so the budget gives back one block that is enough rather than the largest (which
-/// may be hundreds of MiB that a later growth maps again, chunk by chunk); when none is
-/// enough, the order stays largest first.
+/// Moves the smallest block of `free` (sorted largest first) of at least `bytes` to the front,
+/// so the budget gives back one block that is enough rather than the largest (which may be
+/// hundreds of MiB that a later growth maps again, chunk by chunk); when none is large enough,
+/// the order stays largest first. By size, not by the chunks a block could give back: a
+/// block whose chunks are partly shared with live blocks gives back less, and the largest
+/// then gives back the rest (ranking by what could be given back was measured: fewer calls,
+/// more memory; `docs/policy-experiments.md`).
 fn best_fit_first(free: &mut Vec<(u64, BlockId)>, bytes: u64) {
     if let Some(i) = free.iter().rposition(|&(size, _)| size >= bytes) {
         let fit = free.remove(i);

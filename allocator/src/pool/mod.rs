@@ -36,7 +36,7 @@ use crate::config::{Config, Policy};
 use crate::error::AllocError;
 use crate::sizes::{self, PoolKind, MIN_BLOCK, SMALL_SIZE};
 use crate::stats::{SharedPeak, Stats};
-use crate::sync::{Arc, AtomicU64};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use block::{Arena, Block, BlockId, NIL};
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
@@ -112,10 +112,11 @@ pub struct Pool<D: Device> {
     /// [`segment::ExpSegment::stray_bytes`]): not reserved bytes, but counted against the limit
     /// (and in the shared counter) until released.
     pub(crate) strays: u64,
-    /// A block was freed at least once. Until then every live block is one the job allocated
-    /// and kept (loading its weights, as a rule), and the `default` policy maps a page ahead
-    /// in the large pool (`budget`).
-    pub(crate) freed_any: bool,
+    /// True while the job is loading: no block was freed yet, by this pool or by any pool or
+    /// thread cache of the `CachingAllocator` that shares the flag. Every live block is then
+    /// one the job allocated and kept (its weights, as a rule), and the `default` policy maps
+    /// a page ahead in the large pool (`budget`). Once false, it stays false.
+    pub(crate) loading: Arc<AtomicBool>,
     /// The config's memory fraction while it is not yet a limit: the device could not say how
     /// much memory it has when the pool was made; the first allocation tries again.
     pub(crate) fraction: Option<f64>,
@@ -150,7 +151,7 @@ impl<D: Device> Pool<D> {
             handouts: 0,
             completions: None,
             strays: 0,
-            freed_any: false,
+            loading: Arc::new(AtomicBool::new(true)),
             fraction,
         };
         // A failure is kept for the first allocation to report.
@@ -549,7 +550,7 @@ impl<D: Device> Pool<D> {
 
     /// Returns a block to its pool, merging it with free neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
-        self.freed_any = true;
+        end_loading(&self.loading);
         if self.blocks[id].episode_seq != plan::NO_SEQ {
             self.note_free(id);
         }
@@ -698,4 +699,12 @@ fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
         0
     };
     b.size + tail
+}
+
+/// Marks the end of a job's loading ([`Pool::share_loading`]): read first, so that once it has
+/// ended, frees on many threads only read the flag's cache line.
+pub(crate) fn end_loading(loading: &AtomicBool) {
+    if loading.load(Ordering::Relaxed) {
+        loading.store(false, Ordering::Relaxed);
+    }
 }

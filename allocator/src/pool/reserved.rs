@@ -11,7 +11,7 @@ use super::Pool;
 use crate::error::AllocError;
 use crate::sizes::PoolKind;
 use crate::stats::SharedPeak;
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use cudalloc_sys::Device;
 
 impl<D: Device> Pool<D> {
@@ -123,6 +123,12 @@ impl<D: Device> Pool<D> {
     /// total the pools sharing it held at once (the sum of their own peaks is only a bound).
     pub(crate) fn share_reserved_peak(&mut self, peak: Arc<SharedPeak>) {
         self.shared_peak = Some(peak);
+    }
+
+    /// Makes this pool's loading end when `flag`'s does: the pools and thread caches of one
+    /// `CachingAllocator` share it, so that a free anywhere ends every shard's loading.
+    pub(crate) fn share_loading(&mut self, flag: Arc<AtomicBool>) {
+        self.loading = flag;
     }
 
     pub(crate) fn over_limit(&self, extra: u64) -> bool {
