@@ -211,3 +211,31 @@ fn one_allocator_per_device_and_peer_access() {
         a1.check_invariants().unwrap();
     }
 }
+
+/// `per_process_memory_fraction` on the real device: 1% of the H200 (about 1.4 GiB) holds
+/// 1 GiB but not 1 GiB more, under every policy, and the allocator stays usable.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_memory_fraction_key_caps_the_allocator_on_the_device() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    for policy in Policy::ALL {
+        let conf = format!("policy:{},per_process_memory_fraction:0.01", policy.name());
+        let alloc =
+            CachingAllocator::new(CudaDevice::new(0).unwrap(), Config::parse(&conf).unwrap());
+        let total = CudaDevice::new(0).unwrap().mem_info().unwrap().1;
+        assert!(
+            total / 100 > 1 << 30,
+            "this test wants a device above 100 GiB"
+        );
+        let a = alloc.allocate(1 << 30, StreamId(0)).unwrap();
+        let e = alloc.allocate(1 << 30, StreamId(0)).unwrap_err();
+        assert!(
+            matches!(e, AllocError::OutOfMemory { .. }),
+            "{policy:?}: {e}"
+        );
+        alloc.free(a).unwrap();
+        let b = alloc.allocate(1 << 30, StreamId(0)).unwrap();
+        alloc.free(b).unwrap();
+        alloc.empty_cache().unwrap();
+    }
+}
