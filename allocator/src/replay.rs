@@ -231,7 +231,9 @@ pub fn replay_on<D: Device>(
 ) -> ReplayResult {
     let mut pool = Pool::new(device, cfg.clone());
     if let Some(cap) = opts.capacity {
-        // The lower of this cap and the one the config's memory fraction set.
+        // The lower of this cap and the one the config's memory fraction sets (tried again
+        // first if the device could not say its memory when the pool was made).
+        let _ = pool.apply_fraction();
         let limit = pool.limit().map_or(cap, |l| l.min(cap));
         pool.set_limit(Some(limit));
     }

@@ -149,3 +149,24 @@ fn a_free_into_a_thread_cache_ends_the_loading_of_every_shard() {
         "after a free, only the two pages needed"
     );
 }
+
+/// A free that must wait for another stream's work (`record_stream`) ends the loading too.
+#[test]
+fn a_free_that_waits_for_other_streams_ends_the_loading() {
+    use cudalloc::CachingAllocator;
+    use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+    use std::sync::Arc;
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let cfg = Config::parse("policy:default,thread_cache:False").unwrap();
+    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    let a = alloc.allocate(512, StreamId(1)).unwrap();
+    alloc.record_stream(a.ptr, StreamId(5)).unwrap();
+    alloc.free(a).unwrap();
+    let before = sim.mapped_bytes();
+    let _b = alloc.allocate(3 * MIB, StreamId(2)).unwrap();
+    assert_eq!(
+        sim.mapped_bytes() - before,
+        2 * PAGE,
+        "no page ahead after a free"
+    );
+}

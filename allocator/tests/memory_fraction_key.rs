@@ -112,3 +112,47 @@ fn a_replay_is_capped_by_the_key_and_by_its_own_cap() {
     let r = run("0.0045", Some(500 * MIB));
     assert!(r.failure.is_some(), "the replay's 500 MiB cap is the lower");
 }
+
+/// A `Config` built in code with a fraction outside [0, 1] is not a panic: every allocation
+/// says why it cannot proceed, until a cap is set another way.
+#[test]
+fn a_bad_fraction_built_in_code_is_a_typed_error_at_allocation() {
+    let mut cfg = Config::for_policy(Policy::Default);
+    cfg.memory_fraction = Some(1.5);
+    let (_, mut pool) = pool_with(cfg, 4 * GIB);
+    let e = pool.allocate(MIB, S0).unwrap_err();
+    assert!(
+        matches!(e, cudalloc::AllocError::BadFraction(f) if f == 1.5),
+        "{e}"
+    );
+    pool.set_memory_fraction(0.5).unwrap();
+    let a = alloc(&mut pool, MIB, S0);
+    free(&mut pool, &a);
+}
+
+/// The command line takes the key as a cap: `garbage_collection_threshold` (which needs one)
+/// is accepted with it, where without any cap it is refused.
+#[test]
+fn the_command_line_counts_the_key_as_a_cap() {
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../traces/bert_dynamic.trace.csv.gz"
+    );
+    let run = |conf: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+            .args(["replay", "--json", "--config", conf, trace])
+            .output()
+            .expect("cudalloc runs")
+    };
+    let o = run("policy:torch,garbage_collection_threshold:0.8,per_process_memory_fraction:0.01");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run("policy:torch,garbage_collection_threshold:0.8");
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("per_process_memory_fraction"), "{err}");
+}

@@ -155,7 +155,10 @@ impl<D: Device> Pool<D> {
 
     /// Maps the first `extended` bytes of unmapped block `id`, or only the `want` it needs when
     /// the device has no room for more: slack and the page ahead are a saving of driver calls,
-    /// never a reason to fail. `Ok(None)`: out of memory even for `want`.
+    /// never a reason to fail. `Ok(None)`: out of memory even for `want`. Near a full device
+    /// this costs calls: the chunks of `extended` mapped before the one that failed are
+    /// unmapped (after a device synchronization) and mapped again for `want` (a review: 5 maps,
+    /// 2 unmaps and a sync for a 100 MiB growth into the last 100 MiB, where 3 maps would do).
     fn map_growth(
         &mut self,
         id: BlockId,

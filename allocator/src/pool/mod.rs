@@ -537,6 +537,8 @@ impl<D: Device> Pool<D> {
         if !b.stream_uses.is_empty() {
             self.insert_events(a.block)?;
         }
+        // A free, even one that waits for other streams' work first.
+        end_loading(&self.loading);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.cfg.max_split_size {
@@ -550,7 +552,6 @@ impl<D: Device> Pool<D> {
 
     /// Returns a block to its pool, merging it with free neighbours.
     pub(crate) fn free_block(&mut self, id: BlockId) {
-        end_loading(&self.loading);
         if self.blocks[id].episode_seq != plan::NO_SEQ {
             self.note_free(id);
         }

@@ -46,7 +46,9 @@ pub struct ReplayArgs {
     /// Without a `policy` key it is the `default` policy with those keys; a key given twice
     /// takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
     /// roundup_power2_divisions, garbage_collection_threshold (`torch` only, and only under a
-    /// cap: --capacity or --min-capacity), expandable_segments, fragmentation_budget,
+    /// cap: --capacity, --min-capacity or per_process_memory_fraction),
+    /// per_process_memory_fraction (a cap at that fraction of the device, as --capacity sets
+    /// one; with both, the lower), expandable_segments, fragmentation_budget,
     /// max_chunk_mb and layout_plans (the last three for the `default` policy only; values and
     /// meanings: docs/policies.md and the `cudalloc::config` module docs). The thread_cache keys
     /// are refused: a replay drives the pool on one thread, without thread caches.
@@ -63,8 +65,10 @@ pub struct ReplayArgs {
     pub sweeps: Vec<Sweep>,
 
     /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
-    /// where a replay fails. Without it a replay may use the whole device (the simulated H200's
-    /// 143,771 MiB, or GPU 0's memory with --cuda). Under a cap, any cap, even the whole device,
+    /// where a replay fails. Without it (and without per_process_memory_fraction in the
+    /// configuration) a replay may use the whole device (the simulated H200's 143,771 MiB, or
+    /// GPU 0's memory with --cuda); with both, the lower cap holds. Under a cap, any cap, even
+    /// the whole device,
     /// the `default` policy runs in its capped mode: one 2 MiB page per map call and no layout
     /// plans, so it makes many more driver calls than without a cap.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
@@ -72,8 +76,9 @@ pub struct ReplayArgs {
 
     /// Also find, by bisection, the smallest cap each replay completes under (in whole 2 MiB
     /// pages of the simulated device). The probes are capped, so the `default` policy runs them
-    /// in its capped mode (see --capacity); the other figures come from the replay without a
-    /// cap unless --capacity is given.
+    /// in its capped mode (see --capacity), under the lower of the probe's cap and the one a
+    /// per_process_memory_fraction sets; the other figures come from the replay without a cap
+    /// unless --capacity (or the fraction) caps it.
     #[arg(long)]
     pub min_capacity: bool,
 

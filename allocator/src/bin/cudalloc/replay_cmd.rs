@@ -104,7 +104,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let capped = args.capacity.is_some() || args.min_capacity;
     for v in &variants {
         check_garbage_collection(v, capped, REPLAY_CAP)?;
-        if args.capacity.is_none() && garbage_collected(v) {
+        if args.capacity.is_none() && !fraction_capped(v) && garbage_collected(v) {
             warn_probes_only(v);
         }
     }
@@ -266,7 +266,8 @@ pub fn check_no_thread_cache_keys(v: &Variant) -> Result<(), CliError> {
 }
 
 /// How `cudalloc replay` caps its replays, said when `garbage_collection_threshold` needs a cap.
-const REPLAY_CAP: &str = "give --capacity (or --min-capacity, whose capped probes it changes)";
+const REPLAY_CAP: &str = "give --capacity or per_process_memory_fraction (or --min-capacity, \
+                          whose capped probes it changes)";
 
 /// True when `v` sets `garbage_collection_threshold` (0, the key's absence, is refused by the
 /// config parser as a value).
@@ -282,6 +283,7 @@ pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Resu
     if !garbage_collected(v) {
         return Ok(());
     }
+    let capped = capped || fraction_capped(v);
     let why = if v.cfg.policy != Policy::Torch {
         format!(
             "only the `torch` policy collects garbage (it frees whole cached segments, under a \
@@ -297,6 +299,11 @@ pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Resu
         "`{}`: `{GARBAGE_COLLECTION_KEY}` has no effect here: {why}",
         v.label
     )))
+}
+
+/// True when the configuration caps the pool itself (`per_process_memory_fraction` below 1).
+fn fraction_capped(v: &Variant) -> bool {
+    v.cfg.memory_fraction.is_some_and(|f| f < 1.0)
 }
 
 /// Says that `garbage_collection_threshold` changes only the min capacity of a replay with
