@@ -162,6 +162,23 @@ impl<'id> CBuf<'id> {
     }
 }
 
+impl<'id> CBuf<'id> {
+    /// Writes `bytes` if they fit in `len` bytes (and the buffer is not null); writes nothing
+    /// otherwise. Returns `bytes.len()`, the length a caller needs to retry with a larger buffer.
+    pub fn write_bytes(self, len: CBufLen<'id>, bytes: &[u8]) -> usize {
+        let n = bytes.len();
+        if self.ptr.is_null() || n > len.len {
+            return n;
+        }
+        // SAFETY: `self.ptr` is non-null and, paired with `len` by the shared brand, valid for
+        // writes of `len.len >= n` bytes that nothing else touches (see `from_raw`,
+        // `with_c_buffer` and the C header); `bytes` is a distinct Rust slice, so the ranges do
+        // not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.cast::<u8>(), n) };
+        n
+    }
+}
+
 impl CBufLen<'_> {
     /// The length in bytes.
     pub fn get(self) -> usize {
@@ -184,6 +201,27 @@ pub fn with_c_buffer<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_bytes_only_when_they_fit() {
+        let mut out = [b'x'; 4];
+        assert_eq!(with_c_buffer(&mut out, |b, l| b.write_bytes(l, b"abcd")), 4);
+        assert_eq!(&out, b"abcd");
+        let mut small = [b'x'; 3];
+        assert_eq!(
+            with_c_buffer(&mut small, |b, l| b.write_bytes(l, b"abcd")),
+            4
+        );
+        assert_eq!(
+            &small, b"xxx",
+            "nothing is written when the bytes do not fit"
+        );
+        assert_eq!(
+            with_c_buffer(&mut [], |b, l| b.write_bytes(l, b"ab")),
+            2,
+            "an empty buffer gets the length needed"
+        );
+    }
 
     #[test]
     fn writes_only_when_the_string_and_its_nul_fit() {

@@ -84,7 +84,8 @@ void *cudalloc_malloc(size_t size, int device, cudalloc_stream_t stream);
 #define CUDALLOC_MALLOC_ABORT 2       /* print the reason to stderr, abort the process */
 int cudalloc_set_malloc_failure_action(int action);
 
-/* Frees ptr, returned by cudalloc_malloc for device. NULL is ignored. size and stream are
+/* Frees ptr, returned by cudalloc_malloc for device; device -1 means whichever device's
+ * allocator holds ptr (for callers that keep only the pointer). NULL is ignored. size and stream are
  * accepted for PyTorch's signature and not needed (the allocator knows both). As in PyTorch's
  * caching allocator, the memory goes back to the pool of the allocation's stream, so work
  * already queued on that stream may still use it; streams declared with cudalloc_record_stream
@@ -136,6 +137,18 @@ int cudalloc_reset_peak_stats(int device);
  *   "capi":          {"device", "free_errors"}. */
 size_t cudalloc_stats_json(int device, char *buf, size_t len);
 
+/* device's torch.cuda.memory_stats() values as int64_t in native byte order, written into buf if
+ * len >= the returned size (writes nothing otherwise; buf may be NULL with len 0). Returns the
+ * size in bytes (CUDALLOC_DEVICE_STATS values of 8 bytes), 0 on failure. Cheaper than
+ * cudalloc_stats_json (no snapshot, no JSON), for callers that ask often. The order: for each of
+ * allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
+ * inactive_split_bytes, requested_bytes, and for each of all, small_pool, large_pool: current,
+ * peak, allocated, freed (108 values); then oversize_allocations and oversize_segments, each
+ * current, peak, allocated, freed (8); then num_alloc_retries, num_ooms, num_sync_all_streams,
+ * num_device_alloc, num_device_free, max_split_size (-1: no limit). */
+#define CUDALLOC_DEVICE_STATS 122
+size_t cudalloc_device_stats(int device, char *buf, size_t len);
+
 /* Segments and blocks of device as JSON, with the same buffer protocol as cudalloc_stats_json:
  * {"device", "policy", "segments": [{"addr", "size", "mapped", "pool" ("small"|"large"),
  * "stream", "expandable", "blocks": [{"addr", "size", "requested", "state", "stream"}]}]},
@@ -170,6 +183,14 @@ int cudalloc_trace_stop(void);
  * string lives in per-thread storage that stays valid until the thread exits; a later failure
  * on the same thread overwrites it, so copy it before the next call if you need to keep it. */
 const char *cudalloc_last_error(void);
+
+/* The kind of the calling thread's last error, set together with its message: */
+#define CUDALLOC_ERROR_NONE 0          /* no call on this thread has failed */
+#define CUDALLOC_ERROR_OTHER 1         /* anything but out of memory */
+#define CUDALLOC_ERROR_OUT_OF_MEMORY 2 /* cudalloc_malloc: the device, the cap or the address
+                                          space had no room, or the request was larger than any
+                                          device (PyTorch raises torch.OutOfMemoryError) */
+int cudalloc_last_error_kind(void);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 //! The bodies of the exported functions: safe Rust, each inside [`guard`], so that errors and
 //! panics become a failure value plus the thread's last error.
 
-use crate::error::{guard, last_error_message};
+use crate::error::{guard, guard_kind, last_error_message, ErrorKind, Failure};
 use crate::json;
 use crate::registry::{self, Dev};
 use crate::trace::Tracer;
@@ -79,20 +79,34 @@ fn record_on(dev: &Dev, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
 /// allocator may still pass that NULL to `cudalloc_free` (which ignores it) and to
 /// `cudalloc_record_stream` (a no-op for NULL).
 pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
-    let p = guard(None, || {
+    let p = guard_kind(None, || {
         let stream = stream_id(stream).map_err(|e| format!("cudalloc_malloc: {e}"))?;
         let dev = registry::device(device).map_err(|e| format!("cudalloc_malloc: {e}"))?;
         if size == 0 {
             return Ok(Some(std::ptr::null_mut()));
         }
-        let a = allocate(dev, size as u64, stream)
-            .map_err(|e| format!("cudalloc_malloc({size} bytes, device {device}): {e}"))?;
+        let a = allocate(dev, size as u64, stream).map_err(|e| Failure {
+            kind: malloc_error_kind(&e),
+            message: format!("cudalloc_malloc({size} bytes, device {device}): {e}"),
+        })?;
         Ok(Some(a.ptr as usize as *mut c_void))
     });
     p.unwrap_or_else(|| {
         report_malloc_failure();
         std::ptr::null_mut()
     })
+}
+
+/// Out of memory for the failures PyTorch's own allocator reports as `torch.OutOfMemoryError`:
+/// the device or the cap has no room, no address range is left, or the request is larger than
+/// any device.
+fn malloc_error_kind(e: &AllocError) -> ErrorKind {
+    match e {
+        AllocError::OutOfMemory { .. }
+        | AllocError::AddressSpace { .. }
+        | AllocError::TooLarge { .. } => ErrorKind::OutOfMemory,
+        _ => ErrorKind::Other,
+    }
 }
 
 /// Prints the failure and aborts, as `cudalloc_set_malloc_failure_action` asked.
@@ -138,17 +152,40 @@ fn holder(device: c_int, ptr: u64) -> Result<Result<&'static Dev, AllocError>, S
     Ok(made.ok_or(AllocError::NotAllocated(ptr)))
 }
 
-/// Failures are counted in the stats of the device's allocator, if it has one.
+/// Failures are counted in the stats of the device's allocator, if it has one. Device
+/// [`ANY_DEVICE`] frees `ptr` on whichever device's allocator holds it.
 pub(crate) fn free(ptr: *mut c_void, device: c_int) {
     guard((), || {
         if ptr.is_null() {
             return Ok(());
+        }
+        if device == ANY_DEVICE {
+            return free_on_any(address(ptr))
+                .map_err(|e| format!("cudalloc_free({ptr:p}, any device): {e}"));
         }
         let dev = holder(device, address(ptr)).map_err(|e| format!("cudalloc_free: {e}"))?;
         let freed =
             dev.and_then(|dev| free_ptr(dev, address(ptr)).inspect_err(|_| dev.count_free_error()));
         freed.map_err(|e| format!("cudalloc_free({ptr:p}, device {device}): {e}"))
     })
+}
+
+/// `cudalloc_free`'s device for "the device whose allocator holds the pointer".
+pub(crate) const ANY_DEVICE: c_int = -1;
+
+/// Frees `ptr` on the first device whose allocator holds it (device addresses are unique across
+/// devices, so at most one does). A pointer no allocator holds is not a live allocation.
+fn free_on_any(ptr: u64) -> Result<(), AllocError> {
+    for ordinal in 0..registry::made_count() {
+        let Some(dev) = registry::existing(ordinal) else {
+            continue;
+        };
+        match free_ptr(dev, ptr) {
+            Err(AllocError::NotAllocated(_)) => continue,
+            other => return other.inspect_err(|_| dev.count_free_error()),
+        }
+    }
+    Err(AllocError::NotAllocated(ptr))
 }
 
 pub(crate) fn record_stream(ptr: *mut c_void, device: c_int, stream: *mut c_void) -> c_int {
@@ -215,6 +252,17 @@ pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) 
         let dev = registry::device(device).map_err(|e| format!("cudalloc_stats_json: {e}"))?;
         let text = json::stats(&dev.alloc, dev.policy, dev.ordinal, dev.free_errors());
         Ok(buf.write_c_string(len, text.as_bytes()))
+    })
+}
+
+/// `device`'s `torch.cuda.memory_stats()` values as native-endian `int64_t`s, in the order of
+/// [`json::TORCH_KEYS`]; the byte count, written or needed.
+pub(crate) fn device_stats<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    guard(0, || {
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_device_stats: {e}"))?;
+        let values = json::torch_values(&dev.alloc);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        Ok(buf.write_bytes(len, &bytes))
     })
 }
 

@@ -1,7 +1,8 @@
-//! The thread-local last error and the guard every exported function runs its body in.
+//! The thread-local last error (its message and its kind) and the guard every exported
+//! function runs its body in.
 
-use std::cell::RefCell;
-use std::ffi::c_char;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Bytes of a thread's last-error storage, the NUL included; longer messages are cut.
@@ -11,11 +12,51 @@ thread_local! {
     /// The NUL-terminated message of the most recent failed call on this thread ("" before the
     /// first). Overwritten in place, so a pointer to it stays valid as long as the thread.
     static LAST_ERROR: RefCell<[u8; CAPACITY]> = const { RefCell::new([0; CAPACITY]) };
+    /// The kind of the most recent failed call on this thread ([`ErrorKind::None`] before the
+    /// first), set together with the message.
+    static LAST_KIND: Cell<ErrorKind> = const { Cell::new(ErrorKind::None) };
 }
 
-/// Stores `message` as this thread's last error: cut to `CAPACITY - 1` bytes at a character
-/// boundary, interior NULs turned into spaces. Does nothing while the thread is being torn down.
-pub(crate) fn set_last_error(message: &str) {
+/// What kind of failure the last error was: `cudalloc_last_error_kind`'s values
+/// (`CUDALLOC_ERROR_*` in the header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ErrorKind {
+    /// No call on this thread has failed.
+    None = 0,
+    /// Any failure other than out of memory (bad input, a driver error, a bad config ...).
+    Other = 1,
+    /// The device or the allocator's cap could not supply the memory (address space and
+    /// requests too large for any device included): the failure PyTorch reports as
+    /// `torch.OutOfMemoryError`.
+    OutOfMemory = 2,
+}
+
+/// A failure of an exported function's body: the message and its kind.
+pub(crate) struct Failure {
+    pub message: String,
+    pub kind: ErrorKind,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure {
+            message,
+            kind: ErrorKind::Other,
+        }
+    }
+}
+
+/// This thread's last error kind, as the C ABI returns it.
+pub(crate) fn last_error_kind() -> c_int {
+    LAST_KIND.try_with(Cell::get).unwrap_or(ErrorKind::None) as c_int
+}
+
+/// Stores `message` as this thread's last error, of kind `kind`: cut to `CAPACITY - 1` bytes
+/// at a character boundary, interior NULs turned into spaces. Does nothing while the thread is
+/// being torn down.
+pub(crate) fn set_last_error(message: &str, kind: ErrorKind) {
+    let _ = LAST_KIND.try_with(|k| k.set(kind));
     let mut end = message.len().min(CAPACITY - 1);
     while !message.is_char_boundary(end) {
         end -= 1;
@@ -52,10 +93,15 @@ pub(crate) fn last_error_ptr() -> *const c_char {
 /// Runs `body`, turning an `Err` or a panic into `fail` with the message stored as the last
 /// error. No panic leaves this function.
 pub(crate) fn guard<R>(fail: R, body: impl FnOnce() -> Result<R, String>) -> R {
+    guard_kind(fail, || body().map_err(Failure::from))
+}
+
+/// [`guard`] for a body whose failures carry their kind.
+pub(crate) fn guard_kind<R>(fail: R, body: impl FnOnce() -> Result<R, Failure>) -> R {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(value)) => value,
-        Ok(Err(message)) => {
-            set_last_error(&message);
+        Ok(Err(failure)) => {
+            set_last_error(&failure.message, failure.kind);
             fail
         }
         Err(payload) => {
@@ -66,7 +112,10 @@ pub(crate) fn guard<R>(fail: R, body: impl FnOnce() -> Result<R, String>) -> R {
                 .unwrap_or_else(|| "a panic without a message".to_string());
             // Dropping the payload could itself panic; leak it instead (a panic is a bug anyway).
             std::mem::forget(payload);
-            set_last_error(&format!("internal error in cudalloc (panic): {what}"));
+            set_last_error(
+                &format!("internal error in cudalloc (panic): {what}"),
+                ErrorKind::Other,
+            );
             fail
         }
     }
@@ -80,8 +129,17 @@ mod tests {
     fn errors_and_panics_become_the_failure_value_and_a_message() {
         assert_eq!(guard(-1, || Ok(3)), 3);
         assert_eq!(last_error_message(), "");
+        assert_eq!(last_error_kind(), ErrorKind::None as c_int);
         assert_eq!(guard(-1, || Err("no\0pe".to_string())), -1);
         assert_eq!(last_error_message(), "no pe");
+        assert_eq!(last_error_kind(), ErrorKind::Other as c_int);
+        let oom = Failure {
+            message: "out of memory".into(),
+            kind: ErrorKind::OutOfMemory,
+        };
+        assert_eq!(guard_kind(-1, || Err(oom)), -1);
+        assert_eq!(last_error_kind(), ErrorKind::OutOfMemory as c_int);
+        assert_eq!(guard(-1, || Err("no\0pe".to_string())), -1);
         assert_eq!(guard(-1, || Ok(4)), 4);
         assert_eq!(
             last_error_message(),

@@ -71,6 +71,28 @@ pub fn stats<D: Device>(
     Value::Object(out).to_string()
 }
 
+/// The number of values `cudalloc_device_stats` writes: the nine stat arrays (allocation,
+/// segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
+/// inactive_split_bytes, requested_bytes), each for all, small_pool and large_pool, then
+/// oversize_allocations and oversize_segments, each as current, peak, allocated and freed; then
+/// num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc, num_device_free and
+/// max_split_size (-1: none).
+pub const TORCH_VALUES: usize = 9 * 3 * 4 + 2 * 4 + 6;
+
+/// The values of `torch.cuda.memory_stats()`'s keys, in the order of
+/// [`cudalloc_core::Stats::to_torch_dict`] (the order [`TORCH_VALUES`] describes), read without
+/// a snapshot.
+pub fn torch_values<D: Device>(alloc: &CachingAllocator<D>) -> Vec<i64> {
+    let values: Vec<i64> = alloc
+        .stats()
+        .to_torch_dict()
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    debug_assert_eq!(values.len(), TORCH_VALUES);
+    values
+}
+
 /// The snapshot document.
 pub fn snapshot<D: Device>(alloc: &CachingAllocator<D>, policy: Policy, device: usize) -> String {
     let snap = alloc.snapshot();

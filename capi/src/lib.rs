@@ -72,7 +72,8 @@ pub extern "C" fn cudalloc_set_malloc_failure_action(action: c_int) -> c_int {
     api::set_malloc_failure_action(action)
 }
 
-/// Frees `ptr`, returned by [`cudalloc_malloc`] for `device`. NULL is ignored. `size` and
+/// Frees `ptr`, returned by [`cudalloc_malloc`] for `device` (-1: whichever device's allocator
+/// holds it). NULL is ignored. `size` and
 /// `stream` (PyTorch passes the allocation's) are not needed: the allocator knows both. A
 /// failure (a pointer that is not live) sets [`cudalloc_last_error`] and, if `device` has an
 /// allocator (this call never makes one), is counted in its stats (`capi.free_errors`).
@@ -142,6 +143,20 @@ pub extern "C" fn cudalloc_stats_json<'id>(
     api::stats_json(device, buf, len)
 }
 
+/// Writes `device`'s `torch.cuda.memory_stats()` values into `buf` as native-endian `int64_t`s,
+/// in the order [`json::TORCH_VALUES`] describes, if they fit in `len` bytes; writes nothing
+/// otherwise. Returns their size in bytes (written or needed), or 0 on failure. Cheaper than
+/// [`cudalloc_stats_json`]: no snapshot, no JSON.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_device_stats<'id>(
+    device: c_int,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    api::device_stats(device, buf, len)
+}
+
 /// Like [`cudalloc_stats_json`], for `device`'s segments and blocks.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
@@ -167,6 +182,23 @@ pub extern "C" fn cudalloc_trace_start(path: CStrArg<'_>) -> c_int {
 #[no_mangle]
 pub extern "C" fn cudalloc_trace_stop() -> c_int {
     api::trace_stop()
+}
+
+/// [`cudalloc_last_error_kind`]: no call on this thread has failed.
+pub const CUDALLOC_ERROR_NONE: c_int = error::ErrorKind::None as c_int;
+/// [`cudalloc_last_error_kind`]: a failure other than out of memory.
+pub const CUDALLOC_ERROR_OTHER: c_int = error::ErrorKind::Other as c_int;
+/// [`cudalloc_last_error_kind`]: out of memory (the device, the cap or the address space had
+/// no room, or the request was larger than any device).
+pub const CUDALLOC_ERROR_OUT_OF_MEMORY: c_int = error::ErrorKind::OutOfMemory as c_int;
+
+/// The kind of the calling thread's last error, set with its message: [`CUDALLOC_ERROR_NONE`]
+/// if no call on this thread has failed, [`CUDALLOC_ERROR_OUT_OF_MEMORY`] for a
+/// `cudalloc_malloc` that ran out of memory, [`CUDALLOC_ERROR_OTHER`] for anything else.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `error`.
+#[no_mangle]
+pub extern "C" fn cudalloc_last_error_kind() -> c_int {
+    error::last_error_kind()
 }
 
 /// The calling thread's last error: the message of its most recent failed cudalloc call (cut to

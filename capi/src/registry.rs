@@ -134,6 +134,15 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
     .map_err(Clone::clone)
 }
 
+/// How many device slots there are (0 before the devices are counted, or if counting failed):
+/// the ordinals [`existing`] can be asked about.
+pub(crate) fn made_count() -> usize {
+    SLOTS
+        .get()
+        .and_then(|s| s.as_ref().ok())
+        .map_or(0, Vec::len)
+}
+
 /// The allocator of device `ordinal` if it has been made already; makes nothing and does not
 /// call the driver.
 pub(crate) fn existing(ordinal: usize) -> Option<&'static Dev> {

@@ -187,8 +187,9 @@ fn freeing_junk_on_a_device_without_an_allocator_is_not_allocated() {
 }
 
 /// The per-thread default stream (0x2) is a different stream on each thread: refused by
-/// malloc and record_stream before anything else, GPU or not. A negative device is named as
-/// such by free and record_stream, which otherwise look for no allocator.
+/// malloc and record_stream before anything else, GPU or not. A negative device (but -1, which
+/// `cudalloc_free` reads as "any device") is named as such by free and record_stream, which
+/// otherwise look for no allocator.
 #[test]
 fn the_per_thread_stream_and_negative_devices_are_refused() {
     let _g = serial();
@@ -206,7 +207,7 @@ fn the_per_thread_stream_and_negative_devices_are_refused() {
         msg.starts_with("cudalloc_record_stream: stream 0x2 is cudaStreamPerThread"),
         "{msg}"
     );
-    for device in [-1, i32::MIN] {
+    for device in [-2, i32::MIN] {
         cudalloc_free(junk, 512, device, null());
         let msg = last_error_message();
         assert!(

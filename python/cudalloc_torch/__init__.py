@@ -28,6 +28,7 @@ import threading
 
 __all__ = [
     "enable",
+    "backend",
     "is_enabled",
     "library_path",
     "load",
@@ -55,7 +56,8 @@ _ON_FAILURE = {"null": 0, "warn": 1, "abort": 2}
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
-_allocator = None  # the CUDAPluggableAllocator, kept alive for the life of the process
+_allocator = None  # the allocator given to PyTorch, kept alive for the life of the process
+_backend_name = None  # "extension" or "pluggable" once enable() has run
 _atexit_registered = False
 # CUDALLOC_CONF as it was when the library first read it (it reads it once per process, at the
 # first call that touches a device); _UNREAD until then.
@@ -86,6 +88,8 @@ def _declare(lib):
         "cudalloc_reset_peak_stats": ([c_int], c_int),
         "cudalloc_set_malloc_failure_action": ([c_int], c_int),
         "cudalloc_stats_json": ([c_int, buf, c_size_t], c_size_t),
+        "cudalloc_device_stats": ([c_int, buf, c_size_t], c_size_t),
+        "cudalloc_last_error_kind": ([], c_int),
         "cudalloc_snapshot_json": ([c_int, buf, c_size_t], c_size_t),
         "cudalloc_trace_start": ([c_char_p], c_int),
         "cudalloc_trace_stop": ([], c_int),
@@ -151,25 +155,46 @@ def is_enabled():
     return _allocator is not None
 
 
-def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
+def enable(lib_path=None, conf=None, on_malloc_failure="abort", backend=None):
     """Makes cudalloc PyTorch's CUDA allocator; call it before anything initialises CUDA in torch
     (a tensor on a GPU, ``torch.cuda.set_device``, ``torch.cuda.current_device`` ...): PyTorch
     refuses to swap an allocator once CUDA is initialised.
 
     ``conf`` (optional) becomes ``CUDALLOC_CONF``, e.g. ``"policy:torch-expandable"``; it is read
-    once, here. ``on_malloc_failure`` is what a failed allocation does: ``"abort"`` (print the
-    reason and abort the process: PyTorch's pluggable allocator does not check for NULL, so the
-    alternative is a tensor at address 0 and an "illegal memory access" later), ``"warn"``
-    (print it, return NULL) or ``"null"``. Returns the ``CUDAPluggableAllocator``. Calling it
-    again with the same library and config only sets ``on_malloc_failure``.
+    once, here.
+
+    ``backend`` (default: ``$CUDALLOC_TORCH_BACKEND``, else ``"auto"``) is how cudalloc plugs in:
+
+    - ``"extension"``: cudalloc's c10 allocator, a small C++ extension built against the
+      installed torch on first use (``_backend.py``). ``Tensor.record_stream`` reaches cudalloc,
+      an out-of-memory raises ``torch.OutOfMemoryError`` (nothing aborts), and
+      ``torch.cuda.memory_stats``, ``max_memory_reserved``, ``reset_peak_memory_stats``,
+      ``empty_cache`` and ``set_per_process_memory_fraction`` are cudalloc's. A failed build
+      raises :class:`CudallocError` with the compiler's message.
+    - ``"pluggable"``: PyTorch's ``CUDAPluggableAllocator`` over the library's
+      ``cudalloc_malloc``/``cudalloc_free`` only (no compiler needed). It loses what the
+      extension adds (see ``_backend.LOST_ON_FALLBACK``); ``on_malloc_failure`` says what a failed
+      allocation does there: ``"abort"`` (print the reason and abort: the pluggable allocator
+      does not check for NULL, so the alternative is a tensor at address 0 and an "illegal
+      memory access" later), ``"warn"`` (print it, return NULL) or ``"null"``.
+    - ``"auto"``: the extension on a torch version it was tested with
+      (``_backend.SUPPORTED_TORCH``), else, or if it cannot be built, the pluggable fallback
+      with a warning that names what is lost.
+
+    Returns the allocator given to ``torch.cuda.memory.change_current_allocator``. Calling it
+    again with the same library and config returns it (and sets ``on_malloc_failure`` on the
+    pluggable backend).
 
     The library reads its config once per process, at the first call that touches a device
     (this one, or an earlier :func:`device_count`, :func:`stats` ...): a ``conf`` other than the
     one read then raises :class:`CudallocError`, since it could not take effect.
     """
-    global _allocator
+    global _allocator, _backend_name
     if on_malloc_failure not in _ON_FAILURE:
         raise ValueError(f"on_malloc_failure must be one of {sorted(_ON_FAILURE)}")
+    backend = backend or os.environ.get("CUDALLOC_TORCH_BACKEND") or "auto"
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {list(_BACKENDS)}, not {backend!r}")
     if conf is not None:
         if _conf_read is not _UNREAD and _conf_read != conf:
             raise CudallocError(
@@ -180,26 +205,76 @@ def enable(lib_path=None, conf=None, on_malloc_failure="abort"):
         os.environ["CUDALLOC_CONF"] = conf
     lib = load(lib_path)
     if _allocator is not None:
-        _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
+        if _backend_name == "pluggable":
+            _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
         return _allocator
     device_count()  # a bad config or a missing GPU fails here, not at the first tensor
     try:
         import torch
     except ImportError as e:
         raise CudallocError(f"cudalloc_torch.enable needs PyTorch ({e})") from e
+    if torch.cuda.is_initialized():
+        raise CudallocError(_ALREADY_INITIALISED)
 
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cudalloc_malloc", "cudalloc_free")
+    chosen, allocator = _make_allocator(torch, lib, backend)
     try:
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
-        raise CudallocError(
-            "PyTorch's CUDA allocator is already initialised: call cudalloc_torch.enable() before "
-            "anything initialises CUDA in torch (a tensor on a GPU, torch.cuda.set_device, "
-            f"torch.cuda.current_device, ...) ({e})"
-        ) from e
-    _check(lib.cudalloc_set_malloc_failure_action(_ON_FAILURE[on_malloc_failure]))
-    _allocator = allocator
+        raise CudallocError(f"{_ALREADY_INITIALISED} ({e})") from e
+    # The extension raises on failure itself, so the library only returns NULL there.
+    action = _ON_FAILURE[on_malloc_failure] if chosen == "pluggable" else _ON_FAILURE["null"]
+    _check(lib.cudalloc_set_malloc_failure_action(action))
+    _allocator, _backend_name = allocator, chosen
     return allocator
+
+
+def backend():
+    """``"extension"`` or ``"pluggable"``: how :func:`enable` plugged cudalloc in (None before)."""
+    return _backend_name
+
+
+_BACKENDS = ("auto", "extension", "pluggable")
+
+_ALREADY_INITIALISED = (
+    "PyTorch's CUDA allocator is already initialised: call cudalloc_torch.enable() before "
+    "anything initialises CUDA in torch (a tensor on a GPU, torch.cuda.set_device, "
+    "torch.cuda.current_device, ...)"
+)
+
+
+def _make_allocator(torch, lib, backend):
+    """``(backend chosen, allocator)`` for ``backend`` (see :func:`enable`)."""
+    from . import _backend
+
+    if backend == "auto" and not _backend.supported(torch):
+        _warn_fallback(
+            f"torch {torch.__version__} is not a version cudalloc's extension was tested with "
+            f"({', '.join(_backend.SUPPORTED_TORCH)}; CUDALLOC_TORCH_BACKEND=extension tries it "
+            "anyway)"
+        )
+        backend = "pluggable"
+    if backend != "pluggable":
+        try:
+            return "extension", _backend.make_allocator(torch, lib)
+        except _backend.BuildError as e:
+            if backend == "extension":
+                raise CudallocError(str(e)) from e
+            _warn_fallback(str(e))
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cudalloc_malloc", "cudalloc_free")
+    return "pluggable", allocator
+
+
+def _warn_fallback(why):
+    import warnings
+
+    from . import _backend
+
+    warnings.warn(
+        f"cudalloc_torch: using PyTorch's pluggable allocator path: {why}. On it, "
+        f"{_backend.LOST_ON_FALLBACK}.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _json(fn, device):

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Runs the acceptance programs (``programs.py``) on PyTorch's allocator and on cudalloc, one
+process per program and allocator, and prints a table: whether each ran to the end, its results
+beside PyTorch's, peak reserved bytes (``torch.cuda.max_memory_reserved``) and wall time.
+
+Modes: ``torch`` (PyTorch's caching allocator), ``torch-expandable``
+(``expandable_segments:True``), ``cudalloc:POLICY`` (cudalloc through ``cudalloc_torch.enable``,
+its backend chosen by ``--backend``: ``extension``, ``pluggable`` or ``auto``).
+
+Usage, from the repository root on a machine with a GPU (``libcudalloc_capi.so`` built by
+``cargo build --release -p cudalloc-capi`` or given by ``--lib``/``CUDALLOC_LIB``)::
+
+    python3 python/acceptance/run.py --out /tmp/acceptance
+    python3 python/acceptance/run.py --quick --programs side_stream --modes torch,cudalloc:default
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+RESULT_MARK = "@@RESULT@@ "
+MODES = ["torch", "torch-expandable", "cudalloc:default", "cudalloc:torch", "cudalloc:torch-expandable"]
+
+
+def child(args):
+    result = {"program": args.program, "mode": args.mode, "ok": False}
+    t0 = time.perf_counter()
+    try:
+        if args.mode.startswith("cudalloc:"):
+            sys.path.insert(0, PYTHON_DIR)
+            import cudalloc_torch
+
+            cudalloc_torch.enable(lib_path=args.lib, conf=f"policy:{args.mode.split(':', 1)[1]}",
+                                  backend=args.backend)
+            result["backend"] = cudalloc_torch.backend()
+        import torch
+
+        sys.path.insert(0, HERE)
+        from programs import PROGRAMS
+
+        result.update(PROGRAMS[args.program](args.quick))
+        torch.cuda.synchronize()
+        result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        result["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        traceback.print_exc()
+        result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    result["wall_s"] = round(time.perf_counter() - t0, 2)
+    print(RESULT_MARK + json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+def run_child(args, program, mode, log):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--program", program,
+           "--mode", mode, "--backend", args.backend]
+    if args.lib:
+        cmd += ["--lib", args.lib]
+    if args.quick:
+        cmd.append("--quick")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUDALLOC_CONF")}
+    if mode == "torch-expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=args.timeout)
+        output, code = p.stdout, p.returncode
+    except subprocess.TimeoutExpired as e:
+        output, code = e.stdout if isinstance(e.stdout, str) else "", "timeout"
+    log.write(f"===== {program} {mode}: exit {code} after {time.perf_counter() - t0:.1f} s\n{output}\n")
+    log.flush()
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK):])
+    tail = " | ".join(output.splitlines()[-3:])
+    return {"program": program, "mode": mode, "ok": False, "error": f"exit {code}: {tail}"}
+
+
+def compare(result, ref):
+    """How a run's results compare with PyTorch's allocator's run of the same program."""
+    if not result.get("ok"):
+        return "FAILED: " + result.get("error", "?")[:120]
+    if result is ref:
+        return "ref"
+    if ref is None or not ref.get("ok"):
+        return "no ref"
+    if "losses" in result:
+        a, b = result["losses"], ref["losses"]
+        if a == b:
+            return "bit-identical"
+        worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+        return f"{'close' if worst < 1e-3 else 'DIFFERENT'} (max rel diff {worst:.2e})"
+    keys = [k for k in ("fitted", "largest_batch", "went_on", "checks") if k in result]
+    return ", ".join(f"{k}={result[k]}" for k in keys) or "-"
+
+
+def table(results, programs, modes):
+    lines = [f"{'program':18} {'mode':26} {'peak reserved':>14} {'wall s':>7}  result"]
+    for program in programs:
+        ref = results.get((program, "torch"))
+        for mode in modes:
+            r = results[(program, mode)]
+            peak = r.get("peak_reserved")
+            peak = f"{peak / (1 << 20):,.0f} MiB" if peak is not None else "-"
+            label = mode + (f" ({r['backend']})" if r.get("backend") else "")
+            lines.append(f"{program:18} {label:26} {peak:>14} {r.get('wall_s', 0):>7}  {compare(r, ref)}")
+    return "\n".join(lines)
+
+
+def prebuild(args):
+    """Builds cudalloc's extension once, before the runs, so that no run's time includes it."""
+    if args.backend == "pluggable" or not any(m.startswith("cudalloc:") for m in args.modes):
+        return None
+    code = ("import sys, time, torch; sys.path.insert(0, %r); from cudalloc_torch import _backend; "
+            "t = time.perf_counter(); _backend.build(torch, verbose=True); "
+            "print('extension built or loaded in %%.1f s' %% (time.perf_counter() - t))" % PYTHON_DIR)
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(p.stdout.splitlines()[-1] if p.returncode == 0 else p.stdout[-3000:], flush=True)
+    return p.returncode
+
+
+def parent(args):
+    os.makedirs(args.out, exist_ok=True)
+    prebuild(args)
+    results = {}
+    with open(os.path.join(args.out, "log.txt"), "w") as log:
+        for program in args.programs:
+            for mode in args.modes:
+                results[(program, mode)] = run_child(args, program, mode, log)
+                r = results[(program, mode)]
+                print(f"{program} {mode}: {'ok' if r.get('ok') else r.get('error')}", flush=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump([r for r in results.values()], f, indent=1)
+    print(table(results, args.programs, args.modes))
+    return 0 if all(r.get("ok") for r in results.values()) else 1
+
+
+def main():
+    from programs import PROGRAMS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="/tmp/cudalloc-acceptance")
+    ap.add_argument("--programs", type=lambda s: s.split(","), default=list(PROGRAMS))
+    ap.add_argument("--modes", type=lambda s: s.split(","), default=MODES)
+    ap.add_argument("--backend", default="extension", choices=["auto", "extension", "pluggable"])
+    ap.add_argument("--lib", default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--program", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    for p in args.programs:
+        if p not in PROGRAMS:
+            ap.error(f"unknown program {p!r}: one of {', '.join(PROGRAMS)}")
+    for m in args.modes:
+        if m not in ("torch", "torch-expandable") and not (m.startswith("cudalloc:") and m[9:]):
+            ap.error(f"unknown mode {m!r}: torch, torch-expandable or cudalloc:POLICY")
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    sys.exit(main())

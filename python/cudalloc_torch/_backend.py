@@ -1,0 +1,93 @@
+"""Builds and loads cudalloc's c10 allocator (``csrc/backend.cpp``), a small C++ extension that
+makes cudalloc PyTorch's CUDA allocator in full: ``Tensor.record_stream`` reaches cudalloc, an
+out-of-memory raises ``torch.OutOfMemoryError``, and ``torch.cuda.memory_stats``,
+``max_memory_reserved``, ``reset_peak_memory_stats``, ``empty_cache`` and
+``set_per_process_memory_fraction`` are cudalloc's.
+
+The extension is compiled against the installed torch with ``torch.utils.cpp_extension.load``
+on first use (about 16 s with g++ and the CUDA headers) and cached by torch in
+``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that carries the
+torch version, so later processes load it at once.
+"""
+
+import ctypes
+import os
+import re
+
+# torch versions (major.minor) the extension was built and tested against.
+SUPPORTED_TORCH = ("2.11",)
+
+# Library functions the extension calls (capi/include/cudalloc.h).
+FUNCTIONS = (
+    "cudalloc_malloc",
+    "cudalloc_free",
+    "cudalloc_record_stream",
+    "cudalloc_empty_cache",
+    "cudalloc_set_memory_fraction",
+    "cudalloc_reset_peak_stats",
+    "cudalloc_device_stats",
+    "cudalloc_stats_json",
+    "cudalloc_last_error",
+    "cudalloc_last_error_kind",
+)
+
+# What a program loses on the pluggable fallback, for the warning that announces it.
+LOST_ON_FALLBACK = (
+    "Tensor.record_stream does not reach cudalloc (memory used on a side stream may be reused "
+    "too early), an out-of-memory aborts the process instead of raising "
+    "torch.OutOfMemoryError, and torch.cuda.memory_stats/max_memory_reserved/empty_cache/"
+    "set_per_process_memory_fraction raise or do nothing (use cudalloc_torch's own functions)"
+)
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "backend.cpp")
+
+
+class BuildError(RuntimeError):
+    """The extension could not be built or loaded; the message says why."""
+
+
+def torch_minor(version):
+    """``"2.11"`` for ``"2.11.0+cu130"``; None if the version does not look like one."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def supported(torch):
+    """True if this torch's major.minor is one the extension was tested against."""
+    return torch_minor(torch.__version__) in SUPPORTED_TORCH
+
+
+def extension_name(torch):
+    """The module name: it carries the torch version, so that each version gets its own build."""
+    tag = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
+    return f"cudalloc_backend_{tag}"
+
+
+def build(torch, verbose=False):
+    """Compiles (or loads the cached build of) the extension; raises :class:`BuildError` with
+    the compiler's message on failure."""
+    from torch.utils import cpp_extension
+
+    try:
+        return cpp_extension.load(
+            name=extension_name(torch),
+            sources=[SOURCE],
+            extra_cflags=["-O2"],
+            with_cuda=True,
+            verbose=verbose,
+        )
+    except Exception as e:  # the compiler's output is in the message
+        raise BuildError(f"building cudalloc's PyTorch extension failed: {e}") from e
+
+
+def addresses(lib):
+    """The address of each library function the extension calls, by name."""
+    return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in FUNCTIONS}
+
+
+def make_allocator(torch, lib, verbose=False):
+    """The allocator for ``torch.cuda.memory.change_current_allocator``: the extension's
+    allocator over ``lib`` (the ctypes handle of the C library), wrapped as PyTorch wraps its
+    own (``torch.cuda.memory._CUDAAllocator``)."""
+    module = build(torch, verbose)
+    return torch.cuda.memory._CUDAAllocator(module.make_allocator(addresses(lib)))

@@ -1,0 +1,252 @@
+// cudalloc's PyTorch backend: a c10 CUDA allocator that forwards every call to the C ABI of
+// libcudalloc_capi (capi/include/cudalloc.h). It holds no allocator logic; it translates:
+//
+//   - allocate / raw_alloc: cudalloc_malloc on the current device and stream; out of memory
+//     becomes c10::OutOfMemoryError (torch.OutOfMemoryError in Python), any other failure
+//     c10::Error (RuntimeError), never a null pointer handed on;
+//   - the deleter and raw_delete: cudalloc_free with device -1 (the library finds the owner);
+//   - recordStream (Tensor.record_stream): cudalloc_record_stream, for memory of this allocator;
+//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo: the library's
+//     statistics and controls, so that torch.cuda.memory_stats() and friends report cudalloc.
+//
+// It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
+// raise PyTorch's "not supported" error). The library's functions are passed in as addresses
+// by Python (ctypes), so that this module and cudalloc_torch's ctypes calls use one copy.
+
+#include <pybind11/stl.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+// The C ABI's functions (capi/include/cudalloc.h), set once by install().
+struct Library {
+  void* (*malloc)(size_t, int, void*) = nullptr;
+  void (*free)(void*, size_t, int, void*) = nullptr;
+  int (*record_stream)(void*, int, void*) = nullptr;
+  int (*empty_cache)(int) = nullptr;
+  int (*set_memory_fraction)(double, int) = nullptr;
+  int (*reset_peak_stats)(int) = nullptr;
+  size_t (*device_stats)(int, char*, size_t) = nullptr;
+  size_t (*stats_json)(int, char*, size_t) = nullptr;
+  const char* (*last_error)() = nullptr;
+  int (*last_error_kind)() = nullptr;
+};
+
+Library lib;
+
+constexpr int kOutOfMemory = 2;  // CUDALLOC_ERROR_OUT_OF_MEMORY
+constexpr int kAnyDevice = -1;   // cudalloc_free's "whichever device holds it"
+constexpr size_t kDeviceStats = 122;  // CUDALLOC_DEVICE_STATS
+
+std::string last_error() {
+  const char* e = lib.last_error();
+  return e ? std::string(e) : std::string();
+}
+
+// Frees memory of this allocator given its pointer alone (the DataPtr deleter).
+void free_pointer(void* ptr) {
+  if (ptr != nullptr) {
+    lib.free(ptr, 0, kAnyDevice, nullptr);
+  }
+}
+
+// Errors are thrown with messages built from std::string and std::to_string only: c10::str
+// and TORCH_CHECK format through std::ostream, and formatting a number that way inside an
+// extension crashed the process on the H200 (torch 2.11, g++ 13: the extension's own copy of
+// ostream's number formatting), while a thrown c10::OutOfMemoryError with a plain message
+// reaches Python as torch.OutOfMemoryError.
+#define CUDALLOC_HERE \
+  c10::SourceLocation { __func__, __FILE__, static_cast<uint32_t>(__LINE__) }
+
+[[noreturn]] void fail(const c10::SourceLocation& at, const std::string& message) {
+  throw c10::Error(at, "cudalloc: " + message);
+}
+
+// cudalloc_malloc, with its failure raised as PyTorch raises its own.
+void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  if (size == 0) {
+    return nullptr;  // nothing is handed out for 0 bytes, as PyTorch's allocator does
+  }
+  void* p = lib.malloc(size, device, stream);
+  if (p != nullptr) {
+    return p;
+  }
+  const std::string where = std::to_string(size) + " bytes on device " +
+      std::to_string(static_cast<int>(device));
+  if (lib.last_error_kind() == kOutOfMemory) {
+    throw c10::OutOfMemoryError(
+        CUDALLOC_HERE,
+        "CUDA out of memory. Tried to allocate " + where + " (cudalloc): " + last_error());
+  }
+  fail(CUDALLOC_HERE, "could not allocate " + where + ": " + last_error());
+}
+
+void check(int rc, const char* what) {
+  if (rc != 0) {
+    fail(CUDALLOC_HERE, std::string(what) + " failed: " + last_error());
+  }
+}
+
+void fill(c10::CachingDeviceAllocator::Stat& s, const int64_t*& v) {
+  s.current = *v++;
+  s.peak = *v++;
+  s.allocated = *v++;
+  s.freed = *v++;
+}
+
+class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+ public:
+  Allocator()
+      : CUDAPluggableAllocator(
+            [](size_t size, int device, cudaStream_t stream) {
+              return checked_malloc(size, static_cast<c10::DeviceIndex>(device), stream);
+            },
+            [](void* ptr, size_t, int, cudaStream_t) { free_pointer(ptr); }) {}
+
+  c10::DataPtr allocate(size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void* p = checked_malloc(size, device, stream);
+    return {p, p, &free_pointer, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pointer;
+  }
+
+  void* raw_alloc(size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return checked_malloc(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    return checked_malloc(size, c10::cuda::current_device(), stream);
+  }
+
+  void raw_delete(void* ptr) override {
+    free_pointer(ptr);
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    // Memory of another allocator (a tensor made with from_blob, say) is not ours to track,
+    // as PyTorch's own allocator ignores it too.
+    if (ptr.get() == nullptr || ptr.get_deleter() != &free_pointer) {
+      return;
+    }
+    check(lib.record_stream(ptr.get(), ptr.device().index(), stream.stream()),
+          "record_stream");
+  }
+
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    std::vector<int64_t> values(kDeviceStats);
+    const size_t bytes = values.size() * sizeof(int64_t);
+    const size_t got =
+        lib.device_stats(device, reinterpret_cast<char*>(values.data()), bytes);
+    if (got != bytes) {
+      fail(CUDALLOC_HERE, "device_stats failed: " + last_error());
+    }
+    c10::CachingDeviceAllocator::DeviceStats out;
+    const int64_t* v = values.data();
+    for (auto* array : {&out.allocation, &out.segment, &out.active, &out.inactive_split,
+                        &out.allocated_bytes, &out.reserved_bytes, &out.active_bytes,
+                        &out.inactive_split_bytes, &out.requested_bytes}) {
+      for (auto& stat : *array) {
+        fill(stat, v);
+      }
+    }
+    fill(out.oversize_allocations, v);
+    fill(out.oversize_segments, v);
+    out.num_alloc_retries = *v++;
+    out.num_ooms = *v++;
+    out.num_sync_all_streams = *v++;
+    out.num_device_alloc = *v++;
+    out.num_device_free = *v++;
+    out.max_split_size = *v++;
+    return out;
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check(lib.reset_peak_stats(device), "reset_peak_stats");
+  }
+
+  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
+    const int n = c10::cuda::device_count();
+    for (int d = 0; d < n; ++d) {
+      check(lib.empty_cache(d), "empty_cache");
+    }
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    check(lib.set_memory_fraction(fraction, device), "set_memory_fraction");
+  }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override {
+    std::string json(lib.stats_json(device, nullptr, 0) + 1, '\0');
+    const size_t n = lib.stats_json(device, json.data(), json.size());
+    if (n == 0 || n >= json.size()) {
+      fail(CUDALLOC_HERE, "stats failed: " + last_error());
+    }
+    const char* key = "\"largest_free_block\":";
+    const size_t at = json.find(key);
+    if (at == std::string::npos) {
+      fail(CUDALLOC_HERE, "no largest_free_block in the stats");
+    }
+    *largest_block = std::strtoull(json.c_str() + at + std::strlen(key), nullptr, 10);
+  }
+
+  std::string name() override {
+    return "cudalloc";
+  }
+};
+
+template <typename F>
+void set(F& field, uintptr_t address, const char* name) {
+  if (address == 0) {
+    fail(CUDALLOC_HERE, std::string("the library has no ") + name);
+  }
+  field = reinterpret_cast<F>(address);
+}
+
+// Takes the library's function addresses (by name) and returns the allocator for
+// torch.cuda.memory.change_current_allocator.
+std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
+    const std::map<std::string, uintptr_t>& fns) {
+  auto get = [&](const char* name) {
+    auto it = fns.find(name);
+    return it == fns.end() ? uintptr_t{0} : it->second;
+  };
+  set(lib.malloc, get("cudalloc_malloc"), "cudalloc_malloc");
+  set(lib.free, get("cudalloc_free"), "cudalloc_free");
+  set(lib.record_stream, get("cudalloc_record_stream"), "cudalloc_record_stream");
+  set(lib.empty_cache, get("cudalloc_empty_cache"), "cudalloc_empty_cache");
+  set(lib.set_memory_fraction, get("cudalloc_set_memory_fraction"),
+      "cudalloc_set_memory_fraction");
+  set(lib.reset_peak_stats, get("cudalloc_reset_peak_stats"), "cudalloc_reset_peak_stats");
+  set(lib.device_stats, get("cudalloc_device_stats"), "cudalloc_device_stats");
+  set(lib.stats_json, get("cudalloc_stats_json"), "cudalloc_stats_json");
+  set(lib.last_error, get("cudalloc_last_error"), "cudalloc_last_error");
+  set(lib.last_error_kind, get("cudalloc_last_error_kind"), "cudalloc_last_error_kind");
+  auto allocator = std::make_shared<Allocator>();
+  allocator->init(c10::cuda::device_count());
+  return allocator;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("make_allocator", &make_allocator,
+        "cudalloc's c10 CUDA allocator over the library functions at the given addresses");
+}
