@@ -46,8 +46,11 @@ def child(args):
 
         result.update(PROGRAMS[args.program](args.quick))
         torch.cuda.synchronize()
-        result["peak_reserved"] = torch.cuda.max_memory_reserved()
         result["ok"] = True
+        try:
+            result["peak_reserved"] = torch.cuda.max_memory_reserved()
+        except RuntimeError:  # PyTorch's pluggable path has no statistics
+            result["peak_reserved"] = None
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {str(e)[:300]}"

@@ -7,11 +7,13 @@ Three lines, before the program initialises CUDA in torch (a tensor on a GPU,
     cudalloc_torch.enable(conf="policy:default")   # or "policy:torch-expandable", ...
     # ... the program, unchanged
 
-:func:`enable` loads the library with ``torch.cuda.memory.CUDAPluggableAllocator`` and makes it
-PyTorch's CUDA allocator (``torch.cuda.memory.change_current_allocator``). PyTorch's own
-statistics functions (``torch.cuda.memory_stats``, ``max_memory_allocated``, ...) raise for a
-pluggable allocator, and ``torch.cuda.empty_cache`` does nothing; use :func:`memory_stats`,
-:func:`empty_cache` and the others here instead.
+:func:`enable` makes the library PyTorch's CUDA allocator
+(``torch.cuda.memory.change_current_allocator``), through cudalloc's c10 allocator (a small C++
+extension built against the installed torch on first use, ``_backend.py``) or, where that cannot
+be built, PyTorch's ``CUDAPluggableAllocator`` with a warning naming what that path loses. On the
+extension ``Tensor.record_stream`` reaches cudalloc, an out-of-memory raises
+``torch.OutOfMemoryError`` and ``torch.cuda.memory_stats`` and friends are cudalloc's; on either
+path :func:`memory_stats`, :func:`empty_cache` and the others here work.
 
 The library is ``$CUDALLOC_LIB`` if set, else ``target/release/libcudalloc_capi.so`` in this
 repository (``cargo build --release -p cudalloc-capi``). See ``docs/pytorch.md``.
