@@ -184,6 +184,29 @@ int cudalloc_trace_stop(void);
  * on the same thread overwrites it, so copy it before the next call if you need to keep it. */
 const char *cudalloc_last_error(void);
 
+/* Private pools: the memory of a CUDA graph or of a torch.cuda.MemPool, kept apart. A pool is
+ * named by its device and two integers (PyTorch's MempoolId_t). Memory allocated from a pool is
+ * never handed to an allocation outside it; it is freed with cudalloc_free (device -1 finds it)
+ * and marked with cudalloc_record_stream like any other. Under the "default" policy a pool
+ * follows "torch-expandable"'s rules (it grows by pages and gives nothing back while in use, so
+ * that an allocation during a capture never waits for the device).
+ *
+ * cudalloc_pool_acquire makes the pool or counts one more use; cudalloc_pool_release counts one
+ * use less, and at none the pool takes no new allocation and its memory goes back to the driver
+ * once none of it is live (then, or at a later cudalloc_empty_cache). Both 0 or -1.
+ * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
+ * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
+ * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in
+ * use, -1 on failure; their addresses (uint64_t, native byte order) are written into buf when
+ * they fit in len bytes. cudalloc_device_stats counts the pools' memory with the device's. */
+int cudalloc_pool_acquire(int device, unsigned long long id0, unsigned long long id1);
+int cudalloc_pool_release(int device, unsigned long long id0, unsigned long long id1);
+int cudalloc_pool_use_count(int device, unsigned long long id0, unsigned long long id1);
+void *cudalloc_pool_malloc(size_t size, int device, cudalloc_stream_t stream,
+                           unsigned long long id0, unsigned long long id1);
+long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long long id1,
+                             char *buf, size_t len);
+
 /* The kind of the calling thread's last error, set together with its message: */
 #define CUDALLOC_ERROR_NONE 0          /* no call on this thread has failed */
 #define CUDALLOC_ERROR_OTHER 1         /* anything but out of memory */

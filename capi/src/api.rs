@@ -58,19 +58,31 @@ fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocE
     }
 }
 
+/// Frees `ptr` on `dev`: its own allocator, else the private pool that holds it.
 fn free_ptr(dev: &Dev, ptr: u64) -> Result<(), AllocError> {
-    if dev.ordinal == 0 {
+    let freed = if dev.ordinal == 0 {
         TRACER.free(&dev.alloc, ptr)
     } else {
         dev.alloc.free_ptr(ptr)
+    };
+    match freed {
+        Err(AllocError::NotAllocated(_)) => dev.pools.with_owner(ptr, |a| a.free_ptr(ptr)),
+        other => other,
     }
 }
 
+/// Marks `ptr` used on `stream`: on `dev`'s own allocator, else the private pool that holds it.
 fn record_on(dev: &Dev, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
-    if dev.ordinal == 0 {
+    let recorded = if dev.ordinal == 0 {
         TRACER.record_stream(&dev.alloc, ptr, stream)
     } else {
         dev.alloc.record_stream(ptr, stream)
+    };
+    match recorded {
+        Err(AllocError::NotAllocated(_)) => {
+            dev.pools.with_owner(ptr, |a| a.record_stream(ptr, stream))
+        }
+        other => other,
     }
 }
 
@@ -100,7 +112,7 @@ pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_
 /// Out of memory for the failures PyTorch's own allocator reports as `torch.OutOfMemoryError`:
 /// the device or the cap has no room, no address range is left, or the request is larger than
 /// any device.
-fn malloc_error_kind(e: &AllocError) -> ErrorKind {
+pub(crate) fn malloc_error_kind(e: &AllocError) -> ErrorKind {
     match e {
         AllocError::OutOfMemory { .. }
         | AllocError::AddressSpace { .. }
@@ -219,7 +231,9 @@ pub(crate) fn empty_cache(device: c_int) -> c_int {
             } else {
                 dev.alloc.empty_cache()
             };
-            emptied.map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
+            emptied
+                .and_then(|()| dev.pools.empty_cache())
+                .map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
         }
         Ok(OK)
     })
@@ -250,7 +264,13 @@ pub(crate) fn reset_peak_stats(device: c_int) -> c_int {
 pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
     guard(0, || {
         let dev = registry::device(device).map_err(|e| format!("cudalloc_stats_json: {e}"))?;
-        let text = json::stats(&dev.alloc, dev.policy, dev.ordinal, dev.free_errors());
+        let text = json::stats(
+            &dev.alloc,
+            dev.policy,
+            dev.ordinal,
+            dev.free_errors(),
+            dev.pools.counts(),
+        );
         Ok(buf.write_c_string(len, text.as_bytes()))
     })
 }
@@ -260,7 +280,8 @@ pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) 
 pub(crate) fn device_stats<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
     guard(0, || {
         let dev = registry::device(device).map_err(|e| format!("cudalloc_device_stats: {e}"))?;
-        let values = json::torch_values(&dev.alloc);
+        let mut values = json::torch_values(&dev.alloc);
+        dev.pools.add_torch_values(&mut values);
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
         Ok(buf.write_bytes(len, &bytes))
     })

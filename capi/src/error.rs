@@ -33,6 +33,7 @@ pub enum ErrorKind {
 }
 
 /// A failure of an exported function's body: the message and its kind.
+#[derive(Debug)]
 pub(crate) struct Failure {
     pub message: String,
     pub kind: ErrorKind,

@@ -11,7 +11,9 @@
 //! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total;
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
-//! - `"capi"`: the device ordinal and the number of failed `cudalloc_free` calls.
+//! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
+//!   pools (`active`: in use; `retired`: out of use with memory still live). The torch keys
+//!   count the device's own allocator only; `cudalloc_device_stats` adds the private pools.
 //!
 //! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
 //! `mapped`, `pool` (`small`/`large`), `stream`, `expandable` and `blocks`, each block with
@@ -28,6 +30,7 @@ pub fn stats<D: Device>(
     policy: Policy,
     device: usize,
     free_errors: u64,
+    pools: (usize, usize),
 ) -> String {
     let snap = alloc.snapshot();
     let mut out = Map::new();
@@ -66,7 +69,11 @@ pub fn stats<D: Device>(
     );
     out.insert(
         "capi".into(),
-        json!({ "device": device, "free_errors": free_errors }),
+        json!({
+            "device": device,
+            "free_errors": free_errors,
+            "private_pools": { "active": pools.0, "retired": pools.1 },
+        }),
     );
     Value::Object(out).to_string()
 }
@@ -142,7 +149,7 @@ mod tests {
         let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
         let b = alloc.allocate(100, StreamId(5)).unwrap();
         alloc.free(b).unwrap();
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Torch, 0, 2)).unwrap();
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Torch, 0, 2, (1, 0))).unwrap();
         let torch = alloc.stats().to_torch_dict();
         for (k, val) in &torch {
             assert_eq!(v[k].as_i64(), Some(*val), "{k}");
@@ -198,7 +205,7 @@ mod tests {
         };
         assert_eq!(state(keep.ptr), "allocated");
         assert_eq!(state(cached.ptr), "thread_cached");
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0)).unwrap();
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (0, 0))).unwrap();
         assert_eq!(v["allocation.all.current"], 1);
         assert_eq!(v["thread_cache"]["blocks"], 1);
     }

@@ -36,6 +36,8 @@
 mod api;
 mod error;
 pub mod json;
+mod pool_api;
+mod pools;
 mod registry;
 pub mod trace;
 
@@ -182,6 +184,61 @@ pub extern "C" fn cudalloc_trace_start(path: CStrArg<'_>) -> c_int {
 #[no_mangle]
 pub extern "C" fn cudalloc_trace_stop() -> c_int {
     api::trace_stop()
+}
+
+/// Makes device `device`'s private pool `(id0, id1)` (PyTorch's `MempoolId_t`) or counts one
+/// more use of it. Memory allocated from a private pool ([`cudalloc_pool_malloc`]) is never
+/// handed to an allocation outside it. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_acquire(device: c_int, id0: u64, id1: u64) -> c_int {
+    pool_api::acquire(device, (id0, id1))
+}
+
+/// Counts one use of a private pool less; at none the pool takes no new allocations and its
+/// memory goes back to the driver once none of it is live. 0, or -1 on failure (a pool not in
+/// use).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_release(device: c_int, id0: u64, id1: u64) -> c_int {
+    pool_api::release(device, (id0, id1))
+}
+
+/// The uses of a private pool (0: not in use), or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_use_count(device: c_int, id0: u64, id1: u64) -> c_int {
+    pool_api::use_count(device, (id0, id1))
+}
+
+/// Like [`cudalloc_malloc`], from private pool `(id0, id1)`, which must be in use. Never aborts:
+/// NULL with the reason in [`cudalloc_last_error`] and its kind in
+/// [`cudalloc_last_error_kind`]. Freed by [`cudalloc_free`] like any other allocation.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    id0: u64,
+    id1: u64,
+) -> *mut c_void {
+    pool_api::malloc(size, device, stream, (id0, id1))
+}
+
+/// The live allocations of a private pool: their addresses as native-endian `uint64_t`s written
+/// into `buf` if they fit in `len` bytes (nothing written otherwise). Returns their number, or
+/// -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_live<'id>(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> i64 {
+    pool_api::live(device, (id0, id1), buf, len)
 }
 
 /// [`cudalloc_last_error_kind`]: no call on this thread has failed.

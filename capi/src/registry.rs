@@ -8,6 +8,7 @@
 //! Calls about a pointer ([`device_if_made`]) read the config but neither ask the driver nor
 //! make an allocator: a device without one holds no allocation.
 
+use crate::pools::Pools;
 use cudalloc_core::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{CudaDevice, DeviceError};
 use std::ffi::c_int;
@@ -22,6 +23,10 @@ pub(crate) struct Dev {
     pub policy: Policy,
     /// Ordinal.
     pub ordinal: usize,
+    /// The configuration it was made with (private pools derive theirs from it).
+    pub config: Config,
+    /// Its private pools (graph pools, `MemPool`s).
+    pub pools: Pools<CudaDevice>,
     /// `cudalloc_free` calls that failed (they return nothing, so they are counted here).
     free_errors: AtomicU64,
 }
@@ -35,6 +40,16 @@ impl Dev {
     /// Failed `cudalloc_free` calls so far.
     pub fn free_errors(&self) -> u64 {
         self.free_errors.load(Ordering::Relaxed)
+    }
+
+    /// A new allocator for a private pool of this device.
+    pub fn open_pool(&self) -> Result<CachingAllocator<CudaDevice>, String> {
+        let dev = CudaDevice::new(self.ordinal)
+            .map_err(|e| format!("cannot open CUDA device {}: {e}", self.ordinal))?;
+        Ok(CachingAllocator::new(
+            dev,
+            crate::pools::pool_config(&self.config),
+        ))
     }
 }
 
@@ -127,6 +142,8 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
             alloc: CachingAllocator::new(dev, cfg.clone()),
             policy: cfg.policy,
             ordinal,
+            config: cfg.clone(),
+            pools: Pools::default(),
             free_errors: AtomicU64::new(0),
         })
     })

@@ -16,6 +16,10 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``memory_api``: ``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_reserved``,
   ``reset_peak_memory_stats``, ``empty_cache`` and ``caching_allocator_alloc`` answer for the
   allocator in use.
+- ``graph_capture``: a transformer layer captured into a CUDA graph on the stream that eager
+  code goes on using; eager tensors must survive the replays, which must match the eager layer.
+- ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
+- ``mem_pool``: ``torch.cuda.MemPool`` with ``use_mem_pool``.
 """
 
 import gc
@@ -159,9 +163,85 @@ def memory_api(quick):
     return {"checks": checks}
 
 
+def graph_capture(quick):
+    """A transformer layer captured into a CUDA graph on the stream eager code goes on using,
+    replayed while eager tensors live on that stream: the eager tensors must stay intact and the
+    replays must match the eager layer."""
+    torch.manual_seed(0)
+    dim, tokens = (256, 64) if quick else (1024, 512)
+    layer = torch.nn.TransformerEncoderLayer(dim, 16, 4 * dim, batch_first=True).cuda().eval()
+    stream = torch.cuda.Stream()
+    static_in = torch.randn(4, tokens, dim, device="cuda")
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up on the capture stream, as PyTorch's docs ask
+            layer(static_in)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph, stream=stream):
+        static_out = layer(static_in)
+    overwritten, worst = 0, 0.0
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for i in range(5):
+            eager = torch.full((4 * tokens * dim,), float(i + 7), device="cuda")
+            static_in.copy_(torch.randn_like(static_in))
+            graph.replay()
+            expected = layer(static_in)
+            worst = max(worst, float((static_out - expected).abs().max()))
+            overwritten += int((eager != float(i + 7)).sum())
+            del eager, expected
+    stream.synchronize()
+    del graph
+    if overwritten or worst >= 1e-3:
+        raise RuntimeError(f"graph replays corrupted memory: {overwritten} eager elements "
+                           f"overwritten, replay vs eager max abs diff {worst:.3g}")
+    return {"overwritten": overwritten, "max_abs_diff": worst}
+
+
+def compile_reduce_overhead(quick):
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graph trees) on an MLP: outputs match the
+    eager model's step after step."""
+    torch.manual_seed(0)
+    dim = 256 if quick else 1024
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                torch.nn.Linear(4 * dim, dim)).cuda().eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+    worst = 0.0
+    with torch.no_grad():
+        for step in range(8):
+            x = torch.randn(64, dim, device="cuda")
+            y = compiled(x).clone()
+            worst = max(worst, float((y - model(x)).abs().max()))
+    torch.cuda.synchronize()
+    if worst >= 1e-2:
+        raise RuntimeError(f"compiled outputs differ from eager: max abs diff {worst:.3g}")
+    return {"max_abs_diff": worst}
+
+
+def mem_pool(quick):
+    """``torch.cuda.MemPool`` and ``use_mem_pool``: tensors made in the pool work, the pool counts
+    its uses, and memory freed in the pool is reused by the pool."""
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.randn(1 << 20, device="cuda")
+        a_ptr = a.data_ptr()
+        total = float(a.sum())
+        del a
+        b = torch.randn(1 << 20, device="cuda")
+    c = torch.randn(1 << 20, device="cuda")  # outside the pool
+    result = {"uses": pool.use_count(), "reused_in_pool": b.data_ptr() == a_ptr,
+              "outside_differs": c.data_ptr() != a_ptr, "sum_finite": total == total}
+    del b, c, pool
+    if not result["outside_differs"]:
+        raise RuntimeError("memory freed in a MemPool was handed out outside it")
+    return result
+
+
 PROGRAMS = {
     "side_stream": side_stream,
     "oom_recover": oom_recover,
     "oom_batch_search": oom_batch_search,
     "memory_api": memory_api,
+    "graph_capture": graph_capture,
+    "compile_reduce_overhead": compile_reduce_overhead,
+    "mem_pool": mem_pool,
 }

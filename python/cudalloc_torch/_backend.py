@@ -29,6 +29,11 @@ FUNCTIONS = (
     "cudalloc_stats_json",
     "cudalloc_last_error",
     "cudalloc_last_error_kind",
+    "cudalloc_pool_acquire",
+    "cudalloc_pool_release",
+    "cudalloc_pool_use_count",
+    "cudalloc_pool_malloc",
+    "cudalloc_pool_live",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.

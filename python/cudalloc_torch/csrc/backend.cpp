@@ -7,7 +7,11 @@
 //   - the deleter and raw_delete: cudalloc_free with device -1 (the library finds the owner);
 //   - recordStream (Tensor.record_stream): cudalloc_record_stream, for memory of this allocator;
 //   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo: the library's
-//     statistics and controls, so that torch.cuda.memory_stats() and friends report cudalloc.
+//     statistics and controls, so that torch.cuda.memory_stats() and friends report cudalloc;
+//   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
+//     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
+//     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
+//     allocator allocates, so that a capture is never invalidated by an allocation.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -21,7 +25,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -43,6 +52,11 @@ struct Library {
   size_t (*stats_json)(int, char*, size_t) = nullptr;
   const char* (*last_error)() = nullptr;
   int (*last_error_kind)() = nullptr;
+  int (*pool_acquire)(int, uint64_t, uint64_t) = nullptr;
+  int (*pool_release)(int, uint64_t, uint64_t) = nullptr;
+  int (*pool_use_count)(int, uint64_t, uint64_t) = nullptr;
+  void* (*pool_malloc)(size_t, int, void*, uint64_t, uint64_t) = nullptr;
+  int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
 };
 
 Library lib;
@@ -75,12 +89,76 @@ void free_pointer(void* ptr) {
   throw c10::Error(at, "cudalloc: " + message);
 }
 
-// cudalloc_malloc, with its failure raised as PyTorch raises its own.
+// The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
+// torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
+// which streams' allocations it takes. `routes` counts them, so that an allocation with none
+// reads one atomic and takes no lock.
+struct Route {
+  c10::DeviceIndex device;
+  c10::cuda::MempoolId_t pool;
+  std::function<bool(cudaStream_t)> filter;
+};
+std::mutex routes_mutex;
+std::vector<Route> routes;
+std::atomic<int> route_count{0};
+
+std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
+  if (route_count.load(std::memory_order_acquire) == 0) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(routes_mutex);
+  for (const Route& r : routes) {
+    if (r.device == device && r.filter(stream)) {
+      return r.pool;
+    }
+  }
+  return std::nullopt;
+}
+
+// While `stream` is being captured into a CUDA graph, switches the calling thread to relaxed
+// capture mode, as PyTorch's allocator does around cudaMalloc, so that the driver calls an
+// allocation may make (cuMemAlloc, cuMemMap ...) do not invalidate the capture; restores the
+// mode on destruction.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    on_ = cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone;
+    if (on_) {
+      cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
+  ~RelaxedCapture() {
+    if (on_) {
+      cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  bool on_ = false;
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  if (route_count.load(std::memory_order_acquire) == 0) {
+    return lib.malloc(size, device, stream);
+  }
+  RelaxedCapture relaxed(stream);
+  if (auto pool = route(device, stream)) {
+    return lib.pool_malloc(size, device, stream, pool->first, pool->second);
+  }
+  return lib.malloc(size, device, stream);
+}
+
+// cudalloc_malloc (or cudalloc_pool_malloc), with its failure raised as PyTorch raises its own.
 void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   if (size == 0) {
     return nullptr;  // nothing is handed out for 0 bytes, as PyTorch's allocator does
   }
-  void* p = lib.malloc(size, device, stream);
+  void* p = library_malloc(size, device, stream);
   if (p != nullptr) {
     return p;
   }
@@ -92,6 +170,10 @@ void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
         "CUDA out of memory. Tried to allocate " + where + " (cudalloc): " + last_error());
   }
   fail(CUDALLOC_HERE, "could not allocate " + where + ": " + last_error());
+}
+
+std::string pool_name(const c10::cuda::MempoolId_t& id) {
+  return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
 }
 
 void check(int rc, const char* what) {
@@ -210,6 +292,88 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   std::string name() override {
     return "cudalloc";
   }
+
+  // Private pools: every call is the library's (pools, their uses and their memory live
+  // there); only the routing by stream filter is kept here, since the filters are C++.
+
+  void beginAllocateToPool(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t pool,
+      std::function<bool(cudaStream_t)> filter) override {
+    check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
+    std::lock_guard<std::mutex> lock(routes_mutex);
+    for (const Route& r : routes) {
+      if (r.device == device && r.pool == pool) {
+        lib.pool_release(device, pool.first, pool.second);
+        fail(CUDALLOC_HERE, "already allocating to private pool " + pool_name(pool));
+      }
+    }
+    routes.push_back(Route{device, pool, std::move(filter)});
+    route_count.fetch_add(1, std::memory_order_release);
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    std::lock_guard<std::mutex> lock(routes_mutex);
+    for (auto it = routes.begin(); it != routes.end(); ++it) {
+      if (it->device == device && it->pool == pool) {
+        routes.erase(it);
+        route_count.fetch_sub(1, std::memory_order_release);
+        return;
+      }
+    }
+  }
+
+  void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    check(lib.pool_release(device, pool.first, pool.second), "pool_release");
+  }
+
+  void createOrIncrefPool(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t pool,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) override {
+    if (allocator && allocator.get() != this) {
+      fail(CUDALLOC_HERE,
+           "a MemPool with an allocator of its own cannot live in cudalloc's pools; create it "
+           "without one (torch.cuda.MemPool())");
+    }
+    check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    const int n = lib.pool_use_count(device, pool.first, pool.second);
+    if (n < 0) {
+      fail(CUDALLOC_HERE, "pool_use_count failed: " + last_error());
+    }
+    return n;
+  }
+
+  bool checkPoolLiveAllocations(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t pool,
+      const std::unordered_set<void*>& expected) override {
+    std::vector<uint64_t> live(expected.size() + 1);
+    int64_t n = 0;
+    while (true) {
+      n = lib.pool_live(device, pool.first, pool.second,
+                        reinterpret_cast<char*>(live.data()), live.size() * sizeof(uint64_t));
+      if (n < 0) {
+        fail(CUDALLOC_HERE, "pool_live failed: " + last_error());
+      }
+      if (static_cast<size_t>(n) <= live.size()) {
+        break;
+      }
+      live.resize(static_cast<size_t>(n));
+    }
+    if (static_cast<size_t>(n) != expected.size()) {
+      return false;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (expected.count(reinterpret_cast<void*>(live[i])) == 0) {
+        return false;
+      }
+    }
+    return true;
+  }
 };
 
 template <typename F>
@@ -239,6 +403,11 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.stats_json, get("cudalloc_stats_json"), "cudalloc_stats_json");
   set(lib.last_error, get("cudalloc_last_error"), "cudalloc_last_error");
   set(lib.last_error_kind, get("cudalloc_last_error_kind"), "cudalloc_last_error_kind");
+  set(lib.pool_acquire, get("cudalloc_pool_acquire"), "cudalloc_pool_acquire");
+  set(lib.pool_release, get("cudalloc_pool_release"), "cudalloc_pool_release");
+  set(lib.pool_use_count, get("cudalloc_pool_use_count"), "cudalloc_pool_use_count");
+  set(lib.pool_malloc, get("cudalloc_pool_malloc"), "cudalloc_pool_malloc");
+  set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   return allocator;

@@ -1,0 +1,84 @@
+//! The bodies of the private-pool functions (`cudalloc_pool_*`): safe Rust inside the same
+//! guards as `api`, over [`crate::pools`].
+
+use crate::error::{guard, guard_kind, Failure};
+use crate::pools::PoolId;
+use crate::registry::{self, Dev};
+use cudalloc_sys::ffi::{CBuf, CBufLen};
+use cudalloc_sys::StreamId;
+use std::ffi::{c_int, c_void};
+
+const OK: c_int = 0;
+const FAILED: c_int = -1;
+
+fn device(name: &str, device: c_int) -> Result<&'static Dev, String> {
+    registry::device(device).map_err(|e| format!("{name}: {e}"))
+}
+
+pub(crate) fn acquire(device_: c_int, id: PoolId) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_acquire", device_)?;
+        dev.pools
+            .acquire(id, || dev.open_pool())
+            .map_err(|e| format!("cudalloc_pool_acquire(device {device_}, {id:?}): {e}"))?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn release(device_: c_int, id: PoolId) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_release", device_)?;
+        dev.pools
+            .release(id)
+            .map_err(|e| format!("cudalloc_pool_release(device {device_}, {id:?}): {e}"))?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn use_count(device_: c_int, id: PoolId) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_use_count", device_)?;
+        Ok(c_int::try_from(dev.pools.use_count(id)).unwrap_or(c_int::MAX))
+    })
+}
+
+pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolId) -> *mut c_void {
+    guard_kind(std::ptr::null_mut(), || {
+        let dev = device("cudalloc_pool_malloc", device_)?;
+        if stream as usize == 0x2 {
+            return Err(Failure::from(
+                "cudalloc_pool_malloc: stream 0x2 is cudaStreamPerThread, a different stream on \
+                 each thread; pass a created stream, or NULL"
+                    .to_string(),
+            ));
+        }
+        if size == 0 {
+            return Ok(std::ptr::null_mut());
+        }
+        let stream = StreamId(stream as usize as u64);
+        let a = dev
+            .pools
+            .allocate(id, size as u64, stream)
+            .map_err(|f| Failure {
+                kind: f.kind,
+                message: format!(
+                    "cudalloc_pool_malloc({size} bytes, device {device_}, pool {id:?}): {}",
+                    f.message
+                ),
+            })?;
+        Ok(a.ptr as usize as *mut c_void)
+    })
+}
+
+pub(crate) fn live<'id>(device_: c_int, id: PoolId, buf: CBuf<'id>, len: CBufLen<'id>) -> i64 {
+    guard(-1, || {
+        let dev = device("cudalloc_pool_live", device_)?;
+        let live = dev
+            .pools
+            .live_allocations(id)
+            .map_err(|e| format!("cudalloc_pool_live(device {device_}, {id:?}): {e}"))?;
+        let bytes: Vec<u8> = live.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        buf.write_bytes(len, &bytes);
+        Ok(live.len() as i64)
+    })
+}
