@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -323,8 +324,23 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     }
   }
 
+  // Called from the destructors of CUDAGraph and MemPool, where an exception would terminate
+  // the process: a failure is reported on stderr instead.
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
-    check(lib.pool_release(device, pool.first, pool.second), "pool_release");
+    if (lib.pool_release(device, pool.first, pool.second) != 0) {
+      const std::string message = "cudalloc: pool_release failed: " + last_error() + "\n";
+      std::fputs(message.c_str(), stderr);
+    }
+  }
+
+  // MemPool(use_on_oom=True) lets PyTorch's allocator take a pool's free memory when the rest
+  // is exhausted; cudalloc keeps pools apart, so only the default (false, which MemPool's
+  // destructor also sets) is accepted.
+  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t pool, bool use_on_oom) override {
+    if (use_on_oom) {
+      fail(CUDALLOC_HERE, "MemPool(use_on_oom=True) is not supported: pool " + pool_name(pool) +
+                              "'s memory serves only allocations made to the pool");
+    }
   }
 
   void createOrIncrefPool(
