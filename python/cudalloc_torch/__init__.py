@@ -15,7 +15,8 @@ extension ``Tensor.record_stream`` reaches cudalloc, an out-of-memory raises
 ``torch.OutOfMemoryError`` and ``torch.cuda.memory_stats`` and friends are cudalloc's; on either
 path :func:`memory_stats`, :func:`empty_cache` and the others here work.
 
-The library is ``$CUDALLOC_LIB`` if set, else ``target/release/libcudalloc_capi.so`` in this
+The library is ``$CUDALLOC_LIB`` if set, else the one installed with this package
+(``pip install .`` from the repository root), else ``target/release/libcudalloc_capi.so`` in this
 repository (``cargo build --release -p cudalloc-capi``). See ``docs/pytorch.md``.
 
 Only :func:`enable` imports torch; the other functions talk to the library through ctypes.
@@ -72,9 +73,20 @@ class CudallocError(RuntimeError):
 
 
 def library_path(lib_path=None):
-    """The library :func:`enable` and :func:`load` use: ``lib_path``, ``$CUDALLOC_LIB`` or
-    ``target/release/libcudalloc_capi.so`` in this repository, as an absolute path."""
-    return os.path.abspath(lib_path or os.environ.get("CUDALLOC_LIB") or DEFAULT_LIB)
+    """The library :func:`enable` and :func:`load` use: ``lib_path``, ``$CUDALLOC_LIB``, the
+    library installed with this package, or ``target/release/libcudalloc_capi.so`` in this
+    repository, as an absolute path."""
+    return os.path.abspath(lib_path or os.environ.get("CUDALLOC_LIB") or installed_library() or DEFAULT_LIB)
+
+
+def installed_library():
+    """The library ``pip install`` put beside this module (``libcudalloc_capi.<suffix>.so``), or
+    None when the package runs from the repository."""
+    import glob
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "libcudalloc_capi*.so")))
+    return found[0] if found else None
 
 
 def _declare(lib):

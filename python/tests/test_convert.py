@@ -15,7 +15,8 @@ import types
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
+if not os.environ.get("CUDALLOC_TEST_INSTALLED"):  # else: the package pip installed
+    sys.path.insert(0, str(ROOT / "python"))
 
 from cudalloc_trace import convert as conv  # noqa: E402
 from cudalloc_trace import record  # noqa: E402

@@ -11,7 +11,8 @@ import types
 import unittest
 import warnings
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+if not os.environ.get("CUDALLOC_TEST_INSTALLED"):  # else: the package pip installed
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import cudalloc_torch  # noqa: E402
 from cudalloc_torch import _backend  # noqa: E402

@@ -2,13 +2,15 @@
 (no torch, no GPU and no library needed: a fake torch module and a fake library stand in)."""
 
 import json
+import os
 import pathlib
 import sys
 import types
 import unittest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
+if not os.environ.get("CUDALLOC_TEST_INSTALLED"):  # else: the package pip installed
+    sys.path.insert(0, str(ROOT / "python"))
 
 import cudalloc_torch  # noqa: E402
 

@@ -18,8 +18,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Cargo's target directory: $CARGO_TARGET_DIR when set (relative to the root), else target/.
 TARGET = ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
 BUILT = [TARGET / kind / "libcudalloc_capi.so" for kind in ("debug", "release")]
-# $CUDALLOC_LIB when set, else the newer of the two builds.
-LIB = next(
+# With CUDALLOC_TEST_INSTALLED set, the tests run against the package pip installed (its own
+# library, unless $CUDALLOC_LIB names one) instead of this repository's python/ folder.
+INSTALLED = bool(os.environ.get("CUDALLOC_TEST_INSTALLED"))
+
+
+def _installed_library():
+    import cudalloc_torch
+
+    return cudalloc_torch.installed_library()
+
+
+# $CUDALLOC_LIB when set, else the installed package's or the newer of the two builds.
+LIB = pathlib.Path(os.environ.get("CUDALLOC_LIB") or _installed_library()) if INSTALLED else next(
     (pathlib.Path(p) for p in [os.environ.get("CUDALLOC_LIB")] if p),
     max((p for p in BUILT if p.exists()), key=lambda p: p.stat().st_mtime, default=None),
 )
@@ -27,7 +38,9 @@ LIB = next(
 
 def run(script):
     """Runs ``script`` with cudalloc_torch importable and the library found; returns stdout."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), CUDALLOC_LIB=str(LIB))
+    env = dict(os.environ, CUDALLOC_LIB=str(LIB))
+    if not INSTALLED:
+        env["PYTHONPATH"] = str(ROOT / "python")
     env.pop("CUDALLOC_CONF", None)
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
