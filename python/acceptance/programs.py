@@ -20,6 +20,10 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
 - ``mem_pool``: ``torch.cuda.MemPool`` with ``use_mem_pool``.
+- ``generate_kv``: greedy generation with a KV cache at batch sizes 1, 4 and 16 (Llama-style).
+- ``serve_loop``: rounds of requests of varied shapes; reserved memory must stop growing after
+  the first round.
+- ``train_autocast``: GPT-2 training with AdamW under bf16 autocast.
 """
 
 import gc
@@ -236,6 +240,73 @@ def mem_pool(quick):
     return result
 
 
+def _llama(layers, hidden, heads, kv_heads, vocab=32000):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, vocab_size=vocab)
+    return LlamaForCausalLM(cfg).cuda().to(torch.bfloat16).eval()
+
+
+def generate_kv(quick):
+    """Greedy ``generate`` with a KV cache at batch sizes 1, 4 and 16 on a Llama-style model;
+    the generated ids (as a checksum per batch size)."""
+    model = _llama(*((2, 256, 4, 2) if quick else (8, 1024, 16, 4)))
+    sums = []
+    for batch in (1, 4, 16):
+        torch.manual_seed(batch)
+        ids = torch.randint(0, 32000, (batch, 96), device="cuda")
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=16 if quick else 48, do_sample=False,
+                                 attention_mask=torch.ones_like(ids))
+        sums.append(int(out.sum()))
+    return {"losses": [float(x) for x in sums]}
+
+
+def serve_loop(quick):
+    """A serving loop: 3 rounds of requests of varied batch and prompt lengths through
+    ``generate``; reserved memory after the first round (warm-up) and at the end."""
+    model = _llama(*((2, 256, 4, 2) if quick else (8, 1024, 16, 4)))
+    import random
+
+    rng = random.Random(0)
+    reserved = []
+    for _round in range(3):
+        for _ in range(4 if quick else 12):
+            batch, length = rng.choice([1, 2, 4, 8]), rng.randint(16, 256)
+            ids = torch.randint(0, 32000, (batch, length), device="cuda")
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=16, do_sample=False,
+                               attention_mask=torch.ones_like(ids))
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    return {"reserved_after_warmup": reserved[0], "reserved_at_end": reserved[-1],
+            "grew_after_warmup": reserved[-1] > reserved[0]}
+
+
+def train_autocast(quick):
+    """GPT-2 training steps with AdamW under bf16 autocast; the losses."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4) if quick else GPT2Config()
+    model = GPT2LMHeadModel(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    losses = []
+    for step in range(6):
+        torch.manual_seed(100 + step)
+        ids = torch.randint(0, cfg.vocab_size, (8, 256 + 64 * (step % 3)), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return {"losses": [float(v) for v in losses]}
+
+
 PROGRAMS = {
     "side_stream": side_stream,
     "oom_recover": oom_recover,
@@ -244,4 +315,7 @@ PROGRAMS = {
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "mem_pool": mem_pool,
+    "generate_kv": generate_kv,
+    "serve_loop": serve_loop,
+    "train_autocast": train_autocast,
 }

@@ -1,0 +1,58 @@
+"""The acceptance runner's comparison and table (python/acceptance/run.py), without torch or a
+GPU: the programs themselves run on the GPU machine."""
+
+import ast
+import pathlib
+import sys
+import unittest
+
+ACCEPTANCE = pathlib.Path(__file__).resolve().parents[1] / "acceptance"
+sys.path.insert(0, str(ACCEPTANCE))
+
+import run  # noqa: E402
+
+
+def program_names():
+    """The keys of PROGRAMS in programs.py, read without importing torch."""
+    tree = ast.parse((ACCEPTANCE / "programs.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == "PROGRAMS":
+            return [k.value for k in node.value.keys]
+    raise AssertionError("no PROGRAMS in programs.py")
+
+
+class Compare(unittest.TestCase):
+    def test_losses_are_bit_identical_close_or_different(self):
+        ref = {"ok": True, "losses": [1.0, 2.0]}
+        self.assertEqual(run.compare({"ok": True, "losses": [1.0, 2.0]}, ref), "bit-identical")
+        self.assertTrue(run.compare({"ok": True, "losses": [1.0, 2.0000001]}, ref).startswith("close"))
+        self.assertTrue(run.compare({"ok": True, "losses": [1.0, 2.5]}, ref).startswith("DIFFERENT"))
+        self.assertEqual(run.compare(ref, ref), "ref")
+
+    def test_a_failed_run_names_its_error(self):
+        got = run.compare({"ok": False, "error": "RuntimeError: boom"}, None)
+        self.assertEqual(got, "FAILED: RuntimeError: boom")
+
+    def test_other_results_are_listed(self):
+        got = run.compare({"ok": True, "fitted": 11, "went_on": True}, {"ok": True})
+        self.assertEqual(got, "fitted=11, went_on=True")
+
+    def test_the_table_has_a_row_per_program_and_mode(self):
+        results = {("p", "torch"): {"ok": True, "peak_reserved": 2 << 20, "wall_s": 1.0},
+                   ("p", "cudalloc:default"): {"ok": False, "error": "exit -6", "backend": "extension"}}
+        lines = run.table(results, ["p"], ["torch", "cudalloc:default"]).splitlines()
+        self.assertEqual(len(lines), 3)
+        self.assertIn("2 MiB", lines[1])
+        self.assertIn("cudalloc:default (extension)", lines[2])
+        self.assertIn("FAILED: exit -6", lines[2])
+
+
+class Programs(unittest.TestCase):
+    def test_every_program_is_documented(self):
+        doc = ast.get_docstring(ast.parse((ACCEPTANCE / "programs.py").read_text()))
+        for name in program_names():
+            self.assertIn(f"``{name}``", doc, name)
+
+
+if __name__ == "__main__":
+    unittest.main()
