@@ -31,8 +31,8 @@
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
 use crate::interop::{driver_error, raw_buffer, BufferSource};
+use crate::record::RecordingAllocator;
 use crate::sync::Arc;
-use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::cublas::CudaBlas;
 use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::buffer::{BlasError, Buffer, PooledBlas};
