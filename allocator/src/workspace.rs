@@ -370,7 +370,7 @@ impl<W: Write + Send + 'static> RecordingAllocator<CudaDevice, W> {
 }
 
 impl CublasHandle {
-    /// The cudarc handle, for `Gemm`/`Gemv` calls (or `cudalloc_sys::buffer::ops`'s checked
+    /// The cudarc handle, for `Gemm`/`Gemv` calls (or `cudalloc_sys::ops`'s checked
     /// wrappers); they run on [`CublasHandle::stream`].
     pub fn blas(&self) -> &CudaBlas {
         self.inner.blas()

@@ -1,6 +1,12 @@
-//! Checked device operations: the elementwise kernels and cuBLAS products a decoder-only
+//! Checked device operations of the example engine (feature `ops`, off by default: the
+//! allocator needs none of it): the elementwise kernels and cuBLAS products a decoder-only
 //! transformer needs, as safe functions over anything implementing cudarc's
-//! `DevicePtr`/`DevicePtrMut` (a [`super::Buffer`], a `CudaSlice`, a `CudaView`).
+//! `DevicePtr`/`DevicePtrMut` (a [`crate::buffer::Buffer`], a `CudaSlice`, a `CudaView`), and
+//! the driver's default memory pool counters ([`mempool`]) the engine compares with.
+//!
+//! They live in this crate because each launch is `unsafe` and its safety rests on the length
+//! checks next to it and on the kernels' source (`ops/kernels.cu`); the model that uses them is
+//! the example's (`allocator/examples/engine/`).
 //!
 //! Launching a kernel and calling cuBLAS are `unsafe` in cudarc because nothing stops them from
 //! reaching past a buffer. Each function here checks every length (with overflow checks) before
@@ -24,7 +30,12 @@ use cudarc::nvrtc::{compile_ptx, Ptx};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-const SOURCE: &str = include_str!("kernels.cu");
+pub mod mempool;
+
+#[cfg(test)]
+mod tests;
+
+const SOURCE: &str = include_str!("ops/kernels.cu");
 
 /// Threads per block of every kernel (the row kernels depend on it).
 const THREADS: u32 = 256;
@@ -474,7 +485,7 @@ fn matrix_need(
 }
 
 /// Checks a (batched) gemm's three operands against their lengths.
-pub(super) fn check_gemm(
+fn check_gemm(
     cfg: &GemmConfig<f32>,
     batch: i32,
     strides: [i64; 3],

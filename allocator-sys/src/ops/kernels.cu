@@ -1,4 +1,4 @@
-// The kernels of `cudalloc_sys::buffer::ops`, compiled at run time with NVRTC.
+// The kernels of `cudalloc_sys::ops`, compiled at run time with NVRTC.
 //
 // Every launcher in ops.rs checks the lengths of the buffers it passes against the sizes given
 // here before launching; each kernel also keeps its indices below those sizes. Row kernels
