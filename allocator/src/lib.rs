@@ -26,7 +26,7 @@
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
 
-pub mod allocator;
+mod allocator;
 pub mod config;
 pub mod error;
 pub mod fmt;
@@ -38,8 +38,12 @@ pub mod record;
 pub mod sizes;
 pub mod snapshot;
 pub mod stats;
+// The locks and atomics, public only to the loom model (tests/loom.rs).
+#[cfg(loom)]
 pub mod sync;
-pub mod tcache;
+#[cfg(not(loom))]
+mod sync;
+mod tcache;
 pub mod workspace;
 
 pub use allocator::CachingAllocator;

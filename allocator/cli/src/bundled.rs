@@ -1,6 +1,6 @@
 //! Finding the bundled traces (`traces/` at the repository root) when no TRACE is given.
 
-use crate::CliError;
+use crate::error::CliError;
 use std::path::{Path, PathBuf};
 
 /// The trace files of the first `traces/` directory found, sorted by name: `./traces`, then a

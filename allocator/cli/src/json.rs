@@ -1,6 +1,6 @@
 //! `cudalloc replay --json`: one JSON object per (trace, configuration) per line.
 
-use crate::replay_cmd::{Report, Run};
+use crate::report::{Report, Run};
 use cudalloc_trace::replay::PeakPinning;
 use cudalloc_trace::Anomalies;
 use serde_json::{json, Value};

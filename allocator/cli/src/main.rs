@@ -11,52 +11,20 @@
 
 mod args;
 mod bundled;
+mod error;
 mod json;
 mod plot;
 mod progress;
 mod replay_cmd;
+mod report;
 mod stats_cmd;
 mod summary;
 mod table;
 
 use args::{Cli, Command};
 use clap::Parser;
-use std::fmt;
+use error::CliError;
 use std::process::ExitCode;
-
-/// Why a command could not do its work.
-#[derive(Debug)]
-pub enum CliError {
-    /// Reported on stderr; exit status 2.
-    Message(String),
-    /// stdout was closed by its reader (e.g. `| head`); exit quietly.
-    BrokenPipe,
-}
-
-impl CliError {
-    /// An error with a message.
-    pub fn msg(m: impl Into<String>) -> Self {
-        CliError::Message(m.into())
-    }
-}
-
-impl From<std::io::Error> for CliError {
-    fn from(e: std::io::Error) -> Self {
-        match e.kind() {
-            std::io::ErrorKind::BrokenPipe => CliError::BrokenPipe,
-            _ => CliError::Message(format!("cannot write the output: {e}")),
-        }
-    }
-}
-
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CliError::Message(m) => f.write_str(m),
-            CliError::BrokenPipe => f.write_str("broken pipe"),
-        }
-    }
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

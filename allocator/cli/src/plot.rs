@@ -5,7 +5,7 @@
 //! others'; the whole label is the name's tooltip.
 
 use crate::args::entries;
-use crate::replay_cmd::{Report, Run};
+use crate::report::{Report, Run};
 use crate::table::thousands;
 use cudalloc::fmt::bytes;
 use cudalloc_trace::replay::Sample;

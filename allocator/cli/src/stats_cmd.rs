@@ -4,7 +4,8 @@
 //! odd events (`anomalies`) as `replay` reports them: the same JSON object, and a warning.
 
 use crate::args::StatsArgs;
-use crate::{table, CliError};
+use crate::error::CliError;
+use crate::table;
 use cudalloc::{AllocError, Allocation, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use cudalloc_trace::replay::DEVICE_CAPACITY;

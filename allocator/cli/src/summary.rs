@@ -13,7 +13,7 @@
 //! neither has a snapshot whose history began after memory was allocated (allocations put
 //! first): its `segment_alloc` events leave out the segments made before the history.
 
-use crate::replay_cmd::Report;
+use crate::report::Report;
 use crate::table::{ratio, thousands, write_table};
 use std::io::{self, Write};
 
@@ -168,7 +168,7 @@ pub fn geometric_mean(xs: &[f64]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay_cmd::Run;
+    use crate::report::Run;
     use cudalloc::AllocError;
     use cudalloc_trace::replay::{Failure, ReplayResult};
 

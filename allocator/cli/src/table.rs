@@ -1,7 +1,7 @@
 //! Human-readable output of `cudalloc replay`: a header line and a table per trace, the
 //! failures of capped replays (the summary across traces is `summary`).
 
-use crate::replay_cmd::{Report, Run};
+use crate::report::{Report, Run};
 use cudalloc::fmt::bytes;
 use cudalloc_trace::replay::PeakPinning;
 use cudalloc_trace::{Anomalies, Position};
