@@ -2,7 +2,8 @@
 //! `shared/traces/README.md`), plain or gzip, the header optionally after a UTF-8 BOM. Lines are
 //! parsed from a reused byte buffer; a malformed line is an error naming the file and line.
 //! Numbers are decimal digits only: anything else is "not a non-negative integer", and digits
-//! whose value passes `u64::MAX` "overflow 64 bits", whatever their count.
+//! whose value passes `u64::MAX` "overflow 64 bits", whatever their count. The writer is the
+//! recorder's (`cudalloc::record::csv`), re-exported here.
 
 use super::{Action, Event, Trace, TraceBuilder, TraceError};
 use std::io::BufRead;
