@@ -35,7 +35,7 @@
 //! `&mut buf` pushed with `LaunchArgs::arg` mean *a launch on the buffer's own stream*: the
 //! owner waits for foreign users before the launch, as for any owner read or write. For a launch
 //! on another stream, push the address that `device_ptr(&stream)`/`device_ptr_mut(&stream)`
-//! returns and drop its `SyncOnDrop` after `launch`, which is what [`ops`] does.
+//! returns and drop its `SyncOnDrop` after `launch`, which is what `cudalloc_sys::ops` does.
 //!
 //! # Initialized memory
 //!
@@ -53,15 +53,13 @@
 //! and `cuMemMap` memory on the device, never host-mapped memory.
 
 mod blas;
-pub mod mempool;
-pub mod ops;
 mod tracker;
 
 #[cfg(test)]
 mod tests;
 
-/// cudarc, as this crate builds it (`driver`, `cublas`, `nvrtc`, dynamic loading), for crates
-/// that reach it through `cudalloc-sys`.
+/// cudarc, as this crate builds it (`driver`, `cublas`, dynamic loading; `nvrtc` with the `ops`
+/// feature), for crates that reach it through `cudalloc-sys`.
 pub use cudarc;
 
 pub use blas::{BlasError, PooledBlas};

@@ -9,11 +9,17 @@
 //! - [`SimDevice`]: a deterministic, host-only device with a capacity, a VMM granularity,
 //!   driver-like address assignment, call counters, fault injection and optional host backing.
 //! - [`wrap`]: adaptors around any device (limit bytes, fail calls, count calls, log calls).
+//! - [`buffer`]: `Buffer<T>`, typed device memory from a pool that cudarc accepts as a
+//!   `CudaSlice<T>`, and cuBLAS handles whose workspaces are such buffers.
+//! - `ops` (feature `ops`, off by default): the length-checked kernels (NVRTC) and cuBLAS
+//!   products of the example engine, and the driver pool's counters it compares with.
 
 pub mod buffer;
 pub mod cuda;
 pub mod device;
 pub mod ffi;
+#[cfg(feature = "ops")]
+pub mod ops;
 pub mod sim;
 pub mod wrap;
 

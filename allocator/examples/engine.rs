@@ -28,7 +28,7 @@ mod reference;
 use clap::{Parser, ValueEnum};
 use cudalloc::{CachingAllocator, Config, Policy};
 use cudalloc_sys::buffer::cudarc::driver::{CudaContext, CudaStream};
-use cudalloc_sys::buffer::mempool;
+use cudalloc_sys::ops::mempool;
 use cudalloc_sys::CudaDevice;
 use mem::{CudarcMem, Figure, Mem, PoolMem, Result};
 use model::{Model, Shape, Weights};

@@ -136,8 +136,7 @@ pub struct Config {
     pub thread_cache_bytes: u64,
     /// Largest block a thread cache's small part takes.
     pub thread_cache_block: u64,
-    /// Blocks of any size a thread cache's large part holds (at most
-    /// [`crate::tcache::MAX_LARGE`]).
+    /// Blocks of any size a thread cache's large part holds (at most 4).
     pub thread_cache_large: usize,
     /// Cap on the memory held from each device, as a fraction of it (PyTorch's
     /// `per_process_memory_fraction` key; `None`: no cap). A pool applies it when it is made,

@@ -34,8 +34,8 @@
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
 use crate::pool::Allocation;
+use crate::record::RecordingAllocator;
 use crate::sync::Arc;
-use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::driver::{CudaStream, DeviceRepr, DriverError, ValidAsZeroBits};
 use cudalloc_sys::buffer::{AnyBitPattern, Buffer, BufferPool, FromBuffer, PoolError};
 use cudalloc_sys::{CudaDevice, Device, DeviceError, StreamId};

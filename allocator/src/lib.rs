@@ -1,8 +1,8 @@
 //! # cudalloc: a caching GPU memory allocator
 //!
 //! cudalloc keeps the device memory a program frees and hands it out again without calling the
-//! driver, the way PyTorch's `CUDACachingAllocator` does, and replays recorded allocation traces
-//! against any policy on a simulated device.
+//! driver, the way PyTorch's `CUDACachingAllocator` does, and records the allocations a program
+//! makes as a trace that `cudalloc-trace` replays against any policy on a simulated device.
 //!
 //! ## The hierarchy, from the driver up
 //!
@@ -23,11 +23,10 @@
 //!
 //! - [`CachingAllocator`]: the thread-safe allocator.
 //! - [`Pool`]: the single-threaded pool underneath (what the replayer drives).
-//! - [`trace`] and [`replay`]: reading allocation traces and replaying them; [`bound`]: the fewest
-//!   map operations any allocator within a memory slack can make on a trace.
+//! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
+//!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
 
-pub mod allocator;
-pub mod bound;
+mod allocator;
 pub mod config;
 pub mod error;
 pub mod fmt;
@@ -35,13 +34,16 @@ mod front_stats;
 pub mod interop;
 mod live;
 pub mod pool;
-pub mod replay;
+pub mod record;
 pub mod sizes;
 pub mod snapshot;
 pub mod stats;
+// The locks and atomics, public only to the loom model (tests/loom.rs).
+#[cfg(loom)]
 pub mod sync;
-pub mod tcache;
-pub mod trace;
+#[cfg(not(loom))]
+mod sync;
+mod tcache;
 pub mod workspace;
 
 pub use allocator::CachingAllocator;

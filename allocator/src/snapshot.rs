@@ -8,7 +8,7 @@
 //! Each block is in one [`BlockState`]. A [`crate::Pool`]'s snapshot shows what the pool holds:
 //! allocated, waiting for events, free or unmapped. A [`crate::CachingAllocator`]'s shows what
 //! its callers hold, as its statistics count: a block its caller freed into a thread cache
-//! ([`crate::tcache`]) is still allocated from its pool's point of view, but the allocator's
+//! (`tcache.rs`) is still allocated from its pool's point of view, but the allocator's
 //! snapshot shows it as [`BlockState::ThreadCached`], neither allocated nor free (it serves only
 //! its thread's next request of the same size on the same stream; no other request can have it).
 //!

@@ -31,8 +31,8 @@
 use crate::allocator::CachingAllocator;
 use crate::error::AllocError;
 use crate::interop::{driver_error, raw_buffer, BufferSource};
+use crate::record::RecordingAllocator;
 use crate::sync::Arc;
-use crate::trace::record::RecordingAllocator;
 use cudalloc_sys::buffer::cudarc::cublas::CudaBlas;
 use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::buffer::{BlasError, Buffer, PooledBlas};
@@ -370,7 +370,7 @@ impl<W: Write + Send + 'static> RecordingAllocator<CudaDevice, W> {
 }
 
 impl CublasHandle {
-    /// The cudarc handle, for `Gemm`/`Gemv` calls (or `cudalloc_sys::buffer::ops`'s checked
+    /// The cudarc handle, for `Gemm`/`Gemv` calls (or `cudalloc_sys::ops`'s checked
     /// wrappers); they run on [`CublasHandle::stream`].
     pub fn blas(&self) -> &CudaBlas {
         self.inner.blas()

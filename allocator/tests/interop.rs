@@ -4,7 +4,7 @@
 //! other tests, ignored elsewhere), for every policy where it matters: data copied in with
 //! `memcpy_htod` reads back with `memcpy_dtoh`/`clone_dtoh` and through `memcpy_dtod`; a fresh
 //! buffer is zeroed; a cuBLAS gemm writes a buffer with the product a CPU computes; kernels
-//! launched through `cudalloc_sys::buffer::ops` write buffers; a buffer written on a foreign
+//! launched through `cudalloc_sys::ops` write buffers; a buffer written on a foreign
 //! stream and read on its owner sees the write; the cuBLAS workspace is one pool allocation
 //! per (handle, stream), counted in the statistics and returned when the handle is dropped; a
 //! request larger than the card is `OutOfMemory`; a stream of another CUDA context (a second,
@@ -21,7 +21,7 @@ use cudalloc::{AllocError, CachingAllocator, Config, Policy};
 use cudalloc_sys::buffer::cudarc::cublas::sys::cublasOperation_t as Op;
 use cudalloc_sys::buffer::cudarc::cublas::GemmConfig;
 use cudalloc_sys::buffer::cudarc::driver::{CudaContext, CudaStream};
-use cudalloc_sys::buffer::ops::{gemm_f32, Kernels};
+use cudalloc_sys::ops::{gemm_f32, Kernels};
 use cudalloc_sys::{CudaDevice, Device, StreamId};
 use std::sync::Arc;
 

@@ -88,31 +88,6 @@ fn bad_values_are_errors_naming_the_key() {
     }
 }
 
-/// A replay honours the key: bert_dynamic (587 MiB live at its peak) fails under 0.4% of the
-/// simulated H200 (575 MiB) and completes under 0.45% (647 MiB); a replay's own cap, when
-/// lower, wins.
-#[test]
-fn a_replay_is_capped_by_the_key_and_by_its_own_cap() {
-    use cudalloc::replay::{replay, ReplayOptions};
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../traces/bert_dynamic.trace.csv.gz");
-    let trace = cudalloc::trace::read(&path).expect("bundled trace reads");
-    let run = |f: &str, capacity: Option<u64>| {
-        let opts = ReplayOptions {
-            capacity,
-            ..ReplayOptions::default()
-        };
-        replay(&trace, &with_fraction(Policy::Default, f), &opts)
-    };
-    let r = run("0.004", None);
-    assert!(r.failure.is_some(), "completed under 575 MiB");
-    let r = run("0.0045", None);
-    assert!(r.failure.is_none(), "{:?}", r.failure);
-    assert!(r.peak_reserved_bytes <= (0.0045 * 143_771.0 * MIB as f64) as u64);
-    let r = run("0.0045", Some(500 * MIB));
-    assert!(r.failure.is_some(), "the replay's 500 MiB cap is the lower");
-}
-
 /// A `Config` built in code with a fraction outside [0, 1] is not a panic: every allocation
 /// says why it cannot proceed, until a cap is set another way.
 #[test]
@@ -128,31 +103,4 @@ fn a_bad_fraction_built_in_code_is_a_typed_error_at_allocation() {
     pool.set_memory_fraction(0.5).unwrap();
     let a = alloc(&mut pool, MIB, S0);
     free(&mut pool, &a);
-}
-
-/// The command line takes the key as a cap: `garbage_collection_threshold` (which needs one)
-/// is accepted with it, where without any cap it is refused.
-#[test]
-fn the_command_line_counts_the_key_as_a_cap() {
-    let trace = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../traces/bert_dynamic.trace.csv.gz"
-    );
-    let run = |conf: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_cudalloc"))
-            .args(["replay", "--json", "--config", conf, trace])
-            .output()
-            .expect("cudalloc runs")
-    };
-    let o = run("policy:torch,garbage_collection_threshold:0.8,per_process_memory_fraction:0.01");
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let o = run("policy:torch,garbage_collection_threshold:0.8");
-    assert_eq!(o.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("per_process_memory_fraction"), "{err}");
 }

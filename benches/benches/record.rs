@@ -5,8 +5,8 @@
 //! so the gzip output is written to a sink that discards it.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use cudalloc::trace::background::BackgroundWriter;
-use cudalloc::trace::record::RecordingAllocator;
+use cudalloc::record::background::BackgroundWriter;
+use cudalloc::record::RecordingAllocator;
 use cudalloc::{CachingAllocator, Config};
 use cudalloc_sys::{SimDevice, StreamId};
 use flate2::write::GzEncoder;

@@ -5,8 +5,8 @@
 //! included) of the bundled gzip CSV traces and of one given in `CUDALLOC_BENCH_TRACE`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use cudalloc::replay::{replay, ReplayOptions};
 use cudalloc::{Config, Policy};
+use cudalloc_trace::replay::{replay, ReplayOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ fn traces() -> Vec<PathBuf> {
 
 fn bench(c: &mut Criterion) {
     for path in traces() {
-        let trace = cudalloc::trace::read(&path).expect("trace");
+        let trace = cudalloc_trace::read(&path).expect("trace");
         let mut g = c.benchmark_group(format!("replay/{}", trace.name));
         g.measurement_time(Duration::from_secs(3)).sample_size(10);
         g.throughput(Throughput::Elements(trace.ops.len() as u64));
@@ -58,7 +58,7 @@ fn bench(c: &mut Criterion) {
         g.throughput(Throughput::Elements(trace.events + 1));
         // Opening and reading the file, whatever its format (CSV for the bundled traces).
         g.bench_function("read", |b| {
-            b.iter(|| cudalloc::trace::read(&path).expect("trace"))
+            b.iter(|| cudalloc_trace::read(&path).expect("trace"))
         });
         g.finish();
     }

@@ -137,7 +137,8 @@ int cudalloc_reset_peak_stats(int device);
  *   "capi":          {"device", "free_errors"}. */
 size_t cudalloc_stats_json(int device, char *buf, size_t len);
 
-/* device's torch.cuda.memory_stats() values as int64_t in native byte order, written into buf if
+/* device's torch.cuda.memory_stats() values (its private pools included; all zeros for a device
+ * not used yet, which is not opened) as int64_t in native byte order, written into buf if
  * len >= the returned size (writes nothing otherwise; buf may be NULL with len 0). Returns the
  * size in bytes (CUDALLOC_DEVICE_STATS values of 8 bytes), 0 on failure. Cheaper than
  * cudalloc_stats_json (no snapshot, no JSON), for callers that ask often. The order: for each of
@@ -191,17 +192,24 @@ const char *cudalloc_last_error(void);
  * follows "torch-expandable"'s rules (it grows by pages and gives nothing back while in use, so
  * that an allocation during a capture never waits for the device).
  *
- * cudalloc_pool_acquire makes the pool or counts one more use; cudalloc_pool_release counts one
- * use less, and at none the pool takes no new allocation and its memory goes back to the driver
- * once none of it is live (then, or at a later cudalloc_empty_cache). Both 0 or -1.
+ * cudalloc_pool_acquire makes the pool or counts one more use (a released id comes back with
+ * its pool); cudalloc_pool_release counts one use less, and at none the pool takes no new
+ * allocation. A pool in use keeps all its memory, freed blocks included (a graph's replays
+ * write them): cudalloc_empty_cache leaves it alone. The memory of a pool out of use goes back
+ * to the driver at cudalloc_empty_cache, at cudalloc_pool_empty_cache of that pool, or when the
+ * device's cudalloc_malloc runs out of memory (then it retries once), never inside a release,
+ * a free or a pool allocation. All 0 or -1.
  * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in
  * use, -1 on failure; their addresses (uint64_t, native byte order) are written into buf when
- * they fit in len bytes. cudalloc_device_stats counts the pools' memory with the device's. */
+ * they fit in len bytes. cudalloc_device_stats counts the pools' memory with the device's (the
+ * peaks then add up: an upper bound), the pools dropped so far included; cudalloc_stats_json
+ * counts the device's own allocator only. */
 int cudalloc_pool_acquire(int device, unsigned long long id0, unsigned long long id1);
 int cudalloc_pool_release(int device, unsigned long long id0, unsigned long long id1);
 int cudalloc_pool_use_count(int device, unsigned long long id0, unsigned long long id1);
+int cudalloc_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1);
 void *cudalloc_pool_malloc(size_t size, int device, cudalloc_stream_t stream,
                            unsigned long long id0, unsigned long long id1);
 long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long long id1,

@@ -49,12 +49,25 @@ fn address(ptr: *mut c_void) -> u64 {
     ptr as usize as u64
 }
 
-/// Allocates on `dev`, through the tracer for device 0 (the only one traces record).
+/// Allocates on `dev`, through the tracer for device 0 (the only one traces record). Out of
+/// memory gives the memory of retired private pools back to the driver and tries once more.
 fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-    if dev.ordinal == 0 {
-        TRACER.allocate(&dev.alloc, size, stream)
-    } else {
-        dev.alloc.allocate(size, stream)
+    let once = || {
+        if dev.ordinal == 0 {
+            TRACER.allocate(&dev.alloc, size, stream)
+        } else {
+            dev.alloc.allocate(size, stream)
+        }
+    };
+    match once() {
+        Err(e) if malloc_error_kind(&e) == ErrorKind::OutOfMemory => {
+            if dev.pools.empty_retired(None).unwrap_or(false) {
+                once()
+            } else {
+                Err(e)
+            }
+        }
+        other => other,
     }
 }
 
@@ -232,7 +245,7 @@ pub(crate) fn empty_cache(device: c_int) -> c_int {
                 dev.alloc.empty_cache()
             };
             emptied
-                .and_then(|()| dev.pools.empty_cache())
+                .and_then(|()| dev.pools.empty_retired(None).map(|_| ()))
                 .map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
         }
         Ok(OK)
@@ -256,6 +269,7 @@ pub(crate) fn reset_peak_stats(device: c_int) -> c_int {
             .map_err(|e| format!("cudalloc_reset_peak_stats: {e}"))?;
         if let Some(dev) = used {
             dev.alloc.reset_peak_stats();
+            dev.pools.reset_peak_stats();
         }
         Ok(OK)
     })
@@ -279,9 +293,14 @@ pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) 
 /// [`json::TORCH_KEYS`]; the byte count, written or needed.
 pub(crate) fn device_stats<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
     guard(0, || {
-        let dev = registry::device(device).map_err(|e| format!("cudalloc_device_stats: {e}"))?;
-        let mut values = json::torch_values(&dev.alloc);
-        dev.pools.add_torch_values(&mut values);
+        let used =
+            registry::device_if_used(device).map_err(|e| format!("cudalloc_device_stats: {e}"))?;
+        // A device not used yet has no allocator: zeros, without opening it.
+        let mut values = vec![0; json::TORCH_VALUES];
+        if let Some(dev) = used {
+            values = json::torch_values(&dev.alloc);
+            dev.pools.add_torch_values(&mut values);
+        }
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
         Ok(buf.write_bytes(len, &bytes))
     })

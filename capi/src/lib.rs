@@ -95,8 +95,9 @@ pub extern "C" fn cudalloc_check() -> c_int {
     api::check()
 }
 
-/// Returns every cached block of `device` that can go back to the driver (nothing to do for a
-/// device not used yet). 0, or -1 on failure.
+/// Returns every cached block of `device` that can go back to the driver, and the memory of
+/// its private pools out of use (pools in use keep theirs); nothing to do for a device not used
+/// yet. 0, or -1 on failure.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_empty_cache(device: c_int) -> c_int {
@@ -202,6 +203,15 @@ pub extern "C" fn cudalloc_pool_acquire(device: c_int, id0: u64, id1: u64) -> c_
 #[no_mangle]
 pub extern "C" fn cudalloc_pool_release(device: c_int, id0: u64, id1: u64) -> c_int {
     pool_api::release(device, (id0, id1))
+}
+
+/// Gives the memory of private pool `(id0, id1)` back to the driver if the pool is out of use
+/// (a pool in use keeps its memory: a graph's replays write its freed blocks); waits for the
+/// device. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_empty_cache(device: c_int, id0: u64, id1: u64) -> c_int {
+    pool_api::empty_cache(device, (id0, id1))
 }
 
 /// The uses of a private pool (0: not in use), or -1 on failure.

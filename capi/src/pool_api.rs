@@ -82,3 +82,13 @@ pub(crate) fn live<'id>(device_: c_int, id: PoolId, buf: CBuf<'id>, len: CBufLen
         Ok(live.len() as i64)
     })
 }
+
+pub(crate) fn empty_cache(device_: c_int, id: PoolId) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_empty_cache", device_)?;
+        dev.pools
+            .empty_retired(Some(id))
+            .map_err(|e| format!("cudalloc_pool_empty_cache(device {device_}, {id:?}): {e}"))?;
+        Ok(OK)
+    })
+}

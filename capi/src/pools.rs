@@ -8,25 +8,42 @@
 //! Invariants:
 //! - a pool is named by its device and PyTorch's `MempoolId_t` (two integers); `acquire` makes it
 //!   or counts one more use, `release` counts one use less;
+//! - a pool in use keeps every byte it holds, freed blocks included, whatever `empty_cache` is
+//!   asked (a graph's replays write its freed intermediates);
 //! - a pool with no use left is *retired*: it serves no new allocation, its live allocations can
-//!   still be freed (and `record_stream`ed), and its memory goes back to the driver once none is
-//!   live (at its `release`, else at an `empty_cache` of the device);
+//!   still be freed (and `record_stream`ed), and its memory goes back to the driver only in
+//!   [`Pools::empty_retired`] (the device's `empty_cache`, a pool's own `empty_cache`, or the
+//!   out-of-memory path of the device's allocator), never inside `release`, a free or an
+//!   allocation, which must not wait for the device;
+//! - a pool is dropped only after its memory went back, under its write guard, with nothing
+//!   live and no allocation in flight (allocations hold the read guard);
+//! - the counters of a dropped pool are kept (`folded`), so that cumulative statistics and
+//!   peaks never go backwards; a device's peaks are the sum of its allocators' peaks, an upper
+//!   bound of the peak of the sum;
 //! - under the `default` policy a pool follows `torch-expandable`'s rules: it grows by mapping
 //!   pages and gives nothing back while in use, so an allocation during a capture never waits
 //!   for the device (the `default` policy's page give-back synchronizes before it unmaps).
 
 use crate::error::Failure;
+use crate::json::TORCH_VALUES;
 use cudalloc_core::snapshot::BlockState;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Policy};
 use cudalloc_sys::{Device, StreamId};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// PyTorch's `MempoolId_t`: `(0, n)` for graph pools, `(n, 0)` for `MemPool`s.
 pub(crate) type PoolId = (u64, u64);
 
-type Alloc<D> = Arc<CachingAllocator<D>>;
+/// One private pool: its allocator, and the guard that keeps it from being dropped while an
+/// allocation is in flight.
+struct Private<D: Device> {
+    alloc: CachingAllocator<D>,
+    busy: RwLock<()>,
+}
+
+type Shared<D> = Arc<Private<D>>;
 
 /// Live allocations of `alloc` (the stats' `allocation.all.current`).
 fn live<D: Device>(alloc: &CachingAllocator<D>) -> i64 {
@@ -36,9 +53,11 @@ fn live<D: Device>(alloc: &CachingAllocator<D>) -> i64 {
 /// The private pools of one device.
 pub(crate) struct Pools<D: Device> {
     /// Pools in use, by id, with their use counts.
-    active: Mutex<HashMap<PoolId, (Alloc<D>, u32)>>,
-    /// Pools without uses whose memory is not all freed yet.
-    retired: Mutex<Vec<Alloc<D>>>,
+    active: Mutex<HashMap<PoolId, (Shared<D>, u32)>>,
+    /// Pools without uses, by id, until their memory went back.
+    retired: Mutex<Vec<(PoolId, Shared<D>)>>,
+    /// The statistics of dropped pools, added up (as `torch_values` orders them).
+    folded: Mutex<Vec<i64>>,
 }
 
 impl<D: Device> Default for Pools<D> {
@@ -46,6 +65,7 @@ impl<D: Device> Default for Pools<D> {
         Pools {
             active: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            folded: Mutex::new(vec![0; TORCH_VALUES]),
         }
     }
 }
@@ -60,8 +80,18 @@ pub(crate) fn pool_config(device: &Config) -> Config {
     cfg
 }
 
+/// Adds `values` (in `torch_values` order) to `into`, but for the last, `max_split_size`, a
+/// setting rather than a count.
+fn add_values(into: &mut [i64], values: &[i64]) {
+    let counts = into.len().saturating_sub(1);
+    for (sum, v) in into[..counts].iter_mut().zip(values) {
+        *sum += v;
+    }
+}
+
 impl<D: Device> Pools<D> {
-    /// Makes pool `id` (its allocator made by `open`) or counts one more use of it.
+    /// Makes pool `id` (its allocator made by `open`) or counts one more use of it. A retired
+    /// pool of the same id comes back into use (PyTorch reuses the ids of a pool it released).
     pub fn acquire(
         &self,
         id: PoolId,
@@ -72,36 +102,41 @@ impl<D: Device> Pools<D> {
             *uses += 1;
             return Ok(());
         }
-        active.insert(id, (Arc::new(open()?), 1));
+        let mut retired = self.retired.lock();
+        let pool = match retired.iter().position(|(r, _)| *r == id) {
+            Some(i) => retired.swap_remove(i).1,
+            None => Arc::new(Private {
+                alloc: open()?,
+                busy: RwLock::new(()),
+            }),
+        };
+        active.insert(id, (pool, 1));
         Ok(())
     }
 
-    /// Counts one use of pool `id` less; at none it retires, and its memory goes back to the
-    /// driver now if nothing of it is live.
+    /// Counts one use of pool `id` less; at none it retires (its memory goes back later, see
+    /// the module doc).
     pub fn release(&self, id: PoolId) -> Result<(), String> {
         let mut active = self.active.lock();
         let (_, uses) = active
             .get_mut(&id)
             .ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
         *uses -= 1;
-        if *uses > 0 {
-            return Ok(());
-        }
-        let (alloc, _) = active.remove(&id).expect("looked up above");
-        drop(active);
-        if live(&alloc) > 0 {
-            self.retired.lock().push(alloc);
+        if *uses == 0 {
+            let (pool, _) = active.remove(&id).expect("looked up above");
+            self.retired.lock().push((id, pool));
         }
         Ok(())
     }
 
     /// Allocates from pool `id`, which must be in use.
     pub fn allocate(&self, id: PoolId, size: u64, stream: StreamId) -> Result<Allocation, Failure> {
-        let alloc = self.active.lock().get(&id).map(|(a, _)| a.clone());
-        let alloc = alloc.ok_or_else(|| {
+        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
+        let pool = pool.ok_or_else(|| {
             Failure::from(format!("no private pool {id:?} in use on this device"))
         })?;
-        alloc.allocate(size, stream).map_err(|e| Failure {
+        let _in_flight = pool.busy.read();
+        pool.alloc.allocate(size, stream).map_err(|e| Failure {
             kind: crate::api::malloc_error_kind(&e),
             message: e.to_string(),
         })
@@ -114,8 +149,8 @@ impl<D: Device> Pools<D> {
         ptr: u64,
         f: impl Fn(&CachingAllocator<D>) -> Result<(), AllocError>,
     ) -> Result<(), AllocError> {
-        for alloc in self.all() {
-            match f(&alloc) {
+        for pool in self.all() {
+            match f(&pool.alloc) {
                 Err(AllocError::NotAllocated(_)) => continue,
                 other => return other,
             }
@@ -126,9 +161,9 @@ impl<D: Device> Pools<D> {
     /// The live allocations of pool `id` (addresses), for PyTorch's
     /// `checkPoolLiveAllocations`.
     pub fn live_allocations(&self, id: PoolId) -> Result<Vec<u64>, String> {
-        let alloc = self.active.lock().get(&id).map(|(a, _)| a.clone());
-        let alloc = alloc.ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
-        let snap = alloc.snapshot();
+        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
+        let pool = pool.ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
+        let snap = pool.alloc.snapshot();
         Ok(snap
             .segments
             .iter()
@@ -138,24 +173,61 @@ impl<D: Device> Pools<D> {
             .collect())
     }
 
-    /// Releases the cached memory of every pool and drops retired pools with nothing live.
-    pub fn empty_cache(&self) -> Result<(), AllocError> {
-        self.retired.lock().retain(|a| live(a) > 0);
-        for alloc in self.all() {
-            alloc.empty_cache()?;
+    /// Gives the cached memory of retired pools back to the driver (only pool `only`'s, when
+    /// given) and drops those with nothing live. Pools in use are not touched. Waits for the
+    /// device (it releases memory): never call it during a capture. Whether anything was
+    /// retired.
+    pub fn empty_retired(&self, only: Option<PoolId>) -> Result<bool, AllocError> {
+        let retired: Vec<(PoolId, Shared<D>)> = self
+            .retired
+            .lock()
+            .iter()
+            .filter(|(id, _)| only.is_none_or(|o| o == *id))
+            .cloned()
+            .collect();
+        for (id, pool) in &retired {
+            let _no_allocation = pool.busy.write();
+            pool.alloc.empty_cache()?;
+            if live(&pool.alloc) == 0 {
+                self.drop_retired(*id, pool);
+            }
         }
-        Ok(())
+        Ok(!retired.is_empty())
     }
 
-    /// Adds the statistics of every pool to `into` (in the order of `torch_values`), but for
-    /// the last value, `max_split_size`, a setting rather than a count.
+    /// Forgets retired pool `id` (its memory already went back), keeping its counters.
+    fn drop_retired(&self, id: PoolId, pool: &Shared<D>) {
+        let mut retired = self.retired.lock();
+        if let Some(i) = retired
+            .iter()
+            .position(|(r, p)| *r == id && Arc::ptr_eq(p, pool))
+        {
+            retired.swap_remove(i);
+            add_values(
+                &mut self.folded.lock(),
+                &crate::json::torch_values(&pool.alloc),
+            );
+        }
+    }
+
+    /// Adds the statistics of every pool, the dropped ones included, to `into` (in the order
+    /// of `torch_values`), but for `max_split_size`, a setting rather than a count.
     pub fn add_torch_values(&self, into: &mut [i64]) {
-        for alloc in self.all() {
-            let values = crate::json::torch_values(&alloc);
-            let counts = into.len().saturating_sub(1);
-            for (sum, v) in into[..counts].iter_mut().zip(values) {
-                *sum += v;
-            }
+        add_values(into, &self.folded.lock());
+        for pool in self.all() {
+            add_values(into, &crate::json::torch_values(&pool.alloc));
+        }
+    }
+
+    /// Resets the peaks of every pool, and those kept of dropped pools, to their current values.
+    pub fn reset_peak_stats(&self) {
+        for pool in self.all() {
+            pool.alloc.reset_peak_stats();
+        }
+        let mut folded = self.folded.lock();
+        let stats = TORCH_VALUES - 6; // the [current, peak, allocated, freed] groups
+        for group in folded[..stats].chunks_exact_mut(4) {
+            group[1] = group[0];
         }
     }
 
@@ -169,14 +241,14 @@ impl<D: Device> Pools<D> {
         (self.active.lock().len(), self.retired.lock().len())
     }
 
-    fn all(&self) -> Vec<Alloc<D>> {
-        let mut out: Vec<Alloc<D>> = self
+    fn all(&self) -> Vec<Shared<D>> {
+        let mut out: Vec<Shared<D>> = self
             .active
             .lock()
             .values()
-            .map(|(a, _)| a.clone())
+            .map(|(p, _)| p.clone())
             .collect();
-        out.extend(self.retired.lock().iter().cloned());
+        out.extend(self.retired.lock().iter().map(|(_, p)| p.clone()));
         out
     }
 }
@@ -198,6 +270,12 @@ mod tests {
         ))
     }
 
+    fn reserved(pools: &Pools<SimDevice>) -> i64 {
+        let mut values = vec![0i64; TORCH_VALUES];
+        pools.add_torch_values(&mut values);
+        values[5 * 12] // reserved_bytes.all.current
+    }
+
     #[test]
     fn a_pool_keeps_its_memory_until_released_and_freed() {
         let pools = Pools::<SimDevice>::default();
@@ -214,25 +292,62 @@ mod tests {
             pools.with_owner(0xdead, |p| p.free_ptr(0xdead)),
             Err(AllocError::NotAllocated(0xdead))
         ));
+        let held = reserved(&pools);
+        assert!(!pools.empty_retired(None).unwrap(), "nothing retired");
+        assert_eq!(
+            reserved(&pools),
+            held,
+            "a pool in use keeps its freed memory"
+        );
         pools.release(GRAPH).unwrap();
         pools.release(GRAPH).unwrap();
-        assert_eq!(pools.counts(), (0, 1), "retired: one allocation is live");
+        assert_eq!(
+            pools.counts(),
+            (0, 1),
+            "retired, never dropped inside release"
+        );
         assert!(
             pools.allocate(GRAPH, 64, S).is_err(),
             "a retired pool serves nothing"
         );
-        let mut values = vec![0i64; crate::json::TORCH_VALUES];
+        let mut values = vec![0i64; TORCH_VALUES];
         pools.add_torch_values(&mut values);
         assert_eq!(
             values[0], 1,
             "allocation.all.current counts the retired pool's"
         );
-        pools.empty_cache().unwrap();
+        assert!(
+            pools.empty_retired(Some((9, 0))).is_ok_and(|any| !any),
+            "another id"
+        );
+        assert!(pools.empty_retired(None).unwrap());
         assert_eq!(pools.counts(), (0, 1), "kept while live");
         pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
-        pools.empty_cache().unwrap();
+        assert!(pools.empty_retired(Some(GRAPH)).unwrap());
         assert_eq!(pools.counts(), (0, 0), "dropped once nothing is live");
+        let mut after = vec![0i64; TORCH_VALUES];
+        pools.add_torch_values(&mut after);
+        assert_eq!(after[0], 0);
+        assert_eq!(after[1], 2, "the dropped pool's peak is kept");
+        assert_eq!(after[2], 2, "and its cumulative count");
+        pools.reset_peak_stats();
+        let mut reset = vec![0i64; TORCH_VALUES];
+        pools.add_torch_values(&mut reset);
+        assert_eq!(reset[1], 0, "peaks reset to the current values");
         assert!(pools.release(GRAPH).is_err(), "not in use");
+    }
+
+    #[test]
+    fn a_released_id_comes_back_with_its_pool() {
+        let pools = Pools::<SimDevice>::default();
+        pools.acquire(GRAPH, open).unwrap();
+        let a = pools.allocate(GRAPH, 1 << 20, S).unwrap();
+        pools.release(GRAPH).unwrap();
+        pools
+            .acquire(GRAPH, || panic!("the retired pool comes back"))
+            .unwrap();
+        assert_eq!(pools.counts(), (1, 0));
+        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr]);
     }
 
     #[test]

@@ -27,9 +27,9 @@
 //! are queued. A write error is kept, later events are dropped, and stopping reports it;
 //! recording never changes what the allocator returns.
 
+use cudalloc_core::record::background::BackgroundWriter;
+use cudalloc_core::record::Recorder;
 use cudalloc_core::snapshot::BlockState;
-use cudalloc_core::trace::background::BackgroundWriter;
-use cudalloc_core::trace::record::Recorder;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
 use cudalloc_sys::{Device, StreamId};
 use flate2::write::GzEncoder;
@@ -278,9 +278,9 @@ impl Tracer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cudalloc_core::trace::read;
     use cudalloc_core::Config;
     use cudalloc_sys::{SimConfig, SimDevice};
+    use cudalloc_trace::read;
 
     /// PyTorch's rules: no per-thread caches, so a freed block is free in the snapshot.
     fn sim_allocator() -> CachingAllocator<SimDevice> {
@@ -327,7 +327,7 @@ mod tests {
         let after = t.allocate(&alloc, 10, s).unwrap();
         t.free(&alloc, after.ptr).unwrap();
         let l = lines(&path);
-        assert_eq!(l[0], cudalloc_core::trace::csv::HEADER);
+        assert_eq!(l[0], cudalloc_core::record::csv::HEADER);
         assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr));
         let actions: Vec<&str> = l[1..]
             .iter()
@@ -450,7 +450,7 @@ mod tests {
         trace_a_few_calls(&fifo).unwrap();
         let text = reader.join().unwrap();
         assert!(
-            text.starts_with(cudalloc_core::trace::csv::HEADER),
+            text.starts_with(cudalloc_core::record::csv::HEADER),
             "{text}"
         );
         assert_eq!(text.lines().count(), 1 + 100 * 3, "{text}");
@@ -526,7 +526,7 @@ mod tests {
         );
         let trace = read(&path).unwrap();
         assert_eq!(trace.anomalies, Default::default());
-        let r = cudalloc_core::replay::replay(
+        let r = cudalloc_trace::replay::replay(
             &trace,
             &Config::for_policy(cudalloc_core::Policy::Torch),
             &Default::default(),

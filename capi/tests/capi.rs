@@ -10,7 +10,7 @@ use cudalloc_capi::{
     cudalloc_set_memory_fraction, cudalloc_snapshot_json, cudalloc_stats_json,
     cudalloc_trace_start, cudalloc_trace_stop, last_error_message, with_c_buffer, CBuf, CStrArg,
 };
-use cudalloc_core::trace::csv::HEADER;
+use cudalloc_core::record::csv::HEADER;
 use cudalloc_core::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{CudaDevice, SimConfig, SimDevice, StreamId};
 use serde_json::Value;
@@ -321,7 +321,7 @@ fn malloc_free_stats_snapshot_and_trace_on_a_gpu() {
     cudalloc_free(z, 0, 0, s); // NULL: ignored, not written
     assert!(cudalloc_malloc(0, 0, s).is_null()); // nothing handed out, not written
     assert_eq!(cudalloc_trace_stop(), 0, "{}", last_error_message());
-    let trace = cudalloc_core::trace::read(&path).unwrap();
+    let trace = cudalloc_trace::read(&path).unwrap();
     assert_eq!(trace.anomalies, Default::default());
     // p was live at the start, q came and went.
     assert_eq!(trace.ops.len(), 1 + 2);

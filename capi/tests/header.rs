@@ -152,7 +152,7 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
     // The trace was closed before the abort: a complete gzip file that reads back, ending (on
     // a GPU) with the failed request's `oom`; without one the malloc failed before any
     // allocator existed and the trace is empty.
-    let t = cudalloc_core::trace::read(&trace).unwrap();
+    let t = cudalloc_trace::read(&trace).unwrap();
     assert_eq!(t.anomalies, Default::default());
     let gpu = line("gpu ") == "1";
     assert_eq!(t.events, u64::from(gpu), "the trace's events: {t:?}");

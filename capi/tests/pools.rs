@@ -4,9 +4,10 @@
 
 use cudalloc_capi::json::TORCH_VALUES;
 use cudalloc_capi::{
-    cudalloc_device_stats, cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc,
-    cudalloc_pool_acquire, cudalloc_pool_live, cudalloc_pool_malloc, cudalloc_pool_release,
-    cudalloc_pool_use_count, last_error_message, with_c_buffer, CUDALLOC_ERROR_OTHER,
+    cudalloc_device_stats, cudalloc_empty_cache, cudalloc_free, cudalloc_last_error_kind,
+    cudalloc_malloc, cudalloc_pool_acquire, cudalloc_pool_empty_cache, cudalloc_pool_live,
+    cudalloc_pool_malloc, cudalloc_pool_release, cudalloc_pool_use_count, last_error_message,
+    with_c_buffer, CUDALLOC_ERROR_OTHER,
 };
 use cudalloc_sys::CudaDevice;
 use std::ffi::c_void;
@@ -70,6 +71,19 @@ fn a_pool_keeps_its_memory_apart_on_a_gpu() {
     assert_eq!(n, 1);
     assert_eq!(u64::from_ne_bytes(addrs[..8].try_into().unwrap()), b as u64);
     assert_eq!(stats()[0], 2, "allocation.all.current counts the pool's");
+    let reserved = stats()[60]; // reserved_bytes.all.current
+    cudalloc_free(outside, 0, -1, null());
+    assert_eq!(cudalloc_empty_cache(0), 0, "{}", last_error_message());
+    assert!(stats()[60] <= reserved);
+    let again = cudalloc_pool_malloc(4 << 20, 0, null(), p0, p1);
+    cudalloc_free(again, 0, -1, null());
+    assert_eq!(cudalloc_empty_cache(0), 0);
+    let pool_kept = cudalloc_pool_malloc(4 << 20, 0, null(), p0, p1);
+    assert_eq!(
+        pool_kept, again,
+        "empty_cache left the pool in use its freed memory"
+    );
+    cudalloc_free(pool_kept, 0, -1, null());
     assert_eq!(cudalloc_pool_release(0, p0, p1), 0);
     assert_eq!(cudalloc_pool_use_count(0, p0, p1), 0);
     assert!(
@@ -77,8 +91,13 @@ fn a_pool_keeps_its_memory_apart_on_a_gpu() {
         "released"
     );
     cudalloc_free(b, 0, 0, null());
-    cudalloc_free(outside, 0, -1, null());
     assert_eq!(stats()[0], 0, "{}", last_error_message());
+    assert_eq!(
+        cudalloc_pool_empty_cache(0, p0, p1),
+        0,
+        "{}",
+        last_error_message()
+    );
     assert_eq!(cudalloc_pool_release(0, p0, p1), -1, "not in use");
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 
 fuzz_target!(|data: &[u8]| cudalloc_fuzz::tolerating_known_bugs(|| {
     let lines = data.split(|&c| c == b'\n').count() as u64;
-    match cudalloc::trace::csv::read(Path::new("fuzz.trace.csv"), data) {
+    match cudalloc_trace::csv::read(Path::new("fuzz.trace.csv"), data) {
         Ok(t) => {
             cudalloc_fuzz::check_trace(&t);
             cudalloc_fuzz::replay_all(&t, data.len() as u8);

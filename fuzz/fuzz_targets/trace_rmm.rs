@@ -9,7 +9,7 @@ use std::path::Path;
 
 fuzz_target!(|data: &[u8]| cudalloc_fuzz::tolerating_known_bugs(|| {
     let lines = data.split(|&c| c == b'\n').count() as u64;
-    match cudalloc::trace::rmm::read(Path::new("fuzz.rmm.csv"), data) {
+    match cudalloc_trace::rmm::read(Path::new("fuzz.rmm.csv"), data) {
         Ok(t) => {
             cudalloc_fuzz::check_trace(&t);
             cudalloc_fuzz::replay_all(&t, data.len() as u8);

@@ -2,16 +2,17 @@
 //! replay of it under every policy, and [`tolerating_known_bugs`], which lets fuzzing go on past
 //! the panics of bugs already reported (set `CUDALLOC_FUZZ_STRICT` to make them crashes again).
 
-use cudalloc::replay::{replay, ReplayOptions};
-use cudalloc::trace::{Op, Trace, TraceError};
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use cudalloc_trace::replay::{replay, ReplayOptions};
+use cudalloc_trace::{Op, Trace, TraceError};
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::sync::{Once, OnceLock};
 
 /// Panics of bugs already reported, by (source file suffix, message), each with a regression
-/// test in `allocator/tests/regressions.rs`; [`tolerating_known_bugs`] lets fuzzing go on past
-/// them. Add an entry when a crash is reported, remove it when the bug is fixed. None is open:
+/// test in `allocator/tests/regressions.rs` or `allocator/cli/tests/regressions.rs`;
+/// [`tolerating_known_bugs`] lets fuzzing go on past them. Add an entry when a crash is
+/// reported, remove it when the bug is fixed. None is open:
 /// the four bugs the first runs met (overflows in `round_size` and in `TraceBuilder`'s live
 /// bytes, stack overflow on deeply nested pickles) were fixed in commit 467c8b1.
 const KNOWN_BUGS: &[(&str, &str)] = &[];

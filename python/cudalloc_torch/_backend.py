@@ -34,6 +34,7 @@ FUNCTIONS = (
     "cudalloc_pool_use_count",
     "cudalloc_pool_malloc",
     "cudalloc_pool_live",
+    "cudalloc_pool_empty_cache",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.
@@ -95,4 +96,7 @@ def make_allocator(torch, lib, verbose=False):
     allocator over ``lib`` (the ctypes handle of the C library), wrapped as PyTorch wraps its
     own (``torch.cuda.memory._CUDAAllocator``)."""
     module = build(torch, verbose)
-    return torch.cuda.memory._CUDAAllocator(module.make_allocator(addresses(lib)))
+    try:
+        return torch.cuda.memory._CUDAAllocator(module.make_allocator(addresses(lib)))
+    except Exception as e:  # an older library without a function, an allocator torch refused
+        raise BuildError(f"loading cudalloc's PyTorch extension failed: {e}") from e

@@ -15,7 +15,7 @@ all, an empty trace; when device 0's list has none and several others do,
 :class:`SnapshotError` lists them (as the Rust reader does). Annotation entries
 (below) are not events, so a device whose list holds only annotations counts as empty.
 
-What this module guarantees (the Rust reader ``allocator/src/trace/pytorch.rs`` follows the same
+What this module guarantees (the Rust reader ``allocator/trace/src/pytorch.rs`` follows the same
 rules, so both turn one snapshot into the same events):
 
 - Every action PyTorch writes is accepted. Those of :data:`ACTIONS` are events of cudalloc's
@@ -306,7 +306,7 @@ def prehistory(rows, held):
     ``rows`` began: an address whose first ``free_completed`` comes before any ``alloc`` of it
     (size and stream of that free), and a held block (:func:`held_blocks`) whose address no
     ``alloc`` and no ``free_completed`` mentions. The Rust reader
-    (``allocator/src/trace/prehistory.rs``) adds the same."""
+    (``allocator/trace/src/prehistory.rs``) adds the same."""
     allocated, mentioned, before = set(), set(), []
     for action, addr, size, stream, _ in rows:
         if action == "alloc":

@@ -29,6 +29,20 @@ class Compare(unittest.TestCase):
         self.assertTrue(run.compare({"ok": True, "losses": [1.0, 2.5]}, ref).startswith("DIFFERENT"))
         self.assertEqual(run.compare(ref, ref), "ref")
 
+    def test_results_of_another_length_differ(self):
+        ref = {"ok": True, "losses": [1.0, 2.0]}
+        self.assertTrue(run.compare({"ok": True, "losses": [1.0]}, ref).startswith("DIFFERENT"))
+        self.assertTrue(run.compare({"ok": True, "losses": []}, {"ok": True, "losses": []}).startswith("DIFFERENT"))
+
+    def test_the_suite_fails_on_a_difference_or_a_failure(self):
+        ref = {"ok": True, "losses": [1.0]}
+        good = {("p", "torch"): ref, ("p", "c"): {"ok": True, "losses": [1.0]}}
+        self.assertTrue(run.passed(good, ["p"], ["torch", "c"]))
+        bad = {("p", "torch"): ref, ("p", "c"): {"ok": True, "losses": [3.0]}}
+        self.assertFalse(run.passed(bad, ["p"], ["torch", "c"]))
+        failed = {("p", "torch"): ref, ("p", "c"): {"ok": False, "error": "x"}}
+        self.assertFalse(run.passed(failed, ["p"], ["torch", "c"]))
+
     def test_a_failed_run_names_its_error(self):
         got = run.compare({"ok": False, "error": "RuntimeError: boom"}, None)
         self.assertEqual(got, "FAILED: RuntimeError: boom")

@@ -13,7 +13,8 @@ use cudalloc_sys::buffer::cudarc::cublas::CudaBlas;
 use cudalloc_sys::buffer::cudarc::driver::{
     CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop,
 };
-use cudalloc_sys::buffer::{mempool, Buffer};
+use cudalloc_sys::buffer::Buffer;
+use cudalloc_sys::ops::mempool;
 use cudalloc_sys::CudaDevice;
 use std::error::Error;
 use std::sync::atomic::{AtomicU64, Ordering};

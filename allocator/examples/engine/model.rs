@@ -2,7 +2,7 @@
 //! MLP, untied LM head) in `f32`, with random weights, running on any [`Mem`] backend.
 //!
 //! Matrix products go through cuBLAS (`gemm_f32`, strided batched over heads for attention);
-//! elementwise work through NVRTC-compiled kernels (`cudalloc_sys::buffer::ops`). Every device
+//! elementwise work through NVRTC-compiled kernels (`cudalloc_sys::ops`). Every device
 //! buffer comes from the backend, and the KV cache grows by reallocation, one step at a time,
 //! the way a concatenating cache (Hugging Face's `DynamicCache`) does: each forward allocates
 //! the longer cache, copies the old one and the new rows in, and frees the old one. That churn,
@@ -15,7 +15,7 @@
 use super::mem::{Mem, Result};
 use cudalloc_sys::buffer::cudarc::cublas::sys::cublasOperation_t as Op;
 use cudalloc_sys::buffer::cudarc::cublas::{GemmConfig, StridedBatchedConfig};
-use cudalloc_sys::buffer::ops::{gemm_f32, gemm_strided_batched_f32, Kernels};
+use cudalloc_sys::ops::{gemm_f32, gemm_strided_batched_f32, Kernels};
 
 /// The model's sizes.
 #[derive(Clone, Copy, Debug)]

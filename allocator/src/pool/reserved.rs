@@ -26,7 +26,7 @@ impl<D: Device> Pool<D> {
 
     /// Turns the config's memory fraction ([`crate::Config::memory_fraction`]) into the limit,
     /// once; on an error (the device could not say how much memory it has) it stays pending.
-    pub(crate) fn apply_fraction(&mut self) -> Result<(), AllocError> {
+    pub fn apply_fraction(&mut self) -> Result<(), AllocError> {
         if let Some(f) = self.fraction {
             self.set_limit(fraction_limit(&self.device, f)?);
         }

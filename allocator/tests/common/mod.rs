@@ -52,18 +52,3 @@ pub fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "(non-string panic)".into())
 }
-
-/// Asserts two traces are the same in everything but the name and where their events come
-/// from (lines or snapshot entries; a snapshot's allocations put before its history are lines
-/// of the CSV the converter writes).
-#[allow(dead_code)]
-pub fn assert_same_trace(a: &cudalloc::trace::Trace, b: &cudalloc::trace::Trace) {
-    assert_eq!(a.ops, b.ops);
-    assert_eq!(a.streams, b.streams);
-    assert_eq!(a.slots, b.slots);
-    assert_eq!(a.events + a.before_history, b.events + b.before_history);
-    assert_eq!(a.segment_allocs, b.segment_allocs);
-    assert_eq!(a.segment_sizes, b.segment_sizes);
-    assert_eq!(a.peak_live, b.peak_live);
-    assert_eq!(a.anomalies, b.anomalies);
-}

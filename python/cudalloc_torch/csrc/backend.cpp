@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -58,6 +59,7 @@ struct Library {
   int (*pool_use_count)(int, uint64_t, uint64_t) = nullptr;
   void* (*pool_malloc)(size_t, int, void*, uint64_t, uint64_t) = nullptr;
   int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
+  int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
 };
 
 Library lib;
@@ -108,9 +110,11 @@ std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(routes_mutex);
-  for (const Route& r : routes) {
-    if (r.device == device && r.filter(stream)) {
-      return r.pool;
+  // The innermost first, as PyTorch's allocator looks (a use_mem_pool inside another, or
+  // inside a capture).
+  for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
+    if (r->device == device && r->filter(stream)) {
+      return r->pool;
     }
   }
   return std::nullopt;
@@ -175,6 +179,12 @@ void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
 
 std::string pool_name(const c10::cuda::MempoolId_t& id) {
   return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+}
+
+// For failures in destructors' paths, where throwing would end the process.
+void report(const std::string& message) {
+  const std::string line = "cudalloc: " + message + "\n";
+  std::fputs(line.c_str(), stderr);
 }
 
 void check(int rc, const char* what) {
@@ -265,7 +275,22 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     check(lib.reset_peak_stats(device), "reset_peak_stats");
   }
 
-  void emptyCache(c10::cuda::MempoolId_t /*mempool_id*/) override {
+  // torch.cuda.empty_cache() passes {0, 0}: the devices' cached memory and the private pools
+  // out of use go back (pools in use keep theirs). Nothing is released while an allocation
+  // route is active (a capture or use_mem_pool is underway), since releasing memory waits for
+  // the device, which a capture forbids. MemPool's destructor passes its pool: that pool's
+  // memory goes back if it is out of use; from a destructor, a failure is reported, not thrown.
+  void emptyCache(c10::cuda::MempoolId_t pool) override {
+    if (pool.first != 0 || pool.second != 0) {
+      const int device = c10::cuda::current_device();
+      if (lib.pool_empty_cache(device, pool.first, pool.second) != 0) {
+        report("pool_empty_cache failed: " + last_error());
+      }
+      return;
+    }
+    if (route_count.load(std::memory_order_acquire) > 0) {
+      return;
+    }
     const int n = c10::cuda::device_count();
     for (int d = 0; d < n; ++d) {
       check(lib.empty_cache(d), "empty_cache");
@@ -276,18 +301,32 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     check(lib.set_memory_fraction(fraction, device), "set_memory_fraction");
   }
 
+  // PyTorch's contract: *largest_block is in and out; 0 on entry means "start from the
+  // device's free memory". Out: the larger of that and the largest cached free block.
   void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override {
-    std::string json(lib.stats_json(device, nullptr, 0) + 1, '\0');
-    const size_t n = lib.stats_json(device, json.data(), json.size());
-    if (n == 0 || n >= json.size()) {
-      fail(CUDALLOC_HERE, "stats failed: " + last_error());
+    if (*largest_block == 0) {
+      size_t free = 0;
+      size_t total = 0;
+      if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        *largest_block = free;
+      }
     }
+    std::string json;
+    size_t n = 0;
+    do {  // the document may grow between the size and the fill
+      json.assign(lib.stats_json(device, nullptr, 0) + 64, '\0');
+      n = lib.stats_json(device, json.data(), json.size());
+      if (n == 0) {
+        fail(CUDALLOC_HERE, "stats failed: " + last_error());
+      }
+    } while (n >= json.size());
     const char* key = "\"largest_free_block\":";
     const size_t at = json.find(key);
     if (at == std::string::npos) {
       fail(CUDALLOC_HERE, "no largest_free_block in the stats");
     }
-    *largest_block = std::strtoull(json.c_str() + at + std::strlen(key), nullptr, 10);
+    const size_t cached = std::strtoull(json.c_str() + at + std::strlen(key), nullptr, 10);
+    *largest_block = std::max(*largest_block, cached);
   }
 
   std::string name() override {
@@ -328,8 +367,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   // the process: a failure is reported on stderr instead.
   void releasePool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
     if (lib.pool_release(device, pool.first, pool.second) != 0) {
-      const std::string message = "cudalloc: pool_release failed: " + last_error() + "\n";
-      std::fputs(message.c_str(), stderr);
+      report("pool_release failed: " + last_error());
     }
   }
 
@@ -424,6 +462,7 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_use_count, get("cudalloc_pool_use_count"), "cudalloc_pool_use_count");
   set(lib.pool_malloc, get("cudalloc_pool_malloc"), "cudalloc_pool_malloc");
   set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
+  set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   return allocator;

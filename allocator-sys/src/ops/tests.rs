@@ -1,0 +1,87 @@
+//! Tests of the checked operations that need no GPU: the gemm shape checks (exact sizes pass,
+//! one element less fails, leading dimensions and batch strides count, negative, overflowing
+//! and conjugate configurations fail), the `Send + Sync` bound of `Kernels`, and the error
+//! source of `OpsError`.
+
+use super::{check_gemm, Kernels, OpsError};
+use cudarc::cublas::sys::cublasOperation_t as Op;
+use cudarc::cublas::GemmConfig;
+
+fn cfg(m: i32, n: i32, k: i32, ta: Op, tb: Op, ld: [i32; 3]) -> GemmConfig<f32> {
+    GemmConfig {
+        transa: ta,
+        transb: tb,
+        m,
+        n,
+        k,
+        alpha: 1.0,
+        lda: ld[0],
+        ldb: ld[1],
+        beta: 0.0,
+        ldc: ld[2],
+    }
+}
+
+#[test]
+fn kernels_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Kernels>();
+}
+
+/// An error that wraps a driver error gives it as its `source`.
+#[test]
+fn a_wrapped_driver_error_is_the_source() {
+    use cudarc::driver::sys::CUresult;
+    use cudarc::driver::DriverError;
+    use std::error::Error;
+    let driver = || DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
+    let ops = OpsError::Driver(driver());
+    // Compared as values: formatting a `DriverError` asks the driver for its text.
+    let source = ops.source().and_then(|s| s.downcast_ref::<DriverError>());
+    assert_eq!(source.map(|d| d.0), Some(driver().0));
+}
+
+#[test]
+fn gemm_exact_sizes_pass_and_one_less_fails() {
+    // A: 3x4 (N, lda 3) = 12; B: op(B) 4x5 stored 5x4 (T, ldb 5) = 20; C: 3x5 = 15.
+    let c = cfg(3, 5, 4, Op::CUBLAS_OP_N, Op::CUBLAS_OP_T, [3, 5, 3]);
+    assert!(check_gemm(&c, 1, [0; 3], [12, 20, 15]).is_ok());
+    assert!(check_gemm(&c, 1, [0; 3], [11, 20, 15]).is_err());
+    assert!(check_gemm(&c, 1, [0; 3], [12, 19, 15]).is_err());
+    assert!(check_gemm(&c, 1, [0; 3], [12, 20, 14]).is_err());
+}
+
+#[test]
+fn gemm_leading_dimension_counts() {
+    // A 3x4 with lda 8: 8 * 3 + 3 = 27 elements.
+    let c = cfg(3, 1, 4, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [8, 4, 3]);
+    assert!(check_gemm(&c, 1, [0; 3], [27, 4, 3]).is_ok());
+    assert!(check_gemm(&c, 1, [0; 3], [26, 4, 3]).is_err());
+    let short_ld = cfg(3, 1, 4, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [2, 4, 3]);
+    assert!(check_gemm(&short_ld, 1, [0; 3], [100, 100, 100]).is_err());
+}
+
+#[test]
+fn gemm_batches_add_strides() {
+    // 4 batches of a 2x2 matrix 10 apart: 10 * 3 + 4 = 34.
+    let c = cfg(2, 2, 2, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [2, 2, 2]);
+    assert!(check_gemm(&c, 4, [10, 10, 10], [34, 34, 34]).is_ok());
+    assert!(check_gemm(&c, 4, [10, 10, 10], [33, 34, 34]).is_err());
+    assert!(check_gemm(&c, 4, [-1, 10, 10], [100, 100, 100]).is_err());
+}
+
+#[test]
+fn gemm_negative_overflowing_and_conjugate_fail() {
+    let neg = cfg(-1, 2, 2, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [2, 2, 2]);
+    assert!(check_gemm(&neg, 1, [0; 3], [100, 100, 100]).is_err());
+    let c = cfg(2, 2, 2, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [2, 2, 2]);
+    assert!(check_gemm(&c, i32::MAX, [i64::MAX, 0, 0], [usize::MAX; 3]).is_err());
+    let conj = cfg(2, 2, 2, Op::CUBLAS_OP_CONJG, Op::CUBLAS_OP_N, [2, 2, 2]);
+    assert!(check_gemm(&conj, 1, [0; 3], [100, 100, 100]).is_err());
+}
+
+#[test]
+fn gemm_empty_products_need_nothing() {
+    let c = cfg(0, 5, 4, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [1, 4, 1]);
+    assert!(check_gemm(&c, 1, [0; 3], [0, 20, 0]).is_ok());
+}

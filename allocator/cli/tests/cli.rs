@@ -1,0 +1,718 @@
+//! The `cudalloc` command line, run as a built binary: JSON output and its figures on a bundled
+//! trace, discovery of the bundled traces, the plot, capped replays, the `stats` subcommand, and
+//! the errors (unknown policy, bad config key, bad capacity, missing or malformed trace) that must
+//! exit with status 2 and say what was wrong.
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn cudalloc(args: &[&str]) -> Output {
+    cudalloc_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+fn cudalloc_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the cudalloc binary runs")
+}
+
+fn bundled(name: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    dir.join(name).to_string_lossy().into_owned()
+}
+
+fn bert() -> String {
+    bundled("bert_dynamic.trace.csv.gz")
+}
+
+/// A fresh directory for one test's files.
+fn scratch(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{test}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    dir
+}
+
+/// A CSV trace of `lines` (after the header) named `name` in test `test`'s scratch directory.
+fn csv_trace(test: &str, name: &str, lines: &str) -> PathBuf {
+    let path = scratch(test).join(name);
+    std::fs::write(&path, format!("action,addr,size,stream,time_us\n{lines}")).unwrap();
+    path
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_lines(o: &Output) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every stdout line is JSON"))
+        .collect()
+}
+
+const KEYS: [&str; 23] = [
+    "trace",
+    "policy",
+    "completed",
+    "failure",
+    "anomalies",
+    "events",
+    "peak_live_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "min_capacity_bytes",
+    "device_mallocs",
+    "device_frees",
+    "device_maps",
+    "device_unmaps",
+    "ooms",
+    "ns_per_event",
+    "trace_lines",
+    "trace_lines_per_s",
+    "segment_alloc_events",
+    "map_floor_2pct",
+    "map_floor_5pct",
+    "allocations_before_history",
+    "recorded_ooms",
+];
+
+#[test]
+fn json_has_exactly_the_keys_and_the_torch_figures() {
+    let o = cudalloc(&["replay", "--json", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let policies: Vec<&str> = lines
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["torch", "torch-expandable", "default"]);
+    for v in &lines {
+        let obj = v.as_object().unwrap();
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut expected = KEYS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(keys, expected);
+        assert_eq!(v["trace"], "bert_dynamic.trace.csv");
+        assert_eq!(v["completed"], true);
+        assert!(v["failure"].is_null());
+        assert_eq!(v["anomalies"]["unmatched_frees"], 0);
+        assert_eq!(v["anomalies"]["double_allocs"], 0);
+        assert_eq!(v["anomalies"]["mismatched_frees"], 0);
+        assert!(v["anomalies"]["first_line"].is_null());
+        assert_eq!(v["events"], 29722);
+        assert_eq!(v["peak_live_bytes"], 615862208);
+        assert!(v["min_capacity_bytes"].is_null());
+        assert_eq!(v["ooms"], 0);
+        let allocated = v["peak_allocated_bytes"].as_u64().unwrap();
+        assert!(615862208 <= allocated && allocated <= v["peak_reserved_bytes"].as_u64().unwrap());
+        let ns = v["ns_per_event"].as_f64().unwrap();
+        assert!(ns > 0.0);
+        // Every action of the trace (44,615 lines after the header), over the replay's time.
+        assert_eq!(v["trace_lines"], 44615);
+        let per_s = v["trace_lines_per_s"].as_f64().unwrap();
+        let want = 44615.0 / (ns * 29722.0) * 1e9;
+        assert!(
+            (per_s - want).abs() <= want * 0.01,
+            "{per_s} against {want}"
+        );
+        assert_eq!(v["segment_alloc_events"], 33);
+        // The trace's map floor (bound::map_floor): policy-independent, fewer with more slack.
+        assert_eq!(
+            (v["map_floor_2pct"].as_u64(), v["map_floor_5pct"].as_u64()),
+            (Some(54), Some(31))
+        );
+    }
+    assert_eq!(lines[0]["peak_reserved_bytes"], 1272971264u64);
+    assert_eq!(lines[0]["device_mallocs"], 33);
+}
+
+#[test]
+fn min_capacity_lies_between_live_and_reserved() {
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--min-capacity",
+        "--policy",
+        "torch",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let min = v["min_capacity_bytes"]
+        .as_u64()
+        .expect("a number when asked");
+    assert!((615862208..=1272971264).contains(&min), "{min}");
+}
+
+#[test]
+fn no_trace_replays_the_bundled_ones_from_anywhere() {
+    let dir = scratch("bundled");
+    let o = cudalloc_in(&dir, &["replay", "--json", "--policy", "default"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let names: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["trace"].as_str().unwrap().to_string())
+        .collect();
+    assert!(names.len() >= 4, "{names:?}");
+    assert!(names.contains(&"gpt2_train.trace.csv".to_string()));
+}
+
+#[test]
+fn human_output_has_a_table_and_a_summary() {
+    let o = cudalloc(&["replay", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let header = "bert_dynamic.trace.csv: 44,615 trace lines read, 29,722 ops replayed, \
+                  33 segment_alloc, peak live 587.33 MiB, map floor 54 (2%) / 31 (5%)\n";
+    assert!(out.starts_with(header), "{out}");
+    assert!(
+        out.contains("reserved/live") && out.contains("ns/op"),
+        "{out}"
+    );
+    assert!(out.contains("2.067"), "{out}");
+    assert!(out.contains("summary over 1 trace(s)"), "{out}");
+    assert!(out.contains("reserved/live: geo. mean"), "{out}");
+    assert!(
+        out.contains("within calls") && out.contains("within 1.05"),
+        "{out}"
+    );
+    assert!(out.contains("2.067 (bert_dynamic.trace.csv)"), "{out}");
+}
+
+#[test]
+fn unknown_policy_exits_2_naming_it() {
+    let o = cudalloc(&["replay", "--policy", "tensorflow", &bert()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("tensorflow"), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_config_key_exits_2_naming_the_key() {
+    let o = cudalloc(&[
+        "replay",
+        "--config",
+        "policy:torch,max_splat_mb:128",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("max_splat_mb"), "{}", stderr(&o));
+}
+
+#[test]
+fn config_strings_label_their_rows() {
+    let cfg = "policy:torch,max_split_size_mb:128";
+    let o = cudalloc(&["replay", "--json", "--config", cfg, &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(json_lines(&o)[0]["policy"], cfg);
+}
+
+#[test]
+fn bad_capacity_exits_2() {
+    let o = cudalloc(&["replay", "--capacity", "12 parsecs", &bert()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("parsecs"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_file_exits_2() {
+    let o = cudalloc(&["replay", "no/such/trace.csv.gz"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no/such/trace.csv.gz"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn malformed_trace_names_the_line() {
+    let dir = scratch("malformed");
+    let path = dir.join("malformed.csv");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nalloc,zzz,512,0,2\n";
+    std::fs::write(&path, text).unwrap();
+    let o = cudalloc(&["replay", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("malformed.csv:3:"), "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+}
+
+#[test]
+fn plot_writes_self_contained_html() {
+    let path = scratch("plot").join("memory.html");
+    let o = cudalloc(&["replay", "--plot", path.to_str().unwrap(), &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&path).expect("the plot was written");
+    assert!(html.contains("<svg") || html.contains("<canvas"));
+    assert!(html.contains("torch-expandable") && html.contains("GiB"));
+    assert!(!html.contains("<script src") && !html.contains("http://cdn"));
+}
+
+#[test]
+fn plot_refuses_to_overwrite_a_trace() {
+    let dir = scratch("plot-guard");
+    let trace = dir.join("copy.trace.csv.gz");
+    std::fs::copy(bert(), &trace).unwrap();
+    let before = std::fs::read(&trace).unwrap();
+    // `--plot` takes the first trace as its value: the mistake this guards against.
+    let o = cudalloc(&["replay", "--plot", trace.to_str().unwrap(), &bert()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(".html"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        before,
+        "the trace was overwritten"
+    );
+}
+
+#[test]
+fn capacity_below_peak_live_reports_the_failure() {
+    let o = cudalloc(&[
+        "replay",
+        "--capacity",
+        "256MiB",
+        "--policy",
+        "torch",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("failed at op"), "{out}");
+    assert!(out.contains("out of memory"), "{out}");
+}
+
+/// A failed replay says so in its JSON line, and its table row shows no reserved/live ratio
+/// (its peak is not the trace's).
+#[test]
+fn a_failed_replay_is_marked_in_json_and_has_no_ratio() {
+    let args = ["replay", "--capacity", "256MiB", "--policy", "torch"];
+    let o = cudalloc(&[&args[..], &["--json", &bert()]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["completed"], false);
+    let op = v["failure"]["op"].as_u64().expect("the failed operation");
+    assert_eq!(v["events"].as_u64(), Some(op + 1));
+    let error = v["failure"]["error"].as_str().unwrap();
+    assert!(error.contains("out of memory"), "{error}");
+    let o = cudalloc(&[&args[..], &[&bert()]].concat());
+    let row = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("torch "))
+        .map(str::to_string)
+        .expect("a row for torch");
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // policy, ops, then three byte figures of two words each, then reserved/live.
+    assert_eq!(cells[8], "-", "{row}");
+}
+
+/// Mistakes in the options are refused before anything is replayed, naming what is wrong.
+#[test]
+fn conflicting_or_impossible_options_exit_2_naming_them() {
+    let plot = scratch("no-folder").join("missing").join("p.html");
+    let cases: [(Vec<&str>, &str); 6] = [
+        (
+            vec!["replay", "--policy", "torch", "--policy", "torch"],
+            "`torch` is asked for twice",
+        ),
+        (
+            vec!["replay", "--capacity", "1.5TB"],
+            "more than the simulated H200",
+        ),
+        (
+            vec!["replay", "--plot", plot.to_str().unwrap()],
+            "no folder",
+        ),
+        (vec!["replay", "--config", ""], "empty config string"),
+        (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),
+        (
+            vec!["stats", "--policy", "torch", "--config", "policy:default"],
+            "cannot be used with",
+        ),
+    ];
+    for (args, says) in cases {
+        let o = cudalloc(&[&args[..], &[&bert()]].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{args:?}: replayed anyway");
+    }
+    assert!(!plot.exists());
+}
+
+#[test]
+fn stats_prints_sorted_torch_keys() {
+    let o = cudalloc(&["stats", &bert(), "--policy", "torch"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    let stats = v["memory_stats"].as_object().unwrap();
+    assert_eq!(stats["reserved_bytes.all.peak"], 1272971264u64);
+    let keys: Vec<&String> = stats.keys().collect();
+    assert!(keys.windows(2).all(|w| w[0] < w[1]));
+}
+
+#[test]
+fn help_exits_0() {
+    for args in [
+        &["--help"][..],
+        &["replay", "--help"][..],
+        &["stats", "--help"][..],
+    ] {
+        let o = cudalloc(args);
+        assert_eq!(o.status.code(), Some(0));
+        assert!(stdout(&o).contains("Usage"));
+    }
+}
+
+/// `--cuda` on a machine without a GPU: one clear error before any replay and exit status 2
+/// (an input error: nothing was replayed), no panic.
+#[test]
+fn cuda_replay_without_a_gpu_says_why() {
+    if cudalloc_sys::CudaDevice::new(0).is_ok() {
+        // On a GPU machine the replay runs for real; the GPU run checks that path.
+        let out = cudalloc(&["replay", "--cuda", "--policy", "torch", "--json", &bert()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let gpt2 = bundled("gpt2_train.trace.csv.gz");
+    let out = cudalloc(&["replay", "--cuda", "--policy", "torch", &bert(), &gpt2]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty(), "no table: {}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--cuda") && err.contains("no CUDA device available"),
+        "{err}"
+    );
+    assert_eq!(err.matches("no CUDA device").count(), 1, "said once: {err}");
+}
+
+#[test]
+fn breakdown_says_where_the_peak_reserved_bytes_are() {
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--breakdown",
+        "--policy",
+        "default",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    let b = &v["peak_breakdown"];
+    let part = |k: &str| b[k].as_u64().unwrap_or_else(|| panic!("{k} in {b}"));
+    let parts = [
+        "live_bytes",
+        "rounding_bytes",
+        "pending_bytes",
+        "releasable_bytes",
+        "pinned_bytes",
+    ];
+    assert_eq!(
+        parts.iter().map(|k| part(k)).sum::<u64>(),
+        part("reserved_bytes")
+    );
+    assert_eq!(b["reserved_bytes"], v["peak_reserved_bytes"]);
+    // bert_dynamic under `default`: the peak comes when a small allocation between batches
+    // maps a page while the layout plan's footprints keep their cached pages (releasable):
+    // 245 MiB live and 346 MiB releasable.
+    assert_eq!(
+        (part("live_bytes"), part("releasable_bytes")),
+        (257302192, 362807296)
+    );
+    // What holds the pinned bytes: 6 chunks, the most pinned first, each with the operation
+    // that allocated its largest block in use.
+    assert_eq!(b["pinned_units"], 6);
+    let by = b["pinned_by"].as_array().expect("pinned_by");
+    assert_eq!(by.len(), 5);
+    let pinned: Vec<u64> = by
+        .iter()
+        .map(|u| u["pinned_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(pinned.windows(2).all(|w| w[0] >= w[1]), "{pinned:?}");
+    assert!(pinned.iter().sum::<u64>() <= part("pinned_bytes"));
+    assert_eq!(
+        (&by[0]["kind"], &by[0]["unit_bytes"], &by[0]["pinned_bytes"]),
+        (&json!("chunk"), &json!(10485760), &json!(9615360))
+    );
+    assert_eq!(
+        (&by[0]["holding_blocks"], &by[0]["largest_holding_block_op"]),
+        (&json!(1), &json!(201))
+    );
+    // ... and the trace line that operation comes from (line 225: `alloc` of 46,881,792
+    // bytes, the fp16 word embedding).
+    assert_eq!(
+        (&by[0]["largest_holding_block_line"], &b["line"]),
+        (&json!(225), &json!(12492))
+    );
+    let o = cudalloc(&["replay", "--breakdown", "--policy", "default", &bert()]);
+    let text = stdout(&o);
+    assert!(
+        text.contains("  pinned in 6 chunks or segments; the most:\n    9.17 MiB pinned in a 10.00 MiB chunk beside 1 block in use (the largest 44.71 MiB, allocated at op 201, line 225)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "default: at peak reserved (op 8,375, line 12492): 610.00 MiB = live 245.38 MiB"
+        ),
+        "{text}"
+    );
+}
+
+/// `--cuda` replays through the driver when there is a GPU, reserving what the simulation
+/// does (docs/policies.md); without one it stops before replaying (exit status 2).
+#[test]
+fn cuda_replay_reserves_what_the_simulation_does() {
+    let o = cudalloc(&["replay", "--cuda", "--policy", "default", &bert()]);
+    let out = stdout(&o);
+    match o.status.code() {
+        Some(0) => assert!(out.contains("1.035"), "{out}"),
+        Some(2) => assert!(stderr(&o).contains("no CUDA device"), "{}", stderr(&o)),
+        c => panic!("exit status {c:?}: {}", stderr(&o)),
+    }
+}
+
+/// The trace's odd events reach `--json`; a trace with no operations shows no speed.
+#[test]
+fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
+    let odd = csv_trace(
+        "anomalies",
+        "odd.csv",
+        "alloc,4096,512,0,1\nfree_completed,8192,512,0,2\n\
+         alloc,16384,512,0,3\nfree_completed,16384,1024,0,4\n",
+    );
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        odd.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert_eq!(v["anomalies"]["unmatched_frees"], 1);
+    assert_eq!(v["anomalies"]["double_allocs"], 0);
+    assert_eq!(v["anomalies"]["mismatched_frees"], 1);
+    assert_eq!(v["anomalies"]["first_line"], 3);
+    let o = cudalloc(&["replay", "--policy", "torch", odd.to_str().unwrap()]);
+    assert!(
+        stdout(&o).contains("1 frees whose size or stream differs"),
+        "{}",
+        stdout(&o)
+    );
+    let empty = csv_trace("anomalies-empty", "empty.csv", "");
+    let o = cudalloc(&["replay", "--policy", "torch", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("torch "))
+        .expect("a row");
+    assert!(
+        row.trim_end().ends_with('-'),
+        "no ns/op without operations: {row}"
+    );
+    assert!(stderr(&o).contains("holds no allocation"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        empty.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = &json_lines(&o)[0];
+    assert!(
+        v["ns_per_event"].is_null() && v["trace_lines_per_s"].is_null(),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// A trace given twice (by any path) is refused; two traces of one file name are told apart
+/// by their paths; a configuration given twice under two spellings is replayed with a warning.
+#[test]
+fn inputs_given_twice_are_refused_and_equal_names_told_apart() {
+    let dir = scratch("twice");
+    let text = "action,addr,size,stream,time_us\nalloc,4096,512,0,1\nfree_completed,4096,512,0,2\n";
+    for sub in ["a", "b"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+        std::fs::write(dir.join(sub).join("x.csv"), text).unwrap();
+    }
+    let a = dir.join("a/x.csv");
+    let a_again = dir.join("b/../a/x.csv");
+    let b = dir.join("b/x.csv");
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        a.to_str().unwrap(),
+        a_again.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("given twice"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let names: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["trace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert_ne!(names[0], names[1]);
+    assert!(
+        names[0].ends_with("a/x.csv") && names[1].ends_with("b/x.csv"),
+        "{names:?}"
+    );
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        "--config",
+        "policy:torch",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("same configuration"), "{}", stderr(&o));
+}
+
+/// Keys a replay would ignore are refused, naming the key: the thread caches' (a replay has
+/// none) and the `default` policy's under another policy.
+#[test]
+fn keys_a_replay_would_ignore_are_refused() {
+    for (cfg, key) in [
+        ("thread_cache:False", "thread_cache"),
+        ("thread_cache_mb:8", "thread_cache_mb"),
+        ("policy:torch,thread_cache_large:0", "thread_cache_large"),
+        ("policy:torch,layout_plans:false", "layout_plans"),
+    ] {
+        let o = cudalloc(&["replay", "--config", cfg, &bert()]);
+        assert_eq!(o.status.code(), Some(2), "{cfg}: {}", stdout(&o));
+        assert!(stderr(&o).contains(key), "{cfg}: {}", stderr(&o));
+    }
+    let o = cudalloc(&["stats", "--config", "thread_cache:False", &bert()]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("thread_cache"), "{}", stderr(&o));
+    let o = cudalloc(&[
+        "replay",
+        "--policy",
+        "torch",
+        "--sweep",
+        "max_chunk_mb=16",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(stderr(&o).contains("max_chunk_mb"), "{}", stderr(&o));
+    // Beside the `default` policy, such a key is swept after it only.
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "torch",
+        "--policy",
+        "default",
+        "--sweep",
+        "max_chunk_mb=16",
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let labels: Vec<String> = json_lines(&o)
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        labels,
+        ["torch", "default", "policy:default,max_chunk_mb:16"]
+    );
+}
+
+/// A plot that cannot be written is refused before any replay, and leaves nothing behind.
+#[test]
+fn an_unwritable_plot_is_refused_before_the_replays() {
+    let dir = scratch("plot-target");
+    let folder = dir.join("isdir.html");
+    std::fs::create_dir_all(&folder).unwrap();
+    for (target, needle) in [
+        (
+            folder.to_str().unwrap().to_string(),
+            "cannot write the plot",
+        ),
+        (
+            dir.join(".html").to_str().unwrap().to_string(),
+            "file name before",
+        ),
+    ] {
+        let o = cudalloc(&["replay", "--policy", "torch", "--plot", &target, &bert()]);
+        assert_eq!(o.status.code(), Some(2), "{target}");
+        assert!(stdout(&o).is_empty(), "no replay ran: {}", stdout(&o));
+        assert!(stderr(&o).contains(needle), "{target}: {}", stderr(&o));
+    }
+    assert!(!dir.join(".html").exists());
+}
+
+/// `--sweep` adds one configuration per value after the default policy, labelled by a config
+/// string that `--config` accepts.
+#[test]
+fn a_sweep_replays_the_default_and_each_value() {
+    let o = cudalloc(&["replay", "--json", "--sweep", "max_chunk_mb=16", &bert()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let labels: Vec<&str> = lines
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["default", "policy:default,max_chunk_mb:16"]);
+    let maps = |v: &serde_json::Value| v["device_maps"].as_u64().unwrap();
+    assert!(
+        maps(&lines[1]) > maps(&lines[0]),
+        "smaller chunks, more maps"
+    );
+    let bad = cudalloc(&["replay", "--sweep", "max_chunk_mbs=16", &bert()]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("max_chunk_mbs"), "{}", stderr(&bad));
+}
+
+/// A trace's `oom` events (allocations that failed when it was recorded) are counted and named
+/// as not replayed, in the header line and as `--json`'s `recorded_ooms` (0 for a trace with
+/// none).
+#[test]
+fn recorded_ooms_are_counted_not_replayed() {
+    let path = csv_trace(
+        "recorded-ooms",
+        "oom.csv",
+        "alloc,4096,1000,0,1\noom,0,1125899906842624,0,5\n\
+         oom,0,2000000000000,0,6\nfree_completed,4096,1000,0,7\n",
+    );
+    let p = path.to_str().unwrap();
+    let o = cudalloc(&["replay", "--policy", "torch", p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("2 oom events recorded (failed allocations, not replayed)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = cudalloc(&["replay", "--json", "--policy", "torch", p]);
+    let v = &json_lines(&o)[0];
+    assert_eq!(
+        (v["recorded_ooms"].as_u64(), v["ooms"].as_u64()),
+        (Some(2), Some(0))
+    );
+    let o = cudalloc(&["replay", "--json", "--policy", "torch", &bert()]);
+    assert_eq!(json_lines(&o)[0]["recorded_ooms"], 0);
+}

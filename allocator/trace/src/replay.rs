@@ -1,0 +1,422 @@
+//! Replaying a trace against a policy on the simulated device, and the figures it yields.
+//!
+//! `alloc` allocates, `free_completed` frees (see [`crate`]); allocations still live at
+//! the end are freed. Figures: peak live bytes (sum of requested sizes), peak allocated and
+//! reserved bytes, driver calls, out-of-memory events and time per event. With a capacity the
+//! pool is capped at that many bytes (as PyTorch's memory fraction does) and the replay stops at
+//! the first allocation that fails even after the out-of-memory ladder. With `breakdown`, the
+//! reserved bytes are broken down ([`Excess`]) after the operation at which they first reach
+//! their highest value (a peak reached and left inside one operation is not seen there), and the
+//! units that pin the most bytes then are kept ([`PeakPinning`]), each with the operation that
+//! allocated its largest block in use.
+
+use crate::bound::PAGE;
+use crate::{Op, Trace};
+use cudalloc::config::Config;
+use cudalloc::error::AllocError;
+use cudalloc::pool::{Allocation, Pool};
+use cudalloc::snapshot::{Excess, PinnedUnit};
+use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Capacity of the simulated device: an H200's 143,771 MiB.
+pub const DEVICE_CAPACITY: u64 = 143_771 << 20;
+
+/// One point of a memory timeline: the highest value of each figure over the operations since
+/// the previous point (so a peak between two points is not lost, however few the points).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Index of the last operation the point covers.
+    pub op: u32,
+    /// Live (requested) bytes, the most in the interval.
+    pub live: u64,
+    /// Allocated (rounded) bytes, the most in the interval.
+    pub allocated: u64,
+    /// Reserved bytes, the most in the interval.
+    pub reserved: u64,
+}
+
+impl Sample {
+    /// The figures of `pool` now.
+    fn of<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
+        let s = pool.stats();
+        Sample {
+            op: op as u32,
+            live: s.requested_bytes.0[0].current as u64,
+            allocated: s.allocated_bytes.0[0].current as u64,
+            reserved: s.reserved_bytes.0[0].current as u64,
+        }
+    }
+
+    /// The highest of each figure of `self` and `other`, at `other`'s operation.
+    fn max(self, other: Sample) -> Sample {
+        Sample {
+            op: other.op,
+            live: self.live.max(other.live),
+            allocated: self.allocated.max(other.allocated),
+            reserved: self.reserved.max(other.reserved),
+        }
+    }
+}
+
+/// Builds a timeline of about `samples` points, each the most of every figure over its
+/// interval of operations ([`Sample`]).
+struct Timeline {
+    /// Operations per point.
+    every: usize,
+    /// Operations seen in the current interval.
+    seen: usize,
+    /// The most of each figure in the current interval.
+    acc: Sample,
+    points: Vec<Sample>,
+}
+
+impl Timeline {
+    fn new(ops: usize, samples: usize) -> Timeline {
+        Timeline {
+            every: ops.checked_div(samples).map_or(usize::MAX, |n| n.max(1)),
+            seen: 0,
+            acc: Sample::default(),
+            points: Vec::with_capacity(samples + 3),
+        }
+    }
+
+    /// Takes in the figures after operation `op`; closes the interval when it is full.
+    fn after<D: Device>(&mut self, pool: &Pool<D>, op: usize) {
+        self.acc = self.acc.max(Sample::of(pool, op));
+        self.seen += 1;
+        if self.seen == self.every {
+            self.close();
+        }
+    }
+
+    fn close(&mut self) {
+        if self.seen > 0 {
+            self.points.push(self.acc);
+        }
+        self.acc = Sample::default();
+        self.seen = 0;
+    }
+
+    /// The points, the current interval's included, then `end`: the figures after the last
+    /// operation.
+    fn finish(mut self, end: Sample) -> Vec<Sample> {
+        self.close();
+        self.points.push(end);
+        self.points
+    }
+}
+
+/// Where a capped replay failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    /// Index of the operation that failed.
+    pub op: usize,
+    /// The error.
+    pub error: AllocError,
+}
+
+/// What a replay measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayResult {
+    /// Operations replayed.
+    pub events: u64,
+    /// Peak of the sum of requested bytes of live allocations.
+    pub peak_live_bytes: u64,
+    /// Peak allocated (rounded) bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Device `malloc` calls.
+    pub device_mallocs: u64,
+    /// Device `free` calls.
+    pub device_frees: u64,
+    /// Map operations.
+    pub device_maps: u64,
+    /// Unmap operations.
+    pub device_unmaps: u64,
+    /// Allocations that failed with out-of-memory.
+    pub ooms: u64,
+    /// Wall time per operation.
+    pub ns_per_event: f64,
+    /// The first failure, when capped.
+    pub failure: Option<Failure>,
+    /// Memory over time (when asked for).
+    pub timeline: Vec<Sample>,
+    /// Where the reserved bytes were after the operation at which they first reached their
+    /// highest value (when asked for): the operation's index and the breakdown.
+    pub peak_excess: Option<(usize, Excess)>,
+    /// What held the pinned bytes at that moment (when asked for).
+    pub peak_pinning: Option<PeakPinning>,
+}
+
+/// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
+pub const PINNING_SHOWN: usize = 5;
+
+/// What held the pinned bytes at the reserved peak ([`Pool::pinning`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeakPinning {
+    /// Units (chunks or `cudaMalloc` segments) holding pinned bytes then.
+    pub units: usize,
+    /// Their pinned bytes together (the breakdown's).
+    pub pinned: u64,
+    /// The [`PINNING_SHOWN`] holding the most, each with the index of the operation that
+    /// allocated its largest block in use (`None` when that block is waiting for events).
+    pub most: Vec<(PinnedUnit, Option<usize>)>,
+}
+
+impl ReplayResult {
+    /// Driver calls of every kind.
+    pub fn driver_calls(&self) -> u64 {
+        self.device_mallocs + self.device_frees + self.device_maps + self.device_unmaps
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOptions {
+    /// Cap on the pool's bytes (`None`: only the device's capacity, and the config's
+    /// `per_process_memory_fraction` if it has one; with both caps, the lower).
+    pub capacity: Option<u64>,
+    /// Record about this many timeline samples (0: none).
+    pub samples: usize,
+    /// Replay on GPU 0 (real driver calls) instead of the simulated device.
+    pub cuda: bool,
+    /// Break the reserved bytes down ([`Excess`]) at their peak.
+    pub breakdown: bool,
+}
+
+/// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
+/// (a missing GPU is a failure at operation 0).
+pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
+    if !opts.cuda {
+        return replay_on(
+            SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
+            trace,
+            cfg,
+            opts,
+        );
+    }
+    match cudalloc_sys::CudaDevice::new(0) {
+        Ok(dev) => replay_on(dev, trace, cfg, opts),
+        Err(e) => ReplayResult {
+            events: 0,
+            peak_live_bytes: 0,
+            peak_allocated_bytes: 0,
+            peak_reserved_bytes: 0,
+            device_mallocs: 0,
+            device_frees: 0,
+            device_maps: 0,
+            device_unmaps: 0,
+            ooms: 0,
+            ns_per_event: 0.0,
+            failure: Some(Failure {
+                op: 0,
+                error: e.into(),
+            }),
+            timeline: Vec::new(),
+            peak_excess: None,
+            peak_pinning: None,
+        },
+    }
+}
+
+/// Replays `trace` under `cfg` on `device`.
+pub fn replay_on<D: Device>(
+    device: D,
+    trace: &Trace,
+    cfg: &Config,
+    opts: &ReplayOptions,
+) -> ReplayResult {
+    let mut pool = Pool::new(device, cfg.clone());
+    if let Some(cap) = opts.capacity {
+        // The lower of this cap and the one the config's memory fraction sets (tried again
+        // first if the device could not say its memory when the pool was made).
+        let _ = pool.apply_fraction();
+        let limit = pool.limit().map_or(cap, |l| l.min(cap));
+        pool.set_limit(Some(limit));
+    }
+    let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
+    let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
+    let mut timeline = (opts.samples > 0).then(|| {
+        let mut t = Timeline::new(trace.ops.len(), opts.samples);
+        t.points.push(Sample::of(&pool, 0));
+        t
+    });
+    let mut failure = None;
+    let mut peak = opts.breakdown.then(Peak::default);
+    let start = Instant::now();
+    for (i, op) in trace.ops.iter().enumerate() {
+        if let Some(p) = peak.as_mut() {
+            p.before(op, &slots);
+        }
+        if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
+            failure = Some(Failure { op: i, error });
+            break;
+        }
+        if let Some(p) = peak.as_mut() {
+            p.after(i, op, &slots, &pool);
+        }
+        if let Some(t) = timeline.as_mut() {
+            t.after(&pool, i);
+        }
+    }
+    let elapsed = start.elapsed();
+    let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
+    // The last point: the figures after the last operation, before what is still live is
+    // freed below (a trace that ends with memory live does not end at zero).
+    let end = Sample::of(&pool, done.saturating_sub(1));
+    for a in slots.iter().flatten() {
+        let _ = pool.free(a);
+    }
+    let timeline = timeline.map_or_else(Vec::new, |t| t.finish(end));
+    let s = pool.stats();
+    ReplayResult {
+        events: done as u64,
+        peak_live_bytes: s.requested_bytes.0[0].peak as u64,
+        peak_allocated_bytes: s.allocated_bytes.0[0].peak as u64,
+        peak_reserved_bytes: s.reserved_bytes.0[0].peak as u64,
+        device_mallocs: s.calls.mallocs,
+        device_frees: s.calls.frees,
+        device_maps: s.calls.maps,
+        device_unmaps: s.calls.unmaps,
+        ooms: s.num_ooms,
+        ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
+        failure,
+        timeline,
+        peak_excess: peak.as_ref().and_then(|p| p.excess),
+        peak_pinning: peak.and_then(|p| p.pinning),
+    }
+}
+
+/// The breakdown at the reserved peak, kept up to date as a replay runs (`breakdown`).
+#[derive(Default)]
+struct Peak {
+    excess: Option<(usize, Excess)>,
+    pinning: Option<PeakPinning>,
+    /// The operation that made each live allocation, by address.
+    made: HashMap<u64, usize>,
+}
+
+impl Peak {
+    /// Forgets the allocation operation `op` is about to free.
+    fn before(&mut self, op: &Op, slots: &[Option<Allocation>]) {
+        if let Op::Free { slot } = *op {
+            if let Some(a) = &slots[slot as usize] {
+                self.made.remove(&a.ptr);
+            }
+        }
+    }
+
+    /// Notes the allocation operation `i` made, and takes the breakdown when the reserved
+    /// bytes pass their highest value so far.
+    fn after<D: Device>(
+        &mut self,
+        i: usize,
+        op: &Op,
+        slots: &[Option<Allocation>],
+        pool: &Pool<D>,
+    ) {
+        if let Op::Alloc { slot, .. } = *op {
+            if let Some(a) = &slots[slot as usize] {
+                self.made.insert(a.ptr, i);
+            }
+        }
+        if self
+            .excess
+            .is_some_and(|(_, e)| pool.reserved() <= e.reserved)
+        {
+            return;
+        }
+        self.excess = Some((i, pool.excess()));
+        let units = pool.pinning();
+        let most = units
+            .iter()
+            .take(PINNING_SHOWN)
+            .map(|u| (*u, self.made.get(&u.largest.0).copied()))
+            .collect();
+        self.pinning = Some(PeakPinning {
+            units: units.len(),
+            pinned: units.iter().map(|u| u.pinned).sum(),
+            most,
+        });
+    }
+}
+
+fn step<D: Device>(
+    pool: &mut Pool<D>,
+    slots: &mut [Option<Allocation>],
+    streams: &[StreamId],
+    op: &Op,
+) -> Result<(), AllocError> {
+    match *op {
+        Op::Alloc { slot, stream, size } => {
+            let a = pool.allocate(size, streams[stream as usize])?;
+            slots[slot as usize] = Some(a);
+        }
+        Op::Free { slot } => {
+            if let Some(a) = slots[slot as usize].take() {
+                pool.free(&a)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The pages [`min_capacity`] bisects between: the most that cannot hold `peak_live` bytes (a
+/// cap that fails) and the fewest that hold `upper` bytes.
+pub fn search_pages(peak_live: u64, upper: u64) -> (u64, u64) {
+    let hi = upper.div_ceil(PAGE);
+    let lo = peak_live.div_ceil(PAGE).saturating_sub(1);
+    (lo.min(hi.saturating_sub(1)), hi)
+}
+
+/// A cap under which the replay completes while one page less does not, in whole pages of the
+/// simulated device (2 MiB, the unit every policy reserves in there), found by bisection
+/// between the peak live bytes (a cap below them cannot complete) and `upper`, which must be a
+/// cap that completes (the peak reserved bytes of an uncapped replay). A capped replay is not
+/// monotone in its cap (`llama_generate` under `torch` completes at 1,086 pages, fails at 1,087
+/// to 1,090 and completes at 1,091, which is the answer), so a smaller cap may complete too; the
+/// answer always completes. `progress` is told each probe.
+pub fn min_capacity(
+    trace: &Trace,
+    cfg: &Config,
+    upper: u64,
+    mut progress: impl FnMut(u64, bool),
+) -> u64 {
+    let completes = |pages: u64| {
+        let r = replay(
+            trace,
+            cfg,
+            &ReplayOptions {
+                capacity: Some(pages.saturating_mul(PAGE)),
+                ..ReplayOptions::default()
+            },
+        );
+        r.failure.is_none()
+    };
+    let (_, mut hi) = search_pages(trace.peak_live, upper);
+    if hi == 0 {
+        // Nothing was ever reserved: no cap is too small.
+        return 0;
+    }
+    if !completes(hi) {
+        // The uncapped run's peak should always complete; search upward if it does not.
+        while !completes(hi) {
+            hi = hi.saturating_mul(2);
+        }
+    }
+    let (mut lo, _) = search_pages(trace.peak_live, hi.saturating_mul(PAGE));
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let ok = completes(mid);
+        progress(mid * PAGE, ok);
+        if ok {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * PAGE
+}

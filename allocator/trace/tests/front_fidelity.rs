@@ -1,0 +1,124 @@
+//! What a program gets through [`CachingAllocator`] on one thread (a PyTorch job through the C
+//! ABI allocates from one thread, its autograd thread aside) against what `cudalloc replay`
+//! reports, which replays through a bare `Pool`: thread caches keep freed blocks out of their
+//! pool, and the `default` policy notices. These tests hold the two close on the bundled
+//! traces the caches used to change most, and check the rule that keeps them close: a large
+//! block freed while its pool records an episode with other allocations live goes back to the
+//! pool (docs/threads.md, *What thread caches cost in memory*).
+
+use cudalloc::stats::StatType;
+use cudalloc::{Allocation, CachingAllocator, Config, Policy};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use cudalloc_trace::replay::{replay, ReplayOptions};
+use cudalloc_trace::{Op, Trace};
+use std::path::PathBuf;
+
+const MIB: u64 = 1 << 20;
+/// The simulated H200's memory, as `cudalloc replay` uses it.
+const H200: u64 = 143_771 * MIB;
+
+/// Peak reserved bytes and driver calls of `trace` replayed through `CachingAllocator` on one
+/// thread under `cfg`.
+fn through_front(trace: &Trace, cfg: &Config) -> (u64, u64) {
+    let alloc = CachingAllocator::new(SimDevice::new(SimConfig::with_capacity(H200)), cfg.clone());
+    let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
+    for op in &trace.ops {
+        match *op {
+            Op::Alloc { slot, size, stream } => {
+                let s = StreamId(trace.streams[stream as usize]);
+                slots[slot as usize] = Some(alloc.allocate(size, s).expect("allocates"));
+            }
+            Op::Free { slot } => {
+                let a = slots[slot as usize].take().expect("a live slot");
+                alloc.free(a).expect("frees");
+            }
+        }
+    }
+    let s = alloc.stats();
+    (
+        s.reserved_bytes.get(StatType::All).peak as u64,
+        s.calls.total(),
+    )
+}
+
+fn trace_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces/h200")
+        .join(format!("{name}.trace.csv.gz"))
+}
+
+/// Inference over batches of changing shape, where the pool learns a layout plan from whole
+/// batches: with thread caches that kept the last freed large block whatever the pool was
+/// doing (the default until the ninth session), the pool never saw a batch whole and made
+/// about twice the driver calls (`vit_infer_dynamic` 215 against 102, `resnet_infer_dynamic`
+/// 190 against 93, `roberta_dynamic` 165 against 88; the same on the H200 through PyTorch).
+/// Generation kept 32 MiB of small blocks in the cache until then (`opt_generate` 273 calls
+/// against 182; 2 MiB since).
+#[test]
+fn thread_caches_keep_the_replayed_figures_on_batched_inference() {
+    let cfg = Config::for_policy(Policy::Default);
+    for name in [
+        "vit_infer_dynamic",
+        "resnet_infer_dynamic",
+        "roberta_dynamic",
+        "opt_generate",
+    ] {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        let r = replay(&trace, &cfg, &ReplayOptions::default());
+        let (reserved, calls) = through_front(&trace, &cfg);
+        let pool_calls = r.driver_calls();
+        assert!(
+            calls * 10 <= pool_calls * 11,
+            "{name}: {calls} driver calls through CachingAllocator, {pool_calls} replayed"
+        );
+        assert!(
+            reserved * 100 <= r.peak_reserved_bytes * 102,
+            "{name}: {reserved} bytes reserved through CachingAllocator, {} replayed",
+            r.peak_reserved_bytes
+        );
+    }
+}
+
+/// Blocks the pools freed so far (a free into a thread cache is none).
+fn pool_frees(alloc: &CachingAllocator<SimDevice>) -> i64 {
+    alloc.stats().pool_frees()
+}
+
+/// A large block freed while another of its episode is live goes to its pool (the episode's
+/// sequence stays whole); the last one freed may stay in the thread cache, and comes back from
+/// it (an alloc-free loop of one size still hits the cache).
+#[test]
+fn a_large_block_freed_among_live_ones_of_its_episode_reaches_its_pool() {
+    let alloc = CachingAllocator::new(
+        SimDevice::new(SimConfig::with_capacity(4 << 30)),
+        Config::for_policy(Policy::Default),
+    );
+    let s = StreamId(1);
+    let a = alloc.allocate(64 * MIB, s).unwrap();
+    let b = alloc.allocate(32 * MIB, s).unwrap();
+    let before = pool_frees(&alloc);
+    alloc.free(a).unwrap();
+    assert_eq!(pool_frees(&alloc), before + 1, "a went to the thread cache");
+    alloc.free(b).unwrap();
+    assert_eq!(
+        pool_frees(&alloc),
+        before + 1,
+        "b, the last one, went to its pool instead of the thread cache"
+    );
+    let c = alloc.allocate(32 * MIB, s).unwrap();
+    assert_eq!(c.ptr, b.ptr, "b did not come back from the thread cache");
+    alloc.free(c).unwrap();
+    let off = CachingAllocator::new(
+        SimDevice::new(SimConfig::with_capacity(4 << 30)),
+        Config::parse("layout_plans:False").unwrap(),
+    );
+    let a = off.allocate(64 * MIB, s).unwrap();
+    let _b = off.allocate(32 * MIB, s).unwrap();
+    let before = pool_frees(&off);
+    off.free(a).unwrap();
+    assert_eq!(
+        pool_frees(&off),
+        before,
+        "without layout plans nothing watches the episode: the block stays in the thread cache"
+    );
+}

@@ -1,0 +1,216 @@
+//! The `default` policy's figures on every bundled trace, exactly as `docs/policies.md` reports
+//! them (`cudalloc replay --policy default --json`): peak live and peak reserved bytes and driver
+//! calls (mallocs + frees + maps + unmaps). The simulated device is deterministic, so any change
+//! to the policy that moves one of these numbers fails here; update the table in
+//! `docs/policies.md` together with this list.
+
+use cudalloc::{Config, Policy};
+use cudalloc_trace::bound::{map_floor, PAGE};
+use cudalloc_trace::replay::{min_capacity, replay, ReplayOptions, PINNING_SHOWN};
+use std::path::PathBuf;
+
+/// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
+const FIGURES: [(&str, u64, u64, u64); 26] = [
+    ("bert_dynamic", 615_862_208, 639_631_360, 82),
+    ("gpt2_train", 7_701_353_160, 7_881_097_216, 381),
+    ("llama_train_varlen", 14_895_838_060, 15_143_534_592, 773),
+    ("resnet_train", 4_624_816_912, 4_699_717_632, 219),
+    (
+        "h200/bert_train_dynamic",
+        12_017_137_396,
+        12_218_007_552,
+        638,
+    ),
+    ("h200/fcn_train", 3_024_948_704, 3_078_619_136, 180),
+    ("h200/gpt2_generate", 654_736_128, 673_185_792, 116),
+    ("h200/gpt2_train_varlen", 6_771_964_720, 6_970_933_248, 434),
+    ("h200/resnet_infer_dynamic", 834_982_283, 859_832_320, 91),
+    ("h200/roberta_dynamic", 575_800_864, 587_202_560, 65),
+    ("h200/t5_generate", 424_095_996, 442_499_072, 159),
+    ("h200/vit_train", 4_633_576_160, 4_733_272_064, 306),
+    (
+        "h200/llama_infer_dynamic",
+        1_619_419_744,
+        1_696_595_968,
+        242,
+    ),
+    ("h200/vit_infer_dynamic", 478_762_448, 497_025_024, 77),
+    (
+        "h200/mistral_train_varlen",
+        6_984_653_768,
+        7_168_065_536,
+        570,
+    ),
+    ("h200/opt_generate", 1_622_129_456, 1_700_790_272, 296),
+    ("h200/deberta_dynamic", 3_382_201_120, 3_479_175_168, 222),
+    (
+        "h200/convnext_train_dynamic",
+        4_219_967_512,
+        4_315_938_816,
+        274,
+    ),
+    ("h200/deeplab_infer_dynamic", 924_498_973, 998_244_352, 291),
+    // Recorded in the eighth session, kinds of job none of the above is.
+    (
+        "h200/fasterrcnn_infer_dynamic",
+        2_806_742_599,
+        2_950_692_864,
+        252,
+    ),
+    (
+        "h200/gpt2_checkpoint_train",
+        8_672_565_682,
+        9_516_875_776,
+        879,
+    ),
+    ("h200/kv_serve", 460_257_280, 484_442_112, 152),
+    ("h200/lstm_train_varlen", 5_743_935_656, 5_865_734_144, 628),
+    ("h200/moe_train_dynamic", 7_817_725_916, 7_973_371_904, 770),
+    ("h200/unet_infer_dynamic", 270_608_923, 308_281_344, 395),
+    ("h200/whisper_generate", 1_459_084_560, 1_516_240_896, 239),
+];
+
+fn trace_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../traces/{name}.trace.csv.gz"))
+}
+
+#[test]
+fn default_policy_reserves_and_calls_what_the_docs_say() {
+    let mut wrong = Vec::new();
+    for (name, live, reserved, calls) in FIGURES {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        let r = replay(
+            &trace,
+            &Config::for_policy(Policy::Default),
+            &ReplayOptions::default(),
+        );
+        assert!(r.failure.is_none(), "{name}: {:?}", r.failure);
+        let got = (r.peak_live_bytes, r.peak_reserved_bytes, r.driver_calls());
+        if got != (live, reserved, calls) {
+            wrong.push(format!(
+                "{name}: live {} reserved {} calls {} (expected {live} {reserved} {calls})",
+                got.0, got.1, got.2
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "figures moved:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_bundled_trace_has_figures() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces");
+    let mut names = Vec::new();
+    for dir in [root.clone(), root.join("h200")] {
+        for e in std::fs::read_dir(&dir).expect("traces directory") {
+            let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".trace.csv.gz") {
+                let prefix = if dir == root { "" } else { "h200/" };
+                names.push(format!("{prefix}{stem}"));
+            }
+        }
+    }
+    names.sort();
+    let mut listed: Vec<String> = FIGURES.iter().map(|f| f.0.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        names, listed,
+        "a bundled trace without figures (or figures without a trace)"
+    );
+}
+
+#[test]
+fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
+    for (name, _, reserved, _) in FIGURES {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        for policy in Policy::ALL {
+            let opts = ReplayOptions {
+                breakdown: true,
+                ..ReplayOptions::default()
+            };
+            let r = replay(&trace, &Config::for_policy(policy), &opts);
+            let (op, e) = r.peak_excess.expect("a breakdown was asked for");
+            let parts = e.live + e.rounding + e.pending + e.releasable + e.pinned;
+            assert_eq!(parts, e.reserved, "{name} {policy:?}: {e:?}");
+            assert_eq!(
+                e.reserved, r.peak_reserved_bytes,
+                "{name} {policy:?} at op {op}"
+            );
+            if policy == Policy::Default {
+                assert_eq!(e.reserved, reserved, "{name}");
+            }
+            // What holds the pinned bytes accounts for all of them, the most pinned first.
+            let p = r.peak_pinning.expect("a breakdown was asked for");
+            assert_eq!(p.pinned, e.pinned, "{name} {policy:?}");
+            assert_eq!(p.units == 0, e.pinned == 0, "{name} {policy:?}");
+            assert!(p.most.len() <= p.units.min(PINNING_SHOWN));
+            assert!(p.most.windows(2).all(|w| w[0].0.pinned >= w[1].0.pinned));
+            for (u, _) in &p.most {
+                assert!(
+                    u.pinned > 0 && u.pinned < u.size && u.holders > 0,
+                    "{name}: {u:?}"
+                );
+            }
+        }
+    }
+}
+
+/// (trace, map floor at 2%, at 5%), as the table in `docs/policies.md` gives them.
+const FLOORS: [(&str, u64, u64); 19] = [
+    ("bert_dynamic", 54, 31),
+    ("gpt2_train", 115, 63),
+    ("llama_train_varlen", 164, 81),
+    ("resnet_train", 88, 63),
+    ("h200/bert_train_dynamic", 142, 75),
+    ("h200/fcn_train", 96, 68),
+    ("h200/gpt2_generate", 45, 23),
+    ("h200/gpt2_train_varlen", 115, 61),
+    ("h200/resnet_infer_dynamic", 39, 37),
+    ("h200/roberta_dynamic", 43, 22),
+    ("h200/t5_generate", 58, 33),
+    ("h200/vit_train", 130, 77),
+    ("h200/llama_infer_dynamic", 76, 42),
+    ("h200/vit_infer_dynamic", 50, 37),
+    ("h200/mistral_train_varlen", 112, 59),
+    ("h200/opt_generate", 75, 37),
+    ("h200/deberta_dynamic", 82, 45),
+    ("h200/convnext_train_dynamic", 100, 69),
+    ("h200/deeplab_infer_dynamic", 41, 39),
+];
+
+#[test]
+fn map_floors_of_the_bundled_traces_are_the_documented_ones() {
+    for (name, at2, at5) in FLOORS {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        let got = (map_floor(&trace, 0.02, PAGE), map_floor(&trace, 0.05, PAGE));
+        assert_eq!(got, (at2, at5), "{name}");
+    }
+}
+
+/// `min_capacity` is exact in whole pages: a cap of its answer completes, one page less does
+/// not, and the answer lies between the peak live bytes and the uncapped peak reserved bytes.
+#[test]
+fn min_capacity_is_the_smallest_completing_cap_in_pages() {
+    let capped = |trace: &cudalloc_trace::Trace, cfg: &Config, cap: u64| {
+        let opts = ReplayOptions {
+            capacity: Some(cap),
+            ..ReplayOptions::default()
+        };
+        replay(trace, cfg, &opts).failure.is_none()
+    };
+    for name in ["bert_dynamic", "resnet_train"] {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        for policy in [Policy::Default, Policy::TorchExpandable] {
+            let cfg = Config::for_policy(policy);
+            let upper = replay(&trace, &cfg, &ReplayOptions::default()).peak_reserved_bytes;
+            let min = min_capacity(&trace, &cfg, upper, |_, _| {});
+            let what = format!("{name} / {}: {min}", policy.name());
+            assert_eq!(min % PAGE, 0, "{what}");
+            assert!(min >= trace.peak_live && min <= upper, "{what} vs {upper}");
+            assert!(capped(&trace, &cfg, min), "{what} does not complete");
+            assert!(
+                !capped(&trace, &cfg, min - PAGE),
+                "{what}: a page less completes"
+            );
+        }
+    }
+}
