@@ -177,6 +177,32 @@ void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
   fail(CUDALLOC_HERE, "could not allocate " + where + ": " + last_error());
 }
 
+// A private pool's live allocations, sorted.
+std::vector<uint64_t> pool_live(c10::DeviceIndex device, const c10::cuda::MempoolId_t& pool) {
+  std::vector<uint64_t> live(16);
+  while (true) {
+    const int64_t n = lib.pool_live(device, pool.first, pool.second,
+                                    reinterpret_cast<char*>(live.data()),
+                                    live.size() * sizeof(uint64_t));
+    if (n < 0) {
+      fail(CUDALLOC_HERE, "pool_live failed: " + last_error());
+    }
+    if (static_cast<size_t>(n) <= live.size()) {
+      live.resize(static_cast<size_t>(n));
+      std::sort(live.begin(), live.end());
+      return live;
+    }
+    live.resize(static_cast<size_t>(n) + 16);  // it may grow before the retry
+  }
+}
+
+// A checkpoint of a private pool (getCheckpointState): its live allocations.
+struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
+  c10::DeviceIndex device = 0;
+  c10::cuda::MempoolId_t pool{0, 0};
+  std::vector<uint64_t> live;
+};
+
 std::string pool_name(const c10::cuda::MempoolId_t& id) {
   return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
 }
@@ -405,28 +431,48 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       c10::DeviceIndex device,
       c10::cuda::MempoolId_t pool,
       const std::unordered_set<void*>& expected) override {
-    std::vector<uint64_t> live(expected.size() + 1);
-    int64_t n = 0;
-    while (true) {
-      n = lib.pool_live(device, pool.first, pool.second,
-                        reinterpret_cast<char*>(live.data()), live.size() * sizeof(uint64_t));
-      if (n < 0) {
-        fail(CUDALLOC_HERE, "pool_live failed: " + last_error());
-      }
-      if (static_cast<size_t>(n) <= live.size()) {
-        break;
-      }
-      live.resize(static_cast<size_t>(n));
-    }
-    if (static_cast<size_t>(n) != expected.size()) {
+    const std::vector<uint64_t> live = pool_live(device, pool);
+    if (live.size() != expected.size()) {
       return false;
     }
-    for (int64_t i = 0; i < n; ++i) {
-      if (expected.count(reinterpret_cast<void*>(live[i])) == 0) {
+    for (uint64_t addr : live) {
+      if (expected.count(reinterpret_cast<void*>(addr)) == 0) {
         return false;
       }
     }
     return true;
+  }
+
+  // CUDA graph trees (torch.compile(mode="reduce-overhead")) take a checkpoint of a pool after
+  // recording each graph, and restore one when they go back to an earlier point of a path.
+  // A checkpoint here is the pool's live allocations; restoring one is supported when the pool
+  // holds the same live allocations (nothing to change), and refused by name otherwise.
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
+      c10::DeviceIndex device,
+      c10::cuda::MempoolId_t pool) override {
+    auto checkpoint = std::make_shared<PoolCheckpoint>();
+    checkpoint->device = device;
+    checkpoint->pool = pool;
+    checkpoint->live = pool_live(device, pool);
+    return checkpoint;
+  }
+
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex device,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override {
+    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
+    if (!checkpoint || checkpoint->device != device) {
+      fail(CUDALLOC_HERE, "not a checkpoint of cudalloc's pools on this device");
+    }
+    const std::vector<uint64_t> now = pool_live(device, checkpoint->pool);
+    if (now != checkpoint->live) {
+      fail(CUDALLOC_HERE,
+           "cannot restore private pool " + pool_name(checkpoint->pool) + " to a checkpoint of " +
+               std::to_string(checkpoint->live.size()) + " live allocations while it holds " +
+               std::to_string(now.size()) + " others (CUDA graph trees took a path cudalloc "
+               "does not support yet; torch.compile without mode=\"reduce-overhead\" avoids it)");
+    }
+    return {};
   }
 };
 
