@@ -21,7 +21,7 @@
 //! Cached blocks are subtracted from the statistics' current values (and are `ThreadCached` in a
 //! snapshot) and cache hits added to their counts of allocations and frees (the live table keeps
 //! both totals); peaks may include cached blocks. While a shard's pool places its large blocks by a
-//! layout plan (`pool::plan`), or records an episode with two or more allocations live (the
+//! layout plan (`policy::default::plan`), or records an episode with two or more allocations live (the
 //! sequence a plan is made from), its large blocks skip the thread caches whenever its lock is
 //! free: a block kept in a cache is a free and an allocation the pool never sees
 //! (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache instead of
@@ -98,8 +98,8 @@ pub struct CachingAllocator<D: Device> {
     /// behind its lock.
     crowd: Box<[CachePadded<AtomicUsize>]>,
     /// Shared by every shard's pool: true until the first free, wherever it goes (a pool or a
-    /// thread cache), while the job is loading (`Pool::share_loading`).
-    loading: Arc<AtomicBool>,
+    /// thread cache): a fact the policies may read ([`crate::pool::Core::nothing_freed`]).
+    unfreed: Arc<AtomicBool>,
     cfg: Config,
 }
 
@@ -117,13 +117,13 @@ impl<D: Device> CachingAllocator<D> {
         let device = Arc::new(device);
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
-        let loading = Arc::new(AtomicBool::new(true));
+        let unfreed = Arc::new(AtomicBool::new(true));
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
                 pool.share_reserved_peak(reserved_peak.clone());
-                pool.share_loading(loading.clone());
+                pool.share_unfreed(unfreed.clone());
                 CachePadded::new(Mutex::new(pool))
             })
             .collect();
@@ -145,7 +145,7 @@ impl<D: Device> CachingAllocator<D> {
             crowd: (0..SHARDS)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
-            loading,
+            unfreed,
             caches,
             cfg,
         }
@@ -421,8 +421,8 @@ impl<D: Device> CachingAllocator<D> {
                 return self.free_to_locked_pool(pool, &a);
             }
         }
-        // A free into a thread cache is a free all the same: the job is past its loading.
-        crate::pool::end_loading(&self.loading);
+        // A free into a thread cache is a free all the same.
+        crate::pool::note_free(&self.unfreed);
         if c.put(&self.live, &a, |e| self.evict(e))? {
             return Ok(());
         }
@@ -510,7 +510,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Starts (or stops) keeping, in every shard, the addresses of frees that waited for other
-    /// streams' work when each completes ([`Pool::track_completions`]; a trace recorder's).
+    /// streams' work when each completes ([`crate::pool::Core::track_completions`]; a trace recorder's).
     pub fn track_completions(&self, on: bool) {
         self.shards
             .iter()
@@ -518,7 +518,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// The frees of allocations made on `stream` (or a stream of its shard) that waited for
-    /// other streams' work and completed since the last call ([`Pool::take_completions`]).
+    /// other streams' work and completed since the last call ([`crate::pool::Core::take_completions`]).
     pub fn take_completions(&self, stream: StreamId) -> Vec<(u64, StreamId)> {
         self.shard(stream).take_completions()
     }
@@ -638,7 +638,7 @@ impl<D: Device> CachingAllocator<D> {
         for pool in &pools {
             pool.check_invariants()?;
             allocations += pool.stats().allocation.0[0].current as usize;
-            // The shared counter holds pages a failed release left too (`Pool::strays`).
+            // The shared counter holds pages a failed release left too (`Core::strays`).
             reserved += pool.reserved() + pool.strays;
         }
         self.live.check_invariants()?;

@@ -34,6 +34,7 @@ pub mod fmt;
 mod front_stats;
 pub mod interop;
 mod live;
+pub mod policy;
 pub mod pool;
 pub mod replay;
 pub mod sizes;
