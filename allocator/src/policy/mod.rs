@@ -32,6 +32,7 @@
 //! [`crate::CachingAllocator`] runs the built-in ones only.
 
 pub mod default;
+pub mod front;
 pub mod torch;
 pub mod torch_expandable;
 
