@@ -35,7 +35,7 @@
 //! address ranges of one segment.
 
 use super::packing::Plan;
-use super::plan::{block_containing, block_of_segment, unmapped_bytes};
+use super::placement::{block_containing, block_of_segment, unmapped_bytes};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::Core;

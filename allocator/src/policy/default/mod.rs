@@ -4,7 +4,7 @@
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
 //!   was freed yet (loading);
-//! - place ([`plan`], [`footprint`], [`packing`], [`search`]): a repeated sequence of large
+//! - place ([`plan`], [`placement`], [`footprint`], [`packing`], [`search`]): a repeated sequence of large
 //!   allocations goes where a packing of its last repetition put it; everything else by
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
 //! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
@@ -19,6 +19,7 @@
 pub mod budget;
 pub mod footprint;
 pub mod packing;
+pub mod placement;
 pub mod plan;
 pub mod search;
 
