@@ -74,7 +74,7 @@ pub trait Policy {
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<bool, DeviceError> {
-        core.release_available_cached_blocks(req)
+        torch::release_available_cached_blocks(core, req)
     }
 
     /// Block `id` was just handed out.

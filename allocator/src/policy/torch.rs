@@ -6,6 +6,11 @@
 //!   only when it exceeds the request by less than `max_non_split_rounding`;
 //! - split: a small block when the rest is at least 512 bytes, a large one when the request is
 //!   below `max_split_size` and the rest is more than 1 MiB (`should_split`);
+//! - release (`release_available_cached_blocks`): before the ladder's last rung, unsplit
+//!   oversize cached blocks of the request's stream, the smallest that is enough or else the
+//!   largest first, until one request's worth is freed (the default of every policy's
+//!   `release`); and under a memory limit with `garbage_collection_threshold`, before any
+//!   growth, unsplit cached segments older than the average (`garbage_collect_cached_blocks`);
 //! - grow: one new segment of `get_allocation_size` bytes (2 MiB for the small pool, 20 MiB up
 //!   to 10 MiB requests, the request rounded to 2 MiB above), refused past the memory limit
 //!   (`alloc_block`).
@@ -112,4 +117,81 @@ fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
         0
     };
     b.size + tail
+}
+
+/// Releases oversize cached blocks of the request's stream until one request's worth is
+/// freed (PyTorch's `release_available_cached_blocks`). False when that is impossible.
+pub fn release_available_cached_blocks<D: Device>(
+    core: &mut Core<D>,
+    req: &Request,
+) -> Result<bool, DeviceError> {
+    let mss = core.cfg.max_split_size;
+    if mss == u64::MAX {
+        return Ok(false);
+    }
+    let key = req.size.max(mss);
+    let stream = req.stream.0;
+    let first = core.index(req.pool).at_least(stream, key).next();
+    if let Some((_, id)) = first {
+        // Split blocks only exist below `max_split_size` when a `Config` built in code set
+        // it under the 20 MiB a parsed one must have: never release one of those.
+        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
+            core.release_block(id)?;
+            return Ok(true);
+        }
+    }
+    let candidates: Vec<(u64, BlockId)> = core.index(req.pool).below(stream, key).collect();
+    let mut released = 0;
+    for (size, id) in candidates {
+        if released >= key || size < mss {
+            break;
+        }
+        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
+            core.release_block(id)?;
+            released += size;
+        }
+    }
+    Ok(released >= key)
+}
+
+/// Frees old unsplit large segments once reserved memory passes
+/// `garbage_collection_threshold` of the limit (PyTorch's `garbage_collect_cached_blocks`; the ladder runs it before any growth, under every
+/// policy).
+pub fn garbage_collect_cached_blocks<D: Device>(core: &mut Core<D>) -> Result<(), DeviceError> {
+    let Some(limit) = core.limit else {
+        return Ok(());
+    };
+    let threshold = (core.cfg.garbage_collection_threshold * limit as f64) as u64;
+    let reserved = core.total_reserved();
+    if reserved <= threshold {
+        return Ok(());
+    }
+    let target = reserved - threshold;
+    let clock = core.large.searches;
+    let age = |c: &Core<D>, id: BlockId| clock - c.blocks[id].gc_base;
+    let freeable: Vec<BlockId> = core
+        .large
+        .all_free()
+        .filter(|&id| !core.blocks[id].is_split())
+        .collect();
+    let mut total_age: u64 = freeable.iter().map(|&id| age(core, id)).sum();
+    let mut count = freeable.len() as u64;
+    let mut reclaimed = 0;
+    let mut freed_one = true;
+    while reclaimed < target && freed_one && count > 0 {
+        let threshold_age = total_age as f64 / count as f64;
+        freed_one = false;
+        let ids: Vec<BlockId> = core.large.all_free().collect();
+        for id in ids {
+            let b = &core.blocks[id];
+            if !b.is_split() && !b.is_expandable() && age(core, id) as f64 >= threshold_age {
+                freed_one = true;
+                reclaimed += b.size;
+                total_age -= age(core, id);
+                count -= 1;
+                core.release_block(id)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -300,7 +300,7 @@ fn grow<D: Device, P: Policy>(
     orig: u64,
 ) -> Result<BlockId, AllocError> {
     if core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0 {
-        core.garbage_collect()?;
+        crate::policy::torch::garbage_collect_cached_blocks(core)?;
     }
     if let Some(id) = alloc_block(core, policy, req, false)? {
         return Ok(id);
