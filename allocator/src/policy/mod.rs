@@ -37,10 +37,9 @@ pub mod torch;
 pub mod torch_expandable;
 
 use crate::config::{Config, Policy as Kind};
-use crate::error::AllocError;
 use crate::pool::block::BlockId;
-use crate::pool::{Allocation, Core, Request};
-use cudalloc_sys::{Device, DeviceError, StreamId};
+use crate::pool::{Core, Request};
+use cudalloc_sys::{Device, DeviceError};
 pub use default::{DefaultConfig, DefaultPolicy};
 pub use torch::Torch;
 pub use torch_expandable::TorchExpandable;
@@ -89,23 +88,6 @@ pub trait Policy {
     /// True while every large block freed should reach the pool rather than a thread cache.
     fn watches_large_blocks(&self) -> bool {
         false
-    }
-
-    /// Runs one allocation through the pool's ladder with this policy's hooks. Not a rule: a
-    /// policy keeps this body. [`Builtin`] forwards it to the policy it holds, so that the
-    /// choice among the built-in policies is made once per allocation rather than once per
-    /// hook.
-    fn ladder_allocate<D: Device>(
-        &mut self,
-        core: &mut Core<D>,
-        size: u64,
-        stream: StreamId,
-        may_grow: bool,
-    ) -> Result<Option<Allocation>, AllocError>
-    where
-        Self: Sized,
-    {
-        crate::pool::ladder::allocate(core, self, size, stream, may_grow)
     }
 }
 
@@ -215,15 +197,5 @@ impl Policy for Builtin {
 
     fn watches_large_blocks(&self) -> bool {
         each!(self, p => p.watches_large_blocks())
-    }
-
-    fn ladder_allocate<D: Device>(
-        &mut self,
-        core: &mut Core<D>,
-        size: u64,
-        stream: StreamId,
-        may_grow: bool,
-    ) -> Result<Option<Allocation>, AllocError> {
-        each!(self, p => p.ladder_allocate(core, size, stream, may_grow))
     }
 }

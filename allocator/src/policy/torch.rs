@@ -54,7 +54,6 @@ impl Policy for Torch {
 /// Best fit from the request's free index, with PyTorch's oversize rules; the block is taken out
 /// of the index. With `expandable`, a block's unmapped tail counts as part of its size, so a
 /// block at the end of an expandable segment is chosen only when nothing else fits.
-#[inline]
 pub fn get_free_block<D: Device>(
     core: &mut Core<D>,
     req: &Request,
@@ -97,7 +96,6 @@ pub fn get_free_block<D: Device>(
 
 /// PyTorch's `should_split`: whether block `id`, about to serve `size` bytes, gives its rest
 /// back as a free block.
-#[inline]
 pub fn should_split<D: Device>(core: &Core<D>, id: BlockId, size: u64, expandable: bool) -> bool {
     let b = &core.blocks[id];
     let remaining = b.size - size;

@@ -92,8 +92,63 @@ impl<D: Device, P: Policy> Pool<D, P> {
         stream: StreamId,
         may_grow: bool,
     ) -> Result<Option<Allocation>, AllocError> {
-        self.policy
-            .ladder_allocate(&mut self.core, size, stream, may_grow)
+        if size > sizes::MAX_REQUEST {
+            return Err(self.core.refuse_too_large(size));
+        }
+        self.core.apply_fraction()?;
+        self.core.process_events(&mut self.policy)?;
+        let rounded = sizes::round_size(size, &self.core.cfg);
+        let req = Request {
+            stream,
+            pool: sizes::PoolKind::for_size(rounded),
+            size: rounded,
+            alloc_size: sizes::segment_size(rounded),
+        };
+        let id = match self.policy.place(&mut self.core, &req, may_grow)? {
+            Some(id) => id,
+            None if may_grow => self.grow(&req, size)?,
+            None => return Ok(None),
+        };
+        let split = self.policy.should_split(&self.core, id, rounded);
+        let id = self.core.alloc_found_block(id, &req, size, split);
+        self.policy.on_alloc(&mut self.core, id);
+        Ok(Some(self.core.hand_out(id, size, stream)))
+    }
+
+    /// The out-of-memory ladder: new memory, then release oversize cached blocks, then release
+    /// every cached block, then give up with [`AllocError::OutOfMemory`].
+    fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
+        if self.core.limit.is_some() && self.core.cfg.garbage_collection_threshold > 0.0 {
+            crate::policy::torch::garbage_collect_cached_blocks(&mut self.core)?;
+        }
+        if let Some(id) = self.alloc_block(req, false)? {
+            return Ok(id);
+        }
+        if self.policy.release(&mut self.core, req)? {
+            if let Some(id) = self.alloc_block(req, false)? {
+                return Ok(id);
+            }
+        }
+        self.release_cached_blocks()?;
+        if let Some(id) = self.alloc_block(req, true)? {
+            return Ok(id);
+        }
+        self.core.stats.num_ooms += 1;
+        Err(self.core.oom_error(orig, req))
+    }
+
+    /// New memory for a request, as the policy gets it. `Ok(None)` is out of memory (the ladder
+    /// may free cached memory and retry).
+    fn alloc_block(
+        &mut self,
+        req: &Request,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        if is_retry {
+            self.core.stats.num_alloc_retries += 1;
+        }
+        self.core.reserve_failed = false;
+        self.policy.grow(&mut self.core, req)
     }
 
     /// Frees an allocation.
@@ -131,7 +186,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// Releases every cached block that can go (see [`Core::release_all_cached`]), counting one
     /// wait for all streams.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
-        release_cached_blocks(&mut self.core, &mut self.policy)
+        self.core.count_sync_all_streams();
+        self.release_all_cached()
     }
 
     /// Releases every cached block that can go without counting its wait: for a sweep over the
@@ -255,89 +311,4 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
         let _ = self.release_cached_blocks();
         self.core.destroy_spare_events();
     }
-}
-
-/// One allocation of `size` bytes on `stream` through the ladder (see the module docs), with
-/// `policy`'s hooks; `Ok(None)` when it would need new memory and `may_grow` is false. What
-/// [`Policy::ladder_allocate`] runs.
-#[inline]
-pub(crate) fn allocate<D: Device, P: Policy>(
-    core: &mut Core<D>,
-    policy: &mut P,
-    size: u64,
-    stream: StreamId,
-    may_grow: bool,
-) -> Result<Option<Allocation>, AllocError> {
-    if size > sizes::MAX_REQUEST {
-        return Err(core.refuse_too_large(size));
-    }
-    core.apply_fraction()?;
-    core.process_events(policy)?;
-    let rounded = sizes::round_size(size, &core.cfg);
-    let req = Request {
-        stream,
-        pool: sizes::PoolKind::for_size(rounded),
-        size: rounded,
-        alloc_size: sizes::segment_size(rounded),
-    };
-    let id = match policy.place(core, &req, may_grow)? {
-        Some(id) => id,
-        None if may_grow => grow(core, policy, &req, size)?,
-        None => return Ok(None),
-    };
-    let split = policy.should_split(core, id, rounded);
-    let id = core.alloc_found_block(id, &req, size, split);
-    policy.on_alloc(core, id);
-    Ok(Some(core.hand_out(id, size, stream)))
-}
-
-/// The out-of-memory ladder: new memory, then release oversize cached blocks, then release
-/// every cached block, then give up with [`AllocError::OutOfMemory`].
-fn grow<D: Device, P: Policy>(
-    core: &mut Core<D>,
-    policy: &mut P,
-    req: &Request,
-    orig: u64,
-) -> Result<BlockId, AllocError> {
-    if core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0 {
-        crate::policy::torch::garbage_collect_cached_blocks(core)?;
-    }
-    if let Some(id) = alloc_block(core, policy, req, false)? {
-        return Ok(id);
-    }
-    if policy.release(core, req)? {
-        if let Some(id) = alloc_block(core, policy, req, false)? {
-            return Ok(id);
-        }
-    }
-    release_cached_blocks(core, policy)?;
-    if let Some(id) = alloc_block(core, policy, req, true)? {
-        return Ok(id);
-    }
-    core.stats.num_ooms += 1;
-    Err(core.oom_error(orig, req))
-}
-
-/// New memory for a request, as the policy gets it. `Ok(None)` is out of memory (the ladder
-/// may free cached memory and retry).
-fn alloc_block<D: Device, P: Policy>(
-    core: &mut Core<D>,
-    policy: &mut P,
-    req: &Request,
-    is_retry: bool,
-) -> Result<Option<BlockId>, DeviceError> {
-    if is_retry {
-        core.stats.num_alloc_retries += 1;
-    }
-    core.reserve_failed = false;
-    policy.grow(core, req)
-}
-
-/// Releases every cached block that can go, counting one wait for all streams.
-fn release_cached_blocks<D: Device, P: Policy>(
-    core: &mut Core<D>,
-    policy: &mut P,
-) -> Result<(), DeviceError> {
-    core.count_sync_all_streams();
-    core.release_all_cached(policy)
 }

@@ -263,7 +263,6 @@ impl<D: Device> Core<D> {
 
     /// Hands out block `id` (already taken out of the free index) for a request of `orig`
     /// bytes, splitting off the rest when `split` (it goes back to the free index).
-    #[inline]
     pub(crate) fn alloc_found_block(
         &mut self,
         id: BlockId,
@@ -311,7 +310,6 @@ impl<D: Device> Core<D> {
     }
 
     /// Numbers the handout of allocated block `id` and makes its handle.
-    #[inline]
     pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Allocation {
         self.handouts += 1;
         let serial = POOL_SERIAL | self.handouts;

@@ -112,7 +112,6 @@ impl Policy for DefaultPolicy {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
-        self.pending = None;
         let seq = if self.plans_on(core, req) {
             self.episode_index(core, req.stream)
         } else {
@@ -142,7 +141,6 @@ impl Policy for DefaultPolicy {
         self.budget_allocate(core, req)
     }
 
-    #[inline]
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.peak_requested = self.peak_requested.max(core.requested_bytes());
         if let Some((k, placed)) = self.pending.take() {
