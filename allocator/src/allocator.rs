@@ -556,7 +556,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// The chunks and segments of every shard that pin free bytes, the most pinned first
-    /// ([`Pool::pinning`]): what to look at when [`CachingAllocator::excess`] shows many pinned
+    /// ([`Core::pinning`](crate::pool::Core::pinning)): what to look at when [`CachingAllocator::excess`] shows many pinned
     /// bytes.
     pub fn pinning(&self) -> Vec<PinnedUnit> {
         let mut units: Vec<PinnedUnit> = self

@@ -18,7 +18,7 @@
 //! What the core keeps whatever a policy does (its invariants, [`Core::check_invariants`]): blocks
 //! tile their segments; no two free mapped neighbours; a block is indexed iff it is free or
 //! unmapped; statistics equal what the blocks recompute; reserved bytes equal what the device
-//! holds; the memory limit is never passed through [`Core::claim`]. A hook works through the
+//! holds; the memory limit is never passed through `Core::claim`. A hook works through the
 //! core's operations (take a block out of the index, map and unmap, reserve and release ranges,
 //! allocate segments), never by editing blocks' links or sizes itself; a block a hook returns
 //! is free, mapped and out of the free index. Rounding, the pools' size classes, the ladder's

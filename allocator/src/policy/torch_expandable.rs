@@ -1,6 +1,6 @@
 //! `torch-expandable`: PyTorch's `expandable_segments:True`, rule for rule.
 //!
-//! - place and split: [`torch`](super::torch)'s rules with `expandable` set: a block's
+//! - place and split: [`torch`]'s rules with `expandable` set: a block's
 //!   unmapped tail counts in best fit, and any rest of at least 512 bytes is split off;
 //! - grow (`try_allocate_expandable_block`): the lowest-addressed run of free and unmapped
 //!   blocks of the request's stream and pool that holds it, or else a new virtual range of 1.125

@@ -63,7 +63,7 @@ impl<D: Device> Core<D> {
 
     /// Reserves a virtual range of at least `size` bytes (rounded up to pages) for `stream`'s
     /// blocks of `pool`. `Ok(None)` when the address space is exhausted
-    /// ([`Core::reserve_failed`] is then set).
+    /// (`Core::reserve_failed` is then set).
     pub fn new_segment(
         &mut self,
         stream: StreamId,
@@ -145,7 +145,7 @@ impl<D: Device> Core<D> {
     /// unmapped. The mapped block merges with free neighbours and enters the free index; its id
     /// (after merging) is returned. `Ok(None)`: out of memory, nothing changed. On another
     /// error, chunks whose rollback failed stay mapped and are counted as a free block (as
-    /// [`Core::unmap_block`] counts what it unmapped before a failure).
+    /// `Core::unmap_block` counts what it unmapped before a failure).
     pub fn map_block(
         &mut self,
         id: BlockId,

@@ -242,7 +242,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.set_memory_fraction(fraction)
     }
 
-    /// Turns the config's memory fraction into the limit, once ([`Core::apply_fraction`]).
+    /// Turns the config's memory fraction into the limit, once (`Core::apply_fraction`).
     pub fn apply_fraction(&mut self) -> Result<(), AllocError> {
         self.core.apply_fraction()
     }

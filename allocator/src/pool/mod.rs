@@ -3,9 +3,9 @@
 //! [`Core`] owns the blocks (an arena of sub-ranges of segments), the free indexes of the small
 //! and large pools, the segments and the pages mapped into expandable ones, split and merge,
 //! every call to the device, the statistics, the snapshot and the invariant scan. It decides
-//! nothing: where a request goes, how a pool grows and what it gives back are a
-//! [`Policy`](crate::policy::Policy)'s, which [`Pool`] (the core and one policy) asks at each step
-//! of an allocation (`ladder`).
+//! nothing: where a request goes, how a pool grows and what it gives back are for a policy to
+//! say ([`crate::policy::Policy`]), which [`Pool`] (the core and one policy) asks at each step of
+//! an allocation (`ladder`).
 //!
 //! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
@@ -186,7 +186,7 @@ impl<D: Device> Core<D> {
     }
 
     /// True while no block has been freed yet (by this pool, or by any pool or thread cache
-    /// sharing the flag: [`Core::share_unfreed`]).
+    /// sharing the flag: `Core::share_unfreed`).
     pub fn nothing_freed(&self) -> bool {
         self.unfreed.load(Ordering::Relaxed)
     }
