@@ -2,11 +2,13 @@
 //!
 //! An allocation runs PyTorch's `malloc` step by step: round the request and pick its pool
 //! (shared by every policy), ask the policy for a cached block ([`Policy::place`]); when there is
-//! none, climb the out-of-memory ladder (new memory through [`Policy::grow`], then release
-//! oversize cached blocks, then every cached block, retrying after each), split what was found
-//! when the policy says so ([`Policy::should_split`]), hand it out and tell the policy
-//! ([`Policy::on_alloc`]). A free goes back through the core, which tells the policy of the
-//! blocks it tagged ([`Policy::on_tagged_free`]).
+//! none, climb the out-of-memory ladder (PyTorch's garbage collection under a memory limit, then
+//! new memory through [`Policy::grow`], then what [`Policy::release`] gives back, then every
+//! cached block, retrying after each), split what was found when the policy says so
+//! ([`Policy::should_split`]), hand it out and tell the policy ([`Policy::on_alloc`]). A free
+//! goes back through the core, which tells the policy of the blocks it tagged
+//! ([`Policy::on_tagged_free`]) and of the ranges it releases
+//! ([`Policy::on_segment_released`]).
 //!
 //! The pool reads the core through `Deref` (statistics, snapshot, invariants); every operation
 //! that changes it goes through the pool, so that the policy hears of it.
@@ -115,8 +117,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
         Ok(Some(self.core.hand_out(id, size, stream)))
     }
 
-    /// The out-of-memory ladder: new memory, then release oversize cached blocks, then release
-    /// every cached block, then give up with [`AllocError::OutOfMemory`].
+    /// The out-of-memory ladder: new memory, then what the policy releases (oversize cached
+    /// blocks, as PyTorch), then every cached block, then give up with
+    /// [`AllocError::OutOfMemory`].
     fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
         if self.core.limit.is_some() && self.core.cfg.garbage_collection_threshold > 0.0 {
             crate::policy::torch::garbage_collect_cached_blocks(&mut self.core)?;
