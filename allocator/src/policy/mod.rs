@@ -29,7 +29,9 @@
 //! (its own module tree and state). [`Builtin`] picks one of them from a config, with static
 //! dispatch (a `match` per hook). A policy written in another crate implements [`Policy`] and
 //! runs in a [`Pool`](crate::Pool) through [`Pool::with_policy`](crate::Pool::with_policy);
-//! [`crate::CachingAllocator`] runs the built-in ones only.
+//! [`crate::CachingAllocator`] runs the built-in ones only. [`front`] holds the rules the
+//! thread-safe front asks about its thread caches (which blocks skip them, when cached blocks go
+//! back before a pool grows).
 
 pub mod default;
 pub mod front;
