@@ -20,25 +20,12 @@
 //! lock ([`crate::tcache`]): a cache hit and the free before it take one live-table lock each.
 //! Cached blocks are subtracted from the statistics' current values (and are `ThreadCached` in a
 //! snapshot) and cache hits added to their counts of allocations and frees (the live table keeps
-//! both totals); peaks may include cached blocks. While a shard's pool places its large blocks by a
-//! layout plan (`pool::plan`), or records an episode with two or more allocations live (the
-//! sequence a plan is made from), its large blocks skip the thread caches whenever its lock is
-//! free: a block kept in a cache is a free and an allocation the pool never sees
-//! (`bypasses_caches`); a thread that finds the lock held frees into, or hits, its cache instead of
-//! waiting (a miss or an eviction still takes the lock). A shard whose lock threads keep finding
-//! held (a crowding score, +8 per time, -1 per look that finds it free: a pool allocation, a
-//! watched allocation or free; read and written without atomicity: a hint) lets its large blocks
-//! use the caches even while watched (a thread that reads `stats()` or a snapshot holds every
-//! shard's lock a moment, and can raise the score of a one-thread program a little): threads
-//! sharing a stream at once give the pool no single sequence to learn from, and would queue behind
-//! its lock (16 threads looping over 16 MiB blocks on one stream: 4-5 M pairs/s on the H200 without
-//! this rule).
-//!
-//! Before a small-pool request makes its pool grow while other threads have caches, the small
-//! blocks those threads hold cached on its stream go back to the pool first
-//! (`small_growth_check`), as every thread's large part does before any growth
-//! (`release_large_parts`): memory one thread freed serves another's request before new pages
-//! are mapped. A thread alone is never affected.
+//! both totals); peaks may include cached blocks. Which blocks skip the caches, and when cached
+//! blocks go back to their pools before a pool grows, the front asks the policy layer
+//! ([`FrontRules`]): it reports what it sees (a shard's lock found held or free, whether a pool
+//! watches its large blocks after each operation on it) and does what the rules say. A thread
+//! that finds a watched pool's lock held frees into, or hits, its cache instead of waiting (a
+//! miss or an eviction still takes the lock).
 //!
 //! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
@@ -51,27 +38,16 @@ use crate::config::Config;
 use crate::error::AllocError;
 use crate::front_stats::{count_thread_caches, sum_stats};
 use crate::live::{Entry, LiveMap};
+use crate::policy::front::FrontRules;
 use crate::pool::{Allocation, Pool};
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{SharedPeak, Stats};
-use crate::sync::{
-    Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering,
-};
+use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::{Cached, Caches};
 use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
 const SHARDS: usize = 64;
-
-/// What a shard's crowding score gains each time a thread finds its lock held.
-const CROWD_STEP: usize = 8;
-/// The score from which a watched pool's large blocks use the thread caches again.
-const CROWDED: usize = 8 * CROWD_STEP;
-/// The score's ceiling: from it, a shard needs `CROWD_MAX - CROWDED + 1` looks at a free lock
-/// after its threads stop meeting to be watched again. Only pool allocations (cache misses) and
-/// watched operations look; while crowded, cache hits do not, so a loop that always hits its
-/// cache keeps the shard crowded (its blocks then use the caches, as before the watch rule).
-const CROWD_MAX: usize = 1024;
 
 /// A caching allocator over one device; `Send + Sync`.
 ///
@@ -86,20 +62,11 @@ pub struct CachingAllocator<D: Device> {
     reserved_peak: Arc<SharedPeak>,
     live: LiveMap,
     caches: Option<Caches>,
-    /// Per shard, as of its pool's last operation: the pool places large blocks by a layout
-    /// plan or records an episode with two or more allocations live
-    /// ([`Pool::watches_large_blocks`]), so large blocks bypass thread caches (a block kept in
-    /// a thread cache is a free and an allocation the pool never sees).
-    watched: Box<[AtomicBool]>,
-    /// Per shard: how often threads found its lock held lately (+[`CROWD_STEP`] each time,
-    /// -1 for each pool operation that found it free). From [`CROWDED`] on, the shard is used by
-    /// threads at once, whose blocks the pool cannot see in one sequence anyway, and its large
-    /// blocks use the thread caches even while it is watched, rather than queue the threads
-    /// behind its lock.
-    crowd: Box<[CachePadded<AtomicUsize>]>,
+    /// The thread-cache rules the policies set, with the per-shard state they read.
+    rules: FrontRules,
     /// Shared by every shard's pool: true until the first free, wherever it goes (a pool or a
-    /// thread cache), while the job is loading (`Pool::share_loading`).
-    loading: Arc<AtomicBool>,
+    /// thread cache): a fact the policies may read ([`crate::pool::Core::nothing_freed`]).
+    unfreed: Arc<AtomicBool>,
     cfg: Config,
 }
 
@@ -117,13 +84,13 @@ impl<D: Device> CachingAllocator<D> {
         let device = Arc::new(device);
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
-        let loading = Arc::new(AtomicBool::new(true));
+        let unfreed = Arc::new(AtomicBool::new(true));
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
                 pool.share_reserved_peak(reserved_peak.clone());
-                pool.share_loading(loading.clone());
+                pool.share_unfreed(unfreed.clone());
                 CachePadded::new(Mutex::new(pool))
             })
             .collect();
@@ -141,11 +108,8 @@ impl<D: Device> CachingAllocator<D> {
             reserved,
             reserved_peak,
             live: LiveMap::new(caches.as_ref().map_or(u64::MAX, Caches::small_part_limit)),
-            watched: (0..SHARDS).map(|_| AtomicBool::new(false)).collect(),
-            crowd: (0..SHARDS)
-                .map(|_| CachePadded::new(AtomicUsize::new(0)))
-                .collect(),
-            loading,
+            rules: FrontRules::new(SHARDS),
+            unfreed,
             caches,
             cfg,
         }
@@ -170,7 +134,8 @@ impl<D: Device> CachingAllocator<D> {
         if let Some(c) = &self.caches {
             // A pool that watches its large blocks gets the request, unless another thread is
             // in it (see `free`).
-            if !self.bypasses_caches(size, stream) || self.found_held(shard_of(stream)) {
+            let i = shard_of(stream);
+            if !self.rules.bypasses_caches(i, size) || self.found_held(i) {
                 if let Some(a) = c.take(&self.live, size, stream.0) {
                     return Ok(a);
                 }
@@ -180,7 +145,7 @@ impl<D: Device> CachingAllocator<D> {
             // the pool grow where a cached block would do: then try without growing first. (The
             // count is read without a lock: a block cached at this moment may be missed and the
             // pool grow instead; out of memory, every cache is flushed anyway.)
-            if self.live.holds_large() {
+            if self.rules.large_parts_before_growth() && self.live.holds_large() {
                 if let Some(a) = self.try_allocate_cached(size, stream)? {
                     return Ok(a);
                 }
@@ -218,10 +183,8 @@ impl<D: Device> CachingAllocator<D> {
         self.free_cached_to_pool(&e.alloc, e.token).map(drop)
     }
 
-    /// Before a pool grows: every thread's large part goes back to its pool, so that memory
-    /// one thread freed serves another thread's request instead of new memory (PyTorch frees
-    /// gradients on its autograd thread and allocates on the main thread: a large block kept in
-    /// the autograd thread's cache raised GPT-2's peak by the 393 MiB of its logits).
+    /// Before a pool grows: every thread's large part goes back to its pool
+    /// ([`FrontRules::large_parts_before_growth`]).
     fn release_large_parts(&self, c: &Caches) -> Result<(), AllocError> {
         for e in self.live.cached_entries() {
             if !c.in_small_part(e.block_size) {
@@ -281,10 +244,8 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Before a small-pool request makes its pool grow: the small blocks that other threads
     /// hold cached on this stream go back to the pool, and the request is tried on it again
-    /// (one thread's freed blocks serve another's request instead of new pages: PyTorch's
-    /// autograd thread frees small blocks that the main thread then asks for). The calling
-    /// thread's own are left alone: alone, it behaves as before. `None`: still no room, or
-    /// nothing to release (the caller grows the pool).
+    /// ([`FrontRules::small_parts_before_growth`]). The calling thread's own are left alone.
+    /// `None`: still no room, or nothing to release (the caller grows the pool).
     fn small_growth_check(
         &self,
         pool: &mut MutexGuard<'_, Pool<Arc<D>>>,
@@ -294,7 +255,7 @@ impl<D: Device> CachingAllocator<D> {
         let Some(c) = &self.caches else {
             return Ok(None);
         };
-        if size > crate::sizes::SMALL_SIZE || !c.others_exist() {
+        if !self.rules.small_parts_before_growth(size) || !c.others_exist() {
             return Ok(None);
         }
         if let Some(a) = pool.allocate_cached(size, stream)? {
@@ -315,39 +276,18 @@ impl<D: Device> CachingAllocator<D> {
         pool.allocate_cached(size, stream)
     }
 
-    /// Publishes whether the stream's pool watches its large blocks, after an operation on it
-    /// (read without its lock by [`CachingAllocator::bypasses_caches`]).
+    /// Tells the rules whether the stream's pool watches its large blocks, after an operation
+    /// on it.
     fn note_watched(&self, stream: StreamId, pool: &Pool<Arc<D>>) {
-        self.watched[shard_of(stream)].store(pool.watches_large_blocks(), Ordering::Relaxed);
+        self.rules
+            .note_watched(shard_of(stream), pool.watches_large_blocks());
     }
 
-    /// True when a large-pool block of this size on this stream skips the thread caches: its
-    /// pool watches large blocks (a layout plan, or an episode being recorded) and its threads
-    /// do not crowd it.
-    fn bypasses_caches(&self, size: u64, stream: StreamId) -> bool {
-        let i = shard_of(stream);
-        size > crate::sizes::SMALL_SIZE
-            && self.watched[i].load(Ordering::Relaxed)
-            && self.crowd[i].load(Ordering::Relaxed) < CROWDED
-    }
-
-    /// Whether shard `i`'s lock is held now, counted in its crowding score.
+    /// Whether shard `i`'s lock is held now, told to the rules.
     fn found_held(&self, i: usize) -> bool {
         let held = self.shards[i].is_locked();
-        self.note_crowding(i, held);
+        self.rules.note_lock(i, held);
         held
-    }
-
-    /// Counts one look at shard `i`'s lock in its crowding score (no write while the score is
-    /// zero and the lock was free: one thread alone never writes it).
-    fn note_crowding(&self, i: usize, held: bool) {
-        let score = &self.crowd[i];
-        let now = score.load(Ordering::Relaxed);
-        if held {
-            score.store((now + CROWD_STEP).min(CROWD_MAX), Ordering::Relaxed);
-        } else if now > 0 {
-            score.store(now - 1, Ordering::Relaxed);
-        }
     }
 
     /// Flushes the thread caches and empties the caches of every shard but `except`; true when
@@ -410,19 +350,19 @@ impl<D: Device> CachingAllocator<D> {
         let Some(c) = &self.caches else {
             return self.free_to_pool(&a);
         };
-        if self.bypasses_caches(a.size, a.stream) {
+        let i = shard_of(a.stream);
+        if self.rules.bypasses_caches(i, a.size) {
             // The pool watches its large blocks: it gets this one, unless another thread is in
             // it (then the block waits in this thread's cache, as it would without the rule,
             // rather than queue threads that share a stream behind one lock).
-            let i = shard_of(a.stream);
             let locked = self.shards[i].try_lock();
-            self.note_crowding(i, locked.is_none());
+            self.rules.note_lock(i, locked.is_none());
             if let Some(pool) = locked {
                 return self.free_to_locked_pool(pool, &a);
             }
         }
-        // A free into a thread cache is a free all the same: the job is past its loading.
-        crate::pool::end_loading(&self.loading);
+        // A free into a thread cache is a free all the same.
+        crate::pool::note_free(&self.unfreed);
         if c.put(&self.live, &a, |e| self.evict(e))? {
             return Ok(());
         }
@@ -510,7 +450,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Starts (or stops) keeping, in every shard, the addresses of frees that waited for other
-    /// streams' work when each completes ([`Pool::track_completions`]; a trace recorder's).
+    /// streams' work when each completes ([`crate::pool::Core::track_completions`]; a trace recorder's).
     pub fn track_completions(&self, on: bool) {
         self.shards
             .iter()
@@ -518,7 +458,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// The frees of allocations made on `stream` (or a stream of its shard) that waited for
-    /// other streams' work and completed since the last call ([`Pool::take_completions`]).
+    /// other streams' work and completed since the last call ([`crate::pool::Core::take_completions`]).
     pub fn take_completions(&self, stream: StreamId) -> Vec<(u64, StreamId)> {
         self.shard(stream).take_completions()
     }
@@ -616,7 +556,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// The chunks and segments of every shard that pin free bytes, the most pinned first
-    /// ([`Pool::pinning`]): what to look at when [`CachingAllocator::excess`] shows many pinned
+    /// ([`Core::pinning`](crate::pool::Core::pinning)): what to look at when [`CachingAllocator::excess`] shows many pinned
     /// bytes.
     pub fn pinning(&self) -> Vec<PinnedUnit> {
         let mut units: Vec<PinnedUnit> = self
@@ -638,7 +578,7 @@ impl<D: Device> CachingAllocator<D> {
         for pool in &pools {
             pool.check_invariants()?;
             allocations += pool.stats().allocation.0[0].current as usize;
-            // The shared counter holds pages a failed release left too (`Pool::strays`).
+            // The shared counter holds pages a failed release left too (`Core::strays`).
             reserved += pool.reserved() + pool.strays;
         }
         self.live.check_invariants()?;

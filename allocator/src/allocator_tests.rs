@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::Policy;
+use crate::policy::front::{CROWDED, CROWD_MAX, CROWD_STEP};
 use cudalloc_sys::{SimConfig, SimDevice};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ fn watched_pair(capacity: u64) -> (CachingAllocator<SimDevice>, Allocation, Allo
     let a = alloc.allocate(64 << 20, s).unwrap();
     let b = alloc.allocate(32 << 20, s).unwrap();
     assert!(
-        alloc.bypasses_caches(a.size, s),
+        alloc.rules.bypasses_caches(shard_of(a.stream), a.size),
         "two live blocks of one episode"
     );
     (alloc, a, b)
@@ -67,19 +68,19 @@ fn a_crowded_shard_stops_bypassing_the_caches_until_it_calms_down() {
     let s = a.stream;
     let i = shard_of(s);
     for _ in 0..CROWDED / CROWD_STEP {
-        alloc.note_crowding(i, true);
+        alloc.rules.note_lock(i, true);
     }
-    assert!(!alloc.bypasses_caches(a.size, s), "crowded");
+    assert!(!alloc.rules.bypasses_caches(i, a.size), "crowded");
     let before = alloc.stats().pool_frees();
     alloc.free(a).unwrap();
     assert_eq!(alloc.stats().pool_frees(), before, "went to the pool");
     for _ in 0..CROWD_MAX {
-        alloc.note_crowding(i, true);
+        alloc.rules.note_lock(i, true);
     }
-    assert_eq!(alloc.crowd[i].load(Ordering::Relaxed), CROWD_MAX);
+    assert_eq!(alloc.rules.crowding(i), CROWD_MAX);
     // Misses decay the score: each pool allocation finds the lock free.
     let mut live = Vec::new();
-    while !alloc.bypasses_caches(b.size, s) {
+    while !alloc.rules.bypasses_caches(i, b.size) {
         live.push(alloc.allocate(2 << 20, s).unwrap());
         assert!(live.len() <= CROWD_MAX, "the score never fell");
     }

@@ -127,7 +127,7 @@ pub struct Config {
     /// `default` policy: largest chunk mapped in one driver call, in bytes.
     pub max_chunk: u64,
     /// `default` policy: place a repeated sequence of large allocations by a packing of its last
-    /// repetition (see `pool::plan`).
+    /// repetition (see `policy::default::plan`).
     pub layout_plans: bool,
     /// Per-thread caches of freed blocks in [`crate::CachingAllocator`] (`None`: the policy's
     /// default, on for `default` only).

@@ -14,15 +14,19 @@
 //! | block | a sub-range of a segment, allocated, free or unmapped, on one stream | a multiple of 512 B |
 //! | pool | the free blocks of one size class, by (stream, size, address) | small: requests up to 1 MiB; large: the rest |
 //!
-//! Requests are rounded ([`sizes::round_size`]), served by best fit from their pool, split when
-//! the rest is worth keeping, and merged with free neighbours when freed. When no cached block
-//! fits, the [`Policy`] decides how to get memory; when the device is full, the out-of-memory
-//! ladder releases cached memory and retries before returning [`AllocError::OutOfMemory`].
+//! Requests are rounded ([`sizes::round_size`]), placed in a cached block (best fit, under the
+//! built-in policies), split when the rest is worth keeping, and merged with free neighbours
+//! when freed. The [`pool::Core`] owns that mechanism; a [`policy::Policy`] holds the rules
+//! (where to place, whether to split, how to grow, what to release) and its own state; the
+//! built-in ones are named by [`Policy`] in a [`Config`]. When the device is full, the
+//! out-of-memory ladder releases cached memory and retries before returning
+//! [`AllocError::OutOfMemory`].
 //!
 //! ## Entry points
 //!
 //! - [`CachingAllocator`]: the thread-safe allocator.
-//! - [`Pool`]: the single-threaded pool underneath (what the replayer drives).
+//! - [`Pool`]: the single-threaded pool underneath (what the replayer drives): a [`pool::Core`]
+//!   and a [`policy::Policy`].
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
 
@@ -33,6 +37,7 @@ pub mod fmt;
 mod front_stats;
 pub mod interop;
 mod live;
+pub mod policy;
 pub mod pool;
 pub mod record;
 pub mod sizes;

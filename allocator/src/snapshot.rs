@@ -116,7 +116,7 @@ pub struct Fragmentation {
     pub virtual_bytes: u64,
 }
 
-/// Where a pool's reserved bytes are at one moment ([`crate::Pool::excess`]): what the live
+/// Where a pool's reserved bytes are at one moment ([`crate::pool::Core::excess`]): what the live
 /// allocations asked for, and every kind of byte above it. The parts add up to `reserved`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Excess {
@@ -139,7 +139,7 @@ pub struct Excess {
     pub stray: u64,
 }
 
-/// One unit holding pinned bytes ([`crate::Pool::pinning`]): a chunk of an expandable segment
+/// One unit holding pinned bytes ([`crate::pool::Core::pinning`]): a chunk of an expandable segment
 /// (what one map and one unmap act on) or a `cudaMalloc` segment, with its free bytes that
 /// cannot go back and the blocks in use beside them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,8 +11,8 @@
 //!   size that the small part does not take: the last ones this thread freed.
 //!
 //! Large-pool blocks of a stream whose pool follows a layout plan, or records an episode with two
-//! or more allocations live, do not enter the caches (`CachingAllocator::bypasses_caches`) unless
-//! another thread holds that pool's lock.
+//! or more allocations live, do not enter the caches (`policy::front::FrontRules`) unless another
+//! thread holds that pool's lock.
 //!
 //! The oldest block of a full part leaves first, and a request of the large pool that misses
 //! empties its thread's large part first (so those blocks can serve it from their pool: the

@@ -1,4 +1,4 @@
-//! Two rules of the `default` policy's budget (`pool::budget`): it gives back the smallest free
+//! Two rules of the `default` policy's budget (`policy::default::budget`): it gives back the smallest free
 //! block that covers its excess, not the largest; and a pool that has never freed a block
 //! (loading weights) maps a page ahead in the large pool, which saves driver calls.
 

@@ -147,7 +147,7 @@ fn the_reserved_peak_is_exact_across_streams() {
         let s = alloc.stats();
         let reserved = s.reserved_bytes.0[0];
         // Under `default` each shard's pool had freed nothing when it grew, so it mapped one
-        // 2 MiB page ahead (`pool::budget`).
+        // 2 MiB page ahead (`policy::default::budget`).
         let held = match policy {
             Policy::Default => 102 * MIB,
             _ => 100 * MIB,

@@ -1,4 +1,4 @@
-//! Layout plans (`pool::plan`) on the simulated device: a sequence of large allocations repeated
+//! Layout plans (`policy::default::plan`) on the simulated device: a sequence of large allocations repeated
 //! at changing scale is placed by the packing of its last repetition, reserves less than best
 //! fit alone, and never breaks the pool's invariants, whatever the sequences do.
 
@@ -9,7 +9,7 @@ mod pool;
 mod steps;
 
 use common::Rng;
-use cudalloc::pool::plan::{best_fit_extent, live_peak, pack, Lifetime};
+use cudalloc::policy::default::plan::{best_fit_extent, live_peak, pack, Lifetime};
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};
@@ -73,7 +73,7 @@ fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
     pool.free(&weights).unwrap();
     check(&sim, &pool);
     let peak = pool.stats().reserved_bytes.0[0].peak as u64;
-    (peak, pool.planned_allocations())
+    (peak, pool.policy().planned_allocations())
 }
 
 fn with_plans(on: bool) -> Config {
@@ -135,9 +135,9 @@ fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
     pool.free(&weights).unwrap();
     check(&sim, &pool);
     assert!(
-        pool.planned_allocations() >= 5 * 140,
+        pool.policy().planned_allocations() >= 5 * 140,
         "placed {}",
-        pool.planned_allocations()
+        pool.policy().planned_allocations()
     );
     assert_eq!(unmaps[1..], [0; 5], "unmaps per batch: {unmaps:?}");
 }
@@ -167,7 +167,7 @@ fn allocations_a_little_smaller_than_planned_keep_their_places() {
     }
     pool.free(&weights).unwrap();
     check(&sim, &pool);
-    assert_eq!(pool.planned_allocations(), 2 * per_batch);
+    assert_eq!(pool.policy().planned_allocations(), 2 * per_batch);
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
         (&batch, 3),
     ] {
         play(&sim, &mut pool, steps, unit * MIB);
-        placed.push(pool.planned_allocations());
+        placed.push(pool.policy().planned_allocations());
     }
     pool.free(&weights).unwrap();
     check(&sim, &pool);
@@ -234,9 +234,9 @@ fn alternating_steps_that_make_no_plan_are_evaluated_once_each() {
         play(&sim, &mut pool, &short, 2 * MIB);
     }
     check(&sim, &pool);
-    assert!(!pool.has_plan());
-    assert_eq!(pool.planned_allocations(), 0);
-    assert_eq!(pool.evaluated_episodes(), 2);
+    assert!(!pool.policy().has_plan());
+    assert_eq!(pool.policy().planned_allocations(), 0);
+    assert_eq!(pool.policy().evaluated_episodes(), 2);
 }
 
 #[test]
@@ -251,12 +251,12 @@ fn a_batch_alternating_with_a_step_that_makes_no_plan_is_searched_once() {
     let mut placed = Vec::new();
     for _ in 0..4 {
         play(&sim, &mut pool, &batch, 3 * MIB);
-        placed.push(pool.planned_allocations());
+        placed.push(pool.policy().planned_allocations());
         play(&sim, &mut pool, &step, 2 * MIB);
     }
     check(&sim, &pool);
     assert_eq!(
-        pool.evaluated_episodes(),
+        pool.policy().evaluated_episodes(),
         2,
         "the batch and the step once each"
     );
@@ -282,7 +282,7 @@ fn an_episode_that_only_resembles_the_one_a_plan_came_from_is_evaluated_on_its_o
     let weights = pool.allocate(100 * MIB, S0).unwrap();
     play(&sim, &mut pool, &a, 2 * MIB);
     play(&sim, &mut pool, &step, 2 * MIB);
-    let before = pool.planned_allocations();
+    let before = pool.policy().planned_allocations();
     let repeats = 50;
     for _ in 0..repeats {
         let mut k = 0;
@@ -297,7 +297,7 @@ fn an_episode_that_only_resembles_the_one_a_plan_came_from_is_evaluated_on_its_o
     }
     pool.free(&weights).unwrap();
     check(&sim, &pool);
-    let placed = pool.planned_allocations() - before;
+    let placed = pool.policy().planned_allocations() - before;
     assert!(
         placed >= (repeats - 2) * allocations(&b),
         "B repeated {repeats} times, {placed} of its allocations placed by a plan"
@@ -335,7 +335,7 @@ fn a_planned_request_for_cached_memory_maps_nothing() {
     for unit in [2, 3] {
         play(&sim, &mut pool, &batch, unit * MIB);
     }
-    assert!(pool.planned_allocations() > 0);
+    assert!(pool.policy().planned_allocations() > 0);
     // The next batch, three times as large, would need new pages for its first allocation.
     let maps = pool.stats().calls.maps;
     let first = pool.allocate_cached(9 * MIB, S0).unwrap();
@@ -508,7 +508,7 @@ fn a_planned_placement_that_cannot_map_leaves_no_split_behind() {
         for u in [3, 5, 2] {
             play(&sim, &mut pool, &batch, u * MIB + 3 * KIB);
         }
-        assert!(pool.has_plan());
+        assert!(pool.policy().has_plan());
         sim.fail_call(k);
         let a = pool.allocate(9 * MIB + 3 * KIB, S0);
         sim.clear_faults();

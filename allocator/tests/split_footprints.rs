@@ -265,7 +265,7 @@ fn kept_ranges_go_with_their_segment() {
     for units in [4, 4, 4] {
         play(&sim, &mut pool, &bert_batch(12), units * MIB);
     }
-    assert!(pool.has_plan());
+    assert!(pool.policy().has_plan());
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
     let s1 = cudalloc_sys::StreamId(1);

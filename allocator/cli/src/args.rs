@@ -157,7 +157,7 @@ impl ReplayArgs {
 }
 
 /// The key a replay ignores under every policy but `torch`: only `torch`'s segments are ever
-/// garbage-collected (the expandable policies' blocks are not: `Pool::garbage_collect`).
+/// garbage-collected (the expandable policies' blocks are not: `policy::torch::garbage_collect_cached_blocks`).
 pub const GARBAGE_COLLECTION_KEY: &str = "garbage_collection_threshold";
 
 /// The one policy that reads `key`, for a key only one policy reads.

@@ -217,7 +217,7 @@ fn garbage_collected(v: &Variant) -> bool {
 /// Refuses `garbage_collection_threshold` where the replay would ignore it: the pool collects
 /// garbage only under a memory cap (`capped`; `remedy` says how to get one), and then frees only
 /// whole cached segments of the `torch` policy, never the expandable policies' blocks (see
-/// `Pool::garbage_collect`).
+/// `policy::torch::garbage_collect_cached_blocks`).
 pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Result<(), CliError> {
     if !garbage_collected(v) {
         return Ok(());

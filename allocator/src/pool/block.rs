@@ -14,6 +14,8 @@ use cudalloc_sys::StreamId;
 pub type BlockId = u32;
 /// "No block".
 pub const NIL: BlockId = u32::MAX;
+/// "No policy tag" ([`Block::tag`]).
+pub const NO_TAG: u64 = u64::MAX;
 /// "Not in an expandable segment".
 pub const NO_SEGMENT: u32 = u32::MAX;
 
@@ -46,8 +48,10 @@ pub struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's free-search counter when the block was last freed (garbage collection age).
     pub gc_base: u64,
-    /// Number of the recorded episode allocation the block serves (`plan::NO_SEQ`: none).
-    pub episode_seq: u64,
+    /// A word the policy may set on an allocated block ([`NO_TAG`]: none); the core clears it
+    /// when the block returns to its pool, and tells the policy
+    /// ([`crate::policy::Policy::on_tagged_free`]).
+    pub tag: u64,
     /// The handout it serves, while allocated ([`crate::pool::Allocation::serial`]).
     pub serial: u64,
     /// False for a slot of the [`Arena`] whose block was removed.
@@ -71,7 +75,7 @@ impl Block {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base: 0,
-            episode_seq: u64::MAX,
+            tag: NO_TAG,
             serial: 0,
             live: true,
         }

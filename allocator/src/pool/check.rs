@@ -1,11 +1,11 @@
 //! Snapshot, the breakdown of reserved bytes ([`Excess`]) and the full invariant scan of a pool.
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
-use super::Pool;
+use super::Core;
 use crate::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo, Snapshot};
 use cudalloc_sys::Device;
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// Every segment with its blocks, and the statistics.
     pub fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::new();
@@ -140,7 +140,7 @@ impl<D: Device> Pool<D> {
         Ok(())
     }
 
-    /// The units [`Pool::pinning`] lists hold exactly the pinned bytes of [`Pool::excess`],
+    /// The units [`Core::pinning`] lists hold exactly the pinned bytes of [`Core::excess`],
     /// each beside a block in use and none wholly free.
     fn check_pinning(&self) -> Result<(), String> {
         let units = self.pinning();
@@ -175,9 +175,9 @@ impl<D: Device> Pool<D> {
             } else if !b.mapped {
                 return Err(format!("block {:#x} is in use but unmapped", b.addr));
             }
-            if idle && b.episode_seq != super::plan::NO_SEQ {
+            if idle && b.tag != super::block::NO_TAG {
                 return Err(format!(
-                    "free block {:#x} still carries an episode number",
+                    "free block {:#x} still carries a policy tag",
                     b.addr
                 ));
             }

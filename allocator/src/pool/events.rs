@@ -3,16 +3,17 @@
 //!
 //! Events are pooled: a completed event goes back to `spare_events` and is recorded again later.
 //! While tracked, the address of each block whose events all completed is kept for a trace
-//! recorder ([`Pool::take_completions`]).
+//! recorder ([`Core::take_completions`]).
 //! Invariant: a block with `event_count > 0` is neither allocated to a caller nor indexed, and
 //! appears `event_count` times in `pending`.
 
 use super::block::BlockId;
-use super::Pool;
+use super::Core;
 use crate::error::AllocError;
+use crate::policy::Policy;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
     pub fn record_stream(
         &mut self,
@@ -75,7 +76,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Returns blocks whose events have all completed to their pools.
-    pub(crate) fn process_events(&mut self) -> Result<(), DeviceError> {
+    pub(crate) fn process_events<P: Policy>(&mut self, policy: &mut P) -> Result<(), DeviceError> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -86,7 +87,7 @@ impl<D: Device> Pool<D> {
                     break;
                 }
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
-                self.event_done(ev, id);
+                self.event_done(policy, ev, id);
             }
             if self.pending[&s].is_empty() {
                 self.pending.remove(&s);
@@ -95,7 +96,7 @@ impl<D: Device> Pool<D> {
         Ok(())
     }
 
-    fn event_done(&mut self, ev: EventHandle, id: BlockId) {
+    fn event_done<P: Policy>(&mut self, policy: &mut P, ev: EventHandle, id: BlockId) {
         self.spare_events.push(ev);
         let b = &mut self.blocks[id];
         b.event_count -= 1;
@@ -103,7 +104,7 @@ impl<D: Device> Pool<D> {
             if let Some(c) = &mut self.completions {
                 c.push((b.addr, b.stream));
             }
-            self.free_block(id);
+            self.free_block(policy, id);
         }
     }
 
@@ -119,7 +120,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// The address and stream of each free that waited for events and completed since the last
-    /// call, in the order they completed (none when not tracked: [`Pool::track_completions`]).
+    /// call, in the order they completed (none when not tracked: [`Core::track_completions`]).
     pub fn take_completions(&mut self) -> Vec<(u64, StreamId)> {
         self.completions
             .as_mut()
@@ -128,13 +129,16 @@ impl<D: Device> Pool<D> {
     }
 
     /// Waits for every pending event and returns their blocks to the pools (the caller counts
-    /// the wait: [`Pool::count_sync_all_streams`]).
-    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), DeviceError> {
+    /// the wait: [`Core::count_sync_all_streams`]).
+    pub(crate) fn synchronize_and_free_events<P: Policy>(
+        &mut self,
+        policy: &mut P,
+    ) -> Result<(), DeviceError> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
                 self.device.synchronize_event(ev)?;
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
-                self.event_done(ev, id);
+                self.event_done(policy, ev, id);
             }
             self.pending.remove(&s);
         }

@@ -7,12 +7,13 @@
 
 use super::block::{Block, BlockId, NIL};
 use super::segment::{ExpSegment, Range};
-use super::{Pool, Request};
-use crate::sizes::{PoolKind, LARGE_BUFFER, SMALL_BUFFER};
+use super::Core;
+use crate::policy::Policy;
+use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
 use std::collections::BTreeMap;
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// True when the block may take part in growth (free, or unmapped, with nothing pending).
     pub(crate) fn allocatable(&self, id: BlockId) -> bool {
         id != NIL && {
@@ -34,12 +35,7 @@ impl<D: Device> Pool<D> {
     /// The lowest-addressed block, in `stream`'s existing ranges of `pool`, from which a run of
     /// free and unmapped blocks holds `size` bytes (a free block just before an unmapped one
     /// counts as the run's start).
-    pub(crate) fn room_in_ranges(
-        &self,
-        stream: StreamId,
-        pool: PoolKind,
-        size: u64,
-    ) -> Option<BlockId> {
+    pub fn room_in_ranges(&self, stream: StreamId, pool: PoolKind, size: u64) -> Option<BlockId> {
         self.runs_in_ranges(stream, pool)
             .find(|&c| self.has_room(c, size))
     }
@@ -65,26 +61,10 @@ impl<D: Device> Pool<D> {
         })
     }
 
-    /// [`Pool::room_in_ranges`], or a new range of 1.125 times the device's memory (as PyTorch
-    /// reserves) when there is none.
-    fn find_expandable_block(
-        &mut self,
-        stream: StreamId,
-        pool: PoolKind,
-        size: u64,
-        page: u64,
-    ) -> Result<Option<BlockId>, DeviceError> {
-        if let Some(c) = self.room_in_ranges(stream, pool, size) {
-            return Ok(Some(c));
-        }
-        let (_, total) = self.device.mem_info()?;
-        self.new_segment(stream, pool, page, total + total / 8)
-    }
-
     /// Reserves a virtual range of at least `size` bytes (rounded up to pages) for `stream`'s
     /// blocks of `pool`. `Ok(None)` when the address space is exhausted
-    /// ([`Pool::reserve_failed`] is then set).
-    pub(crate) fn new_segment(
+    /// (`Core::reserve_failed` is then set).
+    pub fn new_segment(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
@@ -129,31 +109,29 @@ impl<D: Device> Pool<D> {
         Ok(Some(id))
     }
 
-    /// PyTorch's `try_allocate_expandable_block`: find room, map what is missing, and return a
-    /// free block of at least `req.size` bytes taken out of the free index.
-    pub(crate) fn try_allocate_expandable_block(
+    /// Growth: makes the run of free and unmapped blocks that starts at block `start` (found by
+    /// [`Core::room_in_ranges`]) a free block of at least `size` bytes, and returns it taken out
+    /// of the free index. `map` maps the first `want` bytes of the unmapped block it is given
+    /// (or more, as the policy likes) and returns the free block they became, merged with the
+    /// run so far ([`Core::map_block`] does exactly that); `Ok(None)` from it is out of memory.
+    pub fn map_run(
         &mut self,
-        req: &Request,
+        start: BlockId,
+        size: u64,
+        mut map: impl FnMut(&mut Self, BlockId, u64) -> Result<Option<BlockId>, DeviceError>,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let page = match req.pool {
-            PoolKind::Small => SMALL_BUFFER,
-            PoolKind::Large => LARGE_BUFFER,
-        };
-        let Some(mut c) = self.find_expandable_block(req.stream, req.pool, req.size, page)? else {
-            return Ok(None);
-        };
+        let mut c = start;
         if !self.blocks[c].mapped {
-            let want = self.blocks[c].size.min(req.size);
-            match self.map_block(c, want, page)? {
+            let want = self.blocks[c].size.min(size);
+            match map(self, c, want)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
         }
-        while self.blocks[c].size < req.size {
-            let remaining = req.size - self.blocks[c].size;
+        while self.blocks[c].size < size {
             let next = self.blocks[c].next;
-            let want = remaining.min(self.blocks[next].size);
-            match self.map_block(next, want, page)? {
+            let want = (size - self.blocks[c].size).min(self.blocks[next].size);
+            match map(self, next, want)? {
                 Some(id) => c = id,
                 None => return Ok(None),
             }
@@ -167,8 +145,8 @@ impl<D: Device> Pool<D> {
     /// unmapped. The mapped block merges with free neighbours and enters the free index; its id
     /// (after merging) is returned. `Ok(None)`: out of memory, nothing changed. On another
     /// error, chunks whose rollback failed stay mapped and are counted as a free block (as
-    /// [`Pool::unmap_block`] counts what it unmapped before a failure).
-    pub(crate) fn map_block(
+    /// `Core::unmap_block` counts what it unmapped before a failure).
+    pub fn map_block(
         &mut self,
         id: BlockId,
         size: u64,
@@ -267,7 +245,7 @@ impl<D: Device> Pool<D> {
         self.unmap_part(id, addr, size)
     }
 
-    /// [`Pool::unmap_block`] for the pages of free block `id` inside `lo..lo + len` only.
+    /// [`Core::unmap_block`] for the pages of free block `id` inside `lo..lo + len` only.
     pub(crate) fn unmap_part(
         &mut self,
         id: BlockId,
@@ -290,7 +268,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Turns the part `range` of free block `id` (at `addr`) that was just unmapped into an
-    /// unmapped block, as [`Pool::unmap_block`] says.
+    /// unmapped block, as [`Core::unmap_block`] says.
     fn account_unmapped(&mut self, id: BlockId, addr: u64, range: Range) -> BlockId {
         if range.size == 0 {
             return id;
@@ -359,7 +337,11 @@ impl<D: Device> Pool<D> {
     /// Frees a segment whose single block is unmapped. A segment holding pages whose release
     /// failed after their unmap keeps its range until they are released (a later call tries
     /// them again).
-    pub(crate) fn release_expandable_segment(&mut self, id: BlockId) -> Result<(), DeviceError> {
+    pub(crate) fn release_expandable_segment<P: Policy>(
+        &mut self,
+        policy: &mut P,
+        id: BlockId,
+    ) -> Result<(), DeviceError> {
         let b = &self.blocks[id];
         let seg_index = b.segment as usize;
         let seg = self.segments[seg_index]
@@ -377,9 +359,8 @@ impl<D: Device> Pool<D> {
         }
         self.device.unreserve(seg.va, seg.size)?;
         self.segments[seg_index] = None;
-        // A later segment may get this index and these addresses: the plan's kept ranges in
-        // this one must not spare its pages.
-        self.plans.forget_segment(seg_index as u32);
+        // A later segment may get this index and these addresses.
+        policy.on_segment_released(seg_index as u32);
         let b = self.blocks.remove(id);
         let removed = self.index(b.pool).remove_unmapped(&b);
         debug_assert!(removed);

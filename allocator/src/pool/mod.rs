@@ -1,43 +1,44 @@
-//! The caching pool: blocks carved out of segments, found by best fit, split and merged.
+//! The core of a caching pool: the mechanism every policy shares.
 //!
-//! This is the single-threaded heart of the allocator (the thread-safe front is
-//! [`crate::CachingAllocator`]). It follows PyTorch's `DeviceCachingAllocator` rule for rule under
-//! the `torch` and `torch-expandable` policies; the `default` policy changes only how segments
-//! grow and shrink (see `budget`).
+//! [`Core`] owns the blocks (an arena of sub-ranges of segments), the free indexes of the small
+//! and large pools, the segments and the pages mapped into expandable ones, split and merge,
+//! every call to the device, the statistics, the snapshot and the invariant scan. It decides
+//! nothing: where a request goes, how a pool grows and what it gives back are for a policy to
+//! say ([`crate::policy::Policy`]), which [`Pool`] (the core and one policy) asks at each step of
+//! an allocation (`ladder`).
 //!
-//! Invariants (all checked by [`Pool::check_invariants`]):
+//! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
 //! - no two neighbouring blocks are both free and mapped (they would have been merged), except
 //!   while one of them waits for stream events;
 //! - a block is in its pool's free index iff it is free and mapped, in the unmapped index iff it
 //!   is unmapped;
+//! - a free or unmapped block carries no policy tag ([`block::NO_TAG`]);
 //! - every statistic's `current` equals what a scan of the blocks recomputes;
 //! - bytes the device holds for this pool (pages whose release failed included) equal
 //!   `reserved_bytes.all.current` (`reserved`).
 
 pub mod block;
-mod budget;
 mod check;
 mod events;
 mod expand;
-mod footprint;
-pub(crate) use footprint::Kept;
 pub mod index;
-mod packing;
+pub(crate) mod ladder;
+pub use ladder::Pool;
 mod pinning;
-pub mod plan;
 mod release;
 mod reserved;
 pub(crate) use reserved::fraction_limit;
-mod search;
 pub mod segment;
 
-use crate::config::{Config, Policy};
+use crate::config::Config;
 use crate::error::AllocError;
-use crate::sizes::{self, PoolKind, MIN_BLOCK, SMALL_SIZE};
+use crate::policy::Policy;
+use crate::sizes;
+use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use block::{Arena, Block, BlockId, NIL};
+use block::{Arena, Block, BlockId, NIL, NO_TAG};
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
 use segment::ExpSegment;
@@ -66,17 +67,20 @@ pub struct Allocation {
 pub const POOL_SERIAL: u64 = 1 << 63;
 
 /// A request on its way through the allocation ladder.
-pub(crate) struct Request {
+#[derive(Clone, Copy, Debug)]
+pub struct Request {
+    /// The stream it is for.
     pub stream: StreamId,
+    /// The pool its rounded size belongs to.
     pub pool: PoolKind,
     /// Rounded size.
     pub size: u64,
-    /// Size of a new segment for this request.
+    /// Size of a new fixed segment for this request (PyTorch's `get_allocation_size`).
     pub alloc_size: u64,
 }
 
-/// The single-threaded caching pool over a device.
-pub struct Pool<D: Device> {
+/// The mechanism of a single-threaded caching pool over a device (see the module docs).
+pub struct Core<D: Device> {
     pub(crate) device: D,
     pub(crate) cfg: Config,
     pub(crate) blocks: Arena,
@@ -91,46 +95,40 @@ pub struct Pool<D: Device> {
     pub(crate) pending: BTreeMap<StreamId, VecDeque<(EventHandle, BlockId)>>,
     pub(crate) spare_events: Vec<EventHandle>,
     pub(crate) peers: Vec<usize>,
-    /// Highest sum of requested bytes seen (the `default` policy's budget base; not reset
-    /// with the peak statistics).
-    pub(crate) peak_requested: u64,
     /// Reserved bytes of every pool sharing this pool's device and limit.
     pub(crate) shared: Option<Arc<AtomicU64>>,
     /// The reserved bytes of the pools of one `CachingAllocator` together, and their peak.
     pub(crate) shared_peak: Option<Arc<SharedPeak>>,
     /// A virtual range could not be reserved in the last growth attempt (address space, not
-    /// memory, ran out): the error then says so ([`AllocError::AddressSpace`]).
+    /// memory, ran out): the error then says so ([`crate::AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
-    /// Episodes and the layout plan (`default` policy).
-    pub(crate) plans: plan::Plans,
     /// Allocations handed out so far ([`Allocation::serial`]).
     pub(crate) handouts: u64,
     /// Address and stream of blocks whose free waited for events and has completed since the
-    /// last [`Pool::take_completions`], while tracked (`None`: not tracked).
+    /// last [`Core::take_completions`], while tracked (`None`: not tracked).
     pub(crate) completions: Option<Vec<(u64, StreamId)>>,
     /// Bytes of pages the device still holds outside every chunk (a release that failed:
     /// [`segment::ExpSegment::stray_bytes`]): not reserved bytes, but counted against the limit
     /// (and in the shared counter) until released.
     pub(crate) strays: u64,
-    /// True while the job is loading: no block was freed yet, by this pool or by any pool or
-    /// thread cache of the `CachingAllocator` that shares the flag. Every live block is then
-    /// one the job allocated and kept (its weights, as a rule), and the `default` policy maps
-    /// a page ahead in the large pool (`budget`). Once false, it stays false.
-    pub(crate) loading: Arc<AtomicBool>,
+    /// True until a block is freed, by this pool or by any pool or thread cache of the
+    /// `CachingAllocator` that shares the flag. A fact policies may read ([`Core::nothing_freed`]);
+    /// once false, it stays false.
+    pub(crate) unfreed: Arc<AtomicBool>,
     /// The config's memory fraction while it is not yet a limit: the device could not say how
     /// much memory it has when the pool was made; the first allocation tries again.
     pub(crate) fraction: Option<f64>,
 }
 
-impl<D: Device> Pool<D> {
-    /// A pool with no memory yet.
-    pub fn new(device: D, cfg: Config) -> Pool<D> {
+impl<D: Device> Core<D> {
+    /// A core with no memory yet.
+    pub fn new(device: D, cfg: Config) -> Core<D> {
         let stats = Stats {
             max_split_size: cfg.max_split_size,
             ..Stats::default()
         };
         let fraction = cfg.memory_fraction;
-        let mut pool = Pool {
+        let mut core = Core {
             device,
             cfg,
             blocks: Arena::default(),
@@ -143,20 +141,18 @@ impl<D: Device> Pool<D> {
             pending: BTreeMap::new(),
             spare_events: Vec::new(),
             peers: Vec::new(),
-            peak_requested: 0,
             shared: None,
             shared_peak: None,
             reserve_failed: false,
-            plans: plan::Plans::default(),
             handouts: 0,
             completions: None,
             strays: 0,
-            loading: Arc::new(AtomicBool::new(true)),
+            unfreed: Arc::new(AtomicBool::new(true)),
             fraction,
         };
         // A failure is kept for the first allocation to report.
-        let _ = pool.apply_fraction();
-        pool
+        let _ = core.apply_fraction();
+        core
     }
 
     /// The configuration.
@@ -179,40 +175,25 @@ impl<D: Device> Pool<D> {
         self.reserved
     }
 
-    /// True while a layout plan places this pool's large blocks (see [`plan`]).
-    pub fn has_plan(&self) -> bool {
-        self.plans.has_plan()
-    }
-
-    /// True while large blocks of this pool must reach it rather than a thread cache: a layout
-    /// plan places them, or the episode being recorded has two or more allocations live (a
-    /// block kept out of the pool would be missing from the sequence the plan is made from).
-    pub fn watches_large_blocks(&self) -> bool {
-        self.plans.has_plan() || self.plans.episode_busy()
-    }
-
-    /// Allocations placed by a layout plan so far (see [`plan`]).
-    pub fn planned_allocations(&self) -> u64 {
-        self.plans.placed
-    }
-
-    /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
-    /// [`plan`]), those abandoned as too long included; an episode recognised as one that made
-    /// no plan before is not evaluated again.
-    pub fn evaluated_episodes(&self) -> u64 {
-        self.plans.evaluated
-    }
-
     /// The block behind an id.
     pub fn block(&self, id: BlockId) -> Option<&Block> {
         self.blocks.get(id)
     }
 
-    /// Resets peak statistics. Only the statistics: the `default` policy's budget keeps its
-    /// base, the most bytes ever requested at once (a job that resets its peaks every epoch
-    /// must not make the pool give back and map again the memory of its next step).
-    pub fn reset_peak_stats(&mut self) {
-        self.stats.reset_peak();
+    /// The cap, if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// True while no block has been freed yet (by this pool, or by any pool or thread cache
+    /// sharing the flag: `Core::share_unfreed`).
+    pub fn nothing_freed(&self) -> bool {
+        self.unfreed.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the caller asked for, summed over live allocations.
+    pub fn requested_bytes(&self) -> u64 {
+        self.stats.requested_bytes.0[0].current as u64
     }
 
     /// Caps the bytes the pool may hold from the device (`None`: no cap).
@@ -221,14 +202,22 @@ impl<D: Device> Pool<D> {
         self.fraction = None;
     }
 
-    /// The cap, if any.
-    pub fn limit(&self) -> Option<u64> {
-        self.limit
-    }
-
     /// Peer devices whose access is set on every page mapped from now on.
     pub fn set_peers(&mut self, peers: Vec<usize>) {
         self.peers = peers;
+    }
+
+    /// Resets peak statistics (only the statistics: a policy's state keeps its own).
+    pub fn reset_peak_stats(&mut self) {
+        self.stats.reset_peak();
+    }
+
+    /// The free index of `pool`.
+    pub fn free_index(&self, pool: PoolKind) -> &FreeIndex {
+        match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
     }
 
     pub(crate) fn index(&mut self, pool: PoolKind) -> &mut FreeIndex {
@@ -236,22 +225,6 @@ impl<D: Device> Pool<D> {
             PoolKind::Small => &mut self.small,
             PoolKind::Large => &mut self.large,
         }
-    }
-
-    /// Allocates `size` bytes on `stream`.
-    pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.allocate_or_grow(size, stream, true)
-            .map(|a| a.expect("an allocation that may grow"))
-    }
-
-    /// Allocates `size` bytes on `stream` from cached blocks only; `Ok(None)` when that would
-    /// need new device memory.
-    pub fn allocate_cached(
-        &mut self,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Option<Allocation>, AllocError> {
-        self.allocate_or_grow(size, stream, false)
     }
 
     /// The error for a request above [`sizes::MAX_REQUEST`], counted as an out-of-memory error
@@ -267,85 +240,7 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    fn allocate_or_grow(
-        &mut self,
-        size: u64,
-        stream: StreamId,
-        may_grow: bool,
-    ) -> Result<Option<Allocation>, AllocError> {
-        if size > sizes::MAX_REQUEST {
-            return Err(self.refuse_too_large(size));
-        }
-        self.apply_fraction()?;
-        self.process_events()?;
-        let rounded = sizes::round_size(size, &self.cfg);
-        let pool = PoolKind::for_size(rounded);
-        let req = Request {
-            stream,
-            pool,
-            size: rounded,
-            alloc_size: sizes::segment_size(rounded),
-        };
-        let seq = if self.plans_on(&req) {
-            self.episode_index(stream)
-        } else {
-            None
-        };
-        let planned = match seq {
-            Some(k) => match self.planned_block(k, &req, may_grow)? {
-                plan::Placement::At(id) => Some(id),
-                plan::Placement::BestFit => None,
-                plan::Placement::NeedsGrowth => return Ok(None),
-            },
-            None => None,
-        };
-        let found = planned.or_else(|| self.get_free_block(&req));
-        let id = match found {
-            Some(id) => id,
-            None if may_grow => self.grow(&req, size)?,
-            None => return Ok(None),
-        };
-        let split = self.should_split(id, rounded);
-        let id = self.alloc_found_block(id, &req, size, split);
-        if let Some(k) = seq {
-            self.note_alloc(id, k, planned.is_some());
-        }
-        self.handouts += 1;
-        let serial = POOL_SERIAL | self.handouts;
-        let b = &mut self.blocks[id];
-        b.serial = serial;
-        Ok(Some(Allocation {
-            ptr: b.addr,
-            size,
-            stream,
-            block: id,
-            serial,
-        }))
-    }
-
-    /// The out-of-memory ladder: new memory, then release oversize cached blocks, then release
-    /// every cached block, then give up with [`AllocError::OutOfMemory`].
-    fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
-        if self.limit.is_some() && self.cfg.garbage_collection_threshold > 0.0 {
-            self.garbage_collect()?;
-        }
-        if let Some(id) = self.alloc_block(req, false)? {
-            return Ok(id);
-        }
-        if self.release_available_cached_blocks(req)? {
-            if let Some(id) = self.alloc_block(req, false)? {
-                return Ok(id);
-            }
-        }
-        self.release_cached_blocks()?;
-        if let Some(id) = self.alloc_block(req, true)? {
-            return Ok(id);
-        }
-        self.stats.num_ooms += 1;
-        Err(self.oom_error(orig, req))
-    }
-
-    fn oom_error(&self, orig: u64, req: &Request) -> AllocError {
+    pub(crate) fn oom_error(&self, orig: u64, req: &Request) -> AllocError {
         let device_free = self.device.mem_info().map(|m| m.0).unwrap_or(0);
         if self.reserve_failed {
             let ranges = self.segments.iter().flatten();
@@ -366,57 +261,15 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// Best fit from the pool's free index, with PyTorch's oversize rules.
-    fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
-        let gc = self.limit.is_some() && self.cfg.garbage_collection_threshold > 0.0;
-        let (mss, rounding) = (self.cfg.max_split_size, self.cfg.max_non_split_rounding);
-        let expandable = self.cfg.policy.is_expandable();
-        let idx = match req.pool {
-            PoolKind::Small => &mut self.small,
-            PoolKind::Large => &mut self.large,
-        };
-        if gc {
-            idx.searches += 1;
-        }
-        let (size, id) = {
-            let mut it = idx.at_least(req.stream.0, req.size);
-            let (mut size, mut id) = it.next()?;
-            if expandable && self.blocks[id].is_expandable() {
-                // Count a block's unmapped tail as part of its size, so a block at the end of a
-                // segment is chosen only when nothing else fits.
-                let grow = |b: BlockId| expandable_size(&self.blocks, b);
-                for (next_size, next) in it {
-                    if grow(next) >= grow(id) {
-                        break;
-                    }
-                    (size, id) = (next_size, next);
-                }
-            }
-            (size, id)
-        };
-        if req.size < mss && size >= mss {
-            return None;
-        }
-        if req.size >= mss && size >= req.size.saturating_add(rounding) {
-            return None;
-        }
-        let removed = idx.remove(&self.blocks[id]);
-        debug_assert!(removed);
-        Some(id)
-    }
-
-    fn should_split(&self, id: BlockId, size: u64) -> bool {
-        let b = &self.blocks[id];
-        let remaining = b.size - size;
-        if b.pool == PoolKind::Small || self.cfg.policy.is_expandable() {
-            remaining >= MIN_BLOCK
-        } else {
-            size < self.cfg.max_split_size && remaining > SMALL_SIZE
-        }
-    }
-
-    /// Hands out block `id` (already taken out of the free index), splitting off the rest.
-    fn alloc_found_block(&mut self, id: BlockId, req: &Request, orig: u64, split: bool) -> BlockId {
+    /// Hands out block `id` (already taken out of the free index) for a request of `orig`
+    /// bytes, splitting off the rest when `split` (it goes back to the free index).
+    pub(crate) fn alloc_found_block(
+        &mut self,
+        id: BlockId,
+        req: &Request,
+        orig: u64,
+        split: bool,
+    ) -> BlockId {
         let pool = req.pool;
         let already_split = self.blocks[id].is_split();
         let expandable = self.blocks[id].is_expandable();
@@ -453,10 +306,22 @@ impl<D: Device> Pool<D> {
         if size >= self.cfg.max_split_size {
             s.oversize_allocations.increase(1);
         }
-        self.peak_requested = self
-            .peak_requested
-            .max(s.requested_bytes.0[0].current as u64);
         id
+    }
+
+    /// Numbers the handout of allocated block `id` and makes its handle.
+    pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Allocation {
+        self.handouts += 1;
+        let serial = POOL_SERIAL | self.handouts;
+        let b = &mut self.blocks[id];
+        b.serial = serial;
+        Allocation {
+            ptr: b.addr,
+            size,
+            stream,
+            block: id,
+            serial,
+        }
     }
 
     /// Splits `size` bytes off the front of free block `id` into a new block, which it returns;
@@ -487,7 +352,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Takes a free mapped block out of its pool's index; false when it was not there.
-    pub(crate) fn unindex_free(&mut self, id: BlockId) -> bool {
+    pub fn unindex_free(&mut self, id: BlockId) -> bool {
         let b = &self.blocks[id];
         match b.pool {
             PoolKind::Small => self.small.remove(b),
@@ -525,35 +390,12 @@ impl<D: Device> Pool<D> {
         idx.insert(id, b);
     }
 
-    /// Frees an allocation.
-    pub fn free(&mut self, a: &Allocation) -> Result<(), AllocError> {
-        let b = self
-            .blocks
-            .get(a.block)
-            .filter(|b| b.allocated && b.addr == a.ptr && b.event_count == 0)
-            .filter(|b| b.serial == a.serial)
-            .ok_or(AllocError::NotAllocated(a.ptr))?;
-        let (pool, size) = (b.pool, b.size);
-        if !b.stream_uses.is_empty() {
-            self.insert_events(a.block)?;
-        }
-        // A free, even one that waits for other streams' work first.
-        end_loading(&self.loading);
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size);
-        if size >= self.cfg.max_split_size {
-            self.stats.oversize_allocations.decrease(1);
-        }
-        if self.blocks[a.block].event_count == 0 {
-            self.free_block(a.block);
-        }
-        Ok(())
-    }
-
-    /// Returns a block to its pool, merging it with free neighbours.
-    pub(crate) fn free_block(&mut self, id: BlockId) {
-        if self.blocks[id].episode_seq != plan::NO_SEQ {
-            self.note_free(id);
+    /// Returns a block to its pool, merging it with free neighbours. A block carrying a policy
+    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`]).
+    pub(crate) fn free_block<P: Policy>(&mut self, policy: &mut P, id: BlockId) {
+        if self.blocks[id].tag != NO_TAG {
+            let tag = std::mem::replace(&mut self.blocks[id].tag, NO_TAG);
+            policy.on_tagged_free(self, id, tag);
         }
         let b = &self.blocks[id];
         let (pool, orig_size, requested) = (b.pool, b.size, b.requested);
@@ -629,31 +471,9 @@ impl<D: Device> Pool<D> {
         size
     }
 
-    /// Gets new memory for a request: a new segment (`torch`) or mapped pages (expandable).
-    /// `Ok(None)` is out of memory (the ladder may free cached memory and retry).
-    fn alloc_block(
-        &mut self,
-        req: &Request,
-        is_retry: bool,
-    ) -> Result<Option<BlockId>, DeviceError> {
-        if is_retry {
-            self.stats.num_alloc_retries += 1;
-        }
-        self.reserve_failed = false;
-        match self.cfg.policy {
-            Policy::Torch => self.alloc_segment(req),
-            Policy::TorchExpandable => {
-                if self.over_limit(req.alloc_size) {
-                    return Ok(None);
-                }
-                self.try_allocate_expandable_block(req)
-            }
-            Policy::Default => self.budget_allocate(req),
-        }
-    }
-
-    /// One `malloc` of `req.alloc_size` bytes: a new segment holding one free block.
-    fn alloc_segment(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
+    /// One `malloc` of `req.alloc_size` bytes: a new fixed segment holding one free block, not
+    /// in the free index. `Ok(None)`: out of memory, or past the limit.
+    pub fn alloc_segment(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
         let size = req.alloc_size;
         if self.over_limit(size) || !self.claim(size) {
             return Ok(None);
@@ -691,21 +511,10 @@ fn apply_net(s: &mut crate::stats::StatArray, pool: PoolKind, net: i64) {
     }
 }
 
-/// A block's size plus the unmapped block right after it (what it could grow to).
-fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
-    let b = &blocks[id];
-    let tail = if b.next != NIL && !blocks[b.next].mapped {
-        blocks[b.next].size
-    } else {
-        0
-    };
-    b.size + tail
-}
-
-/// Marks the end of a job's loading ([`Pool::share_loading`]): read first, so that once it has
-/// ended, frees on many threads only read the flag's cache line.
-pub(crate) fn end_loading(loading: &AtomicBool) {
-    if loading.load(Ordering::Relaxed) {
-        loading.store(false, Ordering::Relaxed);
+/// Marks that a block was freed ([`Core::nothing_freed`]): read first, so that once it is,
+/// frees on many threads only read the flag's cache line.
+pub(crate) fn note_free(unfreed: &AtomicBool) {
+    if unfreed.load(Ordering::Relaxed) {
+        unfreed.store(false, Ordering::Relaxed);
     }
 }

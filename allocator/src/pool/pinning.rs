@@ -8,11 +8,11 @@
 //! same moment (`Pool::check_invariants` checks it).
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
-use super::Pool;
+use super::Core;
 use crate::snapshot::PinnedUnit;
 use cudalloc_sys::Device;
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// Every unit holding pinned bytes, the most pinned first (the lowest address among equals).
     pub fn pinning(&self) -> Vec<PinnedUnit> {
         let mut units = Vec::new();

@@ -1,14 +1,16 @@
-//! Giving memory back: single segments, oversize blocks, everything cached, and PyTorch's
-//! age-based garbage collection.
+//! Giving memory back: single fixed segments, and everything cached (`empty_cache`, the last
+//! rung of the out-of-memory ladder). Which cached blocks go back before that is the policies'
+//! (`policy::torch`: oversize blocks, age-based garbage collection).
 
 use super::block::BlockId;
-use super::{Pool, Request};
+use super::Core;
+use crate::policy::Policy;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError};
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// Frees an unsplit, free, fixed segment (`free` to the device).
-    pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), DeviceError> {
+    pub fn release_block(&mut self, id: BlockId) -> Result<(), DeviceError> {
         let b = &self.blocks[id];
         debug_assert!(!b.is_split() && !b.allocated && !b.is_expandable());
         self.device.free(b.addr, b.size)?;
@@ -27,19 +29,15 @@ impl<D: Device> Pool<D> {
     }
 
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
-    /// pages of expandable segments. Waits for pending stream events first, counted as one
-    /// wait for all streams (`num_sync_all_streams`).
-    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
-        self.count_sync_all_streams();
-        self.release_all_cached()
-    }
-
-    /// [`Pool::release_cached_blocks`] without counting its wait: for a sweep over the stream
-    /// shards of one allocator, which counts its one wait itself.
-    pub(crate) fn release_all_cached(&mut self) -> Result<(), DeviceError> {
-        self.synchronize_and_free_events()?;
-        self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)
+    /// pages of expandable segments. Waits for pending stream events first (the caller counts
+    /// the wait: [`Core::count_sync_all_streams`]).
+    pub(crate) fn release_all_cached<P: Policy>(
+        &mut self,
+        policy: &mut P,
+    ) -> Result<(), DeviceError> {
+        self.synchronize_and_free_events(policy)?;
+        self.release_blocks(policy, PoolKind::Large)?;
+        self.release_blocks(policy, PoolKind::Small)
     }
 
     /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).
@@ -47,7 +45,11 @@ impl<D: Device> Pool<D> {
         self.stats.num_sync_all_streams += 1;
     }
 
-    fn release_blocks(&mut self, pool: PoolKind) -> Result<(), DeviceError> {
+    fn release_blocks<P: Policy>(
+        &mut self,
+        policy: &mut P,
+        pool: PoolKind,
+    ) -> Result<(), DeviceError> {
         let ids: Vec<BlockId> = self.index(pool).all_free().collect();
         let mut to_unmap = Vec::new();
         for id in ids {
@@ -62,7 +64,7 @@ impl<D: Device> Pool<D> {
             let id = self.unmap_block(id)?;
             let b = &self.blocks[id];
             if !b.is_split() && !b.mapped {
-                self.release_expandable_segment(id)?;
+                self.release_expandable_segment(policy, id)?;
             }
         }
         // Segments left entirely unmapped earlier (a growth that failed after reserving).
@@ -72,139 +74,8 @@ impl<D: Device> Pool<D> {
             .filter(|&id| !self.blocks[id].is_split())
             .collect();
         for id in empty {
-            self.release_expandable_segment(id)?;
+            self.release_expandable_segment(policy, id)?;
         }
         Ok(())
-    }
-
-    /// Releases oversize cached blocks of the request's stream until one request's worth is
-    /// freed (PyTorch's `release_available_cached_blocks`). False when that is impossible.
-    pub(crate) fn release_available_cached_blocks(
-        &mut self,
-        req: &Request,
-    ) -> Result<bool, DeviceError> {
-        let mss = self.cfg.max_split_size;
-        if mss == u64::MAX {
-            return Ok(false);
-        }
-        let key = req.size.max(mss);
-        let stream = req.stream.0;
-        let first = self.index(req.pool).at_least(stream, key).next();
-        if let Some((_, id)) = first {
-            // Split blocks only exist below `max_split_size` when a `Config` built in code set
-            // it under the 20 MiB a parsed one must have: never release one of those.
-            if !self.blocks[id].is_expandable() && !self.blocks[id].is_split() {
-                self.release_block(id)?;
-                return Ok(true);
-            }
-        }
-        let candidates: Vec<(u64, BlockId)> = self.index(req.pool).below(stream, key).collect();
-        let mut released = 0;
-        for (size, id) in candidates {
-            if released >= key || size < mss {
-                break;
-            }
-            if !self.blocks[id].is_expandable() && !self.blocks[id].is_split() {
-                self.release_block(id)?;
-                released += size;
-            }
-        }
-        Ok(released >= key)
-    }
-
-    /// Frees old unsplit large segments once reserved memory passes
-    /// `garbage_collection_threshold` of the limit (PyTorch's `garbage_collect_cached_blocks`).
-    pub(crate) fn garbage_collect(&mut self) -> Result<(), DeviceError> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
-        let threshold = (self.cfg.garbage_collection_threshold * limit as f64) as u64;
-        let reserved = self.total_reserved();
-        if reserved <= threshold {
-            return Ok(());
-        }
-        let target = reserved - threshold;
-        let clock = self.large.searches;
-        let age = |p: &Self, id: BlockId| clock - p.blocks[id].gc_base;
-        let freeable: Vec<BlockId> = self
-            .large
-            .all_free()
-            .filter(|&id| !self.blocks[id].is_split())
-            .collect();
-        let mut total_age: u64 = freeable.iter().map(|&id| age(self, id)).sum();
-        let mut count = freeable.len() as u64;
-        let mut reclaimed = 0;
-        let mut freed_one = true;
-        while reclaimed < target && freed_one && count > 0 {
-            let threshold_age = total_age as f64 / count as f64;
-            freed_one = false;
-            let ids: Vec<BlockId> = self.large.all_free().collect();
-            for id in ids {
-                let b = &self.blocks[id];
-                if !b.is_split() && !b.is_expandable() && age(self, id) as f64 >= threshold_age {
-                    freed_one = true;
-                    reclaimed += b.size;
-                    total_age -= age(self, id);
-                    count -= 1;
-                    self.release_block(id)?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<D: Device> Pool<D> {
-    /// Returns every cached block that can go back to the device (PyTorch's `empty_cache`).
-    pub fn empty_cache(&mut self) -> Result<(), crate::error::AllocError> {
-        self.release_cached_blocks()?;
-        Ok(())
-    }
-
-    /// Tries again a request that ran out of memory here, after the caller released memory
-    /// held elsewhere (the other stream shards of one allocator): part of the same allocation,
-    /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
-    /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
-    /// once, not each try).
-    pub(crate) fn allocate_again(
-        &mut self,
-        size: u64,
-        stream: cudalloc_sys::StreamId,
-    ) -> Result<super::Allocation, crate::error::AllocError> {
-        let s = &self.stats;
-        let counts = (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams);
-        let r = self.allocate(size, stream);
-        let s = &mut self.stats;
-        (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams) = counts;
-        if r.is_ok() {
-            s.num_ooms = s.num_ooms.saturating_sub(1);
-        }
-        r
-    }
-}
-
-impl<D: Device> Drop for Pool<D> {
-    /// Gives everything back to the device: live allocations die with the pool.
-    fn drop(&mut self) {
-        let _ = self.synchronize_and_free_events();
-        let ids: Vec<BlockId> = self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.allocated)
-            .map(|(id, _)| id)
-            .collect();
-        for id in ids {
-            let b = &self.blocks[id];
-            let a = super::Allocation {
-                ptr: b.addr,
-                size: b.requested,
-                stream: b.stream,
-                block: id,
-                serial: b.serial,
-            };
-            let _ = self.free(&a);
-        }
-        let _ = self.release_cached_blocks();
-        self.destroy_spare_events();
     }
 }

@@ -7,14 +7,14 @@
 //! pages unmapped whose release failed; `reserved_bytes.all.current` equals their sum, and so
 //! does this pool's share of the shared counter.
 
-use super::Pool;
+use super::Core;
 use crate::error::AllocError;
 use crate::sizes::PoolKind;
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use cudalloc_sys::Device;
 
-impl<D: Device> Pool<D> {
+impl<D: Device> Core<D> {
     /// Caps the pool at `fraction` of the device's total memory, as PyTorch's
     /// `set_per_process_memory_fraction` does; 1.0 removes the cap (since PyTorch 2.10 a
     /// fraction of 1 sets none, so garbage collection stays off and `default` keeps its uncapped
@@ -72,7 +72,7 @@ impl<D: Device> Pool<D> {
         }
     }
 
-    /// Gives back bytes counted by [`Pool::claim`].
+    /// Gives back bytes counted by [`Core::claim`].
     pub(crate) fn sub_reserved(&mut self, n: u64) {
         self.reserved -= n;
         if let Some(s) = &self.shared {
@@ -125,19 +125,21 @@ impl<D: Device> Pool<D> {
         self.shared_peak = Some(peak);
     }
 
-    /// Makes this pool's loading end when `flag`'s does: the pools and thread caches of one
-    /// `CachingAllocator` share it, so that a free anywhere ends every shard's loading.
-    pub(crate) fn share_loading(&mut self, flag: Arc<AtomicBool>) {
-        self.loading = flag;
+    /// Makes this pool's "nothing freed yet" ([`Core::nothing_freed`]) end when `flag`'s does:
+    /// the pools and thread caches of one `CachingAllocator` share it, so that a free anywhere
+    /// ends it for every shard.
+    pub(crate) fn share_unfreed(&mut self, flag: Arc<AtomicBool>) {
+        self.unfreed = flag;
     }
 
-    pub(crate) fn over_limit(&self, extra: u64) -> bool {
+    /// True when `extra` more bytes would pass the limit.
+    pub fn over_limit(&self, extra: u64) -> bool {
         self.limit
             .is_some_and(|l| self.total_reserved() + extra > l)
     }
 }
 
-/// The cap `fraction` of `device`'s total memory sets ([`Pool::set_memory_fraction`]): `None`
+/// The cap `fraction` of `device`'s total memory sets ([`Core::set_memory_fraction`]): `None`
 /// for 1.0, as PyTorch since 2.10.
 pub(crate) fn fraction_limit<D: Device>(
     device: &D,

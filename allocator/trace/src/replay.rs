@@ -154,7 +154,7 @@ pub struct ReplayResult {
 /// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
 pub const PINNING_SHOWN: usize = 5;
 
-/// What held the pinned bytes at the reserved peak ([`Pool::pinning`]).
+/// What held the pinned bytes at the reserved peak ([`Core::pinning`](crate::pool::Core::pinning)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeakPinning {
     /// Units (chunks or `cudaMalloc` segments) holding pinned bytes then.

@@ -418,12 +418,12 @@ pub fn live_peak(lifetimes: &[Lifetime]) -> u64 {
 pub(super) mod tests {
     use super::*;
 
-    pub(in crate::pool) fn t(size: u64, start: u32, end: u32) -> Lifetime {
+    pub(in crate::policy::default) fn t(size: u64, start: u32, end: u32) -> Lifetime {
         Lifetime { size, start, end }
     }
 
     /// No two allocations alive at once share a byte.
-    pub(in crate::pool) fn assert_disjoint(p: &Plan) {
+    pub(in crate::policy::default) fn assert_disjoint(p: &Plan) {
         for (i, a) in p.lifetimes.iter().enumerate() {
             for (j, b) in p.lifetimes.iter().enumerate().skip(i + 1) {
                 let live_together = a.start < b.end && b.start < a.end;

@@ -52,28 +52,29 @@
 //!   (`budget::budget_room`), so that the next episode finds them mapped; after a split, so
 //!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
-//! Invariants: a block's `episode_seq` is the number of the recorded allocation it serves
-//! ([`NO_SEQ`] otherwise, and always while the block is free or unmapped); numbers of a dropped
+//! Invariants: a block's tag ([`Block::tag`](crate::pool::block::Block::tag)) is the number of
+//! the recorded allocation it serves ([`NO_SEQ`] otherwise, and always while the block is free
+//! or unmapped); numbers of a dropped
 //! or closed episode are below the open one's `first`; an episode's allocations are all of one
 //! stream; `live` counts its allocations not yet back in the pool; `anchors` are live
 //! allocations placed by the plan, so in the footprint's segment, from which a walk along the
 //! segment's blocks finds any address in it; a plan places no two allocations whose lifetimes
 //! overlap on overlapping bytes.
 
-use super::block::{BlockId, NIL};
 use super::footprint::{Footprint, Kept};
 use super::packing::{best_fit, pack_within};
 pub use super::packing::{
     best_fit_extent, live_peak, pack, Lifetime, Plan, SEARCH_ABOVE, SEARCH_WORK,
 };
-use super::{Pool, Request};
-use crate::config::Policy;
+use super::DefaultPolicy;
+use crate::pool::block::BlockId;
+use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
 use crate::stats::Stats;
-use cudalloc_sys::{Device, DeviceError, StreamId};
+use cudalloc_sys::{Device, StreamId};
 
-/// "Not an allocation of a recorded episode" (a block's `episode_seq`).
-pub const NO_SEQ: u64 = u64::MAX;
+/// "Not an allocation of a recorded episode" (a block's tag).
+pub const NO_SEQ: u64 = crate::pool::block::NO_TAG;
 /// Fewest allocations an episode needs to become a plan.
 pub const MIN_ALLOCS: usize = 16;
 /// Most allocations an episode records; longer ones are dropped.
@@ -90,22 +91,22 @@ pub(crate) enum Placement {
 }
 
 /// The episode being recorded.
-struct Episode {
-    stream: StreamId,
+pub(super) struct Episode {
+    pub(super) stream: StreamId,
     /// Number of its first allocation.
-    first: u64,
-    lifetimes: Vec<Lifetime>,
-    clock: u32,
-    live: u32,
-    footprint: Option<Footprint>,
+    pub(super) first: u64,
+    pub(super) lifetimes: Vec<Lifetime>,
+    pub(super) clock: u32,
+    pub(super) live: u32,
+    pub(super) footprint: Option<Footprint>,
     /// Every allocation and free so far matched the plan.
-    follows: bool,
+    pub(super) follows: bool,
     /// An allocation after the first (which only sets the scale) matched the plan.
-    confirmed: bool,
-    anchors: Vec<BlockId>,
+    pub(super) confirmed: bool,
+    pub(super) anchors: Vec<BlockId>,
     /// Indexes of allocations in the order made; those freed leave it once they reach the top,
     /// so the top is the youngest live one (while `live > 0`).
-    stack: Vec<u32>,
+    pub(super) stack: Vec<u32>,
 }
 
 impl Episode {
@@ -128,8 +129,8 @@ impl Episode {
 #[derive(Default)]
 pub struct Plans {
     next: u64,
-    episode: Option<Episode>,
-    plan: Option<Plan>,
+    pub(super) episode: Option<Episode>,
+    pub(super) plan: Option<Plan>,
     /// Allocations placed by a plan.
     pub placed: u64,
     /// Episodes evaluated.
@@ -189,69 +190,28 @@ pub const PLAN_GAIN: f64 = 0.9;
 pub const SMALLER: f64 = 0.95;
 
 /// True when `size` is `scale` times `planned` up to rounding, or a little less.
-fn matches(size: u64, planned: u64, scale: f64) -> bool {
+pub(super) fn matches(size: u64, planned: u64, scale: f64) -> bool {
     let want = scale * planned as f64;
     let size = size as f64;
     (size - want).abs() <= want / 512.0 + 512.0 || (size <= want && size >= SMALLER * want)
 }
 
-impl<D: Device> Pool<D> {
+impl DefaultPolicy {
     /// True when plans apply to this request.
-    pub(crate) fn plans_on(&self, req: &Request) -> bool {
-        req.pool == PoolKind::Large
-            && self.cfg.policy == Policy::Default
-            && self.cfg.layout_plans
-            && self.limit.is_none()
-    }
-
-    /// Where the plan puts allocation `k` of the open episode: a block taken out of the free
-    /// index that starts at the planned address, best fit, or (without `may_grow`, when the
-    /// planned bytes need new pages) nothing from cached memory.
-    pub(crate) fn planned_block(
-        &mut self,
-        k: usize,
-        req: &Request,
-        may_grow: bool,
-    ) -> Result<Placement, DeviceError> {
-        let Some((from, at)) = self.plan_target(k, req) else {
-            return Ok(Placement::BestFit);
-        };
-        let mut asked = 0;
-        let (from, at) = match self.unmapped_bytes(from, at, req.size) {
-            None => return Ok(Placement::BestFit),
-            Some((holder, 0)) => (holder, at),
-            Some(_) if !may_grow => return Ok(Placement::NeedsGrowth),
-            Some((_, n)) => {
-                // Giving memory back (never these bytes) may change the blocks around the
-                // target: find it again.
-                self.budget_room(req.size, n, Some((at, at + req.size)))?;
-                asked = n;
-                match self.plan_target(k, req) {
-                    Some(t) => t,
-                    None => return Ok(Placement::BestFit),
-                }
-            }
-        };
-        let before = self.reserved;
-        let taken = self.take_at(from, at, req.size)?;
-        // The pages mapped are those the budget was asked about, at the same address.
-        debug_assert!(
-            self.reserved.saturating_sub(before) <= asked,
-            "mapped {} bytes for a planned allocation, the budget was asked about {asked}",
-            self.reserved.saturating_sub(before)
-        );
-        Ok(match taken {
-            Some(id) => Placement::At(id),
-            None => Placement::BestFit,
-        })
+    pub(crate) fn plans_on<D: Device>(&self, core: &Core<D>, req: &Request) -> bool {
+        req.pool == PoolKind::Large && self.cfg.layout_plans && core.limit.is_none()
     }
 
     /// The index the next large allocation of `stream` will have in the open episode, after
     /// closing an episode that ended and starting one when none is open or the open one is
     /// full; `None` when another stream's episode is open (that allocation is not recorded).
-    pub(crate) fn episode_index(&mut self, stream: StreamId) -> Option<usize> {
+    pub(crate) fn episode_index<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        stream: StreamId,
+    ) -> Option<usize> {
         if let Some(cut) = self.plans.episode.as_ref().and_then(Episode::ended) {
-            self.close_episode(cut);
+            self.close_episode(core, cut);
         }
         let plans = &mut self.plans;
         match &plans.episode {
@@ -276,185 +236,15 @@ impl<D: Device> Pool<D> {
         Some(0)
     }
 
-    /// A block to walk from and the address the plan gives allocation `k`; sets the episode's
-    /// footprint on its first allocation (once: asked again for that allocation, after the
-    /// budget made room for it, it keeps the footprint the budget was asked about) and ends
-    /// the plan on a size that does not match.
-    fn plan_target(&mut self, k: usize, req: &Request) -> Option<(BlockId, u64)> {
-        let plan = self.plans.plan.as_ref()?;
-        let planned = *plan.lifetimes.get(k)?;
-        let offset = plan.offsets[k];
-        let (extent, plan_peak) = (plan.extent, plan.live_peak);
-        let chosen = self.plans.episode.as_ref()?.footprint.is_some();
-        if k == 0 && !chosen {
-            let scale = req.size as f64 / planned.size as f64;
-            let placed = self.choose_footprint(req.stream, scale, plan)?;
-            let live = self.stats.requested_bytes.0[0].current as u64;
-            let f = Footprint {
-                scale,
-                base: placed.base,
-                segment: placed.segment,
-                split: placed.split,
-                expected: live.saturating_add((plan_peak as f64 * scale) as u64),
-            };
-            let at = f.address(offset);
-            self.remember_footprint(&f, extent);
-            self.plans.episode.as_mut()?.footprint = Some(f);
-            return Some((placed.from, at));
-        }
-        let e = self.plans.episode.as_mut()?;
-        let f = e.footprint.as_ref()?;
-        if k > 0 {
-            if !matches(req.size, planned.size, f.scale) {
-                e.footprint = None;
-                e.follows = false;
-                return None;
-            }
-            e.confirmed = true;
-        }
-        let (at, segment) = (f.address(offset), f.segment);
-        let from = match e.anchors.last() {
-            Some(&a) => a,
-            None => self.block_of_segment(req.stream, segment)?,
-        };
-        Some((from, at))
-    }
-
-    /// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range
-    /// keeps unmapped space at its end until it is full).
-    pub(super) fn block_of_segment(&self, stream: StreamId, segment: u32) -> Option<BlockId> {
-        self.large
-            .unmapped_of(stream.0)
-            .find(|&id| self.blocks[id].segment == segment)
-    }
-
-    /// The block holding address `at`, walking the segment's blocks from `from`.
-    pub(super) fn block_containing(&self, mut id: BlockId, at: u64) -> Option<BlockId> {
-        while id != NIL {
-            let b = &self.blocks[id];
-            if at < b.addr {
-                id = b.prev;
-            } else if at >= b.end() {
-                id = b.next;
-            } else {
-                return Some(id);
-            }
-        }
-        None
-    }
-
-    /// The block holding `at` (found from `from`) and the bytes of pages to map so that
-    /// `at..at + size` is free and mapped, or `None` when part of it is taken (or outside the
-    /// segment).
-    pub(super) fn unmapped_bytes(
-        &self,
-        from: BlockId,
-        at: u64,
-        size: u64,
-    ) -> Option<(BlockId, u64)> {
-        let holder = self.block_containing(from, at)?;
-        let mut id = holder;
-        let seg = self.segments[self.blocks[id].segment as usize].as_ref()?;
-        let mut need = 0;
-        loop {
-            if !self.allocatable(id) {
-                return None;
-            }
-            let b = &self.blocks[id];
-            if !b.mapped {
-                let lo = seg.page_floor(at.max(b.addr));
-                let hi = seg.page_ceil((at + size).min(b.end()));
-                need += hi - lo;
-            }
-            if b.end() >= at + size {
-                return Some((holder, need));
-            }
-            id = b.next;
-            if id == NIL {
-                return None;
-            }
-        }
-    }
-
-    /// Maps what `at..at + size` lacks and takes the free block that then starts at `at` out
-    /// of the free index. `Ok(None)`: the bytes could not be had (device full, or taken).
-    fn take_at(
-        &mut self,
-        from: BlockId,
-        at: u64,
-        size: u64,
-    ) -> Result<Option<BlockId>, DeviceError> {
-        let window = self.cfg.max_chunk;
-        let mut from = from;
-        loop {
-            let Some(id) = self.block_containing(from, at) else {
-                return Ok(None);
-            };
-            let Some(u) = self.first_unmapped(id, at, size) else {
-                return Ok(self.carve(id, at, size));
-            };
-            let seg = self.segments[self.blocks[u].segment as usize]
-                .as_ref()
-                .expect("live segment");
-            let b = &self.blocks[u];
-            let lo = seg.page_floor(at.max(b.addr));
-            let hi = seg.page_ceil((at + size).min(b.end()));
-            let (head, u) = if lo > b.addr {
-                self.split_unmapped_tail(u, lo - b.addr);
-                (Some(u), self.blocks[u].next)
-            } else {
-                (None, u)
-            };
-            let mapped = self.map_block(u, hi - lo, window);
-            if let (Some(head), false) = (head, matches!(mapped, Ok(Some(_)))) {
-                // Nothing (or, after a failed rollback, only a part that stays mapped) was
-                // mapped: join the split back, so no two unmapped blocks lie side by side and
-                // the range can be released whole.
-                let next = self.blocks[head].next;
-                self.try_merge(head, next);
-            }
-            match mapped? {
-                Some(mapped) => from = mapped,
-                None => return Ok(None),
-            }
-        }
-    }
-
-    /// The first unmapped block among those covering `at..at + size`, from block `id` (which
-    /// holds `at`) on.
-    fn first_unmapped(&self, mut id: BlockId, at: u64, size: u64) -> Option<BlockId> {
-        loop {
-            let b = &self.blocks[id];
-            if !b.mapped {
-                return Some(id);
-            }
-            if b.end() >= at + size || b.next == NIL {
-                return None;
-            }
-            id = b.next;
-        }
-    }
-
-    /// Takes free mapped block `id` out of the free index when it holds `at..at + size`,
-    /// leaving the bytes before `at` free; `None` (nothing changed) when it does not.
-    fn carve(&mut self, id: BlockId, at: u64, size: u64) -> Option<BlockId> {
-        let b = &self.blocks[id];
-        if !self.allocatable(id) || !b.mapped || b.addr > at || b.end() < at + size {
-            return None;
-        }
-        if !self.unindex_free(id) {
-            return None;
-        }
-        let front = at - self.blocks[id].addr;
-        if front > 0 {
-            self.split_mapped_front(id, front);
-        }
-        Some(id)
-    }
-
     /// Records allocation `k` of the open episode, made in block `id` (`placed`: by the plan).
-    pub(crate) fn note_alloc(&mut self, id: BlockId, k: usize, placed: bool) {
-        let size = self.blocks[id].size;
+    pub(crate) fn note_alloc<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        id: BlockId,
+        k: usize,
+        placed: bool,
+    ) {
+        let size = core.blocks[id].size;
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
             return;
@@ -479,12 +269,11 @@ impl<D: Device> Pool<D> {
             e.anchors.push(id);
             self.plans.placed += 1;
         }
-        self.blocks[id].episode_seq = e.first + k as u64;
+        core.blocks[id].tag = e.first + k as u64;
     }
 
-    /// Records the free of block `id` if it is an allocation of the open episode.
-    pub(crate) fn note_free(&mut self, id: BlockId) {
-        let seq = std::mem::replace(&mut self.blocks[id].episode_seq, NO_SEQ);
+    /// Records the free of block `id`, tagged `seq`, if it is an allocation of the open episode.
+    pub(crate) fn note_free(&mut self, id: BlockId, seq: u64) {
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
             return;
@@ -512,7 +301,7 @@ impl<D: Device> Pool<D> {
     }
 
     /// Turns the episode that just ended into the plan, or drops the plan.
-    fn close_episode(&mut self, cut: usize) {
+    fn close_episode<D: Device>(&mut self, core: &mut Core<D>, cut: usize) {
         let Some(e) = self.plans.episode.take() else {
             return;
         };
@@ -540,7 +329,7 @@ impl<D: Device> Pool<D> {
             .collect();
         // A training step repeats the last one exactly: the decision taken then stands.
         let sig = signature(&closed);
-        if self.plans.packed == Some(sig) || !self.plans.may_work(&self.stats) {
+        if self.plans.packed == Some(sig) || !self.plans.may_work(&core.stats) {
             return;
         }
         self.plans.packed = Some(sig);

@@ -34,9 +34,11 @@
 //! below the cut, the upper piece the rest, each from its own base); [`Kept::ranges`] are
 //! address ranges of one segment.
 
-use super::block::BlockId;
 use super::packing::Plan;
-use super::Pool;
+use super::placement::{block_containing, block_of_segment, unmapped_bytes};
+use super::DefaultPolicy;
+use crate::pool::block::BlockId;
+use crate::pool::Core;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, StreamId};
 
@@ -132,23 +134,24 @@ impl Kept {
     }
 }
 
-impl<D: Device> Pool<D> {
+impl DefaultPolicy {
     /// Where the footprint of `plan` goes at `scale` (see the module docs).
-    pub(super) fn choose_footprint(
+    pub(super) fn choose_footprint<D: Device>(
         &self,
+        core: &Core<D>,
         stream: StreamId,
         scale: f64,
         plan: &Plan,
     ) -> Option<Placed> {
         let bytes = spanned(plan.extent, scale);
-        let single = self.single_footprint(stream, bytes);
+        let single = self.single_footprint(core, stream, bytes);
         let single_need = single
             .as_ref()
-            .and_then(|p| self.unmapped_bytes(p.from, p.base, bytes))
+            .and_then(|p| unmapped_bytes(core, p.from, p.base, bytes))
             .map_or(u64::MAX, |(_, n)| n);
         if single_need > 0 {
             let saves = (SPLIT_SAVES * bytes as f64) as u64;
-            if let Some((need, split)) = self.split_footprint(stream, scale, plan) {
+            if let Some((need, split)) = split_footprint(core, stream, scale, plan) {
                 if need.saturating_add(saves) <= single_need {
                     return Some(split);
                 }
@@ -159,16 +162,19 @@ impl<D: Device> Pool<D> {
 
     /// The footprint in one piece: the first of places 1 to 4 of the module docs that holds
     /// `bytes`.
-    fn single_footprint(&self, stream: StreamId, bytes: u64) -> Option<Placed> {
-        let fit = self
+    fn single_footprint<D: Device>(
+        &self,
+        core: &Core<D>,
+        stream: StreamId,
+        bytes: u64,
+    ) -> Option<Placed> {
+        let fit = core
             .large
             .at_least(stream.0, bytes)
             .next()
             .map(|(_, id)| id);
-        if let Some((from, base, segment)) = self.last_footprint(stream, bytes) {
-            let cached = self
-                .unmapped_bytes(from, base, bytes)
-                .is_some_and(|(_, n)| n == 0);
+        if let Some((from, base, segment)) = self.last_footprint(core, stream, bytes) {
+            let cached = unmapped_bytes(core, from, base, bytes).is_some_and(|(_, n)| n == 0);
             if cached || fit.is_none() {
                 return Some(Placed {
                     from,
@@ -178,8 +184,8 @@ impl<D: Device> Pool<D> {
                 });
             }
         }
-        let id = fit.or_else(|| self.room_in_ranges(stream, PoolKind::Large, bytes))?;
-        let b = &self.blocks[id];
+        let id = fit.or_else(|| core.room_in_ranges(stream, PoolKind::Large, bytes))?;
+        let b = &core.blocks[id];
         b.is_expandable().then_some(Placed {
             from: id,
             base: b.addr,
@@ -188,76 +194,21 @@ impl<D: Device> Pool<D> {
         })
     }
 
-    /// The best split of the footprint, with the bytes of pages it needs mapped: for each
-    /// clean cut and each side, that side at the start of the largest free block (when it holds
-    /// at least [`SPLIT_CACHED`] of the footprint) and the other in the lowest run of free and
-    /// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
-    fn split_footprint(&self, stream: StreamId, scale: f64, plan: &Plan) -> Option<(u64, Placed)> {
-        let (largest, hole) = self.large.below(stream.0, u64::MAX).next()?;
-        let h = &self.blocks[hole];
-        if !h.is_expandable() {
-            return None;
-        }
-        let (hole_at, segment) = (h.addr, h.segment);
-        let total = spanned(plan.extent, scale);
-        let mut best: Option<(u64, Placed)> = None;
-        for cut in clean_cuts(plan) {
-            let (lower, upper) = pieces(plan.extent, cut, scale);
-            for lower_cached in [true, false] {
-                let (cached, other) = if lower_cached {
-                    (lower, upper)
-                } else {
-                    (upper, lower)
-                };
-                if cached > largest || (cached as f64) < SPLIT_CACHED * total as f64 {
-                    continue;
-                }
-                let Some(run) = self.runs_in_ranges(stream, PoolKind::Large).find(|&c| {
-                    let r = &self.blocks[c];
-                    let clear = r.addr >= hole_at + cached || r.addr + other <= hole_at;
-                    r.segment == segment && clear && self.has_room(c, other)
-                }) else {
-                    continue;
-                };
-                let run_at = self.blocks[run].addr;
-                let Some((_, need)) = self.unmapped_bytes(run, run_at, other) else {
-                    continue;
-                };
-                if best.as_ref().is_some_and(|b| b.0 <= need) {
-                    continue;
-                }
-                let (from, base, upper_at) = if lower_cached {
-                    (hole, hole_at, run_at)
-                } else {
-                    (run, run_at, hole_at)
-                };
-                let split = Some(Split {
-                    cut,
-                    upper: upper_at,
-                });
-                let placed = Placed {
-                    from,
-                    base,
-                    segment,
-                    split,
-                };
-                best = Some((need, placed));
-            }
-        }
-        best
-    }
-
     /// The last footprint, when its first `bytes` are all free or unmapped again.
-    fn last_footprint(&self, stream: StreamId, bytes: u64) -> Option<(BlockId, u64, u32)> {
+    fn last_footprint<D: Device>(
+        &self,
+        core: &Core<D>,
+        stream: StreamId,
+        bytes: u64,
+    ) -> Option<(BlockId, u64, u32)> {
         let (segment, base, _) = self.plans.last?;
-        let seg = self.segments.get(segment as usize)?.as_ref()?;
+        let seg = core.segments.get(segment as usize)?.as_ref()?;
         if seg.stream != stream || base.saturating_add(bytes) > seg.va + seg.size {
             return None;
         }
-        let start = self.block_of_segment(stream, segment)?;
-        let id = self.block_containing(start, base)?;
-        self.unmapped_bytes(id, base, bytes)
-            .map(|_| (id, base, segment))
+        let start = block_of_segment(core, stream, segment)?;
+        let id = block_containing(core, start, base)?;
+        unmapped_bytes(core, id, base, bytes).map(|_| (id, base, segment))
     }
 
     /// Records the footprint just chosen for a plan spanning `extent`, so that its cached pages
@@ -296,6 +247,70 @@ impl<D: Device> Pool<D> {
         }
         self.plans.last = Some((segment, base, end));
     }
+}
+
+/// The best split of the footprint, with the bytes of pages it needs mapped: for each
+/// clean cut and each side, that side at the start of the largest free block (when it holds
+/// at least [`SPLIT_CACHED`] of the footprint) and the other in the lowest run of free and
+/// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
+fn split_footprint<D: Device>(
+    core: &Core<D>,
+    stream: StreamId,
+    scale: f64,
+    plan: &Plan,
+) -> Option<(u64, Placed)> {
+    let (largest, hole) = core.large.below(stream.0, u64::MAX).next()?;
+    let h = &core.blocks[hole];
+    if !h.is_expandable() {
+        return None;
+    }
+    let (hole_at, segment) = (h.addr, h.segment);
+    let total = spanned(plan.extent, scale);
+    let mut best: Option<(u64, Placed)> = None;
+    for cut in clean_cuts(plan) {
+        let (lower, upper) = pieces(plan.extent, cut, scale);
+        for lower_cached in [true, false] {
+            let (cached, other) = if lower_cached {
+                (lower, upper)
+            } else {
+                (upper, lower)
+            };
+            if cached > largest || (cached as f64) < SPLIT_CACHED * total as f64 {
+                continue;
+            }
+            let Some(run) = core.runs_in_ranges(stream, PoolKind::Large).find(|&c| {
+                let r = &core.blocks[c];
+                let clear = r.addr >= hole_at + cached || r.addr + other <= hole_at;
+                r.segment == segment && clear && core.has_room(c, other)
+            }) else {
+                continue;
+            };
+            let run_at = core.blocks[run].addr;
+            let Some((_, need)) = unmapped_bytes(core, run, run_at, other) else {
+                continue;
+            };
+            if best.as_ref().is_some_and(|b| b.0 <= need) {
+                continue;
+            }
+            let (from, base, upper_at) = if lower_cached {
+                (hole, hole_at, run_at)
+            } else {
+                (run, run_at, hole_at)
+            };
+            let split = Some(Split {
+                cut,
+                upper: upper_at,
+            });
+            let placed = Placed {
+                from,
+                base,
+                segment,
+                split,
+            };
+            best = Some((need, placed));
+        }
+    }
+    best
 }
 
 /// The plan's clean cuts: offsets strictly inside its extent that no allocation straddles, in
@@ -339,7 +354,7 @@ pub(super) fn stretched(offset: u64, scale: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::plan::Lifetime;
+    use crate::policy::default::plan::Lifetime;
 
     fn plan(spans: &[(u64, u64)], extent: u64) -> Plan {
         let t = |size| Lifetime {

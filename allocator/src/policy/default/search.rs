@@ -245,8 +245,8 @@ impl<'l> Search<'l> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::packing::live_peak;
-    use crate::pool::packing::tests::{assert_disjoint, t};
+    use crate::policy::default::packing::live_peak;
+    use crate::policy::default::packing::tests::{assert_disjoint, t};
 
     /// The search over `lifetimes` within `bound`, overlaps found pair by pair.
     fn run(lifetimes: &[Lifetime], bound: u64, max_work: u64) -> (Option<Plan>, u64) {

@@ -1,0 +1,167 @@
+//! `default`: cudalloc's own policy, least memory within a driver-call budget.
+//!
+//! - grow ([`budget`]): expandable ranges per stream and pool, pages of the device's
+//!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
+//!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
+//!   was freed yet (loading);
+//! - place ([`plan`], [`placement`], [`footprint`], [`packing`], [`search`]): a repeated sequence of large
+//!   allocations goes where a packing of its last repetition put it; everything else by
+//!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
+//! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
+//! - on alloc and free: the peak requested bytes (the budget's base) and the episode being
+//!   recorded for the next plan (a block of the episode carries its number as its tag).
+//!
+//! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
+//! ([`plan::Plans`]), and the most bytes ever requested at once. Invariants: those of
+//! [`plan`] and [`footprint`]; a block carries a tag iff it is a live allocation of the open
+//! episode or of one closed since (then the tag is below the open episode's first number).
+
+pub mod budget;
+pub mod footprint;
+pub mod packing;
+pub mod placement;
+pub mod plan;
+pub mod search;
+
+pub(crate) use footprint::Kept;
+
+use super::{torch, Policy};
+use crate::config::Config;
+use crate::pool::block::BlockId;
+use crate::pool::{Core, Request};
+use cudalloc_sys::{Device, DeviceError};
+use plan::{Placement, Plans};
+
+/// The `default` policy's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DefaultConfig {
+    /// Cached bytes allowed above the peak requested bytes, as a fraction of it.
+    pub fragmentation_budget: f64,
+    /// Largest chunk mapped in one driver call, in bytes.
+    pub max_chunk: u64,
+    /// Place a repeated sequence of large allocations by a packing of its last repetition.
+    pub layout_plans: bool,
+}
+
+impl From<&Config> for DefaultConfig {
+    fn from(cfg: &Config) -> DefaultConfig {
+        DefaultConfig {
+            fragmentation_budget: cfg.fragmentation_budget,
+            max_chunk: cfg.max_chunk,
+            layout_plans: cfg.layout_plans,
+        }
+    }
+}
+
+/// The `default` policy and its state.
+pub struct DefaultPolicy {
+    pub(crate) cfg: DefaultConfig,
+    /// Episodes and the layout plan.
+    pub(crate) plans: Plans,
+    /// Highest sum of requested bytes seen (the budget's base; not reset with the peak
+    /// statistics).
+    pub(crate) peak_requested: u64,
+    /// The episode index of the request being placed and whether the plan placed it, until
+    /// the allocation is handed out ([`Policy::on_alloc`]).
+    pending: Option<(usize, bool)>,
+}
+
+impl DefaultPolicy {
+    /// The policy with no history.
+    pub fn new(cfg: DefaultConfig) -> DefaultPolicy {
+        DefaultPolicy {
+            cfg,
+            plans: Plans::default(),
+            peak_requested: 0,
+            pending: None,
+        }
+    }
+
+    /// True while a layout plan places this pool's large blocks (see [`plan`]).
+    pub fn has_plan(&self) -> bool {
+        self.plans.has_plan()
+    }
+
+    /// Allocations placed by a layout plan so far (see [`plan`]).
+    pub fn planned_allocations(&self) -> u64 {
+        self.plans.placed
+    }
+
+    /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
+    /// [`plan`]), those abandoned as too long included; an episode recognised as one that made
+    /// no plan before is not evaluated again.
+    pub fn evaluated_episodes(&self) -> u64 {
+        self.plans.evaluated
+    }
+}
+
+impl std::fmt::Debug for DefaultPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DefaultPolicy")
+            .field("cfg", &self.cfg)
+            .field("peak_requested", &self.peak_requested)
+            .field("has_plan", &self.has_plan())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Policy for DefaultPolicy {
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let seq = if self.plans_on(core, req) {
+            self.episode_index(core, req.stream)
+        } else {
+            None
+        };
+        let planned = match seq {
+            Some(k) => match self.planned_block(core, k, req, may_grow)? {
+                Placement::At(id) => Some(id),
+                Placement::BestFit => None,
+                Placement::NeedsGrowth => return Ok(None),
+            },
+            None => None,
+        };
+        self.pending = seq.map(|k| (k, planned.is_some()));
+        Ok(planned.or_else(|| torch::get_free_block(core, req, true)))
+    }
+
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
+        torch::should_split(core, id, size, true)
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        self.budget_allocate(core, req)
+    }
+
+    fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
+        self.peak_requested = self.peak_requested.max(core.requested_bytes());
+        if let Some((k, placed)) = self.pending.take() {
+            self.note_alloc(core, id, k, placed);
+        }
+    }
+
+    fn on_tagged_free<D: Device>(&mut self, _core: &Core<D>, id: BlockId, tag: u64) {
+        self.note_free(id, tag);
+    }
+
+    fn on_segment_released(&mut self, segment: u32) {
+        // A later segment may get this index and these addresses: the plan's kept ranges in
+        // this one must not spare its pages.
+        self.plans.forget_segment(segment);
+    }
+
+    /// A layout plan places large blocks, or the episode being recorded has two or more
+    /// allocations live (a block kept out of the pool would be missing from the sequence the
+    /// plan is made from).
+    fn watches_large_blocks(&self) -> bool {
+        self.plans.has_plan() || self.plans.episode_busy()
+    }
+}

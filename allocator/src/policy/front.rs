@@ -1,0 +1,100 @@
+//! What the thread-safe front ([`crate::CachingAllocator`]) asks of the policies: the rules of
+//! its thread caches that serve the pools' policies. The front measures (which shard's lock
+//! threads find held, which pool watches its blocks) and acts (sends cached blocks back to
+//! their pools); [`FrontRules`] decides.
+//!
+//! - **Watched pools.** While a pool's policy watches its large blocks
+//!   ([`Policy::watches_large_blocks`](super::Policy::watches_large_blocks): `default` while a
+//!   layout plan places them, or while the episode being recorded has two or more allocations
+//!   live), its large blocks skip the thread caches: a block kept in a cache is a free and an
+//!   allocation the pool never sees. Unless the shard is *crowded*: a score per shard gains
+//!   [`CROWD_STEP`] each time a thread finds its lock held and loses 1 per look that finds it
+//!   free (a pool allocation, a watched allocation or free; read and written without
+//!   atomicity: a hint). From [`CROWDED`] on, its large blocks use the caches even while
+//!   watched: threads sharing a stream at once give the pool no single sequence to learn from,
+//!   and would queue behind its lock (16 threads looping over 16 MiB blocks on one stream:
+//!   4-5 M pairs/s on the H200 without this rule). A thread that reads `stats()` or a snapshot
+//!   holds every shard's lock a moment, and can raise the score of a one-thread program a
+//!   little.
+//! - **Cached memory before growth.** Before a pool grows, every thread's large part goes back
+//!   to its pool, so that memory one thread freed serves another's request instead of new
+//!   memory (a program that frees on one thread and allocates on another, as PyTorch's
+//!   autograd does, would otherwise grow by whatever the first thread keeps cached); before a
+//!   small-pool request makes its pool grow, the small blocks other threads hold cached on its
+//!   stream go back too. A thread alone is never affected.
+//!
+//! Invariant: the rules change only where blocks wait (a cache or a pool), never the blocks
+//! handed out or the statistics the callers see.
+
+use crate::sync::{AtomicBool, AtomicUsize, CachePadded, Ordering};
+
+/// What a shard's crowding score gains each time a thread finds its lock held.
+pub const CROWD_STEP: usize = 8;
+/// The score from which a watched pool's large blocks use the thread caches again.
+pub const CROWDED: usize = 8 * CROWD_STEP;
+/// The score's ceiling: from it, a shard needs `CROWD_MAX - CROWDED + 1` looks at a free lock
+/// after its threads stop meeting to be watched again. Only pool allocations (cache misses) and
+/// watched operations look; while crowded, cache hits do not, so a loop that always hits its
+/// cache keeps the shard crowded (its blocks then use the caches).
+pub const CROWD_MAX: usize = 1024;
+
+/// The thread-cache rules of one allocator, with the per-shard state they read.
+pub struct FrontRules {
+    /// Per shard, as of its pool's last operation: the pool watches its large blocks.
+    watched: Box<[AtomicBool]>,
+    /// Per shard: the crowding score.
+    crowd: Box<[CachePadded<AtomicUsize>]>,
+}
+
+impl FrontRules {
+    /// The rules for an allocator of `shards` stream shards.
+    pub fn new(shards: usize) -> FrontRules {
+        FrontRules {
+            watched: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+            crowd: (0..shards)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+        }
+    }
+
+    /// Records whether shard `i`'s pool watches its large blocks, after an operation on it.
+    pub fn note_watched(&self, i: usize, watched: bool) {
+        self.watched[i].store(watched, Ordering::Relaxed);
+    }
+
+    /// True when a block of `size` bytes of shard `i` skips the thread caches: a large block
+    /// of a watched pool whose threads do not crowd it.
+    pub fn bypasses_caches(&self, i: usize, size: u64) -> bool {
+        size > crate::sizes::SMALL_SIZE
+            && self.watched[i].load(Ordering::Relaxed)
+            && self.crowd[i].load(Ordering::Relaxed) < CROWDED
+    }
+
+    /// Counts one look at shard `i`'s lock in its crowding score (no write while the score is
+    /// zero and the lock was free: one thread alone never writes it).
+    pub fn note_lock(&self, i: usize, held: bool) {
+        let score = &self.crowd[i];
+        let now = score.load(Ordering::Relaxed);
+        if held {
+            score.store((now + CROWD_STEP).min(CROWD_MAX), Ordering::Relaxed);
+        } else if now > 0 {
+            score.store(now - 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Shard `i`'s crowding score.
+    pub fn crowding(&self, i: usize) -> usize {
+        self.crowd[i].load(Ordering::Relaxed)
+    }
+
+    /// True when every thread's large part goes back to its pool before a pool grows.
+    pub fn large_parts_before_growth(&self) -> bool {
+        true
+    }
+
+    /// True when, before a small-pool request of `size` bytes makes its pool grow, the small
+    /// blocks other threads hold cached on its stream go back first.
+    pub fn small_parts_before_growth(&self, size: u64) -> bool {
+        size <= crate::sizes::SMALL_SIZE
+    }
+}

@@ -1,0 +1,203 @@
+//! Policies: the rules a pool follows, behind one [`Policy`] trait.
+//!
+//! The [`Core`] owns the mechanism (blocks, free indexes, segments and pages, split and merge,
+//! device calls, statistics); a policy decides. [`Pool`](crate::Pool) runs PyTorch's allocation
+//! ladder over the two and asks the policy at each step:
+//!
+//! | hook | asked | may |
+//! | --- | --- | --- |
+//! | [`place`](Policy::place) | for every request, after pending events were processed | take a free block out of the free index (best fit, or anywhere it likes), or map pages to make one; `None`: nothing cached fits (without `may_grow` it must not map) |
+//! | [`should_split`](Policy::should_split) | for the block `place` or `grow` returned | only read |
+//! | [`grow`](Policy::grow) | when `place` found nothing and the caller may grow; again after each release rung of the ladder | get device memory (a fixed segment, pages mapped into a range) and return a free block of at least the request, out of the free index; give cached memory back first; `Ok(None)`: out of memory |
+//! | [`release`](Policy::release) | the ladder's second rung, after `grow` ran out of memory | give cached memory back so that a retry may fit; true when it did |
+//! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; tag the block ([`Block::tag`](crate::pool::block::Block::tag)) |
+//! | [`on_tagged_free`](Policy::on_tagged_free) | when a tagged block returns to its pool, before it merges (the core has cleared the tag) | only read |
+//! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused) | forget what it kept about the range |
+//! | [`watches_large_blocks`](Policy::watches_large_blocks) | by the thread-safe front, after each operation on the pool | say that every large free must reach the pool (no thread cache) |
+//!
+//! What the core keeps whatever a policy does (its invariants, [`Core::check_invariants`]): blocks
+//! tile their segments; no two free mapped neighbours; a block is indexed iff it is free or
+//! unmapped; statistics equal what the blocks recompute; reserved bytes equal what the device
+//! holds; the memory limit is never passed through `Core::claim`. A hook works through the
+//! core's operations (take a block out of the index, map and unmap, reserve and release ranges,
+//! allocate segments), never by editing blocks' links or sizes itself; a block a hook returns
+//! is free, mapped and out of the free index. Rounding, the pools' size classes, the ladder's
+//! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
+//!
+//! The three built-in policies are modules that read like their sources: [`torch`] and
+//! [`torch_expandable`] follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
+//! (its own module tree and state). [`Builtin`] picks one of them from a config, with static
+//! dispatch (a `match` per hook). A policy written in another crate implements [`Policy`] and
+//! runs in a [`Pool`](crate::Pool) through [`Pool::with_policy`](crate::Pool::with_policy);
+//! [`crate::CachingAllocator`] runs the built-in ones only. [`front`] holds the rules the
+//! thread-safe front asks about its thread caches (which blocks skip them, when cached blocks go
+//! back before a pool grows).
+
+pub mod default;
+pub mod front;
+pub mod torch;
+pub mod torch_expandable;
+
+use crate::config::{Config, Policy as Kind};
+use crate::pool::block::BlockId;
+use crate::pool::{Core, Request};
+use cudalloc_sys::{Device, DeviceError};
+pub use default::{DefaultConfig, DefaultPolicy};
+pub use torch::Torch;
+pub use torch_expandable::TorchExpandable;
+
+/// The rules of a pool; see the module docs for what each hook may do.
+pub trait Policy {
+    /// A cached block for `req`, taken out of the free index; `None` when nothing cached fits.
+    /// Without `may_grow`, maps no page.
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError>;
+
+    /// Whether block `id`, about to serve a request of rounded size `size`, gives back its rest.
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool;
+
+    /// New device memory for `req`: a free block of at least `req.size` bytes, out of the free
+    /// index; `Ok(None)` is out of memory.
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError>;
+
+    /// Cached memory given back so that `req` may fit when `grow` is tried again; true when any
+    /// was. PyTorch's `release_available_cached_blocks` unless a policy says otherwise.
+    fn release<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<bool, DeviceError> {
+        torch::release_available_cached_blocks(core, req)
+    }
+
+    /// Block `id` was just handed out.
+    fn on_alloc<D: Device>(&mut self, _core: &mut Core<D>, _id: BlockId) {}
+
+    /// Block `id`, which carried `tag`, returns to its pool.
+    fn on_tagged_free<D: Device>(&mut self, _core: &Core<D>, _id: BlockId, _tag: u64) {}
+
+    /// Expandable range `segment` went back to the device.
+    fn on_segment_released(&mut self, _segment: u32) {}
+
+    /// True while every large block freed should reach the pool rather than a thread cache.
+    fn watches_large_blocks(&self) -> bool {
+        false
+    }
+}
+
+/// The built-in policy a config names.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per pool, and a box would cost an indirection per hook
+pub enum Builtin {
+    /// [`torch`].
+    Torch(Torch),
+    /// [`torch_expandable`].
+    TorchExpandable(TorchExpandable),
+    /// [`default`].
+    Default(DefaultPolicy),
+}
+
+impl Builtin {
+    /// The policy `cfg.policy` names, with `cfg`'s settings.
+    pub fn new(cfg: &Config) -> Builtin {
+        match cfg.policy {
+            Kind::Torch => Builtin::Torch(Torch),
+            Kind::TorchExpandable => Builtin::TorchExpandable(TorchExpandable),
+            Kind::Default => Builtin::Default(DefaultPolicy::new(DefaultConfig::from(cfg))),
+        }
+    }
+
+    /// The `default` policy's state, when it is the one.
+    pub fn as_default(&self) -> Option<&DefaultPolicy> {
+        match self {
+            Builtin::Default(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// True while a layout plan places large blocks (`default` only; see [`default::plan`]).
+    pub fn has_plan(&self) -> bool {
+        self.as_default().is_some_and(DefaultPolicy::has_plan)
+    }
+
+    /// Allocations placed by a layout plan so far (`default` only).
+    pub fn planned_allocations(&self) -> u64 {
+        self.as_default()
+            .map_or(0, DefaultPolicy::planned_allocations)
+    }
+
+    /// Episodes evaluated for a layout plan so far (`default` only).
+    pub fn evaluated_episodes(&self) -> u64 {
+        self.as_default()
+            .map_or(0, DefaultPolicy::evaluated_episodes)
+    }
+}
+
+/// Runs `$body` with `$p` bound to the policy inside a [`Builtin`].
+macro_rules! each {
+    ($self:expr, $p:ident => $body:expr) => {
+        match $self {
+            Builtin::Torch($p) => $body,
+            Builtin::TorchExpandable($p) => $body,
+            Builtin::Default($p) => $body,
+        }
+    };
+}
+
+impl Policy for Builtin {
+    #[inline]
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        each!(self, p => p.place(core, req, may_grow))
+    }
+
+    #[inline]
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
+        each!(self, p => p.should_split(core, id, size))
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        each!(self, p => p.grow(core, req))
+    }
+
+    fn release<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<bool, DeviceError> {
+        each!(self, p => p.release(core, req))
+    }
+
+    #[inline]
+    fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
+        each!(self, p => p.on_alloc(core, id))
+    }
+
+    fn on_tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
+        each!(self, p => p.on_tagged_free(core, id, tag))
+    }
+
+    fn on_segment_released(&mut self, segment: u32) {
+        each!(self, p => p.on_segment_released(segment))
+    }
+
+    fn watches_large_blocks(&self) -> bool {
+        each!(self, p => p.watches_large_blocks())
+    }
+}

@@ -1,0 +1,195 @@
+//! `torch`: PyTorch's `DeviceCachingAllocator` rule for rule (fixed segments, one `cudaMalloc`
+//! each).
+//!
+//! - place: best fit in the request's pool and stream (`get_free_block`), except that a request
+//!   below `max_split_size` never takes an oversize block, and an oversize request takes one
+//!   only when it exceeds the request by less than `max_non_split_rounding`;
+//! - split: a small block when the rest is at least 512 bytes, a large one when the request is
+//!   below `max_split_size` and the rest is more than 1 MiB (`should_split`);
+//! - release (`release_available_cached_blocks`): before the ladder's last rung, unsplit
+//!   oversize cached blocks of the request's stream, the smallest that is enough or else the
+//!   largest first, until one request's worth is freed (the default of every policy's
+//!   `release`); and under a memory limit with `garbage_collection_threshold`, before any
+//!   growth, unsplit cached segments older than the average (`garbage_collect_cached_blocks`);
+//! - grow: one new segment of `get_allocation_size` bytes (2 MiB for the small pool, 20 MiB up
+//!   to 10 MiB requests, the request rounded to 2 MiB above), refused past the memory limit
+//!   (`alloc_block`).
+//!
+//! The functions here take `expandable`, the one switch PyTorch's own functions read
+//! (`expandable_segments_`), so that [`super::TorchExpandable`] and `default` share them.
+
+use super::Policy;
+use crate::pool::block::{Arena, BlockId, NIL};
+use crate::pool::{Core, Request};
+use crate::sizes::{PoolKind, MIN_BLOCK, SMALL_SIZE};
+use cudalloc_sys::{Device, DeviceError};
+
+/// PyTorch's caching allocator with fixed segments. It keeps no state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Torch;
+
+impl Policy for Torch {
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        _may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        Ok(get_free_block(core, req, false))
+    }
+
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
+        should_split(core, id, size, false)
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        core.alloc_segment(req)
+    }
+}
+
+/// Best fit from the request's free index, with PyTorch's oversize rules; the block is taken out
+/// of the index. With `expandable`, a block's unmapped tail counts as part of its size, so a
+/// block at the end of an expandable segment is chosen only when nothing else fits.
+pub fn get_free_block<D: Device>(
+    core: &mut Core<D>,
+    req: &Request,
+    expandable: bool,
+) -> Option<BlockId> {
+    let gc = core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0;
+    let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
+    let blocks = &core.blocks;
+    let idx = match req.pool {
+        PoolKind::Small => &mut core.small,
+        PoolKind::Large => &mut core.large,
+    };
+    if gc {
+        idx.searches += 1;
+    }
+    let (size, id) = {
+        let mut it = idx.at_least(req.stream.0, req.size);
+        let (mut size, mut id) = it.next()?;
+        if expandable && blocks[id].is_expandable() {
+            let grow = |b: BlockId| expandable_size(blocks, b);
+            for (next_size, next) in it {
+                if grow(next) >= grow(id) {
+                    break;
+                }
+                (size, id) = (next_size, next);
+            }
+        }
+        (size, id)
+    };
+    if req.size < mss && size >= mss {
+        return None;
+    }
+    if req.size >= mss && size >= req.size.saturating_add(rounding) {
+        return None;
+    }
+    let removed = idx.remove(&blocks[id]);
+    debug_assert!(removed);
+    Some(id)
+}
+
+/// PyTorch's `should_split`: whether block `id`, about to serve `size` bytes, gives its rest
+/// back as a free block.
+pub fn should_split<D: Device>(core: &Core<D>, id: BlockId, size: u64, expandable: bool) -> bool {
+    let b = &core.blocks[id];
+    let remaining = b.size - size;
+    if b.pool == PoolKind::Small || expandable {
+        remaining >= MIN_BLOCK
+    } else {
+        size < core.cfg.max_split_size && remaining > SMALL_SIZE
+    }
+}
+
+/// A block's size plus the unmapped block right after it (what it could grow to).
+fn expandable_size(blocks: &Arena, id: BlockId) -> u64 {
+    let b = &blocks[id];
+    let tail = if b.next != NIL && !blocks[b.next].mapped {
+        blocks[b.next].size
+    } else {
+        0
+    };
+    b.size + tail
+}
+
+/// Releases oversize cached blocks of the request's stream until one request's worth is
+/// freed (PyTorch's `release_available_cached_blocks`). False when that is impossible.
+pub fn release_available_cached_blocks<D: Device>(
+    core: &mut Core<D>,
+    req: &Request,
+) -> Result<bool, DeviceError> {
+    let mss = core.cfg.max_split_size;
+    if mss == u64::MAX {
+        return Ok(false);
+    }
+    let key = req.size.max(mss);
+    let stream = req.stream.0;
+    let first = core.index(req.pool).at_least(stream, key).next();
+    if let Some((_, id)) = first {
+        // Split blocks only exist below `max_split_size` when a `Config` built in code set
+        // it under the 20 MiB a parsed one must have: never release one of those.
+        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
+            core.release_block(id)?;
+            return Ok(true);
+        }
+    }
+    let candidates: Vec<(u64, BlockId)> = core.index(req.pool).below(stream, key).collect();
+    let mut released = 0;
+    for (size, id) in candidates {
+        if released >= key || size < mss {
+            break;
+        }
+        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
+            core.release_block(id)?;
+            released += size;
+        }
+    }
+    Ok(released >= key)
+}
+
+/// Frees old unsplit large segments once reserved memory passes
+/// `garbage_collection_threshold` of the limit (PyTorch's `garbage_collect_cached_blocks`; the ladder runs it before any growth, under every
+/// policy).
+pub fn garbage_collect_cached_blocks<D: Device>(core: &mut Core<D>) -> Result<(), DeviceError> {
+    let Some(limit) = core.limit else {
+        return Ok(());
+    };
+    let threshold = (core.cfg.garbage_collection_threshold * limit as f64) as u64;
+    let reserved = core.total_reserved();
+    if reserved <= threshold {
+        return Ok(());
+    }
+    let target = reserved - threshold;
+    let clock = core.large.searches;
+    let age = |c: &Core<D>, id: BlockId| clock - c.blocks[id].gc_base;
+    let freeable: Vec<BlockId> = core
+        .large
+        .all_free()
+        .filter(|&id| !core.blocks[id].is_split())
+        .collect();
+    let mut total_age: u64 = freeable.iter().map(|&id| age(core, id)).sum();
+    let mut count = freeable.len() as u64;
+    let mut reclaimed = 0;
+    let mut freed_one = true;
+    while reclaimed < target && freed_one && count > 0 {
+        let threshold_age = total_age as f64 / count as f64;
+        freed_one = false;
+        let ids: Vec<BlockId> = core.large.all_free().collect();
+        for id in ids {
+            let b = &core.blocks[id];
+            if !b.is_split() && !b.is_expandable() && age(core, id) as f64 >= threshold_age {
+                freed_one = true;
+                reclaimed += b.size;
+                total_age -= age(core, id);
+                count -= 1;
+                core.release_block(id)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! [`Pool`]: a [`Core`] and the [`Policy`] it asks, and the allocation ladder between them.
+//!
+//! An allocation runs PyTorch's `malloc` step by step: round the request and pick its pool
+//! (shared by every policy), ask the policy for a cached block ([`Policy::place`]); when there is
+//! none, climb the out-of-memory ladder (PyTorch's garbage collection under a memory limit, then
+//! new memory through [`Policy::grow`], then what [`Policy::release`] gives back, then every
+//! cached block, retrying after each), split what was found when the policy says so
+//! ([`Policy::should_split`]), hand it out and tell the policy ([`Policy::on_alloc`]). A free
+//! goes back through the core, which tells the policy of the blocks it tagged
+//! ([`Policy::on_tagged_free`]) and of the ranges it releases
+//! ([`Policy::on_segment_released`]).
+//!
+//! The pool reads the core through `Deref` (statistics, snapshot, invariants); every operation
+//! that changes it goes through the pool, so that the policy hears of it.
+
+use super::block::BlockId;
+use super::{note_free, Allocation, Core, Request};
+use crate::config::Config;
+use crate::error::AllocError;
+use crate::policy::{Builtin, Policy};
+use crate::sizes;
+use crate::stats::SharedPeak;
+use crate::sync::{Arc, AtomicBool, AtomicU64};
+use cudalloc_sys::{Device, DeviceError, StreamId};
+
+/// A single-threaded caching pool over a device: the core's mechanism under policy `P` (the
+/// built-in policy the config names, unless another is given).
+pub struct Pool<D: Device, P: Policy = Builtin> {
+    pub(crate) core: Core<D>,
+    pub(crate) policy: P,
+}
+
+impl<D: Device> Pool<D> {
+    /// A pool with no memory yet, under the built-in policy `cfg` names.
+    pub fn new(device: D, cfg: Config) -> Pool<D> {
+        let policy = Builtin::new(&cfg);
+        Pool::with_policy(device, cfg, policy)
+    }
+}
+
+impl<D: Device, P: Policy> std::ops::Deref for Pool<D, P> {
+    type Target = Core<D>;
+
+    fn deref(&self) -> &Core<D> {
+        &self.core
+    }
+}
+
+impl<D: Device, P: Policy> Pool<D, P> {
+    /// A pool with no memory yet under `policy` (the config's shared keys still apply:
+    /// rounding, `max_split_size`, garbage collection, the memory fraction).
+    pub fn with_policy(device: D, cfg: Config, policy: P) -> Pool<D, P> {
+        Pool {
+            core: Core::new(device, cfg),
+            policy,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// True while the policy wants every large block of this pool to come back to it rather
+    /// than wait in a thread cache ([`Policy::watches_large_blocks`]).
+    pub fn watches_large_blocks(&self) -> bool {
+        self.policy.watches_large_blocks()
+    }
+
+    /// The error for a request above [`sizes::MAX_REQUEST`] ([`Core::refuse_too_large`]).
+    pub(crate) fn refuse_too_large(&mut self, size: u64) -> AllocError {
+        self.core.refuse_too_large(size)
+    }
+
+    /// Allocates `size` bytes on `stream`.
+    pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.allocate_or_grow(size, stream, true)
+            .map(|a| a.expect("an allocation that may grow"))
+    }
+
+    /// Allocates `size` bytes on `stream` from cached blocks only; `Ok(None)` when that would
+    /// need new device memory.
+    pub fn allocate_cached(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation>, AllocError> {
+        self.allocate_or_grow(size, stream, false)
+    }
+
+    fn allocate_or_grow(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        may_grow: bool,
+    ) -> Result<Option<Allocation>, AllocError> {
+        if size > sizes::MAX_REQUEST {
+            return Err(self.core.refuse_too_large(size));
+        }
+        self.core.apply_fraction()?;
+        self.core.process_events(&mut self.policy)?;
+        let rounded = sizes::round_size(size, &self.core.cfg);
+        let req = Request {
+            stream,
+            pool: sizes::PoolKind::for_size(rounded),
+            size: rounded,
+            alloc_size: sizes::segment_size(rounded),
+        };
+        let id = match self.policy.place(&mut self.core, &req, may_grow)? {
+            Some(id) => id,
+            None if may_grow => self.grow(&req, size)?,
+            None => return Ok(None),
+        };
+        let split = self.policy.should_split(&self.core, id, rounded);
+        let id = self.core.alloc_found_block(id, &req, size, split);
+        self.policy.on_alloc(&mut self.core, id);
+        Ok(Some(self.core.hand_out(id, size, stream)))
+    }
+
+    /// The out-of-memory ladder: new memory, then what the policy releases (oversize cached
+    /// blocks, as PyTorch), then every cached block, then give up with
+    /// [`AllocError::OutOfMemory`].
+    fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
+        if self.core.limit.is_some() && self.core.cfg.garbage_collection_threshold > 0.0 {
+            crate::policy::torch::garbage_collect_cached_blocks(&mut self.core)?;
+        }
+        if let Some(id) = self.alloc_block(req, false)? {
+            return Ok(id);
+        }
+        if self.policy.release(&mut self.core, req)? {
+            if let Some(id) = self.alloc_block(req, false)? {
+                return Ok(id);
+            }
+        }
+        self.release_cached_blocks()?;
+        if let Some(id) = self.alloc_block(req, true)? {
+            return Ok(id);
+        }
+        self.core.stats.num_ooms += 1;
+        Err(self.core.oom_error(orig, req))
+    }
+
+    /// New memory for a request, as the policy gets it. `Ok(None)` is out of memory (the ladder
+    /// may free cached memory and retry).
+    fn alloc_block(
+        &mut self,
+        req: &Request,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        if is_retry {
+            self.core.stats.num_alloc_retries += 1;
+        }
+        self.core.reserve_failed = false;
+        self.policy.grow(&mut self.core, req)
+    }
+
+    /// Frees an allocation.
+    pub fn free(&mut self, a: &Allocation) -> Result<(), AllocError> {
+        let core = &mut self.core;
+        let b = core
+            .blocks
+            .get(a.block)
+            .filter(|b| b.allocated && b.addr == a.ptr && b.event_count == 0)
+            .filter(|b| b.serial == a.serial)
+            .ok_or(AllocError::NotAllocated(a.ptr))?;
+        let (pool, size) = (b.pool, b.size);
+        if !b.stream_uses.is_empty() {
+            core.insert_events(a.block)?;
+        }
+        // A free, even one that waits for other streams' work first.
+        note_free(&core.unfreed);
+        core.stats.allocation.decrease(pool, 1);
+        core.stats.allocated_bytes.decrease(pool, size);
+        if size >= core.cfg.max_split_size {
+            core.stats.oversize_allocations.decrease(1);
+        }
+        if core.blocks[a.block].event_count == 0 {
+            core.free_block(&mut self.policy, a.block);
+        }
+        Ok(())
+    }
+
+    /// Returns every cached block that can go back to the device (PyTorch's `empty_cache`).
+    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.release_cached_blocks()?;
+        Ok(())
+    }
+
+    /// Releases every cached block that can go (see [`Core::release_all_cached`]), counting one
+    /// wait for all streams.
+    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
+        self.core.count_sync_all_streams();
+        self.release_all_cached()
+    }
+
+    /// Releases every cached block that can go without counting its wait: for a sweep over the
+    /// stream shards of one allocator, which counts its one wait itself.
+    pub(crate) fn release_all_cached(&mut self) -> Result<(), DeviceError> {
+        self.core.release_all_cached(&mut self.policy)
+    }
+
+    /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).
+    pub(crate) fn count_sync_all_streams(&mut self) {
+        self.core.count_sync_all_streams();
+    }
+
+    /// Tries again a request that ran out of memory here, after the caller released memory
+    /// held elsewhere (the other stream shards of one allocator): part of the same allocation,
+    /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
+    /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
+    /// once, not each try).
+    pub(crate) fn allocate_again(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Allocation, AllocError> {
+        let s = &self.core.stats;
+        let counts = (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams);
+        let r = self.allocate(size, stream);
+        let s = &mut self.core.stats;
+        (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams) = counts;
+        if r.is_ok() {
+            s.num_ooms = s.num_ooms.saturating_sub(1);
+        }
+        r
+    }
+
+    /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
+    pub fn record_stream(
+        &mut self,
+        block: BlockId,
+        ptr: u64,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        self.core.record_stream(block, ptr, stream)
+    }
+
+    /// Caps the bytes the pool may hold from the device (`None`: no cap).
+    pub fn set_limit(&mut self, limit: Option<u64>) {
+        self.core.set_limit(limit);
+    }
+
+    /// Caps the pool at `fraction` of the device's total memory ([`Core::set_memory_fraction`]).
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
+        self.core.set_memory_fraction(fraction)
+    }
+
+    /// Turns the config's memory fraction into the limit, once (`Core::apply_fraction`).
+    pub fn apply_fraction(&mut self) -> Result<(), AllocError> {
+        self.core.apply_fraction()
+    }
+
+    /// Peer devices whose access is set on every page mapped from now on.
+    pub fn set_peers(&mut self, peers: Vec<usize>) {
+        self.core.set_peers(peers);
+    }
+
+    /// Resets peak statistics. Only the statistics: a policy keeps its own figures (the
+    /// `default` policy's budget base, the most bytes ever requested at once: a job that resets
+    /// its peaks every epoch must not make the pool give back and map again the memory of its
+    /// next step).
+    pub fn reset_peak_stats(&mut self) {
+        self.core.reset_peak_stats();
+    }
+
+    /// Starts (or stops) keeping the addresses of frees that waited for events
+    /// ([`Core::track_completions`]).
+    pub fn track_completions(&mut self, on: bool) {
+        self.core.track_completions(on);
+    }
+
+    /// The frees that waited for events and completed since the last call
+    /// ([`Core::take_completions`]).
+    pub fn take_completions(&mut self) -> Vec<(u64, StreamId)> {
+        self.core.take_completions()
+    }
+
+    /// Makes this pool count its reserved bytes into `counter` ([`Core::share_reserved`]).
+    pub fn share_reserved(&mut self, counter: Arc<AtomicU64>) {
+        self.core.share_reserved(counter);
+    }
+
+    /// Makes this pool count the bytes it holds into `peak` too.
+    pub(crate) fn share_reserved_peak(&mut self, peak: Arc<SharedPeak>) {
+        self.core.share_reserved_peak(peak);
+    }
+
+    /// Makes this pool's "nothing freed yet" end when `flag`'s does ([`Core::share_unfreed`]).
+    pub(crate) fn share_unfreed(&mut self, flag: Arc<AtomicBool>) {
+        self.core.share_unfreed(flag);
+    }
+}
+
+impl<D: Device, P: Policy> Drop for Pool<D, P> {
+    /// Gives everything back to the device: live allocations die with the pool.
+    fn drop(&mut self) {
+        let _ = self.core.synchronize_and_free_events(&mut self.policy);
+        let live: Vec<Allocation> = self
+            .core
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.allocated)
+            .map(|(id, b)| Allocation {
+                ptr: b.addr,
+                size: b.requested,
+                stream: b.stream,
+                block: id,
+                serial: b.serial,
+            })
+            .collect();
+        for a in live {
+            let _ = self.free(&a);
+        }
+        let _ = self.release_cached_blocks();
+        self.core.destroy_spare_events();
+    }
+}
