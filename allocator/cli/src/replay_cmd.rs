@@ -38,6 +38,10 @@ struct Plan {
 /// Runs the command; exit status 1 when a replay failed.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants().map_err(CliError::msg)?;
+    variants
+        .iter()
+        .filter_map(Variant::note)
+        .for_each(|n| eprintln!("{n}"));
     check_distinct(&variants)?;
     variants.iter().try_for_each(check_no_thread_cache_keys)?;
     let capped = args.capacity.is_some() || args.min_capacity;
