@@ -101,7 +101,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,
 
-    /// Print one JSON object per (trace, policy) per line instead of tables (keys: README;
+    /// Print one JSON object per (trace, policy) per line instead of tables (keys: docs/cli.md;
     /// `completed` and `failure` say whether and where a replay stopped).
     #[arg(long)]
     pub json: bool,

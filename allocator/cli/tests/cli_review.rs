@@ -449,7 +449,7 @@ fn failures_name_their_line_and_snapshots_count_what_was_put_first() {
     );
 }
 
-/// `cudalloc stats` prints the keys README lists, its fragmentation with the free-block
+/// `cudalloc stats` prints the keys docs/cli.md lists, its fragmentation with the free-block
 /// histogram the C library's has, and a failure with its trace line.
 #[test]
 fn stats_prints_the_documented_keys() {
