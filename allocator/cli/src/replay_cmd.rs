@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// The slacks the map floor is reported for (the `default` policy's budget and issue 9's
-/// per-trace target).
+/// The slacks the map floor is reported for (the `default` policy's budget and the per-trace
+/// memory target, 1.05 x the live peak).
 pub const FLOOR_SLACKS: [f64; 2] = [0.02, 0.05];
 
 /// Timeline samples per replay when plotting.

@@ -1,4 +1,4 @@
-//! The `cudalloc` command line, run as a built binary, on what a user review found: `key=value` in
+//! The `cudalloc` command line, run as a built binary, on its finer points: `key=value` in
 //! a config string named as such (it says to write `key:value`); plot legend names distinct and
 //! readable however long the labels; a swept `policy` labelled by the policy replayed;
 //! `garbage_collection_threshold` refused wherever the replay would ignore it (any policy but
