@@ -62,8 +62,8 @@ fn a_footprint_split_at_a_clean_cut_uses_the_block_a_conversion_left() {
     // Past its loading, so that the fp32 weights end on a page boundary. With a page mapped
     // ahead while loading, the chunk that ends them reaches under the embedding's copy and
     // pins 6 MiB of the free block; the pool then passes its budget in the 21-unit batch and
-    // gives back and maps again 16 MiB of the free block in 45 calls (measured in the
-    // eighteenth session: `docs/policies.md`, *A page ahead while loading*).
+    // gives back and maps again 16 MiB of the free block in 45 calls (the page ahead's rule:
+    // `docs/policies.md`).
     past_loading(&mut pool);
     let weights = load_and_convert(&mut pool, 90 * MIB, 36, 9 * MIB);
     let loaded = pool.stats().calls;

@@ -1,7 +1,7 @@
 """cudalloc_trace: get PyTorch allocation traces into cudalloc's trace format.
 
 cudalloc's format is a (usually gzip'd) CSV with the header ``action,addr,size,stream,time_us``,
-one trace event a line (``allocator/trace/src/csv.rs`` and the README's *Traces* paragraph).
+one trace event a line (``allocator/trace/src/csv.rs``; ``docs/cli.md``, *Trace formats*).
 
 - :mod:`cudalloc_trace.record` runs a program under PyTorch's memory history recording and writes
   its trace at exit (``python -m cudalloc_trace.record --out t.csv.gz -- script.py args...``).

@@ -43,8 +43,9 @@ pub struct ReplayArgs {
 
     /// Add a configuration to compare, in PYTORCH_CUDA_ALLOC_CONF syntax plus cudalloc's keys,
     /// e.g. `policy:torch,max_split_size_mb:128` (repeatable; labelled by the string itself).
-    /// Without a `policy` key it is the `default` policy with those keys; a key given twice
-    /// takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
+    /// Without a `policy` key it is the `default` policy with those keys, labelled
+    /// `policy:default,STR` and said on stderr (add `policy:torch` for PyTorch's rules); a key
+    /// given twice takes its last value. Keys: policy, max_split_size_mb, max_non_split_rounding_mb,
     /// roundup_power2_divisions, garbage_collection_threshold (`torch` only, and only under a
     /// cap: --capacity, --min-capacity or per_process_memory_fraction),
     /// per_process_memory_fraction (a cap at that fraction of the device, as --capacity sets
@@ -100,7 +101,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,
 
-    /// Print one JSON object per (trace, policy) per line instead of tables (keys: README;
+    /// Print one JSON object per (trace, policy) per line instead of tables (keys: docs/cli.md;
     /// `completed` and `failure` say whether and where a replay stopped).
     #[arg(long)]
     pub json: bool,
@@ -200,6 +201,7 @@ impl Sweep {
                     label: config.clone(),
                     cfg,
                     config,
+                    without_policy: None,
                 })
             })
             .collect()
@@ -210,8 +212,7 @@ impl Sweep {
 /// configuration as `config,entry` (a policy key sets the policy alone, and
 /// `expandable_segments` applies after it wherever it stands).
 fn with_policy(config: &str, entry: &str) -> String {
-    let is_policy = |e: &&str| e.split(':').next().is_some_and(|k| k.trim() == "policy");
-    let rest = entries(config).into_iter().filter(|e| !is_policy(e));
+    let rest = entries(config).into_iter().filter(|e| !is_policy_entry(e));
     std::iter::once(entry)
         .chain(rest)
         .collect::<Vec<_>>()
@@ -245,12 +246,13 @@ pub struct StatsArgs {
     #[arg(value_name = "TRACE")]
     pub trace: PathBuf,
 
-    /// The policy: torch, torch-expandable or default.
-    #[arg(long, value_name = "POLICY", default_value = "torch", value_parser = parse_policy)]
+    /// The policy: torch, torch-expandable or default (the default, as for a config string
+    /// without a `policy` key).
+    #[arg(long, value_name = "POLICY", default_value = "default", value_parser = parse_policy)]
     pub policy: Policy,
 
     /// A config string instead of --policy (see `cudalloc replay --help`); without a `policy`
-    /// key it is the `default` policy with those keys, not `torch`.
+    /// key it is the `default` policy with those keys, labelled `policy:default,STR`.
     #[arg(long, value_name = "STR", value_parser = parse_variant, conflicts_with = "policy")]
     pub config: Option<Variant>,
 
@@ -277,6 +279,8 @@ pub struct Variant {
     pub cfg: Config,
     /// A config string that gives `cfg` (`policy:NAME` for a policy), which `--sweep` extends.
     config: String,
+    /// The string given, when it has no `policy` key (its policy is then `default`).
+    without_policy: Option<String>,
 }
 
 impl Variant {
@@ -286,8 +290,29 @@ impl Variant {
             label: p.name().to_string(),
             cfg: Config::for_policy(p),
             config: format!("policy:{}", p.name()),
+            without_policy: None,
         }
     }
+
+    /// What to say on stderr about a config string given without a `policy` key: which
+    /// policy it runs, and its label.
+    pub fn note(&self) -> Option<String> {
+        let given = self.without_policy.as_ref()?;
+        Some(format!(
+            "note: config '{given}' has no policy key: it runs the {} policy (labelled `{}`); \
+             add policy:torch for PyTorch's rules",
+            self.cfg.policy.name(),
+            self.label
+        ))
+    }
+}
+
+/// True for a config string entry whose key is `policy`.
+fn is_policy_entry(entry: &&str) -> bool {
+    entry
+        .split(':')
+        .next()
+        .is_some_and(|k| k.trim() == "policy")
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
@@ -327,11 +352,24 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
         );
     }
     let cfg = Config::parse(s).map_err(|e| e.to_string())?;
+    // A trailing comma is accepted alone, not before another entry.
+    let config = s.trim().trim_end_matches(',').trim_end().to_string();
+    if entries(&config).iter().any(is_policy_entry) {
+        return Ok(Variant {
+            label: s.to_string(),
+            cfg,
+            config,
+            without_policy: None,
+        });
+    }
+    // Without a `policy` key the string runs the `default` policy: the label says so, and
+    // gives the same configuration (`expandable_segments` applies after the policy).
+    let config = format!("policy:{},{config}", cfg.policy.name());
     Ok(Variant {
-        label: s.to_string(),
+        label: config.clone(),
         cfg,
-        // A trailing comma is accepted alone, not before another entry.
-        config: s.trim().trim_end_matches(',').trim_end().to_string(),
+        config,
+        without_policy: Some(s.to_string()),
     })
 }
 

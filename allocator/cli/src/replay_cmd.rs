@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// The slacks the map floor is reported for (the `default` policy's budget and issue 9's
-/// per-trace target).
+/// The slacks the map floor is reported for (the `default` policy's budget and the per-trace
+/// memory target, 1.05 x the live peak).
 pub const FLOOR_SLACKS: [f64; 2] = [0.02, 0.05];
 
 /// Timeline samples per replay when plotting.
@@ -38,6 +38,10 @@ struct Plan {
 /// Runs the command; exit status 1 when a replay failed.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let variants = args.variants().map_err(CliError::msg)?;
+    variants
+        .iter()
+        .filter_map(Variant::note)
+        .for_each(|n| eprintln!("{n}"));
     check_distinct(&variants)?;
     variants.iter().try_for_each(check_no_thread_cache_keys)?;
     let capped = args.capacity.is_some() || args.min_capacity;

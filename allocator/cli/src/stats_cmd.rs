@@ -22,6 +22,9 @@ const STATS_CAP: &str =
 /// Runs the command; exit status 1 when an allocation failed.
 pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let variant = args.variant();
+    if let Some(note) = variant.note() {
+        eprintln!("{note}");
+    }
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let mut read = crate::replay_cmd::read_all(std::slice::from_ref(&args.trace), args.device)?;

@@ -5,7 +5,7 @@
 //! mean of min capacity / peak live (with `--min-capacity`), the driver calls of all the traces
 //! together (mallocs, frees, maps and unmaps, each call counted), and on how many traces the
 //! calls stay within 3 x the trace's `segment_alloc` events (PyTorch's `cudaMalloc` calls in the
-//! recorded job), the reserved bytes within 1.05 x the peak live bytes (issue 9's budgets), and
+//! recorded job), the reserved bytes within 1.05 x the peak live bytes (the per-trace budgets), and
 //! both. Invariants: a replay that stopped at a failed allocation counts in none of the figures
 //! (the counts say of how many traces); a trace with no live bytes has no ratio and counts in
 //! none of the ratio figures; a trace without `segment_alloc` events (an RMM log, a snapshot

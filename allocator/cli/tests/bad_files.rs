@@ -54,7 +54,7 @@ fn bad_trace_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
         (
             "garbage.csv",
             b"\x00\x01garbage\xff\xfe\n1,2,3\n".to_vec(),
-            "header",
+            "not a PyTorch snapshot pickle, our CSV trace",
         ),
         ("truncated.csv.gz", good[..good.len() / 2].to_vec(), ""),
         (
@@ -65,7 +65,7 @@ fn bad_trace_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
         (
             "gzip_of_garbage.gz",
             gzip(b"\x13\x37 not a trace at all\n"),
-            "header",
+            "not a PyTorch snapshot pickle, our CSV trace",
         ),
         (
             "missing_field.csv",

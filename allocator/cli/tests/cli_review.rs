@@ -1,4 +1,4 @@
-//! The `cudalloc` command line, run as a built binary, on what a user review found: `key=value` in
+//! The `cudalloc` command line, run as a built binary, on its finer points: `key=value` in
 //! a config string named as such (it says to write `key:value`); plot legend names distinct and
 //! readable however long the labels; a swept `policy` labelled by the policy replayed;
 //! `garbage_collection_threshold` refused wherever the replay would ignore it (any policy but
@@ -449,7 +449,7 @@ fn failures_name_their_line_and_snapshots_count_what_was_put_first() {
     );
 }
 
-/// `cudalloc stats` prints the keys README lists, its fragmentation with the free-block
+/// `cudalloc stats` prints the keys docs/cli.md lists, its fragmentation with the free-block
 /// histogram the C library's has, and a failure with its trace line.
 #[test]
 fn stats_prints_the_documented_keys() {

@@ -1,8 +1,7 @@
-//! Regression tests of the trace readers and the command line: minimal reproductions of the
-//! crashes met while building and running the fuzz targets (`fuzz/`, see `docs/guarantees.md`) and the reliability tests. Each test says
-//! how the bug was found, the input, what went wrong and where; all were fixed in commit 467c8b1
-//! (saturating rounding, saturating live bytes, a nesting bound before pickle decoding) and must
-//! stay fixed.
+//! Inputs at the limits of the trace readers and the command line, found by the fuzz targets
+//! (`fuzz/`, see `docs/guarantees.md`) and the reliability tests: sizes whose rounding or sum
+//! passes `u64::MAX` (rounding and live bytes saturate) and deeply nested pickles (a nesting
+//! bound before decoding). Each test gives the input and the answer expected.
 //!
 //! Invariant checked throughout: bad input (a config string, a trace, a request size) is an
 //! error or a sane result, never a panic (integer overflow panics in debug builds and silently
@@ -41,9 +40,9 @@ fn trace_whose_live_bytes_pass_u64_max() {
     }
 }
 
-/// The same bug through the command line: `cudalloc replay` of that trace panics (exit status
-/// 101) in a debug build. Expected: exit status 1 (the replay fails: the request is larger than
-/// any device) or 2 (the trace is refused), with a message.
+/// The same trace through the command line, in a debug build (where an overflow would panic,
+/// exit status 101): exit status 1 (the replay fails: the request is larger than any device)
+/// or 2 (the trace is refused), with a message.
 #[test]
 fn cli_replay_of_a_trace_whose_live_bytes_pass_u64_max() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("regressions-live-bytes");

@@ -1,4 +1,4 @@
-//! Trace input the readers used to get wrong, each read through `trace::read` (and the
+//! Trace input at the edges of the formats, each read through `trace::read` (and the
 //! `cudalloc` binary where a crash or the exit status is the point):
 //! - pickles nested a million levels deep through opcodes that nest (`TUPLE1..3`, marks,
 //!   `TUPLE`, `LIST`, `APPEND(S)`, `SETITEM(S)`, `ADDITEMS`, `REDUCE`, through memo references):
@@ -161,8 +161,8 @@ fn cli_replay_of_a_pickle_that_copies_containers_exits_2() {
 }
 
 /// A 300 KB pickle of a list of 100,000 memo references to a list of 100,000 values: the
-/// decoder copies the list for each reference (10^10 values; it aborted the replay out of
-/// memory). An error naming the file now.
+/// decoder would copy the list for each reference (10^10 values, more memory than the host
+/// has): an error naming the file.
 #[test]
 fn cli_replay_of_a_pickle_whose_memo_references_multiply_exits_2() {
     let n = 100_000;

@@ -1,5 +1,5 @@
-//! Our trace format: CSV with the header `action,addr,size,stream,time_us` (see
-//! `shared/traces/README.md`), plain or gzip, the header optionally after a UTF-8 BOM. Lines are
+//! Our trace format: CSV with the header `action,addr,size,stream,time_us` (the actions
+//! and fields: `docs/cli.md`, *Trace formats*), plain or gzip, the header optionally after a UTF-8 BOM. Lines are
 //! parsed from a reused byte buffer; a malformed line is an error naming the file and line.
 //! Numbers are decimal digits only: anything else is "not a non-negative integer", and digits
 //! whose value passes `u64::MAX` "overflow 64 bits", whatever their count. The writer is the

@@ -369,6 +369,26 @@ enum Format {
     Pickle,
     Rmm,
     Csv,
+    /// Bytes that are none of the three: a first line that is not text.
+    Unknown,
+}
+
+/// What [`read`] says of a file in no format it reads.
+pub const UNKNOWN_FORMAT: &str = "not a PyTorch snapshot pickle, our CSV trace (header \
+     `action,addr,size,stream,time_us`) or an RMM log (header \
+     `Thread,Time,Action,Pointer,Size,Stream`): its first line is not text";
+
+/// True when `line` (the start of a file's first line, cut at 256 bytes) is text: UTF-8 (a
+/// character cut at the end included) without control characters but tabs and carriage
+/// returns.
+fn is_text(line: &[u8]) -> bool {
+    let utf8 = match std::str::from_utf8(line) {
+        Ok(_) => true,
+        Err(e) => e.error_len().is_none(),
+    };
+    utf8 && line
+        .iter()
+        .all(|&c| (c >= 0x20 && c != 0x7f) || c == b'\t' || c == b'\r')
 }
 
 /// The format of a file that starts with `head` (decompressed), by the rules [`read`] states.
@@ -380,7 +400,9 @@ fn detect(head: &[u8]) -> Format {
     let first = &text[..text.len().min(256)];
     let first = first.split(|&c| c == b'\n').next().unwrap_or(first);
     let field = first.split(|&c| c == b',').next().unwrap_or(first);
-    if field.trim_ascii() == b"Thread" {
+    if !is_text(first) {
+        Format::Unknown
+    } else if field.trim_ascii() == b"Thread" {
         Format::Rmm
     } else {
         Format::Csv
@@ -393,7 +415,9 @@ fn detect(head: &[u8]) -> Format {
 ///   which no CSV header does;
 /// - RMM's CSV (`Thread,Time,Action,Pointer,Size,Stream`): the first field of the first line is
 ///   `Thread`;
-/// - our CSV (`action,addr,size,stream,time_us`) otherwise.
+/// - our CSV (`action,addr,size,stream,time_us`) when the first line is text;
+/// - otherwise (random bytes, an image, an archive) an error that
+///   says the file is in none of these formats ([`UNKNOWN_FORMAT`]).
 ///
 /// A UTF-8 byte order mark before a CSV header is skipped.
 pub fn read(path: &Path) -> Result<Trace, TraceError> {
@@ -409,6 +433,9 @@ pub fn read_device(path: &Path, device: Option<usize>) -> Result<Trace, TraceErr
         .fill_buf()
         .map_err(|e| TraceError::file(path, e.to_string()))?;
     let format = detect(head);
+    if format == Format::Unknown {
+        return Err(TraceError::file(path, UNKNOWN_FORMAT));
+    }
     if let (Some(d), Format::Rmm | Format::Csv) = (device, format) {
         return Err(TraceError::file(
             path,
@@ -430,5 +457,6 @@ pub fn read_device(path: &Path, device: Option<usize>) -> Result<Trace, TraceErr
         }
         Format::Rmm => rmm::read(path, r),
         Format::Csv => csv::read(path, r),
+        Format::Unknown => Err(TraceError::file(path, UNKNOWN_FORMAT)),
     }
 }

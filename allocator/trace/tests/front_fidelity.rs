@@ -2,7 +2,7 @@
 //! ABI allocates from one thread, its autograd thread aside) against what `cudalloc replay`
 //! reports, which replays through a bare `Pool`: thread caches keep freed blocks out of their
 //! pool, and the `default` policy notices. These tests hold the two close on the bundled
-//! traces the caches used to change most, and check the rule that keeps them close: a large
+//! traces the caches would change most, and check the rule that keeps them close: a large
 //! block freed while its pool records an episode with other allocations live goes back to the
 //! pool (docs/threads.md, *What thread caches cost in memory*).
 
@@ -48,12 +48,10 @@ fn trace_path(name: &str) -> PathBuf {
 }
 
 /// Inference over batches of changing shape, where the pool learns a layout plan from whole
-/// batches: with thread caches that kept the last freed large block whatever the pool was
-/// doing (the default until the ninth session), the pool never saw a batch whole and made
-/// about twice the driver calls (`vit_infer_dynamic` 215 against 102, `resnet_infer_dynamic`
-/// 190 against 93, `roberta_dynamic` 165 against 88; the same on the H200 through PyTorch).
-/// Generation kept 32 MiB of small blocks in the cache until then (`opt_generate` 273 calls
-/// against 182; 2 MiB since).
+/// batches: thread caches that kept the last freed large block whatever the pool was doing
+/// would keep the pool from seeing a batch whole, and it would make about twice the driver
+/// calls; a small part of 32 MiB instead of 2 MiB costs generation calls alike
+/// (`docs/threads.md`, *What thread caches cost in memory*).
 #[test]
 fn thread_caches_keep_the_replayed_figures_on_batched_inference() {
     let cfg = Config::for_policy(Policy::Default);

@@ -50,7 +50,7 @@ const FIGURES: [(&str, u64, u64, u64); 26] = [
         274,
     ),
     ("h200/deeplab_infer_dynamic", 924_498_973, 998_244_352, 291),
-    // Recorded in the eighth session, kinds of job none of the above is.
+    // Kinds of job none of the above is.
     (
         "h200/fasterrcnn_infer_dynamic",
         2_806_742_599,

@@ -104,9 +104,9 @@ fn csv_good() {
 }
 
 /// Sizes whose sum passes `u64::MAX` (a fuzzed trace; no device holds them): the peak says
-/// `u64::MAX` rather than wrapping or failing the read. (The reader saturated before too; this
-/// pins what the fuzz harness now expects. Its running count is exact past `u64::MAX`, which
-/// no figure shows: once the peak is `u64::MAX` it stays there.)
+/// `u64::MAX` rather than wrapping or failing the read, as the fuzz harness expects. (Its
+/// running count is exact past `u64::MAX`, which no figure shows: once the peak is `u64::MAX`
+/// it stays there.)
 #[test]
 fn live_bytes_past_u64_max_saturate_the_peak() {
     let text = "action,addr,size,stream,time_us\n\
@@ -572,8 +572,8 @@ fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
 /// A free the recorder did not wait for (an allocation used on another stream before the
 /// recorder wrapped the allocator) completes while recording; a later allocation at the same
 /// address, used on another stream and freed, must not take that old completion for its own:
-/// its `free_completed` comes only when its own block goes back (a review: the old one was
-/// written at once and the replay reused the block early).
+/// its `free_completed` comes only when its own block goes back (were the old one written at
+/// once, the replay would reuse the block early).
 #[test]
 fn an_old_completion_at_the_same_address_is_not_taken_for_a_later_free() {
     let cfg = Config {

@@ -301,7 +301,7 @@ fn find_budget_block<D: Device>(
 /// the order stays largest first. By size, not by the chunks a block could give back: a
 /// block whose chunks are partly shared with live blocks gives back less, and the largest
 /// then gives back the rest (ranking by what could be given back was measured: fewer calls,
-/// more memory; `docs/policy-experiments.md`).
+/// more memory; `docs/archive.md`).
 fn best_fit_first(free: &mut Vec<(u64, BlockId)>, bytes: u64) {
     if let Some(i) = free.iter().rposition(|&(size, _)| size >= bytes) {
         let fit = free.remove(i);

@@ -19,7 +19,7 @@
 //! half of the footprint ([`SPLIT_CACHED`]) and the split maps at least a quarter of the
 //! footprint less than the single placement ([`SPLIT_SAVES`]): a split costs rounding at the cut
 //! and leaves the rest of the free block idle, and a smaller gain did not pay for that on the
-//! traces measured (docs/policies.md, seventeenth session).
+//! traces measured (`docs/archive.md`).
 //!
 //! The footprints' cached pages are spared by the budget up to twice its bytes
 //! (`budget::budget_room`): the last footprint's range, and the other piece of the last split
