@@ -9,6 +9,7 @@ use std::fmt;
 
 /// Why an allocator call failed.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum AllocError {
     /// The device (or the memory limit) could not supply the memory, even after every cached
     /// block that could be released was released.
@@ -74,6 +75,14 @@ pub enum AllocError {
         stream_device: usize,
         /// The allocator's device ordinal.
         device: usize,
+    },
+    /// A policy's `place` or `grow` gave a block the core may not hand out for the request
+    /// (nothing was handed out; the block stays where it was).
+    PolicyBroke {
+        /// The block's id.
+        block: u32,
+        /// What is wrong with it.
+        why: &'static str,
     },
     /// `len` elements of `elem_size` bytes each are more bytes than a `usize` or `u64` counts.
     ElementCountOverflow {
@@ -153,6 +162,11 @@ impl fmt::Display for AllocError {
             ),
             AllocError::TooLarge { requested, limit } => too_large(f, *requested, *limit),
             AllocError::BadFraction(x) => write!(f, "memory fraction {x} is not in [0, 1]"),
+            AllocError::PolicyBroke { block, why } => write!(
+                f,
+                "the policy gave block {block} for a request it cannot serve: {why} (a bug in \
+                 the policy; nothing was handed out)"
+            ),
             AllocError::WrongStream {
                 ptr,
                 allocated_on,

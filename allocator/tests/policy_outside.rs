@@ -47,9 +47,29 @@ impl<P: Policy> Policy for Counted<P> {
         self.inner.grow(core, req)
     }
 
+    fn release<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<bool, DeviceError> {
+        self.inner.release(core, req)
+    }
+
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.allocs += 1;
         self.inner.on_alloc(core, id);
+    }
+
+    fn on_tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
+        self.inner.on_tagged_free(core, id, tag);
+    }
+
+    fn on_segment_released(&mut self, segment: u32) {
+        self.inner.on_segment_released(segment);
+    }
+
+    fn watches_large_blocks(&self) -> bool {
+        self.inner.watches_large_blocks()
     }
 }
 
@@ -144,6 +164,145 @@ fn a_first_fit_policy_of_its_own_keeps_the_core_invariants() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
     let mut pool = Pool::with_policy(sim(), cfg, FirstFit);
     run(&mut pool);
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved(), 0);
+}
+
+/// Places whatever free block of the pool fits, whichever stream it belongs to: a bug the core
+/// must catch, since another stream may still be using the block.
+struct AnyStream;
+
+impl Policy for AnyStream {
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        _may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let any = core.free_index(req.pool).all_free_at_least(req.size).next();
+        Ok(any.inspect(|&id| assert!(core.unindex_free(id))))
+    }
+
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
+        torch::should_split(core, id, size, false)
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        core.alloc_segment(req)
+    }
+}
+
+#[test]
+fn a_block_of_another_stream_is_not_handed_out() {
+    let cfg = Config::for_policy(cudalloc::Policy::Torch);
+    let mut pool = Pool::with_policy(sim(), cfg, AnyStream);
+    let a = pool.allocate(30 * MIB, S0).unwrap();
+    pool.free(&a).unwrap();
+    let err = pool.allocate(30 * MIB, pool::S1).unwrap_err();
+    assert!(
+        matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another stream"), "{err}");
+    assert_eq!(
+        pool.stats().allocation.0[0].current,
+        0,
+        "nothing handed out"
+    );
+}
+
+/// Grows by a small-pool segment whatever the request: too small for a large request.
+struct Undersized;
+
+impl Policy for Undersized {
+    fn place<D: Device>(
+        &mut self,
+        _core: &mut Core<D>,
+        _req: &Request,
+        _may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        Ok(None)
+    }
+
+    fn should_split<D: Device>(&self, _core: &Core<D>, _id: BlockId, _size: u64) -> bool {
+        false
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let small = Request {
+            pool: cudalloc::sizes::PoolKind::Small,
+            size: 512,
+            alloc_size: 2 * MIB,
+            ..*req
+        };
+        core.alloc_segment(&small)
+    }
+}
+
+#[test]
+fn a_grown_block_smaller_than_the_request_is_not_handed_out() {
+    let cfg = Config::for_policy(cudalloc::Policy::Torch);
+    let mut pool = Pool::with_policy(sim(), cfg, Undersized);
+    let err = pool.allocate(8 * MIB, S0).unwrap_err();
+    assert!(
+        matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
+        "{err}"
+    );
+    assert_eq!(pool.stats().allocation.0[0].current, 0);
+}
+
+/// `torch`'s rules, trying to release every block it has just handed out.
+#[derive(Default)]
+struct ReleasesInUse {
+    released: Vec<bool>,
+}
+
+impl Policy for ReleasesInUse {
+    fn place<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        may_grow: bool,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        Torch.place(core, req, may_grow)
+    }
+
+    fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
+        Torch.should_split(core, id, size)
+    }
+
+    fn grow<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        Torch.grow(core, req)
+    }
+
+    fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
+        self.released.push(core.release_block(id).unwrap());
+    }
+}
+
+#[test]
+fn release_block_refuses_a_block_in_use() {
+    let cfg = Config::for_policy(cudalloc::Policy::Torch);
+    let mut pool = Pool::with_policy(sim(), cfg, ReleasesInUse::default());
+    let a = pool.allocate(30 * MIB, S0).unwrap();
+    let b = pool.allocate(4096, S0).unwrap();
+    assert_eq!(pool.policy().released, [false, false]);
+    assert_eq!(pool.stats().allocation.0[0].current, 2);
+    pool.check_invariants().unwrap();
+    pool.free(&a).unwrap();
+    pool.free(&b).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }

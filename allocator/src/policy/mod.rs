@@ -10,7 +10,7 @@
 //! | [`should_split`](Policy::should_split) | for the block `place` or `grow` returned | only read |
 //! | [`grow`](Policy::grow) | when `place` found nothing and the caller may grow; again after each release rung of the ladder | get device memory (a fixed segment, pages mapped into a range) and return a free block of at least the request, out of the free index; give cached memory back first; `Ok(None)`: out of memory |
 //! | [`release`](Policy::release) | the ladder's second rung, after `grow` ran out of memory | give cached memory back so that a retry may fit; true when it did |
-//! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; tag the block ([`Block::tag`](crate::pool::block::Block::tag)) |
+//! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; tag the block ([`Core::set_tag`]) |
 //! | [`on_tagged_free`](Policy::on_tagged_free) | when a tagged block returns to its pool, before it merges (the core has cleared the tag) | only read |
 //! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused) | forget what it kept about the range |
 //! | [`watches_large_blocks`](Policy::watches_large_blocks) | by the thread-safe front, after each operation on the pool | say that every large free must reach the pool (no thread cache) |
@@ -20,8 +20,13 @@
 //! unmapped; statistics equal what the blocks recompute; reserved bytes equal what the device
 //! holds; the memory limit is never passed through `Core::claim`. A hook works through the
 //! core's operations (take a block out of the index, map and unmap, reserve and release ranges,
-//! allocate segments), never by editing blocks' links or sizes itself; a block a hook returns
-//! is free, mapped and out of the free index. Rounding, the pools' size classes, the ladder's
+//! allocate segments), never by editing blocks' links or sizes itself. The core checks what it
+//! hands out: a block `place` or `grow` returns must be free, mapped, waiting for no stream,
+//! out of the free index, of the request's pool and stream and at least its size, else the
+//! allocation fails with [`AllocError::PolicyBroke`](crate::AllocError::PolicyBroke) and
+//! nothing is handed out; [`Core::release_block`] releases only a whole free fixed segment in
+//! the index (otherwise it does nothing and says so). An adaptor that wraps another policy
+//! forwards every hook, the defaulted ones included (`tests/policy_outside.rs`). Rounding, the pools' size classes, the ladder's
 //! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
 //!
 //! The three built-in policies are modules that read like their sources: [`torch`] and

@@ -133,8 +133,10 @@ pub fn release_available_cached_blocks<D: Device>(
     if let Some((_, id)) = first {
         // Split blocks only exist below `max_split_size` when a `Config` built in code set
         // it under the 20 MiB a parsed one must have: never release one of those.
-        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
-            core.release_block(id)?;
+        if !core.blocks[id].is_expandable()
+            && !core.blocks[id].is_split()
+            && core.release_block(id)?
+        {
             return Ok(true);
         }
     }
@@ -144,8 +146,10 @@ pub fn release_available_cached_blocks<D: Device>(
         if released >= key || size < mss {
             break;
         }
-        if !core.blocks[id].is_expandable() && !core.blocks[id].is_split() {
-            core.release_block(id)?;
+        if !core.blocks[id].is_expandable()
+            && !core.blocks[id].is_split()
+            && core.release_block(id)?
+        {
             released += size;
         }
     }

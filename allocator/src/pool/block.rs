@@ -153,6 +153,11 @@ impl Arena {
         self.slots.get(id as usize).filter(|b| b.live)
     }
 
+    /// The block with this id, if it exists, to change.
+    pub fn get_mut(&mut self, id: BlockId) -> Option<&mut Block> {
+        self.slots.get_mut(id as usize).filter(|b| b.live)
+    }
+
     /// Every live block with its id.
     pub fn iter(&self) -> impl Iterator<Item = (BlockId, &Block)> {
         self.slots

@@ -1,7 +1,8 @@
 //! Snapshot, the breakdown of reserved bytes ([`Excess`]) and the full invariant scan of a pool.
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
-use super::Core;
+use super::{Core, Request};
+use crate::error::AllocError;
 use crate::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo, Snapshot};
 use cudalloc_sys::Device;
 
@@ -268,4 +269,43 @@ fn check_no_overlap(segments: &[SegmentInfo]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+impl<D: Device> Core<D> {
+    /// Whether block `id`, given by a policy's `place` or `grow` for `req`, may be handed out:
+    /// it exists, is neither allocated, unmapped nor waiting for other streams, belongs to the
+    /// request's pool and stream, and holds the request; in debug builds also that it is in no
+    /// free index (a policy takes the block it places out of the index). A few field reads on
+    /// every allocation, so that no policy (one written outside the crate included) hands out a
+    /// block another stream may still use, or one too small.
+    pub(crate) fn check_placed(&self, id: BlockId, req: &Request) -> Result<(), AllocError> {
+        let broke = |why| Err(AllocError::PolicyBroke { block: id, why });
+        let Some(b) = self.blocks.get(id) else {
+            return broke("no such block");
+        };
+        if b.allocated {
+            return broke("it is allocated");
+        }
+        if !b.mapped {
+            return broke("it is unmapped");
+        }
+        if b.event_count > 0 || !b.stream_uses.is_empty() {
+            return broke("it waits for other streams' work");
+        }
+        if b.stream != req.stream {
+            return broke("it belongs to another stream");
+        }
+        if b.pool != req.pool {
+            return broke("it belongs to the other pool");
+        }
+        if b.size < req.size {
+            return broke("it is smaller than the request");
+        }
+        // A block left in the index is caught by `check_invariants` (an allocated block in the
+        // index); searching the index on every allocation is left to debug builds.
+        if cfg!(debug_assertions) && self.free_index(b.pool).contains(b) {
+            return broke("it is still in the free index");
+        }
+        Ok(())
+    }
 }

@@ -47,6 +47,18 @@ impl FreeIndex {
         self.free_count += 1;
     }
 
+    /// Whether free mapped block `b` is in the index.
+    pub fn contains(&self, b: &Block) -> bool {
+        let key = key(b.size, b.addr);
+        match self.first {
+            Some(f) if f == b.stream.0 => self.free.contains(key),
+            _ => self
+                .others
+                .get(&b.stream.0)
+                .is_some_and(|m| m.contains(key)),
+        }
+    }
+
     /// Removes a free mapped block; returns whether it was there.
     pub fn remove(&mut self, b: &Block) -> bool {
         let removed = self
@@ -183,6 +195,12 @@ fn bin_of(size: u64) -> usize {
 }
 
 impl Bins {
+    fn contains(&self, k: u128) -> bool {
+        self.bins
+            .get(bin_of(size_of(k)))
+            .is_some_and(|bin| bin.binary_search_by_key(&k, |e| e.0).is_ok())
+    }
+
     fn insert(&mut self, k: u128, id: BlockId) -> bool {
         let b = bin_of(size_of(k));
         if self.bins.len() <= b {

@@ -111,6 +111,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
             None if may_grow => self.grow(&req, size)?,
             None => return Ok(None),
         };
+        self.core.check_placed(id, &req)?;
         let split = self.policy.should_split(&self.core, id, rounded);
         let id = self.core.alloc_found_block(id, &req, size, split);
         self.policy.on_alloc(&mut self.core, id);

@@ -207,6 +207,19 @@ impl<D: Device> Core<D> {
         self.peers = peers;
     }
 
+    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)
+    /// hears of it when it is freed. False (nothing done) for a block that is not allocated or
+    /// a tag of [`block::NO_TAG`].
+    pub fn set_tag(&mut self, id: BlockId, tag: u64) -> bool {
+        match self.blocks.get_mut(id) {
+            Some(b) if b.allocated && tag != block::NO_TAG => {
+                b.tag = tag;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Resets peak statistics (only the statistics: a policy's state keeps its own).
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();

@@ -9,14 +9,32 @@ use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError};
 
 impl<D: Device> Core<D> {
-    /// Frees an unsplit, free, fixed segment (`free` to the device).
-    pub fn release_block(&mut self, id: BlockId) -> Result<(), DeviceError> {
-        let b = &self.blocks[id];
-        debug_assert!(!b.is_split() && !b.allocated && !b.is_expandable());
-        self.device.free(b.addr, b.size)?;
+    /// Frees block `id` to the device if it is a whole fixed segment that may go: unsplit,
+    /// free, in its pool's free index, waiting for no stream. Returns whether it went; `Ok(false)`
+    /// changes nothing, so a policy cannot release a block in use or one other streams may still
+    /// read. The block leaves the index before the device call and goes back if the call fails.
+    pub fn release_block(&mut self, id: BlockId) -> Result<bool, DeviceError> {
+        let Some(b) = self.blocks.get(id) else {
+            return Ok(false);
+        };
+        if b.is_split() || b.allocated || b.is_expandable() || b.event_count > 0 {
+            return Ok(false);
+        }
+        if !b.stream_uses.is_empty() {
+            return Ok(false);
+        }
+        let index = match b.pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        };
+        if !index.remove(b) {
+            return Ok(false);
+        }
+        if let Err(e) = self.device.free(b.addr, b.size) {
+            index.insert(id, b);
+            return Err(e);
+        }
         let b = self.blocks.remove(id);
-        let removed = self.index(b.pool).remove(&b);
-        debug_assert!(removed);
         self.sub_reserved(b.size);
         self.stats.segment.decrease(b.pool, 1);
         self.reserved_shrank(b.pool, b.size);
@@ -25,7 +43,7 @@ impl<D: Device> Core<D> {
         }
         self.stats.num_device_free += 1;
         self.stats.calls.frees += 1;
-        Ok(())
+        Ok(true)
     }
 
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free

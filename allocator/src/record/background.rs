@@ -197,8 +197,8 @@ mod tests {
         }
     }
 
-    /// Found in review: the answer used to be sent (or dropped) before the failure was stored,
-    /// so `flush` reported success 1,954 times in 2,000.
+    /// A failed flush is reported: the failure is stored before the answer is sent (sending
+    /// first made `flush` report success in most runs of this test).
     #[test]
     fn flush_reports_a_failed_flush_and_a_dead_thread() {
         for _ in 0..200 {

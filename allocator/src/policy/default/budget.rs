@@ -230,8 +230,8 @@ fn with_slack<D: Device>(core: &Core<D>, id: BlockId, want: u64, window: u64, ro
 /// the device has no room for more: slack and the page ahead are a saving of driver calls,
 /// never a reason to fail. `Ok(None)`: out of memory even for `want`. Near a full device
 /// this costs calls: the chunks of `extended` mapped before the one that failed are
-/// unmapped (after a device synchronization) and mapped again for `want` (a review: 5 maps,
-/// 2 unmaps and a sync for a 100 MiB growth into the last 100 MiB, where 3 maps would do).
+/// unmapped (after a device synchronization) and mapped again for `want` (5 maps, 2 unmaps
+/// and a sync for a 100 MiB growth into the last 100 MiB, where 3 maps would do).
 fn map_growth<D: Device>(
     core: &mut Core<D>,
     id: BlockId,

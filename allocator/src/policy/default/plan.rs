@@ -28,7 +28,7 @@
 //!   [`SMALLER`] less, allocation and free order) keeps it without packing, and an episode
 //!   like one of the last [`REJECTED`] that made no plan (a training loop's steps) drops the
 //!   plan without being evaluated again, charged the work its evaluation took (so the work
-//!   bound below admits the same evaluations as before); one like the episode the last plan
+//!   bound below counts what an evaluation would have cost); one like the episode the last plan
 //!   was made from gets that plan again, charged the same way. Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
 //!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
@@ -269,7 +269,7 @@ impl DefaultPolicy {
             e.anchors.push(id);
             self.plans.placed += 1;
         }
-        core.blocks[id].tag = e.first + k as u64;
+        core.set_tag(id, e.first + k as u64);
     }
 
     /// Records the free of block `id`, tagged `seq`, if it is an allocation of the open episode.
@@ -500,8 +500,8 @@ mod tests {
         // Another episode under the same signature (a collision) gets nothing.
         assert!(plans.made_before(signature(&a), &b).is_none());
         assert!(plans.made_before(signature(&b), &b).is_none());
-        // Fields that used to share bits no longer cancel out: 3 MiB freed at tick 2 and
-        // 2 MiB freed at tick 3 made the same term (size ^ end << 20) before.
+        // Fields do not share bits, so they cannot cancel out: 3 MiB freed at tick 2 and 2 MiB
+        // freed at tick 3 give the same term under a sum that mixes them (size ^ end << 20).
         let (c, d) = (vec![t(3 << 20, 0, 2)], vec![t(2 << 20, 0, 3)]);
         let old = |l: &[Lifetime]| l[0].size ^ (u64::from(l[0].end) << 20);
         assert_eq!(old(&c), old(&d));
