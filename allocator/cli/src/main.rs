@@ -16,13 +16,12 @@ mod json;
 mod plot;
 mod progress;
 mod replay_cmd;
-mod report;
 mod stats_cmd;
 mod summary;
-mod table;
 
 use args::{Cli, Command};
 use clap::Parser;
+use cudalloc_cli::{report, table};
 use error::CliError;
 use std::process::ExitCode;
 

@@ -8,20 +8,14 @@ use crate::report::{Report, Run};
 use crate::{bundled, json, plot, summary, table};
 use cudalloc::fmt::bytes;
 use cudalloc::{Config, Policy};
-use cudalloc_trace::bound::{map_floor, PAGE};
 use cudalloc_trace::replay::{
     min_capacity, replay, search_pages, ReplayOptions, ReplayResult, DEVICE_CAPACITY,
 };
 use cudalloc_trace::{self as trace, Trace};
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-
-/// The slacks the map floor is reported for (the `default` policy's budget and the per-trace
-/// memory target, 1.05 x the live peak).
-pub const FLOOR_SLACKS: [f64; 2] = [0.02, 0.05];
 
 /// Timeline samples per replay when plotting.
 const PLOT_SAMPLES: usize = 2000;
@@ -391,40 +385,7 @@ fn replay_trace(t: &Trace, variants: &[Variant], plan: &Plan, progress: &Progres
         .iter()
         .map(|v| replay_variant(t, v, plan, progress))
         .collect();
-    Report {
-        name: t.name.clone(),
-        events: t.events,
-        ops: t.ops.len() as u64,
-        segment_allocs: t.segment_allocs,
-        peak_live: t.peak_live,
-        map_floor: FLOOR_SLACKS.map(|slack| map_floor(t, slack, PAGE)),
-        anomalies: t.anomalies.clone(),
-        before_history: t.before_history,
-        recorded_ooms: t.recorded_ooms,
-        position: t.position,
-        lines: named_lines(t, &runs),
-        runs,
-    }
-}
-
-/// The lines of the operations the reports of `runs` name: a failure's (not one that failed
-/// before any operation, as a missing GPU does), the reserved peak's and its pinning units'.
-fn named_lines(t: &Trace, runs: &[Run]) -> BTreeMap<usize, u64> {
-    let mut ops = Vec::new();
-    for r in runs.iter().map(|r| &r.result) {
-        ops.extend(
-            r.failure
-                .as_ref()
-                .map(|f| f.op)
-                .filter(|&op| op < r.events as usize),
-        );
-        ops.extend(r.peak_excess.map(|(op, _)| op));
-        let pinning = r.peak_pinning.iter().flat_map(|p| p.most.iter());
-        ops.extend(pinning.filter_map(|(_, op)| *op));
-    }
-    ops.into_iter()
-        .filter_map(|op| Some((op, t.line_of(op)?)))
-        .collect()
+    Report::new(t, runs)
 }
 
 fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> Run {
@@ -559,6 +520,7 @@ fn most_probes(peak_live: u64, upper: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudalloc_trace::bound::PAGE;
 
     /// Runs `median_of_runs` with runs that return 1, 2, 3, ... ns (long from `long_from` on)
     /// and a clock that passes the time limit after `fast` runs; (median, runs made).

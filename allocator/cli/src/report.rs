@@ -1,9 +1,14 @@
 //! What `cudalloc replay` measured: a [`Report`] per trace, holding a [`Run`] per
 //! configuration. The table, JSON, summary and plot writers read these; `replay_cmd` fills them.
 
+use cudalloc_trace::bound::{map_floor, PAGE};
 use cudalloc_trace::replay::ReplayResult;
-use cudalloc_trace::{Anomalies, Position};
+use cudalloc_trace::{Anomalies, Position, Trace};
 use std::collections::BTreeMap;
+
+/// The slacks the map floor is reported for (the `default` policy's budget and the per-trace
+/// memory target, 1.05 x the live peak).
+pub const FLOOR_SLACKS: [f64; 2] = [0.02, 0.05];
 
 /// One replay of a trace under one configuration.
 pub struct Run {
@@ -46,6 +51,25 @@ pub struct Report {
 }
 
 impl Report {
+    /// The report of trace `t` and its replays `runs` (the trace's figures, its map floor and
+    /// the lines the runs' reports name).
+    pub fn new(t: &Trace, runs: Vec<Run>) -> Report {
+        Report {
+            name: t.name.clone(),
+            events: t.events,
+            ops: t.ops.len() as u64,
+            segment_allocs: t.segment_allocs,
+            peak_live: t.peak_live,
+            map_floor: FLOOR_SLACKS.map(|slack| map_floor(t, slack, PAGE)),
+            anomalies: t.anomalies.clone(),
+            before_history: t.before_history,
+            recorded_ooms: t.recorded_ooms,
+            position: t.position,
+            lines: named_lines(t, &runs),
+            runs,
+        }
+    }
+
     /// Trace lines (every action, as the header line counts them) per second of `run`'s
     /// replay: its replay time spread over the whole trace, the measure of the replayer's
     /// speed target ("events per second"). `None` for a replay that failed or replayed nothing.
@@ -66,4 +90,24 @@ impl Report {
     pub fn line_of(&self, op: usize) -> Option<u64> {
         self.lines.get(&op).copied()
     }
+}
+
+/// The lines of the operations the reports of `runs` name: a failure's (not one that failed
+/// before any operation, as a missing GPU does), the reserved peak's and its pinning units'.
+fn named_lines(t: &Trace, runs: &[Run]) -> BTreeMap<usize, u64> {
+    let mut ops = Vec::new();
+    for r in runs.iter().map(|r| &r.result) {
+        ops.extend(
+            r.failure
+                .as_ref()
+                .map(|f| f.op)
+                .filter(|&op| op < r.events as usize),
+        );
+        ops.extend(r.peak_excess.map(|(op, _)| op));
+        let pinning = r.peak_pinning.iter().flat_map(|p| p.most.iter());
+        ops.extend(pinning.filter_map(|(_, op)| *op));
+    }
+    ops.into_iter()
+        .filter_map(|op| Some((op, t.line_of(op)?)))
+        .collect()
 }

@@ -14,6 +14,7 @@ use crate::bound::PAGE;
 use crate::{Op, Trace};
 use cudalloc::config::Config;
 use cudalloc::error::AllocError;
+use cudalloc::policy::Policy;
 use cudalloc::pool::{Allocation, Pool};
 use cudalloc::snapshot::{Excess, PinnedUnit};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
@@ -39,7 +40,7 @@ pub struct Sample {
 
 impl Sample {
     /// The figures of `pool` now.
-    fn of<D: Device>(pool: &Pool<D>, op: usize) -> Sample {
+    fn of<D: Device, P: Policy>(pool: &Pool<D, P>, op: usize) -> Sample {
         let s = pool.stats();
         Sample {
             op: op as u32,
@@ -83,7 +84,7 @@ impl Timeline {
     }
 
     /// Takes in the figures after operation `op`; closes the interval when it is full.
-    fn after<D: Device>(&mut self, pool: &Pool<D>, op: usize) {
+    fn after<D: Device, P: Policy>(&mut self, pool: &Pool<D, P>, op: usize) {
         self.acc = self.acc.max(Sample::of(pool, op));
         self.seen += 1;
         if self.seen == self.every {
@@ -229,7 +230,27 @@ pub fn replay_on<D: Device>(
     cfg: &Config,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    let mut pool = Pool::new(device, cfg.clone());
+    replay_pool(Pool::new(device, cfg.clone()), trace, opts)
+}
+
+/// Replays `trace` on the simulated device under `policy`, a policy of any crate (with `cfg`'s
+/// rounding, size classes and cap), as [`replay`] replays the built-in ones.
+pub fn replay_policy<P: Policy>(
+    policy: P,
+    trace: &Trace,
+    cfg: &Config,
+    opts: &ReplayOptions,
+) -> ReplayResult {
+    let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    replay_pool(Pool::with_policy(device, cfg.clone(), policy), trace, opts)
+}
+
+/// Replays `trace` on `pool`.
+pub fn replay_pool<D: Device, P: Policy>(
+    mut pool: Pool<D, P>,
+    trace: &Trace,
+    opts: &ReplayOptions,
+) -> ReplayResult {
     if let Some(cap) = opts.capacity {
         // The lower of this cap and the one the config's memory fraction sets (tried again
         // first if the device could not say its memory when the pool was made).
@@ -311,12 +332,12 @@ impl Peak {
 
     /// Notes the allocation operation `i` made, and takes the breakdown when the reserved
     /// bytes pass their highest value so far.
-    fn after<D: Device>(
+    fn after<D: Device, P: Policy>(
         &mut self,
         i: usize,
         op: &Op,
         slots: &[Option<Allocation>],
-        pool: &Pool<D>,
+        pool: &Pool<D, P>,
     ) {
         if let Op::Alloc { slot, .. } = *op {
             if let Some(a) = &slots[slot as usize] {
@@ -344,8 +365,8 @@ impl Peak {
     }
 }
 
-fn step<D: Device>(
-    pool: &mut Pool<D>,
+fn step<D: Device, P: Policy>(
+    pool: &mut Pool<D, P>,
     slots: &mut [Option<Allocation>],
     streams: &[StreamId],
     op: &Op,
