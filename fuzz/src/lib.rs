@@ -10,7 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::sync::{Once, OnceLock};
 
 /// Panics of bugs already reported, by (source file suffix, message), each with a regression
-/// test in `allocator/tests/regressions.rs` or `allocator/cli/tests/regressions.rs`;
+/// test in `allocator/tests/core/sizes.rs`, `allocator/tests/faults/bad_input_pool.rs`,
+/// `allocator/tests/core/pool_expandable.rs` or `allocator/cli/tests/bad_input/regressions.rs`;
 /// [`tolerating_known_bugs`] lets fuzzing go on past them. Add an entry when a crash is
 /// reported, remove it when the bug is fixed. None is open:
 /// the four bugs the first runs met (overflows in `round_size` and in `TraceBuilder`'s live

@@ -195,7 +195,7 @@ def user_defined(name, stage):
 
 class AnnotationTest(unittest.TestCase):
     """Annotation entries (``user_defined``, ``annotate``) are not allocator events: skipped, and
-    counted by action when asked; the Rust reader does the same (``allocator/tests/snapshot_actions.rs``)."""
+    counted by action when asked; the Rust reader does the same (``allocator/trace/tests/readers/snapshot_actions.rs``)."""
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -319,7 +319,7 @@ class PrehistoryTest(unittest.TestCase):
 
 class MessagesTest(unittest.TestCase):
     def test_messages_match_the_rust_reader(self):
-        """The same words as allocator/tests/trace_input_errors.rs
+        """The same words as allocator/cli/tests/bad_input/trace_input_errors.rs
         (none_and_a_stream_past_64_bits_are_worded_as_the_converter_words_them)."""
         good = entry("alloc", 4096, 4096)
         cases = [

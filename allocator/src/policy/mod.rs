@@ -26,7 +26,7 @@
 //! allocation fails with [`AllocError::PolicyBroke`](crate::AllocError::PolicyBroke) and
 //! nothing is handed out; [`Core::release_block`] releases only a whole free fixed segment in
 //! the index (otherwise it does nothing and says so). An adaptor that wraps another policy
-//! forwards every hook, the defaulted ones included (`tests/policy_outside.rs`). Rounding, the pools' size classes, the ladder's
+//! forwards every hook, the defaulted ones included (`tests/policies/policy_outside.rs`). Rounding, the pools' size classes, the ladder's
 //! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
 //!
 //! The three built-in policies are modules that read like their sources: [`torch`] and

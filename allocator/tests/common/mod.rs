@@ -1,4 +1,9 @@
-//! Helpers shared by the test files (not a test itself).
+//! Helpers shared by the test folders (not a test itself): each folder's `main.rs` declares
+//! `mod common` with `#[path = "../common/mod.rs"]`; `pool` holds the pool tests' helpers and
+//! `steps` the layout-plan sequences.
+
+pub mod pool;
+pub mod steps;
 
 /// SplitMix64: a small deterministic generator for reproducible operation sequences.
 pub struct Rng(pub u64);

@@ -1,5 +1,5 @@
-//! Helpers shared by the pool test files (`pool_rules.rs`, `pool_stats.rs`,
-//! `pool_expandable.rs`); each uses a part of them.
+//! Helpers shared by the tests that drive a `Pool` on the simulated device (the `core` folder and
+//! most of `policies`); each uses a part of them.
 #![allow(dead_code)]
 
 use cudalloc::snapshot::BlockState;

@@ -1,6 +1,6 @@
-//! Sequences of allocations for the layout-plan tests (`plans.rs`, `split_footprints.rs`): steps
-//! in units of a batch's scale, BERT's layers, random sequences, and a player that checks the
-//! pool after every step.
+//! Sequences of allocations for the layout-plan tests (`policies/plans.rs`,
+//! `policies/split_footprints.rs`): steps in units of a batch's scale, BERT's layers, random
+//! sequences, and a player that checks the pool after every step.
 #![allow(dead_code)]
 
 use super::pool::{check, Sim, S0};

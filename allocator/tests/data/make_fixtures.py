@@ -1,4 +1,4 @@
-"""Writes the PyTorch-snapshot fixtures of `allocator/trace/tests/trace_formats.rs` (no torch needed).
+"""Writes the PyTorch-snapshot fixtures of `allocator/trace/tests/readers/trace_formats.rs` (no torch needed).
 
     python3 allocator/tests/data/make_fixtures.py
 
@@ -13,7 +13,7 @@
   events, between device 0's events: `user_defined` entries as PyTorch 2.4 wrote them for
   `record_function` (addr, size and stream 0, the name in `frames`), one without `addr`, `size`
   and `stream`, and an `annotate` entry (`torch.cuda.memory._annotate_memory`, 2026). Both
-  readers must turn it into exactly the events of snapshot.csv (`allocator/trace/tests/snapshot_actions.rs`,
+  readers must turn it into exactly the events of snapshot.csv (`allocator/trace/tests/readers/snapshot_actions.rs`,
   `python/tests/test_convert.py`).
 
 - snapshot_late.pickle / snapshot_late.csv: a snapshot whose history began after the model was

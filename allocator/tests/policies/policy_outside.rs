@@ -3,8 +3,7 @@
 //! adaptors) changes nothing the pool does, and a first-fit policy of its own keeps every
 //! invariant the core checks.
 
-#[path = "common/pool.rs"]
-mod pool;
+use crate::common::pool;
 
 use cudalloc::policy::{torch, Policy, Torch};
 use cudalloc::pool::block::BlockId;

@@ -2,9 +2,7 @@
 //! block that covers its excess, not the largest; and a pool that has never freed a block
 //! (loading weights) maps a page ahead in the large pool, which saves driver calls.
 
-mod common;
-#[path = "common/pool.rs"]
-mod pool;
+use crate::common::pool;
 
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::Call;

@@ -1,23 +1,212 @@
-//! `AllocError`'s typed causes: each bad argument `CachingAllocator` refuses comes back as its own
-//! variant carrying the values that explain it, and the message names those values.
+//! Bad input at the thread-safe front, `CachingAllocator` (every policy): each bad call gives a
+//! clear, typed error, never a panic, and leaves the allocator intact (`check_invariants()` Ok,
+//! device outstanding bytes == reserved bytes, and it still allocates and frees).
 //!
-//! Checked: a request above `MAX_REQUEST` is `TooLarge` with the request and the limit (and
-//! counts in `num_ooms`); a memory
-//! fraction outside [0, 1] is `BadFraction` with that fraction and changes no limit; `free_on` on
-//! the wrong stream is `WrongStream` with the address and both streams and frees nothing (the
-//! right stream then frees it); each variant's message holds its figures. The element-count
-//! overflow of `buffer_bytes` is in `interop.rs`; a stream of another CUDA context (GPU) too.
+//! What is tried: the sizes of `bad_input_pool.rs`; allocations, `record_stream` and frees on
+//! streams never seen before; double frees; frees of foreign pointers; `record_stream` on a
+//! freed pointer and on a foreign one; `free_ptr(0)`; `free_on` with the wrong stream;
+//! `set_memory_fraction` with -1.0, 2.0, NaN, +/-infinity and a cap of 0 bytes; `empty_cache` on
+//! an empty allocator.
+//!
+//! `AllocError`'s typed causes: each bad argument comes back as its own variant carrying the
+//! values that explain it, and the message names those values. A request above `MAX_REQUEST` is
+//! `TooLarge` with the request and the limit (and counts in `num_ooms`); a memory fraction
+//! outside [0, 1] is `BadFraction` with that fraction and changes no limit; `free_on` on the
+//! wrong stream is `WrongStream` with the address and both streams and frees nothing (the right
+//! stream then frees it); each variant's message holds its figures. The element-count overflow
+//! of `buffer_bytes` is in `gpu/interop.rs`; a stream of another CUDA context (GPU) too.
 
 use cudalloc::sizes::MAX_REQUEST;
-use cudalloc::{AllocError, CachingAllocator, Config, Policy};
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::sync::Arc;
 
+const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
+const S0: StreamId = StreamId(0);
+const UNKNOWN_STREAMS: [StreamId; 2] = [StreamId(u64::MAX), StreamId(0xdead_beef)];
+const HUGE: [u64; 7] = [
+    u64::MAX,
+    u64::MAX - 511,
+    1 << 63,
+    1 << 62,
+    MAX_REQUEST + 1,
+    MAX_REQUEST,
+    200 * GIB,
+];
+
+type Sim = Arc<SimDevice>;
+
+fn sim() -> Sim {
+    Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)))
+}
+
+fn check_front(sim: &SimDevice, a: &CachingAllocator<Sim>, what: &str) {
+    a.check_invariants()
+        .unwrap_or_else(|e| panic!("after {what}: {e}"));
+    sim.check_invariants();
+    assert_eq!(sim.outstanding_bytes(), a.reserved_bytes(), "after {what}");
+}
+
+use cudalloc::stats::StatType;
 
 fn front() -> CachingAllocator<SimDevice> {
     let sim = SimDevice::new(SimConfig::with_capacity(4 * GIB));
     CachingAllocator::new(sim, Config::for_policy(Policy::Default))
 }
+
+// ---- CachingAllocator ---------------------------------------------------------------------------
+
+#[test]
+fn front_rejects_every_kind_of_bad_call() {
+    for policy in Policy::ALL {
+        let sim = sim();
+        let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        alloc.empty_cache().unwrap();
+        for size in HUGE {
+            match alloc.allocate(size, S0) {
+                Err(AllocError::TooLarge { requested, limit }) => {
+                    assert_eq!((requested, limit), (size, MAX_REQUEST));
+                    assert!(size > MAX_REQUEST, "{policy:?}: {size}");
+                }
+                Err(AllocError::OutOfMemory { requested, .. }) => assert_eq!(requested, size),
+                other => panic!("{policy:?}: allocate({size}) = {other:?}"),
+            }
+            check_front(&sim, &alloc, &format!("{policy:?} allocate({size})"));
+        }
+        let a = alloc.allocate(4096, S0).unwrap();
+        let b = alloc.allocate(8192, UNKNOWN_STREAMS[0]).unwrap();
+        alloc.record_stream(b.ptr, UNKNOWN_STREAMS[1]).unwrap();
+        let tampered = [
+            Allocation { size: 1, ..a },
+            Allocation {
+                stream: StreamId(1),
+                ..a
+            },
+            Allocation {
+                block: a.block + 1000,
+                ..a
+            },
+            Allocation {
+                ptr: a.ptr + 512,
+                ..a
+            },
+        ];
+        for t in tampered {
+            assert_eq!(
+                alloc.free(t),
+                Err(AllocError::NotAllocated(t.ptr)),
+                "{policy:?} {t:?}"
+            );
+        }
+        for p in [0, a.ptr + 512, 0xdead_b000, u64::MAX] {
+            assert_eq!(
+                alloc.free_ptr(p),
+                Err(AllocError::NotAllocated(p)),
+                "{policy:?}"
+            );
+            assert_eq!(
+                alloc.free_on(p, S0),
+                Err(AllocError::NotAllocated(p)),
+                "{policy:?}"
+            );
+            let r = alloc.record_stream(p, StreamId(1));
+            assert_eq!(r, Err(AllocError::NotAllocated(p)), "{policy:?}");
+        }
+        let wrong = AllocError::WrongStream {
+            ptr: a.ptr,
+            allocated_on: S0,
+            freed_on: StreamId(1),
+        };
+        assert_eq!(alloc.free_on(a.ptr, StreamId(1)), Err(wrong), "{policy:?}");
+        check_front(&sim, &alloc, &format!("{policy:?} foreign frees"));
+        alloc.free(a).unwrap();
+        assert_eq!(
+            alloc.free(a),
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?} double free"
+        );
+        assert_eq!(
+            alloc.free_ptr(a.ptr),
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?}"
+        );
+        let r = alloc.record_stream(a.ptr, StreamId(1));
+        assert_eq!(
+            r,
+            Err(AllocError::NotAllocated(a.ptr)),
+            "{policy:?} record after free"
+        );
+        for f in [-1.0, 2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let r = alloc.set_memory_fraction(f);
+            assert!(
+                matches!(r, Err(AllocError::BadFraction(x)) if x.to_bits() == f.to_bits()),
+                "{policy:?} {f}: {r:?}"
+            );
+        }
+        let big = alloc.allocate(3 * GIB, S0).unwrap();
+        alloc.free(big).unwrap();
+        check_front(
+            &sim,
+            &alloc,
+            &format!("{policy:?} bad fractions leave no cap"),
+        );
+        alloc.free_on(b.ptr, UNKNOWN_STREAMS[0]).unwrap();
+        alloc.empty_cache().unwrap();
+        check_front(&sim, &alloc, &format!("{policy:?} after everything"));
+        assert_eq!(alloc.stats().allocation.0[0].current, 0);
+        drop(alloc);
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: leak after drop");
+    }
+}
+
+#[test]
+fn allocator_front_rejects_bad_input() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
+    let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(Policy::Torch));
+    assert!(matches!(
+        alloc.allocate(u64::MAX, StreamId(0)),
+        Err(AllocError::TooLarge {
+            requested: u64::MAX,
+            ..
+        })
+    ));
+    let a = alloc.allocate(1000, StreamId(0)).unwrap();
+    assert_eq!(
+        alloc.free_ptr(a.ptr + 512),
+        Err(AllocError::NotAllocated(a.ptr + 512))
+    );
+    assert_eq!(
+        alloc.record_stream(a.ptr + 512, StreamId(1)),
+        Err(AllocError::NotAllocated(a.ptr + 512))
+    );
+    alloc.free(a).unwrap();
+    assert_eq!(
+        alloc.free(a),
+        Err(AllocError::NotAllocated(a.ptr)),
+        "double free"
+    );
+    assert!(alloc.set_memory_fraction(2.0).is_err());
+    alloc.set_memory_fraction(0.5).unwrap();
+    let big = alloc.allocate(600 * MIB, StreamId(0));
+    assert!(
+        matches!(big, Err(AllocError::OutOfMemory { .. })),
+        "{big:?}"
+    );
+    alloc.set_memory_limit(None);
+    let big = alloc.allocate(600 * MIB, StreamId(0)).unwrap();
+    alloc.free_ptr(big.ptr).unwrap();
+    alloc.reset_peak_stats();
+    assert_eq!(alloc.stats().allocated_bytes.get(StatType::All).peak, 0);
+    alloc.check_invariants().unwrap();
+    assert_eq!(
+        alloc.with_device(|d| d.live_mallocs()),
+        1,
+        "the OOM ladder released the small segment"
+    );
+}
+
+// ---- typed causes -------------------------------------------------------------------------------
 
 #[test]
 fn a_request_above_the_limit_is_too_large_with_both_sizes() {

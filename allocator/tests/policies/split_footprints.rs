@@ -2,11 +2,9 @@
 //! footprint fits in no free block puts part of it in the block the conversion left, and the
 //! pool stays sound whatever the batches, streams and frees around it do.
 
-mod common;
-#[path = "common/pool.rs"]
-mod pool;
-#[path = "common/steps.rs"]
-mod steps;
+use crate::common;
+use crate::common::pool;
+use crate::common::steps;
 
 use common::Rng;
 use cudalloc::{Allocation, Config, Pool};

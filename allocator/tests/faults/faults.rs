@@ -23,7 +23,7 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const OPS: usize = 10_000;
 
-mod common;
+use crate::common;
 use common::{panic_text, Rng};
 
 /// Request sizes for this file's sequences.

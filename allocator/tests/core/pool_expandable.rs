@@ -5,12 +5,11 @@
 //! whole pages, `reserved_bytes` equals the device's mapped bytes, and everything goes back to
 //! the device when all is freed; a request no device can hold is an error, never a panic.
 
+use crate::common::pool;
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::BlockState;
 use cudalloc::{AllocError, Config, Policy, Pool};
-use cudalloc_sys::{Call, SimDevice};
-#[path = "common/pool.rs"]
-mod pool;
+use cudalloc_sys::{Call, SimConfig, SimDevice, StreamId};
 use pool::*;
 use BlockState::{Allocated as A, Free as F};
 
@@ -319,4 +318,60 @@ fn empty_and_drop(sim: &Sim, mut pool: Pool<Sim>) {
         0,
         "virtual address reservation leaked"
     );
+}
+
+// ---- address space ------------------------------------------------------------------------------
+
+/// Found while fuzzing the replayer with many streams (`docs/guarantees.md`): an expandable
+/// segment reserved 1.125 x the device's memory per stream and pool, so on the simulated H200
+/// (2^46 bytes of address space) the 415th stream failed with an out-of-memory error that
+/// reported 139 GiB free. `default` now reserves an eighth of the device per large-pool range
+/// and a 64th per small-pool range (another when a stream fills one), and running out of
+/// address space is its own error.
+#[test]
+fn three_thousand_streams_under_default_and_a_clear_error_under_torch_expandable() {
+    let h200 = || SimDevice::new(SimConfig::with_capacity(143_771 * MIB));
+    let mut pool = Pool::new(h200(), Config::for_policy(Policy::Default));
+    let mut live = Vec::new();
+    for s in 1..=3_000u64 {
+        for size in [512, 3 * MIB] {
+            live.push(
+                pool.allocate(size, StreamId(s))
+                    .expect("address space for 3,000 streams"),
+            );
+        }
+    }
+    for a in &live {
+        pool.free(a).unwrap();
+    }
+    pool.check_invariants().unwrap();
+
+    let mut pool = Pool::new(h200(), Config::for_policy(Policy::TorchExpandable));
+    let err = (1..=1_000u64)
+        .find_map(|s| pool.allocate(3 * MIB, StreamId(s)).err())
+        .expect("PyTorch's 1.125 x reservations run out of address space");
+    assert!(
+        matches!(err, AllocError::AddressSpace { ranges, .. } if ranges > 400),
+        "{err:?}"
+    );
+    assert!(err.is_out_of_memory());
+    assert!(err.to_string().contains("address space"), "{err}");
+}
+
+/// A request larger than an eighth of the device gets a range of its own size under `default`.
+#[test]
+fn default_reserves_a_range_large_enough_for_a_big_request() {
+    let mut pool = Pool::new(
+        SimDevice::new(SimConfig::with_capacity(8 * GIB)),
+        Config::for_policy(Policy::Default),
+    );
+    let small = pool.allocate(100 * MIB, StreamId(0)).unwrap();
+    let big = pool.allocate(5 * GIB, StreamId(0)).unwrap();
+    let more = pool.allocate(900 * MIB, StreamId(0)).unwrap();
+    for a in [small, big, more] {
+        pool.free(&a).unwrap();
+    }
+    pool.check_invariants().unwrap();
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved(), 0);
 }

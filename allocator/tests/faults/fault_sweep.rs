@@ -41,7 +41,7 @@ const OPS: usize = 1000;
 const SEED: u64 = 0x5eed_fa17;
 const STREAMS: u64 = 3;
 
-mod common;
+use crate::common;
 use common::{panic_text, Rng};
 
 /// Request sizes for this file's sequences.

@@ -1,9 +1,7 @@
 //! The `per_process_memory_fraction` config key (PyTorch 2.10's): a pool or an allocator made
 //! with it is capped as if `set_memory_fraction` had been called, under every policy.
 
-mod common;
-#[path = "common/pool.rs"]
-mod pool;
+use crate::common::pool;
 
 use cudalloc::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{SimConfig, SimDevice};

@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-mod common;
+use crate::common;
 use common::assert_same_trace;
 
 const MIB: u64 = 1 << 20;

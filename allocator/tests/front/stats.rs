@@ -2,13 +2,16 @@
 //! many stream shards and thread caches sit behind one allocator: an allocation that ran out of
 //! memory counts once (`num_ooms`, `num_alloc_retries`) and one that succeeded after the front
 //! released other shards' memory not at all; `empty_cache` is one wait for all streams; a block
-//! in a thread cache is never an oversize allocation; resetting peaks changes no behaviour.
+//! in a thread cache is never an oversize allocation; resetting peaks changes no behaviour; the
+//! excess breakdown (live, rounding, pending, releasable, pinned) adds up to the reserved bytes
+//! over all shards.
 
 use cudalloc::stats::StatType;
-use cudalloc::{CachingAllocator, Config, Policy, Pool, Stats};
+use cudalloc::{Allocation, CachingAllocator, Config, Policy, Pool, Stats};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
 
 fn front(capacity: u64, cfg: Config) -> CachingAllocator<SimDevice> {
     CachingAllocator::new(SimDevice::new(SimConfig::with_capacity(capacity)), cfg)
@@ -120,4 +123,43 @@ fn a_second_try_served_by_flushed_cache_blocks_is_no_oom() {
         counts.0, 0,
         "an allocation that succeeded counted an OOM: {counts:?}"
     );
+}
+
+#[test]
+fn excess_and_pinning_add_up_over_the_shards() {
+    // Blocks on two streams (so in more than one shard's pools when there are several), some
+    // freed: the breakdown adds up to the reserved bytes and the pinned units hold exactly the
+    // pinned bytes, the most pinned first.
+    let sim = SimDevice::new(SimConfig::with_capacity(4 * GIB));
+    let alloc = CachingAllocator::new(sim, Config::for_policy(Policy::Default));
+    let streams = [StreamId(0), StreamId(7)];
+    let blocks: Vec<Allocation> = (0..40u64)
+        .map(|i| {
+            let size = (1 + i % 7) * 3 * MIB + 512 * i;
+            alloc.allocate(size, streams[i as usize % 2]).unwrap()
+        })
+        .collect();
+    let mut kept = Vec::new();
+    for (i, a) in blocks.into_iter().enumerate() {
+        if i % 3 == 0 {
+            kept.push(a);
+        } else {
+            alloc.free(a).unwrap();
+        }
+    }
+    let e = alloc.excess();
+    assert_eq!(
+        e.live + e.rounding + e.pending + e.releasable + e.pinned,
+        e.reserved,
+        "{e:?}"
+    );
+    assert_eq!(e.reserved, alloc.reserved_bytes());
+    let units = alloc.pinning();
+    assert!(e.pinned > 0, "{e:?}");
+    assert_eq!(units.iter().map(|u| u.pinned).sum::<u64>(), e.pinned);
+    assert!(units.windows(2).all(|w| w[0].pinned >= w[1].pinned));
+    for a in kept {
+        alloc.free(a).unwrap();
+    }
+    alloc.check_invariants().unwrap();
 }

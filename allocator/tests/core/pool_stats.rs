@@ -4,14 +4,13 @@
 //! allocated minus freed; peaks reset to current; `Snapshot::fragmentation` figures on
 //! hand-made and real snapshots.
 
+use crate::common::pool;
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::{BlockInfo, BlockState, Excess, PinnedUnit, SegmentInfo};
 use cudalloc::{Config, Pool, Snapshot, Stats};
 use cudalloc_sys::Device;
-use std::collections::{BTreeSet, HashMap};
-#[path = "common/pool.rs"]
-mod pool;
 use pool::*;
+use std::collections::{BTreeSet, HashMap};
 use BlockState::{Allocated as A, Free as F};
 
 // ---- statistics ---------------------------------------------------------------------------------

@@ -2,11 +2,9 @@
 //! at changing scale is placed by the packing of its last repetition, reserves less than best
 //! fit alone, and never breaks the pool's invariants, whatever the sequences do.
 
-mod common;
-#[path = "common/pool.rs"]
-mod pool;
-#[path = "common/steps.rs"]
-mod steps;
+use crate::common;
+use crate::common::pool;
+use crate::common::steps;
 
 use common::Rng;
 use cudalloc::policy::default::plan::{best_fit_extent, live_peak, pack, Lifetime};

@@ -30,7 +30,7 @@ use cudalloc_trace::{self as trace, pytorch, Op, Trace};
 use serde_pickle::{HashableValue, SerOptions, Value};
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::assert_same_trace;
 
 fn data(name: &str) -> PathBuf {

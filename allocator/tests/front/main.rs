@@ -1,0 +1,25 @@
+//! The thread-safe front, `CachingAllocator<Arc<SimDevice>>`: stream shards, thread caches,
+//! statistics and snapshots seen through it, many threads at once (testing tier 5), and the
+//! workspace-size parsers of the cuBLAS interop (pure, no GPU).
+//!
+//! Invariants checked in this folder:
+//! - no two live blocks overlap and none is handed out twice, under any interleaving (a cookie
+//!   per allocation reads back unchanged at free); every pointer is 512-aligned;
+//! - a memory limit holds for all streams together;
+//! - the statistics count what PyTorch counts (every allocation, thread-cache hits included;
+//!   an out-of-memory once), and `recompute() == recorded()` on a snapshot, blocks in thread
+//!   caches included, even while other threads run;
+//! - at the end, after every free, nothing is counted as allocated, `empty_cache` returns every
+//!   byte and dropping the allocator leaves nothing on the device.
+//!
+//! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`.
+
+#[path = "../common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+mod snapshot;
+mod stats;
+mod thread_caches;
+mod thread_stress;
+mod workspace;

@@ -1,0 +1,19 @@
+//! The allocator on a real GPU (`CudaDevice`) and its cudarc interop (testing tier 6). Every test
+//! here but the pure size check of `interop.rs` needs a CUDA GPU:
+//! tests here are #[ignore = "needs a CUDA GPU"] elsewhere; run them with `--include-ignored` on
+//! the GPU machine (`shared/tools/gpu-stage` finds this file by that marker).
+//!
+//! Invariants checked in this folder, for every policy where it matters:
+//! - data written through every block reads back, across page boundaries of expandable segments
+//!   and across streams once they are ordered;
+//! - a block used on another stream is not handed out again before that stream's work ends;
+//! - a request larger than the card, or a device byte limit, is `OutOfMemory`, and the allocator
+//!   stays usable;
+//! - after each test every buffer is back in the pool, the invariants hold, and once the allocator
+//!   drops the device's free memory is back to its baseline.
+//!
+//! Files: `device.rs`, `streams.rs`, `interop.rs`.
+
+mod device;
+mod interop;
+mod streams;

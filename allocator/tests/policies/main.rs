@@ -1,0 +1,29 @@
+//! The policies: config strings, the rules of `default` (budget, layout plans, split footprints),
+//! a config key every policy reads, and policies written outside the crate through the public
+//! `Policy` trait.
+//!
+//! Invariants checked in this folder:
+//! - a config string parses to the fields it names, and a bad one is a `ConfigError` naming the
+//!   key or token, never a panic;
+//! - whatever a policy decides, the core's invariants hold after every step (`check`:
+//!   `Pool::check_invariants`, `SimDevice::check_invariants`, device outstanding bytes ==
+//!   reserved bytes), and the device is empty once the pool is dropped;
+//! - each rule of `default` does what it is for: the budget gives back the smallest block that
+//!   covers its excess, a layout plan reserves no more than best fit alone, a split footprint
+//!   uses the block a conversion left;
+//! - a policy from outside the crate, or an adaptor around one of ours, changes nothing the core
+//!   checks.
+//!
+//! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `plans.rs`,
+//! `split_footprints.rs`, `policy_outside.rs`.
+
+#[path = "../common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+mod budget_rules;
+mod config;
+mod memory_fraction_key;
+mod plans;
+mod policy_outside;
+mod split_footprints;
