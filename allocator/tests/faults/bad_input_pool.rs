@@ -19,38 +19,13 @@ use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-const S0: StreamId = StreamId(0);
-const UNKNOWN_STREAMS: [StreamId; 2] = [StreamId(u64::MAX), StreamId(0xdead_beef)];
-const HUGE: [u64; 7] = [
-    u64::MAX,
-    u64::MAX - 511,
-    1 << 63,
-    1 << 62,
-    MAX_REQUEST + 1,
-    MAX_REQUEST,
-    200 * GIB,
-];
-
-type Sim = Arc<SimDevice>;
-
-fn sim() -> Sim {
-    Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)))
-}
+use super::bad_args::*;
 
 fn check_pool(sim: &SimDevice, pool: &Pool<Sim>, what: &str) {
     pool.check_invariants()
         .unwrap_or_else(|e| panic!("after {what}: {e}"));
     sim.check_invariants();
     assert_eq!(sim.outstanding_bytes(), pool.reserved(), "after {what}");
-}
-
-fn check_front(sim: &SimDevice, a: &CachingAllocator<Sim>, what: &str) {
-    a.check_invariants()
-        .unwrap_or_else(|e| panic!("after {what}: {e}"));
-    sim.check_invariants();
-    assert_eq!(sim.outstanding_bytes(), a.reserved_bytes(), "after {what}");
 }
 
 /// The pool still allocates every size class and frees it.

@@ -13,12 +13,14 @@
 //! - against the model: live allocations never overlap, their data reads back unchanged, and
 //!   `allocation.all.current` is the number of live allocations.
 //!
-//! Files: `faults.rs`, `fault_sweep.rs`, `model.rs`, `bad_input_pool.rs`, `bad_input_front.rs`.
+//! Files: `faults.rs`, `fault_sweep.rs`, `model.rs`, `bad_input_pool.rs`, `bad_input_front.rs`
+//! (with `bad_args.rs`, what the two share).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 
+mod bad_args;
 mod bad_input_front;
 mod bad_input_pool;
 mod fault_sweep;
