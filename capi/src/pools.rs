@@ -131,11 +131,14 @@ impl<D: Device> Pools<D> {
 
     /// Allocates from pool `id`, which must be in use.
     pub fn allocate(&self, id: PoolId, size: u64, stream: StreamId) -> Result<Allocation, Failure> {
-        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
-        let pool = pool.ok_or_else(|| {
+        let active = self.active.lock();
+        let pool = active.get(&id).map(|(p, _)| p.clone()).ok_or_else(|| {
             Failure::from(format!("no private pool {id:?} in use on this device"))
         })?;
+        // Taken while the pool is still in use (the `active` lock held), so that no
+        // `empty_retired` can drop it between the lookup and the allocation.
         let _in_flight = pool.busy.read();
+        drop(active);
         pool.alloc.allocate(size, stream).map_err(|e| Failure {
             kind: crate::api::malloc_error_kind(&e),
             message: e.to_string(),
