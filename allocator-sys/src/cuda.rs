@@ -61,7 +61,7 @@
 //! checks above are [`DeviceError::InvalidArgument`]; `cuEventQuery`'s `CUDA_ERROR_NOT_READY` is
 //! `Ok(false)`, and `cuCtxEnablePeerAccess`'s `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` is `Ok`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
@@ -115,57 +115,8 @@ fn end_of(call: &'static str, va: u64, size: u64) -> DeviceResult<u64> {
         .ok_or_else(|| DeviceError::invalid(call, format!("{va:#x} + {size} overflows")))
 }
 
-#[derive(Debug)]
-struct Page {
-    size: u64,
-    mappings: usize,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Mapping {
-    size: u64,
-    page: u64,
-}
-
-/// What the device handed out and has not got back.
-#[derive(Debug, Default)]
-struct Memory {
-    /// `malloc` pointer -> size.
-    mallocs: HashMap<u64, u64>,
-    /// Reservation start -> size.
-    reservations: BTreeMap<u64, u64>,
-    /// Page handle -> size and how often it is mapped.
-    pages: HashMap<u64, Page>,
-    /// Mapping start -> size and page.
-    mappings: BTreeMap<u64, Mapping>,
-}
-
-impl Memory {
-    /// True if `va..end` lies inside one reservation.
-    fn reserved(&self, va: u64, end: u64) -> bool {
-        let before = self.reservations.range(..=va).next_back();
-        before.is_some_and(|(&start, &size)| end <= start + size)
-    }
-
-    /// True if some mapping overlaps `va..end`.
-    fn overlaps_mapping(&self, va: u64, end: u64) -> bool {
-        let before = self.mappings.range(..end).next_back();
-        before.is_some_and(|(&start, m)| start + m.size > va)
-    }
-
-    /// True if whole mappings cover exactly `va..end` (starting at `va`, ending at `end`, none
-    /// missing between: `cuMemSetAccess` takes a range of whole mappings).
-    fn fully_mapped(&self, va: u64, end: u64) -> bool {
-        let mut at = va;
-        while at < end {
-            match self.mappings.get(&at) {
-                Some(m) => at += m.size,
-                None => return false,
-            }
-        }
-        at == end
-    }
-}
+mod memory;
+use memory::{Mapping, Memory, Page};
 
 /// A CUDA GPU as a [`Device`]. See the module documentation.
 #[derive(Debug)]

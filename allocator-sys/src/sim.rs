@@ -57,62 +57,8 @@ pub const REGION_SIZE: u64 = 1 << 46;
 /// Host backing storage is allocated lazily in chunks of this many bytes.
 const CHUNK: u64 = 64 << 10;
 
-/// How a [`SimDevice`] behaves.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SimConfig {
-    /// Device memory in bytes (segments plus pages).
-    pub capacity: u64,
-    /// VMM granularity in bytes: a power of two, at least [`MALLOC_ALIGNMENT`].
-    pub granularity: u64,
-    /// Keep the contents of segments and pages in sparse host memory (see [`SimDevice::write`]).
-    pub host_backing: bool,
-    /// The ordinal the device reports.
-    pub ordinal: usize,
-}
-
-impl Default for SimConfig {
-    /// An H200: 143 771 MiB, 2 MiB granularity, no host backing, ordinal 0.
-    fn default() -> Self {
-        Self {
-            capacity: 143_771 << 20,
-            granularity: 2 << 20,
-            host_backing: false,
-            ordinal: 0,
-        }
-    }
-}
-
-impl SimConfig {
-    /// The default configuration with `bytes` of capacity.
-    pub fn with_capacity(bytes: u64) -> Self {
-        Self::default().capacity(bytes)
-    }
-
-    /// Sets the capacity in bytes.
-    pub fn capacity(mut self, bytes: u64) -> Self {
-        self.capacity = bytes;
-        self
-    }
-
-    /// Sets the VMM granularity in bytes.
-    pub fn granularity(mut self, bytes: u64) -> Self {
-        self.granularity = bytes;
-        self
-    }
-
-    /// Turns host backing on or off.
-    pub fn host_backing(mut self, on: bool) -> Self {
-        self.host_backing = on;
-        self
-    }
-
-    /// Sets the device ordinal.
-    pub fn ordinal(mut self, ordinal: usize) -> Self {
-        self.ordinal = ordinal;
-        self
-    }
-}
-
+mod config;
+pub use config::SimConfig;
 mod space;
 use space::{Space, Sparse};
 

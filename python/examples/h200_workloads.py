@@ -9,15 +9,15 @@ transformers)::
     PYTHONPATH=python python3 -m cudalloc_trace.record --out traces/h200/vit_train.trace.csv.gz \
         -- python/examples/h200_workloads.py vit_train
 
-Workloads: ``vit_train``, ``gpt2_generate``, ``fcn_train`` (recorded in the second session);
-``roberta_dynamic``, ``t5_generate``, ``resnet_infer_dynamic``, ``gpt2_train_varlen``,
-``bert_train_dynamic`` (dynamic shapes, the class ``bert_dynamic`` belongs to);
-``llama_infer_dynamic``, ``vit_infer_dynamic`` (recorded in the fifth session, after its changes,
-to check them on jobs they were not measured on); ``mistral_train_varlen``, ``opt_generate``,
-``deberta_dynamic``, ``convnext_train_dynamic``, ``deeplab_infer_dynamic`` (sixth session, the
-same kind of check); ``fasterrcnn_infer_dynamic``, ``moe_train_dynamic``, ``whisper_generate``,
-``lstm_train_varlen``, ``gpt2_checkpoint_train``, ``kv_serve``, ``unet_infer_dynamic`` (eighth
-session: kinds of job none of the earlier ones is, recorded before any change of that session).
+Workloads: ``vit_train``, ``gpt2_generate``, ``fcn_train``; ``roberta_dynamic``,
+``t5_generate``, ``resnet_infer_dynamic``, ``gpt2_train_varlen``, ``bert_train_dynamic``
+(dynamic shapes, the class ``bert_dynamic`` belongs to); ``llama_infer_dynamic``,
+``vit_infer_dynamic``, ``mistral_train_varlen``, ``opt_generate``, ``deberta_dynamic``,
+``convnext_train_dynamic``, ``deeplab_infer_dynamic`` (recorded to check the ``default``
+policy's rules on jobs they were not measured on); ``fasterrcnn_infer_dynamic``,
+``moe_train_dynamic``, ``whisper_generate``, ``lstm_train_varlen``, ``gpt2_checkpoint_train``,
+``kv_serve``, ``unet_infer_dynamic`` (kinds of job none of the others is). When each was
+recorded: ``docs/archive.md``.
 """
 import random
 import sys

@@ -508,8 +508,7 @@ fn a_page_whose_release_failed_still_counts_against_the_limit() {
     sim.clear_faults();
     a.check_invariants().unwrap();
     assert_eq!(a.reserved_bytes(), 20 * MIB, "the page still counts");
-    // ... in the statistics and the breakdown too, as the device holds it (they read 0 before
-    // the sixteenth session).
+    // ... in the statistics and the breakdown too, as the device holds it.
     let held = sim.outstanding_bytes();
     assert_eq!(held, 20 * MIB);
     let reserved = a.stats().reserved_bytes.0[0];

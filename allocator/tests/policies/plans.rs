@@ -268,9 +268,9 @@ fn a_batch_alternating_with_a_step_that_makes_no_plan_is_searched_once() {
 #[test]
 fn an_episode_that_only_resembles_the_one_a_plan_came_from_is_evaluated_on_its_own() {
     // B is the BERT batch with two frees swapped and the two allocations they free 1 MiB
-    // larger: under the signature of the fifteenth session (sizes and ticks sharing bits) it
-    // had the batch's signature, got the batch's remembered plan without being evaluated and
-    // kept it, and was placed by best fit (98 of 7,300 allocations placed by a plan).
+    // larger: under a signature whose sizes and ticks share bits it would have
+    // the batch's signature, get the batch's remembered plan without being evaluated,
+    // keep it, and be placed by best fit (98 of 7,300 allocations placed by a plan).
     let a = bert_batch(12);
     let mut b = a.clone();
     assert!(matches!(b[6], Step::Free { .. }) && matches!(b[7], Step::Free { .. }));

@@ -1,0 +1,56 @@
+//! What a [`CudaDevice`](super::CudaDevice) handed out and has not got back: the bookkeeping
+//! that checks every call's arguments before the driver sees them.
+
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug)]
+pub(super) struct Page {
+    pub(super) size: u64,
+    pub(super) mappings: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Mapping {
+    pub(super) size: u64,
+    pub(super) page: u64,
+}
+
+/// What the device handed out and has not got back.
+#[derive(Debug, Default)]
+pub(super) struct Memory {
+    /// `malloc` pointer -> size.
+    pub(super) mallocs: HashMap<u64, u64>,
+    /// Reservation start -> size.
+    pub(super) reservations: BTreeMap<u64, u64>,
+    /// Page handle -> size and how often it is mapped.
+    pub(super) pages: HashMap<u64, Page>,
+    /// Mapping start -> size and page.
+    pub(super) mappings: BTreeMap<u64, Mapping>,
+}
+
+impl Memory {
+    /// True if `va..end` lies inside one reservation.
+    pub(super) fn reserved(&self, va: u64, end: u64) -> bool {
+        let before = self.reservations.range(..=va).next_back();
+        before.is_some_and(|(&start, &size)| end <= start + size)
+    }
+
+    /// True if some mapping overlaps `va..end`.
+    pub(super) fn overlaps_mapping(&self, va: u64, end: u64) -> bool {
+        let before = self.mappings.range(..end).next_back();
+        before.is_some_and(|(&start, m)| start + m.size > va)
+    }
+
+    /// True if whole mappings cover exactly `va..end` (starting at `va`, ending at `end`, none
+    /// missing between: `cuMemSetAccess` takes a range of whole mappings).
+    pub(super) fn fully_mapped(&self, va: u64, end: u64) -> bool {
+        let mut at = va;
+        while at < end {
+            match self.mappings.get(&at) {
+                Some(m) => at += m.size,
+                None => return false,
+            }
+        }
+        at == end
+    }
+}
