@@ -102,7 +102,7 @@ def compare(result, ref):
         worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
         return f"{'close' if worst < 1e-3 else 'DIFFERENT'} (max rel diff {worst:.2e})"
     keys = [k for k in ("fitted", "largest_batch", "went_on", "checks", "overwritten",
-                        "max_abs_diff", "uses", "reused_in_pool", "reserved_at_end") if k in result]
+                        "max_abs_diff", "uses", "reused_in_pool", "grew_after_warmup_mib") if k in result]
     return ", ".join(f"{k}={result[k]}" for k in keys) or "-"
 
 
