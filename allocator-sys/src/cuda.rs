@@ -17,7 +17,9 @@
 //! | `copy_to_device` / `copy_from_device` | `cuMemcpyHtoD_v2` / `cuMemcpyDtoH_v2` (synchronous) |
 //! | `memset_async` | `cuMemsetD8Async` |
 //! | `create_stream` / `destroy_stream` | `cuStreamCreate` (`CU_STREAM_DEFAULT`) / `cuStreamDestroy_v2` |
-//! | `synchronize` | `cuCtxSynchronize` |
+//! | `synchronize` / `synchronize_device` | `cuCtxSynchronize` |
+//! | `is_capturing` | `cuStreamIsCapturing` (active or invalidated: true) |
+//! | `begin_capture` / `end_capture` | `cuStreamBeginCapture_v2` / `cuStreamEndCapture`, `cuGraphDestroy` |
 //! | `device_count` / `can_access_peer` | `cuDeviceGetCount` / `cuDeviceCanAccessPeer` |
 //! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
 //!
@@ -75,14 +77,10 @@ use crate::device::{
 
 mod driver;
 use driver::{check, check_alloc, driver, driver_error};
+mod stream;
 
 // Sizes and addresses cross between `u64` and `usize` with `as`; that is lossless only here.
 const _: () = assert!(usize::BITS == 64, "cudalloc needs a 64-bit target");
-
-/// Host function for [`CudaDevice::sleep_on_stream`]: `data` carries the milliseconds.
-extern "C" fn sleep_host_fn(data: *mut c_void) {
-    std::thread::sleep(std::time::Duration::from_millis(data as usize as u64));
-}
 
 /// A device memory location for `ordinal`. `CUmemLocation` changed shape in cudarc's CUDA 13.2+
 /// bindings (the id moved into an anonymous union); this is the only place that builds one.
@@ -318,64 +316,6 @@ impl CudaDevice {
         // and returns an error for memory it did not allocate.
         let code = unsafe { sys::cuMemFreeAsync(ptr, stream.0 as sys::CUstream) };
         check("cuMemFreeAsync", code)
-    }
-
-    /// Enqueues on `stream` a host function that sleeps `ms` milliseconds: the stream's later
-    /// work (and events recorded after it) waits for it, as it would for a long kernel. For
-    /// tests of stream-ordered reuse.
-    pub fn sleep_on_stream(&self, stream: StreamId, ms: u32) -> DeviceResult<()> {
-        let _bound = self.bind()?;
-        let data = ms as usize as *mut c_void;
-        // SAFETY: `sleep_host_fn` only reads `data` as an integer (no pointer is dereferenced),
-        // and it does not call into CUDA, as host functions must not.
-        let code =
-            unsafe { sys::cuLaunchHostFunc(stream.0 as sys::CUstream, Some(sleep_host_fn), data) };
-        check("cuLaunchHostFunc", code)
-    }
-
-    /// Waits for all work on `stream`.
-    pub fn wait_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let _bound = self.bind()?;
-        // SAFETY: no host memory is involved; the driver validates the stream handle.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(stream.0 as sys::CUstream)
-        })
-    }
-
-    /// Creates a stream (`CU_STREAM_DEFAULT`: it synchronises with the legacy default stream).
-    pub fn create_stream(&self) -> DeviceResult<StreamId> {
-        let _bound = self.bind()?;
-        let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer; our context is current on this thread.
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(&mut raw, 0)
-        })?;
-        self.streams.lock().insert(raw as u64);
-        Ok(StreamId(raw as u64))
-    }
-
-    /// Destroys a stream from [`CudaDevice::create_stream`] (its pending work still completes).
-    pub fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let mut streams = self.streams.lock();
-        if !streams.contains(&stream.0) {
-            return Err(DeviceError::invalid(
-                "destroy_stream",
-                format!("unknown {stream}"),
-            ));
-        }
-        let _bound = self.bind()?;
-        // SAFETY: the stream was created by `create_stream` and not destroyed (it is in the set).
-        let code = unsafe { sys::cuStreamDestroy_v2(stream.0 as sys::CUstream) };
-        check("cuStreamDestroy_v2", code)?;
-        streams.remove(&stream.0);
-        Ok(())
-    }
-
-    /// Waits for all work on this device's context.
-    pub fn synchronize(&self) -> DeviceResult<()> {
-        let _bound = self.bind()?;
-        // SAFETY: our context is current on this thread; the call takes no pointers.
-        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
     /// InvalidArgument unless `size` is a positive multiple of the granularity (and `va` one).
@@ -691,6 +631,10 @@ impl Device for CudaDevice {
 
     fn synchronize_device(&self) -> DeviceResult<()> {
         self.synchronize()
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        self.capture_status(stream)
     }
 
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {

@@ -51,6 +51,17 @@
 //! work submitted to the stream before `record_event` has completed. An event may be recorded
 //! again after it completed; the allocator pools events rather than creating one per free.
 //!
+//! # Graph capture
+//!
+//! While a stream is captured into a CUDA graph ([`CaptureMode`]), work submitted to it is
+//! recorded, not run, and some calls are refused with [`DeviceError::Driver`] code
+//! [`CAPTURE_UNSUPPORTED`] (900, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a refused call also
+//! invalidates the capture, whose end then fails. [`CaptureMode::forbids`] says which calls a
+//! mode refuses, as measured on an H200; [`DeviceError::is_capture_unsupported`] recognises the
+//! error. [`Device::is_capturing`] says whether a stream is being captured. An event recorded on
+//! a capturing stream becomes a node of the graph: querying or waiting for it afterwards is
+//! refused with code [`CAPTURED_EVENT`] (907) until it is recorded again outside a capture.
+//!
 //! # Threads
 //!
 //! Every method takes `&self`; implementations are `Send + Sync` and may be called from any thread.
@@ -75,6 +86,65 @@ impl StreamId {
 impl fmt::Display for StreamId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "stream {:#x}", self.0)
+    }
+}
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the call is not permitted while a stream is captured.
+pub const CAPTURE_UNSUPPORTED: i32 = 900;
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the capture was invalidated by a refused call.
+pub const CAPTURE_INVALIDATED: i32 = 901;
+/// `CUDA_ERROR_CAPTURED_EVENT`: the event was last recorded on a capturing stream.
+pub const CAPTURED_EVENT: i32 = 907;
+
+/// How a stream capture restricts calls (`CUstreamCaptureMode`); see [`CaptureMode::forbids`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL`: unsafe calls are refused on every thread.
+    Global,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: unsafe calls are refused on the capturing thread.
+    ThreadLocal,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: only a device-wide synchronize is refused.
+    Relaxed,
+}
+
+impl CaptureMode {
+    /// Every mode.
+    pub const ALL: [CaptureMode; 3] = [
+        CaptureMode::Global,
+        CaptureMode::ThreadLocal,
+        CaptureMode::Relaxed,
+    ];
+
+    /// True if a capture in this mode refuses `call` when it is made from the thread that began
+    /// the capture (`same_thread`) or from another thread. Measured on an H200 (driver 580):
+    /// in global and thread-local mode `malloc` (`cuMemAlloc`), `query_event` (`cuEventQuery`
+    /// of an event recorded on another stream) and `synchronize_device` (`cuCtxSynchronize`)
+    /// are refused, and `free` (which synchronizes implicitly) and `synchronize_event` are
+    /// taken to be refused like them; in relaxed mode only `synchronize_device` is. Thread-local
+    /// mode refuses only on the capturing thread, global mode on every thread.
+    /// `synchronize_device` waits for the capturing stream itself, which no mode allows, so it
+    /// is refused on every thread in every mode. The virtual-memory calls, `record_event` and
+    /// the rest are never refused.
+    pub fn forbids(self, call: Call, same_thread: bool) -> bool {
+        let unsafe_call = matches!(
+            call,
+            Call::Malloc | Call::Free | Call::QueryEvent | Call::SynchronizeEvent
+        );
+        match self {
+            _ if call == Call::SynchronizeDevice => true,
+            CaptureMode::Global => unsafe_call,
+            CaptureMode::ThreadLocal => unsafe_call && same_thread,
+            CaptureMode::Relaxed => false,
+        }
+    }
+
+    /// The mode's name: `global`, `thread_local` or `relaxed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CaptureMode::Global => "global",
+            CaptureMode::ThreadLocal => "thread_local",
+            CaptureMode::Relaxed => "relaxed",
+        }
     }
 }
 
@@ -120,6 +190,21 @@ impl DeviceError {
     /// True for [`DeviceError::OutOfMemory`].
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, DeviceError::OutOfMemory { .. })
+    }
+
+    /// True for a [`DeviceError::Driver`] error with code [`CAPTURE_UNSUPPORTED`]: `call` is not
+    /// permitted while a stream is captured (and the capture is now invalidated).
+    pub fn is_capture_unsupported(&self) -> bool {
+        matches!(self, DeviceError::Driver { code, .. } if *code == CAPTURE_UNSUPPORTED)
+    }
+
+    /// The error a call refused by a capture returns ([`CAPTURE_UNSUPPORTED`]).
+    pub fn capture_unsupported(call: &'static str) -> Self {
+        DeviceError::Driver {
+            call,
+            code: CAPTURE_UNSUPPORTED,
+            message: "operation not permitted when stream is capturing".into(),
+        }
     }
 
     /// Shorthand for an [`DeviceError::InvalidArgument`].
@@ -193,11 +278,13 @@ pub enum Call {
     SynchronizeDevice,
     /// [`Device::mem_info`]
     MemInfo,
+    /// [`Device::is_capturing`]
+    CaptureStatus,
 }
 
 impl Call {
     /// Every kind of call, in declaration order.
-    pub const ALL: [Call; 16] = [
+    pub const ALL: [Call; 17] = [
         Call::Malloc,
         Call::Free,
         Call::Reserve,
@@ -214,6 +301,7 @@ impl Call {
         Call::SynchronizeEvent,
         Call::SynchronizeDevice,
         Call::MemInfo,
+        Call::CaptureStatus,
     ];
 
     /// Index into [`Call::ALL`].
@@ -240,6 +328,7 @@ impl Call {
             Call::SynchronizeEvent => "synchronize_event",
             Call::SynchronizeDevice => "synchronize_device",
             Call::MemInfo => "mem_info",
+            Call::CaptureStatus => "is_capturing",
         }
     }
 
@@ -300,10 +389,12 @@ pub trait Device: Send + Sync {
     /// Blocks until the event has completed.
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()>;
     /// Blocks until all work submitted to the device so far has completed. The allocator calls
-    /// it before unmapping pages: work queued on blocks that were freed in stream order must
-    /// finish before their memory goes away. (It waits for the whole device rather than the
-    /// blocks' stream, because that stream may have been destroyed since.)
+    /// it only on its synchronizing paths: `empty_cache`, an explicit synchronize, and the last
+    /// rung of the out-of-memory ladder. Every capture mode refuses it.
     fn synchronize_device(&self) -> DeviceResult<()>;
+    /// True while a capture of `stream` is underway: active, or invalidated by a refused call
+    /// and not yet ended. Never refused by a capture.
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool>;
 }
 
 impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
@@ -363,5 +454,8 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn synchronize_device(&self) -> DeviceResult<()> {
         (**self).synchronize_device()
+    }
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        (**self).is_capturing(stream)
     }
 }

@@ -7,7 +7,8 @@
 //! - [`CudaDevice`]: the CUDA driver through cudarc 0.19, loaded dynamically. On a machine without
 //!   `libcuda` every call returns [`DeviceError::Unavailable`]; none panics.
 //! - [`SimDevice`]: a deterministic, host-only device with a capacity, a VMM granularity,
-//!   driver-like address assignment, call counters, fault injection and optional host backing.
+//!   driver-like address assignment, call counters, fault injection, graph capture with the
+//!   driver's rules for which calls a capture refuses, and optional host backing.
 //! - [`wrap`]: adaptors around any device (limit bytes, fail calls, count calls, log calls).
 //! - [`buffer`]: `Buffer<T>`, typed device memory from a pool that cudarc accepts as a
 //!   `CudaSlice<T>`, and cuBLAS handles whose workspaces are such buffers.
@@ -25,7 +26,7 @@ pub mod wrap;
 
 pub use cuda::CudaDevice;
 pub use device::{
-    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
-    MALLOC_ALIGNMENT,
+    Call, CaptureMode, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle,
+    StreamId, CAPTURED_EVENT, CAPTURE_INVALIDATED, CAPTURE_UNSUPPORTED, MALLOC_ALIGNMENT,
 };
 pub use sim::{SimConfig, SimDevice};

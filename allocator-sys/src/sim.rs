@@ -37,6 +37,13 @@
 //! count reaches the target. With auto-complete on (the default) work completes at once; with it
 //! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`]
 //! or `synchronize_event` (which completes the stream up to that event, like a wait).
+//!
+//! # Graph capture
+//!
+//! [`SimDevice::begin_capture`] and [`SimDevice::end_capture`] simulate capturing a stream into
+//! a CUDA graph; while a capture is underway the calls its mode forbids fail with driver code
+//! 900 and invalidate it, as on the H200. The rules and their invariants are in the `capture`
+//! submodule's documentation.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -61,6 +68,9 @@ mod config;
 pub use config::SimConfig;
 mod space;
 use space::{Space, Sparse};
+mod capture;
+use capture::Captures;
+mod host;
 
 /// A physical page.
 #[derive(Debug)]
@@ -83,12 +93,6 @@ struct Mapping {
 struct Work {
     submitted: u64,
     completed: u64,
-}
-
-/// Where a piece of a host read or write lands.
-enum Target {
-    Segment(u64),
-    Page(u64),
 }
 
 /// Everything behind the device's one lock.
@@ -114,6 +118,7 @@ struct State {
     next_handle: u64,
     auto_complete: bool,
     faults: FaultPlan,
+    captures: Captures,
 }
 
 /// A deterministic, host-only [`Device`]; see the module documentation.
@@ -181,10 +186,12 @@ impl SimDevice {
         &self.cfg
     }
 
-    /// Counts `call`, applies the fault plan, and returns the locked state.
+    /// Counts `call`, applies the capture rules, then the fault plan, and returns the locked
+    /// state.
     fn enter(&self, call: Call, requested: u64) -> DeviceResult<MutexGuard<'_, State>> {
         self.counters.record(call);
         let mut s = self.state.lock();
+        s.captures.check(call)?;
         s.faults.check(call, requested)?;
         Ok(s)
     }
@@ -314,82 +321,6 @@ impl SimDevice {
         self.state.lock().events.len()
     }
 
-    // ---- host backing -------------------------------------------------------------------------
-
-    /// Copies `data` to device address `addr` (needs host backing). The range must lie inside
-    /// one live segment, or inside consecutive mapped pages that were made accessible.
-    pub fn write(&self, addr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
-        let mut s = self.state.lock();
-        for (target, off, from, n) in self.route("write", &s, addr, data.len())? {
-            let bytes = &data[from..from + n];
-            let store = match target {
-                Target::Segment(p) => s.segment_data.entry(p).or_default(),
-                Target::Page(id) => &mut s.pages.get_mut(&id).expect("routed").data,
-            };
-            store.write(off, bytes);
-        }
-        Ok(())
-    }
-
-    /// Copies device memory at `addr` into `out` (needs host backing); never-written bytes read
-    /// as zero. The same addresses as for [`SimDevice::write`] are valid.
-    pub fn read(&self, addr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
-        let s = self.state.lock();
-        for (target, off, from, n) in self.route("read", &s, addr, out.len())? {
-            let dst = &mut out[from..from + n];
-            let store = match target {
-                Target::Segment(p) => s.segment_data.get(&p),
-                Target::Page(id) => Some(&s.pages[&id].data),
-            };
-            match store {
-                Some(store) => store.read(off, dst),
-                None => dst.fill(0),
-            }
-        }
-        Ok(())
-    }
-
-    /// Splits a host access of `len` bytes at `addr` into (target, offset in target, offset in
-    /// buffer, length) pieces, or says which address is not accessible.
-    fn route(&self, call: &'static str, s: &State, addr: u64, len: usize) -> DeviceResult<Route> {
-        let fail = |msg: String| Err(DeviceError::invalid(call, msg));
-        if !self.cfg.host_backing {
-            return fail("the device has no host backing".into());
-        }
-        let Some(end) = addr.checked_add(len as u64).filter(|_| len > 0) else {
-            return if len == 0 {
-                Ok(Vec::new())
-            } else {
-                fail(format!("{addr:#x} overflows"))
-            };
-        };
-        if let Some((&p, &size)) = s.segments.range(..=addr).next_back() {
-            if addr < p + size && end <= p + size {
-                return Ok(vec![(Target::Segment(p), addr - p, 0, len)]);
-            }
-            if addr < p + size {
-                return fail(format!("{:#x} is past the segment at {p:#x}", p + size));
-            }
-        }
-        let mut pieces = Vec::new();
-        let mut at = addr;
-        while at < end {
-            let hit = s.mappings.range(..=at).next_back();
-            let Some((&va, m)) = hit.filter(|(&va, m)| at < va + m.size && m.accessible) else {
-                return fail(format!("{at:#x} is not in a segment or an accessible page"));
-            };
-            let n = (va + m.size).min(end) - at;
-            pieces.push((
-                Target::Page(m.page),
-                at - va,
-                (at - addr) as usize,
-                n as usize,
-            ));
-            at += n;
-        }
-        Ok(pieces)
-    }
-
     /// Asserts every invariant listed in the module documentation.
     ///
     /// # Panics
@@ -423,11 +354,11 @@ impl SimDevice {
         for &(stream, target) in s.events.values().flatten() {
             assert!(target <= s.streams[&stream].submitted, "unsubmitted event");
         }
+        let live = |event| s.events.contains_key(&event);
+        s.captures
+            .check_invariants(live, |stream| s.foreign.contains(&stream));
     }
 }
-
-/// Pieces of a host access: (target, offset in target, offset in buffer, length).
-type Route = Vec<(Target, u64, usize, usize)>;
 
 impl State {
     fn used(&self) -> u64 {
@@ -653,6 +584,7 @@ impl Device for SimDevice {
         let mut s = self.enter(Call::DestroyEvent, 0)?;
         s.event(Call::DestroyEvent, event)?;
         s.events.remove(&event.0);
+        s.captures.forget_event(event.0);
         Ok(())
     }
 
@@ -665,6 +597,9 @@ impl Device for SimDevice {
                 "stream {:#x} belongs to another device",
                 stream.0
             );
+        }
+        if s.captures.record(event.0, stream) {
+            return Ok(()); // a node of the graph: no work is submitted
         }
         let auto = s.auto_complete;
         let work = s.streams.entry(stream).or_default();
@@ -679,7 +614,9 @@ impl Device for SimDevice {
 
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         let mut s = self.enter(Call::QueryEvent, 0)?;
-        let Some((stream, target)) = *s.event(Call::QueryEvent, event)? else {
+        let recorded = *s.event(Call::QueryEvent, event)?;
+        s.captures.check_event(Call::QueryEvent, event.0)?;
+        let Some((stream, target)) = recorded else {
             return Ok(true);
         };
         Ok(s.streams[&stream].completed >= target)
@@ -702,9 +639,16 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        let s = self.enter(Call::CaptureStatus, 0)?;
+        Ok(s.captures.is_capturing(stream))
+    }
+
     fn synchronize_event(&self, event: EventHandle) -> DeviceResult<()> {
         let mut s = self.enter(Call::SynchronizeEvent, 0)?;
-        if let Some((stream, target)) = *s.event(Call::SynchronizeEvent, event)? {
+        let recorded = *s.event(Call::SynchronizeEvent, event)?;
+        s.captures.check_event(Call::SynchronizeEvent, event.0)?;
+        if let Some((stream, target)) = recorded {
             let work = s.streams.get_mut(&stream).expect("recorded stream");
             work.completed = work.completed.max(target);
         }

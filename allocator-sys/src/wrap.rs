@@ -16,7 +16,7 @@
 //! [`crate::SimDevice`] shares the exact same counting and fault semantics as [`CountCalls`] and
 //! [`FailCalls`].
 //!
-//! Only the sixteen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
+//! Only the seventeen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
 //! are plain queries and are forwarded untouched.
 
 use std::collections::HashMap;
@@ -151,6 +151,7 @@ impl<D: Device> Device for Limit<D> {
         query_event(event: EventHandle) -> DeviceResult<bool>;
         synchronize_event(event: EventHandle) -> DeviceResult<()>;
         synchronize_device() -> DeviceResult<()>;
+        is_capturing(stream: StreamId) -> DeviceResult<bool>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -281,6 +282,7 @@ impl<D: Device> Device for FailCalls<D> {
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
         synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
+        is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
     }
 }
 
@@ -369,6 +371,7 @@ impl<D: Device> Device for CountCalls<D> {
         query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
         synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
+        is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -613,5 +616,10 @@ impl<D: Device> Device for LogCalls<D> {
     fn synchronize_device(&self) -> DeviceResult<()> {
         let result = self.inner.synchronize_device();
         self.log(Call::SynchronizeDevice, String::new(), result)
+    }
+
+    fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
+        let result = self.inner.is_capturing(stream);
+        self.log(Call::CaptureStatus, format!("{stream}"), result)
     }
 }

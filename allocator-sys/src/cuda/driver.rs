@@ -58,6 +58,10 @@ const SYMBOLS: &[&str] = &[
     "cuStreamGetCtx",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
+    "cuStreamIsCapturing",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphDestroy",
 ];
 
 /// Ok once the driver is loaded and initialised; the reason otherwise. Checked once per process.

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::device::{Call, DeviceError, DeviceResult};
 
-/// One counter per [`Call`] kind; lock-free, shared by [`crate::SimDevice`] and [`CountCalls`].
+/// One counter per [`Call`] kind; lock-free, shared by [`crate::SimDevice`] and [`CountCalls`](super::CountCalls).
 #[derive(Debug, Default)]
 pub struct CallCounters {
     counts: [AtomicU64; Call::ALL.len()],
@@ -40,7 +40,7 @@ impl CallCounters {
     }
 }
 
-/// Which upcoming calls fail: shared by [`crate::SimDevice`] and [`FailCalls`].
+/// Which upcoming calls fail: shared by [`crate::SimDevice`] and [`FailCalls`](super::FailCalls).
 ///
 /// Acquiring calls (those with `!call.is_release()`) are counted and failed by a one-shot fault
 /// ([`FaultPlan::fail_call`]) and a periodic fault ([`FaultPlan::fail_every`]), which may be

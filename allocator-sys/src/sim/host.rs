@@ -1,0 +1,93 @@
+//! Host backing of the simulated device: data written to a segment or to accessible mapped
+//! pages reads back (see [`SimDevice::write`]).
+//!
+//! Invariant: a host access touches only live segments and mapped pages made accessible; any
+//! other address is refused before a byte is copied.
+
+use super::{SimDevice, State};
+use crate::device::{DeviceError, DevicePtr, DeviceResult};
+
+/// Where a piece of a host read or write lands.
+enum Target {
+    Segment(u64),
+    Page(u64),
+}
+
+/// Pieces of a host access: (target, offset in target, offset in buffer, length).
+type Route = Vec<(Target, u64, usize, usize)>;
+
+impl SimDevice {
+    /// Copies `data` to device address `addr` (needs host backing). The range must lie inside
+    /// one live segment, or inside consecutive mapped pages that were made accessible.
+    pub fn write(&self, addr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
+        let mut s = self.state.lock();
+        for (target, off, from, n) in self.route("write", &s, addr, data.len())? {
+            let bytes = &data[from..from + n];
+            let store = match target {
+                Target::Segment(p) => s.segment_data.entry(p).or_default(),
+                Target::Page(id) => &mut s.pages.get_mut(&id).expect("routed").data,
+            };
+            store.write(off, bytes);
+        }
+        Ok(())
+    }
+
+    /// Copies device memory at `addr` into `out` (needs host backing); never-written bytes read
+    /// as zero. The same addresses as for [`SimDevice::write`] are valid.
+    pub fn read(&self, addr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
+        let s = self.state.lock();
+        for (target, off, from, n) in self.route("read", &s, addr, out.len())? {
+            let dst = &mut out[from..from + n];
+            let store = match target {
+                Target::Segment(p) => s.segment_data.get(&p),
+                Target::Page(id) => Some(&s.pages[&id].data),
+            };
+            match store {
+                Some(store) => store.read(off, dst),
+                None => dst.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits a host access of `len` bytes at `addr` into (target, offset in target, offset in
+    /// buffer, length) pieces, or says which address is not accessible.
+    fn route(&self, call: &'static str, s: &State, addr: u64, len: usize) -> DeviceResult<Route> {
+        let fail = |msg: String| Err(DeviceError::invalid(call, msg));
+        if !self.cfg.host_backing {
+            return fail("the device has no host backing".into());
+        }
+        let Some(end) = addr.checked_add(len as u64).filter(|_| len > 0) else {
+            return if len == 0 {
+                Ok(Vec::new())
+            } else {
+                fail(format!("{addr:#x} overflows"))
+            };
+        };
+        if let Some((&p, &size)) = s.segments.range(..=addr).next_back() {
+            if addr < p + size && end <= p + size {
+                return Ok(vec![(Target::Segment(p), addr - p, 0, len)]);
+            }
+            if addr < p + size {
+                return fail(format!("{:#x} is past the segment at {p:#x}", p + size));
+            }
+        }
+        let mut pieces = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let hit = s.mappings.range(..=at).next_back();
+            let Some((&va, m)) = hit.filter(|(&va, m)| at < va + m.size && m.accessible) else {
+                return fail(format!("{at:#x} is not in a segment or an accessible page"));
+            };
+            let n = (va + m.size).min(end) - at;
+            pieces.push((
+                Target::Page(m.page),
+                at - va,
+                (at - addr) as usize,
+                n as usize,
+            ));
+            at += n;
+        }
+        Ok(pieces)
+    }
+}
