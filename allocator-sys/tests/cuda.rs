@@ -3,10 +3,17 @@
 //! `driver_presence_decides_new` runs everywhere. The rest need a CUDA GPU and are ignored by
 //! default: `cargo test -p cudalloc-sys --test cuda -- --ignored`. They share device 0 and compare
 //! free memory, so they take a lock and run one at a time.
+//!
+//! The capture tests pin the simulated device's capture rules (`CaptureMode::forbids`, and the
+//! 907 of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
+//! table of call x mode x thread -> ok/900 (run with `-- --ignored --nocapture` to see it).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudalloc_sys::{CudaDevice, Device, DeviceError, PageHandle, StreamId, MALLOC_ALIGNMENT};
+use cudalloc_sys::{
+    Call, CaptureMode, CudaDevice, Device, DeviceError, EventHandle, PageHandle, StreamId,
+    CAPTURED_EVENT, CAPTURE_INVALIDATED, MALLOC_ALIGNMENT,
+};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -359,4 +366,268 @@ fn peers_read_vmm_memory() {
     dev.unmap(va, g).unwrap();
     dev.release_page(page).unwrap();
     dev.unreserve(va, g).unwrap();
+}
+
+// ---- graph capture: the driver against `CaptureMode::forbids`, the simulated device's rules ----
+
+/// What one probed call leaves behind to release once the capture has ended.
+enum Leftover {
+    Nothing,
+    Ptr(u64),
+    Va(u64),
+    Page(PageHandle),
+    Event(EventHandle),
+}
+
+/// One of everything a call can act on, made before a capture begins.
+struct Fixture<'a> {
+    dev: &'a CudaDevice,
+    g: u64,
+    captured: StreamId,
+    other: StreamId,
+    segment: u64,
+    spare_va: u64,
+    spare_page: PageHandle,
+    /// Reserved for two pages; the first is mapped (`mapped_page`), the second free.
+    va: u64,
+    mapped_page: PageHandle,
+    free_page: PageHandle,
+    /// Recorded on `other` (not the captured stream).
+    recorded: EventHandle,
+    spare_event: EventHandle,
+}
+
+impl<'a> Fixture<'a> {
+    fn new(dev: &'a CudaDevice) -> Self {
+        let g = dev.granularity().unwrap();
+        let (captured, other) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+        let va = dev.reserve(2 * g).unwrap();
+        let mapped_page = dev.create_page(g).unwrap();
+        dev.map(va, g, mapped_page).unwrap();
+        let recorded = dev.create_event().unwrap();
+        dev.record_event(recorded, other).unwrap();
+        Fixture {
+            dev,
+            g,
+            captured,
+            other,
+            segment: dev.malloc(g).unwrap(),
+            spare_va: dev.reserve(g).unwrap(),
+            spare_page: dev.create_page(g).unwrap(),
+            va,
+            mapped_page,
+            free_page: dev.create_page(g).unwrap(),
+            recorded,
+            spare_event: dev.create_event().unwrap(),
+        }
+    }
+
+    /// Makes one call of kind `call`.
+    fn probe(&self, call: Call) -> Result<Leftover, DeviceError> {
+        use Leftover::*;
+        let (dev, g) = (self.dev, self.g);
+        Ok(match call {
+            Call::Malloc => Ptr(dev.malloc(g)?),
+            Call::Free => dev.free(self.segment, g).map(|()| Nothing)?,
+            Call::Reserve => Va(dev.reserve(g)?),
+            Call::Unreserve => dev.unreserve(self.spare_va, g).map(|()| Nothing)?,
+            Call::CreatePage => Page(dev.create_page(g)?),
+            Call::ReleasePage => dev.release_page(self.spare_page).map(|()| Nothing)?,
+            Call::Map => dev.map(self.va + g, g, self.free_page).map(|()| Nothing)?,
+            Call::Unmap => dev.unmap(self.va, g).map(|()| Nothing)?,
+            Call::SetAccess => dev.set_access(self.va, g, &[]).map(|()| Nothing)?,
+            Call::CreateEvent => Event(dev.create_event()?),
+            Call::DestroyEvent => dev.destroy_event(self.spare_event).map(|()| Nothing)?,
+            Call::RecordEvent => dev
+                .record_event(self.spare_event, self.captured)
+                .map(|()| Nothing)?,
+            Call::QueryEvent => dev.query_event(self.recorded).map(|_| Nothing)?,
+            Call::SynchronizeEvent => dev.synchronize_event(self.recorded).map(|()| Nothing)?,
+            Call::SynchronizeDevice => dev.synchronize_device().map(|()| Nothing)?,
+            Call::MemInfo => dev.mem_info().map(|_| Nothing)?,
+            Call::CaptureStatus => dev.is_capturing(self.captured).map(|_| Nothing)?,
+        })
+    }
+
+    /// Releases what the probe left and everything the fixture still holds (releases of what
+    /// a probe already released are refused by the bookkeeping and ignored).
+    fn release(self, left: Option<Leftover>) {
+        let (dev, g) = (self.dev, self.g);
+        let _ = match left {
+            Some(Leftover::Ptr(p)) => dev.free(p, g),
+            Some(Leftover::Va(va)) => dev.unreserve(va, g),
+            Some(Leftover::Page(page)) => dev.release_page(page),
+            Some(Leftover::Event(event)) => dev.destroy_event(event),
+            Some(Leftover::Nothing) | None => Ok(()),
+        };
+        let _ = dev.free(self.segment, g);
+        let _ = dev.unreserve(self.spare_va, g);
+        let _ = dev.release_page(self.spare_page);
+        let _ = dev.unmap(self.va, g);
+        let _ = dev.unmap(self.va + g, g);
+        for page in [self.mapped_page, self.free_page] {
+            dev.release_page(page).unwrap();
+        }
+        dev.unreserve(self.va, 2 * g).unwrap();
+        dev.synchronize().unwrap();
+        for event in [self.recorded, self.spare_event] {
+            let _ = dev.destroy_event(event);
+        }
+        dev.destroy_stream(self.captured).unwrap();
+        dev.destroy_stream(self.other).unwrap();
+    }
+}
+
+/// A call's outcome as the table shows it: `ok`, `900`, or another error in full.
+fn outcome<T>(result: &Result<T, DeviceError>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(e) if e.is_capture_unsupported() => "900".into(),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Probes `call` during a capture in `mode` from the capturing thread or another, prints one
+/// line of the table, and returns a description of each way the driver differed from
+/// `CaptureMode::forbids` (the simulated device's rules).
+fn probe_capture(
+    dev: &CudaDevice,
+    mode: CaptureMode,
+    call: Call,
+    same_thread: bool,
+) -> Vec<String> {
+    let f = Fixture::new(dev);
+    f.dev
+        .begin_capture(f.captured, mode)
+        .expect("begin capture");
+    let run = || {
+        let first = f.probe(call);
+        // An invalidated capture is still underway: the sim refuses the call again.
+        let again = first.as_ref().err().map(|_| f.probe(call));
+        let capturing = f.dev.is_capturing(f.captured);
+        (first, again, capturing)
+    };
+    let (first, again, capturing) = match same_thread {
+        true => run(),
+        false => std::thread::scope(|s| s.spawn(run).join().unwrap()),
+    };
+    let end = f.dev.end_capture(f.captured);
+    let after = f.dev.is_capturing(f.captured);
+    let expected = if mode.forbids(call, same_thread) {
+        "900"
+    } else {
+        "ok"
+    };
+    let got = outcome(&first);
+    let again_shown = again.as_ref().map(outcome).unwrap_or_default();
+    let thread = if same_thread { "same" } else { "other" };
+    let mut wrong = Vec::new();
+    let case = format!("{:<18} {:<12} {thread:<5}", call.name(), mode.name());
+    if got != expected || again.as_ref().is_some_and(|a| outcome(a) != "900") {
+        wrong.push(format!(
+            "{case}: {got} then {again_shown:?}, sim says {expected}"
+        ));
+    }
+    let end_code = match &end {
+        Err(DeviceError::Driver { code, .. }) => Some(*code),
+        _ => None,
+    };
+    let end_expected = (expected == "900").then_some(CAPTURE_INVALIDATED);
+    if end_code != end_expected || (end.is_err() && end_code.is_none()) {
+        wrong.push(format!(
+            "{case}: end_capture {end:?}, sim expects code {end_expected:?}"
+        ));
+    }
+    if !matches!(capturing, Ok(true)) || !matches!(after, Ok(false)) {
+        wrong.push(format!(
+            "{case}: is_capturing {capturing:?} during, {after:?} after"
+        ));
+    }
+    let mark = if wrong.is_empty() {
+        ""
+    } else {
+        "  <-- differs from the sim"
+    };
+    println!("{case} {got:>4} {again_shown:>4} (sim {expected}){mark}");
+    let left = first.ok();
+    f.release(left);
+    wrong
+}
+
+/// Pins the simulated device's capture rules to the driver: every call kind, in each mode, from
+/// the capturing thread and another one, begins a fresh capture (a refusal invalidates it),
+/// makes the call (twice when refused), ends the capture and compares with
+/// `CaptureMode::forbids`. Prints `call mode thread first again (sim expected)`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn capture_rules_match_the_sim() {
+    let (_lock, dev) = gpu();
+    println!(
+        "{:<18} {:<12} {:<5} {:>4} {:>4}",
+        "call", "mode", "thread", "1st", "2nd"
+    );
+    let mut wrong = Vec::new();
+    for call in Call::ALL {
+        for mode in CaptureMode::ALL {
+            for same_thread in [true, false] {
+                wrong.extend(probe_capture(&dev, mode, call, same_thread));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the driver differs from the sim:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn is_capturing_follows_begin_and_end() {
+    let (_lock, dev) = gpu();
+    let stream = dev.create_stream().unwrap();
+    for mode in CaptureMode::ALL {
+        assert!(!dev.is_capturing(stream).unwrap(), "{mode:?} before");
+        dev.begin_capture(stream, mode).unwrap();
+        assert!(dev.is_capturing(stream).unwrap(), "{mode:?} during");
+        let other_thread = std::thread::scope(|s| s.spawn(|| dev.is_capturing(stream)).join());
+        assert!(
+            other_thread.unwrap().unwrap(),
+            "{mode:?} from another thread"
+        );
+        dev.end_capture(stream).unwrap();
+        assert!(!dev.is_capturing(stream).unwrap(), "{mode:?} after");
+    }
+    dev.destroy_stream(stream).unwrap();
+}
+
+/// An event recorded on a capturing stream is refused with 907 afterwards, as in the sim,
+/// until it is recorded again outside a capture.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_event_recorded_in_a_capture_is_refused_until_recorded_again() {
+    let (_lock, dev) = gpu();
+    let stream = dev.create_stream().unwrap();
+    let event = dev.create_event().unwrap();
+    let code = |r: Result<(), DeviceError>| match r {
+        Err(DeviceError::Driver { code, .. }) => Some(code),
+        _ => None,
+    };
+    for mode in CaptureMode::ALL {
+        dev.begin_capture(stream, mode).unwrap();
+        dev.record_event(event, stream).unwrap();
+        dev.end_capture(stream).unwrap();
+        let query = code(dev.query_event(event).map(drop));
+        let wait = code(dev.synchronize_event(event));
+        println!(
+            "{:<12} query_event {query:?} synchronize_event {wait:?}",
+            mode.name()
+        );
+        assert_eq!((query, wait), (Some(CAPTURED_EVENT), Some(CAPTURED_EVENT)));
+        dev.record_event(event, stream).unwrap();
+        dev.synchronize_event(event).unwrap();
+        assert!(dev.query_event(event).unwrap());
+    }
+    dev.destroy_event(event).unwrap();
+    dev.destroy_stream(stream).unwrap();
 }
