@@ -29,6 +29,7 @@
 //! - A page is mapped at most once, and a page's recorded mapping agrees with the mapping table.
 //! - On every stream, completed work never exceeds submitted work, and every recorded event
 //!   targets work that was submitted.
+//! - The captures' invariants, listed in the `capture` submodule's documentation.
 //!
 //! # Streams
 //!
