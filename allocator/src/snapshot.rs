@@ -31,6 +31,9 @@ pub enum BlockState {
     Free,
     /// Addresses of an expandable segment with no memory behind them.
     Unmapped,
+    /// Free pages of an expandable segment on their way back to the device: unmapped once the
+    /// work their stream queued before has completed; no request gets them meanwhile.
+    Releasing,
     /// Freed by its caller into a thread cache: not allocated (as the statistics count it), nor
     /// free for any request but its thread's next one of the same size and stream. Only a
     /// `CachingAllocator`'s snapshot shows it.
@@ -45,6 +48,7 @@ impl BlockState {
             BlockState::PendingEvents => "pending_events",
             BlockState::Free => "free",
             BlockState::Unmapped => "unmapped",
+            BlockState::Releasing => "releasing",
             BlockState::ThreadCached => "thread_cached",
         }
     }
@@ -126,7 +130,8 @@ pub struct Excess {
     pub live: u64,
     /// Bytes of live blocks beyond their requests (size rounding, unsplit remainders).
     pub rounding: u64,
-    /// Bytes of freed blocks still waiting for other streams' work.
+    /// Bytes of freed blocks still waiting for other streams' work, and of free pages on their
+    /// way back to the device ([`BlockState::Releasing`]).
     pub pending: u64,
     /// Free bytes the pool could give back now: chunks lying wholly inside free blocks of
     /// expandable segments, and `cudaMalloc` segments holding no other block.

@@ -179,6 +179,11 @@ pub struct Stats {
     pub num_ooms: u64,
     /// Times all pending stream events were waited for.
     pub num_sync_all_streams: u64,
+    /// Times the pool blocked until the device finished work (a device synchronization, or a
+    /// wait for one event): only on its synchronizing paths (`empty_cache`, the last rung of the
+    /// out-of-memory ladder, dropping the pool), never in an allocation or free that finds or
+    /// maps memory. Not one of PyTorch's keys.
+    pub device_waits: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
     /// those).
@@ -254,6 +259,7 @@ impl Stats {
         self.num_alloc_retries += s.num_alloc_retries;
         self.num_ooms += s.num_ooms;
         self.num_sync_all_streams += s.num_sync_all_streams;
+        self.device_waits += s.device_waits;
         self.num_device_alloc += s.num_device_alloc;
         self.num_device_free += s.num_device_free;
         self.calls.mallocs += s.calls.mallocs;

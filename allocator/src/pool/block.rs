@@ -2,9 +2,10 @@
 //!
 //! A block is a sub-range of a segment. Blocks of one segment form a doubly linked list in address
 //! order (`prev`/`next`) that tiles the segment exactly. A block is in exactly one state:
-//! allocated (handed out, or waiting for stream events), free (mapped, in its pool's free index)
-//! or unmapped (expandable segments only: addresses with no page behind them, in the pool's
-//! unmapped index). Blocks are referred to by [`BlockId`], an index into the [`Arena`]; ids of
+//! allocated (handed out, or waiting for stream events), free (mapped, in its pool's free index),
+//! releasing (expandable segments only: free, in no index, its pages unmapped once the work its
+//! stream queued before has completed: `pool::releasing`) or unmapped (expandable segments
+//! only: addresses with no page behind them, in the pool's unmapped index). Blocks are referred to by [`BlockId`], an index into the [`Arena`]; ids of
 //! released blocks are reused.
 
 use crate::sizes::PoolKind;
@@ -54,6 +55,9 @@ pub struct Block {
     pub tag: u64,
     /// The handout it serves, while allocated ([`crate::pool::Allocation::serial`]).
     pub serial: u64,
+    /// Free, out of the index, its pages to be unmapped once its stream's earlier work has
+    /// completed (`pool::releasing`).
+    pub releasing: bool,
     /// False for a slot of the [`Arena`] whose block was removed.
     live: bool,
 }
@@ -77,6 +81,7 @@ impl Block {
             gc_base: 0,
             tag: NO_TAG,
             serial: 0,
+            releasing: false,
             live: true,
         }
     }

@@ -52,7 +52,7 @@ impl<D: Device> Core<D> {
             if b.allocated {
                 e.live += b.requested;
                 e.rounding += b.size - b.requested;
-            } else if b.event_count > 0 {
+            } else if b.event_count > 0 || b.releasing {
                 e.pending += b.size;
             } else {
                 let whole = self.releasable_bytes(b);
@@ -95,6 +95,8 @@ impl<D: Device> Core<D> {
             BlockState::Allocated
         } else if b.event_count > 0 {
             BlockState::PendingEvents
+        } else if b.releasing {
+            BlockState::Releasing
         } else if b.mapped {
             BlockState::Free
         } else {
@@ -168,7 +170,13 @@ impl<D: Device> Core<D> {
         let mut free = 0;
         let mut unmapped = 0;
         for (_, b) in self.blocks.iter() {
-            let idle = !b.allocated && b.event_count == 0;
+            let idle = !b.allocated && b.event_count == 0 && !b.releasing;
+            if b.releasing && (b.allocated || !b.mapped || !b.is_expandable()) {
+                return Err(format!(
+                    "releasing block {:#x} is allocated, unmapped or fixed",
+                    b.addr
+                ));
+            }
             if idle && b.mapped {
                 free += 1;
             } else if idle {
@@ -288,6 +296,9 @@ impl<D: Device> Core<D> {
         }
         if !b.mapped {
             return broke("it is unmapped");
+        }
+        if b.releasing {
+            return broke("its pages are being released");
         }
         if b.event_count > 0 || !b.stream_uses.is_empty() {
             return broke("it waits for other streams' work");

@@ -36,7 +36,7 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
-    fn take_event(&mut self) -> Result<EventHandle, DeviceError> {
+    pub(super) fn take_event(&mut self) -> Result<EventHandle, DeviceError> {
         match self.spare_events.pop() {
             Some(e) => Ok(e),
             None => self.device.create_event(),
@@ -136,6 +136,7 @@ impl<D: Device> Core<D> {
     ) -> Result<(), DeviceError> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
+                self.stats.device_waits += 1;
                 self.device.synchronize_event(ev)?;
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
                 self.event_done(policy, ev, id);

@@ -14,11 +14,12 @@ use cudalloc_sys::{Device, DeviceError, StreamId};
 use std::collections::BTreeMap;
 
 impl<D: Device> Core<D> {
-    /// True when the block may take part in growth (free, or unmapped, with nothing pending).
+    /// True when the block may take part in growth (free, or unmapped, with nothing pending and
+    /// not being released).
     pub(crate) fn allocatable(&self, id: BlockId) -> bool {
         id != NIL && {
             let b = &self.blocks[id];
-            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+            !b.allocated && b.event_count == 0 && b.stream_uses.is_empty() && !b.releasing
         }
     }
 
@@ -317,7 +318,7 @@ impl<D: Device> Core<D> {
     }
 
     /// Splits `len` bytes off the back of block `id` into a new free mapped block.
-    fn split_mapped_back(&mut self, id: BlockId, len: u64) {
+    pub(crate) fn split_mapped_back(&mut self, id: BlockId, len: u64) {
         let b = &self.blocks[id];
         let mut back = Block::new(b.end() - len, len, b.stream, b.pool);
         back.segment = b.segment;

@@ -99,6 +99,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
         }
         self.core.apply_fraction()?;
         self.core.process_events(&mut self.policy)?;
+        if !self.core.releasing.is_empty() {
+            self.core.poll_releasing()?;
+        }
         let rounded = sizes::round_size(size, &self.core.cfg);
         let req = Request {
             stream,
@@ -129,6 +132,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
             return Ok(id);
         }
         if self.policy.release(&mut self.core, req)? {
+            self.core.poll_releasing()?;
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);
             }

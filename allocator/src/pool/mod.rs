@@ -10,7 +10,7 @@
 //! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
 //! - no two neighbouring blocks are both free and mapped (they would have been merged), except
-//!   while one of them waits for stream events;
+//!   while one of them waits for stream events or is being released (`releasing`);
 //! - a block is in its pool's free index iff it is free and mapped, in the unmapped index iff it
 //!   is unmapped;
 //! - a free or unmapped block carries no policy tag ([`block::NO_TAG`]);
@@ -27,6 +27,7 @@ pub(crate) mod ladder;
 pub use ladder::Pool;
 mod pinning;
 mod release;
+mod releasing;
 mod reserved;
 pub(crate) use reserved::fraction_limit;
 pub mod segment;
@@ -93,6 +94,10 @@ pub struct Core<D: Device> {
     /// Memory cap (PyTorch's `allowed_memory_maximum` once a fraction is set).
     pub(crate) limit: Option<u64>,
     pub(crate) pending: BTreeMap<StreamId, VecDeque<(EventHandle, BlockId)>>,
+    /// Releasing blocks with the event each waits for (`releasing`).
+    pub(crate) releasing: Vec<(EventHandle, BlockId)>,
+    /// Bytes of the releasing blocks.
+    pub(crate) releasing_bytes: u64,
     pub(crate) spare_events: Vec<EventHandle>,
     pub(crate) peers: Vec<usize>,
     /// Reserved bytes of every pool sharing this pool's device and limit.
@@ -139,6 +144,8 @@ impl<D: Device> Core<D> {
             reserved: 0,
             limit: None,
             pending: BTreeMap::new(),
+            releasing: Vec::new(),
+            releasing_bytes: 0,
             spare_events: Vec::new(),
             peers: Vec::new(),
             shared: None,
@@ -450,6 +457,7 @@ impl<D: Device> Core<D> {
         let s = &self.blocks[src];
         if s.allocated
             || s.event_count > 0
+            || s.releasing
             || !s.stream_uses.is_empty()
             || s.mapped != self.blocks[dst].mapped
         {

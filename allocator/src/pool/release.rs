@@ -47,15 +47,29 @@ impl<D: Device> Core<D> {
     }
 
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
-    /// pages of expandable segments. Waits for pending stream events first (the caller counts
-    /// the wait: [`Core::count_sync_all_streams`]).
+    /// pages of expandable segments. Waits for pending stream events and releasing blocks
+    /// first, and for the device before it unmaps free pages (work queued on them may still
+    /// run); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
+    /// each wait counts in `device_waits`.
     pub(crate) fn release_all_cached<P: Policy>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {
         self.synchronize_and_free_events(policy)?;
+        self.finish_releasing()?;
+        if self.holds_free_pages() {
+            self.stats.device_waits += 1;
+            self.device.synchronize_device()?;
+        }
         self.release_blocks(policy, PoolKind::Large)?;
         self.release_blocks(policy, PoolKind::Small)
+    }
+
+    /// True when a free block of an expandable segment is cached (its pages could go back).
+    fn holds_free_pages(&self) -> bool {
+        [&self.small, &self.large]
+            .iter()
+            .any(|idx| idx.all_free().any(|id| self.blocks[id].is_expandable()))
     }
 
     /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).

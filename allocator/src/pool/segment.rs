@@ -169,7 +169,9 @@ impl ExpSegment {
     }
 
     /// Unmaps and releases every chunk lying entirely inside `addr..addr + size`, in address
-    /// order, after waiting for the work queued on the device. A failed call stops it: what it
+    /// order. It does not wait for the device: the caller makes sure that no work queued on the
+    /// device may still use these pages (an event of their stream completed, the device was
+    /// synchronized, or they were mapped just now and never handed out). A failed call stops it: what it
     /// did until then is in [`Unmapped::range`] (chunks of a mapped range lie end to end, so
     /// those released form one range from the first), the error in [`Unmapped::error`]. A chunk
     /// whose `unmap` failed stays mapped and listed; one whose `unmap` succeeded and whose
@@ -192,16 +194,6 @@ impl ExpSegment {
             },
             error: None,
         };
-        if inside.is_empty() {
-            return done;
-        }
-        // Work queued on these pages may still run (a block is freed in stream order, before
-        // its kernels ran): wait for it, as PyTorch does before unmapping. The whole device,
-        // since the segment's stream may have been destroyed.
-        if let Err(e) = dev.synchronize_device() {
-            done.error = Some(e);
-            return done;
-        }
         for (a, c) in &inside {
             if let Err(e) = dev.unmap(*a, c.size) {
                 done.error = Some(e);
@@ -247,7 +239,29 @@ impl ExpSegment {
         leaked + self.stuck.iter().map(|(_, c)| c.size).sum::<u64>()
     }
 
-    /// Unmaps everything and frees the reservation.
+    /// The chunks lying entirely inside `addr..addr + size`, as one range (first address and
+    /// bytes; `ops`: how many), or `None` when there is none. Inside a mapped range they lie end
+    /// to end.
+    pub fn whole_chunks(&self, addr: u64, size: u64) -> Option<Range> {
+        let mut inside = self
+            .chunks
+            .range(addr..addr + size)
+            .filter(|(a, c)| **a + c.size <= addr + size);
+        let (&first, c) = inside.next()?;
+        let mut r = Range {
+            addr: first,
+            size: c.size,
+            ops: 1,
+        };
+        for (_, c) in inside {
+            r.size += c.size;
+            r.ops += 1;
+        }
+        Some(r)
+    }
+
+    /// Unmaps everything and frees the reservation (the caller makes sure the device no longer
+    /// uses it, as for [`ExpSegment::unmap`]).
     pub fn destroy<D: Device>(mut self, dev: &D) -> Result<(), DeviceError> {
         let (va, size) = (self.va, self.size);
         if let Some(e) = self.unmap(dev, va, size).error {

@@ -14,13 +14,14 @@
 //! - a policy from outside the crate, or an adaptor around one of ours, changes nothing the core
 //!   checks.
 //!
-//! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `plans.rs`,
+//! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `async_release.rs`, `plans.rs`,
 //! `split_footprints.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 
+mod async_release;
 mod budget_rules;
 mod config;
 mod memory_fraction_key;

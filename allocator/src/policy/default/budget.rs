@@ -78,21 +78,23 @@ impl DefaultPolicy {
         };
         let base = self.peak_requested.max(live_after).max(expected);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
-        let mut excess = (core.reserved + need).saturating_sub(ceiling);
+        // Pages on their way back to the device (`pool::releasing`) are not counted as kept.
+        let going = core.releasing_bytes();
+        let mut excess = (core.reserved - going + need).saturating_sub(ceiling);
         if let Some(l) = core.limit {
-            excess = excess.max((core.total_reserved() + need).saturating_sub(l));
+            excess = excess.max((core.total_reserved() - going + need).saturating_sub(l));
         }
         if excess > 0 {
             self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
             let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
-            let over = (core.reserved + need).saturating_sub(hard);
+            let over = (core.reserved - core.releasing_bytes() + need).saturating_sub(hard);
             if over > 0 && self.plans.protected().is_some() {
                 self.release_free_chunks(core, over, true, keep)?;
             }
         }
-        let mut room = ceiling.saturating_sub(core.reserved + need);
+        let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
         if let Some(l) = core.limit {
             room = room.min(l.saturating_sub(core.total_reserved() + need));
         }
@@ -187,22 +189,23 @@ impl DefaultPolicy {
             if released >= bytes {
                 break;
             }
-            if core.blocks.get(id).is_none_or(|b| !b.mapped || b.allocated) {
+            if core
+                .blocks
+                .get(id)
+                .is_none_or(|b| !b.mapped || b.allocated || b.releasing)
+            {
                 continue;
             }
-            let before = core.reserved;
-            match self.split_footprint_in(core, id).filter(|_| !footprint_too) {
+            released += match self.split_footprint_in(core, id).filter(|_| !footprint_too) {
                 Some(k) => {
                     let b = &core.blocks[id];
-                    if let Some((lo, hi)) = k.largest_outside(b.addr, b.end()) {
-                        core.unmap_part(id, lo, hi - lo)?;
+                    match k.largest_outside(b.addr, b.end()) {
+                        Some((lo, hi)) => core.release_pages_in(id, lo, hi - lo)?,
+                        None => 0,
                     }
                 }
-                None => {
-                    core.unmap_block(id)?;
-                }
-            }
-            released += before - core.reserved;
+                None => core.release_pages(id)?,
+            };
         }
         Ok(released)
     }
@@ -230,8 +233,8 @@ fn with_slack<D: Device>(core: &Core<D>, id: BlockId, want: u64, window: u64, ro
 /// the device has no room for more: slack and the page ahead are a saving of driver calls,
 /// never a reason to fail. `Ok(None)`: out of memory even for `want`. Near a full device
 /// this costs calls: the chunks of `extended` mapped before the one that failed are
-/// unmapped (after a device synchronization) and mapped again for `want` (5 maps, 2 unmaps
-/// and a sync for a 100 MiB growth into the last 100 MiB, where 3 maps would do).
+/// unmapped and mapped again for `want` (5 maps and 2 unmaps for a 100 MiB growth into the
+/// last 100 MiB, where 3 maps would do).
 fn map_growth<D: Device>(
     core: &mut Core<D>,
     id: BlockId,

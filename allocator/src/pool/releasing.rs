@@ -1,0 +1,155 @@
+//! Asynchronous release: the pages of a free block go back to the device once the work that
+//! its stream queued before the release has completed, which the pool learns by polling an
+//! event, never by waiting.
+//!
+//! A block is freed in stream order: kernels queued on its stream before the free may still
+//! use its memory, so its pages cannot be unmapped at once. [`Core::release_pages`] cuts the
+//! whole chunks out of a free block into a *releasing* block, records an event on the block's
+//! stream and polls it once; every allocation polls again ([`Core::poll_releasing`]), and the
+//! pages are unmapped when the event has completed. Work of other streams needs no event
+//! here: a block used by other streams reached its pool only after their events completed
+//! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the last
+//! rung of the out-of-memory ladder, dropping the pool) wait for the events instead and count
+//! each wait in [`crate::stats::Stats::device_waits`].
+//!
+//! Invariants: a releasing block is free (not allocated, no events pending), mapped, in an
+//! expandable segment, in no index, covers whole chunks of its segment, never merges with a
+//! neighbour, and appears once in `Core::releasing` with its event; `Core::releasing_bytes` is
+//! the sum of the sizes of releasing blocks. Its bytes stay reserved (and count against the
+//! memory limit) until they are unmapped.
+
+use super::block::{BlockId, NIL};
+use super::segment::Range;
+use super::Core;
+use cudalloc_sys::{Device, DeviceError, EventHandle};
+
+impl<D: Device> Core<D> {
+    /// Starts giving back the whole chunks of free block `id` ([`Core::release_pages_in`] over
+    /// the whole block).
+    pub fn release_pages(&mut self, id: BlockId) -> Result<u64, DeviceError> {
+        let b = &self.blocks[id];
+        let (addr, size) = (b.addr, b.size);
+        self.release_pages_in(id, addr, size)
+    }
+
+    /// Starts giving back the chunks of free block `id` (of an expandable segment, in its free
+    /// index) lying entirely inside `lo..lo + len`: they leave the pool now and are unmapped
+    /// once the work their stream queued before has completed, at once when it already has
+    /// (see the module docs). Returns the bytes on their way back (0 when no whole chunk lies
+    /// there); they count as reserved until unmapped ([`Core::releasing_bytes`]). Nothing
+    /// changes when the event cannot be recorded (the error is returned).
+    pub fn release_pages_in(&mut self, id: BlockId, lo: u64, len: u64) -> Result<u64, DeviceError> {
+        let b = &self.blocks[id];
+        debug_assert!(b.is_expandable() && b.mapped && !b.allocated && !b.releasing);
+        let (lo, hi) = (lo.max(b.addr), (lo + len).min(b.end()));
+        let seg = self.segments[b.segment as usize]
+            .as_ref()
+            .expect("block of a released segment");
+        let Some(chunks) = (lo < hi).then(|| seg.whole_chunks(lo, hi - lo)).flatten() else {
+            return Ok(0);
+        };
+        let stream = b.stream;
+        let ev = self.take_event()?;
+        if let Err(e) = self.device.record_event(ev, stream) {
+            self.spare_events.push(ev);
+            return Err(e);
+        }
+        let id = self.carve(id, chunks);
+        self.blocks[id].releasing = true;
+        self.releasing.push((ev, id));
+        self.releasing_bytes += chunks.size;
+        self.poll_releasing()?;
+        Ok(chunks.size)
+    }
+
+    /// Takes free block `id` out of its index and splits off what lies outside `r` (those parts
+    /// stay free); returns the block covering exactly `r`.
+    fn carve(&mut self, id: BlockId, r: Range) -> BlockId {
+        let removed = self.unindex_free(id);
+        debug_assert!(removed, "released block was not indexed");
+        let before = r.addr - self.blocks[id].addr;
+        if before > 0 {
+            self.split_mapped_front(id, before);
+        }
+        let after = self.blocks[id].size - r.size;
+        if after > 0 {
+            self.split_mapped_back(id, after);
+        }
+        id
+    }
+
+    /// Bytes of releasing blocks: reserved still, on their way back to the device.
+    pub fn releasing_bytes(&self) -> u64 {
+        self.releasing_bytes
+    }
+
+    /// Unmaps the releasing blocks whose events have completed; never waits.
+    pub(crate) fn poll_releasing(&mut self) -> Result<(), DeviceError> {
+        let mut i = 0;
+        while i < self.releasing.len() {
+            let (ev, id) = self.releasing[i];
+            if self.device.query_event(ev)? {
+                self.releasing.swap_remove(i);
+                self.finish_one(ev, id)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the events of every releasing block and unmaps them: for the synchronizing
+    /// paths only (each wait counted in `device_waits`).
+    pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
+        while let Some(&(ev, id)) = self.releasing.last() {
+            self.stats.device_waits += 1;
+            self.device.synchronize_event(ev)?;
+            self.releasing.pop();
+            self.finish_one(ev, id)?;
+        }
+        Ok(())
+    }
+
+    /// Unmaps releasing block `id`, whose event `ev` has completed. After a failed driver call,
+    /// what was unmapped is accounted for and the rest of the block is free again.
+    fn finish_one(&mut self, ev: EventHandle, id: BlockId) -> Result<(), DeviceError> {
+        self.spare_events.push(ev);
+        let b = &mut self.blocks[id];
+        b.releasing = false;
+        let (addr, size) = (b.addr, b.size);
+        self.releasing_bytes -= size;
+        self.insert_free(id);
+        let result = self.unmap_part(id, addr, size);
+        if result.is_err() {
+            self.settle_after_failure(addr, size);
+        }
+        result.map(|_| ())
+    }
+
+    /// Merges the free mapped blocks inside `addr..addr + size` left by a failed unmap with
+    /// their free neighbours, so that no two free mapped blocks are neighbours.
+    fn settle_after_failure(&mut self, addr: u64, size: u64) {
+        let mut free: Vec<BlockId> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.overlaps(addr, addr + size) && b.mapped && !b.allocated)
+            .filter(|(_, b)| b.event_count == 0 && !b.releasing && b.is_expandable())
+            .map(|(id, _)| id)
+            .collect();
+        free.retain(|&id| {
+            self.free_index(self.blocks[id].pool)
+                .contains(&self.blocks[id])
+        });
+        for id in free {
+            if self.blocks.get(id).is_none() || !self.unindex_free(id) {
+                continue;
+            }
+            for side in [self.blocks[id].prev, self.blocks[id].next] {
+                if side != NIL && !self.blocks[side].releasing {
+                    self.try_merge(id, side);
+                }
+            }
+            self.insert_free(id);
+        }
+    }
+}

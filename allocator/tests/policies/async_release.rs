@@ -1,0 +1,185 @@
+//! Asynchronous release (`pool::releasing`): the `default` policy's budget gives pages back
+//! without waiting for the device. Run with `SimDevice::set_auto_complete(false)`, so that a
+//! stream's work completes only when the test says.
+
+use crate::common::pool;
+
+use cudalloc::snapshot::BlockState;
+use cudalloc::{Allocation, Config, Pool};
+use cudalloc_sys::{Call, SimDevice};
+use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
+
+fn default_with(extra: &str) -> (Sim, Pool<Sim>) {
+    let cfg = Config::parse(&format!("policy:default,layout_plans:false{extra}")).unwrap();
+    pool_with(cfg, 4 * GIB)
+}
+
+/// Device waits of any kind the device has seen.
+fn waits(sim: &SimDevice) -> u64 {
+    sim.calls(Call::SynchronizeDevice) + sim.calls(Call::SynchronizeEvent)
+}
+
+/// The blocks of the pool in state `state`, as (address, size).
+fn in_state(pool: &Pool<Sim>, state: BlockState) -> Vec<(u64, u64)> {
+    let snap = pool.snapshot();
+    let blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+    blocks
+        .filter(|b| b.state == state)
+        .map(|b| (b.addr, b.size))
+        .collect()
+}
+
+/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block, on stream 0; a 34 MiB
+/// growth then passes the budget by 4 MiB, so the 6 MiB block's pages go back
+/// (`budget_rules.rs` has the same layout with work completing at once).
+fn layout_with_excess(pool: &mut Pool<Sim>) -> (Allocation, Allocation, Vec<Allocation>) {
+    let large = alloc(pool, 30 * MIB, S0);
+    let k1 = alloc(pool, 2 * MIB, S0);
+    let small = alloc(pool, 6 * MIB, S0);
+    let k2 = alloc(pool, 2 * MIB, S0);
+    free(pool, &large);
+    free(pool, &small);
+    (large, small, vec![k1, k2])
+}
+
+#[test]
+fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, small, _keep) = layout_with_excess(&mut pool);
+    let (unmaps, device_waits, counted) = (
+        sim.calls(Call::Unmap),
+        waits(&sim),
+        pool.stats().device_waits,
+    );
+    let grown = alloc(&mut pool, 34 * MIB, S0);
+    check(&sim, &pool);
+    // Stream 0's work before the free has not completed: the 6 MiB are on their way back,
+    // out of every free list, still mapped and reserved.
+    assert_eq!(
+        sim.calls(Call::Unmap),
+        unmaps,
+        "unmapped before its stream was done"
+    );
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    assert_eq!(
+        in_state(&pool, BlockState::Releasing),
+        vec![(small.ptr, 6 * MIB)]
+    );
+    assert_eq!(sim.mapped_bytes(), 74 * MIB);
+    // A request its size on the same stream gets other memory.
+    let other = alloc(&mut pool, 6 * MIB, S0);
+    assert!(other.ptr >= small.ptr + 6 * MIB || other.ptr + 6 * MIB <= small.ptr);
+    check(&sim, &pool);
+    sim.complete_stream(S0);
+    // The next allocation polls the event and unmaps the pages.
+    let tiny = alloc(&mut pool, 512, S1);
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert_eq!(sim.calls(Call::Unmap) - unmaps, 3);
+    assert!(in_state(&pool, BlockState::Releasing).is_empty());
+    assert_eq!(
+        waits(&sim),
+        device_waits,
+        "an allocation waited for the device"
+    );
+    assert_eq!(pool.stats().device_waits, counted);
+    for a in [grown, other, tiny] {
+        free(&mut pool, &a);
+    }
+    check(&sim, &pool);
+}
+
+#[test]
+fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, _small, keep) = layout_with_excess(&mut pool);
+    let grown = alloc(&mut pool, 34 * MIB, S0);
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    let counted = pool.stats().device_waits;
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    // One wait for the releasing block's event, one for the device before the free 30 MiB
+    // block's pages go.
+    assert_eq!(pool.stats().device_waits, counted + 2);
+    assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
+    for a in keep.iter().chain([&grown]) {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+}
+
+#[test]
+fn a_pool_dropped_with_pages_on_their_way_back_leaves_the_device_empty() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, _small, _keep) = layout_with_excess(&mut pool);
+    let _grown = alloc(&mut pool, 34 * MIB, S0);
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    drop(pool);
+    crate::common::assert_device_empty(&sim, "after drop");
+}
+
+/// Under a cap the pages on their way back still count: a growth that needs them climbs the
+/// out-of-memory ladder, whose last rung waits for them, and succeeds.
+#[test]
+fn under_a_cap_a_growth_that_needs_releasing_pages_waits_at_the_last_rung() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let a = alloc(&mut pool, 40 * MIB, S0);
+    free(&mut pool, &a);
+    pool.set_limit(Some(48 * MIB));
+    // Another stream cannot use stream 0's free block: its pages must go first.
+    let b = alloc(&mut pool, 40 * MIB, S1);
+    check(&sim, &pool);
+    assert!(pool.reserved() <= 48 * MIB);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert!(pool.stats().device_waits > 0, "the last rung waited");
+    free(&mut pool, &b);
+    check(&sim, &pool);
+}
+
+/// A failed unmap of a releasing block leaves it free and mapped (nothing lost, invariants
+/// whole); a later release gives it back.
+#[test]
+fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, small, keep) = layout_with_excess(&mut pool);
+    let grown = alloc(&mut pool, 34 * MIB, S0);
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    sim.complete_stream(S0);
+    sim.fail_release(1);
+    let polled = pool.allocate(512, S1);
+    check(&sim, &pool);
+    sim.clear_faults();
+    assert!(
+        matches!(polled, Err(cudalloc::AllocError::Device(_))),
+        "the failed unmap is reported: {polled:?}"
+    );
+    assert_eq!(pool.releasing_bytes(), 0);
+    let free_blocks = in_state(&pool, BlockState::Free);
+    assert!(
+        free_blocks
+            .iter()
+            .any(|&(p, n)| p <= small.ptr && small.ptr + 6 * MIB <= p + n),
+        "the pages are not free again: {free_blocks:?}"
+    );
+    // The next allocation is served, and a later budget release can give the pages back.
+    let t = alloc(&mut pool, 512, S1);
+    free(&mut pool, &t);
+    for a in keep.iter().chain([&grown]) {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+}
