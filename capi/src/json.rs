@@ -60,6 +60,7 @@ pub fn stats<D: Device>(
             "maps": calls.maps,
             "unmaps": calls.unmaps,
             "total": calls.total(),
+            "device_waits": snap.stats.device_waits,
         }),
     );
     let tc = snap.stats.thread_cache;

@@ -186,6 +186,7 @@ mod tests {
                 device_frees: 0,
                 device_maps: maps,
                 device_unmaps: 1,
+                device_waits: 0,
                 ooms: 0,
                 ns_per_event: 0.0,
                 failure: None,

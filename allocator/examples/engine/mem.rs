@@ -163,6 +163,10 @@ impl Mem for PoolMem {
                 "page maps / unmaps",
                 format!("{} / {}", s.calls.maps, s.calls.unmaps),
             ),
+            (
+                "device waits (synchronizations)",
+                s.device_waits.to_string(),
+            ),
             ("allocations", s.allocation.get(all).allocated.to_string()),
             ("OOM retries", s.num_alloc_retries.to_string()),
             (

@@ -137,6 +137,9 @@ pub struct ReplayResult {
     pub device_maps: u64,
     /// Unmap operations.
     pub device_unmaps: u64,
+    /// Times the pool waited for the device (`Stats::device_waits`): only at the trace's
+    /// `empty_cache` and the out-of-memory ladder's last rung.
+    pub device_waits: u64,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Wall time per operation.
@@ -210,6 +213,7 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
             device_frees: 0,
             device_maps: 0,
             device_unmaps: 0,
+            device_waits: 0,
             ooms: 0,
             ns_per_event: 0.0,
             failure: Some(Failure {
@@ -302,6 +306,7 @@ pub fn replay_pool<D: Device, P: Policy>(
         device_frees: s.calls.frees,
         device_maps: s.calls.maps,
         device_unmaps: s.calls.unmaps,
+        device_waits: s.device_waits,
         ooms: s.num_ooms,
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,

@@ -8,7 +8,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 23] = [
+const KEYS: [&str; 24] = [
     "trace",
     "policy",
     "completed",
@@ -23,6 +23,7 @@ const KEYS: [&str; 23] = [
     "device_frees",
     "device_maps",
     "device_unmaps",
+    "device_waits",
     "ooms",
     "ns_per_event",
     "trace_lines",
