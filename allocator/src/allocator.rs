@@ -44,7 +44,7 @@ use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::{Cached, Caches};
-use cudalloc_sys::{Device, StreamId};
+use cudalloc_sys::{CaptureMode, Device, StreamId};
 
 /// Number of stream shards.
 const SHARDS: usize = 64;
@@ -466,12 +466,42 @@ impl<D: Device> CachingAllocator<D> {
     /// Returns every cached block that can go back to the device (one wait for all streams in
     /// the statistics, as PyTorch's `empty_cache`, however many shards it empties).
     pub fn empty_cache(&self) -> Result<(), AllocError> {
+        if self.shards[0].lock().capturing() {
+            return Err(AllocError::DuringCapture {
+                what: "empty_cache",
+                requested: 0,
+            });
+        }
         self.flush_thread_caches()?;
         self.shards[0].lock().count_sync_all_streams();
         for s in self.shards.iter() {
             s.lock().release_all_cached()?;
         }
         Ok(())
+    }
+
+    /// The caller begins a CUDA graph capture in `mode`: until it ends, no shard makes a
+    /// device call the capture forbids (`pool::capture`). Call it before the capture begins
+    /// (before `cuStreamBeginCapture`), so that no call of another thread lands inside it.
+    pub fn begin_capture(&self, mode: CaptureMode) {
+        for s in self.shards.iter() {
+            s.lock().begin_capture(mode);
+        }
+    }
+
+    /// The caller ended a capture begun with [`CachingAllocator::begin_capture`] (call it after
+    /// `cuStreamEndCapture`); blocks freed during the capture that other streams used start
+    /// waiting for those streams' work now. Every shard ends it, even after one fails; the
+    /// first error is returned.
+    pub fn end_capture(&self, mode: CaptureMode) -> Result<(), AllocError> {
+        let mut first = Ok(());
+        for s in self.shards.iter() {
+            let r = s.lock().end_capture(mode);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 
     /// Caps the allocator at `fraction` of the device's memory; 1.0 removes the cap

@@ -84,6 +84,15 @@ pub enum AllocError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// The caller asked, during a CUDA graph capture it told the allocator of, for what needs a
+    /// device call the capture forbids (`pool::capture`); nothing changed.
+    DuringCapture {
+        /// What was asked: `grow` (a growth by `malloc`), `empty_cache`, or an unmatched
+        /// `end_capture`.
+        what: &'static str,
+        /// Bytes asked for (`grow`), else 0.
+        requested: u64,
+    },
     /// `len` elements of `elem_size` bytes each are more bytes than a `usize` or `u64` counts.
     ElementCountOverflow {
         /// Elements asked for.
@@ -184,6 +193,7 @@ impl fmt::Display for AllocError {
                 "{stream} belongs to another CUDA context (of device {stream_device}) than the \
                  allocator's device ({device})"
             ),
+            AllocError::DuringCapture { what, requested } => during_capture(f, what, *requested),
             AllocError::ElementCountOverflow {
                 len,
                 elem_size,
@@ -193,6 +203,25 @@ impl fmt::Display for AllocError {
                 "{len} elements of {elem_type} ({elem_size} bytes each): the size overflows"
             ),
         }
+    }
+}
+
+/// The text of [`AllocError::DuringCapture`]: what was refused and what to do instead.
+fn during_capture(f: &mut fmt::Formatter<'_>, what: &str, requested: u64) -> fmt::Result {
+    match what {
+        "grow" => write!(
+            f,
+            "cannot get {requested} bytes during a CUDA graph capture: this policy grows with \
+             cuMemAlloc, which a capture forbids; run the captured work once before capturing \
+             (a warm-up) so that the pool already holds the memory, or use the default or \
+             torch-expandable policy, which map pages during a capture"
+        ),
+        "empty_cache" => write!(
+            f,
+            "empty_cache during a CUDA graph capture: it waits for the device, which a capture \
+             forbids; call it before or after the capture"
+        ),
+        _ => write!(f, "{what}: no CUDA graph capture is underway"),
     }
 }
 

@@ -86,6 +86,12 @@ impl Block {
         }
     }
 
+    /// True while the block, freed by its caller, waits for other streams' work: events pending,
+    /// or deferred until a capture ends (`pool::capture`).
+    pub fn waits(&self) -> bool {
+        self.event_count > 0 || (!self.allocated && !self.stream_uses.is_empty())
+    }
+
     /// True when the block shares its segment with other blocks.
     pub fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL

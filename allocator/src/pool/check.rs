@@ -52,7 +52,7 @@ impl<D: Device> Core<D> {
             if b.allocated {
                 e.live += b.requested;
                 e.rounding += b.size - b.requested;
-            } else if b.event_count > 0 || b.releasing {
+            } else if b.waits() || b.releasing {
                 e.pending += b.size;
             } else {
                 let whole = self.releasable_bytes(b);
@@ -93,7 +93,7 @@ impl<D: Device> Core<D> {
         let b = &self.blocks[id];
         let state = if b.allocated {
             BlockState::Allocated
-        } else if b.event_count > 0 {
+        } else if b.waits() {
             BlockState::PendingEvents
         } else if b.releasing {
             BlockState::Releasing
@@ -170,7 +170,7 @@ impl<D: Device> Core<D> {
         let mut free = 0;
         let mut unmapped = 0;
         for (_, b) in self.blocks.iter() {
-            let idle = !b.allocated && b.event_count == 0 && !b.releasing;
+            let idle = !b.allocated && !b.waits() && !b.releasing;
             if b.releasing && (b.allocated || !b.mapped || !b.is_expandable()) {
                 return Err(format!(
                     "releasing block {:#x} is allocated, unmapped or fixed",

@@ -98,9 +98,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
             return Err(self.core.refuse_too_large(size));
         }
         self.core.apply_fraction()?;
-        self.core.process_events(&mut self.policy)?;
-        if !self.core.releasing.is_empty() {
-            self.core.poll_releasing()?;
+        if !self.core.capturing() {
+            self.core.process_events(&mut self.policy)?;
+            if !self.core.releasing.is_empty() {
+                self.core.poll_releasing()?;
+            }
         }
         let rounded = sizes::round_size(size, &self.core.cfg);
         let req = Request {
@@ -125,6 +127,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// blocks, as PyTorch), then every cached block, then give up with
     /// [`AllocError::OutOfMemory`].
     fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
+        if self.core.capturing() {
+            return self.grow_in_capture(req, orig);
+        }
         if self.core.limit.is_some() && self.core.cfg.garbage_collection_threshold > 0.0 {
             crate::policy::torch::garbage_collect_cached_blocks(&mut self.core)?;
         }
@@ -145,6 +150,16 @@ impl<D: Device, P: Policy> Pool<D, P> {
         Err(self.core.oom_error(orig, req))
     }
 
+    /// The ladder during a capture (`capture`): growth only, since its other rungs free
+    /// segments or wait for the device.
+    fn grow_in_capture(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
+        if let Some(id) = self.alloc_block(req, false)? {
+            return Ok(id);
+        }
+        self.core.stats.num_ooms += 1;
+        Err(self.core.oom_error(orig, req))
+    }
+
     /// New memory for a request, as the policy gets it. `Ok(None)` is out of memory (the ladder
     /// may free cached memory and retry).
     fn alloc_block(
@@ -156,6 +171,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
             self.core.stats.num_alloc_retries += 1;
         }
         self.core.reserve_failed = false;
+        self.core.capture_refused = false;
         self.policy.grow(&mut self.core, req)
     }
 
@@ -170,7 +186,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
             .ok_or(AllocError::NotAllocated(a.ptr))?;
         let (pool, size) = (b.pool, b.size);
         if !b.stream_uses.is_empty() {
-            core.insert_events(a.block)?;
+            if core.capturing() {
+                core.defer_events(a.block);
+            } else {
+                core.insert_events(a.block)?;
+            }
         }
         // A free, even one that waits for other streams' work first.
         note_free(&core.unfreed);
@@ -179,14 +199,30 @@ impl<D: Device, P: Policy> Pool<D, P> {
         if size >= core.cfg.max_split_size {
             core.stats.oversize_allocations.decrease(1);
         }
-        if core.blocks[a.block].event_count == 0 {
+        if !core.blocks[a.block].waits() {
             core.free_block(&mut self.policy, a.block);
         }
         Ok(())
     }
 
+    /// The caller begins a CUDA graph capture in `mode` ([`Core::begin_capture`]).
+    pub fn begin_capture(&mut self, mode: cudalloc_sys::CaptureMode) {
+        self.core.begin_capture(mode);
+    }
+
+    /// The caller ended a capture in `mode` ([`Core::end_capture`]).
+    pub fn end_capture(&mut self, mode: cudalloc_sys::CaptureMode) -> Result<(), AllocError> {
+        self.core.end_capture(&mut self.policy, mode)
+    }
+
     /// Returns every cached block that can go back to the device (PyTorch's `empty_cache`).
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        if self.core.capturing() {
+            return Err(AllocError::DuringCapture {
+                what: "empty_cache",
+                requested: 0,
+            });
+        }
         self.release_cached_blocks()?;
         Ok(())
     }
@@ -299,6 +335,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
 impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// Gives everything back to the device: live allocations die with the pool.
     fn drop(&mut self) {
+        let _ = self.core.abandon_captures(&mut self.policy);
         let _ = self.core.synchronize_and_free_events(&mut self.policy);
         let live: Vec<Allocation> = self
             .core

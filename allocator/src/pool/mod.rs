@@ -19,6 +19,7 @@
 //!   `reserved_bytes.all.current` (`reserved`).
 
 pub mod block;
+mod capture;
 mod check;
 mod events;
 mod expand;
@@ -98,6 +99,15 @@ pub struct Core<D: Device> {
     pub(crate) releasing: Vec<(EventHandle, BlockId)>,
     /// Bytes of the releasing blocks.
     pub(crate) releasing_bytes: u64,
+    /// Captures the caller began and has not ended (`capture`).
+    pub(crate) captures: u32,
+    /// Those of them not in relaxed mode.
+    pub(crate) strict_captures: u32,
+    /// Blocks freed during a capture whose events are recorded when it ends (`capture`).
+    pub(crate) deferred: Vec<BlockId>,
+    /// A growth in the last attempt needed `malloc` during a capture: the error then says so
+    /// ([`crate::AllocError::DuringCapture`]).
+    pub(crate) capture_refused: bool,
     pub(crate) spare_events: Vec<EventHandle>,
     pub(crate) peers: Vec<usize>,
     /// Reserved bytes of every pool sharing this pool's device and limit.
@@ -146,6 +156,10 @@ impl<D: Device> Core<D> {
             pending: BTreeMap::new(),
             releasing: Vec::new(),
             releasing_bytes: 0,
+            captures: 0,
+            strict_captures: 0,
+            deferred: Vec::new(),
+            capture_refused: false,
             spare_events: Vec::new(),
             peers: Vec::new(),
             shared: None,
@@ -261,6 +275,12 @@ impl<D: Device> Core<D> {
     }
 
     pub(crate) fn oom_error(&self, orig: u64, req: &Request) -> AllocError {
+        if self.capture_refused {
+            return AllocError::DuringCapture {
+                what: "grow",
+                requested: orig,
+            };
+        }
         let device_free = self.device.mem_info().map(|m| m.0).unwrap_or(0);
         if self.reserve_failed {
             let ranges = self.segments.iter().flatten();
@@ -456,7 +476,7 @@ impl<D: Device> Core<D> {
         }
         let s = &self.blocks[src];
         if s.allocated
-            || s.event_count > 0
+            || s.waits()
             || s.releasing
             || !s.stream_uses.is_empty()
             || s.mapped != self.blocks[dst].mapped
@@ -496,6 +516,10 @@ impl<D: Device> Core<D> {
     /// in the free index. `Ok(None)`: out of memory, or past the limit.
     pub fn alloc_segment(&mut self, req: &Request) -> Result<Option<BlockId>, DeviceError> {
         let size = req.alloc_size;
+        if self.mallocs_refused() {
+            self.capture_refused = true;
+            return Ok(None);
+        }
         if self.over_limit(size) || !self.claim(size) {
             return Ok(None);
         }

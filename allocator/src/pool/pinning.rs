@@ -86,7 +86,7 @@ impl<D: Device> Core<D> {
 
 /// A mapped block that is neither allocated, waiting for events nor being released.
 fn is_free(b: &Block) -> bool {
-    b.mapped && !b.allocated && b.event_count == 0 && !b.releasing
+    b.mapped && !b.allocated && !b.waits() && !b.releasing
 }
 
 /// Adds `bytes` of block `b` (those inside the unit) to `unit`.

@@ -50,11 +50,12 @@ impl<D: Device> Core<D> {
     /// pages of expandable segments. Waits for pending stream events and releasing blocks
     /// first, and for the device before it unmaps free pages (work queued on them may still
     /// run); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
-    /// each wait counts in `device_waits`.
+    /// each wait counts in `device_waits`. Refused during a capture (`capture`).
     pub(crate) fn release_all_cached<P: Policy>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {
+        self.refuse_in_capture("synchronize_device")?;
         self.synchronize_and_free_events(policy)?;
         self.finish_releasing()?;
         if self.holds_free_pages() {

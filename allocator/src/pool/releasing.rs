@@ -36,8 +36,9 @@ impl<D: Device> Core<D> {
     /// index) lying entirely inside `lo..lo + len`: they leave the pool now and are unmapped
     /// once the work their stream queued before has completed, at once when it already has
     /// (see the module docs). Returns the bytes on their way back (0 when no whole chunk lies
-    /// there); they count as reserved until unmapped ([`Core::releasing_bytes`]). Nothing
-    /// changes when the event cannot be recorded (the error is returned).
+    /// there, and during a capture: `capture`); they count as reserved until unmapped
+    /// ([`Core::releasing_bytes`]). Nothing changes when the event cannot be recorded (the
+    /// error is returned).
     pub fn release_pages_in(&mut self, id: BlockId, lo: u64, len: u64) -> Result<u64, DeviceError> {
         let b = &self.blocks[id];
         debug_assert!(b.is_expandable() && b.mapped && !b.allocated && !b.releasing);
@@ -45,7 +46,8 @@ impl<D: Device> Core<D> {
         let seg = self.segments[b.segment as usize]
             .as_ref()
             .expect("block of a released segment");
-        let Some(chunks) = (lo < hi).then(|| seg.whole_chunks(lo, hi - lo)).flatten() else {
+        let whole = (lo < hi && !self.capturing()).then(|| seg.whole_chunks(lo, hi - lo));
+        let Some(chunks) = whole.flatten() else {
             return Ok(0);
         };
         let stream = b.stream;
@@ -133,7 +135,7 @@ impl<D: Device> Core<D> {
             .blocks
             .iter()
             .filter(|(_, b)| b.overlaps(addr, addr + size) && b.mapped && !b.allocated)
-            .filter(|(_, b)| b.event_count == 0 && !b.releasing && b.is_expandable())
+            .filter(|(_, b)| !b.waits() && !b.releasing && b.is_expandable())
             .map(|(id, _)| id)
             .collect();
         free.retain(|&id| {

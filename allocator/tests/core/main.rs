@@ -17,12 +17,14 @@
 //! Files: `sizes.rs` (size classes, rounding), `pool_split.rs` (split, merge, best fit, streams),
 //! `pool_release.rs` (oversize blocks, out-of-memory ladder, garbage collection, `empty_cache`,
 //! `record_stream`), `pool_expandable.rs` (pages mapped and unmapped, address-space ranges),
-//! `pool_stats.rs` (statistics and fragmentation figures).
+//! `pool_stats.rs` (statistics and fragmentation figures), `capture.rs` (no call a CUDA graph
+//! capture forbids while the pool is told one is underway).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 
+mod capture;
 mod pool_expandable;
 mod pool_release;
 mod pool_split;

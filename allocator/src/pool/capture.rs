@@ -1,0 +1,122 @@
+//! Capture awareness: while the caller says a CUDA graph capture is underway
+//! ([`Core::begin_capture`]), the pool makes no device call that a capture forbids (see
+//! `cudalloc_sys::CaptureMode::forbids`): no `malloc` or `free`, no event query and no wait.
+//!
+//! During a capture:
+//! - an allocation neither polls stream events nor releasing blocks (`events`, `releasing`);
+//! - growth maps pages (expandable policies: legal during a capture); a growth that needs
+//!   `malloc` (fixed segments, the `torch` policy) fails with [`AllocError::DuringCapture`],
+//!   which says how to reserve ahead, unless every capture underway is in relaxed mode
+//!   (`CaptureMode::Relaxed`, as PyTorch's allocator uses for its own `cudaMalloc`);
+//! - the out-of-memory ladder stops after growth: its other rungs free segments or wait;
+//! - no pages are given back ([`Core::release_pages_in`] gives back nothing) and `empty_cache`
+//!   is refused;
+//! - a freed block that other streams used (`record_stream`) is *deferred*: its events are
+//!   recorded when the last capture ends ([`Core::end_capture`]), as PyTorch does; until then
+//!   it waits like a block with events pending.
+//!
+//! The caller's word is the rule, for all streams of the pool: in the global capture mode a
+//! forbidden call from any thread invalidates the capture, and an event recorded on a stream
+//! being captured (in any mode) cannot be queried afterwards, so no event is recorded or
+//! queried in any mode. Invariants: `captures` counts the captures begun and not ended and
+//! `strict_captures` those of them not in relaxed mode; `deferred` is empty while
+//! `captures == 0` (outside [`Core::end_capture`]); a deferred block is neither allocated nor
+//! indexed, has no events pending and keeps its `stream_uses`.
+
+use super::block::BlockId;
+use super::Core;
+use crate::error::AllocError;
+use crate::policy::Policy;
+use cudalloc_sys::{CaptureMode, Device, DeviceError};
+
+impl<D: Device> Core<D> {
+    /// The caller begins a CUDA graph capture in `mode` that this pool's memory may take part
+    /// in.
+    pub fn begin_capture(&mut self, mode: CaptureMode) {
+        self.captures += 1;
+        if mode != CaptureMode::Relaxed {
+            self.strict_captures += 1;
+        }
+    }
+
+    /// The caller ended a capture in `mode` begun with [`Core::begin_capture`]. When it was
+    /// the last, the events of blocks freed during the captures are recorded now. An unmatched
+    /// end is refused. A failure to record leaves the blocks waiting (the next end tries
+    /// again).
+    pub fn end_capture<P: Policy>(
+        &mut self,
+        policy: &mut P,
+        mode: CaptureMode,
+    ) -> Result<(), AllocError> {
+        let strict = mode != CaptureMode::Relaxed;
+        let underway = if strict {
+            self.strict_captures
+        } else {
+            self.captures - self.strict_captures
+        };
+        if underway == 0 {
+            return Err(AllocError::DuringCapture {
+                what: "end_capture without begin_capture",
+                requested: 0,
+            });
+        }
+        self.captures -= 1;
+        if strict {
+            self.strict_captures -= 1;
+        }
+        if self.captures > 0 {
+            return Ok(());
+        }
+        self.record_deferred(policy)
+    }
+
+    /// Forgets every capture (the pool is being dropped) and records the deferred events.
+    pub(crate) fn abandon_captures<P: Policy>(&mut self, policy: &mut P) -> Result<(), AllocError> {
+        self.captures = 0;
+        self.strict_captures = 0;
+        self.record_deferred(policy)
+    }
+
+    /// Records the events of the blocks freed during captures, now that none is underway.
+    fn record_deferred<P: Policy>(&mut self, policy: &mut P) -> Result<(), AllocError> {
+        while let Some(&id) = self.deferred.last() {
+            self.insert_events(id)?;
+            self.deferred.pop();
+            if self.blocks[id].event_count == 0 {
+                // No stream left to wait for (cannot happen: a deferred block has uses).
+                self.free_block(policy, id);
+            }
+        }
+        Ok(())
+    }
+
+    /// True while a capture the caller told of is underway.
+    pub fn capturing(&self) -> bool {
+        self.captures > 0
+    }
+
+    /// True while a capture not in relaxed mode is underway: `malloc` and `free` are refused.
+    pub(crate) fn mallocs_refused(&self) -> bool {
+        self.strict_captures > 0
+    }
+
+    /// Keeps freed block `id`, which other streams used, out of its pool until the captures
+    /// end (see the module docs).
+    pub(crate) fn defer_events(&mut self, id: BlockId) {
+        self.blocks[id].allocated = false;
+        self.deferred.push(id);
+    }
+
+    /// Blocks freed during a capture whose events wait for its end.
+    pub fn deferred_blocks(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// The error for a device call a capture forbids, when one is underway.
+    pub(crate) fn refuse_in_capture(&self, call: &'static str) -> Result<(), DeviceError> {
+        if self.capturing() {
+            return Err(DeviceError::capture_unsupported(call));
+        }
+        Ok(())
+    }
+}

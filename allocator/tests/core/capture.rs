@@ -1,0 +1,261 @@
+//! Capture awareness (`pool::capture`): told that a CUDA graph capture is underway, the pool
+//! makes no device call the capture forbids. The simulated device refuses those calls while it
+//! captures a stream, as the driver does (error 900, and the capture is invalidated), so a
+//! forbidden call shows as a failed `end_capture` here.
+
+use crate::common::pool;
+
+use cudalloc::snapshot::BlockState;
+use cudalloc::{AllocError, CachingAllocator, Config, Policy, Pool};
+use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
+use pool::{alloc, check, free, pool_with, Sim, GIB, KIB, MIB};
+use std::sync::Arc;
+
+/// A stream that can be captured (the sim refuses the legacy and per-thread default streams).
+const CAP: StreamId = StreamId(5);
+/// Another stream.
+const SIDE: StreamId = StreamId(6);
+
+fn pool_for(policy: Policy) -> (Sim, Pool<Sim>) {
+    pool_with(Config::for_policy(policy), 4 * GIB)
+}
+
+/// Mixed requests on the capture stream: small and large, some freed at once (their memory is
+/// reused within the capture), the rest kept.
+fn capture_work(pool: &mut Pool<Sim>) -> Vec<cudalloc::Allocation> {
+    let mut kept = Vec::new();
+    for (i, size) in [1000, 3 * MIB, 40 * KIB, 25 * MIB, 512, 90 * MIB]
+        .into_iter()
+        .enumerate()
+    {
+        let a = alloc(pool, size, CAP);
+        if i % 2 == 0 {
+            free(pool, &a);
+        } else {
+            kept.push(a);
+        }
+    }
+    kept
+}
+
+#[test]
+fn expandable_policies_grow_and_reuse_during_a_global_capture_without_a_forbidden_call() {
+    for policy in [Policy::Default, Policy::TorchExpandable] {
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        pool.begin_capture(CaptureMode::Global);
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        let kept = capture_work(&mut pool);
+        check(&sim, &pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?} made a forbidden call: {e}"));
+        pool.end_capture(CaptureMode::Global).unwrap();
+        assert_eq!(sim.calls(Call::Malloc), 0);
+        for a in &kept {
+            free(&mut pool, a);
+        }
+        sim.complete_all();
+        pool.empty_cache().unwrap();
+        check(&sim, &pool);
+        assert_eq!(sim.outstanding_bytes(), 0);
+    }
+}
+
+#[test]
+fn torch_growth_during_a_capture_is_an_error_that_says_how_to_reserve_ahead() {
+    let (sim, mut pool) = pool_for(Policy::Torch);
+    pool.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    let err = pool.allocate(10 * MIB, CAP).unwrap_err();
+    assert_eq!(
+        err,
+        AllocError::DuringCapture {
+            what: "grow",
+            requested: 10 * MIB
+        }
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("warm-up") && text.contains("torch-expandable"),
+        "{text}"
+    );
+    sim.end_capture(CAP).expect("the capture stayed valid");
+    pool.end_capture(CaptureMode::Global).unwrap();
+    check(&sim, &pool);
+    // Outside the capture the same request is served.
+    let a = alloc(&mut pool, 10 * MIB, CAP);
+    free(&mut pool, &a);
+}
+
+#[test]
+fn a_pool_not_told_of_the_capture_invalidates_it() {
+    let (sim, mut pool) = pool_for(Policy::Torch);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    let err = pool.allocate(10 * MIB, CAP).unwrap_err();
+    assert!(
+        matches!(&err, AllocError::Device(e) if e.is_capture_unsupported()),
+        "{err}"
+    );
+    assert!(
+        sim.end_capture(CAP).is_err(),
+        "the driver invalidates the capture"
+    );
+    check(&sim, &pool);
+}
+
+#[test]
+fn in_relaxed_mode_torch_grows_with_malloc() {
+    let (sim, mut pool) = pool_for(Policy::Torch);
+    pool.begin_capture(CaptureMode::Relaxed);
+    sim.begin_capture(CAP, CaptureMode::Relaxed).unwrap();
+    let kept = capture_work(&mut pool);
+    sim.end_capture(CAP).unwrap();
+    pool.end_capture(CaptureMode::Relaxed).unwrap();
+    assert!(sim.calls(Call::Malloc) > 0);
+    for a in &kept {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
+}
+
+#[test]
+fn a_warmed_up_torch_pool_serves_a_capture_from_its_cache() {
+    let (sim, mut pool) = pool_for(Policy::Torch);
+    let warm = capture_work(&mut pool);
+    for a in &warm {
+        free(&mut pool, a);
+    }
+    let mallocs = sim.calls(Call::Malloc);
+    pool.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    let kept = capture_work(&mut pool);
+    sim.end_capture(CAP).unwrap();
+    pool.end_capture(CaptureMode::Global).unwrap();
+    assert_eq!(sim.calls(Call::Malloc), mallocs);
+    for a in &kept {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
+}
+
+#[test]
+fn a_block_another_stream_used_waits_until_the_capture_ends_for_its_events() {
+    let (sim, mut pool) = pool_for(Policy::Default);
+    sim.set_auto_complete(false);
+    let a = alloc(&mut pool, 4 * MIB, CAP);
+    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+    pool.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    free(&mut pool, &a);
+    check(&sim, &pool);
+    assert_eq!(pool.deferred_blocks(), 1);
+    assert_eq!(
+        sim.calls(Call::RecordEvent),
+        0,
+        "an event recorded during the capture"
+    );
+    let state = |pool: &Pool<Sim>| {
+        let snap = pool.snapshot();
+        let mut blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+        blocks.find(|b| b.addr == a.ptr).map(|b| b.state)
+    };
+    assert_eq!(state(&pool), Some(BlockState::PendingEvents));
+    // Its memory is not reused during the capture.
+    let b = alloc(&mut pool, 4 * MIB, CAP);
+    assert_ne!(b.ptr, a.ptr);
+    assert_eq!(
+        pool.free(&a),
+        Err(AllocError::NotAllocated(a.ptr)),
+        "freed twice"
+    );
+    sim.end_capture(CAP).unwrap();
+    pool.end_capture(CaptureMode::Global).unwrap();
+    assert_eq!(pool.deferred_blocks(), 0);
+    assert_eq!(pool.pending_events(), 1);
+    sim.complete_all();
+    free(&mut pool, &b);
+    let c = alloc(&mut pool, 4 * MIB, CAP);
+    assert_eq!(
+        c.ptr, a.ptr,
+        "back in its pool once the side stream's work completed"
+    );
+    free(&mut pool, &c);
+    check(&sim, &pool);
+}
+
+#[test]
+fn the_default_budget_gives_nothing_back_during_a_capture() {
+    let cfg = Config::parse("policy:default,layout_plans:false,fragmentation_budget:0.1").unwrap();
+    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    sim.set_auto_complete(false);
+    // A free block of another stream: outside a capture the budget would give it back.
+    let other = alloc(&mut pool, 64 * MIB, SIDE);
+    free(&mut pool, &other);
+    pool.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    let a = alloc(&mut pool, 64 * MIB, CAP);
+    sim.end_capture(CAP).unwrap();
+    assert_eq!(sim.calls(Call::Unmap), 0);
+    assert_eq!(sim.calls(Call::RecordEvent), 0);
+    assert_eq!(pool.releasing_bytes(), 0);
+    pool.end_capture(CaptureMode::Global).unwrap();
+    free(&mut pool, &a);
+    // The control: outside the capture, the same growth on a third stream gives pages back.
+    let b = alloc(&mut pool, 64 * MIB, StreamId(7));
+    assert!(
+        sim.calls(Call::RecordEvent) > 0,
+        "the budget gave nothing back"
+    );
+    free(&mut pool, &b);
+    check(&sim, &pool);
+}
+
+#[test]
+fn empty_cache_and_an_unmatched_end_are_refused_and_change_nothing() {
+    let (sim, mut pool) = pool_for(Policy::TorchExpandable);
+    let a = alloc(&mut pool, 8 * MIB, CAP);
+    free(&mut pool, &a);
+    let reserved = pool.reserved();
+    pool.begin_capture(CaptureMode::ThreadLocal);
+    sim.begin_capture(CAP, CaptureMode::ThreadLocal).unwrap();
+    let err = pool.empty_cache().unwrap_err();
+    assert!(
+        err.to_string().contains("before or after the capture"),
+        "{err}"
+    );
+    assert_eq!(pool.reserved(), reserved);
+    sim.end_capture(CAP).unwrap();
+    // A relaxed end does not end a thread-local capture.
+    let err = pool.end_capture(CaptureMode::Relaxed).unwrap_err();
+    assert!(
+        matches!(err, AllocError::DuringCapture { requested: 0, .. }),
+        "{err}"
+    );
+    pool.end_capture(CaptureMode::ThreadLocal).unwrap();
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved(), 0);
+    check(&sim, &pool);
+}
+
+#[test]
+fn the_caching_allocator_tells_every_shard() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let cfg = Config::for_policy(Policy::Torch);
+    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    alloc.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    for s in [CAP, SIDE, StreamId(77)] {
+        let err = alloc.allocate(MIB, s).unwrap_err();
+        assert!(matches!(err, AllocError::DuringCapture { .. }), "{err}");
+    }
+    assert!(alloc.empty_cache().is_err());
+    sim.end_capture(CAP).unwrap();
+    alloc.end_capture(CaptureMode::Global).unwrap();
+    assert!(
+        alloc.end_capture(CaptureMode::Global).is_err(),
+        "unmatched end"
+    );
+    let a = alloc.allocate(MIB, SIDE).unwrap();
+    alloc.free(a).unwrap();
+    alloc.check_invariants().unwrap();
+}
