@@ -20,8 +20,8 @@
  *   unset: policy "default"). A bad configuration makes every call that reads it fail with the
  *   config error: cudalloc_check, cudalloc_malloc, cudalloc_free and cudalloc_record_stream (of
  *   a non-NULL pointer; cudalloc_free returns nothing, the reason is in cudalloc_last_error()),
- *   cudalloc_empty_cache, cudalloc_set_memory_fraction, cudalloc_reset_peak_stats and the JSON
- *   functions. Without a driver or a GPU these fail with "no CUDA device ...", except
+ *   cudalloc_empty_cache, cudalloc_set_memory_fraction, cudalloc_reset_peak_stats, the JSON
+ *   functions and cudalloc_memory_snapshot. Without a driver or a GPU these fail with "no CUDA device ...", except
  *   cudalloc_free and cudalloc_record_stream: they never make an allocator or open a device, and
  *   for a device that has no allocator yet (every device, without a GPU) they fail as for any
  *   pointer that is not a live allocation.
@@ -32,7 +32,8 @@
  * Errors
  *   Functions returning a pointer return NULL on failure (cudalloc_malloc also returns NULL,
  *   without an error, for 0 bytes), those returning int return 0 on
- *   success and -1 on failure, the JSON functions return 0 on failure. The reason is then in
+ *   success and -1 on failure, the JSON functions and cudalloc_memory_snapshot return 0 on
+ *   failure. The reason is then in
  *   cudalloc_last_error(), per thread. No function unwinds into the caller, and none aborts
  *   unless cudalloc_set_malloc_failure_action(CUDALLOC_MALLOC_ABORT) asked a failed
  *   cudalloc_malloc to.
@@ -51,6 +52,7 @@
 #define CUDALLOC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -157,6 +159,51 @@ size_t cudalloc_device_stats(int device, char *buf, size_t len);
  * caller into a per-thread cache: not allocated, as the stats count it, and not free either, for
  * only that thread's next request of the same size and stream can have it). */
 size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
+
+/* Segments and blocks of device in the shape of PyTorch's memory snapshot
+ * (torch.cuda.memory_snapshot()), as plain structs: those of private pool (id0, id1) only, or,
+ * for (0, 0), the device's own memory and every private pool's (each segment names its pool).
+ * Writes them into buf if they fit in len bytes (writes nothing otherwise; buf may be NULL with
+ * len 0) and returns their size in bytes, written or needed (it may grow between calls: retry
+ * with a bigger buffer); 0 on failure. A device not used yet, or a pool it does not have, gives
+ * a document with no segments (the header alone), and is not opened. buf must be aligned to 8
+ * bytes (malloc's is). The document: a cudalloc_snapshot_header, then header.segments
+ * cudalloc_segment, then header.blocks cudalloc_block; segments in address order, each
+ * segment's blocks (block_count of them from index first_block) tiling it in address order.
+ * As in PyTorch's snapshot a segment holds only memory backed by the device: an expandable
+ * segment is reported as one segment per run of mapped pages (its unmapped addresses are in no
+ * segment), so total_size adds up to the reserved bytes. PyTorch's block states: allocated
+ * ("active_allocated"), pending events ("active_pending_free"), the others ("inactive"). */
+#define CUDALLOC_SEGMENT_LARGE 1      /* flags: the large pool (else the small one) */
+#define CUDALLOC_SEGMENT_EXPANDABLE 2 /* flags: part of an expandable segment */
+#define CUDALLOC_BLOCK_ALLOCATED 1      /* handed out and not freed */
+#define CUDALLOC_BLOCK_PENDING_EVENTS 2 /* freed, waiting for the work of other streams */
+#define CUDALLOC_BLOCK_FREE 3           /* cached, free for any request */
+#define CUDALLOC_BLOCK_RELEASING 4      /* free pages on their way back to the device */
+#define CUDALLOC_BLOCK_THREAD_CACHED 5  /* freed into a per-thread cache (see snapshot_json) */
+typedef struct cudalloc_snapshot_header {
+    uint64_t segments; /* number of cudalloc_segment that follow */
+    uint64_t blocks;   /* number of cudalloc_block after them */
+} cudalloc_snapshot_header;
+typedef struct cudalloc_segment { /* 64 bytes */
+    uint64_t address;     /* first address */
+    uint64_t total_size;  /* bytes of its blocks */
+    uint64_t stream;      /* the cudaStream_t its memory belongs to, as an integer */
+    uint64_t pool_id[2];  /* the private pool that owns it; {0, 0}: the device's own memory */
+    uint64_t first_block; /* index of its first block among the blocks */
+    uint64_t block_count; /* number of its blocks */
+    int32_t device;
+    int32_t flags; /* CUDALLOC_SEGMENT_LARGE, CUDALLOC_SEGMENT_EXPANDABLE */
+} cudalloc_segment;
+typedef struct cudalloc_block { /* 32 bytes */
+    uint64_t address;
+    uint64_t size;
+    uint64_t requested_size; /* what its last caller asked for; 0 for a free block */
+    int32_t state;           /* CUDALLOC_BLOCK_* */
+    int32_t reserved;        /* 0 */
+} cudalloc_block;
+size_t cudalloc_memory_snapshot(int device, unsigned long long id0, unsigned long long id1,
+                                char *buf, size_t len);
 
 /* Starts recording device 0's allocations and frees to path, in cudalloc's trace format
  * (CSV "action,addr,size,stream,time_us"; gzip'd when path ends in ".gz"), for

@@ -3,6 +3,8 @@
 
 use crate::error::{guard, guard_kind, last_error_message, ErrorKind, Failure};
 use crate::json;
+use crate::memory_snapshot;
+use crate::pools::PoolId;
 use crate::registry::{self, Dev};
 use crate::trace::Tracer;
 use crate::{
@@ -311,6 +313,32 @@ pub(crate) fn snapshot_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id
         let dev = registry::device(device).map_err(|e| format!("cudalloc_snapshot_json: {e}"))?;
         let text = json::snapshot(&dev.alloc, dev.policy, dev.ordinal);
         Ok(buf.write_c_string(len, text.as_bytes()))
+    })
+}
+
+/// `device`'s segments and blocks in PyTorch's shape ([`memory_snapshot`]): its own
+/// allocator's and every private pool's for pool (0, 0), only that pool's otherwise (none for
+/// a pool it does not have). A device not used yet has none and is not opened.
+pub(crate) fn memory_snapshot<'id>(
+    device: c_int,
+    pool: PoolId,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    guard(0, || {
+        let used = registry::device_if_used(device)
+            .map_err(|e| format!("cudalloc_memory_snapshot: {e}"))?;
+        let mut doc = memory_snapshot::Document::default();
+        if let Some(dev) = used {
+            let whole = pool == (0, 0);
+            if whole {
+                doc.add(&dev.alloc.snapshot(), device, pool);
+            }
+            for (id, snap) in dev.pools.snapshots((!whole).then_some(pool)) {
+                doc.add(&snap, device, id);
+            }
+        }
+        Ok(buf.write_bytes(len, &doc.to_bytes()))
     })
 }
 

@@ -36,6 +36,7 @@
 mod api;
 mod error;
 pub mod json;
+pub mod memory_snapshot;
 mod pool_api;
 mod pools;
 mod registry;
@@ -169,6 +170,22 @@ pub extern "C" fn cudalloc_snapshot_json<'id>(
     len: CBufLen<'id>,
 ) -> usize {
     api::snapshot_json(device, buf, len)
+}
+
+/// Writes `device`'s segments and blocks in the shape of PyTorch's memory snapshot (see
+/// [`memory_snapshot`] for the layout) into `buf` if they fit in `len` bytes; writes nothing
+/// otherwise. Private pool `(id0, id1)` only, or, for (0, 0), the device's own memory and every
+/// private pool's. Returns the size in bytes (written or needed), or 0 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_memory_snapshot<'id>(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    api::memory_snapshot(device, (id0, id1), buf, len)
 }
 
 /// Starts recording device 0's allocations and frees to `path` in cudalloc's trace format

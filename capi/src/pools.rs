@@ -27,7 +27,7 @@
 use crate::error::Failure;
 use crate::json::TORCH_VALUES;
 use cudalloc_core::snapshot::BlockState;
-use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Policy};
+use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Policy, Snapshot};
 use cudalloc_sys::{Device, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -244,6 +244,23 @@ impl<D: Device> Pools<D> {
         (self.active.lock().len(), self.retired.lock().len())
     }
 
+    /// Snapshots of the pools (only pool `only`'s, when given), in use and retired, each with
+    /// its id.
+    pub fn snapshots(&self, only: Option<PoolId>) -> Vec<(PoolId, Snapshot)> {
+        let mut pools: Vec<(PoolId, Shared<D>)> = self
+            .active
+            .lock()
+            .iter()
+            .map(|(id, (p, _))| (*id, p.clone()))
+            .collect();
+        pools.extend(self.retired.lock().iter().cloned());
+        pools
+            .into_iter()
+            .filter(|(id, _)| only.is_none_or(|o| o == *id))
+            .map(|(id, p)| (id, p.alloc.snapshot()))
+            .collect()
+    }
+
     fn all(&self) -> Vec<Shared<D>> {
         let mut out: Vec<Shared<D>> = self
             .active
@@ -365,6 +382,28 @@ mod tests {
         assert_eq!(pools.live_allocations((0, 2)).unwrap(), vec![b.ptr]);
         let c = pools.allocate((0, 1), 1 << 20, S).unwrap();
         assert_eq!(c.ptr, a.ptr, "a pool reuses its own freed memory");
+    }
+
+    #[test]
+    fn snapshots_name_their_pools_retired_ones_included() {
+        let pools = Pools::<SimDevice>::default();
+        pools.acquire((0, 1), open).unwrap();
+        pools.acquire((0, 2), open).unwrap();
+        let a = pools.allocate((0, 1), 1 << 20, S).unwrap();
+        pools.release((0, 1)).unwrap();
+        let ids = |only| {
+            let mut ids: Vec<PoolId> = pools.snapshots(only).iter().map(|(id, _)| *id).collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert_eq!(ids(None), [(0, 1), (0, 2)]);
+        assert_eq!(ids(Some((0, 2))), [(0, 2)]);
+        assert!(ids(Some((9, 9))).is_empty());
+        let snaps = pools.snapshots(Some((0, 1)));
+        let blocks = snaps[0].1.segments.iter().flat_map(|s| &s.blocks);
+        assert!(blocks
+            .into_iter()
+            .any(|b| b.addr == a.ptr && b.state == BlockState::Allocated));
     }
 
     #[test]

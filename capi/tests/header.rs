@@ -4,6 +4,7 @@
 //! compiler or the shared library is not next to this test binary (`cargo test` builds it into
 //! the same `deps` folder).
 
+use cudalloc_capi::memory_snapshot;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -38,6 +39,9 @@ int main(int argc, char **argv) {
         cudalloc_free(p, 1024, 0, NULL);
     }
     cudalloc_free(NULL, 0, 0, NULL);
+    printf("layout %zu %zu %zu\n", sizeof(cudalloc_snapshot_header), sizeof(cudalloc_segment),
+           sizeof(cudalloc_block));
+    printf("snapshot %zu\n", cudalloc_memory_snapshot(0, 0, 0, NULL, 0));
     int bad = cudalloc_trace_start("/nonexistent-cudalloc-dir/t.csv");
     printf("trace_start %d %s\n", bad, cudalloc_last_error());
     printf("trace_stop %d\n", cudalloc_trace_stop());
@@ -128,6 +132,23 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
         assert_eq!(need[3], "1", "a too-small buffer is left alone");
         assert!(line("got ").ends_with("nul 1"), "{text}");
         assert_eq!(line("has_key "), "1");
+    }
+    let layout = format!(
+        "{} {} {}",
+        memory_snapshot::HEADER_BYTES,
+        memory_snapshot::SEGMENT_BYTES,
+        memory_snapshot::BLOCK_BYTES
+    );
+    assert_eq!(
+        line("layout "),
+        layout,
+        "the structs' sizes are the Rust writer's"
+    );
+    let snapshot = line("snapshot ").parse::<usize>().unwrap();
+    if line("gpu ") == "0" {
+        assert_eq!(snapshot, 0, "no device: a failure");
+    } else {
+        assert!(snapshot >= memory_snapshot::HEADER_BYTES, "{text}");
     }
     assert!(line("trace_start ").starts_with("-1 cudalloc_trace_start: cannot write"));
     assert_eq!(line("trace_stop "), "-1");

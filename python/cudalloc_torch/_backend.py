@@ -1,8 +1,8 @@
 """Builds and loads cudalloc's c10 allocator (``csrc/backend.cpp``), a small C++ extension that
 makes cudalloc PyTorch's CUDA allocator in full: ``Tensor.record_stream`` reaches cudalloc, an
 out-of-memory raises ``torch.OutOfMemoryError``, and ``torch.cuda.memory_stats``,
-``max_memory_reserved``, ``reset_peak_memory_stats``, ``empty_cache`` and
-``set_per_process_memory_fraction`` are cudalloc's.
+``max_memory_reserved``, ``reset_peak_memory_stats``, ``empty_cache``,
+``set_per_process_memory_fraction`` and ``memory_snapshot`` are cudalloc's.
 
 The extension is compiled against the installed torch with ``torch.utils.cpp_extension.load``
 on first use (about 16 s with g++ and the CUDA headers) and cached by torch in
@@ -35,6 +35,7 @@ FUNCTIONS = (
     "cudalloc_pool_malloc",
     "cudalloc_pool_live",
     "cudalloc_pool_empty_cache",
+    "cudalloc_memory_snapshot",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.

@@ -6,8 +6,9 @@
 //     c10::Error (RuntimeError), never a null pointer handed on;
 //   - the deleter and raw_delete: cudalloc_free with device -1 (the library finds the owner);
 //   - recordStream (Tensor.record_stream): cudalloc_record_stream, for memory of this allocator;
-//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo: the library's
-//     statistics and controls, so that torch.cuda.memory_stats() and friends report cudalloc;
+//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo, snapshot: the
+//     library's statistics, segments and controls, so that torch.cuda.memory_stats(),
+//     torch.cuda.memory_snapshot() and friends report cudalloc;
 //   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <unordered_set>
@@ -60,6 +62,7 @@ struct Library {
   void* (*pool_malloc)(size_t, int, void*, uint64_t, uint64_t) = nullptr;
   int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
+  size_t (*memory_snapshot)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
 };
 
 Library lib;
@@ -226,6 +229,107 @@ void fill(c10::CachingDeviceAllocator::Stat& s, const int64_t*& v) {
   s.freed = *v++;
 }
 
+// cudalloc_memory_snapshot's document, as cudalloc.h declares it: a header (the segment and
+// block counts), the segments, then the blocks.
+struct SnapshotSegment {
+  uint64_t address;
+  uint64_t total_size;
+  uint64_t stream;
+  uint64_t pool_id[2];
+  uint64_t first_block;
+  uint64_t block_count;
+  int32_t device;
+  int32_t flags;
+};
+struct SnapshotBlock {
+  uint64_t address;
+  uint64_t size;
+  uint64_t requested_size;
+  int32_t state;
+  int32_t reserved;
+};
+static_assert(sizeof(SnapshotSegment) == 64, "cudalloc_segment is 64 bytes");
+static_assert(sizeof(SnapshotBlock) == 32, "cudalloc_block is 32 bytes");
+constexpr size_t kSnapshotHeader = 2 * sizeof(uint64_t);
+constexpr int32_t kSegmentLarge = 1;         // CUDALLOC_SEGMENT_LARGE
+constexpr int32_t kSegmentExpandable = 2;    // CUDALLOC_SEGMENT_EXPANDABLE
+constexpr int32_t kBlockAllocated = 1;       // CUDALLOC_BLOCK_ALLOCATED
+constexpr int32_t kBlockPendingEvents = 2;   // CUDALLOC_BLOCK_PENDING_EVENTS
+
+// Device `device`'s document (`pool` only, or everything for {0, 0}), in 8-byte words.
+std::vector<uint64_t> snapshot_document(int device, const c10::cuda::MempoolId_t& pool) {
+  std::vector<uint64_t> words(kSnapshotHeader / sizeof(uint64_t) + 256);
+  while (true) {
+    const size_t bytes = words.size() * sizeof(uint64_t);
+    const size_t need = lib.memory_snapshot(device, pool.first, pool.second,
+                                            reinterpret_cast<char*>(words.data()), bytes);
+    if (need < kSnapshotHeader) {
+      fail(CUDALLOC_HERE, "memory_snapshot failed: " + last_error());
+    }
+    if (need <= bytes) {
+      words.resize(need / sizeof(uint64_t));
+      return words;
+    }
+    words.resize(need / sizeof(uint64_t) + 256);  // it may grow before the retry
+  }
+}
+
+// A segment of the document as PyTorch's snapshot has it: its blocks' states become
+// PyTorch's allocated and active flags, and the segment's sizes their sums, as PyTorch's
+// allocator sums them.
+c10::CachingDeviceAllocator::SegmentInfo torch_segment(const SnapshotSegment& s,
+                                                       const SnapshotBlock* blocks) {
+  c10::CachingDeviceAllocator::SegmentInfo info;
+  info.device = static_cast<c10::DeviceIndex>(s.device);
+  info.address = static_cast<size_t>(s.address);
+  info.total_size = static_cast<size_t>(s.total_size);
+  info.stream = reinterpret_cast<void*>(static_cast<uintptr_t>(s.stream));
+  info.is_large = (s.flags & kSegmentLarge) != 0;
+  info.is_expandable = (s.flags & kSegmentExpandable) != 0;
+  info.owner_private_pool_id = {s.pool_id[0], s.pool_id[1]};
+  for (uint64_t i = 0; i < s.block_count; ++i) {
+    const SnapshotBlock& b = blocks[s.first_block + i];
+    c10::CachingDeviceAllocator::BlockInfo block;
+    block.size = static_cast<size_t>(b.size);
+    block.requested_size = static_cast<size_t>(b.requested_size);
+    block.allocated = b.state == kBlockAllocated;
+    block.active = block.allocated || b.state == kBlockPendingEvents;
+    if (block.allocated) {
+      info.allocated_size += block.size;
+    }
+    if (block.active) {
+      info.active_size += block.size;
+      info.requested_size += block.requested_size;
+    }
+    info.blocks.push_back(std::move(block));
+  }
+  return info;
+}
+
+// Appends device `device`'s segments (`pool`'s only, or all for {0, 0}) to `out`.
+void add_segments(int device, const c10::cuda::MempoolId_t& pool,
+                  std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
+  const std::vector<uint64_t> doc = snapshot_document(device, pool);
+  const uint64_t segments = doc[0];
+  const uint64_t blocks = doc[1];
+  const size_t bytes = doc.size() * sizeof(uint64_t);
+  if (bytes != kSnapshotHeader + segments * sizeof(SnapshotSegment) +
+                   blocks * sizeof(SnapshotBlock)) {
+    fail(CUDALLOC_HERE, "memory_snapshot: the document's size does not match its counts");
+  }
+  const char* at = reinterpret_cast<const char*>(doc.data()) + kSnapshotHeader;
+  std::vector<SnapshotSegment> segs(segments);
+  std::memcpy(segs.data(), at, segments * sizeof(SnapshotSegment));
+  std::vector<SnapshotBlock> blks(blocks);
+  std::memcpy(blks.data(), at + segments * sizeof(SnapshotSegment), blocks * sizeof(SnapshotBlock));
+  for (const SnapshotSegment& s : segs) {
+    if (s.first_block > blocks || s.block_count > blocks - s.first_block) {
+      fail(CUDALLOC_HERE, "memory_snapshot: a segment's blocks lie outside the document");
+    }
+    out.push_back(torch_segment(s, blks.data()));
+  }
+}
+
 class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
  public:
   Allocator()
@@ -353,6 +457,26 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     }
     const size_t cached = std::strtoull(json.c_str() + at + std::strlen(key), nullptr, 10);
     *largest_block = std::max(*largest_block, cached);
+  }
+
+  // torch.cuda.memory_snapshot() and torch.cuda.memory._snapshot(): every device's segments
+  // and blocks, the private pools' included (each names its pool), or those of `pool` only.
+  // cudalloc records no allocation history (an empty trace per device) and no stack frames;
+  // of the allocator settings only max_split_size is filled in.
+  c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(c10::cuda::MempoolId_t pool,
+                                                         bool include_traces) override {
+    c10::cuda::CUDACachingAllocator::SnapshotInfo info{};
+    const int n = c10::cuda::device_count();
+    for (int d = 0; d < n; ++d) {
+      add_segments(d, pool, info.segments);
+      if (include_traces) {
+        info.device_traces.emplace_back();
+      }
+    }
+    const int64_t max_split = getDeviceStats(c10::cuda::current_device()).max_split_size;
+    info.config_metadata.max_split_size =
+        max_split > 0 ? static_cast<size_t>(max_split) : std::numeric_limits<size_t>::max();
+    return info;
   }
 
   std::string name() override {
@@ -509,6 +633,7 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_malloc, get("cudalloc_pool_malloc"), "cudalloc_pool_malloc");
   set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
   set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");
+  set(lib.memory_snapshot, get("cudalloc_memory_snapshot"), "cudalloc_memory_snapshot");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   return allocator;
