@@ -16,6 +16,9 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``memory_api``: ``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_reserved``,
   ``reset_peak_memory_stats``, ``empty_cache`` and ``caching_allocator_alloc`` answer for the
   allocator in use.
+- ``memory_snapshot``: ``torch.cuda.memory_snapshot`` lists the allocator's segments and blocks:
+  live tensors in allocated blocks, segments adding up to ``memory_reserved`` and
+  ``memory_allocated``, a ``MemPool``'s segments named by its id.
 - ``graph_capture``: a transformer layer captured into a CUDA graph on the stream that eager
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
@@ -167,6 +170,68 @@ def memory_api(quick):
     return {"checks": checks}
 
 
+SEGMENT_KEYS = ("device", "address", "total_size", "allocated_size", "active_size",
+                "requested_size", "stream", "segment_type", "segment_pool_id", "is_expandable",
+                "blocks")
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+
+
+def memory_snapshot(quick):
+    """``torch.cuda.memory_snapshot`` lists the allocator's segments and blocks: every live
+    tensor lies in an allocated block of at least its size, the blocks tile their segments, the
+    segments add up to ``memory_reserved`` and their allocated bytes to ``memory_allocated``, and a
+    ``MemPool``'s segments carry its id."""
+    sizes = (1000, 3 * MiB, 64 * MiB, 200 * MiB + 5)
+    tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
+    gone = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+    del gone  # a freed block, cached
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        pooled = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    segments = [s for s in torch.cuda.memory_snapshot() if s["device"] == device]
+    reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    blocks = [b for s in segments for b in s["blocks"]]
+
+    def holder(t):
+        """The segment and block that hold tensor t, None if none does."""
+        ptr, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        for s in segments:
+            for b in s["blocks"]:
+                if b["address"] <= ptr and end <= b["address"] + b["size"]:
+                    return s, b
+        return None, None
+
+    def tiles(s):
+        at = s["address"]
+        for b in s["blocks"]:
+            if b["address"] != at:
+                return False
+            at += b["size"]
+        return at == s["address"] + s["total_size"]
+
+    only_pool = torch.cuda.memory_snapshot(mempool_id=pool.id)
+    checks = {
+        "segment_keys": bool(segments) and all(k in s for s in segments for k in SEGMENT_KEYS),
+        "block_states": bool(blocks) and all(b["state"] in BLOCK_STATES for b in blocks),
+        "segment_types": all(s["segment_type"] in ("small", "large") for s in segments),
+        "live_tensors_in_allocated_blocks": all(
+            (holder(t)[1] or {}).get("state") == "active_allocated" for t in tensors + [pooled]),
+        "blocks_tile_segments": all(tiles(s) for s in segments),
+        "total_size_is_reserved": sum(s["total_size"] for s in segments) == reserved,
+        "allocated_size_is_allocated": sum(s["allocated_size"] for s in segments) == allocated,
+        "pool_segment_named": tuple((holder(pooled)[0] or {}).get("segment_pool_id", ())) == tuple(pool.id),
+        "pool_snapshot_only_its_own": bool(only_pool) and all(
+            tuple(s["segment_pool_id"]) == tuple(pool.id) for s in only_pool),
+        "traces_per_device": len(torch.cuda.memory._snapshot()["device_traces"]) == torch.cuda.device_count(),
+    }
+    del tensors, pooled, pool
+    if not all(checks.values()):
+        raise RuntimeError(f"memory snapshot checks failed: {checks}")
+    return {"checks": checks}
+
+
 def graph_capture(quick):
     """A transformer layer captured into a CUDA graph on the stream eager code goes on using,
     replayed while eager tensors live on that stream: the eager tensors must stay intact and the
@@ -314,6 +379,7 @@ PROGRAMS = {
     "oom_recover": oom_recover,
     "oom_batch_search": oom_batch_search,
     "memory_api": memory_api,
+    "memory_snapshot": memory_snapshot,
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "mem_pool": mem_pool,
