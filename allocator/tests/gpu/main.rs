@@ -12,8 +12,9 @@
 //! - after each test every buffer is back in the pool, the invariants hold, and once the allocator
 //!   drops the device's free memory is back to its baseline.
 //!
-//! Files: `device.rs`, `streams.rs`, `interop.rs`.
+//! Files: `device.rs`, `streams.rs`, `interop.rs`, `capture.rs`.
 
+mod capture;
 mod device;
 mod interop;
 mod streams;
