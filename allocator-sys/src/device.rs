@@ -60,7 +60,7 @@
 //! mode refuses, as measured on an H200; [`DeviceError::is_capture_unsupported`] recognises the
 //! error. [`Device::is_capturing`] says whether a stream is being captured. An event recorded on
 //! a capturing stream becomes a node of the graph: querying or waiting for it afterwards is
-//! refused with code [`CAPTURED_EVENT`] (907) until it is recorded again outside a capture.
+//! refused with code [`CAPTURED_EVENT`] (1) until it is recorded again outside a capture.
 //!
 //! # Threads
 //!
@@ -93,8 +93,10 @@ impl fmt::Display for StreamId {
 pub const CAPTURE_UNSUPPORTED: i32 = 900;
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the capture was invalidated by a refused call.
 pub const CAPTURE_INVALIDATED: i32 = 901;
-/// `CUDA_ERROR_CAPTURED_EVENT`: the event was last recorded on a capturing stream.
-pub const CAPTURED_EVENT: i32 = 907;
+/// What the driver answers a query of, or a wait for, an event last recorded on a capturing
+/// stream: `CUDA_ERROR_INVALID_VALUE` (measured on an H200, driver 580, in global mode; not
+/// `CUDA_ERROR_CAPTURED_EVENT`, 907, as its documentation suggests).
+pub const CAPTURED_EVENT: i32 = 1;
 
 /// How a stream capture restricts calls (`CUstreamCaptureMode`); see [`CaptureMode::forbids`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

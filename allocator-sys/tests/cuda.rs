@@ -5,7 +5,7 @@
 //! free memory, so they take a lock and run one at a time.
 //!
 //! The capture tests pin the simulated device's capture rules (`CaptureMode::forbids`, and the
-//! 907 of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
+//! the error of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
 //! table of call x mode x thread -> ok/900 (run with `-- --ignored --nocapture` to see it).
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -601,7 +601,7 @@ fn is_capturing_follows_begin_and_end() {
     dev.destroy_stream(stream).unwrap();
 }
 
-/// An event recorded on a capturing stream is refused with 907 afterwards, as in the sim,
+/// An event recorded on a capturing stream is refused with `CAPTURED_EVENT` afterwards, as in the sim,
 /// until it is recorded again outside a capture.
 #[test]
 #[ignore = "needs a CUDA GPU"]

@@ -8,7 +8,7 @@
 //! - `end_capture` fails with code 901 naming the first refused call, and refuses a stream that
 //!   is not being captured; `is_capturing` is true from begin to end and is a counted call;
 //! - an event recorded on a capturing stream submits no work and is refused by `query_event`
-//!   and `synchronize_event` (code 907) until it is recorded again outside a capture.
+//!   and `synchronize_event` (code 1, `CAPTURED_EVENT`) until it is recorded again outside a capture.
 
 use cudalloc_sys::wrap::{CountCalls, LogCalls};
 use cudalloc_sys::{

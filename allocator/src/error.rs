@@ -87,8 +87,8 @@ pub enum AllocError {
     /// The caller asked, during a CUDA graph capture it told the allocator of, for what needs a
     /// device call the capture forbids (`pool::capture`); nothing changed.
     DuringCapture {
-        /// What was asked: `grow` (a growth by `malloc`), `empty_cache`, or an unmatched
-        /// `end_capture`.
+        /// What was asked: `grow` (a growth by `malloc`), `empty_cache`, or `end_capture`
+        /// without a capture begun in its mode.
         what: &'static str,
         /// Bytes asked for (`grow`), else 0.
         requested: u64,
@@ -221,7 +221,11 @@ fn during_capture(f: &mut fmt::Formatter<'_>, what: &str, requested: u64) -> fmt
             "empty_cache during a CUDA graph capture: it waits for the device, which a capture \
              forbids; call it before or after the capture"
         ),
-        _ => write!(f, "{what}: no CUDA graph capture is underway"),
+        _ => write!(
+            f,
+            "{what}: no CUDA graph capture in that mode is underway (each begin_capture is \
+             ended with the same mode)"
+        ),
     }
 }
 

@@ -21,8 +21,8 @@
 //!   peaks never go backwards; a device's peaks are the sum of its allocators' peaks, an upper
 //!   bound of the peak of the sum;
 //! - under the `default` policy a pool follows `torch-expandable`'s rules: it grows by mapping
-//!   pages and gives nothing back while in use, so an allocation during a capture never waits
-//!   for the device (the `default` policy's page give-back synchronizes before it unmaps).
+//!   pages and gives nothing back while in use, so that a graph's pages stay mapped while it may
+//!   be replayed (the `default` policy's budget gives back free pages, which a capture frees).
 
 use crate::error::Failure;
 use crate::json::TORCH_VALUES;

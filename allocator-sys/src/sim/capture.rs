@@ -19,7 +19,7 @@
 //! - `record_event` on a capturing stream succeeds but submits no work: the driver would add an
 //!   event node to the graph, which the simulated device does not run. The event keeps its last
 //!   record outside a capture and is marked *captured*; `query_event` and `synchronize_event` of
-//!   a captured event fail with driver code 907 ([`CAPTURED_EVENT`]) until the event is recorded
+//!   a captured event fail with driver code 1 ([`CAPTURED_EVENT`]) until the event is recorded
 //!   again on a stream that is not capturing. The mark outlives the capture.
 //! - `end_capture` of an invalidated capture ends it and fails with driver code 901
 //!   ([`CAPTURE_INVALIDATED`]), naming the call that invalidated it; ending a stream that is not
@@ -97,7 +97,7 @@ impl Captures {
         }
     }
 
-    /// Refuses to query or wait for a captured event (driver code 907).
+    /// Refuses to query or wait for a captured event (driver code 1, [`CAPTURED_EVENT`]).
     pub(super) fn check_event(&self, call: Call, event: u64) -> DeviceResult<()> {
         if !self.events.contains(&event) {
             return Ok(());

@@ -40,9 +40,9 @@ impl<D: Device> Core<D> {
     }
 
     /// The caller ended a capture in `mode` begun with [`Core::begin_capture`]. When it was
-    /// the last, the events of blocks freed during the captures are recorded now. An unmatched
-    /// end is refused. A failure to record leaves the blocks waiting (the next end tries
-    /// again).
+    /// the last, the events of blocks freed during the captures are recorded now. An end
+    /// without a begin in that mode is refused. A failure to record leaves the capture counted
+    /// and the blocks waiting (the next end tries again).
     pub fn end_capture<P: Policy>(
         &mut self,
         policy: &mut P,
@@ -56,18 +56,20 @@ impl<D: Device> Core<D> {
         };
         if underway == 0 {
             return Err(AllocError::DuringCapture {
-                what: "end_capture without begin_capture",
+                what: "end_capture",
                 requested: 0,
             });
+        }
+        if self.captures == 1 {
+            // The last: the deferred events first, so that a failure leaves the capture
+            // counted and the next end tries again.
+            self.record_deferred(policy)?;
         }
         self.captures -= 1;
         if strict {
             self.strict_captures -= 1;
         }
-        if self.captures > 0 {
-            return Ok(());
-        }
-        self.record_deferred(policy)
+        Ok(())
     }
 
     /// Forgets every capture (the pool is being dropped) and records the deferred events.
@@ -75,6 +77,26 @@ impl<D: Device> Core<D> {
         self.captures = 0;
         self.strict_captures = 0;
         self.record_deferred(policy)
+    }
+
+    /// The invariants of the module docs about captures.
+    pub(crate) fn check_captures(&self) -> Result<(), String> {
+        if self.captures == 0 && !self.deferred.is_empty() {
+            return Err(format!(
+                "{} deferred blocks and no capture",
+                self.deferred.len()
+            ));
+        }
+        if self.strict_captures > self.captures {
+            return Err("more strict captures than captures".into());
+        }
+        match self.deferred.iter().find(|&&id| {
+            let b = &self.blocks[id];
+            b.allocated || b.event_count > 0 || b.stream_uses.is_empty()
+        }) {
+            Some(&id) => Err(format!("deferred block {id} is not waiting")),
+            None => Ok(()),
+        }
     }
 
     /// Records the events of the blocks freed during captures, now that none is underway.

@@ -133,6 +133,7 @@ impl<D: Device> Core<D> {
             ));
         }
         self.check_pinning()?;
+        self.check_captures()?;
         let counted = self.blocks.len();
         let chained: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
         if counted != chained {

@@ -101,7 +101,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         if !self.core.capturing() {
             self.core.process_events(&mut self.policy)?;
             if !self.core.releasing.is_empty() {
-                self.core.poll_releasing()?;
+                self.core.poll_releasing();
             }
         }
         let rounded = sizes::round_size(size, &self.core.cfg);
@@ -137,7 +137,15 @@ impl<D: Device, P: Policy> Pool<D, P> {
             return Ok(id);
         }
         if self.policy.release(&mut self.core, req)? {
-            self.core.poll_releasing()?;
+            self.core.poll_releasing();
+            if let Some(id) = self.alloc_block(req, false)? {
+                return Ok(id);
+            }
+        }
+        // Under a cap, pages on their way back may be what the growth needs: wait for them
+        // (counted in `device_waits`) before giving back every cached block. A failed wait
+        // leaves it to the last rung.
+        if !self.core.releasing.is_empty() && self.core.finish_releasing().is_ok() {
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);
             }

@@ -51,6 +51,11 @@ impl<D: Device> Core<D> {
             return Ok(0);
         };
         let stream = b.stream;
+        // An event recorded on a stream under capture (one the pool was not told of) would
+        // join the graph and never answer a query: give nothing back then.
+        if !matches!(self.device.is_capturing(stream), Ok(false)) {
+            return Ok(0);
+        }
         let ev = self.take_event()?;
         if let Err(e) = self.device.record_event(ev, stream) {
             self.spare_events.push(ev);
@@ -60,7 +65,7 @@ impl<D: Device> Core<D> {
         self.blocks[id].releasing = true;
         self.releasing.push((ev, id));
         self.releasing_bytes += chunks.size;
-        self.poll_releasing()?;
+        self.poll_releasing();
         Ok(chunks.size)
     }
 
@@ -85,27 +90,38 @@ impl<D: Device> Core<D> {
         self.releasing_bytes
     }
 
-    /// Unmaps the releasing blocks whose events have completed; never waits.
-    pub(crate) fn poll_releasing(&mut self) -> Result<(), DeviceError> {
+    /// Unmaps the releasing blocks whose events have completed; never waits. A failure fails
+    /// no allocation: an event that cannot be queried is recorded again on the block's stream
+    /// (tried again at the next poll), and pages whose unmap failed are free again.
+    pub(crate) fn poll_releasing(&mut self) {
         let mut i = 0;
         while i < self.releasing.len() {
             let (ev, id) = self.releasing[i];
-            if self.device.query_event(ev)? {
-                self.releasing.swap_remove(i);
-                self.finish_one(ev, id)?;
-            } else {
-                i += 1;
+            match self.device.query_event(ev) {
+                Ok(true) => {
+                    self.releasing.swap_remove(i);
+                    let _ = self.finish_one(ev, id);
+                }
+                Ok(false) => i += 1,
+                Err(_) => {
+                    let _ = self.device.record_event(ev, self.blocks[id].stream);
+                    i += 1;
+                }
             }
         }
-        Ok(())
     }
 
     /// Waits for the events of every releasing block and unmaps them: for the synchronizing
-    /// paths only (each wait counted in `device_waits`).
+    /// paths only (each wait counted in `device_waits`). An event that cannot be waited for is
+    /// recorded again and waited for once more; the error of a second failure is returned and
+    /// the block stays releasing.
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
         while let Some(&(ev, id)) = self.releasing.last() {
             self.stats.device_waits += 1;
-            self.device.synchronize_event(ev)?;
+            if self.device.synchronize_event(ev).is_err() {
+                self.device.record_event(ev, self.blocks[id].stream)?;
+                self.device.synchronize_event(ev)?;
+            }
             self.releasing.pop();
             self.finish_one(ev, id)?;
         }

@@ -259,3 +259,54 @@ fn the_caching_allocator_tells_every_shard() {
     alloc.free(a).unwrap();
     alloc.check_invariants().unwrap();
 }
+
+/// A pool not told of a capture does not record an event on the captured stream to give pages
+/// back (the event would join the graph and never answer a query); it asks the device whether
+/// the stream is being captured, and keeps working after the capture.
+#[test]
+fn the_budget_records_no_event_on_a_stream_under_a_capture_it_was_not_told_of() {
+    let cfg = Config::parse("policy:default,layout_plans:false,fragmentation_budget:0.1").unwrap();
+    let (sim, mut pool) = pool_with(cfg, 4 * GIB);
+    let a = alloc(&mut pool, 64 * MIB, CAP);
+    free(&mut pool, &a);
+    sim.begin_capture(CAP, CaptureMode::Relaxed).unwrap();
+    let b = alloc(&mut pool, 64 * MIB, SIDE);
+    assert_eq!(sim.calls(Call::RecordEvent), 0);
+    assert_eq!(pool.releasing_bytes(), 0);
+    sim.end_capture(CAP).unwrap();
+    free(&mut pool, &b);
+    let c = alloc(&mut pool, 64 * MIB, StreamId(7));
+    assert!(
+        sim.calls(Call::RecordEvent) > 0,
+        "after the capture the budget gives back"
+    );
+    free(&mut pool, &c);
+    check(&sim, &pool);
+}
+
+/// An end whose deferred events cannot be recorded leaves the capture counted; the next end
+/// records them.
+#[test]
+fn a_failed_end_capture_can_be_tried_again() {
+    let (sim, mut pool) = pool_for(Policy::Default);
+    sim.set_auto_complete(false);
+    let a = alloc(&mut pool, 8 * MIB, CAP);
+    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+    pool.begin_capture(CaptureMode::Global);
+    free(&mut pool, &a);
+    sim.fail_next();
+    assert!(matches!(
+        pool.end_capture(CaptureMode::Global),
+        Err(AllocError::Device(_))
+    ));
+    assert!(pool.capturing());
+    assert_eq!(pool.deferred_blocks(), 1);
+    check(&sim, &pool);
+    pool.end_capture(CaptureMode::Global).unwrap();
+    assert!(!pool.capturing());
+    assert_eq!(pool.deferred_blocks(), 0);
+    sim.complete_all();
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.outstanding_bytes(), 0);
+}

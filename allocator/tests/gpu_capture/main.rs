@@ -1,6 +1,9 @@
-//! CUDA graph capture on a real GPU: told of a capture, the allocator makes no call that
-//! invalidates it, under every policy and capture mode; the `torch` policy's growth is refused
-//! with `AllocError::DuringCapture` outside relaxed mode.
+//! CUDA graph capture on a real GPU (needs a CUDA GPU; ignored elsewhere): told of a capture,
+//! the allocator makes no call that invalidates it, under every policy and capture mode; the
+//! `torch` policy's growth is refused with `AllocError::DuringCapture` outside relaxed mode.
+//!
+//! A binary of its own, with one test: a global-mode capture refuses the unsafe calls of every
+//! thread of the process, so a test running beside it would break it (and be broken by it).
 
 use cudalloc::{AllocError, CachingAllocator, Config, Policy};
 use cudalloc_sys::{CaptureMode, CudaDevice};
