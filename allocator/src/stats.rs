@@ -180,9 +180,10 @@ pub struct Stats {
     /// Times all pending stream events were waited for.
     pub num_sync_all_streams: u64,
     /// Times the pool blocked until the device finished work (a device synchronization, or a
-    /// wait for one event): only on its synchronizing paths (`empty_cache`, the last rung of the
-    /// out-of-memory ladder, dropping the pool), never in an allocation or free that finds or
-    /// maps memory. Not one of PyTorch's keys.
+    /// wait for one event): on its synchronizing paths (`empty_cache`, the out-of-memory ladder
+    /// under a cap, dropping the pool), and when the `default` policy's pages on their way back
+    /// pile up past twice its budget while the device runs behind (a wait for the oldest
+    /// release's event). Not one of PyTorch's keys.
     pub device_waits: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts

@@ -8,9 +8,12 @@
 //! stream and polls it once; every allocation polls again ([`Core::poll_releasing`]), and the
 //! pages are unmapped when the event has completed. Work of other streams needs no event
 //! here: a block used by other streams reached its pool only after their events completed
-//! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the last
-//! rung of the out-of-memory ladder, dropping the pool) wait for the events instead and count
-//! each wait in [`crate::stats::Stats::device_waits`].
+//! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the
+//! out-of-memory ladder under a cap, dropping the pool) wait for the events instead, and a
+//! policy may wait for the oldest ones to bound how many bytes are on their way back
+//! ([`Core::wait_for_oldest_releasing`]: the `default` policy past twice its budget); each
+//! wait counts in [`crate::stats::Stats::device_waits`]. `Core::releasing` is in the order the
+//! blocks started releasing.
 //!
 //! Invariants: a releasing block is free (not allocated, no events pending), mapped, in an
 //! expandable segment, in no index, covers whole chunks of its segment, never merges with a
@@ -99,7 +102,7 @@ impl<D: Device> Core<D> {
             let (ev, id) = self.releasing[i];
             match self.device.query_event(ev) {
                 Ok(true) => {
-                    self.releasing.swap_remove(i);
+                    self.releasing.remove(i);
                     let _ = self.finish_one(ev, id);
                 }
                 Ok(false) => i += 1,
@@ -109,6 +112,30 @@ impl<D: Device> Core<D> {
                 }
             }
         }
+    }
+
+    /// Waits for the oldest releasing blocks, one after another, and unmaps them, until `bytes`
+    /// are unmapped or none is left; returns the bytes unmapped. Each wait counts in
+    /// `device_waits`. For a policy that must bound the pages on their way back while the
+    /// device runs behind.
+    pub fn wait_for_oldest_releasing(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let before = self.reserved;
+        while self.before_minus(before) < bytes && !self.releasing.is_empty() {
+            let (ev, id) = self.releasing.remove(0);
+            self.stats.device_waits += 1;
+            if let Err(e) = self.device.synchronize_event(ev) {
+                self.releasing.insert(0, (ev, id));
+                return Err(e);
+            }
+            // A failed unmap leaves the pages free again (`finish_one`); the wait is over.
+            let _ = self.finish_one(ev, id);
+        }
+        Ok(self.before_minus(before))
+    }
+
+    /// Bytes unmapped since the pool held `before` reserved bytes.
+    fn before_minus(&self, before: u64) -> u64 {
+        before.saturating_sub(self.reserved)
     }
 
     /// Waits for the events of every releasing block and unmaps them: for the synchronizing

@@ -6,6 +6,7 @@ use crate::common::pool;
 
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, Config, Pool};
+use cudalloc_sys::StreamId;
 use cudalloc_sys::{Call, SimDevice};
 use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
 
@@ -223,4 +224,41 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
         free(&mut pool, x);
     }
     check(&sim, &pool);
+}
+
+/// While the device never catches up, the pages on their way back cannot pile up: reserved
+/// bytes, counting them, stay near twice the budget (the oldest releases are waited for, each
+/// wait counted); with work completing at once, the same job waits for nothing.
+#[test]
+fn pages_on_their_way_back_do_not_pile_up_while_the_device_runs_behind() {
+    for behind in [true, false] {
+        let (sim, mut pool) = default_with(",fragmentation_budget:0.25");
+        past_loading(&mut pool);
+        sim.set_auto_complete(!behind);
+        let mut most = 0;
+        // Each round frees a working set on one stream and builds a larger one on another, so
+        // that the budget gives back the first one's pages.
+        for round in 0..24u64 {
+            let s = StreamId(2 + round % 3);
+            let set: Vec<Allocation> = (0..4)
+                .map(|i| alloc(&mut pool, (16 + 4 * ((round + i) % 5)) * MIB, s))
+                .collect();
+            most = most.max(pool.reserved());
+            for a in &set {
+                free(&mut pool, a);
+            }
+            check(&sim, &pool);
+        }
+        let waits = pool.stats().device_waits;
+        // The largest working set is 4 x 32 MiB; twice a 25% budget over it, plus one growth.
+        assert!(
+            most <= 128 * MIB * 3 / 2 + 32 * MIB,
+            "behind {behind}: {most} reserved"
+        );
+        if behind {
+            assert!(waits > 0, "the oldest releases were waited for");
+        } else {
+            assert_eq!(waits, 1, "only past_loading's empty_cache waited");
+        }
+    }
 }

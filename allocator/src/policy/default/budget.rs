@@ -84,15 +84,22 @@ impl DefaultPolicy {
         if let Some(l) = core.limit {
             excess = excess.max((core.total_reserved() - going + need).saturating_sub(l));
         }
+        let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
         if excess > 0 {
             self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
-            let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
             let over = (core.reserved - core.releasing_bytes() + need).saturating_sub(hard);
             if over > 0 && self.plans.protected().is_some() {
                 self.release_free_chunks(core, over, true, keep)?;
             }
+        }
+        // Pages on their way back are not waited for, but they may not pile up while the device
+        // runs behind: past twice the budget, counting them, the oldest are waited for (a wait
+        // for an event recorded earlier, not for the device: the work queued after it runs on).
+        let piled = (core.reserved + need).saturating_sub(hard);
+        if piled > 0 && core.releasing_bytes() > 0 {
+            core.wait_for_oldest_releasing(piled)?;
         }
         let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
         if let Some(l) = core.limit {
