@@ -117,8 +117,11 @@ impl<D: Device> Core<D> {
     /// Waits for the oldest releasing blocks, one after another, and unmaps them, until `bytes`
     /// are unmapped or none is left; returns the bytes unmapped. Each wait counts in
     /// `device_waits`. For a policy that must bound the pages on their way back while the
-    /// device runs behind.
+    /// device runs behind. Waits for nothing during a capture (`capture`), which forbids it.
     pub fn wait_for_oldest_releasing(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        if self.capturing() {
+            return Ok(0);
+        }
         let before = self.reserved;
         while self.before_minus(before) < bytes && !self.releasing.is_empty() {
             let (ev, id) = self.releasing.remove(0);

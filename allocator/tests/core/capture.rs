@@ -310,3 +310,101 @@ fn a_failed_end_capture_can_be_tried_again() {
     check(&sim, &pool);
     assert_eq!(sim.outstanding_bytes(), 0);
 }
+
+/// One step of a random sequence for [`captures_never_make_a_forbidden_call`].
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Alloc { size: u64, side: bool },
+    Free { pick: usize },
+    RecordFree { pick: usize },
+    Complete,
+    Capture { mode: usize },
+    EndCapture,
+    Limit(Option<u64>),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        6 => (1u64..96 * MIB, any::<bool>()).prop_map(|(size, side)| Step::Alloc { size, side }),
+        4 => any::<usize>().prop_map(|pick| Step::Free { pick }),
+        2 => any::<usize>().prop_map(|pick| Step::RecordFree { pick }),
+        1 => Just(Step::Complete),
+        1 => (0usize..3).prop_map(|mode| Step::Capture { mode }),
+        1 => Just(Step::EndCapture),
+        1 => prop_oneof![Just(None), (256u64..1024).prop_map(|m| Some(m * MIB))].prop_map(Step::Limit),
+    ]
+}
+
+/// Runs `steps` under `policy`: a capture of `CAP` is begun on the device and the pool alike
+/// (one at a time); every call the pool makes during it must leave the capture valid, every
+/// error must be one the rules allow, and the invariants hold after every step.
+fn run_captures(policy: Policy, steps: &[Step]) {
+    let (sim, mut pool) = pool_with(Config::for_policy(policy), 2 * GIB);
+    sim.set_auto_complete(false);
+    let mut live: Vec<cudalloc::Allocation> = Vec::new();
+    let mut mode: Option<CaptureMode> = None;
+    for s in steps {
+        match *s {
+            Step::Alloc { size, side } => {
+                let stream = if side && mode.is_none() { SIDE } else { CAP };
+                match pool.allocate(size, stream) {
+                    Ok(a) => live.push(a),
+                    Err(AllocError::OutOfMemory { .. }) => {}
+                    Err(AllocError::DuringCapture { what: "grow", .. }) => {
+                        assert!(policy == Policy::Torch && mode != Some(CaptureMode::Relaxed));
+                    }
+                    Err(e) => panic!("{policy:?} in {mode:?}: {e}"),
+                }
+            }
+            Step::Free { pick } | Step::RecordFree { pick } if !live.is_empty() => {
+                let a = live.swap_remove(pick % live.len());
+                if matches!(s, Step::RecordFree { .. }) {
+                    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+                }
+                pool.free(&a).unwrap();
+            }
+            Step::Complete => sim.complete_all(),
+            Step::Capture { mode: m } if mode.is_none() => {
+                let m = CaptureMode::ALL[m];
+                pool.begin_capture(m);
+                sim.begin_capture(CAP, m).unwrap();
+                mode = Some(m);
+            }
+            Step::EndCapture => {
+                if let Some(m) = mode.take() {
+                    sim.end_capture(CAP)
+                        .unwrap_or_else(|e| panic!("{policy:?} broke a {m:?} capture: {e}"));
+                    pool.end_capture(m).unwrap();
+                }
+            }
+            Step::Limit(l) if mode.is_none() => pool.set_limit(l),
+            _ => {}
+        }
+        check(&sim, &pool);
+    }
+    if let Some(m) = mode {
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?} broke a {m:?} capture: {e}"));
+        pool.end_capture(m).unwrap();
+    }
+    for a in live {
+        pool.free(&a).unwrap();
+    }
+    sim.complete_all();
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 300, failure_persistence: None, ..Default::default() })]
+
+    #[test]
+    fn captures_never_make_a_forbidden_call(
+        which in 0usize..3,
+        steps in proptest::collection::vec(step(), 1..120),
+    ) {
+        run_captures(Policy::ALL[which], &steps);
+    }
+}
