@@ -142,9 +142,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
                 return Ok(id);
             }
         }
-        // Under a cap, pages on their way back may be what the growth needs: wait for them
-        // (counted in `device_waits`) before giving back every cached block. A failed wait
-        // leaves it to the last rung.
+        // Pages on their way back may be what the growth needs (under a cap, or on a full
+        // device): wait for them (counted in `device_waits`) before giving back every cached
+        // block. A failed wait leaves it to the last rung.
         if !self.core.releasing.is_empty() && self.core.finish_releasing().is_ok() {
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);

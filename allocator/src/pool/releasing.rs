@@ -9,9 +9,9 @@
 //! pages are unmapped when the event has completed. Work of other streams needs no event
 //! here: a block used by other streams reached its pool only after their events completed
 //! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the
-//! out-of-memory ladder under a cap, dropping the pool) wait for the events instead, and a
-//! policy may wait for the oldest ones to bound how many bytes are on their way back
-//! ([`Core::wait_for_oldest_releasing`]: the `default` policy past twice its budget); each
+//! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events
+//! instead, and a policy may wait for the oldest ones to bound how many bytes are on their way
+//! back ([`Core::wait_for_oldest_releasing`]: the `default` policy, beyond its budget's slack); each
 //! wait counts in [`crate::stats::Stats::device_waits`]. `Core::releasing` is in the order the
 //! blocks started releasing.
 //!
@@ -106,8 +106,8 @@ impl<D: Device> Core<D> {
                     let _ = self.finish_one(ev, id);
                 }
                 Ok(false) => i += 1,
-                Err(_) => {
-                    let _ = self.device.record_event(ev, self.blocks[id].stream);
+                Err(e) => {
+                    self.record_again(ev, id, &e);
                     i += 1;
                 }
             }
@@ -127,6 +127,7 @@ impl<D: Device> Core<D> {
             let (ev, id) = self.releasing.remove(0);
             self.stats.device_waits += 1;
             if let Err(e) = self.device.synchronize_event(ev) {
+                self.record_again(ev, id, &e);
                 self.releasing.insert(0, (ev, id));
                 return Err(e);
             }
@@ -134,6 +135,18 @@ impl<D: Device> Core<D> {
             let _ = self.finish_one(ev, id);
         }
         Ok(self.before_minus(before))
+    }
+
+    /// Records the event of releasing block `id` again after a query or wait of it failed with
+    /// `error` (it may have been recorded into a capture the pool was not told of), unless the
+    /// failure came from a capture refusing the call (the event is fine then) or the block's
+    /// stream is being captured now (the new record would join the graph too). True when it
+    /// was recorded again.
+    fn record_again(&mut self, ev: EventHandle, id: BlockId, error: &DeviceError) -> bool {
+        let stream = self.blocks[id].stream;
+        !error.is_capture_unsupported()
+            && matches!(self.device.is_capturing(stream), Ok(false))
+            && self.device.record_event(ev, stream).is_ok()
     }
 
     /// Bytes unmapped since the pool held `before` reserved bytes.
@@ -148,8 +161,10 @@ impl<D: Device> Core<D> {
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
         while let Some(&(ev, id)) = self.releasing.last() {
             self.stats.device_waits += 1;
-            if self.device.synchronize_event(ev).is_err() {
-                self.device.record_event(ev, self.blocks[id].stream)?;
+            if let Err(e) = self.device.synchronize_event(ev) {
+                if !self.record_again(ev, id, &e) {
+                    return Err(e);
+                }
                 self.device.synchronize_event(ev)?;
             }
             self.releasing.pop();

@@ -226,9 +226,10 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     check(&sim, &pool);
 }
 
-/// While the device never catches up, the pages on their way back cannot pile up: reserved
-/// bytes, counting them, stay near twice the budget (the oldest releases are waited for, each
-/// wait counted); with work completing at once, the same job waits for nothing.
+/// While the device never catches up, the pages on their way back cannot pile up beyond the
+/// budget's slack (the oldest releases are waited for, each wait counted), so reserved bytes,
+/// counting them, stay near twice the budget; with work completing at once, the same job waits
+/// for nothing.
 #[test]
 fn pages_on_their_way_back_do_not_pile_up_while_the_device_runs_behind() {
     for behind in [true, false] {

@@ -14,8 +14,11 @@
 //!
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
-//! this allocation, the peak a layout plan expects)`, unmapping cached chunks when it would not
-//! hold: the smallest free block at least as large as the excess first, then the largest
+//! this allocation, the peak a layout plan expects)`, giving cached chunks back when it would not
+//! hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
+//! completed, and `reserved` here leaves out the bytes on their way back; beyond the budget's
+//! slack, `fragmentation_budget` times that base, the oldest of those are waited for): the
+//! smallest free block at least as large as the excess first, then the largest
 //! first (giving back the largest block for a small excess could unmap hundreds of MiB that a
 //! later growth maps again). The last term counts while a plan places an episode (from the
 //! first allocation after its first that matches the plan on, or from its first for a split
@@ -95,11 +98,12 @@ impl DefaultPolicy {
             }
         }
         // Pages on their way back are not waited for, but they may not pile up while the device
-        // runs behind: past twice the budget, counting them, the oldest are waited for (a wait
-        // for an event recorded earlier, not for the device: the work queued after it runs on).
-        let piled = (core.reserved + need).saturating_sub(hard);
-        if piled > 0 && core.releasing_bytes() > 0 {
-            core.wait_for_oldest_releasing(piled)?;
+        // runs behind: beyond the budget's own slack, the oldest are waited for (a wait for an
+        // event recorded earlier, not for the device: the work queued after it runs on). A
+        // failed wait is no reason to fail the allocation: the pages stay on their way back.
+        let piled = core.releasing_bytes().saturating_sub(hard - ceiling);
+        if piled > 0 {
+            let _ = core.wait_for_oldest_releasing(piled);
         }
         let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
         if let Some(l) = core.limit {
