@@ -4,7 +4,7 @@
 //! default: `cargo test -p cudalloc-sys --test cuda -- --ignored`. They share device 0 and compare
 //! free memory, so they take a lock and run one at a time.
 //!
-//! The capture tests pin the simulated device's capture rules (`CaptureMode::forbids`, and the
+//! The capture tests pin the simulated device's capture rules (`CaptureMode::forbids`, and
 //! the error of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
 //! table of call x mode x thread -> ok/900 (run with `-- --ignored --nocapture` to see it).
 
