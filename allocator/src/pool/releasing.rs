@@ -30,7 +30,9 @@ impl<D: Device> Core<D> {
     /// Starts giving back the whole chunks of free block `id` ([`Core::release_pages_in`] over
     /// the whole block).
     pub fn release_pages(&mut self, id: BlockId) -> Result<u64, DeviceError> {
-        let b = &self.blocks[id];
+        let Some(b) = self.blocks.get(id) else {
+            return Ok(0);
+        };
         let (addr, size) = (b.addr, b.size);
         self.release_pages_in(id, addr, size)
     }
@@ -41,10 +43,15 @@ impl<D: Device> Core<D> {
     /// (see the module docs). Returns the bytes on their way back (0 when no whole chunk lies
     /// there, and during a capture: `capture`); they count as reserved until unmapped
     /// ([`Core::releasing_bytes`]). Nothing changes when the event cannot be recorded (the
-    /// error is returned).
+    /// error is returned), nor for a block that is not such a free block (0: a policy cannot
+    /// release a block in use).
     pub fn release_pages_in(&mut self, id: BlockId, lo: u64, len: u64) -> Result<u64, DeviceError> {
-        let b = &self.blocks[id];
-        debug_assert!(b.is_expandable() && b.mapped && !b.allocated && !b.releasing);
+        let Some(b) = self.blocks.get(id) else {
+            return Ok(0);
+        };
+        if !b.is_expandable() || !self.free_index(b.pool).contains(b) {
+            return Ok(0);
+        }
         let (lo, hi) = (lo.max(b.addr), (lo + len).min(b.end()));
         let seg = self.segments[b.segment as usize]
             .as_ref()

@@ -5,7 +5,7 @@
 
 use crate::common::pool;
 
-use cudalloc::policy::{torch, Policy, Torch};
+use cudalloc::policy::{torch, Policy, Torch, TorchExpandable};
 use cudalloc::pool::block::BlockId;
 use cudalloc::pool::{Core, Request};
 use cudalloc::{Config, Pool};
@@ -258,10 +258,13 @@ fn a_grown_block_smaller_than_the_request_is_not_handed_out() {
     assert_eq!(pool.stats().allocation.0[0].current, 0);
 }
 
-/// `torch`'s rules, trying to release every block it has just handed out.
+/// `torch`'s rules (or `torch-expandable`'s, when `expandable`), trying to release every block
+/// it has just handed out: as a segment and as pages.
 #[derive(Default)]
 struct ReleasesInUse {
+    expandable: bool,
     released: Vec<bool>,
+    pages: Vec<u64>,
 }
 
 impl Policy for ReleasesInUse {
@@ -271,11 +274,17 @@ impl Policy for ReleasesInUse {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
-        Torch.place(core, req, may_grow)
+        match self.expandable {
+            true => TorchExpandable.place(core, req, may_grow),
+            false => Torch.place(core, req, may_grow),
+        }
     }
 
     fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
-        Torch.should_split(core, id, size)
+        match self.expandable {
+            true => TorchExpandable.should_split(core, id, size),
+            false => Torch.should_split(core, id, size),
+        }
     }
 
     fn grow<D: Device>(
@@ -283,11 +292,15 @@ impl Policy for ReleasesInUse {
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<BlockId>, DeviceError> {
-        Torch.grow(core, req)
+        match self.expandable {
+            true => TorchExpandable.grow(core, req),
+            false => Torch.grow(core, req),
+        }
     }
 
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.released.push(core.release_block(id).unwrap());
+        self.pages.push(core.release_pages(id).unwrap());
     }
 }
 
@@ -298,7 +311,27 @@ fn release_block_refuses_a_block_in_use() {
     let a = pool.allocate(30 * MIB, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     assert_eq!(pool.policy().released, [false, false]);
+    assert_eq!(pool.policy().pages, [0, 0]);
     assert_eq!(pool.stats().allocation.0[0].current, 2);
+    pool.check_invariants().unwrap();
+    pool.free(&a).unwrap();
+    pool.free(&b).unwrap();
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved(), 0);
+}
+
+#[test]
+fn release_pages_refuses_a_block_in_use() {
+    let cfg = Config::for_policy(cudalloc::Policy::TorchExpandable);
+    let policy = ReleasesInUse {
+        expandable: true,
+        ..ReleasesInUse::default()
+    };
+    let mut pool = Pool::with_policy(sim(), cfg, policy);
+    let a = pool.allocate(30 * MIB, S0).unwrap();
+    let b = pool.allocate(4096, S0).unwrap();
+    assert_eq!(pool.policy().pages, [0, 0]);
+    assert_eq!(pool.releasing_bytes(), 0);
     pool.check_invariants().unwrap();
     pool.free(&a).unwrap();
     pool.free(&b).unwrap();
