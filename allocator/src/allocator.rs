@@ -81,7 +81,11 @@ fn shard_of(stream: StreamId) -> usize {
 impl<D: Device> CachingAllocator<D> {
     /// An allocator with the given configuration.
     pub fn new(device: D, cfg: Config) -> Self {
-        let device = Arc::new(device);
+        Self::on_shared_device(Arc::new(device), cfg)
+    }
+
+    /// An allocator over a device another allocator also uses (`graph_pool`).
+    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config) -> Self {
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
         let unfreed = Arc::new(AtomicBool::new(true));
@@ -635,6 +639,11 @@ impl<D: Device> CachingAllocator<D> {
     /// Runs `f` on the device.
     pub fn with_device<R>(&self, f: impl FnOnce(&D) -> R) -> R {
         f(&self.device)
+    }
+
+    /// The device, shared (`graph_pool`).
+    pub(crate) fn shared_device(&self) -> Arc<D> {
+        self.device.clone()
     }
 
     /// Bytes held from the device: the shards' reserved bytes, and pages whose release failed

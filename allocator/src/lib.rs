@@ -35,6 +35,7 @@ pub mod config;
 pub mod error;
 pub mod fmt;
 mod front_stats;
+mod graph_pool;
 pub mod interop;
 mod live;
 pub mod policy;

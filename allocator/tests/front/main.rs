@@ -12,12 +12,14 @@
 //! - at the end, after every free, nothing is counted as allocated, `empty_cache` returns every
 //!   byte and dropping the allocator leaves nothing on the device.
 //!
-//! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`.
+//! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
+//! `graph_pool.rs` (private pools for CUDA graphs).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 
+mod graph_pool;
 mod snapshot;
 mod stats;
 mod thread_caches;

@@ -1,0 +1,41 @@
+//! Private pools for CUDA graphs ([`CachingAllocator::graph_pool`]), PyTorch's graph pools in
+//! the Rust API.
+//!
+//! A graph replays into the addresses its capture was given. If a block the capture freed went
+//! back to the allocator that eager work uses, eager work between replays could take it, and
+//! the next replay would overwrite it; if its pages were given back, the replay would write to
+//! unmapped addresses. A graph pool is an allocator of its own over the same device: what is
+//! allocated from it is only ever handed out by it, however it is freed, and it gives nothing
+//! back while it lives when the allocator it comes from runs the `default` policy (it follows
+//! `torch-expandable`'s rules then: growth by pages, no budget). Several graphs captured one
+//! after another, and replayed one at a time, may share one pool; dropping the pool (after its
+//! graphs) gives its memory back.
+//!
+//! Invariants: a graph pool's blocks and an allocator's blocks never overlap (they are two
+//! allocators over one device); a graph pool's policy is never `default`.
+
+use crate::allocator::CachingAllocator;
+use crate::config::{Config, Policy};
+use cudalloc_sys::Device;
+
+impl<D: Device> CachingAllocator<D> {
+    /// A private pool for CUDA graphs over this allocator's device (see the module docs):
+    /// allocate a graph's memory from it during its warm-up and capture, tell it of the capture
+    /// ([`CachingAllocator::begin_capture`]) as you tell this one, and drop it after its graphs.
+    /// Its configuration is this allocator's, with `torch-expandable`'s rules in place of
+    /// `default`'s and no thread caches. Its memory does not count against this allocator's
+    /// memory limit.
+    pub fn graph_pool(&self) -> CachingAllocator<D> {
+        CachingAllocator::on_shared_device(self.shared_device(), graph_pool_config(self.config()))
+    }
+}
+
+/// The configuration of a graph pool made from an allocator configured with `cfg`.
+pub(crate) fn graph_pool_config(cfg: &Config) -> Config {
+    let mut cfg = cfg.clone();
+    if cfg.policy == Policy::Default {
+        cfg.policy = Policy::TorchExpandable;
+    }
+    cfg.thread_cache = Some(false);
+    cfg
+}

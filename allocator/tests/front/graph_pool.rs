@@ -1,0 +1,128 @@
+//! Graph pools (`CachingAllocator::graph_pool`): a graph's memory is never handed to eager
+//! work, several graphs share one pool, and dropping it gives the memory back.
+
+use cudalloc::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{CaptureMode, SimConfig, SimDevice, StreamId};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// A stream the simulated device can capture.
+const CAP: StreamId = StreamId(5);
+
+fn allocator(cfg: &str) -> (Arc<SimDevice>, CachingAllocator<Arc<SimDevice>>) {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(8 * GIB)));
+    (
+        sim.clone(),
+        CachingAllocator::new(sim, Config::parse(cfg).unwrap()),
+    )
+}
+
+/// A decode step of batch `b` as a graph captures it: per layer, an activation and an MLP
+/// intermediate (freed within the step), the activation of the layer before freed; the step's
+/// output is returned, live as long as the graph.
+fn decode_step(pool: &CachingAllocator<Arc<SimDevice>>, b: u64) -> cudalloc::Allocation {
+    let hidden = b * 2 * MIB;
+    let mut x = pool.allocate(hidden, CAP).unwrap();
+    for _ in 0..8 {
+        let up = pool.allocate(4 * hidden, CAP).unwrap();
+        let out = pool.allocate(hidden, CAP).unwrap();
+        pool.free(up).unwrap();
+        pool.free(x).unwrap();
+        x = out;
+    }
+    x
+}
+
+/// Captures `decode_step` for each batch size in `order` into one pool (a capture on the
+/// simulated device too, so any call a capture forbids fails the test); returns the pool's
+/// peak reserved bytes.
+fn capture_all(order: &[u64]) -> u64 {
+    let (sim, eager) = allocator("policy:default");
+    let pool = eager.graph_pool();
+    let mut outputs = Vec::new();
+    for &b in order {
+        eager.begin_capture(CaptureMode::Global);
+        pool.begin_capture(CaptureMode::Global);
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        outputs.push(decode_step(&pool, b));
+        sim.end_capture(CAP).unwrap();
+        pool.end_capture(CaptureMode::Global).unwrap();
+        eager.end_capture(CaptureMode::Global).unwrap();
+    }
+    pool.check_invariants().unwrap();
+    let peak = pool.stats().reserved_bytes.0[0].peak as u64;
+    for o in outputs {
+        pool.free(o).unwrap();
+    }
+    peak
+}
+
+#[test]
+fn a_graph_pools_memory_is_never_handed_to_eager_work() {
+    let (sim, eager) = allocator("policy:default");
+    let pool = eager.graph_pool();
+    assert_eq!(pool.config().policy, Policy::TorchExpandable);
+    let out = decode_step(&pool, 4);
+    let held = pool.reserved_bytes();
+    assert!(held > 0);
+    // Eager work on the same stream, between replays: none of it lands in the pool's memory.
+    let eager_blocks: Vec<_> = (0..16)
+        .map(|_| eager.allocate(8 * MIB, CAP).unwrap())
+        .collect();
+    let pool_ranges: Vec<(u64, u64)> = pool
+        .snapshot()
+        .segments
+        .iter()
+        .map(|s| (s.addr, s.addr + s.size))
+        .collect();
+    for a in &eager_blocks {
+        assert!(
+            pool_ranges
+                .iter()
+                .all(|&(lo, hi)| a.ptr + a.size <= lo || a.ptr >= hi),
+            "an eager block inside the graph pool's range"
+        );
+    }
+    // Emptying the eager allocator's cache leaves the pool's memory mapped.
+    for a in eager_blocks {
+        eager.free(a).unwrap();
+    }
+    eager.empty_cache().unwrap();
+    assert_eq!(pool.reserved_bytes(), held);
+    pool.free(out).unwrap();
+    drop(pool);
+    eager.check_invariants().unwrap();
+    assert_eq!(
+        sim.outstanding_bytes(),
+        0,
+        "the dropped pool gave its memory back"
+    );
+}
+
+/// Six graphs (batch sizes 1 to 32) share one pool, captured largest first and smallest first;
+/// the pool's peak is compared with the largest single capture's. Largest first, the smaller
+/// graphs fit in what the largest freed (1.000x when written); smallest first, the earlier
+/// graphs' outputs sit between the pages a larger capture wants to grow into (1.200x when
+/// written: issue 30's target of 1.05x is met only largest first).
+#[test]
+fn six_graphs_share_one_pool_in_either_order() {
+    let sizes = [1, 2, 4, 8, 16, 32];
+    let largest_alone = capture_all(&[32]);
+    let largest_first = capture_all(&[32, 16, 8, 4, 2, 1]);
+    let smallest_first = capture_all(&sizes);
+    let (a, b) = (
+        largest_first as f64 / largest_alone as f64,
+        smallest_first as f64 / largest_alone as f64,
+    );
+    println!("largest alone {largest_alone}, largest first {a:.3}x, smallest first {b:.3}x");
+    // The outputs of the other five graphs live on: 62 MiB beside the largest step's 400 MiB.
+    assert!(
+        a <= 1.05,
+        "largest first: {a:.3}x the largest capture alone"
+    );
+    assert!(
+        b <= 1.25,
+        "smallest first: {b:.3}x the largest capture alone"
+    );
+}
