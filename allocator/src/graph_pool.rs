@@ -26,16 +26,20 @@ impl<D: Device> CachingAllocator<D> {
     /// `default`'s and no thread caches. Its memory does not count against this allocator's
     /// memory limit.
     pub fn graph_pool(&self) -> CachingAllocator<D> {
-        CachingAllocator::on_shared_device(self.shared_device(), graph_pool_config(self.config()))
+        CachingAllocator::on_shared_device(self.shared_device(), self.config().for_graph_pool())
     }
 }
 
-/// The configuration of a graph pool made from an allocator configured with `cfg`.
-pub(crate) fn graph_pool_config(cfg: &Config) -> Config {
-    let mut cfg = cfg.clone();
-    if cfg.policy == Policy::Default {
-        cfg.policy = Policy::TorchExpandable;
+impl Config {
+    /// The configuration of a graph pool made from an allocator configured with `self`: the
+    /// same, with `torch-expandable`'s rules in place of `default`'s and no thread caches (the
+    /// C library's private pools use it too).
+    pub fn for_graph_pool(&self) -> Config {
+        let mut cfg = self.clone();
+        if cfg.policy == Policy::Default {
+            cfg.policy = Policy::TorchExpandable;
+        }
+        cfg.thread_cache = Some(false);
+        cfg
     }
-    cfg.thread_cache = Some(false);
-    cfg
 }

@@ -27,7 +27,7 @@
 use crate::error::Failure;
 use crate::json::TORCH_VALUES;
 use cudalloc_core::snapshot::BlockState;
-use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Policy, Snapshot};
+use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Snapshot};
 use cudalloc_sys::{Device, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -71,13 +71,9 @@ impl<D: Device> Default for Pools<D> {
 }
 
 /// The configuration of a private pool: the device's, with `default` replaced by
-/// `torch-expandable` (see the module doc).
+/// `torch-expandable` and no thread caches (see the module doc; `Config::for_graph_pool`).
 pub(crate) fn pool_config(device: &Config) -> Config {
-    let mut cfg = device.clone();
-    if cfg.policy == Policy::Default {
-        cfg.policy = Policy::TorchExpandable;
-    }
-    cfg
+    device.for_graph_pool()
 }
 
 /// Adds `values` (in `torch_values` order) to `into`, but for the last, `max_split_size`, a
@@ -283,7 +279,7 @@ mod tests {
 
     fn open() -> Result<CachingAllocator<SimDevice>, String> {
         let cfg = pool_config(&Config::parse("policy:default").unwrap());
-        assert_eq!(cfg.policy, Policy::TorchExpandable);
+        assert_eq!(cfg.policy, cudalloc_core::Policy::TorchExpandable);
         Ok(CachingAllocator::new(
             SimDevice::new(SimConfig::default()),
             cfg,
@@ -413,7 +409,11 @@ mod tests {
             "policy:torch-expandable,max_split_size_mb:64",
         ] {
             let device = Config::parse(p).unwrap();
-            assert_eq!(pool_config(&device), device);
+            let want = Config {
+                thread_cache: Some(false),
+                ..device.clone()
+            };
+            assert_eq!(pool_config(&device), want);
         }
     }
 }
