@@ -206,14 +206,16 @@ extern "C" __global__ void cudalloc_store_rows_f32(const float* src, float* cach
 // Attention of one query per sequence over its cache: for sequence b and head h (one block
 // each, g = b * heads + h), s[j] = q[b, h, :] . k[b, j, h, :] * scale for j <= pos[b] (at most
 // max_len rows), softmax over them (kept in scores[g, :], max_len floats), and
-// out[b, h, :] = sum_j p[j] v[b, j, h, :]. Scores: one warp per key, its lanes across head_dim.
+// out[b, h, :] = sum_j p[j] v[b, j, h, :]. Scores: each warp takes KEYS keys at a time, its lanes
+// across head_dim.
 // Output: with head_dim <= THREADS / 2, THREADS / head_dim groups of threads each sum every
 // groups-th key for all head_dim columns, then the groups' partial sums are added in `red`.
-extern "C" __global__ void cudalloc_decode_attention_f32(const float* q, const float* kc,
-                                                         const float* vc, float* scores,
-                                                         float* out, u64 batch, u32 heads,
-                                                         u32 head_dim, u64 max_len,
-                                                         const u32* pos, float scale) {
+#define KEYS 4
+
+extern "C" __global__ void cudalloc_decode_attention_f32(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
+    u64 max_len, const u32* __restrict__ pos, float scale) {
     __shared__ float sh[32];
     __shared__ float red[THREADS];
     const u64 g = blockIdx.x;
@@ -226,14 +228,28 @@ extern "C" __global__ void cudalloc_decode_attention_f32(const float* q, const f
     float* s = scores + g * max_len;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float m = NEG_INF;
-    for (u64 j = warp; j < len; j += warps) {
-        const float* kr = kc + base + j * dim;
-        float dot = 0.0f;
-        for (u32 c = lane; c < head_dim; c += 32) dot += qr[c] * kr[c];
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        dot *= scale;
-        if (lane == 0) s[j] = dot;
-        m = fmaxf(m, dot);
+    // KEYS keys per warp at a time, so that their loads are in flight together.
+    for (u64 j0 = (u64)warp * KEYS; j0 < len; j0 += (u64)warps * KEYS) {
+        float dot[KEYS];
+#pragma unroll
+        for (int u = 0; u < KEYS; ++u) {
+            float acc = 0.0f;
+            if (j0 + u < len) {
+                const float* kr = kc + base + (j0 + u) * dim;
+                for (u32 c = lane; c < head_dim; c += 32) acc += qr[c] * kr[c];
+            }
+            dot[u] = acc;
+        }
+#pragma unroll
+        for (int u = 0; u < KEYS; ++u) {
+            float v = dot[u];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            v *= scale;
+            if (j0 + u < len) {
+                if (lane == 0) s[j0 + u] = v;
+                m = fmaxf(m, v);
+            }
+        }
     }
     // block_max and block_sum end with __syncthreads: the s[j] written before each are
     // visible to every thread after it.
@@ -252,7 +268,7 @@ extern "C" __global__ void cudalloc_decode_attention_f32(const float* q, const f
         const u32 c = threadIdx.x % head_dim, gi = threadIdx.x / head_dim;
         float acc = 0.0f;
         if (gi < groups) {
-#pragma unroll 4
+#pragma unroll 8
             for (u64 j = gi; j < len; j += groups) acc += s[j] * vc[base + j * dim + c];
         }
         red[threadIdx.x] = acc;
