@@ -320,7 +320,7 @@ pub fn bench(
         .iter()
         .map(|o| capture_set(model, &mut slots, &o.batches()))
         .collect::<Result<Vec<_>>>()?;
-    let mut rows = Vec::new();
+    let (mut rows, mut widest) = (Vec::new(), Vec::new());
     for b in BATCHES {
         let (eager, eager_s) = decode(model, &mut slots, b, steps, Stepper::Eager)?;
         let mut row = Row {
@@ -336,10 +336,42 @@ pub fn bench(
             row.same.push(got == eager);
         }
         rows.push(row);
+        widest = eager;
     }
     let ok = report(orders, &sets, alone, &rows);
     drop(sets);
+    // The same sequences on the per-sequence engine (informational: its attention sums in
+    // another order, so a near tie may go the other way).
+    let per_seq = per_seq_tokens(model, &prompts[..widest.len()], steps)?;
+    let agree = widest.iter().zip(&per_seq).filter(|(a, b)| a == b).count();
+    println!(
+        "graphs: batch {}: {agree} of {} sequences decode the same tokens as the per-sequence engine (Model::forward)",
+        widest.len(),
+        widest.len()
+    );
     Ok(ok)
+}
+
+/// Greedy decoding of each prompt alone with `Model::forward`: the prefill's token, then
+/// `steps` more.
+fn per_seq_tokens(
+    model: &Model<PoolMem>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Result<Vec<Vec<u32>>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let mut seq = model.new_seq();
+            let logits = model.forward(&mut seq, p)?;
+            let mut out = vec![model.argmax(&logits)?];
+            for _ in 0..steps {
+                let logits = model.forward(&mut seq, &out[out.len() - 1..])?;
+                out.push(model.argmax(&logits)?);
+            }
+            Ok(out)
+        })
+        .collect()
 }
 
 fn mib(b: u64) -> String {
