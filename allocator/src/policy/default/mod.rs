@@ -138,6 +138,17 @@ impl Policy for DefaultPolicy {
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<BlockId>, DeviceError> {
+        // Pages of this stream still on their way back (the device runs behind) serve the
+        // request before new pages are mapped: stream order makes them safe without a wait.
+        if core.releasing_bytes() > 0
+            && core
+                .reclaim_releasing(req.stream, req.pool, req.size)
+                .is_some()
+        {
+            if let Some(id) = torch::get_free_block(core, req, true) {
+                return Ok(Some(id));
+            }
+        }
         self.budget_allocate(core, req)
     }
 
