@@ -74,7 +74,7 @@ impl DefaultPolicy {
         let live_after = core.stats.requested_bytes.0[0].current as u64 + size;
         // An episode placed by a plan will reach its planned peak: count it as reached, so that
         // the pages it is about to need are not given back on its way up.
-        let expected = if core.limit.is_none() {
+        let expected = if core.limit.is_none() && self.cfg.rules.expected_peak {
             self.plans.expected_peak()
         } else {
             0
@@ -88,12 +88,13 @@ impl DefaultPolicy {
             excess = excess.max((core.total_reserved() - going + need).saturating_sub(l));
         }
         let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
-        if excess > 0 {
+        let gives_back = self.cfg.rules.give_back || core.limit.is_some();
+        if excess > 0 && gives_back {
             self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
             let over = (core.reserved - core.releasing_bytes() + need).saturating_sub(hard);
-            if over > 0 && self.plans.protected().is_some() {
+            if over > 0 && self.kept().is_some() {
                 self.release_free_chunks(core, over, true, keep)?;
             }
         }
@@ -124,10 +125,19 @@ impl DefaultPolicy {
             return Ok(None);
         };
         let window = self.chunk_limit(core, page);
-        let ahead = page_ahead(core, req, page);
+        let rules = self.cfg.rules;
+        let ahead = if rules.page_ahead {
+            page_ahead(core, req, page)
+        } else {
+            0
+        };
         core.map_run(start, req.size, |core, id, want| {
-            let extended =
-                with_slack(core, id, want, window, room).max(with_ahead(core, id, want, ahead));
+            let slack = if rules.window_slack {
+                with_slack(core, id, want, window, room)
+            } else {
+                want
+            };
+            let extended = slack.max(with_ahead(core, id, want, ahead));
             map_growth(core, id, want, extended, page, window)
         })
     }
@@ -151,9 +161,15 @@ impl DefaultPolicy {
         let b = &core.blocks[id];
         core.limit.is_none()
             && self
-                .plans
-                .protected()
+                .kept()
                 .is_some_and(|k| k.overlaps(b.segment, b.addr, b.end()))
+    }
+
+    /// The footprint's ranges the budget spares, when that rule is on.
+    fn kept(&self) -> Option<super::Kept> {
+        self.plans
+            .protected()
+            .filter(|_| self.cfg.rules.keep_footprint)
     }
 
     /// The kept footprint when it has two ranges and free block `id` overlaps one: the block
@@ -161,7 +177,8 @@ impl DefaultPolicy {
     /// piece) and may have free pages beside it that belong to no kept range (the rest of the
     /// free block the piece was placed in), which can be given back alone.
     fn split_footprint_in<D: Device>(&self, core: &Core<D>, id: BlockId) -> Option<super::Kept> {
-        let k = self.plans.protected().filter(|k| k.is_split())?;
+        let beside = self.cfg.rules.give_back_beside_split;
+        let k = self.kept().filter(|k| beside && k.is_split())?;
         let b = &core.blocks[id];
         (core.limit.is_none() && k.overlaps(b.segment, b.addr, b.end())).then_some(k)
     }
@@ -194,7 +211,9 @@ impl DefaultPolicy {
             .map(|id| (core.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
-        best_fit_first(&mut free, bytes);
+        if self.cfg.rules.give_back_best_fit {
+            best_fit_first(&mut free, bytes);
+        }
         let mut released = 0;
         for (_, id) in free {
             if released >= bytes {

@@ -149,7 +149,7 @@ impl DefaultPolicy {
             .as_ref()
             .and_then(|p| unmapped_bytes(core, p.from, p.base, bytes))
             .map_or(u64::MAX, |(_, n)| n);
-        if single_need > 0 {
+        if single_need > 0 && self.cfg.rules.split_footprints {
             let saves = (SPLIT_SAVES * bytes as f64) as u64;
             if let Some((need, split)) = split_footprint(core, stream, scale, plan) {
                 if need.saturating_add(saves) <= single_need {
@@ -172,8 +172,12 @@ impl DefaultPolicy {
             .large
             .at_least(stream.0, bytes)
             .next()
-            .map(|(_, id)| id);
-        if let Some((from, base, segment)) = self.last_footprint(core, stream, bytes) {
+            .map(|(_, id)| id)
+            .filter(|_| self.cfg.rules.footprint_in_free_block);
+        let last = self
+            .last_footprint(core, stream, bytes)
+            .filter(|_| self.cfg.rules.reuse_last_footprint);
+        if let Some((from, base, segment)) = last {
             let cached = unmapped_bytes(core, from, base, bytes).is_some_and(|(_, n)| n == 0);
             if cached || fit.is_none() {
                 return Some(Placed {

@@ -6,6 +6,7 @@
 //! ticks (one allocation or free each, `0..2n`) and every lifetime ends after it starts; other
 //! input (shared ticks, lifetimes still live) is taken too, more slowly (`timeline`).
 
+use super::rules::Rules;
 use super::search::search;
 
 /// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
@@ -46,11 +47,10 @@ type OrderKey = fn(&Lifetime) -> (u64, u64);
 /// decoding, where the key-value cache of each new token outlives the work around it; largest
 /// area (bytes x lifetime) first suits convolutional nets, whose early layers are large and
 /// short-lived.
-const ORDERS: [OrderKey; 5] = [
+const ORDERS: [OrderKey; 4] = [
     |t| (!t.size, u64::from(t.start)),
     |t| (!t.size, !u64::from(t.start)),
     |t| (!t.size, u64::from(t.end)),
-    |t| (!t.size, !u64::from(t.end.saturating_sub(t.start))),
     |t| {
         let area = (t.size / 512).saturating_mul(u64::from(t.end.saturating_sub(t.start)));
         (!area, u64::from(t.start))
@@ -64,7 +64,7 @@ const ORDERS: [OrderKey; 5] = [
 /// search (`search`, at most [`SEARCH_WORK`] steps) looks for a packing within the live peak.
 /// An allocation still live (`end` of `u32::MAX`) lives to the end.
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
-    pack_within(lifetimes, u64::MAX, u64::MAX)
+    pack_within(lifetimes, u64::MAX, u64::MAX, &Rules::ALL)
         .0
         .expect("some order packs within an unbounded extent and work")
 }
@@ -78,21 +78,25 @@ pub const SEARCH_WORK: u64 = 1 << 18;
 /// soon as it spans more, or as much as the best so far), and spending at most about
 /// `max_work` steps (the best packing found by then, if any); also the steps it took, the
 /// unit of [`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC). The search runs only when an
-/// order packed within `bound`.
+/// order packed within `bound`. `rules` says which orders are tried, and whether the search
+/// runs.
 pub(crate) fn pack_within(
     lifetimes: &[Lifetime],
     bound: u64,
     max_work: u64,
+    rules: &Rules,
 ) -> (Option<Plan>, u64) {
     let floor = live_peak(lifetimes);
     let Some(overlaps) = Overlaps::of(lifetimes, max_work) else {
         return (None, max_work);
     };
-    let (mut best, mut work) = pack_in_orders(lifetimes, &overlaps, floor, bound, max_work);
+    let orders = rules.orders();
+    let (mut best, mut work) = pack_in_orders(lifetimes, &overlaps, floor, bound, max_work, orders);
     // Slack left above the live peak: search for a packing without it.
-    if best
-        .as_ref()
-        .is_some_and(|p| p.extent as f64 > SEARCH_ABOVE * floor as f64)
+    if rules.packing_search
+        && best
+            .as_ref()
+            .is_some_and(|p| p.extent as f64 > SEARCH_ABOVE * floor as f64)
     {
         let left = max_work.saturating_sub(work).min(SEARCH_WORK);
         let (found, steps) = search(lifetimes, |i| overlaps.of_one(i), floor, left);
@@ -114,11 +118,12 @@ fn pack_in_orders(
     floor: u64,
     bound: u64,
     max_work: u64,
+    orders: [bool; 4],
 ) -> (Option<Plan>, u64) {
     let (mut best, mut limit) = (None, bound);
     let mut work = overlaps.list.len() as u64;
     let mut keyed: Vec<(u64, u64, usize)> = Vec::with_capacity(lifetimes.len());
-    for key in ORDERS {
+    for (key, _) in ORDERS.into_iter().zip(orders).filter(|o| o.1) {
         keyed.clear();
         keyed.extend(lifetimes.iter().enumerate().map(|(i, t)| {
             let (a, b) = key(t);
@@ -544,14 +549,14 @@ pub(super) mod tests {
             }
             // The orders' bound is exact: the best order within it, none below it.
             let floor = live_peak(&lifetimes);
-            let orders = |bound| pack_in_orders(&lifetimes, &overlaps, floor, bound, u64::MAX).0.map(|q| q.extent);
+            let orders = |bound| pack_in_orders(&lifetimes, &overlaps, floor, bound, u64::MAX, [true; 4]).0.map(|q| q.extent);
             let e = orders(u64::MAX).expect("unbounded");
             proptest::prop_assert!(p.extent <= e);
             proptest::prop_assert_eq!(orders(e), Some(e));
             proptest::prop_assert!(orders(e - 1).is_none());
             // The search runs only on top of an order within the bound.
             if e > floor {
-                proptest::prop_assert!(pack_within(&lifetimes, e - 1, u64::MAX).0.is_none());
+                proptest::prop_assert!(pack_within(&lifetimes, e - 1, u64::MAX, &Rules::ALL).0.is_none());
             }
         }
     }

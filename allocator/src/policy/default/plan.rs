@@ -115,13 +115,13 @@ impl Episode {
     /// all of those are freed (the older ones, such as weights loaded before the first batch,
     /// may outlive many episodes). Asked at the next large allocation, so that an episode
     /// whose last frees come in any order ends at its start.
-    fn ended(&self) -> Option<usize> {
+    fn ended(&self, nested: bool) -> Option<usize> {
         if self.live == 0 {
             return (!self.lifetimes.is_empty()).then_some(0);
         }
         let n = self.lifetimes.len();
         let youngest = *self.stack.last()? as usize;
-        (n - youngest > MIN_ALLOCS).then_some(youngest + 1)
+        (nested && n - youngest > MIN_ALLOCS).then_some(youngest + 1)
     }
 }
 
@@ -190,10 +190,12 @@ pub const PLAN_GAIN: f64 = 0.9;
 pub const SMALLER: f64 = 0.95;
 
 /// True when `size` is `scale` times `planned` up to rounding, or a little less.
-pub(super) fn matches(size: u64, planned: u64, scale: f64) -> bool {
+/// (`smaller`: the [`SMALLER`] tolerance is on).
+pub(super) fn matches(size: u64, planned: u64, scale: f64, smaller: bool) -> bool {
     let want = scale * planned as f64;
     let size = size as f64;
-    (size - want).abs() <= want / 512.0 + 512.0 || (size <= want && size >= SMALLER * want)
+    let little_less = smaller && size <= want && size >= SMALLER * want;
+    (size - want).abs() <= want / 512.0 + 512.0 || little_less
 }
 
 impl DefaultPolicy {
@@ -210,7 +212,8 @@ impl DefaultPolicy {
         core: &mut Core<D>,
         stream: StreamId,
     ) -> Option<usize> {
-        if let Some(cut) = self.plans.episode.as_ref().and_then(Episode::ended) {
+        let nested = self.cfg.rules.nested_episodes;
+        if let Some(cut) = self.plans.episode.as_ref().and_then(|e| e.ended(nested)) {
             self.close_episode(core, cut);
         }
         let plans = &mut self.plans;
@@ -245,6 +248,7 @@ impl DefaultPolicy {
         placed: bool,
     ) {
         let size = core.blocks[id].size;
+        let smaller = self.cfg.rules.smaller_matches;
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
             return;
@@ -254,9 +258,9 @@ impl DefaultPolicy {
         }
         let start = e.clock;
         let scale = e.footprint.as_ref().map(|f| f.scale);
-        e.follows &= plan
-            .and_then(|p| p.lifetimes.get(k))
-            .is_some_and(|t| t.start == start && scale.is_some_and(|c| matches(size, t.size, c)));
+        e.follows &= plan.and_then(|p| p.lifetimes.get(k)).is_some_and(|t| {
+            t.start == start && scale.is_some_and(|c| matches(size, t.size, c, smaller))
+        });
         e.lifetimes.push(Lifetime {
             size,
             start,
@@ -361,7 +365,7 @@ impl DefaultPolicy {
         self.plans.plan = None;
         if fit.live_peak <= bound {
             let left = MAX_EVALUATION_WORK.saturating_sub(work);
-            let (plan, steps) = pack_within(&closed, bound, left);
+            let (plan, steps) = pack_within(&closed, bound, left, &self.cfg.rules);
             work += steps;
             self.plans.plan = plan;
         }
@@ -532,13 +536,13 @@ mod tests {
 
     #[test]
     fn sizes_match_up_to_rounding_at_any_scale() {
-        assert!(matches(3 << 20, 1 << 20, 3.0));
-        assert!(matches((3 << 20) + 512, 1 << 20, 3.0));
-        assert!(!matches(4 << 20, 1 << 20, 3.0));
+        assert!(matches(3 << 20, 1 << 20, 3.0, true));
+        assert!(matches((3 << 20) + 512, 1 << 20, 3.0, true));
+        assert!(!matches(4 << 20, 1 << 20, 3.0, true));
         // A little smaller still matches (a layer whose height rounds down); larger does not.
-        assert!(matches(97 << 20, 100 << 20, 1.0));
-        assert!(!matches(90 << 20, 100 << 20, 1.0));
-        assert!(!matches(103 << 20, 100 << 20, 1.0));
+        assert!(matches(97 << 20, 100 << 20, 1.0, true));
+        assert!(!matches(90 << 20, 100 << 20, 1.0, true));
+        assert!(!matches(103 << 20, 100 << 20, 1.0, true));
         // Offsets stretch enough that a size rounded up after scaling fits before the next.
         let (size, scale) = (1u64 << 20, 2.999);
         let rounded = ((size as f64 * scale) as u64).div_ceil(512) * 512;
