@@ -47,6 +47,28 @@ use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError};
 
+/// A large-pool range reserves the device's memory over this (or the request, when
+/// larger): address space is plentiful (a stream that fills one gets another) and a range
+/// large enough for most jobs keeps their blocks in one segment, where neighbours merge. Only
+/// virtual addresses: reserved/live and calls do not depend on it while a job fits in one.
+pub const LARGE_RANGES_PER_DEVICE: u64 = 8;
+
+/// A small-pool range reserves the device's memory over this: small blocks need far
+/// less room than large ones, and a range per stream must not eat the address space of
+/// thousands of streams.
+pub const SMALL_RANGES_PER_DEVICE: u64 = 64;
+
+/// The plan's footprint keeps its cached pages until the pool passes this many fragmentation
+/// budgets above its base, and pages on their way back are waited for beyond the slack
+/// between it and one budget: a higher value keeps more idle pages mapped for the next episode
+/// (fewer calls, more memory), a lower one gives them back sooner.
+pub const FOOTPRINT_BUDGETS: f64 = 2.0;
+
+/// Pages a large-pool growth maps beyond its need while the job is loading: the next tensor
+/// then often fits without a call, and at most this many pages per pool are left idle when
+/// loading ends. One page is the least that saves a call (rule table: `page_ahead`).
+pub const LOADING_PAGES_AHEAD: u64 = 1;
+
 impl DefaultPolicy {
     /// Gets memory for a request under the `default` policy; `Ok(None)` is out of memory.
     pub(crate) fn budget_allocate<D: Device>(
@@ -87,7 +109,7 @@ impl DefaultPolicy {
         if let Some(l) = core.limit {
             excess = excess.max((core.total_reserved() - going + need).saturating_sub(l));
         }
-        let hard = ((1.0 + 2.0 * self.cfg.fragmentation_budget) * base as f64) as u64;
+        let hard = ((1.0 + FOOTPRINT_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
         let gives_back = self.cfg.rules.give_back || core.limit.is_some();
         if excess > 0 && gives_back {
             self.release_free_chunks(core, excess, false, keep)?;
@@ -300,7 +322,7 @@ fn map_growth<D: Device>(
 fn page_ahead<D: Device>(core: &Core<D>, req: &Request, page: u64) -> u64 {
     let loading = core.nothing_freed() && core.limit.is_none();
     if loading && req.pool == PoolKind::Large {
-        page
+        LOADING_PAGES_AHEAD * page
     } else {
         0
     }
@@ -325,8 +347,8 @@ fn find_budget_block<D: Device>(
         return Ok(None);
     }
     let range = match req.pool {
-        PoolKind::Small => total / 64,
-        PoolKind::Large => total / 8,
+        PoolKind::Small => total / SMALL_RANGES_PER_DEVICE,
+        PoolKind::Large => total / LARGE_RANGES_PER_DEVICE,
     };
     core.new_segment(req.stream, req.pool, page, range.max(req.size))
 }

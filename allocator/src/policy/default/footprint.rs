@@ -16,8 +16,8 @@
 //! a long-lived embedding, that no batch's whole footprint fits in; without a split, every
 //! large batch maps its footprint above and the budget unmaps the block, one driver call per
 //! chunk it was loaded in. A split is taken only when the side in the free block holds at least
-//! half of the footprint ([`SPLIT_CACHED`]) and the split maps at least a quarter of the
-//! footprint less than the single placement ([`SPLIT_SAVES`]): a split costs rounding at the cut
+//! half of the footprint ([`SPLIT_MIN_CACHED_SHARE`]) and the split maps at least a quarter of the
+//! footprint less than the single placement ([`SPLIT_MIN_SAVED_SHARE`]): a split costs rounding at the cut
 //! and leaves the rest of the free block idle, and a smaller gain did not pay for that on the
 //! traces measured (`docs/archive.md`).
 //!
@@ -39,18 +39,18 @@ use super::placement::{block_containing, block_of_segment, unmapped_bytes};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::Core;
-use crate::sizes::PoolKind;
+use crate::sizes::{PoolKind, MIN_BLOCK};
 use cudalloc_sys::{Device, StreamId};
 
 /// A split's side in a free block holds at least this fraction of the footprint.
-pub const SPLIT_CACHED: f64 = 0.5;
+pub const SPLIT_MIN_CACHED_SHARE: f64 = 0.5;
 
 /// A split maps at least this fraction of the footprint less than the single placement.
-pub const SPLIT_SAVES: f64 = 0.25;
+pub const SPLIT_MIN_SAVED_SHARE: f64 = 0.25;
 
 /// Offsets are stretched by this fraction over the scale, so that sizes rounded up after scaling
 /// still fit where the plan put them.
-const STRETCH: f64 = 1.0 / 256.0;
+const OFFSET_STRETCH: f64 = 1.0 / 256.0;
 
 /// Where the plan places the open episode: its scale against the plan, and its base address in
 /// the stream's range `segment`.
@@ -150,7 +150,7 @@ impl DefaultPolicy {
             .and_then(|p| unmapped_bytes(core, p.from, p.base, bytes))
             .map_or(u64::MAX, |(_, n)| n);
         if single_need > 0 && self.cfg.rules.split_footprints {
-            let saves = (SPLIT_SAVES * bytes as f64) as u64;
+            let saves = (SPLIT_MIN_SAVED_SHARE * bytes as f64) as u64;
             if let Some((need, split)) = split_footprint(core, stream, scale, plan) {
                 if need.saturating_add(saves) <= single_need {
                     return Some(split);
@@ -255,7 +255,7 @@ impl DefaultPolicy {
 
 /// The best split of the footprint, with the bytes of pages it needs mapped: for each
 /// clean cut and each side, that side at the start of the largest free block (when it holds
-/// at least [`SPLIT_CACHED`] of the footprint) and the other in the lowest run of free and
+/// at least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the other in the lowest run of free and
 /// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
 fn split_footprint<D: Device>(
     core: &Core<D>,
@@ -279,7 +279,7 @@ fn split_footprint<D: Device>(
             } else {
                 (upper, lower)
             };
-            if cached > largest || (cached as f64) < SPLIT_CACHED * total as f64 {
+            if cached > largest || (cached as f64) < SPLIT_MIN_CACHED_SHARE * total as f64 {
                 continue;
             }
             let Some(run) = core.runs_in_ranges(stream, PoolKind::Large).find(|&c| {
@@ -342,17 +342,17 @@ pub fn clean_cuts(plan: &Plan) -> Vec<u64> {
 /// split at plan offset `cut`: the lower from its base, the upper from the cut's address.
 fn pieces(extent: u64, cut: u64, scale: f64) -> (u64, u64) {
     let at = stretched(cut, scale);
-    (at + 512, spanned(extent, scale) - at)
+    (at + MIN_BLOCK, spanned(extent, scale) - at)
 }
 
 /// Bytes a footprint of a plan spanning `extent` takes at `scale`.
 pub(super) fn spanned(extent: u64, scale: f64) -> u64 {
-    stretched(extent, scale).saturating_add(512)
+    stretched(extent, scale).saturating_add(MIN_BLOCK)
 }
 
 /// `offset` scaled, stretched and rounded down to 512 bytes.
 pub(super) fn stretched(offset: u64, scale: f64) -> u64 {
-    ((offset as f64 * scale * (1.0 + STRETCH)) as u64) / 512 * 512
+    ((offset as f64 * scale * (1.0 + OFFSET_STRETCH)) as u64) / MIN_BLOCK * MIN_BLOCK
 }
 
 #[cfg(test)]

@@ -37,7 +37,11 @@ pub struct Plan {
 /// The search for a packing within the live peak (`search`) runs when the best order spans
 /// more than this many times the live peak: slack under the default fragmentation budget (2%)
 /// is not worth its work, which could hold later evaluations back (`plan`'s work bound).
-pub const SEARCH_ABOVE: f64 = 1.02;
+pub const SEARCH_ABOVE_LIVE_PEAK: f64 = 1.02;
+
+/// Steps charged per allocation for sorting it into an order, besides the placing (a sort of
+/// n keys takes about log2(n) comparisons each: 8 for a few hundred allocations).
+const SORT_WORK_PER_ALLOC: u64 = 8;
 
 /// A sort key for allocations: the smaller one is placed first.
 type OrderKey = fn(&Lifetime) -> (u64, u64);
@@ -60,8 +64,8 @@ const ORDERS: [OrderKey; 4] = [
 /// Packs allocations of known lifetimes: in each of a few orders (`ORDERS`), each at the
 /// lowest offset where it overlaps no placed allocation whose lifetime overlaps its own; keeps
 /// the packing that spans least (the first one that spans no more than the live peak, which
-/// none can beat). When that one spans more than [`SEARCH_ABOVE`] times the live peak, a
-/// search (`search`, at most [`SEARCH_WORK`] steps) looks for a packing within the live peak.
+/// none can beat). When that one spans more than [`SEARCH_ABOVE_LIVE_PEAK`] times the live peak, a
+/// search (`search`, at most [`MAX_SEARCH_WORK`] steps) looks for a packing within the live peak.
 /// An allocation still live (`end` of `u32::MAX`) lives to the end.
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
     pack_within(lifetimes, u64::MAX, u64::MAX, &Rules::ALL)
@@ -72,12 +76,12 @@ pub fn pack(lifetimes: &[Lifetime]) -> Plan {
 /// Most steps the search for a packing within the live peak takes, however much work
 /// the evaluation is given: about a millisecond (the search may take time exponential in
 /// the allocations to find that there is none).
-pub const SEARCH_WORK: u64 = 1 << 18;
+pub const MAX_SEARCH_WORK: u64 = 1 << 18;
 
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
 /// soon as it spans more, or as much as the best so far), and spending at most about
 /// `max_work` steps (the best packing found by then, if any); also the steps it took, the
-/// unit of [`WORK_PER_ALLOC`](super::plan::WORK_PER_ALLOC). The search runs only when an
+/// unit of [`EVALUATION_WORK_PER_ALLOC`](super::plan::EVALUATION_WORK_PER_ALLOC). The search runs only when an
 /// order packed within `bound`. `rules` says which orders are tried, and whether the search
 /// runs.
 pub(crate) fn pack_within(
@@ -96,9 +100,9 @@ pub(crate) fn pack_within(
     if rules.packing_search
         && best
             .as_ref()
-            .is_some_and(|p| p.extent as f64 > SEARCH_ABOVE * floor as f64)
+            .is_some_and(|p| p.extent as f64 > SEARCH_ABOVE_LIVE_PEAK * floor as f64)
     {
-        let left = max_work.saturating_sub(work).min(SEARCH_WORK);
+        let left = max_work.saturating_sub(work).min(MAX_SEARCH_WORK);
         let (found, steps) = search(lifetimes, |i| overlaps.of_one(i), floor, left);
         work += steps;
         if let Some(mut plan) = found {
@@ -131,8 +135,7 @@ fn pack_in_orders(
         }));
         keyed.sort_unstable();
         let order: Vec<usize> = keyed.iter().map(|k| k.2).collect();
-        // Ordering costs a few steps per allocation besides the placing.
-        work += 8 * lifetimes.len() as u64;
+        work += SORT_WORK_PER_ALLOC * lifetimes.len() as u64;
         let left = max_work.saturating_sub(work);
         let (placed, steps) = place_in_order(lifetimes, overlaps, &order, limit, left);
         work += steps;

@@ -11,33 +11,33 @@
 //!   starts it until all of them are freed again (a batch, an iteration); other streams'
 //!   allocations meanwhile are not recorded. Allocations older than the rest may outlive it
 //!   (weights loaded before the first batch): the episode also ends when at least
-//!   [`MIN_ALLOCS`] allocations came after its youngest live one and all of those are freed,
+//!   [`MIN_EPISODE_ALLOCS`] allocations came after its youngest live one and all of those are freed,
 //!   and then consists of those. Whether it ended is asked at the next large allocation (of
-//!   any stream), which may start the next episode. One that reaches [`MAX_ALLOCS`]
+//!   any stream), which may start the next episode. One that reaches [`MAX_EPISODE_ALLOCS`]
 //!   allocations is dropped;
-//! - an episode of at least [`MIN_ALLOCS`] allocations is packed offline: in each of a few
+//! - an episode of at least [`MIN_EPISODE_ALLOCS`] allocations is packed offline: in each of a few
 //!   orders (largest first, latest first among equals, largest bytes x lifetime first, ...),
 //!   each allocation at the lowest offset clear of those whose lifetimes overlap its own; the
 //!   tightest packing wins, unless it spans more than
-//!   [`SEARCH_ABOVE`] times the episode's live peak and a
+//!   [`SEARCH_ABOVE_LIVE_PEAK`] times the episode's live peak and a
 //!   bounded search (`search`) finds a packing within the live peak. It becomes the *plan*
-//!   when it spans at most [`PLAN_GAIN`] of what
+//!   when it spans at most [`PLAN_SPAN_OF_BEST_FIT`] of what
 //!   best fit spans on the same sequence, and the plan is dropped otherwise: where best fit
 //!   packs well (training steps that repeat the same sizes), placement stays best fit's. An
 //!   episode that followed the plan (sizes at the episode's scale within rounding or up to
-//!   [`SMALLER`] less, allocation and free order) keeps it without packing, and an episode
-//!   like one of the last [`REJECTED`] that made no plan (a training loop's steps) drops the
+//!   [`SMALLEST_MATCH`] less, allocation and free order) keeps it without packing, and an episode
+//!   like one of the last [`REMEMBERED_REJECTIONS`] that made no plan (a training loop's steps) drops the
 //!   plan without being evaluated again, charged the work its evaluation took (so the work
 //!   bound below counts what an evaluation would have cost); one like the episode the last plan
 //!   was made from gets that plan again, charged the same way. Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
-//!   evaluation starts only while the work of earlier ones is within [`WORK_BURST`] of
-//!   [`WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
+//!   evaluation starts only while the work of earlier ones is within [`EVALUATION_WORK_AHEAD`] of
+//!   [`EVALUATION_WORK_PER_ALLOC`] per allocation the pool has made since (the plan stands as it is
 //!   otherwise), and one spends at most [`MAX_EVALUATION_WORK`], so a job whose every
 //!   episode differs spends a bounded share of its time on them, and no allocation waits
 //!   for more than about a millisecond of it;
 //! - allocation `i` of the next episode goes to `base + scale x offset[i]` when its size is
-//!   `scale x size[i]` (within rounding, or up to [`SMALLER`] of it smaller) and those bytes
+//!   `scale x size[i]` (within rounding, or up to [`SMALLEST_MATCH`] of it smaller) and those bytes
 //!   are free or unmapped; the missing pages
 //!   are mapped under the fragmentation budget like any growth (and never when the caller asked
 //!   for cached memory only). The first allocation sets the scale, and the base (the
@@ -64,21 +64,21 @@
 use super::footprint::{Footprint, Kept};
 use super::packing::{best_fit, pack_within};
 pub use super::packing::{
-    best_fit_extent, live_peak, pack, Lifetime, Plan, SEARCH_ABOVE, SEARCH_WORK,
+    best_fit_extent, live_peak, pack, Lifetime, Plan, MAX_SEARCH_WORK, SEARCH_ABOVE_LIVE_PEAK,
 };
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
-use crate::sizes::PoolKind;
+use crate::sizes::{PoolKind, MIN_BLOCK};
 use crate::stats::Stats;
 use cudalloc_sys::{Device, StreamId};
 
 /// "Not an allocation of a recorded episode" (a block's tag).
 pub const NO_SEQ: u64 = crate::pool::block::NO_TAG;
 /// Fewest allocations an episode needs to become a plan.
-pub const MIN_ALLOCS: usize = 16;
+pub const MIN_EPISODE_ALLOCS: usize = 16;
 /// Most allocations an episode records; longer ones are dropped.
-pub const MAX_ALLOCS: usize = 1024;
+pub const MAX_EPISODE_ALLOCS: usize = 1024;
 
 /// What the plan makes of a request.
 pub(crate) enum Placement {
@@ -111,7 +111,7 @@ pub(super) struct Episode {
 
 impl Episode {
     /// Where the episode ended, if it has: 0 when none of its allocations is live any more;
-    /// otherwise just after the youngest live one, when at least [`MIN_ALLOCS`] came after it and
+    /// otherwise just after the youngest live one, when at least [`MIN_EPISODE_ALLOCS`] came after it and
     /// all of those are freed (the older ones, such as weights loaded before the first batch,
     /// may outlive many episodes). Asked at the next large allocation, so that an episode
     /// whose last frees come in any order ends at its start.
@@ -121,7 +121,7 @@ impl Episode {
         }
         let n = self.lifetimes.len();
         let youngest = *self.stack.last()? as usize;
-        (nested && n - youngest > MIN_ALLOCS).then_some(youngest + 1)
+        (nested && n - youngest > MIN_EPISODE_ALLOCS).then_some(youngest + 1)
     }
 }
 
@@ -141,9 +141,9 @@ pub struct Plans {
     /// its evaluation took: that episode again gets the same plan without being evaluated.
     made: Option<(u64, u64, Plan)>,
     /// Signatures of the last episodes that made no plan, with the work their evaluation took
-    /// ([`REJECTED`] of them, oldest overwritten first): such an episode again drops the plan
+    /// ([`REMEMBERED_REJECTIONS`] of them, oldest overwritten first): such an episode again drops the plan
     /// and is charged that work without being evaluated.
-    rejected: [Option<(u64, u64)>; REJECTED],
+    rejected: [Option<(u64, u64)>; REMEMBERED_REJECTIONS],
     /// Where the next rejected signature goes in `rejected`.
     next_rejected: usize,
     /// Segment, base and end of the last footprint: the next episode reuses it when it is free.
@@ -151,7 +151,7 @@ pub struct Plans {
     /// A second range of the same segment whose cached pages are kept (`footprint`): the other
     /// piece of the last split footprint, or the footprint before it.
     pub(super) other: Option<(u64, u64)>,
-    /// Work of evaluations not yet earned back by allocations ([`WORK_PER_ALLOC`]).
+    /// Work of evaluations not yet earned back by allocations ([`EVALUATION_WORK_PER_ALLOC`]).
     debt: u64,
     /// The pool's allocation count when `debt` was last brought up to date.
     allocations: i64,
@@ -161,13 +161,13 @@ pub struct Plans {
 /// allocations times the allocations or free ranges each is compared with. Work an evaluation
 /// may spend per allocation the pool makes, in those steps: a step takes 4-7 ns while a
 /// replay runs (measured on the 2-core machine), so over a run evaluations cost at most about
-/// 16-28 ns per allocation (plus [`WORK_BURST`]), whatever the episodes. Until the work is
+/// 16-28 ns per allocation (plus [`EVALUATION_WORK_AHEAD`]), whatever the episodes. Until the work is
 /// earned the plan stands as it is.
-pub const WORK_PER_ALLOC: u64 = 4;
+pub const EVALUATION_WORK_PER_ALLOC: u64 = 4;
 
 /// Work that evaluations may run ahead of the allocations that pay for it (about a quarter of
 /// a millisecond): a pool that evaluates now and then is never held back.
-pub const WORK_BURST: u64 = 1 << 16;
+pub const EVALUATION_WORK_AHEAD: u64 = 1 << 16;
 
 /// Most work one evaluation may spend (about a millisecond, within one allocation): best fit
 /// over an episode that takes more is abandoned and the plan stands; a packing that takes more
@@ -177,26 +177,32 @@ pub const MAX_EVALUATION_WORK: u64 = 1 << 18;
 /// How many signatures of episodes that made no plan a pool remembers: a training loop whose
 /// steps alternate between a few episodes (`gpt2_train`: one of 974 allocations, one of 50)
 /// evaluated each of them again at every step, since only the last one was remembered.
-pub const REJECTED: usize = 8;
+pub const REMEMBERED_REJECTIONS: usize = 8;
 
 /// A packing becomes the plan when it spans at most this fraction of what best fit spans.
-pub const PLAN_GAIN: f64 = 0.9;
+pub const PLAN_SPAN_OF_BEST_FIT: f64 = 0.9;
 
 /// An allocation down to this fraction of its planned size (at the episode's scale) still
 /// takes its planned place: shapes that do not all scale alike (a convolutional net at
 /// another resolution rounds each layer's height and width on its own) keep their plan. The
 /// first allocation sets the scale with no such tolerance: when it is the one that came out
 /// smaller, the others look larger than planned and the plan ends at the first of them.
-pub const SMALLER: f64 = 0.95;
+pub const SMALLEST_MATCH: f64 = 0.95;
 
 /// True when `size` is `scale` times `planned` up to rounding, or a little less.
-/// (`smaller`: the [`SMALLER`] tolerance is on).
+/// (`smaller`: the [`SMALLEST_MATCH`] tolerance is on).
 pub(super) fn matches(size: u64, planned: u64, scale: f64, smaller: bool) -> bool {
     let want = scale * planned as f64;
     let size = size as f64;
-    let little_less = smaller && size <= want && size >= SMALLER * want;
-    (size - want).abs() <= want / 512.0 + 512.0 || little_less
+    let little_less = smaller && size <= want && size >= SMALLEST_MATCH * want;
+    let rounding = want * SCALED_ROUNDING + MIN_BLOCK as f64;
+    (size - want).abs() <= rounding || little_less
 }
+
+/// A size scaled from a planned one matches it within this fraction of it (and a block's 512
+/// bytes): sizes computed from a batch dimension and rounded to 512 bytes do not scale
+/// exactly. Far below the sizes' spread between layers, so it does not merge distinct shapes.
+pub const SCALED_ROUNDING: f64 = 1.0 / 512.0;
 
 impl DefaultPolicy {
     /// True when plans apply to this request.
@@ -219,11 +225,11 @@ impl DefaultPolicy {
         let plans = &mut self.plans;
         match &plans.episode {
             Some(e) if e.stream != stream => return None,
-            Some(e) if e.lifetimes.len() < MAX_ALLOCS => return Some(e.lifetimes.len()),
+            Some(e) if e.lifetimes.len() < MAX_EPISODE_ALLOCS => return Some(e.lifetimes.len()),
             _ => {}
         }
         let first = plans.next;
-        plans.next += MAX_ALLOCS as u64;
+        plans.next += MAX_EPISODE_ALLOCS as u64;
         plans.episode = Some(Episode {
             stream,
             first,
@@ -311,7 +317,7 @@ impl DefaultPolicy {
         };
         let mut lifetimes = e.lifetimes;
         let closed = lifetimes.split_off(cut);
-        if closed.len() < MIN_ALLOCS || closed.iter().any(|t| t.end == u32::MAX) {
+        if closed.len() < MIN_EPISODE_ALLOCS || closed.iter().any(|t| t.end == u32::MAX) {
             return;
         }
         let same = self
@@ -361,7 +367,7 @@ impl DefaultPolicy {
             return;
         };
         let mut work = fit.work;
-        let bound = (PLAN_GAIN * fit.extent as f64) as u64;
+        let bound = (PLAN_SPAN_OF_BEST_FIT * fit.extent as f64) as u64;
         self.plans.plan = None;
         if fit.live_peak <= bound {
             let left = MAX_EVALUATION_WORK.saturating_sub(work);
@@ -409,7 +415,7 @@ impl Plans {
     /// Remembers that an episode of signature `sig` made no plan, after `work` steps.
     fn remember_rejected(&mut self, sig: u64, work: u64) {
         self.rejected[self.next_rejected] = Some((sig, work));
-        self.next_rejected = (self.next_rejected + 1) % REJECTED;
+        self.next_rejected = (self.next_rejected + 1) % REMEMBERED_REJECTIONS;
     }
 
     /// The work and plan of the last plan made, when it was packed from this episode (of
@@ -420,7 +426,7 @@ impl Plans {
     }
 
     /// The work of the evaluation of an episode of signature `sig` that made no plan, when it is
-    /// among the last [`REJECTED`].
+    /// among the last [`REMEMBERED_REJECTIONS`].
     fn rejected_work(&self, sig: u64) -> Option<u64> {
         self.rejected
             .iter()
@@ -430,13 +436,13 @@ impl Plans {
     }
 
     /// Brings the work debt up to date with the allocations made since; true when it is at most
-    /// [`WORK_BURST`], so that an episode may be evaluated.
+    /// [`EVALUATION_WORK_AHEAD`], so that an episode may be evaluated.
     fn may_work(&mut self, stats: &Stats) -> bool {
         let now = stats.allocation.0[0].allocated;
-        let earned = now.saturating_sub(self.allocations).max(0) as u64 * WORK_PER_ALLOC;
+        let earned = now.saturating_sub(self.allocations).max(0) as u64 * EVALUATION_WORK_PER_ALLOC;
         self.allocations = now;
         self.debt = self.debt.saturating_sub(earned);
-        self.debt <= WORK_BURST
+        self.debt <= EVALUATION_WORK_AHEAD
     }
 
     /// True while there is a plan to place episodes by.
@@ -482,12 +488,12 @@ mod tests {
         let mut plans = Plans::default();
         let mut stats = Stats::default();
         assert!(plans.may_work(&stats));
-        plans.debt = WORK_BURST + 10 * WORK_PER_ALLOC;
+        plans.debt = EVALUATION_WORK_AHEAD + 10 * EVALUATION_WORK_PER_ALLOC;
         stats.allocation.0[0].allocated = 9;
         assert!(!plans.may_work(&stats), "one allocation short");
         stats.allocation.0[0].allocated = 10;
         assert!(plans.may_work(&stats));
-        assert_eq!(plans.debt, WORK_BURST);
+        assert_eq!(plans.debt, EVALUATION_WORK_AHEAD);
     }
 
     #[test]
