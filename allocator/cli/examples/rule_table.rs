@@ -175,8 +175,8 @@ fn judge(held: (i8, i8), worse_held: usize, tuning: (i8, i8)) -> String {
             (false, false) => "some traces",
         };
         let cost = match (memory < 0, calls < 0) {
-            (true, _) => ", for memory",
-            (_, true) => ", for calls",
+            (true, _) => " (costs memory)",
+            (_, true) => " (costs calls)",
             _ => "",
         };
         format!("pays: {what}{cost}")
@@ -239,22 +239,34 @@ fn together(variants: &[Variant], off: &[usize], label: &str) -> Variant {
     }
 }
 
-/// The table's rows for `variants` (the first all on) over traces named `names`.
-fn print_rows(rows: &[Vec<Figures>], variants: &[Variant], held: &[bool], names: &[String]) {
-    let on_held = means(rows, 0, held, true);
-    let on_tuning = means(rows, 0, held, false);
-    for (v, variant) in variants.iter().enumerate() {
+/// The verdict on each variant but the first (all on), which gets none.
+fn verdicts(rows: &[Vec<Figures>], variants: usize, held: &[bool]) -> Vec<String> {
+    let (on_held, on_tuning) = (means(rows, 0, held, true), means(rows, 0, held, false));
+    let mut out = vec![String::new()];
+    out.extend((1..variants).map(|v| {
+        let (w_held, _) = worse_than_all_on(rows, v, held);
+        let out = saves(on_held, means(rows, v, held, true));
+        judge(out, w_held, saves(on_tuning, means(rows, v, held, false)))
+    }));
+    out
+}
+
+/// The table's rows for `variants` from `skip` on, over traces named `names`.
+fn print_rows(
+    rows: &[Vec<Figures>],
+    variants: &[Variant],
+    verdicts: &[String],
+    skip: usize,
+    held: &[bool],
+    names: &[String],
+) {
+    for v in skip..variants.len() {
         let tuning = means(rows, v, held, false);
         let out = means(rows, v, held, true);
         let (w_held, w_all) = worse_than_all_on(rows, v, held);
-        let verdict = if v == 0 {
-            String::new()
-        } else {
-            judge(saves(on_held, out), w_held, saves(on_tuning, tuning))
-        };
         println!(
             "| {} | {:.4} | {:.4} | {:.1} | {:.1} | {} / {} | {} | {} |",
-            variant.label,
+            variants[v].label,
             tuning.0,
             out.0,
             tuning.1,
@@ -262,7 +274,7 @@ fn print_rows(rows: &[Vec<Figures>], variants: &[Variant], held: &[bool], names:
             w_held,
             w_all.len(),
             named(names, &w_all),
-            verdict
+            verdicts[v]
         );
     }
 }
@@ -280,6 +292,47 @@ fn main() -> Result<(), Box<dyn Error>> {
         .collect();
     let variants = variants();
     let rows = measure(&paths, &variants)?;
+    let mut verdict = verdicts(&rows, variants.len(), &held);
+    // The rules that do not pay, and those that pay on the tuning set only, off together: rules
+    // that back each other up (either one does the job) each look idle alone.
+    let pick = |what: &[&str]| -> Vec<usize> {
+        (1..variants.len())
+            .filter(|&v| what.contains(&verdict[v].as_str()))
+            .collect()
+    };
+    let idle = pick(&["does not pay"]);
+    let tuned = pick(&["does not pay", "pays on the tuning set only"]);
+    let mut combined = vec![together(&variants, &[], "(all on)")];
+    if !idle.is_empty() {
+        combined.push(together(
+            &variants,
+            &idle,
+            "(every rule that does not pay alone)",
+        ));
+    }
+    if tuned.len() > idle.len() {
+        let label = "(and those that pay on the tuning set only)";
+        combined.push(together(&variants, &tuned, label));
+    }
+    let (mut rows2, mut verdict2) = (Vec::new(), Vec::new());
+    if combined.len() > 1 {
+        rows2 = measure(&paths, &combined)?;
+        verdict2 = verdicts(&rows2, combined.len(), &held);
+    }
+    if idle.len() > 1 && verdict2[1] != "does not pay" {
+        for &v in &idle {
+            let others: Vec<&str> = idle
+                .iter()
+                .filter(|&&o| o != v)
+                .map(|&o| variants[o].label.as_str())
+                .collect();
+            verdict[v] = format!(
+                "not alone: with {} off too, {}",
+                others.join(", "),
+                verdict2[1]
+            );
+        }
+    }
     let n_held = held.iter().filter(|h| **h).count();
     println!(
         "| rule off | reserved/live, tuning ({}) | reserved/live, held out ({n_held}) | driver \
@@ -288,37 +341,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         held.len() - n_held
     );
     println!("|---|---|---|---|---|---|---|---|");
-    print_rows(&rows, &variants, &held, &names);
-    // The rules that do not pay, and those that pay on the tuning set only, off together.
-    let (on_held, on_tuning) = (means(&rows, 0, &held, true), means(&rows, 0, &held, false));
-    let verdicts: Vec<String> = (1..variants.len())
-        .map(|v| {
-            let (w_held, _) = worse_than_all_on(&rows, v, &held);
-            let out = saves(on_held, means(&rows, v, &held, true));
-            judge(out, w_held, saves(on_tuning, means(&rows, v, &held, false)))
-        })
-        .collect();
-    let pick = |what: &[&str]| -> Vec<usize> {
-        (1..variants.len())
-            .filter(|&v| what.contains(&verdicts[v - 1].as_str()))
-            .collect()
-    };
-    let idle = pick(&["does not pay"]);
-    let tuned = pick(&["does not pay", "pays on the tuning set only"]);
-    let mut combined = vec![together(&variants, &[], "(all on)")];
-    if !idle.is_empty() {
-        combined.push(together(&variants, &idle, "(every rule that does not pay)"));
-    }
-    if tuned.len() > idle.len() {
-        combined.push(together(
-            &variants,
-            &tuned,
-            "(and those that pay on tuning only)",
-        ));
-    }
+    print_rows(&rows, &variants, &verdict, 0, &held, &names);
     if combined.len() > 1 {
-        let rows = measure(&paths, &combined)?;
-        print_rows(&rows, &combined, &held, &names);
+        print_rows(&rows2, &combined, &verdict2, 1, &held, &names);
     }
     Ok(())
 }

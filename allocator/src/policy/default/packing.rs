@@ -51,10 +51,11 @@ type OrderKey = fn(&Lifetime) -> (u64, u64);
 /// decoding, where the key-value cache of each new token outlives the work around it; largest
 /// area (bytes x lifetime) first suits convolutional nets, whose early layers are large and
 /// short-lived.
-const ORDERS: [OrderKey; 4] = [
+const ORDERS: [OrderKey; 5] = [
     |t| (!t.size, u64::from(t.start)),
     |t| (!t.size, !u64::from(t.start)),
     |t| (!t.size, u64::from(t.end)),
+    |t| (!t.size, !u64::from(t.end.saturating_sub(t.start))),
     |t| {
         let area = (t.size / 512).saturating_mul(u64::from(t.end.saturating_sub(t.start)));
         (!area, u64::from(t.start))
@@ -122,7 +123,7 @@ fn pack_in_orders(
     floor: u64,
     bound: u64,
     max_work: u64,
-    orders: [bool; 4],
+    orders: [bool; 5],
 ) -> (Option<Plan>, u64) {
     let (mut best, mut limit) = (None, bound);
     let mut work = overlaps.list.len() as u64;
@@ -552,7 +553,7 @@ pub(super) mod tests {
             }
             // The orders' bound is exact: the best order within it, none below it.
             let floor = live_peak(&lifetimes);
-            let orders = |bound| pack_in_orders(&lifetimes, &overlaps, floor, bound, u64::MAX, [true; 4]).0.map(|q| q.extent);
+            let orders = |bound| pack_in_orders(&lifetimes, &overlaps, floor, bound, u64::MAX, [true; 5]).0.map(|q| q.extent);
             let e = orders(u64::MAX).expect("unbounded");
             proptest::prop_assert!(p.extent <= e);
             proptest::prop_assert_eq!(orders(e), Some(e));

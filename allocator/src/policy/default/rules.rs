@@ -39,6 +39,8 @@ pub struct Rules {
     pub order_latest_first: bool,
     /// Greedy order: largest first, earliest-ending first among equal sizes.
     pub order_earliest_end_first: bool,
+    /// Greedy order: largest first, longest-lived first among equal sizes.
+    pub order_longest_first: bool,
     /// Greedy order: largest bytes x lifetime first.
     pub order_largest_area_first: bool,
     /// An allocation a little smaller than planned still takes its planned place.
@@ -64,6 +66,7 @@ impl Rules {
         packing_search: true,
         order_latest_first: true,
         order_earliest_end_first: true,
+        order_longest_first: true,
         order_largest_area_first: true,
         smaller_matches: true,
         nested_episodes: true,
@@ -89,6 +92,7 @@ impl Rules {
             ("order_earliest_end_first", |r| {
                 &mut r.order_earliest_end_first
             }),
+            ("order_longest_first", |r| &mut r.order_longest_first),
             ("order_largest_area_first", |r| {
                 &mut r.order_largest_area_first
             }),
@@ -98,11 +102,12 @@ impl Rules {
     }
 
     /// Which of the greedy packing orders are on, largest first (always on) first.
-    pub(crate) fn orders(&self) -> [bool; 4] {
+    pub(crate) fn orders(&self) -> [bool; 5] {
         [
             true,
             self.order_latest_first,
             self.order_earliest_end_first,
+            self.order_longest_first,
             self.order_largest_area_first,
         ]
     }
