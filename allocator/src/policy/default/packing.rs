@@ -37,6 +37,8 @@ pub struct Plan {
 /// The search for a packing within the live peak (`search`) runs when the best order spans
 /// more than this many times the live peak: slack under the default fragmentation budget (2%)
 /// is not worth its work, which could hold later evaluations back (`plan`'s work bound).
+/// Measured (`rule_table`'s all-on row, geometric means): 1.01 to 1.05 give the same figures;
+/// 1.0 costs the held-out traces (1.0426 / 261.8 against 1.0414 / 260.6).
 pub const SEARCH_ABOVE_LIVE_PEAK: f64 = 1.02;
 
 /// Steps charged per allocation for sorting it into an order, besides the placing (a sort of
@@ -76,7 +78,7 @@ pub fn pack(lifetimes: &[Lifetime]) -> Plan {
 
 /// Most steps the search for a packing within the live peak takes, however much work
 /// the evaluation is given: about a millisecond (the search may take time exponential in
-/// the allocations to find that there is none).
+/// the allocations to find that there is none). A bound on time, not a tuned figure.
 pub const MAX_SEARCH_WORK: u64 = 1 << 18;
 
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
