@@ -483,7 +483,7 @@ pub(super) mod tests {
         assert_disjoint(&p);
         assert_eq!(p.extent, 9);
         // Bounded at 9, the orders that pass it are given up and the one within is kept.
-        let (within, _) = pack_within(&lifetimes, 9, u64::MAX);
+        let (within, _) = pack_within(&lifetimes, 9, u64::MAX, &Rules::ALL);
         assert_eq!(within.map(|p| p.extent), Some(9));
     }
 
@@ -492,7 +492,9 @@ pub(super) mod tests {
         let lifetimes = [t(4, 0, 2), t(2, 4, 6), t(4, 1, 5), t(3, 3, 7)];
         assert!(best_fit(&lifetimes, 3).is_none());
         assert!(best_fit(&lifetimes, 1000).is_some());
-        assert!(pack_within(&lifetimes, u64::MAX, 2).0.is_none());
+        assert!(pack_within(&lifetimes, u64::MAX, 2, &Rules::ALL)
+            .0
+            .is_none());
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct Rules {
     pub nested_episodes: bool,
 }
 
+/// A way to reach one switch of [`Rules`].
+pub type Switch = fn(&mut Rules) -> &mut bool;
+
 impl Rules {
     /// Every rule on: the `default` policy.
     pub const ALL: Rules = Rules {
@@ -73,7 +76,7 @@ impl Rules {
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
-    pub fn switches() -> Vec<(&'static str, fn(&mut Rules) -> &mut bool)> {
+    pub fn switches() -> Vec<(&'static str, Switch)> {
         vec![
             ("give_back", |r| &mut r.give_back),
             ("give_back_best_fit", |r| &mut r.give_back_best_fit),
@@ -116,5 +119,34 @@ impl Rules {
 impl Default for Rules {
     fn default() -> Rules {
         Rules::ALL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_switch_turns_off_one_rule_of_its_own() {
+        let switches = Rules::switches();
+        let mut seen = Vec::new();
+        for (name, switch) in &switches {
+            let mut r = Rules::ALL;
+            *switch(&mut r) = false;
+            assert_ne!(r, Rules::ALL, "{name}");
+            assert!(
+                !seen.contains(&r),
+                "{name} reaches a switch another name reaches"
+            );
+            seen.push(r);
+        }
+        // Every field has a switch: all off through the switches is all off.
+        let mut none = Rules::ALL;
+        for (_, switch) in &switches {
+            *switch(&mut none) = false;
+        }
+        assert_eq!(none.orders(), [true, false, false, false, false]);
+        assert_eq!(format!("{none:?}").matches("true").count(), 0);
+        assert_eq!(Rules::default(), Rules::ALL);
     }
 }
