@@ -17,9 +17,9 @@
 //! large batch maps its footprint above and the budget unmaps the block, one driver call per
 //! chunk it was loaded in. A split is taken only when the side in the free block holds at least
 //! half of the footprint ([`SPLIT_MIN_CACHED_SHARE`]) and the split maps at least a quarter of the
-//! footprint less than the single placement ([`SPLIT_MIN_SAVED_SHARE`]): a split costs rounding at the cut
-//! and leaves the rest of the free block idle, and a smaller gain did not pay for that on the
-//! traces measured (`docs/archive.md`).
+//! footprint less than the single placement ([`SPLIT_MIN_SAVED_SHARE`]): a split costs rounding at
+//! the cut and leaves the rest of the free block idle (the two constants' docs say what other
+//! thresholds measure).
 //!
 //! The footprints' cached pages are spared by the budget up to twice its bytes
 //! (`budget::budget_room`): the last footprint's range, and the other piece of the last split
@@ -264,8 +264,8 @@ impl DefaultPolicy {
 }
 
 /// The best split of the footprint, with the bytes of pages it needs mapped: for each
-/// clean cut and each side, that side at the start of the largest free block (when it holds
-/// at least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the other in the lowest run of free and
+/// clean cut and each side, that side at the start of the largest free block (when it holds at
+/// least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the other in the lowest run of free and
 /// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
 fn split_footprint<D: Device>(
     core: &Core<D>,

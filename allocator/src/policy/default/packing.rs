@@ -83,9 +83,9 @@ pub const MAX_SEARCH_WORK: u64 = 1 << 18;
 
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
 /// soon as it spans more, or as much as the best so far), and spending at most about
-/// `max_work` steps (the best packing found by then, if any); also the steps it took, the
-/// unit of [`EVALUATION_WORK_PER_ALLOC`](super::plan::EVALUATION_WORK_PER_ALLOC). The search runs only when an
-/// order packed within `bound`. `rules` says which orders are tried, and whether the search
+/// `max_work` steps (the best packing found by then, if any); also the steps it took, the unit of
+/// [`EVALUATION_WORK_PER_ALLOC`](super::plan::EVALUATION_WORK_PER_ALLOC). The search runs only when
+/// an order packed within `bound`. `rules` says which orders are tried, and whether the search
 /// runs.
 pub(crate) fn pack_within(
     lifetimes: &[Lifetime],

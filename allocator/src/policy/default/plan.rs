@@ -11,8 +11,8 @@
 //!   starts it until all of them are freed again (a batch, an iteration); other streams'
 //!   allocations meanwhile are not recorded. Allocations older than the rest may outlive it
 //!   (weights loaded before the first batch): the episode also ends when at least
-//!   [`MIN_EPISODE_ALLOCS`] allocations came after its youngest live one and all of those are freed,
-//!   and then consists of those. Whether it ended is asked at the next large allocation (of
+//!   [`MIN_EPISODE_ALLOCS`] allocations came after its youngest live one and all of those are
+//!   freed, and then consists of those. Whether it ended is asked at the next large allocation (of
 //!   any stream), which may start the next episode. One that reaches [`MAX_EPISODE_ALLOCS`]
 //!   allocations is dropped;
 //! - an episode of at least [`MIN_EPISODE_ALLOCS`] allocations is packed offline: in each of a few
@@ -26,9 +26,10 @@
 //!   packs well (training steps that repeat the same sizes), placement stays best fit's. An
 //!   episode that followed the plan (sizes at the episode's scale within rounding or up to
 //!   [`SMALLEST_MATCH`] less, allocation and free order) keeps it without packing, and an episode
-//!   like one of the last [`REMEMBERED_REJECTIONS`] that made no plan (a training loop's steps) drops the
-//!   plan without being evaluated again, charged the work its evaluation took (so the work
-//!   bound below counts what an evaluation would have cost); one like the episode the last plan
+//!   like one of the last [`REMEMBERED_REJECTIONS`] that made no plan (a training loop's steps)
+//!   drops the plan without being evaluated again, charged the work its evaluation took (so the
+//!   work bound below counts what an evaluation would have cost); one like the episode the last
+//!   plan
 //!   was made from gets that plan again, charged the same way. Evaluating costs
 //!   work in proportion to the episode's allocations times those each is compared with. An
 //!   evaluation starts only while the work of earlier ones is within [`EVALUATION_WORK_AHEAD`] of
@@ -118,9 +119,9 @@ pub(super) struct Episode {
 
 impl Episode {
     /// Where the episode ended, if it has: 0 when none of its allocations is live any more;
-    /// otherwise just after the youngest live one, when at least [`MIN_EPISODE_ALLOCS`] came after it and
-    /// all of those are freed (the older ones, such as weights loaded before the first batch,
-    /// may outlive many episodes). Asked at the next large allocation, so that an episode
+    /// otherwise just after the youngest live one, when at least [`MIN_EPISODE_ALLOCS`] came after
+    /// it and all of those are freed (the older ones, such as weights loaded before the first
+    /// batch, may outlive many episodes). Asked at the next large allocation, so that an episode
     /// whose last frees come in any order ends at its start.
     fn ended(&self, nested: bool) -> Option<usize> {
         if self.live == 0 {
@@ -148,8 +149,8 @@ pub struct Plans {
     /// its evaluation took: that episode again gets the same plan without being evaluated.
     made: Option<(u64, u64, Plan)>,
     /// Signatures of the last episodes that made no plan, with the work their evaluation took
-    /// ([`REMEMBERED_REJECTIONS`] of them, oldest overwritten first): such an episode again drops the plan
-    /// and is charged that work without being evaluated.
+    /// ([`REMEMBERED_REJECTIONS`] of them, oldest overwritten first): such an episode again drops
+    /// the plan and is charged that work without being evaluated.
     rejected: [Option<(u64, u64)>; REMEMBERED_REJECTIONS],
     /// Where the next rejected signature goes in `rejected`.
     next_rejected: usize,
