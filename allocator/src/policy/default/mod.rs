@@ -21,6 +21,7 @@ pub mod footprint;
 pub mod packing;
 pub mod placement;
 pub mod plan;
+pub mod rules;
 pub mod search;
 
 pub(crate) use footprint::Kept;
@@ -31,6 +32,7 @@ use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
 use plan::{Placement, Plans};
+pub use rules::Rules;
 
 /// The `default` policy's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -41,6 +43,9 @@ pub struct DefaultConfig {
     pub max_chunk: u64,
     /// Place a repeated sequence of large allocations by a packing of its last repetition.
     pub layout_plans: bool,
+    /// Switches for the policy's other rules, all on unless a measurement turns one off
+    /// ([`rules`]).
+    pub rules: Rules,
 }
 
 impl From<&Config> for DefaultConfig {
@@ -49,6 +54,7 @@ impl From<&Config> for DefaultConfig {
             fragmentation_budget: cfg.fragmentation_budget,
             max_chunk: cfg.max_chunk,
             layout_plans: cfg.layout_plans,
+            rules: Rules::ALL,
         }
     }
 }
