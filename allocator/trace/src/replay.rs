@@ -17,8 +17,10 @@ use cudalloc::error::AllocError;
 use cudalloc::policy::Policy;
 use cudalloc::pool::{Allocation, Pool};
 use cudalloc::snapshot::{Excess, PinnedUnit};
-use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
+use cudalloc_sys::wrap::CountCalls;
+use cudalloc_sys::{Call, Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Capacity of the simulated device: an H200's 143,771 MiB.
@@ -140,6 +142,10 @@ pub struct ReplayResult {
     /// Times the pool waited for the device (`Stats::device_waits`): only at the trace's
     /// `empty_cache` and the out-of-memory ladder's last rung.
     pub device_waits: u64,
+    /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
+    /// a call-counting wrapper around the driver saw while the trace's allocations and frees
+    /// ran (the cleanup after the last one not included); `None` on the simulated device.
+    pub driver_waits: Option<u64>,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Wall time per operation.
@@ -203,7 +209,15 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
         );
     }
     match cudalloc_sys::CudaDevice::new(0) {
-        Ok(dev) => replay_on(dev, trace, cfg, opts),
+        Ok(dev) => {
+            let counted = Arc::new(CountCalls::new(dev));
+            let mut pool = Pool::new(counted.clone(), cfg.clone());
+            let mut r = replay_in(&mut pool, trace, opts);
+            r.driver_waits = Some(
+                counted.calls(Call::SynchronizeDevice) + counted.calls(Call::SynchronizeEvent),
+            );
+            r
+        }
         Err(e) => ReplayResult {
             events: 0,
             peak_live_bytes: 0,
@@ -214,6 +228,7 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
             device_maps: 0,
             device_unmaps: 0,
             device_waits: 0,
+            driver_waits: None,
             ooms: 0,
             ns_per_event: 0.0,
             failure: Some(Failure {
@@ -255,6 +270,15 @@ pub fn replay_pool<D: Device, P: Policy>(
     trace: &Trace,
     opts: &ReplayOptions,
 ) -> ReplayResult {
+    replay_in(&mut pool, trace, opts)
+}
+
+/// Replays `trace` on `pool`, which is left holding what the trace left cached.
+fn replay_in<D: Device, P: Policy>(
+    pool: &mut Pool<D, P>,
+    trace: &Trace,
+    opts: &ReplayOptions,
+) -> ReplayResult {
     if let Some(cap) = opts.capacity {
         // The lower of this cap and the one the config's memory fraction sets (tried again
         // first if the device could not say its memory when the pool was made).
@@ -266,7 +290,7 @@ pub fn replay_pool<D: Device, P: Policy>(
     let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
     let mut timeline = (opts.samples > 0).then(|| {
         let mut t = Timeline::new(trace.ops.len(), opts.samples);
-        t.points.push(Sample::of(&pool, 0));
+        t.points.push(Sample::of(pool, 0));
         t
     });
     let mut failure = None;
@@ -276,22 +300,22 @@ pub fn replay_pool<D: Device, P: Policy>(
         if let Some(p) = peak.as_mut() {
             p.before(op, &slots);
         }
-        if let Err(error) = step(&mut pool, &mut slots, &streams, op) {
+        if let Err(error) = step(pool, &mut slots, &streams, op) {
             failure = Some(Failure { op: i, error });
             break;
         }
         if let Some(p) = peak.as_mut() {
-            p.after(i, op, &slots, &pool);
+            p.after(i, op, &slots, pool);
         }
         if let Some(t) = timeline.as_mut() {
-            t.after(&pool, i);
+            t.after(pool, i);
         }
     }
     let elapsed = start.elapsed();
     let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
     // The last point: the figures after the last operation, before what is still live is
     // freed below (a trace that ends with memory live does not end at zero).
-    let end = Sample::of(&pool, done.saturating_sub(1));
+    let end = Sample::of(pool, done.saturating_sub(1));
     for a in slots.iter().flatten() {
         let _ = pool.free(a);
     }
@@ -307,6 +331,7 @@ pub fn replay_pool<D: Device, P: Policy>(
         device_maps: s.calls.maps,
         device_unmaps: s.calls.unmaps,
         device_waits: s.device_waits,
+        driver_waits: None,
         ooms: s.num_ooms,
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,

@@ -8,7 +8,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 24] = [
+const KEYS: [&str; 25] = [
     "trace",
     "policy",
     "completed",
@@ -24,6 +24,7 @@ const KEYS: [&str; 24] = [
     "device_maps",
     "device_unmaps",
     "device_waits",
+    "driver_waits",
     "ooms",
     "ns_per_event",
     "trace_lines",
@@ -55,6 +56,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         assert_eq!(v["trace"], "bert_dynamic.trace.csv");
         assert_eq!(v["completed"], true);
         assert!(v["failure"].is_null());
+        assert!(v["driver_waits"].is_null(), "counted only with --cuda");
         assert_eq!(v["anomalies"]["unmatched_frees"], 0);
         assert_eq!(v["anomalies"]["double_allocs"], 0);
         assert_eq!(v["anomalies"]["mismatched_frees"], 0);
