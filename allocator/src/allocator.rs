@@ -35,7 +35,7 @@
 //! doing so at that instant).
 
 use crate::config::Config;
-use crate::error::AllocError;
+use crate::error::{AllocError, Invariant, InvariantError};
 use crate::front_stats::{count_thread_caches, sum_stats};
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
@@ -605,7 +605,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Runs the full invariant scan of every shard, and checks the live table against them.
     /// Holds every shard's lock (in shard order) so that the counts agree with each other even
     /// while other threads allocate.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut reserved = 0;
         let mut allocations = 0;
@@ -618,14 +618,16 @@ impl<D: Device> CachingAllocator<D> {
         self.live.check_invariants()?;
         let live = self.live.len();
         if allocations != live {
-            return Err(format!(
-                "{live} pointers in the live table but {allocations} allocations"
+            return Err(InvariantError::new(
+                Invariant::LiveTable,
+                format!("{live} pointers in the live table but {allocations} allocations"),
             ));
         }
         let shared = self.reserved.load(Ordering::Acquire);
         if shared != reserved {
-            return Err(format!(
-                "shared reserved counter {shared} != sum of shards {reserved}"
+            return Err(InvariantError::new(
+                Invariant::SharedReserved,
+                format!("shared reserved counter {shared} != sum of shards {reserved}"),
             ));
         }
         Ok(())

@@ -54,7 +54,7 @@ pub mod workspace;
 
 pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, Policy};
-pub use error::AllocError;
+pub use error::{AllocError, Invariant, InvariantError};
 pub use pool::{Allocation, Pool};
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;

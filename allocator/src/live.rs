@@ -22,7 +22,7 @@
 //!   back first. The count is striped by shard (a stripe on its own cache line), so threads
 //!   caching and claiming blocks of different shards do not pass one counter between cores.
 
-use crate::error::AllocError;
+use crate::error::{AllocError, Invariant, InvariantError};
 use crate::pool::Allocation;
 use crate::sizes::PoolKind;
 use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
@@ -350,7 +350,8 @@ impl LiveMap {
     /// Checks each shard's cached totals against its entries, and the count of cached blocks
     /// above the small part's size; holds every shard's lock (in order: a thread holds at most
     /// one), so that the count and the entries agree while other threads cache and claim.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        let broke = |detail: String| Err(InvariantError::new(Invariant::LiveTable, detail));
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut large = 0;
         for (i, s) in guards.iter().enumerate() {
@@ -362,7 +363,7 @@ impl LiveMap {
                 .filter(|e| e.cached() && e.block_size > self.small_block)
                 .count();
             if t != s.cached {
-                return Err(format!(
+                return broke(format!(
                     "live shard {i}: cached totals {:?}, entries add up to {t:?}",
                     s.cached
                 ));
@@ -370,7 +371,7 @@ impl LiveMap {
         }
         let counted: usize = self.large.iter().map(|s| s.load(Ordering::Relaxed)).sum();
         if counted != large {
-            return Err(format!(
+            return broke(format!(
                 "{counted} large cached blocks counted, {large} in the table"
             ));
         }

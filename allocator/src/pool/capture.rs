@@ -25,7 +25,7 @@
 
 use super::block::BlockId;
 use super::Core;
-use crate::error::AllocError;
+use crate::error::{AllocError, Invariant, InvariantError};
 use crate::policy::Policy;
 use cudalloc_sys::{CaptureMode, Device, DeviceError};
 
@@ -80,21 +80,22 @@ impl<D: Device> Core<D> {
     }
 
     /// The invariants of the module docs about captures.
-    pub(crate) fn check_captures(&self) -> Result<(), String> {
+    pub(crate) fn check_captures(&self) -> Result<(), InvariantError> {
+        let broke = |detail: String| Err(InvariantError::new(Invariant::Capture, detail));
         if self.captures == 0 && !self.deferred.is_empty() {
-            return Err(format!(
+            return broke(format!(
                 "{} deferred blocks and no capture",
                 self.deferred.len()
             ));
         }
         if self.strict_captures > self.captures {
-            return Err("more strict captures than captures".into());
+            return broke("more strict captures than captures".into());
         }
         match self.deferred.iter().find(|&&id| {
             let b = &self.blocks[id];
             b.allocated || b.event_count > 0 || b.stream_uses.is_empty()
         }) {
-            Some(&id) => Err(format!("deferred block {id} is not waiting")),
+            Some(&id) => broke(format!("deferred block {id} is not waiting")),
             None => Ok(()),
         }
     }
