@@ -41,6 +41,7 @@ pub const DIVISION_INTERVALS: usize = 16;
 
 /// The rule set an allocator follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Policy {
     /// PyTorch's caching allocator, rule for rule.
     Torch,

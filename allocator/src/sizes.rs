@@ -37,6 +37,7 @@ pub const MAX_REQUEST: u64 = 1 << 48;
 
 /// Which of the two pools a block belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum PoolKind {
     /// Requests up to [`SMALL_SIZE`].
     Small,

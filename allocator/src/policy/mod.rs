@@ -101,6 +101,7 @@ pub trait Policy {
 /// The built-in policy a config names.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per pool, and a box would cost an indirection per hook
+#[non_exhaustive]
 pub enum Builtin {
     /// [`torch`].
     Torch(Torch),
