@@ -23,7 +23,7 @@
 //!   caching and claiming blocks of different shards do not pass one counter between cores.
 
 use crate::error::{AllocError, Invariant, InvariantError};
-use crate::pool::Allocation;
+use crate::pool::Handle;
 use crate::sizes::PoolKind;
 use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::Totals;
@@ -71,7 +71,7 @@ impl Hasher for AddrHasher {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
     /// The pool's handle of the block (what goes back to the pool).
-    pub alloc: Allocation,
+    pub alloc: Handle,
     /// The serial of the handle its caller holds: the pool's, or the token of the thread
     /// cache whose hit handed it out again ([`Entry::handle`]).
     pub handle_serial: u64,
@@ -89,7 +89,7 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// An entry for a block just handed out by its pool.
-    pub fn live(alloc: Allocation, block_size: u64, pool: PoolKind) -> Entry {
+    pub fn live(alloc: Handle, block_size: u64, pool: PoolKind) -> Entry {
         Entry {
             alloc,
             handle_serial: alloc.serial,
@@ -107,8 +107,8 @@ impl Entry {
     }
 
     /// The handle its caller holds: the pool's handle with the serial of the last handout.
-    pub fn handle(&self) -> Allocation {
-        Allocation {
+    pub fn handle(&self) -> Handle {
+        Handle {
             serial: self.handle_serial,
             ..self.alloc
         }
@@ -212,7 +212,7 @@ impl LiveMap {
     #[inline]
     pub fn mark_cached(
         &self,
-        a: &Allocation,
+        a: &Handle,
         token: u64,
         max_block: u64,
         keep: impl FnOnce(&Entry, u64),
@@ -333,7 +333,7 @@ impl LiveMap {
     /// block is going back to its pool. Checking and removing in one step under the shard's lock
     /// makes a racing free of the same pointer find nothing (an error), where checking first
     /// and removing later would let that free cache the block in between.
-    pub fn take_live(&self, a: &Allocation) -> Result<Entry, AllocError> {
+    pub fn take_live(&self, a: &Handle) -> Result<Entry, AllocError> {
         let mut g = self.shard(a.ptr);
         match g.map.get(&a.ptr) {
             Some(e) if !e.cached() && e.handle() == *a => {}

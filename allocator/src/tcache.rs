@@ -38,7 +38,7 @@
 
 use crate::error::AllocError;
 use crate::live::{Entry, LiveMap, Marked};
-use crate::pool::Allocation;
+use crate::pool::Handle;
 use crate::sizes::PoolKind;
 use crate::sync::Ordering;
 use crate::sync::{thread_local, Arc, AtomicBool, AtomicUsize, IdCounter, Mutex};
@@ -63,7 +63,7 @@ fn fresh_id() -> u64 {
 /// token, and send it to its pool.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cached {
-    pub alloc: Allocation,
+    pub alloc: Handle,
     pub block_size: u64,
     pub token: u64,
 }
@@ -333,13 +333,13 @@ impl Caches {
     }
 
     /// Takes back a block this thread cached for exactly `size` bytes on `stream`.
-    pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Allocation> {
+    pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Handle> {
         self.with_mine(|c| {
             while let Some(e) = c.take(size, stream) {
                 if live.claim(e.alloc.ptr, e.token) {
                     // A new handout: its handle carries the token (`LiveMap::claim`), so the
                     // handle of the free that cached it is stale now.
-                    return Some(Allocation {
+                    return Some(Handle {
                         serial: e.token,
                         ..e.alloc
                     });
@@ -355,7 +355,7 @@ impl Caches {
     pub fn put(
         &self,
         live: &LiveMap,
-        a: &Allocation,
+        a: &Handle,
         mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
     ) -> Result<bool, AllocError> {
         let (max, lim) = (self.max_cached_block(), self.limits);

@@ -302,8 +302,8 @@ mod tests {
         let a = pools.allocate(GRAPH, 3 << 20, S).unwrap();
         let b = pools.allocate(GRAPH, 1000, S).unwrap();
         assert_eq!(pools.live_allocations(GRAPH).unwrap().len(), 2);
-        pools.with_owner(b.ptr, |p| p.free_ptr(b.ptr)).unwrap();
-        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr]);
+        pools.with_owner(b.ptr(), |p| p.free_ptr(b.ptr())).unwrap();
+        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr()]);
         assert!(matches!(
             pools.with_owner(0xdead, |p| p.free_ptr(0xdead)),
             Err(AllocError::NotAllocated(0xdead))
@@ -338,7 +338,7 @@ mod tests {
         );
         assert!(pools.empty_retired(None).unwrap());
         assert_eq!(pools.counts(), (0, 1), "kept while live");
-        pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
+        pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
         assert!(pools.empty_retired(Some(GRAPH)).unwrap());
         assert_eq!(pools.counts(), (0, 0), "dropped once nothing is live");
         let mut after = vec![0i64; TORCH_VALUES];
@@ -363,7 +363,7 @@ mod tests {
             .acquire(GRAPH, || panic!("the retired pool comes back"))
             .unwrap();
         assert_eq!(pools.counts(), (1, 0));
-        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr]);
+        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr()]);
     }
 
     #[test]
@@ -372,12 +372,12 @@ mod tests {
         pools.acquire((0, 1), open).unwrap();
         pools.acquire((0, 2), open).unwrap();
         let a = pools.allocate((0, 1), 1 << 20, S).unwrap();
-        pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
+        pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
         let b = pools.allocate((0, 2), 1 << 20, S).unwrap();
         assert!(pools.live_allocations((0, 1)).unwrap().is_empty());
-        assert_eq!(pools.live_allocations((0, 2)).unwrap(), vec![b.ptr]);
+        assert_eq!(pools.live_allocations((0, 2)).unwrap(), vec![b.ptr()]);
         let c = pools.allocate((0, 1), 1 << 20, S).unwrap();
-        assert_eq!(c.ptr, a.ptr, "a pool reuses its own freed memory");
+        assert_eq!(c.ptr(), a.ptr(), "a pool reuses its own freed memory");
     }
 
     #[test]
@@ -399,7 +399,7 @@ mod tests {
         let blocks = snaps[0].1.segments.iter().flat_map(|s| &s.blocks);
         assert!(blocks
             .into_iter()
-            .any(|b| b.addr == a.ptr && b.state == BlockState::Allocated));
+            .any(|b| b.addr == a.ptr() && b.state == BlockState::Allocated));
     }
 
     #[test]

@@ -78,7 +78,7 @@ fn drive_pool(c: &Config) {
         }
         pool.check_invariants().unwrap();
     }
-    for a in &live {
+    for a in live {
         pool.free(a).unwrap();
         pool.check_invariants().unwrap();
     }

@@ -14,7 +14,7 @@
 //! that changes it goes through the pool, so that the policy hears of it.
 
 use super::block::BlockId;
-use super::{note_free, Allocation, Core, Request};
+use super::{note_free, Allocation, Core, Handle, Request};
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::policy::{Builtin, Policy};
@@ -75,7 +75,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// Allocates `size` bytes on `stream`.
     pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         self.allocate_or_grow(size, stream, true)
-            .map(|a| a.expect("an allocation that may grow"))
+            .map(|a| Allocation(a.expect("an allocation that may grow")))
     }
 
     /// Allocates `size` bytes on `stream` from cached blocks only; `Ok(None)` when that would
@@ -85,7 +85,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation>, AllocError> {
-        self.allocate_or_grow(size, stream, false)
+        Ok(self.allocate_or_grow(size, stream, false)?.map(Allocation))
     }
 
     fn allocate_or_grow(
@@ -93,7 +93,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         size: u64,
         stream: StreamId,
         may_grow: bool,
-    ) -> Result<Option<Allocation>, AllocError> {
+    ) -> Result<Option<Handle>, AllocError> {
         if size > sizes::MAX_REQUEST {
             return Err(self.core.refuse_too_large(size));
         }
@@ -183,8 +183,14 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.policy.grow(&mut self.core, req)
     }
 
-    /// Frees an allocation.
-    pub fn free(&mut self, a: &Allocation) -> Result<(), AllocError> {
+    /// Frees an allocation. It is consumed even when the pool refuses it (a handle of another
+    /// pool, or one this pool already freed: [`AllocError::NotAllocated`]).
+    pub fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        self.free_handle(&a.0)
+    }
+
+    /// Frees the allocation `a` is a copy of (the thread-safe front keeps such copies).
+    pub(crate) fn free_handle(&mut self, a: &Handle) -> Result<(), AllocError> {
         let core = &mut self.core;
         let b = core
             .blocks
@@ -275,7 +281,12 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
-    pub fn record_stream(
+    pub fn record_stream(&mut self, a: &Allocation, stream: StreamId) -> Result<(), AllocError> {
+        self.core.record_stream(a.0.block, a.0.ptr, stream)
+    }
+
+    /// Marks block `block` at `ptr` as used on `stream` (the front's copy of a handle).
+    pub(crate) fn record_block_stream(
         &mut self,
         block: BlockId,
         ptr: u64,
@@ -345,12 +356,12 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     fn drop(&mut self) {
         let _ = self.core.abandon_captures(&mut self.policy);
         let _ = self.core.synchronize_and_free_events(&mut self.policy);
-        let live: Vec<Allocation> = self
+        let live: Vec<Handle> = self
             .core
             .blocks
             .iter()
             .filter(|(_, b)| b.allocated)
-            .map(|(id, b)| Allocation {
+            .map(|(id, b)| Handle {
                 ptr: b.addr,
                 size: b.requested,
                 stream: b.stream,
@@ -359,7 +370,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             })
             .collect();
         for a in live {
-            let _ = self.free(&a);
+            let _ = self.free_handle(&a);
         }
         let _ = self.release_cached_blocks();
         self.core.destroy_spare_events();

@@ -46,9 +46,75 @@ use index::FreeIndex;
 use segment::ExpSegment;
 use std::collections::{BTreeMap, VecDeque};
 
-/// What a successful allocation hands out.
+/// What a successful allocation hands out: an opaque handle, read through its accessors. It is
+/// neither `Copy` nor `Clone` and only the allocator makes one, so a forged or duplicated handle
+/// does not compile; freeing one consumes it:
+///
+/// ```compile_fail,E0382
+/// use cudalloc::{CachingAllocator, Config};
+/// use cudalloc_sys::{SimDevice, StreamId};
+///
+/// let alloc = CachingAllocator::new(SimDevice::with_capacity(1 << 30), Config::default());
+/// let a = alloc.allocate(1 << 20, StreamId::DEFAULT).unwrap();
+/// alloc.free(a).unwrap();
+/// alloc.free(a).unwrap(); // a second free of one handle
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+pub struct Allocation(pub(crate) Handle);
+
+impl Allocation {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.0.ptr
+    }
+
+    /// Bytes asked for.
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+
+    /// Stream the allocation belongs to.
+    pub fn stream(&self) -> StreamId {
+        self.0.stream
+    }
+
+    /// The block behind it in its pool (stable while the allocation lives; a test's view).
+    #[cfg(feature = "testing")]
+    pub fn block(&self) -> BlockId {
+        self.0.block
+    }
+
+    /// A second handle to the same allocation, which the public API never makes: for the tests
+    /// of the run-time checks behind it (a double free, a stale handle).
+    #[cfg(feature = "testing")]
+    pub fn duplicate(&self) -> Allocation {
+        Allocation(self.0)
+    }
+
+    /// A handle made up from its parts, which the public API never makes: for the tests of the
+    /// run-time checks behind it (a forged handle).
+    #[cfg(feature = "testing")]
+    pub fn forge(ptr: u64, size: u64, stream: StreamId, block: BlockId, serial: u64) -> Allocation {
+        Allocation(Handle {
+            ptr,
+            size,
+            stream,
+            block,
+            serial,
+        })
+    }
+
+    /// The handout number ([`Handle::serial`]), for tests that forge handles.
+    #[cfg(feature = "testing")]
+    pub fn serial(&self) -> u64 {
+        self.0.serial
+    }
+}
+
+/// The allocator's own copy of an [`Allocation`]: the live table, the thread caches and a
+/// pool's teardown keep these and hand an `Allocation` back out of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Handle {
     /// Device address.
     pub ptr: u64,
     /// Bytes asked for.
@@ -65,8 +131,8 @@ pub struct Allocation {
     pub serial: u64,
 }
 
-/// The bit that marks a pool's handout numbers ([`Allocation::serial`]).
-pub const POOL_SERIAL: u64 = 1 << 63;
+/// The bit that marks a pool's handout numbers ([`Handle::serial`]).
+pub(crate) const POOL_SERIAL: u64 = 1 << 63;
 
 /// A request on its way through the allocation ladder.
 #[derive(Clone, Copy, Debug)]
@@ -117,7 +183,7 @@ pub struct Core<D: Device> {
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`crate::AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
-    /// Allocations handed out so far ([`Allocation::serial`]).
+    /// Allocations handed out so far ([`Handle::serial`]).
     pub(crate) handouts: u64,
     /// Address and stream of blocks whose free waited for events and has completed since the
     /// last [`Core::take_completions`], while tracked (`None`: not tracked).
@@ -350,12 +416,12 @@ impl<D: Device> Core<D> {
     }
 
     /// Numbers the handout of allocated block `id` and makes its handle.
-    pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Allocation {
+    pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Handle {
         self.handouts += 1;
         let serial = POOL_SERIAL | self.handouts;
         let b = &mut self.blocks[id];
         b.serial = serial;
-        Allocation {
+        Handle {
             ptr: b.addr,
             size,
             stream,

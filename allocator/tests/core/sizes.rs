@@ -254,7 +254,7 @@ fn huge_roundup_power2_divisions_do_not_overflow() {
         let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
         let mut pool = Pool::new(sim.clone(), cfg);
         let a = pool.allocate(MIB + 1, StreamId(0)).unwrap();
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
         pool.check_invariants().unwrap();
     }
 }

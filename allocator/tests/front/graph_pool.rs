@@ -80,7 +80,7 @@ fn a_graph_pools_memory_is_never_handed_to_eager_work() {
         assert!(
             pool_ranges
                 .iter()
-                .all(|&(lo, hi)| a.ptr + a.size <= lo || a.ptr >= hi),
+                .all(|&(lo, hi)| a.ptr() + a.size() <= lo || a.ptr() >= hi),
             "an eager block inside the graph pool's range"
         );
     }

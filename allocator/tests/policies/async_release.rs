@@ -38,8 +38,8 @@ fn layout_with_excess(pool: &mut Pool<Sim>) -> (Allocation, Allocation, Vec<Allo
     let k1 = alloc(pool, 2 * MIB, S0);
     let small = alloc(pool, 6 * MIB, S0);
     let k2 = alloc(pool, 2 * MIB, S0);
-    free(pool, &large);
-    free(pool, &small);
+    free(pool, large.duplicate());
+    free(pool, small.duplicate());
     (large, small, vec![k1, k2])
 }
 
@@ -66,12 +66,12 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     assert_eq!(
         in_state(&pool, BlockState::Releasing),
-        vec![(small.ptr, 6 * MIB)]
+        vec![(small.ptr(), 6 * MIB)]
     );
     assert_eq!(sim.mapped_bytes(), 74 * MIB);
     // A request its size on the same stream gets other memory.
     let other = alloc(&mut pool, 6 * MIB, S0);
-    assert!(other.ptr >= small.ptr + 6 * MIB || other.ptr + 6 * MIB <= small.ptr);
+    assert!(other.ptr() >= small.ptr() + 6 * MIB || other.ptr() + 6 * MIB <= small.ptr());
     check(&sim, &pool);
     sim.complete_stream(S0);
     // The next allocation polls the event and unmaps the pages.
@@ -87,7 +87,7 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     );
     assert_eq!(pool.stats().device_waits, counted);
     for a in [grown, other, tiny] {
-        free(&mut pool, &a);
+        free(&mut pool, a);
     }
     check(&sim, &pool);
 }
@@ -108,7 +108,7 @@ fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
     // block's pages go.
     assert_eq!(pool.stats().device_waits, counted + 2);
     assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
-    for a in keep.iter().chain([&grown]) {
+    for a in keep.into_iter().chain([grown]) {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
@@ -136,7 +136,7 @@ fn under_a_cap_a_growth_that_needs_releasing_pages_waits_at_the_last_rung() {
     past_loading(&mut pool);
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     pool.set_limit(Some(48 * MIB));
     // Another stream cannot use stream 0's free block: its pages must go first.
     let b = alloc(&mut pool, 40 * MIB, S1);
@@ -144,7 +144,7 @@ fn under_a_cap_a_growth_that_needs_releasing_pages_waits_at_the_last_rung() {
     assert!(pool.reserved() <= 48 * MIB);
     assert_eq!(pool.releasing_bytes(), 0);
     assert!(pool.stats().device_waits > 0, "the last rung waited");
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
 }
 
@@ -167,7 +167,7 @@ fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
     // The pages are free again, or (the budget still passed) on their way back once more.
     let covers = |v: Vec<(u64, u64)>| {
         v.iter()
-            .any(|&(p, n)| p <= small.ptr && small.ptr + 6 * MIB <= p + n)
+            .any(|&(p, n)| p <= small.ptr() && small.ptr() + 6 * MIB <= p + n)
     };
     assert!(
         covers(in_state(&pool, BlockState::Free)) || covers(in_state(&pool, BlockState::Releasing)),
@@ -179,10 +179,10 @@ fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
     let t = alloc(&mut pool, 512, S1);
     assert_eq!(pool.releasing_bytes(), 0);
     check(&sim, &pool);
-    for a in [&polled, &t] {
+    for a in [polled, t] {
         free(&mut pool, a);
     }
-    for a in keep.iter().chain([&grown]) {
+    for a in keep.into_iter().chain([grown]) {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
@@ -202,7 +202,7 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     let b = alloc(&mut pool, 10 * MIB, S0);
     let k2 = alloc(&mut pool, 2 * MIB, S0);
     let c = alloc(&mut pool, 30 * MIB, S1);
-    for x in [&a, &b, &c] {
+    for x in [a, b, c.duplicate()] {
         free(&mut pool, x);
     }
     assert_eq!(pool.reserved(), 64 * MIB);
@@ -219,8 +219,8 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     );
     // Stream 1's block is still cached.
     let again = alloc(&mut pool, 30 * MIB, S1);
-    assert_eq!(again.ptr, c.ptr);
-    for x in [&grown, &again, &k1, &k2] {
+    assert_eq!(again.ptr(), c.ptr());
+    for x in [grown, again, k1, k2] {
         free(&mut pool, x);
     }
     check(&sim, &pool);
@@ -245,7 +245,7 @@ fn pages_on_their_way_back_do_not_pile_up_while_the_device_runs_behind() {
                 .map(|i| alloc(&mut pool, (16 + 4 * ((round + i) % 5)) * MIB, s))
                 .collect();
             most = most.max(pool.reserved());
-            for a in &set {
+            for a in set {
                 free(&mut pool, a);
             }
             check(&sim, &pool);

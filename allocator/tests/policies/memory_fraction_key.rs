@@ -25,7 +25,7 @@ fn the_key_caps_each_policy_at_its_fraction_of_the_device() {
         let e = pool.allocate(200 * MIB, S0).unwrap_err();
         assert!(e.is_out_of_memory(), "{policy:?}: {e}");
         assert!(sim.page_bytes() + sim.malloc_bytes() <= GIB, "{policy:?}");
-        free(&mut pool, &a);
+        free(&mut pool, a);
         check(&sim, &pool);
     }
 }
@@ -71,7 +71,7 @@ fn a_device_that_cannot_tell_its_memory_at_first_is_capped_at_the_first_allocati
     );
     let a = alloc(&mut pool, MIB, S0);
     assert_eq!(pool.limit(), Some(GIB));
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
 }
 
@@ -100,5 +100,5 @@ fn a_bad_fraction_built_in_code_is_a_typed_error_at_allocation() {
     );
     pool.set_memory_fraction(0.5).unwrap();
     let a = alloc(&mut pool, MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
 }

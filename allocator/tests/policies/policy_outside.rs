@@ -127,16 +127,16 @@ fn run<P: Policy>(pool: &mut Pool<Arc<SimDevice>, P>) -> Vec<u64> {
     let mut ptrs = Vec::new();
     for (size, back) in workload() {
         let a = pool.allocate(size, S0).unwrap();
-        ptrs.push(a.ptr);
+        ptrs.push(a.ptr());
         live.push(a);
         if back > 0 && live.len() > back {
             let a = live.remove(live.len() - 1 - back);
-            pool.free(&a).unwrap();
+            pool.free(a).unwrap();
         }
         pool.check_invariants().unwrap();
     }
     for a in live {
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
     pool.check_invariants().unwrap();
     ptrs
@@ -200,7 +200,7 @@ fn a_block_of_another_stream_is_not_handed_out() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
     let mut pool = Pool::with_policy(sim(), cfg, AnyStream);
     let a = pool.allocate(30 * MIB, S0).unwrap();
-    pool.free(&a).unwrap();
+    pool.free(a).unwrap();
     let err = pool.allocate(30 * MIB, pool::S1).unwrap_err();
     assert!(
         matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
@@ -314,8 +314,8 @@ fn release_block_refuses_a_block_in_use() {
     assert_eq!(pool.policy().pages, [0, 0]);
     assert_eq!(pool.stats().allocation.0[0].current, 2);
     pool.check_invariants().unwrap();
-    pool.free(&a).unwrap();
-    pool.free(&b).unwrap();
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }
@@ -333,8 +333,8 @@ fn release_pages_refuses_a_block_in_use() {
     assert_eq!(pool.policy().pages, [0, 0]);
     assert_eq!(pool.releasing_bytes(), 0);
     pool.check_invariants().unwrap();
-    pool.free(&a).unwrap();
-    pool.free(&b).unwrap();
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }

@@ -263,7 +263,7 @@ pub fn replay_pool<D: Device, P: Policy>(
         pool.set_limit(Some(limit));
     }
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
-    let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
+    let mut slots: Vec<Option<Allocation>> = (0..trace.slots).map(|_| None).collect();
     let mut timeline = (opts.samples > 0).then(|| {
         let mut t = Timeline::new(trace.ops.len(), opts.samples);
         t.points.push(Sample::of(&pool, 0));
@@ -292,7 +292,7 @@ pub fn replay_pool<D: Device, P: Policy>(
     // The last point: the figures after the last operation, before what is still live is
     // freed below (a trace that ends with memory live does not end at zero).
     let end = Sample::of(&pool, done.saturating_sub(1));
-    for a in slots.iter().flatten() {
+    for a in slots.into_iter().flatten() {
         let _ = pool.free(a);
     }
     let timeline = timeline.map_or_else(Vec::new, |t| t.finish(end));
@@ -330,7 +330,7 @@ impl Peak {
     fn before(&mut self, op: &Op, slots: &[Option<Allocation>]) {
         if let Op::Free { slot } = *op {
             if let Some(a) = &slots[slot as usize] {
-                self.made.remove(&a.ptr);
+                self.made.remove(&a.ptr());
             }
         }
     }
@@ -346,7 +346,7 @@ impl Peak {
     ) {
         if let Op::Alloc { slot, .. } = *op {
             if let Some(a) = &slots[slot as usize] {
-                self.made.insert(a.ptr, i);
+                self.made.insert(a.ptr(), i);
             }
         }
         if self
@@ -383,7 +383,7 @@ fn step<D: Device, P: Policy>(
         }
         Op::Free { slot } => {
             if let Some(a) = slots[slot as usize].take() {
-                pool.free(&a)?;
+                pool.free(a)?;
             }
         }
     }
