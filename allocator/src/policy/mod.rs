@@ -30,23 +30,25 @@
 //! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
 //!
 //! The three built-in policies are modules that read like their sources: [`torch`] and
-//! [`torch_expandable`] follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
+//! `torch_expandable` follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
 //! (its own module tree and state). [`Builtin`] picks one of them from a config, with static
 //! dispatch (a `match` per hook). A policy written in another crate implements [`Policy`] and
 //! runs in a [`Pool`](crate::Pool) through [`Pool::with_policy`](crate::Pool::with_policy);
-//! [`crate::CachingAllocator`] runs the built-in ones only. [`front`] holds the rules the
+//! [`crate::CachingAllocator`] runs the built-in ones only. `front` holds the rules the
 //! thread-safe front asks about its thread caches (which blocks skip them, when cached blocks go
 //! back before a pool grows).
 
 pub mod default;
-pub mod front;
+pub(crate) mod front;
 pub mod torch;
-pub mod torch_expandable;
+mod torch_expandable;
 
 use crate::config::{Config, Policy as Kind};
-use crate::pool::block::BlockId;
-use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
+// What a policy works with: the core, the request, the blocks and the free index.
+pub use crate::pool::block::{Block, BlockId, NO_TAG};
+pub use crate::pool::index::FreeIndex;
+pub use crate::pool::{Core, Request};
 pub use default::{DefaultConfig, DefaultPolicy};
 pub use torch::Torch;
 pub use torch_expandable::TorchExpandable;
@@ -105,7 +107,7 @@ pub trait Policy {
 pub enum Builtin {
     /// [`torch`].
     Torch(Torch),
-    /// [`torch_expandable`].
+    /// `torch_expandable`.
     TorchExpandable(TorchExpandable),
     /// [`default`].
     Default(DefaultPolicy),
@@ -129,7 +131,7 @@ impl Builtin {
         }
     }
 
-    /// True while a layout plan places large blocks (`default` only; see [`default::plan`]).
+    /// True while a layout plan places large blocks (`default` only; see `default::plan`).
     pub fn has_plan(&self) -> bool {
         self.as_default().is_some_and(DefaultPolicy::has_plan)
     }

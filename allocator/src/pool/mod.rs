@@ -18,12 +18,12 @@
 //! - bytes the device holds for this pool (pages whose release failed included) equal
 //!   `reserved_bytes.all.current` (`reserved`).
 
-pub mod block;
+pub(crate) mod block;
 mod capture;
 mod check;
 mod events;
 mod expand;
-pub mod index;
+pub(crate) mod index;
 pub(crate) mod ladder;
 pub use ladder::Pool;
 mod pinning;
@@ -31,7 +31,7 @@ mod release;
 mod releasing;
 mod reserved;
 pub(crate) use reserved::fraction_limit;
-pub mod segment;
+pub(crate) mod segment;
 
 use crate::config::Config;
 use crate::error::AllocError;

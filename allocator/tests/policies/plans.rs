@@ -7,7 +7,7 @@ use crate::common::pool;
 use crate::common::steps;
 
 use common::Rng;
-use cudalloc::policy::default::plan::{best_fit_extent, live_peak, pack, Lifetime};
+use cudalloc::policy::default::{best_fit_extent, live_peak, pack, Lifetime};
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};

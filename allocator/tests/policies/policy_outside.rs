@@ -5,9 +5,9 @@
 
 use crate::common::pool;
 
+use cudalloc::policy::BlockId;
 use cudalloc::policy::{torch, Policy, Torch, TorchExpandable};
-use cudalloc::pool::block::BlockId;
-use cudalloc::pool::{Core, Request};
+use cudalloc::policy::{Core, Request};
 use cudalloc::{Config, Pool};
 use cudalloc_sys::{Device, DeviceError, SimConfig, SimDevice};
 use pool::{GIB, MIB, S0};

@@ -13,10 +13,10 @@
 use crate::bound::PAGE;
 use crate::{Op, Trace};
 use cudalloc::config::Config;
-use cudalloc::error::AllocError;
 use cudalloc::policy::Policy;
-use cudalloc::pool::{Allocation, Pool};
 use cudalloc::snapshot::{Excess, PinnedUnit};
+use cudalloc::AllocError;
+use cudalloc::{Allocation, Pool};
 use cudalloc_sys::{Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
 use std::time::Instant;

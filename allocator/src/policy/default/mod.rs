@@ -1,10 +1,10 @@
 //! `default`: cudalloc's own policy, least memory within a driver-call budget.
 //!
-//! - grow ([`budget`]): expandable ranges per stream and pool, pages of the device's
+//! - grow (`budget`): expandable ranges per stream and pool, pages of the device's
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
 //!   was freed yet (loading);
-//! - place ([`plan`], [`placement`], [`footprint`], [`packing`], [`search`]): a repeated sequence of large
+//! - place (`plan`, `placement`, `footprint`, `packing`, `search`): a repeated sequence of large
 //!   allocations goes where a packing of its last repetition put it; everything else by
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
 //! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
@@ -12,16 +12,20 @@
 //!   recorded for the next plan (a block of the episode carries its number as its tag).
 //!
 //! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
-//! ([`plan::Plans`]), and the most bytes ever requested at once. Invariants: those of
-//! [`plan`] and [`footprint`]; a block carries a tag iff it is a live allocation of the open
+//! (`plan::Plans`), and the most bytes ever requested at once. Invariants: those of
+//! `plan` and `footprint`; a block carries a tag iff it is a live allocation of the open
 //! episode or of one closed since (then the tag is below the open episode's first number).
 
-pub mod budget;
-pub mod footprint;
-pub mod packing;
-pub mod placement;
-pub mod plan;
-pub mod search;
+mod budget;
+mod footprint;
+mod packing;
+mod placement;
+mod plan;
+mod search;
+
+/// The packing a layout plan is made from, for the tests that check it against its bounds.
+#[cfg(feature = "testing")]
+pub use packing::{best_fit_extent, live_peak, pack, Lifetime, Plan};
 
 pub(crate) use footprint::Kept;
 
@@ -77,18 +81,18 @@ impl DefaultPolicy {
         }
     }
 
-    /// True while a layout plan places this pool's large blocks (see [`plan`]).
+    /// True while a layout plan places this pool's large blocks (see `plan`).
     pub fn has_plan(&self) -> bool {
         self.plans.has_plan()
     }
 
-    /// Allocations placed by a layout plan so far (see [`plan`]).
+    /// Allocations placed by a layout plan so far (see `plan`).
     pub fn planned_allocations(&self) -> u64 {
         self.plans.placed
     }
 
     /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
-    /// [`plan`]), those abandoned as too long included; an episode recognised as one that made
+    /// `plan`), those abandoned as too long included; an episode recognised as one that made
     /// no plan before is not evaluated again.
     pub fn evaluated_episodes(&self) -> u64 {
         self.plans.evaluated

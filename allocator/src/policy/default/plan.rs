@@ -53,7 +53,7 @@
 //!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
 //! Invariants: a block's tag ([`Block::tag`](crate::pool::block::Block::tag)) is the number of
-//! the recorded allocation it serves ([`NO_SEQ`] otherwise, and always while the block is free
+//! the recorded allocation it serves ([`NO_TAG`](crate::pool::block::NO_TAG) otherwise, and always while the block is free
 //! or unmapped); numbers of a dropped
 //! or closed episode are below the open one's `first`; an episode's allocations are all of one
 //! stream; `live` counts its allocations not yet back in the pool; `anchors` are live
@@ -63,9 +63,7 @@
 
 use super::footprint::{Footprint, Kept};
 use super::packing::{best_fit, pack_within};
-pub use super::packing::{
-    best_fit_extent, live_peak, pack, Lifetime, Plan, SEARCH_ABOVE, SEARCH_WORK,
-};
+pub(crate) use super::packing::{Lifetime, Plan};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
@@ -73,8 +71,6 @@ use crate::sizes::PoolKind;
 use crate::stats::Stats;
 use cudalloc_sys::{Device, StreamId};
 
-/// "Not an allocation of a recorded episode" (a block's tag).
-pub const NO_SEQ: u64 = crate::pool::block::NO_TAG;
 /// Fewest allocations an episode needs to become a plan.
 pub const MIN_ALLOCS: usize = 16;
 /// Most allocations an episode records; longer ones are dropped.
