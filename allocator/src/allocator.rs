@@ -99,11 +99,12 @@ impl<D: Device> CachingAllocator<D> {
             })
             .collect();
         let caches = cfg.thread_cache_on().then(|| {
+            let front = cfg.front();
             Caches::new(
-                cfg.thread_cache_bytes,
-                cfg.thread_cache_block,
-                cfg.thread_cache_large,
-                cfg.max_split_size,
+                front.thread_cache_bytes,
+                front.thread_cache_block,
+                front.thread_cache_large,
+                cfg.pool().max_split_size,
             )
         });
         CachingAllocator {
@@ -664,7 +665,7 @@ impl<D: Device> CachingAllocator<D> {
 impl<D: Device> std::fmt::Debug for CachingAllocator<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingAllocator")
-            .field("policy", &self.cfg.policy)
+            .field("policy", &self.cfg.policy())
             .field("reserved_bytes", &self.reserved_bytes())
             .field("thread_cache", &self.caches.is_some())
             .finish_non_exhaustive()

@@ -252,6 +252,32 @@ impl std::error::Error for AllocError {
     }
 }
 
+/// A config key that could not be accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key (or the offending token when no key could be read).
+    pub key: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config key `{}`: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
 /// The invariant a full scan (`check_invariants`) found broken; see the module docs of
 /// [`crate::Pool`]'s core and of [`crate::CachingAllocator`] for what each states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

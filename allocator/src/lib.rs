@@ -53,7 +53,7 @@ mod tcache;
 pub mod workspace;
 
 pub use allocator::CachingAllocator;
-pub use config::{Config, ConfigError, Policy};
+pub use config::{Config, ConfigError, FrontConfig, Policy, PoolConfig};
 pub use error::{AllocError, Invariant, InvariantError};
 pub use pool::{Allocation, Pool};
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};

@@ -279,7 +279,7 @@ mod tests {
 
     fn open() -> Result<CachingAllocator<SimDevice>, String> {
         let cfg = pool_config(&Config::parse("policy:default").unwrap());
-        assert_eq!(cfg.policy, cudalloc_core::Policy::TorchExpandable);
+        assert_eq!(cfg.policy(), cudalloc_core::Policy::TorchExpandable);
         Ok(CachingAllocator::new(
             SimDevice::new(SimConfig::default()),
             cfg,
@@ -409,10 +409,7 @@ mod tests {
             "policy:torch-expandable,max_split_size_mb:64",
         ] {
             let device = Config::parse(p).unwrap();
-            let want = Config {
-                thread_cache: Some(false),
-                ..device.clone()
-            };
+            let want = Config::parse_onto(device.clone(), "thread_cache:False").unwrap();
             assert_eq!(pool_config(&device), want);
         }
     }

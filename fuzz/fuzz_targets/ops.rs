@@ -22,7 +22,7 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use cudalloc::sizes::{round_size, MAX_REQUEST};
+use cudalloc::sizes::MAX_REQUEST;
 use cudalloc::{AllocError, Allocation, CachingAllocator, Config, InvariantError, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use libfuzzer_sys::fuzz_target;
@@ -170,7 +170,7 @@ impl Target {
     fn span(&self, a: &Allocation, cfg: &Config) -> u64 {
         match self {
             Target::Pool(p) => p.block(a.block()).map_or(0, |b| b.size),
-            Target::Front(_) => round_size(a.size(), cfg),
+            Target::Front(_) => cfg.pool().round_size(a.size()),
         }
     }
 }

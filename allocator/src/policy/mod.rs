@@ -43,7 +43,6 @@ pub(crate) mod front;
 pub mod torch;
 mod torch_expandable;
 
-use crate::config::{Config, Policy as Kind};
 use cudalloc_sys::{Device, DeviceError};
 // What a policy works with: the core, the request, the blocks and the free index.
 pub use crate::pool::block::{Block, BlockId, NO_TAG};
@@ -100,6 +99,20 @@ pub trait Policy {
     }
 }
 
+/// A built-in policy with its own settings: the rule set of a [`Config`](crate::Config)
+/// (`policy` key; [`PolicyConfig::policy`] names it). The PyTorch policies have no settings of
+/// their own: the ones they read are every policy's ([`PoolConfig`](crate::config::PoolConfig)).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum PolicyConfig {
+    /// [`torch`].
+    Torch,
+    /// `torch-expandable`.
+    TorchExpandable,
+    /// [`default`], with its settings.
+    Default(DefaultConfig),
+}
+
 /// The built-in policy a config names.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per pool, and a box would cost an indirection per hook
@@ -114,12 +127,12 @@ pub enum Builtin {
 }
 
 impl Builtin {
-    /// The policy `cfg.policy` names, with `cfg`'s settings.
-    pub fn new(cfg: &Config) -> Builtin {
-        match cfg.policy {
-            Kind::Torch => Builtin::Torch(Torch),
-            Kind::TorchExpandable => Builtin::TorchExpandable(TorchExpandable),
-            Kind::Default => Builtin::Default(DefaultPolicy::new(DefaultConfig::from(cfg))),
+    /// The policy `cfg` names, with its settings.
+    pub fn new(cfg: &PolicyConfig) -> Builtin {
+        match cfg {
+            PolicyConfig::Torch => Builtin::Torch(Torch),
+            PolicyConfig::TorchExpandable => Builtin::TorchExpandable(TorchExpandable),
+            PolicyConfig::Default(d) => Builtin::Default(DefaultPolicy::new(*d)),
         }
     }
 

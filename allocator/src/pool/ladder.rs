@@ -14,9 +14,10 @@
 //! that changes it goes through the pool, so that the policy hears of it.
 
 use super::block::BlockId;
+use super::config::PoolConfig;
 use super::{note_free, Allocation, Core, Handle, Request};
 use crate::config::Config;
-use crate::error::AllocError;
+use crate::error::{AllocError, ConfigError};
 use crate::policy::{Builtin, Policy};
 use crate::sizes;
 use crate::stats::SharedPeak;
@@ -33,8 +34,8 @@ pub struct Pool<D: Device, P: Policy = Builtin> {
 impl<D: Device> Pool<D> {
     /// A pool with no memory yet, under the built-in policy `cfg` names.
     pub fn new(device: D, cfg: Config) -> Pool<D> {
-        let policy = Builtin::new(&cfg);
-        Pool::with_policy(device, cfg, policy)
+        let policy = Builtin::new(cfg.policy_config());
+        Pool::checked(device, cfg.pool().clone(), policy)
     }
 }
 
@@ -47,9 +48,16 @@ impl<D: Device, P: Policy> std::ops::Deref for Pool<D, P> {
 }
 
 impl<D: Device, P: Policy> Pool<D, P> {
-    /// A pool with no memory yet under `policy` (the config's shared keys still apply:
-    /// rounding, `max_split_size`, garbage collection, the memory fraction).
-    pub fn with_policy(device: D, cfg: Config, policy: P) -> Pool<D, P> {
+    /// A pool with no memory yet under `policy`, with the settings every policy shares
+    /// (rounding, `max_split_size`, garbage collection, the memory fraction); an error names
+    /// the first setting [`PoolConfig::validate`] refuses.
+    pub fn with_policy(device: D, cfg: PoolConfig, policy: P) -> Result<Pool<D, P>, ConfigError> {
+        cfg.validate()?;
+        Ok(Pool::checked(device, cfg, policy))
+    }
+
+    /// [`Pool::with_policy`] with settings already validated.
+    fn checked(device: D, cfg: PoolConfig, policy: P) -> Pool<D, P> {
         Pool {
             core: Core::new(device, cfg),
             policy,
@@ -104,7 +112,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
                 self.core.poll_releasing();
             }
         }
-        let rounded = sizes::round_size(size, &self.core.cfg);
+        let rounded = self.core.cfg.round_size(size);
         let req = Request {
             stream,
             pool: sizes::PoolKind::for_size(rounded),

@@ -21,6 +21,7 @@
 pub(crate) mod block;
 mod capture;
 mod check;
+pub(crate) mod config;
 mod events;
 mod expand;
 pub(crate) mod index;
@@ -33,7 +34,6 @@ mod reserved;
 pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
-use crate::config::Config;
 use crate::error::AllocError;
 use crate::policy::Policy;
 use crate::sizes;
@@ -41,6 +41,7 @@ use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use block::{Arena, Block, BlockId, NIL, NO_TAG};
+use config::PoolConfig;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
 use segment::ExpSegment;
@@ -150,7 +151,7 @@ pub struct Request {
 /// The mechanism of a single-threaded caching pool over a device (see the module docs).
 pub struct Core<D: Device> {
     pub(crate) device: D,
-    pub(crate) cfg: Config,
+    pub(crate) cfg: PoolConfig,
     pub(crate) blocks: Arena,
     pub(crate) small: FreeIndex,
     pub(crate) large: FreeIndex,
@@ -203,7 +204,7 @@ pub struct Core<D: Device> {
 
 impl<D: Device> Core<D> {
     /// A core with no memory yet.
-    pub fn new(device: D, cfg: Config) -> Core<D> {
+    pub fn new(device: D, cfg: PoolConfig) -> Core<D> {
         let stats = Stats {
             max_split_size: cfg.max_split_size,
             ..Stats::default()
@@ -242,8 +243,8 @@ impl<D: Device> Core<D> {
         core
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &Config {
+    /// The settings every policy shares.
+    pub fn config(&self) -> &PoolConfig {
         &self.cfg
     }
 

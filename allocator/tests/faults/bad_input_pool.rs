@@ -14,8 +14,12 @@
 //! The same at the thread-safe front: `bad_input_front.rs`; malformed config strings:
 //! `policies/config.rs`; bad trace files and the command line: the cli crate's tests.
 
+use cudalloc::config::{DefaultConfig, PolicyConfig, DIVISION_INTERVALS};
+use cudalloc::policy::Torch;
 use cudalloc::sizes::MAX_REQUEST;
-use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
+use cudalloc::{
+    AllocError, Allocation, CachingAllocator, Config, FrontConfig, Policy, Pool, PoolConfig,
+};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
 
@@ -74,45 +78,106 @@ fn pool_rejects_sizes_no_device_holds() {
     }
 }
 
-/// A `Config` built in code skips `Config::parse`'s checks: values it would refuse still make a
-/// working pool (a `max_chunk` of 0 divided by zero).
+/// A `Config` built in code is checked as a parsed one is: every value a config string would
+/// refuse is refused, with an error naming the key and the value, so no pool or allocator runs
+/// with it.
 #[test]
-fn configs_built_in_code_with_out_of_range_values_do_not_panic() {
+fn configs_built_in_code_with_out_of_range_values_are_refused() {
+    let default = |d: DefaultConfig| Config::default().with_policy(PolicyConfig::Default(d));
+    let pool = |p: PoolConfig| Config::default().with_pool(p);
+    let front = |f: FrontConfig| Config::default().with_front(f);
+    let (d, p, f) = (
+        DefaultConfig::default(),
+        PoolConfig::default(),
+        FrontConfig::default(),
+    );
     let cases = [
-        Config {
-            max_chunk: 0,
-            ..Config::default()
-        },
-        Config {
-            max_chunk: 1,
-            ..Config::default()
-        },
-        Config {
-            fragmentation_budget: f64::NAN,
-            ..Config::default()
-        },
-        Config {
-            fragmentation_budget: -1.0,
-            ..Config::default()
-        },
-        Config {
-            thread_cache_block: 0,
-            ..Config::default()
-        },
+        ("max_chunk_mb", default(DefaultConfig { max_chunk: 0, ..d })),
+        (
+            "max_chunk_mb",
+            default(DefaultConfig {
+                max_chunk: 3 << 20,
+                ..d
+            }),
+        ),
+        (
+            "fragmentation_budget",
+            default(DefaultConfig {
+                fragmentation_budget: f64::NAN,
+                ..d
+            }),
+        ),
+        (
+            "fragmentation_budget",
+            default(DefaultConfig {
+                fragmentation_budget: -1.0,
+                ..d
+            }),
+        ),
+        (
+            "max_split_size_mb",
+            pool(PoolConfig {
+                max_split_size: 4 * MIB,
+                ..p.clone()
+            }),
+        ),
+        (
+            "max_non_split_rounding_mb",
+            pool(PoolConfig {
+                max_non_split_rounding: 0,
+                ..p.clone()
+            }),
+        ),
+        (
+            "roundup_power2_divisions",
+            pool(PoolConfig {
+                roundup_power2_divisions: [3; DIVISION_INTERVALS],
+                ..p.clone()
+            }),
+        ),
+        (
+            "garbage_collection_threshold",
+            pool(PoolConfig {
+                garbage_collection_threshold: 1.0,
+                ..p.clone()
+            }),
+        ),
+        (
+            "per_process_memory_fraction",
+            pool(PoolConfig {
+                memory_fraction: Some(1.5),
+                ..p.clone()
+            }),
+        ),
+        (
+            "thread_cache_block_mb",
+            front(FrontConfig {
+                thread_cache_block: 0,
+                ..f.clone()
+            }),
+        ),
+        (
+            "thread_cache_large",
+            front(FrontConfig {
+                thread_cache_large: 5,
+                ..f.clone()
+            }),
+        ),
     ];
-    for cfg in cases {
-        let what = format!("{cfg:?}");
-        let sim = sim();
-        let a = CachingAllocator::new(sim.clone(), cfg.clone());
-        for size in [512, 3 << 20, 64 << 20] {
-            let x = a.allocate(size, StreamId(0)).expect(&what);
-            a.free(x).expect(&what);
-        }
-        check_front(&sim, &a, &what);
-        let sim = self::sim();
-        let mut pool = Pool::new(sim.clone(), cfg);
-        pool_still_works(&sim, &mut pool, &what);
+    for (key, r) in cases {
+        let e = r.expect_err(key);
+        assert_eq!(e.key, key, "{e}");
     }
+    let e = Pool::with_policy(
+        sim(),
+        PoolConfig {
+            max_split_size: MIB,
+            ..p
+        },
+        Torch,
+    )
+    .err();
+    assert_eq!(e.map(|e| e.key), Some("max_split_size_mb".to_string()));
 }
 
 /// A handle freed and then handed out again (same address, size and stream: a thread cache's

@@ -25,7 +25,6 @@
 //! reserved, nothing is outstanding on the device; after dropping the pool: no events, pages,
 //! segments or reservations are left.
 
-use cudalloc::sizes::round_size;
 use cudalloc::stats::StatType;
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
@@ -167,7 +166,7 @@ impl Model {
                 ..
             }) => {
                 assert_eq!(requested, size);
-                assert_eq!(rounded, round_size(size, self.pool.config()));
+                assert_eq!(rounded, self.pool.config().round_size(size));
                 assert_eq!(reserved, self.pool.reserved());
                 let all = self.pool.stats().allocated_bytes.get(StatType::All).current;
                 assert_eq!(allocated, all as u64);
@@ -240,7 +239,7 @@ impl Model {
             let b = self.pool.block(a.block()).expect("live block");
             assert!(b.allocated, "block of {:#x} is not allocated", a.ptr());
             assert_eq!(b.addr, a.ptr());
-            assert!(b.size >= round_size(a.size(), self.pool.config()));
+            assert!(b.size >= self.pool.config().round_size(a.size()));
             spans.push((a.ptr(), b.size));
         }
         spans.sort_unstable();

@@ -62,7 +62,7 @@ fn capture_all(order: &[u64]) -> u64 {
 fn a_graph_pools_memory_is_never_handed_to_eager_work() {
     let (sim, eager) = allocator("policy:default");
     let pool = eager.graph_pool();
-    assert_eq!(pool.config().policy, Policy::TorchExpandable);
+    assert_eq!(pool.config().policy(), Policy::TorchExpandable);
     let out = decode_step(&pool, 4);
     let held = pool.reserved_bytes();
     assert!(held > 0);

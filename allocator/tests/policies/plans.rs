@@ -521,31 +521,3 @@ fn a_planned_placement_that_cannot_map_leaves_no_split_behind() {
         common::assert_device_empty(&sim, &format!("call {k} failing"));
     }
 }
-
-/// `release_available_cached_blocks` never frees a split block: with `max_split_size` set in
-/// code below the 20 MiB a parsed config must have, a split block can be at or above it (before,
-/// a debug build panicked and a release build asked the device to free an address inside a
-/// segment; a review).
-#[test]
-fn the_oversize_release_step_skips_split_blocks() {
-    let cfg = Config {
-        max_split_size: 4 * MIB,
-        ..Config::for_policy(cudalloc::Policy::Torch)
-    };
-    let (sim, mut pool) = pool_with(cfg, 16 * GIB);
-    pool.set_limit(Some(40 * MIB));
-    let small = pool.allocate(2 * MIB, S0).unwrap();
-    let big = pool.allocate(30 * MIB, S0);
-    assert!(
-        matches!(big, Ok(_) | Err(cudalloc::AllocError::OutOfMemory { .. })),
-        "{big:?}"
-    );
-    check(&sim, &pool);
-    pool.free(small).unwrap();
-    if let Ok(b) = big {
-        pool.free(b).unwrap();
-    }
-    pool.empty_cache().unwrap();
-    drop(pool);
-    common::assert_device_empty(&sim, "max_split_size 4 MiB");
-}

@@ -150,7 +150,8 @@ fn sim() -> Arc<SimDevice> {
 fn an_adaptor_around_torch_changes_nothing_and_sees_every_request() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
     let mut plain = Pool::new(sim(), cfg.clone());
-    let mut counted = Pool::with_policy(sim(), cfg, Counted::<Torch>::default());
+    let mut counted =
+        Pool::with_policy(sim(), cfg.pool().clone(), Counted::<Torch>::default()).unwrap();
     assert_eq!(run(&mut plain), run(&mut counted));
     assert_eq!(plain.stats(), counted.stats());
     let c = counted.policy();
@@ -161,7 +162,7 @@ fn an_adaptor_around_torch_changes_nothing_and_sees_every_request() {
 #[test]
 fn a_first_fit_policy_of_its_own_keeps_the_core_invariants() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, FirstFit);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), FirstFit).unwrap();
     run(&mut pool);
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
@@ -198,7 +199,7 @@ impl Policy for AnyStream {
 #[test]
 fn a_block_of_another_stream_is_not_handed_out() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, AnyStream);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), AnyStream).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
     pool.free(a).unwrap();
     let err = pool.allocate(30 * MIB, pool::S1).unwrap_err();
@@ -249,7 +250,7 @@ impl Policy for Undersized {
 #[test]
 fn a_grown_block_smaller_than_the_request_is_not_handed_out() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, Undersized);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), Undersized).unwrap();
     let err = pool.allocate(8 * MIB, S0).unwrap_err();
     assert!(
         matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
@@ -307,7 +308,7 @@ impl Policy for ReleasesInUse {
 #[test]
 fn release_block_refuses_a_block_in_use() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, ReleasesInUse::default());
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), ReleasesInUse::default()).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     assert_eq!(pool.policy().released, [false, false]);
@@ -327,7 +328,7 @@ fn release_pages_refuses_a_block_in_use() {
         expandable: true,
         ..ReleasesInUse::default()
     };
-    let mut pool = Pool::with_policy(sim(), cfg, policy);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), policy).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     assert_eq!(pool.policy().pages, [0, 0]);

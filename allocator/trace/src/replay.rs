@@ -246,7 +246,9 @@ pub fn replay_policy<P: Policy>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
-    replay_pool(Pool::with_policy(device, cfg.clone(), policy), trace, opts)
+    let pool = Pool::with_policy(device, cfg.pool().clone(), policy)
+        .expect("the shared settings of a valid config");
+    replay_pool(pool, trace, opts)
 }
 
 /// Replays `trace` on `pool`.

@@ -30,30 +30,63 @@ pub use packing::{best_fit_extent, live_peak, pack, Lifetime, Plan};
 pub(crate) use footprint::Kept;
 
 use super::{torch, Policy};
-use crate::config::Config;
+use crate::error::ConfigError;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
 use plan::{Placement, Plans};
 
+/// The `default` policy's largest chunk when none is given.
+pub const DEFAULT_MAX_CHUNK: u64 = 40 << 20;
+
+/// The `default` policy's fragmentation budget when none is given.
+pub const DEFAULT_FRAGMENTATION_BUDGET: f64 = 0.02;
+
+/// The most bytes `max_chunk` may be (1 TiB).
+const MAX_CHUNK_LIMIT: u64 = 1 << 40;
+
 /// The `default` policy's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DefaultConfig {
-    /// Cached bytes allowed above the peak requested bytes, as a fraction of it.
+    /// Cached bytes allowed above the peak requested bytes, as a fraction of it in [0, 1]. Key
+    /// `fragmentation_budget`.
     pub fragmentation_budget: f64,
-    /// Largest chunk mapped in one driver call, in bytes.
+    /// Largest chunk mapped in one driver call, in bytes: whole 2 MiB pages, from 2 MiB to
+    /// 1 TiB. Key `max_chunk_mb`.
     pub max_chunk: u64,
-    /// Place a repeated sequence of large allocations by a packing of its last repetition.
+    /// Place a repeated sequence of large allocations by a packing of its last repetition. Key
+    /// `layout_plans`.
     pub layout_plans: bool,
 }
 
-impl From<&Config> for DefaultConfig {
-    fn from(cfg: &Config) -> DefaultConfig {
+impl Default for DefaultConfig {
+    fn default() -> Self {
         DefaultConfig {
-            fragmentation_budget: cfg.fragmentation_budget,
-            max_chunk: cfg.max_chunk,
-            layout_plans: cfg.layout_plans,
+            fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
+            max_chunk: DEFAULT_MAX_CHUNK,
+            layout_plans: true,
         }
+    }
+}
+
+impl DefaultConfig {
+    /// Checks every value against what its key accepts; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let b = self.fragmentation_budget;
+        if !(0.0..=1.0).contains(&b) {
+            return Err(ConfigError::new(
+                "fragmentation_budget",
+                format!("{b} is not in [0, 1]"),
+            ));
+        }
+        let chunk = self.max_chunk;
+        if !(2 << 20..=MAX_CHUNK_LIMIT).contains(&chunk) || !chunk.is_multiple_of(2 << 20) {
+            return Err(ConfigError::new(
+                "max_chunk_mb",
+                format!("{chunk} bytes is not a whole number of 2 MiB pages from 2 MiB to 1 TiB"),
+            ));
+        }
+        Ok(())
     }
 }
 

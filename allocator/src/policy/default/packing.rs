@@ -62,7 +62,9 @@ const ORDERS: [OrderKey; 5] = [
 /// the packing that spans least (the first one that spans no more than the live peak, which
 /// none can beat). When that one spans more than [`SEARCH_ABOVE`] times the live peak, a
 /// search (`search`, at most [`SEARCH_WORK`] steps) looks for a packing within the live peak.
-/// An allocation still live (`end` of `u32::MAX`) lives to the end.
+/// An allocation still live (`end` of `u32::MAX`) lives to the end. (The policy packs within
+/// bounds, [`pack_within`]; this unbounded form is for tests.)
+#[cfg(any(test, feature = "testing"))]
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
     pack_within(lifetimes, u64::MAX, u64::MAX)
         .0
@@ -298,7 +300,9 @@ fn sorted_timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
 }
 
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
-/// among the smallest free blocks that fit, freed bytes merged with free neighbours).
+/// among the smallest free blocks that fit, freed bytes merged with free neighbours). For
+/// tests; the policy runs [`best_fit`] with a bound on its work.
+#[cfg(any(test, feature = "testing"))]
 pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
     best_fit(lifetimes, u64::MAX)
         .expect("unbounded work")

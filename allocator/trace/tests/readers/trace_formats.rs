@@ -520,10 +520,7 @@ fn recording_from_threads_keeps_the_order() {
 /// replay reused those blocks early: fewer segments and a lower reserved peak than the job's).
 #[test]
 fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
-    let cfg = Config {
-        thread_cache: Some(false),
-        ..Config::for_policy(Policy::Torch)
-    };
+    let cfg = Config::parse("policy:torch,thread_cache:False").unwrap();
     let file = TempFile::new("record-stream.csv");
     let path = &file.0;
     let sim = std::sync::Arc::new(SimDevice::new(cudalloc_sys::SimConfig::with_capacity(
@@ -576,10 +573,7 @@ fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
 /// once, the replay would reuse the block early).
 #[test]
 fn an_old_completion_at_the_same_address_is_not_taken_for_a_later_free() {
-    let cfg = Config {
-        thread_cache: Some(false),
-        ..Config::for_policy(Policy::Torch)
-    };
+    let cfg = Config::parse("policy:torch,thread_cache:False").unwrap();
     let sim = std::sync::Arc::new(SimDevice::new(cudalloc_sys::SimConfig::with_capacity(
         cudalloc_trace::replay::DEVICE_CAPACITY,
     )));
