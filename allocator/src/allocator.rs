@@ -37,9 +37,10 @@
 use crate::config::Config;
 use crate::error::{AllocError, Invariant, InvariantError};
 use crate::front_stats::{count_thread_caches, sum_stats};
+use crate::ladder::Pool;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
-use crate::pool::{Allocation, Handle, Pool};
+use crate::pool::{Allocation, Handle};
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};

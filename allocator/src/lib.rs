@@ -37,6 +37,7 @@ pub mod fmt;
 mod front_stats;
 mod graph_pool;
 pub mod interop;
+mod ladder;
 mod live;
 pub mod policy;
 mod pool;
@@ -55,7 +56,8 @@ pub mod workspace;
 pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, FrontConfig, Policy, PoolConfig};
 pub use error::{AllocError, Invariant, InvariantError};
-pub use pool::{Allocation, Pool};
+pub use ladder::Pool;
+pub use pool::Allocation;
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;
 

@@ -26,7 +26,6 @@ use crate::error::{AllocError, Invariant, InvariantError};
 use crate::pool::Handle;
 use crate::sizes::PoolKind;
 use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
-use crate::tcache::Totals;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -112,6 +111,46 @@ impl Entry {
             serial: self.handle_serial,
             ..self.alloc
         }
+    }
+}
+
+/// What the caches hold, per pool: blocks, block bytes, requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Blocks in the small pool / large pool.
+    pub blocks: [u64; 2],
+    /// Their block bytes.
+    pub bytes: [u64; 2],
+    /// Their requested bytes.
+    pub requested: [u64; 2],
+}
+
+impl Totals {
+    pub(crate) fn add(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] += 1;
+        self.bytes[p] += e.block_size;
+        self.requested[p] += e.alloc.size;
+    }
+
+    pub(crate) fn sub(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] -= 1;
+        self.bytes[p] -= e.block_size;
+        self.requested[p] -= e.alloc.size;
+    }
+
+    pub(crate) fn merge(&mut self, o: &Totals) {
+        for p in 0..2 {
+            self.blocks[p] += o.blocks[p];
+            self.bytes[p] += o.bytes[p];
+            self.requested[p] += o.requested[p];
+        }
+    }
+
+    /// No block counted.
+    pub fn is_empty(&self) -> bool {
+        self.blocks == [0, 0]
     }
 }
 

@@ -43,6 +43,7 @@ pub(crate) mod front;
 pub mod torch;
 mod torch_expandable;
 
+use crate::pool::Observer;
 use cudalloc_sys::{Device, DeviceError};
 // What a policy works with: the core, the request, the blocks and the free index.
 pub use crate::pool::block::{Block, BlockId, NO_TAG};
@@ -111,6 +112,17 @@ pub enum PolicyConfig {
     TorchExpandable,
     /// [`default`], with its settings.
     Default(DefaultConfig),
+}
+
+/// Every policy hears what the core tells it through its hooks.
+impl<P: Policy> Observer for P {
+    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
+        self.on_tagged_free(core, id, tag);
+    }
+
+    fn segment_released(&mut self, segment: u32) {
+        self.on_segment_released(segment);
+    }
 }
 
 /// The built-in policy a config names.

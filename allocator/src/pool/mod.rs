@@ -4,8 +4,11 @@
 //! and large pools, the segments and the pages mapped into expandable ones, split and merge,
 //! every call to the device, the statistics, the snapshot and the invariant scan. It decides
 //! nothing: where a request goes, how a pool grows and what it gives back are for a policy to
-//! say ([`crate::policy::Policy`]), which [`Pool`] (the core and one policy) asks at each step of
-//! an allocation (`ladder`).
+//! say ([`crate::policy::Policy`]), which [`Pool`](crate::Pool) (the core and one policy, in
+//! `ladder`) asks at each step of an allocation. The core sits below the policies and the
+//! configuration: it reads only its own settings ([`config::PoolConfig`]) and tells its policy
+//! what happens to the blocks the policy tagged and the ranges it releases through
+//! [`Observer`], which every policy implements.
 //!
 //! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
@@ -25,8 +28,6 @@ pub(crate) mod config;
 mod events;
 mod expand;
 pub(crate) mod index;
-pub(crate) mod ladder;
-pub use ladder::Pool;
 mod pinning;
 mod release;
 mod releasing;
@@ -35,7 +36,6 @@ pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
 use crate::error::AllocError;
-use crate::policy::Policy;
 use crate::sizes;
 use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
@@ -134,6 +134,18 @@ pub(crate) struct Handle {
 
 /// The bit that marks a pool's handout numbers ([`Handle::serial`]).
 pub(crate) const POOL_SERIAL: u64 = 1 << 63;
+
+/// What the core tells the policy of its pool while it works: every
+/// [`Policy`](crate::policy::Policy) hears it, through `on_tagged_free` and
+/// `on_segment_released`.
+pub(crate) trait Observer {
+    /// Block `id`, which carried policy tag `tag`, returns to its pool (the core has cleared
+    /// the tag; the block has not merged yet).
+    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64);
+
+    /// Expandable range `segment` went back to the device (its index may be reused).
+    fn segment_released(&mut self, segment: u32);
+}
 
 /// A request on its way through the allocation ladder.
 #[derive(Clone, Copy, Debug)]
@@ -295,7 +307,7 @@ impl<D: Device> Core<D> {
         self.peers = peers;
     }
 
-    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)
+    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)(crate::policy::Policy::on_tagged_free)
     /// hears of it when it is freed. False (nothing done) for a block that is not allocated or
     /// a tag of [`block::NO_TAG`].
     pub fn set_tag(&mut self, id: BlockId, tag: u64) -> bool {
@@ -498,11 +510,11 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns a block to its pool, merging it with free neighbours. A block carrying a policy
-    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`]).
-    pub(crate) fn free_block<P: Policy>(&mut self, policy: &mut P, id: BlockId) {
+    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)).
+    pub(crate) fn free_block<P: Observer>(&mut self, policy: &mut P, id: BlockId) {
         if self.blocks[id].tag != NO_TAG {
             let tag = std::mem::replace(&mut self.blocks[id].tag, NO_TAG);
-            policy.on_tagged_free(self, id, tag);
+            policy.tagged_free(self, id, tag);
         }
         let b = &self.blocks[id];
         let (pool, orig_size, requested) = (b.pool, b.size, b.requested);

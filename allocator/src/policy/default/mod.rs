@@ -18,6 +18,7 @@
 
 mod budget;
 mod footprint;
+mod lifetime;
 mod packing;
 mod placement;
 mod plan;
@@ -25,7 +26,9 @@ mod search;
 
 /// The packing a layout plan is made from, for the tests that check it against its bounds.
 #[cfg(feature = "testing")]
-pub use packing::{best_fit_extent, live_peak, pack, Lifetime, Plan};
+pub use lifetime::{Lifetime, Plan};
+#[cfg(feature = "testing")]
+pub use packing::{best_fit_extent, live_peak, pack};
 
 pub(crate) use footprint::Kept;
 

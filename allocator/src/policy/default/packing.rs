@@ -6,32 +6,8 @@
 //! ticks (one allocation or free each, `0..2n`) and every lifetime ends after it starts; other
 //! input (shared ticks, lifetimes still live) is taken too, more slowly (`timeline`).
 
+use super::lifetime::{Lifetime, Plan};
 use super::search::search;
-
-/// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
-/// episode's clock, which advances on each of its allocations and frees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lifetime {
-    /// Rounded bytes.
-    pub size: u64,
-    /// Tick of the allocation.
-    pub start: u32,
-    /// Tick of the free (`u32::MAX` while live).
-    pub end: u32,
-}
-
-/// A packing of an episode: where each allocation goes, relative to the footprint's base.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    /// The episode it was packed from.
-    pub lifetimes: Vec<Lifetime>,
-    /// Offset of each allocation.
-    pub offsets: Vec<u64>,
-    /// Bytes the packing spans.
-    pub extent: u64,
-    /// The most bytes live at once in the episode.
-    pub live_peak: u64,
-}
 
 /// The search for a packing within the live peak (`search`) runs when the best order spans
 /// more than this many times the live peak: slack under the default fragmentation budget (2%)

@@ -62,8 +62,8 @@
 //! overlap on overlapping bytes.
 
 use super::footprint::{Footprint, Kept};
+pub(crate) use super::lifetime::{Lifetime, Plan};
 use super::packing::{best_fit, pack_within};
-pub(crate) use super::packing::{Lifetime, Plan};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};

@@ -13,12 +13,12 @@
 //! The pool reads the core through `Deref` (statistics, snapshot, invariants); every operation
 //! that changes it goes through the pool, so that the policy hears of it.
 
-use super::block::BlockId;
-use super::config::PoolConfig;
-use super::{note_free, Allocation, Core, Handle, Request};
 use crate::config::Config;
 use crate::error::{AllocError, ConfigError};
 use crate::policy::{Builtin, Policy};
+use crate::pool::block::BlockId;
+use crate::pool::config::PoolConfig;
+use crate::pool::{note_free, Allocation, Core, Handle, Request};
 use crate::sizes;
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64};
@@ -232,7 +232,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.begin_capture(mode);
     }
 
-    /// The caller ended a capture in `mode` ([`Core::end_capture`]).
+    /// The caller ended a capture in `mode`: blocks freed during it that other streams used
+    /// start waiting for those streams' work.
     pub fn end_capture(&mut self, mode: cudalloc_sys::CaptureMode) -> Result<(), AllocError> {
         self.core.end_capture(&mut self.policy, mode)
     }
