@@ -29,6 +29,13 @@
 //!   and a [`policy::Policy`].
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
+//!
+//! An allocation is an [`Allocation`], an opaque handle that `free` consumes. A [`Config`] is a
+//! rule set with its own settings ([`config::PolicyConfig`]), the settings every policy shares
+//! ([`PoolConfig`]) and the thread caches' ([`FrontConfig`]), valid however it was built.
+//! Errors are typed: [`AllocError`], [`ConfigError`] (naming the key), [`InvariantError`]
+//! (naming the [`Invariant`]). The `testing` feature adds what this workspace's tests read
+//! beyond the public API; users leave it off.
 
 mod allocator;
 pub mod config;
