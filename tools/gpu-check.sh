@@ -8,7 +8,7 @@
 #   cp tools/gpu-check.sh .gpu/
 #
 # then run `bash .gpu/gpu-check.sh [PROGRAMS] [MODES]` there with `.gpu` carried. Results go to
-# $OUT (tests.txt, engine_*.txt, acc/); a short summary goes to stdout. The whole check takes
+# $OUT (tests.txt, engine_*.txt, engine_graphs.txt, acc/); a short summary goes to stdout. The whole check takes
 # about 6-7 minutes with every program; pass fewer programs to stay under a call's limit.
 cd "$(dirname "$0")/.." || exit 1
 programs=${1:-side_stream,graph_capture,compile_reduce_overhead,mem_pool,memory_snapshot,generate_kv,train_autocast}
@@ -25,6 +25,10 @@ for p in default torch-expandable torch; do
   echo "engine $p rc=$?"
   grep -iE "tokens/s|identical|device waits|page maps|max rel" "$out/engine_$p.txt" | head -12
 done
+# CUDA graphs: the decode step captured per batch size into one graph pool (docs/integration.md).
+timeout 120 .gpu/example/engine --policy default --graphs > "$out/engine_graphs.txt" 2>&1
+echo "engine --graphs rc=$?"
+grep -E "^check graphs|^graphs summary" "$out/engine_graphs.txt"
 left=$(( 560 - ($(date +%s) - start) ))
 timeout "$left" python3 python/acceptance/run.py --lib .gpu/lib/libcudalloc_capi.so --out "$out/acc" \
   --timeout 120 --programs "$programs" --modes "$modes" 2>&1 | tail -40

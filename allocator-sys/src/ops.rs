@@ -17,7 +17,9 @@
 //!
 //! Layout conventions: matrices are row-major `[rows, cols]` arrays of `f32`; attention tensors
 //! are `[rows, heads, head_dim]`. The cuBLAS wrappers ([`gemm_f32`],
-//! [`gemm_strided_batched_f32`]) take cuBLAS's own column-major configuration.
+//! [`gemm_strided_batched_f32`]) take cuBLAS's own column-major configuration. The batched
+//! decode step's kernels (`ops/decode.rs`) read each sequence's position from device memory, so
+//! that a CUDA graph captured once replays at every position.
 
 use cudarc::cublas::result::CublasError;
 use cudarc::cublas::sys::cublasOperation_t as Op;
@@ -30,7 +32,10 @@ use cudarc::nvrtc::{compile_ptx, Ptx};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+mod decode;
 pub mod mempool;
+
+pub use decode::DecodeShape;
 
 #[cfg(test)]
 mod tests;
@@ -169,6 +174,10 @@ pub struct Kernels {
     softmax_causal: CudaFunction,
     silu_mul: CudaFunction,
     argmax: CudaFunction,
+    rope_at: CudaFunction,
+    store_rows: CudaFunction,
+    decode_attention: CudaFunction,
+    add_u32: CudaFunction,
 }
 
 impl Kernels {
@@ -185,6 +194,10 @@ impl Kernels {
             softmax_causal: f("cudalloc_softmax_causal_f32")?,
             silu_mul: f("cudalloc_silu_mul_f32")?,
             argmax: f("cudalloc_argmax_f32")?,
+            rope_at: f("cudalloc_rope_at_f32")?,
+            store_rows: f("cudalloc_store_rows_f32")?,
+            decode_attention: f("cudalloc_decode_attention_f32")?,
+            add_u32: f("cudalloc_add_u32")?,
         })
     }
 

@@ -13,11 +13,23 @@
 //!    cudarc, and `cuMemGetInfo` sampled after every token), allocations per token, and the
 //!    allocator's statistics.
 //!
+//! 3. CUDA graphs (`--graphs`): the decode step, batched over 1, 2, 4, 8, 16 or 32 sequences
+//!    with fixed addresses (`engine/batch.rs`), captured into one graph per batch size, the six
+//!    sharing one graph pool (`engine/graphs.rs`); the check runs it on the tiny model against
+//!    the CPU reference, the benchmark replays it against the same step run eagerly and prints
+//!    decode tokens/s, the allocators' driver calls during the captures and the pool's
+//!    reserved bytes against the largest capture's alone, for each capture order.
+//!
 //! ```text
 //! cargo run --release -p cudalloc --example engine -- --check
 //! cargo run --release -p cudalloc --example engine -- --policy torch-expandable --tokens 128
+//! cargo run --release -p cudalloc --example engine -- --graphs --graph-order both
 //! ```
 
+#[path = "engine/batch.rs"]
+mod batch;
+#[path = "engine/graphs.rs"]
+mod graphs;
 #[path = "engine/mem.rs"]
 mod mem;
 #[path = "engine/model.rs"]
@@ -45,6 +57,27 @@ enum StreamKind {
     New,
     /// The legacy default stream.
     Default,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum GraphOrder {
+    /// Batch 32 first, down to 1.
+    LargestFirst,
+    /// Batch 1 first, up to 32.
+    SmallestFirst,
+    /// Both, each into a pool of its own.
+    Both,
+}
+
+impl GraphOrder {
+    fn orders(self) -> Vec<graphs::Order> {
+        use graphs::Order::{LargestFirst, SmallestFirst};
+        match self {
+            GraphOrder::LargestFirst => vec![LargestFirst],
+            GraphOrder::SmallestFirst => vec![SmallestFirst],
+            GraphOrder::Both => vec![LargestFirst, SmallestFirst],
+        }
+    }
 }
 
 /// A decoder-only transformer on cudalloc vs cudarc's allocation.
@@ -94,6 +127,14 @@ struct Args {
     /// Seed of the random weights and prompts.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Also capture the batched decode step into CUDA graphs (batch 1 to 32, one shared graph
+    /// pool), check them on the tiny model and benchmark them against eager decoding (32
+    /// prompts, lengths cycling through --prompts, --tokens tokens each). Needs --stream new.
+    #[arg(long)]
+    graphs: bool,
+    /// With --graphs: the order in which the six batch sizes are captured into their pool.
+    #[arg(long, value_enum, default_value_t = GraphOrder::Both)]
+    graph_order: GraphOrder,
 }
 
 fn main() -> ExitCode {
@@ -109,6 +150,11 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<ExitCode> {
     let policy = Policy::parse(&args.policy)?;
+    if args.graphs && args.stream != StreamKind::New {
+        return Err(
+            "--graphs needs --stream new (the legacy default stream cannot be captured)".into(),
+        );
+    }
     let ctx = CudaDevice::new(0)?.context().clone();
     let (major, minor) = ctx.compute_capability()?;
     println!(
@@ -125,6 +171,9 @@ fn run(args: &Args) -> Result<ExitCode> {
         });
     }
     bench(args, policy, &ctx)?;
+    if args.graphs && !bench_graphs(args, policy, &ctx)? {
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -201,7 +250,13 @@ fn check(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<bool> {
     let host = Weights::random(&tiny(), args.seed);
     let a = check_one(pool_mem(args, policy, ctx)?, &host)?;
     let b = check_one(cudarc_mem(args, ctx)?, &host)?;
-    Ok(a && b)
+    let c = !args.graphs || {
+        // 32 short prompts, 4 decode steps: every batch size against the CPU reference.
+        let lens: Vec<usize> = (0..batch::SLOTS).map(|r| [3, 7, 5, 11][r % 4]).collect();
+        let model = Model::new(pool_mem(args, policy, ctx)?, tiny(), &host)?;
+        graphs::check(&model, &host, &prompts(&lens, tiny().vocab, args.seed), 4)?
+    };
+    Ok(a && b && c)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,8 +363,8 @@ fn generate<M: Mem>(model: &Model<M>, prompts: &[Vec<u32>], new: usize, free0: u
     Ok(run)
 }
 
-fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
-    let shape = Shape {
+fn bench_shape(args: &Args) -> Shape {
+    Shape {
         vocab: args.vocab,
         hidden: args.hidden,
         heads: args.heads,
@@ -317,8 +372,11 @@ fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
         ffn: args.ffn,
         eps: 1e-5,
         theta: 10000.0,
-    };
-    shape.check()?;
+    }
+}
+
+/// `--prompts`, checked.
+fn prompt_lens(args: &Args) -> Result<Vec<usize>> {
     let lens = args
         .prompts
         .split(',')
@@ -331,6 +389,13 @@ fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
     if lens.is_empty() || lens.contains(&0) || args.tokens == 0 {
         return Err("need non-empty prompts and --tokens >= 1".into());
     }
+    Ok(lens)
+}
+
+fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
+    let shape = bench_shape(args);
+    shape.check()?;
+    let lens = prompt_lens(args)?;
     let params = shape.params();
     println!(
         "\nmodel: {} layers, hidden {}, {} heads, ffn {}, vocab {}: {:.1} M parameters ({:.0} MiB in f32)",
@@ -374,6 +439,30 @@ fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
     };
     report(&pooled, &cudarc);
     Ok(())
+}
+
+/// The `--graphs` benchmark on the benchmark model, with a fresh cudalloc allocator; true if
+/// the replayed tokens equal the eager ones.
+fn bench_graphs(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<bool> {
+    let shape = bench_shape(args);
+    let lens = prompt_lens(args)?;
+    let lens: Vec<usize> = (0..batch::SLOTS).map(|r| lens[r % lens.len()]).collect();
+    let host = Weights::random(&shape, args.seed);
+    let model = Model::new(pool_mem(args, policy, ctx)?, shape, &host)?;
+    let steps = args.tokens.saturating_sub(1).max(1);
+    println!(
+        "\ngraphs: {} sequences (prompt lengths cycling through {}), {steps} decode steps per batch size, policy {}",
+        lens.len(),
+        args.prompts,
+        model.mem.label()
+    );
+    let prompts = prompts(&lens, shape.vocab, args.seed);
+    let ok = graphs::bench(&model, &prompts, steps, &args.graph_order.orders())?;
+    let (alloc, stream) = (model.mem.allocator().clone(), model.mem.stream().clone());
+    drop(model);
+    stream.synchronize()?;
+    alloc.empty_cache()?;
+    Ok(ok)
 }
 
 fn mib(b: u64) -> String {

@@ -232,6 +232,18 @@ int cudalloc_trace_stop(void);
  * on the same thread overwrites it, so copy it before the next call if you need to keep it. */
 const char *cudalloc_last_error(void);
 
+/* CUDA graph captures: cudalloc_capture_begin tells the device's allocator and its private
+ * pools that a stream of the device is being captured (call it once the capture runs, or before
+ * it begins); until cudalloc_capture_end they poll no event, wait for nothing, give no memory
+ * back and defer the events of frees after cudalloc_record_stream to the end, so that no call
+ * the capture forbids is made. Growth maps pages or calls cuMemAlloc as usual: relax the
+ * allocating thread's capture mode (cudaThreadExchangeStreamCaptureMode) around allocations for
+ * the captured stream, as PyTorch's allocator does. cudalloc_empty_cache fails meanwhile.
+ * Captures nest: each begin needs its end (call it after the capture ended). Both 0 or -1
+ * (cudalloc_capture_end: also when no capture was begun). */
+int cudalloc_capture_begin(int device);
+int cudalloc_capture_end(int device);
+
 /* Private pools: the memory of a CUDA graph or of a torch.cuda.MemPool, kept apart. A pool is
  * named by its device and two integers (PyTorch's MempoolId_t). Memory allocated from a pool is
  * never handed to an allocation outside it; it is freed with cudalloc_free (device -1 finds it)

@@ -204,6 +204,29 @@ pub extern "C" fn cudalloc_trace_stop() -> c_int {
     api::trace_stop()
 }
 
+/// Tells device `device`'s allocator and its private pools that a CUDA graph capture begins
+/// (call it once a stream of the device is being captured, or before the capture begins):
+/// until [`cudalloc_capture_end`], they poll no event, wait for nothing, give no memory back,
+/// and defer the events of frees after [`cudalloc_record_stream`] to the end; growth maps
+/// pages or calls `cuMemAlloc` as usual (the caller relaxes the allocating thread's capture
+/// mode around allocations for the captured stream), and [`cudalloc_empty_cache`] fails.
+/// Captures nest: each begin needs its end. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_capture_begin(device: c_int) -> c_int {
+    pool_api::capture_begin(device)
+}
+
+/// Ends a capture begun with [`cudalloc_capture_begin`] (call it after the capture ended):
+/// frees deferred during it start waiting for their streams' work. Every allocator of the
+/// device ends it, even after one fails. 0, or -1 on failure (a device with no capture begun
+/// included).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_capture_end(device: c_int) -> c_int {
+    pool_api::capture_end(device)
+}
+
 /// Makes device `device`'s private pool `(id0, id1)` (PyTorch's `MempoolId_t`) or counts one
 /// more use of it. Memory allocated from a private pool ([`cudalloc_pool_malloc`]) is never
 /// handed to an allocation outside it. 0, or -1 on failure.

@@ -92,3 +92,19 @@ pub(crate) fn empty_cache(device_: c_int, id: PoolId) -> c_int {
         Ok(OK)
     })
 }
+
+pub(crate) fn capture_begin(device_: c_int) -> c_int {
+    guard(FAILED, || {
+        device("cudalloc_capture_begin", device_)?.begin_capture();
+        Ok(OK)
+    })
+}
+
+pub(crate) fn capture_end(device_: c_int) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_capture_end", device_)?;
+        dev.end_capture()
+            .map_err(|e| format!("cudalloc_capture_end(device {device_}): {e}"))?;
+        Ok(OK)
+    })
+}

@@ -28,10 +28,17 @@ use crate::error::Failure;
 use crate::json::TORCH_VALUES;
 use cudalloc_core::snapshot::BlockState;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Snapshot};
-use cudalloc_sys::{Device, StreamId};
+use cudalloc_sys::{CaptureMode, Device, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
+
+/// The mode the allocators are told a capture runs in: relaxed, since the caller makes the
+/// thread that allocates for the captured stream relax its own mode around the call (as
+/// PyTorch's allocator does around `cudaMalloc`), so that growth inside a capture is allowed;
+/// what no capture allows (polling events, waiting, giving memory back) is never done in any
+/// mode.
+pub(crate) const CAPTURE: CaptureMode = CaptureMode::Relaxed;
 
 /// PyTorch's `MempoolId_t`: `(0, n)` for graph pools, `(n, 0)` for `MemPool`s.
 pub(crate) type PoolId = (u64, u64);
@@ -58,6 +65,9 @@ pub(crate) struct Pools<D: Device> {
     retired: Mutex<Vec<(PoolId, Shared<D>)>>,
     /// The statistics of dropped pools, added up (as `torch_values` orders them).
     folded: Mutex<Vec<i64>>,
+    /// Captures underway on the device that the caller told of (`cudalloc_capture_begin`),
+    /// each told to every pool, those made during it included. Locked before `active`.
+    captures: Mutex<u32>,
 }
 
 impl<D: Device> Default for Pools<D> {
@@ -66,6 +76,7 @@ impl<D: Device> Default for Pools<D> {
             active: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             folded: Mutex::new(vec![0; TORCH_VALUES]),
+            captures: Mutex::new(0),
         }
     }
 }
@@ -93,6 +104,7 @@ impl<D: Device> Pools<D> {
         id: PoolId,
         open: impl FnOnce() -> Result<CachingAllocator<D>, String>,
     ) -> Result<(), String> {
+        let captures = self.captures.lock();
         let mut active = self.active.lock();
         if let Some((_, uses)) = active.get_mut(&id) {
             *uses += 1;
@@ -101,10 +113,16 @@ impl<D: Device> Pools<D> {
         let mut retired = self.retired.lock();
         let pool = match retired.iter().position(|(r, _)| *r == id) {
             Some(i) => retired.swap_remove(i).1,
-            None => Arc::new(Private {
-                alloc: open()?,
-                busy: RwLock::new(()),
-            }),
+            None => {
+                let alloc = open()?;
+                for _ in 0..*captures {
+                    alloc.begin_capture(CAPTURE);
+                }
+                Arc::new(Private {
+                    alloc,
+                    busy: RwLock::new(()),
+                })
+            }
         };
         active.insert(id, (pool, 1));
         Ok(())
@@ -123,6 +141,37 @@ impl<D: Device> Pools<D> {
             self.retired.lock().push((id, pool));
         }
         Ok(())
+    }
+
+    /// A capture began on the device: every pool, and every pool made before it ends, makes no
+    /// device call the capture forbids (`CachingAllocator::begin_capture`).
+    pub fn begin_capture(&self) {
+        let mut captures = self.captures.lock();
+        *captures += 1;
+        for pool in self.all() {
+            pool.alloc.begin_capture(CAPTURE);
+        }
+    }
+
+    /// A capture begun with [`Pools::begin_capture`] ended: every pool ends it, even after one
+    /// fails; the first error is returned. An error too when no capture was begun.
+    pub fn end_capture(&self) -> Result<(), AllocError> {
+        let mut captures = self.captures.lock();
+        if *captures == 0 {
+            return Err(AllocError::DuringCapture {
+                what: "end_capture",
+                requested: 0,
+            });
+        }
+        *captures -= 1;
+        let mut first = Ok(());
+        for pool in self.all() {
+            let r = pool.alloc.end_capture(CAPTURE);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     }
 
     /// Allocates from pool `id`, which must be in use.
@@ -351,6 +400,46 @@ mod tests {
         pools.add_torch_values(&mut reset);
         assert_eq!(reset[1], 0, "peaks reset to the current values");
         assert!(pools.release(GRAPH).is_err(), "not in use");
+    }
+
+    /// Every pool hears of a capture, one made during it included: none gives memory back
+    /// until the capture ends (an empty_cache would wait for the device).
+    #[test]
+    fn pools_made_during_a_capture_hear_of_it_too() {
+        let pools = Pools::<SimDevice>::default();
+        pools.acquire((0, 1), open).unwrap();
+        pools.begin_capture();
+        pools.acquire((0, 2), open).unwrap();
+        for id in [(0, 1), (0, 2)] {
+            let a = pools.allocate(id, 1 << 20, S).unwrap();
+            pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
+            pools.release(id).unwrap();
+        }
+        let held = reserved(&pools);
+        assert!(held > 0);
+        for id in [(0, 1), (0, 2)] {
+            assert!(
+                matches!(
+                    pools.empty_retired(Some(id)),
+                    Err(AllocError::DuringCapture {
+                        what: "empty_cache",
+                        ..
+                    })
+                ),
+                "pool {id:?}"
+            );
+        }
+        assert_eq!(reserved(&pools), held, "memory given back during a capture");
+        pools.end_capture().unwrap();
+        assert!(matches!(
+            pools.end_capture(),
+            Err(AllocError::DuringCapture {
+                what: "end_capture",
+                ..
+            })
+        ));
+        assert!(pools.empty_retired(None).unwrap());
+        assert_eq!(reserved(&pools), 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! make an allocator: a device without one holds no allocation.
 
 use crate::pools::Pools;
-use cudalloc_core::{CachingAllocator, Config, Policy};
+use cudalloc_core::{AllocError, CachingAllocator, Config, Policy};
 use cudalloc_sys::{CudaDevice, DeviceError};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +40,20 @@ impl Dev {
     /// Failed `cudalloc_free` calls so far.
     pub fn free_errors(&self) -> u64 {
         self.free_errors.load(Ordering::Relaxed)
+    }
+
+    /// The caller began a CUDA graph capture on this device: until it ends, neither the
+    /// device's allocator nor a private pool makes a device call the capture forbids.
+    pub fn begin_capture(&self) {
+        self.alloc.begin_capture(crate::pools::CAPTURE);
+        self.pools.begin_capture();
+    }
+
+    /// The capture begun with [`Dev::begin_capture`] ended; every allocator ends it, even after
+    /// one fails, and the first error is returned.
+    pub fn end_capture(&self) -> Result<(), AllocError> {
+        let pools = self.pools.end_capture();
+        self.alloc.end_capture(crate::pools::CAPTURE).and(pools)
     }
 
     /// A new allocator for a private pool of this device.

@@ -4,10 +4,10 @@
 
 use cudalloc_capi::json::TORCH_VALUES;
 use cudalloc_capi::{
-    cudalloc_device_stats, cudalloc_empty_cache, cudalloc_free, cudalloc_last_error_kind,
-    cudalloc_malloc, cudalloc_pool_acquire, cudalloc_pool_empty_cache, cudalloc_pool_live,
-    cudalloc_pool_malloc, cudalloc_pool_release, cudalloc_pool_use_count, last_error_message,
-    with_c_buffer, CUDALLOC_ERROR_OTHER,
+    cudalloc_capture_begin, cudalloc_capture_end, cudalloc_device_stats, cudalloc_empty_cache,
+    cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc, cudalloc_pool_acquire,
+    cudalloc_pool_empty_cache, cudalloc_pool_live, cudalloc_pool_malloc, cudalloc_pool_release,
+    cudalloc_pool_use_count, last_error_message, with_c_buffer, CUDALLOC_ERROR_OTHER,
 };
 use cudalloc_sys::CudaDevice;
 use std::ffi::c_void;
@@ -107,4 +107,26 @@ fn stats() -> Vec<i64> {
     buf.chunks_exact(8)
         .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
         .collect()
+}
+
+/// `cudalloc_capture_begin`/`end` reach the device's allocator: `cudalloc_empty_cache` fails
+/// while a capture is underway (it would wait for the device), an end without a begin fails,
+/// and after the end everything works again.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_capture_told_through_the_c_abi_holds_every_release_back() {
+    let _g = serial();
+    let a = cudalloc_malloc(4 << 20, 0, null());
+    assert!(!a.is_null(), "{}", last_error_message());
+    cudalloc_free(a, 0, -1, null());
+    assert_eq!(cudalloc_capture_begin(0), 0, "{}", last_error_message());
+    assert_eq!(cudalloc_empty_cache(0), -1);
+    assert!(
+        last_error_message().contains("capture"),
+        "{}",
+        last_error_message()
+    );
+    assert_eq!(cudalloc_capture_end(0), 0, "{}", last_error_message());
+    assert_eq!(cudalloc_capture_end(0), -1, "no capture left to end");
+    assert_eq!(cudalloc_empty_cache(0), 0, "{}", last_error_message());
 }

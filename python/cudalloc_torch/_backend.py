@@ -36,6 +36,8 @@ FUNCTIONS = (
     "cudalloc_pool_live",
     "cudalloc_pool_empty_cache",
     "cudalloc_memory_snapshot",
+    "cudalloc_capture_begin",
+    "cudalloc_capture_end",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.

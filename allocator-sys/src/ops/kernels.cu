@@ -164,3 +164,131 @@ extern "C" __global__ void cudalloc_argmax_f32(const float* x, u32* out, u64 row
     }
     if (threadIdx.x == 0) out[r] = si[0] < cols ? si[0] : 0;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The batched decode step (the engine's CUDA graphs): one token per sequence, every position
+// read from device memory, so that a graph captured once runs at any position. Sequence r's
+// cache rows live at [r * max_len, (r + 1) * max_len) of a [slots, max_len, dim] cache; pos[r]
+// is the position of its new token. A position at or past max_len writes nothing and reads at
+// most max_len cache rows.
+
+// Rotary position embedding, in place, on x[rows, heads, head_dim]: as cudalloc_rope_f32, row r
+// at position pos[r].
+extern "C" __global__ void cudalloc_rope_at_f32(float* x, u64 rows, u32 heads, u32 head_dim,
+                                                const u32* pos, float theta) {
+    const u64 half = head_dim / 2;
+    const u64 n = rows * heads * half;
+    GRID_STRIDE(i, n) {
+        const u64 p = i % half, t = i / half;
+        const u64 h = t % heads, r = t / heads;
+        const double freq = pow((double)theta, -2.0 * (double)p / (double)head_dim);
+        const double ang = (double)pos[r] * freq;
+        const float c = (float)cos(ang), s = (float)sin(ang);
+        const u64 base = (r * heads + h) * head_dim + 2 * p;
+        const float a = x[base], b = x[base + 1];
+        x[base] = a * c - b * s;
+        x[base + 1] = a * s + b * c;
+    }
+}
+
+// cache[r * max_len + pos[r], :] = src[r, :] for r < rows (rows of dim floats); nothing for a
+// position >= max_len.
+extern "C" __global__ void cudalloc_store_rows_f32(const float* src, float* cache, u64 rows,
+                                                   u64 dim, u64 max_len, const u32* pos) {
+    const u64 n = rows * dim;
+    GRID_STRIDE(i, n) {
+        const u64 r = i / dim, c = i - r * dim;
+        const u64 p = pos[r];
+        if (p < max_len) cache[(r * max_len + p) * dim + c] = src[i];
+    }
+}
+
+// Attention of one query per sequence over its cache: for sequence b and head h (one block
+// each, g = b * heads + h), s[j] = q[b, h, :] . k[b, j, h, :] * scale for j <= pos[b] (at most
+// max_len rows), softmax over them (kept in scores[g, :], max_len floats), and
+// out[b, h, :] = sum_j p[j] v[b, j, h, :]. Scores: each warp takes KEYS keys at a time, its lanes
+// across head_dim.
+// Output: with head_dim <= THREADS / 2, THREADS / head_dim groups of threads each sum every
+// groups-th key for all head_dim columns, then the groups' partial sums are added in `red`.
+#define KEYS 4
+
+extern "C" __global__ void cudalloc_decode_attention_f32(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
+    u64 max_len, const u32* __restrict__ pos, float scale) {
+    __shared__ float sh[32];
+    __shared__ float red[THREADS];
+    const u64 g = blockIdx.x;
+    if (g >= batch * heads) return;
+    const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
+    u64 len = (u64)pos[b] + 1;
+    if (len > max_len) len = max_len;
+    const float* qr = q + b * dim + h * head_dim;
+    const u64 base = b * max_len * dim + h * head_dim;
+    float* s = scores + g * max_len;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float m = NEG_INF;
+    // KEYS keys per warp at a time, so that their loads are in flight together.
+    for (u64 j0 = (u64)warp * KEYS; j0 < len; j0 += (u64)warps * KEYS) {
+        float dot[KEYS];
+#pragma unroll
+        for (int u = 0; u < KEYS; ++u) {
+            float acc = 0.0f;
+            if (j0 + u < len) {
+                const float* kr = kc + base + (j0 + u) * dim;
+                for (u32 c = lane; c < head_dim; c += 32) acc += qr[c] * kr[c];
+            }
+            dot[u] = acc;
+        }
+#pragma unroll
+        for (int u = 0; u < KEYS; ++u) {
+            float v = dot[u];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            v *= scale;
+            if (j0 + u < len) {
+                if (lane == 0) s[j0 + u] = v;
+                m = fmaxf(m, v);
+            }
+        }
+    }
+    // block_max and block_sum end with __syncthreads: the s[j] written before each are
+    // visible to every thread after it.
+    m = block_max(m, sh);
+    float sum = 0.0f;
+    for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
+        const float e = expf(s[j] - m);
+        s[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, sh);
+    const float inv = 1.0f / sum;
+    float* orow = out + b * dim + h * head_dim;
+    if (2 * head_dim <= blockDim.x) {
+        const u32 groups = blockDim.x / head_dim;
+        const u32 c = threadIdx.x % head_dim, gi = threadIdx.x / head_dim;
+        float acc = 0.0f;
+        if (gi < groups) {
+#pragma unroll 8
+            for (u64 j = gi; j < len; j += groups) acc += s[j] * vc[base + j * dim + c];
+        }
+        red[threadIdx.x] = acc;
+        __syncthreads();
+        if (threadIdx.x < head_dim) {
+            float t = 0.0f;
+            for (u32 k = 0; k < groups; ++k) t += red[k * head_dim + threadIdx.x];
+            orow[threadIdx.x] = t * inv;
+        }
+    } else {
+        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) {
+            float acc = 0.0f;
+#pragma unroll 4
+            for (u64 j = 0; j < len; ++j) acc += s[j] * vc[base + j * dim + c];
+            orow[c] = acc * inv;
+        }
+    }
+}
+
+// x[0..n) += v (positions after a decode step).
+extern "C" __global__ void cudalloc_add_u32(u32* x, u64 n, u32 v) {
+    GRID_STRIDE(i, n) x[i] += v;
+}

@@ -1,7 +1,8 @@
 //! Tests of the checked operations that need no GPU: the gemm shape checks (exact sizes pass,
 //! one element less fails, leading dimensions and batch strides count, negative, overflowing
 //! and conjugate configurations fail), the `Send + Sync` bound of `Kernels`, and the error
-//! source of `OpsError`.
+//! source of `OpsError`; and, where libnvrtc is on the library path (no GPU needed), that the
+//! kernels compile and hold every entry point `Kernels::new` loads.
 
 use super::{check_gemm, Kernels, OpsError};
 use cudarc::cublas::sys::cublasOperation_t as Op;
@@ -84,4 +85,37 @@ fn gemm_negative_overflowing_and_conjugate_fail() {
 fn gemm_empty_products_need_nothing() {
     let c = cfg(0, 5, 4, Op::CUBLAS_OP_N, Op::CUBLAS_OP_N, [1, 4, 1]);
     assert!(check_gemm(&c, 1, [0; 3], [0, 20, 0]).is_ok());
+}
+
+/// Compiles `kernels.cu` with NVRTC when the library can be loaded (skipped otherwise: CI has
+/// no CUDA), and finds every kernel `Kernels::new` loads in the PTX.
+#[test]
+fn kernels_compile_where_nvrtc_is_present() {
+    let ptx = match super::ptx() {
+        Err(OpsError::Compile(m)) if m.contains("not found") => {
+            eprintln!("skipped: {m}");
+            return;
+        }
+        other => other.expect("kernels.cu compiles"),
+    };
+    let text = ptx.to_src();
+    for name in [
+        "cudalloc_fill_f32",
+        "cudalloc_copy_f32",
+        "cudalloc_embedding_f32",
+        "cudalloc_rmsnorm_f32",
+        "cudalloc_rope_f32",
+        "cudalloc_softmax_causal_f32",
+        "cudalloc_silu_mul_f32",
+        "cudalloc_argmax_f32",
+        "cudalloc_rope_at_f32",
+        "cudalloc_store_rows_f32",
+        "cudalloc_decode_attention_f32",
+        "cudalloc_add_u32",
+    ] {
+        assert!(
+            text.contains(&format!(".entry {name}(")),
+            "{name} is not in the PTX"
+        );
+    }
 }

@@ -155,6 +155,12 @@ impl<F> Seq<F> {
     pub fn len(&self) -> usize {
         self.len
     }
+
+    /// Layer `l`'s cache: keys and values, `[len, hidden]` each (`None` before the first
+    /// forward).
+    pub fn layer_cache(&self, l: usize) -> Option<&(F, F)> {
+        self.cache.get(l).and_then(Option::as_ref)
+    }
 }
 
 /// The model on a backend.
@@ -167,7 +173,7 @@ pub struct Model<M: Mem> {
 }
 
 /// `y[rows, out] (+)= x[rows, in] W[out, in]^T` as cuBLAS sees it (column-major `y^T = W x^T`).
-fn linear(rows: usize, inp: usize, out: usize, accumulate: bool) -> GemmConfig<f32> {
+pub fn linear(rows: usize, inp: usize, out: usize, accumulate: bool) -> GemmConfig<f32> {
     GemmConfig {
         transa: Op::CUBLAS_OP_T,
         transb: Op::CUBLAS_OP_N,
@@ -199,6 +205,16 @@ impl<M: Mem> Model<M> {
             lm_head: up(&host.lm_head)?,
         };
         Ok(Model { shape, w, k, mem })
+    }
+
+    /// The weights on the device.
+    pub fn weights(&self) -> &Weights<M::F> {
+        &self.w
+    }
+
+    /// The elementwise kernels, loaded into the backend's context.
+    pub fn kernels(&self) -> &Kernels {
+        &self.k
     }
 
     pub fn new_seq(&self) -> Seq<M::F> {

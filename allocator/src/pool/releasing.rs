@@ -12,8 +12,11 @@
 //! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events
 //! instead, and a policy may wait for the oldest ones to bound how many bytes are on their way
 //! back ([`Core::wait_for_oldest_releasing`]: the `default` policy, beyond its budget's slack); each
-//! wait counts in [`crate::stats::Stats::device_waits`]. `Core::releasing` is in the order the
-//! blocks started releasing.
+//! wait counts in [`crate::stats::Stats::device_waits`]. A policy about to map pages for a
+//! request may first take back a releasing block of the request's own stream
+//! ([`Core::reclaim_releasing`]): stream order puts the queued work before the new use, so
+//! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks started
+//! releasing.
 //!
 //! Invariants: a releasing block is free (not allocated, no events pending), mapped, in an
 //! expandable segment, in no index, covers whole chunks of its segment, never merges with a
@@ -24,7 +27,8 @@
 use super::block::{BlockId, NIL};
 use super::segment::Range;
 use super::Core;
-use cudalloc_sys::{Device, DeviceError, EventHandle};
+use crate::sizes::PoolKind;
+use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 
 impl<D: Device> Core<D> {
     /// Starts giving back the whole chunks of free block `id` ([`Core::release_pages_in`] over
@@ -93,6 +97,38 @@ impl<D: Device> Core<D> {
             self.split_mapped_back(id, after);
         }
         id
+    }
+
+    /// Takes back the smallest releasing block of `stream` and size class `pool` that holds at
+    /// least `size` bytes, before its pages are unmapped: the work its stream queued before the
+    /// release comes before any use of the block on that same stream, so it needs no wait. The
+    /// block is free again (merged with its free neighbours, in its index); returns it, or
+    /// `None` when no such block is releasing. For a policy about to map pages for a request of
+    /// that stream while pages of it are still on their way back (the device runs behind).
+    pub fn reclaim_releasing(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        size: u64,
+    ) -> Option<BlockId> {
+        let (i, _) = self
+            .releasing
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, id))| (i, &self.blocks[id]))
+            .filter(|(_, b)| b.stream == stream && b.pool == pool && b.size >= size)
+            .min_by_key(|(_, b)| b.size)?;
+        let (ev, id) = self.releasing.remove(i);
+        // The event may not have completed: it is recorded again before its next use.
+        self.spare_events.push(ev);
+        let b = &mut self.blocks[id];
+        b.releasing = false;
+        self.releasing_bytes -= b.size;
+        for side in [self.blocks[id].prev, self.blocks[id].next] {
+            self.try_merge(id, side);
+        }
+        self.insert_free(id);
+        Some(id)
     }
 
     /// Bytes of releasing blocks: reserved still, on their way back to the device.

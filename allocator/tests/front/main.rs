@@ -13,12 +13,14 @@
 //!   byte and dropping the allocator leaves nothing on the device.
 //!
 //! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
-//! `graph_pool.rs` (private pools for CUDA graphs).
+//! `graph_pool.rs` (private pools for CUDA graphs), `graph_engine.rs` (the example engine's
+//! graph protocol).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
 
+mod graph_engine;
 mod graph_pool;
 mod snapshot;
 mod stats;

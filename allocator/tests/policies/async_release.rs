@@ -263,3 +263,41 @@ fn pages_on_their_way_back_do_not_pile_up_while_the_device_runs_behind() {
         }
     }
 }
+
+/// Pages on their way back serve a later request of their own stream before anything is mapped
+/// or waited for: the work queued before their release precedes the new use in stream order.
+/// Another stream's request never takes them.
+#[test]
+fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, small, mut live) = layout_with_excess(&mut pool);
+    live.push(alloc(&mut pool, 34 * MIB, S0));
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    let theirs = alloc(&mut pool, 6 * MIB, S1);
+    assert_ne!(theirs.ptr(), small.ptr());
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    live.push(theirs);
+    // Requests of stream 0 use its cached blocks, then the pages on their way back.
+    let taken = (0..8).find_map(|_| {
+        let (maps, device_waits) = (sim.calls(Call::Map), waits(&sim));
+        let a = alloc(&mut pool, 6 * MIB, S0);
+        let grew = sim.calls(Call::Map) > maps || waits(&sim) > device_waits;
+        let found = (a.ptr() == small.ptr() || grew).then_some((a.ptr(), grew));
+        live.push(a);
+        found
+    });
+    check(&sim, &pool);
+    assert_eq!(
+        taken,
+        Some((small.ptr(), false)),
+        "mapped or waited instead"
+    );
+    assert_eq!(pool.releasing_bytes(), 0);
+    sim.complete_all();
+    for a in live {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
+}

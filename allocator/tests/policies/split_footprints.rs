@@ -93,7 +93,7 @@ fn a_footprint_split_at_a_clean_cut_uses_the_block_a_conversion_left() {
         0,
         "the small batches fit in the free block"
     );
-    // In one piece (SPLIT_SAVES set out of reach): 16 maps and 30 unmaps, the free block given
+    // In one piece (SPLIT_MIN_SAVED_SHARE set out of reach): 16 maps and 30 unmaps, the free block given
     // back chunk by chunk; split: 7 maps, and 3 unmaps of the free block's rest.
     let (maps, unmaps) = (after.maps - before.maps, after.unmaps - before.unmaps);
     assert!(maps <= 8 && unmaps <= 4, "maps {maps} unmaps {unmaps}");

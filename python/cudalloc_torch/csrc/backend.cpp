@@ -12,7 +12,10 @@
 //   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
-//     allocator allocates, so that a capture is never invalidated by an allocation.
+//     allocator allocates, so that a capture is never invalidated by an allocation; the first
+//     allocation that finds its pool's stream being captured tells the library of the capture
+//     (cudalloc_capture_begin), and endAllocateToPool ends it (cudalloc_capture_end), so that
+//     meanwhile no allocator of the device polls an event, waits or gives memory back.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -63,6 +66,8 @@ struct Library {
   int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
   size_t (*memory_snapshot)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
+  int (*capture_begin)(int) = nullptr;
+  int (*capture_end)(int) = nullptr;
 };
 
 Library lib;
@@ -103,12 +108,18 @@ struct Route {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t pool;
   std::function<bool(cudaStream_t)> filter;
+  // Whether the library was told of a capture for this route (cudalloc_capture_begin), to be
+  // ended when the route ends.
+  bool told = false;
 };
 std::mutex routes_mutex;
 std::vector<Route> routes;
 std::atomic<int> route_count{0};
 
-std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
+// The pool an allocation on `stream` goes to, if a route takes it. `capturing`: the stream is
+// being captured; the route's first such allocation tells the library of the capture.
+std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream,
+                                            bool capturing) {
   if (route_count.load(std::memory_order_acquire) == 0) {
     return std::nullopt;
   }
@@ -117,6 +128,12 @@ std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_
   // inside a capture).
   for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
     if (r->device == device && r->filter(stream)) {
+      if (capturing && !r->told) {
+        if (lib.capture_begin(device) != 0) {
+          fail(CUDALLOC_HERE, "capture_begin failed: " + last_error());
+        }
+        r->told = true;
+      }
       return r->pool;
     }
   }
@@ -137,6 +154,9 @@ class RelaxedCapture {
       cudaThreadExchangeStreamCaptureMode(&mode_);
     }
   }
+  bool on() const {
+    return on_;
+  }
   ~RelaxedCapture() {
     if (on_) {
       cudaThreadExchangeStreamCaptureMode(&mode_);
@@ -155,7 +175,7 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
     return lib.malloc(size, device, stream);
   }
   RelaxedCapture relaxed(stream);
-  if (auto pool = route(device, stream)) {
+  if (auto pool = route(device, stream, relaxed.on())) {
     return lib.pool_malloc(size, device, stream, pool->first, pool->second);
   }
   return lib.malloc(size, device, stream);
@@ -502,14 +522,23 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     route_count.fetch_add(1, std::memory_order_release);
   }
 
+  // Called after the capture ended (CUDAGraph::capture_end), so a capture the library was
+  // told of ends here too.
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
-    std::lock_guard<std::mutex> lock(routes_mutex);
-    for (auto it = routes.begin(); it != routes.end(); ++it) {
-      if (it->device == device && it->pool == pool) {
-        routes.erase(it);
-        route_count.fetch_sub(1, std::memory_order_release);
-        return;
+    bool told = false;
+    {
+      std::lock_guard<std::mutex> lock(routes_mutex);
+      for (auto it = routes.begin(); it != routes.end(); ++it) {
+        if (it->device == device && it->pool == pool) {
+          told = it->told;
+          routes.erase(it);
+          route_count.fetch_sub(1, std::memory_order_release);
+          break;
+        }
       }
+    }
+    if (told && lib.capture_end(device) != 0) {
+      fail(CUDALLOC_HERE, "capture_end failed: " + last_error());
     }
   }
 
@@ -634,6 +663,8 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
   set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");
   set(lib.memory_snapshot, get("cudalloc_memory_snapshot"), "cudalloc_memory_snapshot");
+  set(lib.capture_begin, get("cudalloc_capture_begin"), "cudalloc_capture_begin");
+  set(lib.capture_end, get("cudalloc_capture_end"), "cudalloc_capture_end");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   return allocator;

@@ -16,10 +16,10 @@
 //! a long-lived embedding, that no batch's whole footprint fits in; without a split, every
 //! large batch maps its footprint above and the budget unmaps the block, one driver call per
 //! chunk it was loaded in. A split is taken only when the side in the free block holds at least
-//! half of the footprint ([`SPLIT_CACHED`]) and the split maps at least a quarter of the
-//! footprint less than the single placement ([`SPLIT_SAVES`]): a split costs rounding at the cut
-//! and leaves the rest of the free block idle, and a smaller gain did not pay for that on the
-//! traces measured (`docs/archive.md`).
+//! half of the footprint ([`SPLIT_MIN_CACHED_SHARE`]) and the split maps at least a quarter of the
+//! footprint less than the single placement ([`SPLIT_MIN_SAVED_SHARE`]): a split costs rounding at
+//! the cut and leaves the rest of the free block idle (the two constants' docs say what other
+//! thresholds measure).
 //!
 //! The footprints' cached pages are spared by the budget up to twice its bytes
 //! (`budget::budget_room`): the last footprint's range, and the other piece of the last split
@@ -38,18 +38,28 @@ use super::lifetime::Plan;
 use super::DefaultPolicy;
 use crate::pool::block::{BlockId, NIL};
 use crate::pool::Core;
-use crate::sizes::PoolKind;
+use crate::sizes::{PoolKind, MIN_BLOCK};
 use cudalloc_sys::{Device, StreamId};
 
-/// A split's side in a free block holds at least this fraction of the footprint.
-pub const SPLIT_CACHED: f64 = 0.5;
+/// A split's side in a free block holds at least this fraction of the footprint. Lower lets
+/// more footprints split (each split costs rounding at the cut and leaves the rest of the free
+/// block idle); higher keeps them whole and maps their pages anew. Measured (`rule_table`'s
+/// all-on row, reserved/live and calls, geometric means): 0.25 costs the held-out traces
+/// (1.0436 / 261.8 against 1.0414 / 260.6), 0.75 costs the tuning set calls (295.4 against
+/// 272.9: `bert_dynamic` no longer splits).
+pub const SPLIT_MIN_CACHED_SHARE: f64 = 0.5;
 
-/// A split maps at least this fraction of the footprint less than the single placement.
-pub const SPLIT_SAVES: f64 = 0.25;
+/// A split maps at least this fraction of the footprint less than the single placement: the
+/// saving a split must bring to pay for its rounding and idle rest. Measured as above: 0.1
+/// costs held-out calls (261.1), 0.5 costs the tuning set calls (299.2).
+pub const SPLIT_MIN_SAVED_SHARE: f64 = 0.25;
 
 /// Offsets are stretched by this fraction over the scale, so that sizes rounded up after scaling
-/// still fit where the plan put them.
-const STRETCH: f64 = 1.0 / 256.0;
+/// still fit where the plan put them: more stretch leaves more slack between planned blocks
+/// (memory), less lets more of them miss their place and fall back to best fit. Measured as
+/// above: 1/1024 costs held-out memory (1.0436), 1/128 costs calls on both sets (313.1 tuning,
+/// 261.8 held out).
+const OFFSET_STRETCH: f64 = 1.0 / 256.0;
 
 /// Where the plan places the open episode: its scale against the plan, and its base address in
 /// the stream's range `segment`.
@@ -148,8 +158,8 @@ impl DefaultPolicy {
             .as_ref()
             .and_then(|p| unmapped_bytes(core, p.from, p.base, bytes))
             .map_or(u64::MAX, |(_, n)| n);
-        if single_need > 0 {
-            let saves = (SPLIT_SAVES * bytes as f64) as u64;
+        if single_need > 0 && self.cfg.rules.split_footprints {
+            let saves = (SPLIT_MIN_SAVED_SHARE * bytes as f64) as u64;
             if let Some((need, split)) = split_footprint(core, stream, scale, plan) {
                 if need.saturating_add(saves) <= single_need {
                     return Some(split);
@@ -171,8 +181,12 @@ impl DefaultPolicy {
             .large
             .at_least(stream.0, bytes)
             .next()
-            .map(|(_, id)| id);
-        if let Some((from, base, segment)) = self.last_footprint(core, stream, bytes) {
+            .map(|(_, id)| id)
+            .filter(|_| self.cfg.rules.footprint_in_free_block);
+        let last = self
+            .last_footprint(core, stream, bytes)
+            .filter(|_| self.cfg.rules.reuse_last_footprint);
+        if let Some((from, base, segment)) = last {
             let cached = unmapped_bytes(core, from, base, bytes).is_some_and(|(_, n)| n == 0);
             if cached || fit.is_none() {
                 return Some(Placed {
@@ -249,8 +263,8 @@ impl DefaultPolicy {
 }
 
 /// The best split of the footprint, with the bytes of pages it needs mapped: for each
-/// clean cut and each side, that side at the start of the largest free block (when it holds
-/// at least [`SPLIT_CACHED`] of the footprint) and the other in the lowest run of free and
+/// clean cut and each side, that side at the start of the largest free block (when it holds at
+/// least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the other in the lowest run of free and
 /// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
 fn split_footprint<D: Device>(
     core: &Core<D>,
@@ -274,7 +288,7 @@ fn split_footprint<D: Device>(
             } else {
                 (upper, lower)
             };
-            if cached > largest || (cached as f64) < SPLIT_CACHED * total as f64 {
+            if cached > largest || (cached as f64) < SPLIT_MIN_CACHED_SHARE * total as f64 {
                 continue;
             }
             let Some(run) = core.runs_in_ranges(stream, PoolKind::Large).find(|&c| {
@@ -337,17 +351,17 @@ pub fn clean_cuts(plan: &Plan) -> Vec<u64> {
 /// split at plan offset `cut`: the lower from its base, the upper from the cut's address.
 fn pieces(extent: u64, cut: u64, scale: f64) -> (u64, u64) {
     let at = stretched(cut, scale);
-    (at + 512, spanned(extent, scale) - at)
+    (at + MIN_BLOCK, spanned(extent, scale) - at)
 }
 
 /// Bytes a footprint of a plan spanning `extent` takes at `scale`.
 pub(super) fn spanned(extent: u64, scale: f64) -> u64 {
-    stretched(extent, scale).saturating_add(512)
+    stretched(extent, scale).saturating_add(MIN_BLOCK)
 }
 
 /// `offset` scaled, stretched and rounded down to 512 bytes.
 pub(super) fn stretched(offset: u64, scale: f64) -> u64 {
-    ((offset as f64 * scale * (1.0 + STRETCH)) as u64) / 512 * 512
+    ((offset as f64 * scale * (1.0 + OFFSET_STRETCH)) as u64) / MIN_BLOCK * MIN_BLOCK
 }
 
 /// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range

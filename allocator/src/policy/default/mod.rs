@@ -22,6 +22,7 @@ mod lifetime;
 mod packing;
 mod placement;
 mod plan;
+mod rules;
 mod search;
 
 /// The packing a layout plan is made from, for the tests that check it against its bounds.
@@ -38,6 +39,7 @@ use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
 use plan::{Placement, Plans};
+pub use rules::Rules;
 
 /// The `default` policy's largest chunk when none is given.
 pub const DEFAULT_MAX_CHUNK: u64 = 40 << 20;
@@ -60,6 +62,9 @@ pub struct DefaultConfig {
     /// Place a repeated sequence of large allocations by a packing of its last repetition. Key
     /// `layout_plans`.
     pub layout_plans: bool,
+    /// Switches for the policy's other rules, all on unless a measurement turns one off
+    /// ([`Rules`]).
+    pub rules: Rules,
 }
 
 impl Default for DefaultConfig {
@@ -68,6 +73,7 @@ impl Default for DefaultConfig {
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
             max_chunk: DEFAULT_MAX_CHUNK,
             layout_plans: true,
+            rules: Rules::ALL,
         }
     }
 }
@@ -178,6 +184,17 @@ impl Policy for DefaultPolicy {
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<BlockId>, DeviceError> {
+        // Pages of this stream still on their way back (the device runs behind) serve the
+        // request before new pages are mapped: stream order makes them safe without a wait.
+        if core.releasing_bytes() > 0
+            && core
+                .reclaim_releasing(req.stream, req.pool, req.size)
+                .is_some()
+        {
+            if let Some(id) = torch::get_free_block(core, req, true) {
+                return Ok(Some(id));
+            }
+        }
         self.budget_allocate(core, req)
     }
 

@@ -72,6 +72,7 @@ impl DefaultPolicy {
         let planned = *plan.lifetimes.get(k)?;
         let offset = plan.offsets[k];
         let (extent, plan_peak) = (plan.extent, plan.live_peak);
+        let smaller = self.cfg.rules.smaller_matches;
         let chosen = self.plans.episode.as_ref()?.footprint.is_some();
         if k == 0 && !chosen {
             let scale = req.size as f64 / planned.size as f64;
@@ -92,7 +93,7 @@ impl DefaultPolicy {
         let e = self.plans.episode.as_mut()?;
         let f = e.footprint.as_ref()?;
         if k > 0 {
-            if !matches(req.size, planned.size, f.scale) {
+            if !matches(req.size, planned.size, f.scale, smaller) {
                 e.footprint = None;
                 e.follows = false;
                 return None;

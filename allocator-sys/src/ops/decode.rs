@@ -1,0 +1,226 @@
+//! The kernels of a batched decode step whose every launch argument stays fixed from one step
+//! to the next (what a CUDA graph needs: it replays the arguments it captured): one token per
+//! sequence, the positions in a device array `pos` (`u32`, one per sequence), the KV cache a
+//! fixed `[slots, max_len, dim]` array per layer in which sequence `r` owns rows
+//! `[r * max_len, (r + 1) * max_len)`.
+//!
+//! The kernels read `pos` on the device, so the host cannot check it: a position at or past
+//! `max_len` stores nothing and attends to at most `max_len` rows (the kernels clamp), which
+//! keeps every access inside the buffers checked here whatever `pos` holds.
+
+use super::{launch, mul, need, rows_cfg, shape, stride_cfg, to_u32, Kernels, OpsError};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use std::sync::Arc;
+
+/// The sizes of a batched decode step's attention: `batch` sequences of `heads` heads of
+/// `head_dim`, caches of `max_len` rows per sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub max_len: usize,
+}
+
+impl DecodeShape {
+    /// Floats of one row (`heads * head_dim`).
+    fn dim(&self) -> Result<usize, OpsError> {
+        mul("heads x head_dim", self.heads, self.head_dim)
+    }
+
+    /// Floats of the cache rows of `batch` sequences.
+    fn cache(&self) -> Result<usize, OpsError> {
+        mul(
+            "batch x max_len x dim",
+            mul("batch x max_len", self.batch, self.max_len)?,
+            self.dim()?,
+        )
+    }
+}
+
+impl Kernels {
+    /// Rotary position embedding in place on `x` as `[rows, heads, head_dim]` (`head_dim`
+    /// even), row `r` at position `pos[r]`: the same turn as [`Kernels::rope`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_at<X: DevicePtrMut<f32>, P: DevicePtr<u32>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut X,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        pos: &P,
+        theta: f32,
+    ) -> Result<(), OpsError> {
+        if head_dim & 1 != 0 {
+            return Err(shape(format!(
+                "rope needs an even head_dim, not {head_dim}"
+            )));
+        }
+        let n = mul(
+            "rows x heads x head_dim",
+            mul("rows x heads", rows, heads)?,
+            head_dim,
+        )?;
+        need("rope input", x, n)?;
+        need("rope positions", pos, rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (r64, h32, d32) = (
+            rows as u64,
+            to_u32("heads", heads)?,
+            to_u32("head_dim", head_dim)?,
+        );
+        let (xp, _x) = x.device_ptr_mut(stream);
+        let (pp, _p) = pos.device_ptr(stream);
+        let mut b = stream.launch_builder(&self.rope_at);
+        b.arg(&xp)
+            .arg(&r64)
+            .arg(&h32)
+            .arg(&d32)
+            .arg(&pp)
+            .arg(&theta);
+        // SAFETY: cudalloc_rope_at_f32(float*, u64, u32, u32, const u32*, float) touches
+        // x[0..rows*heads*head_dim) and reads pos[0..rows), checked above; the arguments above
+        // match its parameters in order and type.
+        unsafe { launch(&mut b, stride_cfg(n / 2)) }
+    }
+
+    /// `cache[r * max_len + pos[r], :] = src[r, :]` for `r < rows`, rows of `dim` floats (a
+    /// position at or past `max_len` stores nothing): the new token's keys or values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store_rows<S: DevicePtr<f32>, C: DevicePtrMut<f32>, P: DevicePtr<u32>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &S,
+        cache: &mut C,
+        rows: usize,
+        dim: usize,
+        max_len: usize,
+        pos: &P,
+    ) -> Result<(), OpsError> {
+        let n = mul("rows x dim", rows, dim)?;
+        need("stored rows", src, n)?;
+        need(
+            "cache",
+            cache,
+            mul(
+                "rows x max_len x dim",
+                mul("rows x max_len", rows, max_len)?,
+                dim,
+            )?,
+        )?;
+        need("store positions", pos, rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (r64, d64, m64) = (rows as u64, dim as u64, max_len as u64);
+        let (sp, _s) = src.device_ptr(stream);
+        let (cp, _c) = cache.device_ptr_mut(stream);
+        let (pp, _p) = pos.device_ptr(stream);
+        let mut b = stream.launch_builder(&self.store_rows);
+        b.arg(&sp).arg(&cp).arg(&r64).arg(&d64).arg(&m64).arg(&pp);
+        // SAFETY: cudalloc_store_rows_f32(const float*, float*, u64, u64, u64, const u32*) reads
+        // src[0..rows*dim) and pos[0..rows), and writes cache rows below rows*max_len only (a
+        // position >= max_len writes nothing), all checked above; the arguments above match its
+        // parameters in order and type.
+        unsafe { launch(&mut b, stride_cfg(n)) }
+    }
+
+    /// One query per sequence against its cache: for sequence `b < s.batch` and each head,
+    /// softmax over `j <= pos[b]` (at most `s.max_len` rows) of `q[b, h, :] . k[b, j, h, :] *
+    /// scale`, then `out[b, h, :] = sum_j p_j v[b, j, h, :]`. `q` and `out` are
+    /// `[batch, heads, head_dim]`, the caches `[batch.., max_len, heads, head_dim]`, `scores`
+    /// scratch of `batch * heads * max_len` floats.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_attention<Q, K, V, S, O, P>(
+        &self,
+        stream: &Arc<CudaStream>,
+        s: DecodeShape,
+        q: &Q,
+        k: &K,
+        v: &V,
+        scores: &mut S,
+        out: &mut O,
+        pos: &P,
+        scale: f32,
+    ) -> Result<(), OpsError>
+    where
+        Q: DevicePtr<f32>,
+        K: DevicePtr<f32>,
+        V: DevicePtr<f32>,
+        S: DevicePtrMut<f32>,
+        O: DevicePtrMut<f32>,
+        P: DevicePtr<u32>,
+    {
+        let rows = mul("batch x dim", s.batch, s.dim()?)?;
+        need("attention queries", q, rows)?;
+        need("attention output", out, rows)?;
+        need("key cache", k, s.cache()?)?;
+        need("value cache", v, s.cache()?)?;
+        let blocks = mul("batch x heads", s.batch, s.heads)?;
+        need(
+            "attention scores",
+            scores,
+            mul("batch x heads x max_len", blocks, s.max_len)?,
+        )?;
+        need("attention positions", pos, s.batch)?;
+        if rows == 0 || s.max_len == 0 {
+            return Ok(());
+        }
+        let cfg = rows_cfg(blocks)?;
+        let (b64, h32, d32, m64) = (
+            s.batch as u64,
+            to_u32("heads", s.heads)?,
+            to_u32("head_dim", s.head_dim)?,
+            s.max_len as u64,
+        );
+        let (qp, _q) = q.device_ptr(stream);
+        let (kp, _k) = k.device_ptr(stream);
+        let (vp, _v) = v.device_ptr(stream);
+        let (sp, _s) = scores.device_ptr_mut(stream);
+        let (op, _o) = out.device_ptr_mut(stream);
+        let (pp, _p) = pos.device_ptr(stream);
+        let mut b = stream.launch_builder(&self.decode_attention);
+        b.arg(&qp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&sp)
+            .arg(&op)
+            .arg(&b64)
+            .arg(&h32)
+            .arg(&d32)
+            .arg(&m64)
+            .arg(&pp)
+            .arg(&scale);
+        // SAFETY: cudalloc_decode_attention_f32(const float*, const float*, const float*,
+        // float*, float*, u64, u32, u32, u64, const u32*, float) runs one block per (sequence,
+        // head) below batch*heads; it reads q[0..batch*dim), pos[0..batch) and cache rows below
+        // batch*max_len (the length is clamped to max_len), and writes scores[0..batch*heads*
+        // max_len) and out[0..batch*dim), all checked above; the arguments above match its
+        // parameters in order and type.
+        unsafe { launch(&mut b, cfg) }
+    }
+
+    /// `x[..n] += value` (the positions after a step).
+    pub fn add_u32<X: DevicePtrMut<u32>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut X,
+        n: usize,
+        value: u32,
+    ) -> Result<(), OpsError> {
+        need("add_u32 input", x, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let n64 = n as u64;
+        let (xp, _x) = x.device_ptr_mut(stream);
+        let mut b = stream.launch_builder(&self.add_u32);
+        b.arg(&xp).arg(&n64).arg(&value);
+        // SAFETY: cudalloc_add_u32(u32*, u64, u32) touches x[0..n), checked above; the arguments
+        // above match its parameters in order and type.
+        unsafe { launch(&mut b, stride_cfg(n)) }
+    }
+}

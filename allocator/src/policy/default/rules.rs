@@ -1,0 +1,152 @@
+//! The rules of the `default` policy, one switch each, all on by default.
+//!
+//! Every switch names one decision the policy takes beyond its base (expandable ranges, pages
+//! mapped in chunks under the fragmentation budget, PyTorch's best fit and split). With all on,
+//! the policy is `default`; a switch off removes that one decision and leaves the others as
+//! they are. They are not config keys: they exist so that each rule can be measured on and off
+//! over the trace set (`cargo run --release -p cudalloc-cli --example rule_table`), and the
+//! table in `docs/policies.md` says what each one is worth. The whole of the layout plans is
+//! `layout_plans` in [`DefaultConfig`](super::DefaultConfig), a config key.
+
+/// Switches for the rules of the `default` policy (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// The budget gives cached chunks back at all (off: reserved memory only grows).
+    pub give_back: bool,
+    /// The budget gives back first the smallest free block at least as large as its excess
+    /// (off: largest first).
+    pub give_back_best_fit: bool,
+    /// A growth maps up to the end of the chunk window it ends in, while the budget has room.
+    pub window_slack: bool,
+    /// While nothing was freed yet (loading), a large-pool growth maps one page ahead.
+    pub page_ahead: bool,
+    /// While a plan places an episode, the budget counts the episode's expected peak as reached.
+    pub expected_peak: bool,
+    /// The cached pages of the plan's footprint are given back only past twice the budget.
+    pub keep_footprint: bool,
+    /// A footprint that needs new pages may be split in two at a clean cut of the plan.
+    pub split_footprints: bool,
+    /// A free block holding a piece of a split footprint gives back its pages outside it.
+    pub give_back_beside_split: bool,
+    /// A footprint goes to the last footprint's base when that is free there.
+    pub reuse_last_footprint: bool,
+    /// A footprint goes into the best-fitting free block that holds it, before a run of free
+    /// and unmapped blocks.
+    pub footprint_in_free_block: bool,
+    /// The backtracking search for a packing within the live peak, after the greedy orders.
+    pub packing_search: bool,
+    /// Greedy order: largest first, latest first among equal sizes.
+    pub order_latest_first: bool,
+    /// Greedy order: largest first, earliest-ending first among equal sizes.
+    pub order_earliest_end_first: bool,
+    /// Greedy order: largest first, longest-lived first among equal sizes.
+    pub order_longest_first: bool,
+    /// Greedy order: largest bytes x lifetime first.
+    pub order_largest_area_first: bool,
+    /// An allocation a little smaller than planned still takes its planned place.
+    pub smaller_matches: bool,
+    /// An episode also ends once enough allocations came after its youngest live one and all
+    /// of those are freed (the older ones, weights as a rule, outlive it).
+    pub nested_episodes: bool,
+}
+
+/// A way to reach one switch of [`Rules`].
+pub type Switch = fn(&mut Rules) -> &mut bool;
+
+impl Rules {
+    /// Every rule on: the `default` policy.
+    pub const ALL: Rules = Rules {
+        give_back: true,
+        give_back_best_fit: true,
+        window_slack: true,
+        page_ahead: true,
+        expected_peak: true,
+        keep_footprint: true,
+        split_footprints: true,
+        give_back_beside_split: true,
+        reuse_last_footprint: true,
+        footprint_in_free_block: true,
+        packing_search: true,
+        order_latest_first: true,
+        order_earliest_end_first: true,
+        order_longest_first: true,
+        order_largest_area_first: true,
+        smaller_matches: true,
+        nested_episodes: true,
+    };
+
+    /// The name of each switch, and a way to reach it: for the measuring tool.
+    pub fn switches() -> Vec<(&'static str, Switch)> {
+        vec![
+            ("give_back", |r| &mut r.give_back),
+            ("give_back_best_fit", |r| &mut r.give_back_best_fit),
+            ("window_slack", |r| &mut r.window_slack),
+            ("page_ahead", |r| &mut r.page_ahead),
+            ("expected_peak", |r| &mut r.expected_peak),
+            ("keep_footprint", |r| &mut r.keep_footprint),
+            ("split_footprints", |r| &mut r.split_footprints),
+            ("give_back_beside_split", |r| &mut r.give_back_beside_split),
+            ("reuse_last_footprint", |r| &mut r.reuse_last_footprint),
+            ("footprint_in_free_block", |r| {
+                &mut r.footprint_in_free_block
+            }),
+            ("packing_search", |r| &mut r.packing_search),
+            ("order_latest_first", |r| &mut r.order_latest_first),
+            ("order_earliest_end_first", |r| {
+                &mut r.order_earliest_end_first
+            }),
+            ("order_longest_first", |r| &mut r.order_longest_first),
+            ("order_largest_area_first", |r| {
+                &mut r.order_largest_area_first
+            }),
+            ("smaller_matches", |r| &mut r.smaller_matches),
+            ("nested_episodes", |r| &mut r.nested_episodes),
+        ]
+    }
+
+    /// Which of the greedy packing orders are on, largest first (always on) first.
+    pub(crate) fn orders(&self) -> [bool; 5] {
+        [
+            true,
+            self.order_latest_first,
+            self.order_earliest_end_first,
+            self.order_longest_first,
+            self.order_largest_area_first,
+        ]
+    }
+}
+
+impl Default for Rules {
+    fn default() -> Rules {
+        Rules::ALL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_switch_turns_off_one_rule_of_its_own() {
+        let switches = Rules::switches();
+        let mut seen = Vec::new();
+        for (name, switch) in &switches {
+            let mut r = Rules::ALL;
+            *switch(&mut r) = false;
+            assert_ne!(r, Rules::ALL, "{name}");
+            assert!(
+                !seen.contains(&r),
+                "{name} reaches a switch another name reaches"
+            );
+            seen.push(r);
+        }
+        // Every field has a switch: all off through the switches is all off.
+        let mut none = Rules::ALL;
+        for (_, switch) in &switches {
+            *switch(&mut none) = false;
+        }
+        assert_eq!(none.orders(), [true, false, false, false, false]);
+        assert_eq!(format!("{none:?}").matches("true").count(), 0);
+        assert_eq!(Rules::default(), Rules::ALL);
+    }
+}
