@@ -177,11 +177,12 @@ fn expandable_policies_keep_streams_apart_and_reserved_equal_to_mapped() {
             check_exp(&sim, &pool);
         }
         let a = live.remove(0);
-        free(&mut pool, a.duplicate());
+        let a_ptr = a.ptr();
+        free(&mut pool, a);
         let b = alloc(&mut pool, 1000, S1);
-        assert_ne!(b.ptr(), a.ptr(), "{policy:?}: other stream");
+        assert_ne!(b.ptr(), a_ptr, "{policy:?}: other stream");
         let c = alloc(&mut pool, 1000, S0);
-        assert_eq!(c.ptr(), a.ptr(), "{policy:?}: same stream");
+        assert_eq!(c.ptr(), a_ptr, "{policy:?}: same stream");
         live.push(b);
         live.push(c);
         for x in live {

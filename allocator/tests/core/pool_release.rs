@@ -30,10 +30,11 @@ fn oversize_blocks_are_not_split() {
     assert_eq!(pool.stats().max_split_size, 20 * MIB);
     let a = alloc(&mut pool, 40 * MIB, S0);
     assert_eq!(pool.stats().oversize_segments.current, 1);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     // 30 MiB is oversize too, and the cached 40 MiB block is less than 20 MiB bigger: taken whole.
     let b = alloc(&mut pool, 30 * MIB, S0);
-    assert_eq!(b.ptr(), a.ptr());
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(layout(&pool), vec![(40 * MIB, vec![(40 * MIB, A)])]);
     let s = pool.stats();
     assert_eq!(s.allocated_bytes.current(PoolKind::Large), 40 * MIB as i64);
@@ -51,14 +52,15 @@ fn oversize_blocks_are_not_split() {
 fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     // 40 MiB >= 20 MiB + 20 MiB: too big for a 20 MiB request, which gets its own segment.
     let b = alloc(&mut pool, 20 * MIB, S0);
-    assert_ne!(b.ptr(), a.ptr());
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2);
     // 40 MiB < 21 MiB + 20 MiB: taken whole.
     let c = alloc(&mut pool, 21 * MIB, S0);
-    assert_eq!(c.ptr(), a.ptr());
+    assert_eq!(c.ptr(), a_ptr);
     assert_eq!(block_size(&pool, &c), 40 * MIB);
     assert_eq!(sim.calls(Call::Malloc), 2);
     check(&sim, &pool);
@@ -66,9 +68,10 @@ fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
     // A wider max_non_split_rounding lets the 20 MiB request take the 40 MiB block.
     let (sim, mut pool) = torch_with("max_split_size_mb:20,max_non_split_rounding_mb:40");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 20 * MIB, S0);
-    assert_eq!(b.ptr(), a.ptr());
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 1);
     check(&sim, &pool);
 }
@@ -77,30 +80,28 @@ fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
 fn a_request_below_max_split_size_does_not_take_an_oversize_block() {
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 5 * MIB, S0);
-    assert_ne!(b.ptr(), a.ptr());
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2);
     let c = alloc(&mut pool, 12 * MIB, S0);
-    assert!(c.ptr() != a.ptr() && c.ptr() != b.ptr());
+    assert!(c.ptr() != a_ptr && c.ptr() != b.ptr());
     check(&sim, &pool);
 
     let (sim, mut pool) = torch_with("max_split_size_mb:64");
     let a = alloc(&mut pool, 100 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 12 * MIB, S0);
     assert_ne!(
         b.ptr(),
-        a.ptr(),
+        a_ptr,
         "12 MiB < 64 MiB must not take the 100 MiB block"
     );
     assert_eq!(layout(&pool).len(), 2);
     let c = alloc(&mut pool, 90 * MIB, S0);
-    assert_eq!(
-        c.ptr(),
-        a.ptr(),
-        "90 MiB >= 64 MiB takes it (100 < 90 + 20)"
-    );
+    assert_eq!(c.ptr(), a_ptr, "90 MiB >= 64 MiB takes it (100 < 90 + 20)");
     assert_eq!(block_size(&pool, &c), 100 * MIB, "and does not split it");
     check(&sim, &pool);
 }
@@ -132,7 +133,8 @@ fn oversize_blocks_are_released_first_when_memory_runs_out() {
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 30 * MIB, S0);
     let b = alloc(&mut pool, 80 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     free(&mut pool, b);
     pool.set_limit(Some(120 * MIB));
     // 80 MiB >= 50 + 20: not taken; 110 + 50 > 120: release the 80 MiB block, keep 30 MiB.
@@ -141,7 +143,7 @@ fn oversize_blocks_are_released_first_when_memory_runs_out() {
     assert_eq!(sim.calls(Call::Free), 1);
     assert_eq!(pool.reserved(), 80 * MIB);
     let d = alloc(&mut pool, 30 * MIB, S0);
-    assert_eq!(d.ptr(), a.ptr(), "the 30 MiB block stayed cached");
+    assert_eq!(d.ptr(), a_ptr, "the 30 MiB block stayed cached");
     assert_ne!(c.ptr(), d.ptr());
     check(&sim, &pool);
 }
@@ -229,9 +231,10 @@ fn oom_from_the_device_carries_the_figures() {
     check(&sim, &pool);
     assert_eq!(pool.stats().num_alloc_retries, 1);
     // Freed, the 3 GiB block stays cached and serves the next 2 GiB request (split).
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 2 * GIB, S0);
-    assert_eq!(b.ptr(), a.ptr());
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(pool.stats().num_alloc_retries, 1);
     assert_eq!(pool.reserved(), 3 * GIB);
     // 1 GiB is cached behind b, so 1.5 GiB needs the device: 3 + 1.5 > 4 GiB, and the cached
@@ -281,11 +284,12 @@ fn garbage_collection_frees_the_oldest_cached_segments() {
         let a = alloc(&mut pool, 12 * MIB, S0);
         let b = alloc(&mut pool, 14 * MIB, S0);
         free(&mut pool, a);
-        free(&mut pool, b.duplicate());
+        let b_ptr = b.ptr();
+        free(&mut pool, b);
         // b is found again and again (its age stays 0); a ages.
         for _ in 0..5 {
             let x = alloc(&mut pool, 14 * MIB, S0);
-            assert_eq!(x.ptr(), b.ptr());
+            assert_eq!(x.ptr(), b_ptr);
             free(&mut pool, x);
         }
         assert_eq!(sim.calls(Call::Free), 0);
@@ -301,7 +305,7 @@ fn garbage_collection_frees_the_oldest_cached_segments() {
             assert_eq!(pool.reserved(), 66 * MIB);
         }
         let y = alloc(&mut pool, 14 * MIB, S0);
-        assert_eq!(y.ptr(), b.ptr(), "the young segment stayed cached");
+        assert_eq!(y.ptr(), b_ptr, "the young segment stayed cached");
         free(&mut pool, big);
         free(&mut pool, y);
         check(&sim, &pool);
@@ -387,7 +391,8 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
     // Recording the allocation's own stream, or the same stream twice, changes nothing.
     pool.record_stream(&a, S1).unwrap();
     pool.record_stream(&a, S2).unwrap();
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     check(&sim, &pool);
     assert_eq!(pool.pending_events(), 1);
     assert_eq!(sim.calls(Call::RecordEvent), 1);
@@ -398,7 +403,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             .find(|b| b.addr == p)
             .map(|b| b.state)
     };
-    assert_eq!(state(&pool, a.ptr()), Some(BlockState::PendingEvents));
+    assert_eq!(state(&pool, a_ptr), Some(BlockState::PendingEvents));
     let s = pool.stats();
     assert_eq!(s.allocation.current(PoolKind::Small), 0);
     assert_eq!(
@@ -408,16 +413,16 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
     );
 
     let b = alloc(&mut pool, 1000, S1);
-    assert_ne!(b.ptr(), a.ptr(), "work on stream 2 has not completed");
+    assert_ne!(b.ptr(), a_ptr, "work on stream 2 has not completed");
     // Completing an unrelated stream changes nothing.
     sim.complete_stream(S1);
     let c = alloc(&mut pool, 1000, S1);
-    assert!(c.ptr() != a.ptr() && c.ptr() != b.ptr());
+    assert!(c.ptr() != a_ptr && c.ptr() != b.ptr());
     sim.complete_stream(S2);
     // The event has completed, but only the next allocation processes it.
-    assert_eq!(state(&pool, a.ptr()), Some(BlockState::PendingEvents));
+    assert_eq!(state(&pool, a_ptr), Some(BlockState::PendingEvents));
     let d = alloc(&mut pool, 1000, S1);
-    assert_eq!(d.ptr(), a.ptr());
+    assert_eq!(d.ptr(), a_ptr);
     assert_eq!(pool.pending_events(), 0);
     check(&sim, &pool);
     for x in [b, c, d] {

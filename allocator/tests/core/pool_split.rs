@@ -256,24 +256,21 @@ fn best_fit_in_the_large_pool() {
     let a = alloc(&mut pool, 12 * MIB, S0);
     let b = alloc(&mut pool, 14 * MIB, S0);
     let c = alloc(&mut pool, 16 * MIB, S0);
-    for x in [c.duplicate(), a.duplicate(), b.duplicate()] {
+    let (a_ptr, b_ptr, c_ptr) = (a.ptr(), b.ptr(), c.ptr());
+    for x in [c, a, b] {
         free(&mut pool, x);
     }
     let x = alloc(&mut pool, 13 * MIB, S0);
-    assert_eq!(x.ptr(), b.ptr());
+    assert_eq!(x.ptr(), b_ptr);
     assert_eq!(
         block_size(&pool, &x),
         14 * MIB,
         "1 MiB rest is not split off"
     );
     let y = alloc(&mut pool, 11 * MIB, S0);
-    assert_eq!(y.ptr(), a.ptr());
+    assert_eq!(y.ptr(), a_ptr);
     let z = alloc(&mut pool, 2 * MIB, S0);
-    assert_eq!(
-        z.ptr(),
-        c.ptr(),
-        "only the 16 MiB block is left; it is split"
-    );
+    assert_eq!(z.ptr(), c_ptr, "only the 16 MiB block is left; it is split");
     assert_eq!(block_size(&pool, &z), 2 * MIB);
     assert_eq!(sim.calls(Call::Malloc), 3);
     check(&sim, &pool);
@@ -285,16 +282,18 @@ fn best_fit_in_the_large_pool() {
 fn a_block_freed_on_one_stream_is_not_reused_by_another() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 1000, S1);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 1000, S2);
-    assert_ne!(b.ptr(), a.ptr());
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2, "stream 2 needs its own segment");
     let c = alloc(&mut pool, 1000, S1);
-    assert_eq!(c.ptr(), a.ptr(), "stream 1 gets its block back");
+    assert_eq!(c.ptr(), a_ptr, "stream 1 gets its block back");
     let x = alloc(&mut pool, 12 * MIB, S1);
-    free(&mut pool, x.duplicate());
+    let x_ptr = x.ptr();
+    free(&mut pool, x);
     let y = alloc(&mut pool, 12 * MIB, S2);
-    assert_ne!(y.ptr(), x.ptr());
+    assert_ne!(y.ptr(), x_ptr);
     assert_eq!(sim.calls(Call::Malloc), 4);
     let streams: BTreeSet<u64> = pool
         .snapshot()

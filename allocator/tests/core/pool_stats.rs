@@ -356,12 +356,13 @@ fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
     // (1 MiB free after `b`) pin 2 MiB; the four whole chunks below 8 MiB are not listed.
     let a = alloc(&mut pool, 9 * MIB, S0);
     let b = alloc(&mut pool, 10 * MIB, S0);
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     check(&sim, &pool);
     let units = pool.pinning();
     let chunk_at = |offset: u64| PinnedUnit {
         chunk: true,
-        addr: a.ptr() + offset,
+        addr: a_ptr + offset,
         size: 2 * MIB,
         pinned: MIB,
         holders: 1,
@@ -411,15 +412,16 @@ fn pinning_counts_a_block_waiting_for_another_stream_as_a_holder() {
     let b = alloc(&mut pool, 10 * MIB, S0);
     free(&mut pool, b);
     pool.record_stream(&a, S1).unwrap();
-    free(&mut pool, a.duplicate());
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let e = pool.excess();
     assert_eq!((e.live, e.pending, e.pinned), (0, 9 * MIB, MIB), "{e:?}");
     let units = pool.pinning();
     assert_eq!(units.len(), 1, "{units:?}");
     let u = units[0];
     assert_eq!(
-        (u.addr - a.ptr(), u.pinned, u.holders, u.largest),
-        (8 * MIB, MIB, 1, (a.ptr(), 9 * MIB))
+        (u.addr - a_ptr, u.pinned, u.holders, u.largest),
+        (8 * MIB, MIB, 1, (a_ptr, 9 * MIB))
     );
     check(&sim, &pool);
 }

@@ -70,7 +70,8 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     let keep = alloc.allocate(3000, S).unwrap();
     let a = alloc.allocate(4096, S).unwrap();
     let b = alloc.allocate(64 * 1024, S).unwrap();
-    alloc.free(a.duplicate()).unwrap();
+    let a_ptr = a.ptr();
+    alloc.free(a).unwrap();
     assert_eq!(
         alloc.stats().thread_cache.blocks,
         1,
@@ -78,7 +79,7 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     );
 
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr()), Some(BlockState::ThreadCached));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::ThreadCached));
     assert_eq!(state(&snap, keep.ptr()), Some(BlockState::Allocated));
     assert_eq!(state(&snap, b.ptr()), Some(BlockState::Allocated));
     let allocated = alloc.stats().allocated_bytes.0[0].current as u64;
@@ -91,9 +92,9 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     );
 
     let again = alloc.allocate(4096, S).unwrap();
-    assert_eq!(again.ptr(), a.ptr(), "a cache hit");
+    assert_eq!(again.ptr(), a_ptr, "a cache hit");
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr()), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::Allocated));
 
     for x in [again, b, keep] {
         alloc.free(x).unwrap();
@@ -124,9 +125,10 @@ fn without_thread_caches_a_freed_block_is_free() {
     let alloc = front(Policy::Torch);
     let keep = alloc.allocate(3000, S).unwrap();
     let a = alloc.allocate(4096, S).unwrap();
-    alloc.free(a.duplicate()).unwrap();
+    let a_ptr = a.ptr();
+    alloc.free(a).unwrap();
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr()), Some(BlockState::Free));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::Free));
     assert_eq!(state(&snap, keep.ptr()), Some(BlockState::Allocated));
     assert_eq!(BlockState::ThreadCached.name(), "thread_cached");
     alloc.free(keep).unwrap();

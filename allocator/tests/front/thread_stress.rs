@@ -90,9 +90,10 @@ fn check_cookie(sim: &SimDevice, t: &Tagged) {
 
 fn free_checked(alloc: &Alloc, sim: &SimDevice, t: Tagged) {
     check_cookie(sim, &t);
+    let ptr = t.a.ptr();
     alloc
-        .free(t.a.duplicate())
-        .unwrap_or_else(|e| panic!("free of live {:#x}: {e:?}", t.a.ptr()));
+        .free(t.a)
+        .unwrap_or_else(|e| panic!("free of live {ptr:#x}: {e:?}"));
 }
 
 fn worker(id: u64, alloc: &Alloc, sim: &SimDevice, shared: &Mutex<Vec<Tagged>>) {

@@ -26,7 +26,8 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             d.memset_async(a.ptr(), 0xAB, SIZE, s2).unwrap();
         });
         alloc.record_stream(a.ptr(), s2).unwrap();
-        alloc.free(a.duplicate()).unwrap();
+        let a_ptr = a.ptr();
+        alloc.free(a).unwrap();
         let b = alloc.allocate(SIZE, s1).unwrap();
         let early = start.elapsed();
         assert!(
@@ -35,7 +36,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
         );
         assert_ne!(
             b.ptr(),
-            a.ptr(),
+            a_ptr,
             "{policy:?}: block reused while stream 2 still used it"
         );
         let pending = alloc
@@ -43,14 +44,14 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             .segments
             .iter()
             .flat_map(|s| s.blocks.iter())
-            .any(|blk| blk.addr == a.ptr() && blk.state == BlockState::PendingEvents);
+            .any(|blk| blk.addr == a_ptr && blk.state == BlockState::PendingEvents);
         assert!(
             pending,
             "{policy:?}: the freed block should wait for its event"
         );
         alloc.with_device(|d| d.wait_stream(s2).unwrap());
         let mut back = vec![0u8; SIZE as usize];
-        alloc.with_device(|d| d.copy_from_device(a.ptr(), &mut back).unwrap());
+        alloc.with_device(|d| d.copy_from_device(a_ptr, &mut back).unwrap());
         assert!(
             back.iter().all(|&x| x == 0xAB),
             "{policy:?}: stream 2's write was lost"

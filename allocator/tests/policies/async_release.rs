@@ -32,15 +32,17 @@ fn in_state(pool: &Pool<Sim>, state: BlockState) -> Vec<(u64, u64)> {
 
 /// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block, on stream 0; a 34 MiB
 /// growth then passes the budget by 4 MiB, so the 6 MiB block's pages go back
-/// (`budget_rules.rs` has the same layout with work completing at once).
-fn layout_with_excess(pool: &mut Pool<Sim>) -> (Allocation, Allocation, Vec<Allocation>) {
+/// (`budget_rules.rs` has the same layout with work completing at once). Returns the addresses
+/// of the two free blocks and the live ones.
+fn layout_with_excess(pool: &mut Pool<Sim>) -> (u64, u64, Vec<Allocation>) {
     let large = alloc(pool, 30 * MIB, S0);
     let k1 = alloc(pool, 2 * MIB, S0);
     let small = alloc(pool, 6 * MIB, S0);
     let k2 = alloc(pool, 2 * MIB, S0);
-    free(pool, large.duplicate());
-    free(pool, small.duplicate());
-    (large, small, vec![k1, k2])
+    let (large_ptr, small_ptr) = (large.ptr(), small.ptr());
+    free(pool, large);
+    free(pool, small);
+    (large_ptr, small_ptr, vec![k1, k2])
 }
 
 #[test]
@@ -66,12 +68,12 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     assert_eq!(
         in_state(&pool, BlockState::Releasing),
-        vec![(small.ptr(), 6 * MIB)]
+        vec![(small, 6 * MIB)]
     );
     assert_eq!(sim.mapped_bytes(), 74 * MIB);
     // A request its size on the same stream gets other memory.
     let other = alloc(&mut pool, 6 * MIB, S0);
-    assert!(other.ptr() >= small.ptr() + 6 * MIB || other.ptr() + 6 * MIB <= small.ptr());
+    assert!(other.ptr() >= small + 6 * MIB || other.ptr() + 6 * MIB <= small);
     check(&sim, &pool);
     sim.complete_stream(S0);
     // The next allocation polls the event and unmaps the pages.
@@ -167,7 +169,7 @@ fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
     // The pages are free again, or (the budget still passed) on their way back once more.
     let covers = |v: Vec<(u64, u64)>| {
         v.iter()
-            .any(|&(p, n)| p <= small.ptr() && small.ptr() + 6 * MIB <= p + n)
+            .any(|&(p, n)| p <= small && small + 6 * MIB <= p + n)
     };
     assert!(
         covers(in_state(&pool, BlockState::Free)) || covers(in_state(&pool, BlockState::Releasing)),
@@ -202,7 +204,8 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     let b = alloc(&mut pool, 10 * MIB, S0);
     let k2 = alloc(&mut pool, 2 * MIB, S0);
     let c = alloc(&mut pool, 30 * MIB, S1);
-    for x in [a, b, c.duplicate()] {
+    let c_ptr = c.ptr();
+    for x in [a, b, c] {
         free(&mut pool, x);
     }
     assert_eq!(pool.reserved(), 64 * MIB);
@@ -219,7 +222,7 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     );
     // Stream 1's block is still cached.
     let again = alloc(&mut pool, 30 * MIB, S1);
-    assert_eq!(again.ptr(), c.ptr());
+    assert_eq!(again.ptr(), c_ptr);
     for x in [grown, again, k1, k2] {
         free(&mut pool, x);
     }
@@ -276,7 +279,7 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
     live.push(alloc(&mut pool, 34 * MIB, S0));
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     let theirs = alloc(&mut pool, 6 * MIB, S1);
-    assert_ne!(theirs.ptr(), small.ptr());
+    assert_ne!(theirs.ptr(), small);
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     live.push(theirs);
     // Requests of stream 0 use its cached blocks, then the pages on their way back.
@@ -284,16 +287,12 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
         let (maps, device_waits) = (sim.calls(Call::Map), waits(&sim));
         let a = alloc(&mut pool, 6 * MIB, S0);
         let grew = sim.calls(Call::Map) > maps || waits(&sim) > device_waits;
-        let found = (a.ptr() == small.ptr() || grew).then_some((a.ptr(), grew));
+        let found = (a.ptr() == small || grew).then_some((a.ptr(), grew));
         live.push(a);
         found
     });
     check(&sim, &pool);
-    assert_eq!(
-        taken,
-        Some((small.ptr(), false)),
-        "mapped or waited instead"
-    );
+    assert_eq!(taken, Some((small, false)), "mapped or waited instead");
     assert_eq!(pool.releasing_bytes(), 0);
     sim.complete_all();
     for a in live {
