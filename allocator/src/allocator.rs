@@ -35,11 +35,12 @@
 //! doing so at that instant).
 
 use crate::config::Config;
-use crate::error::AllocError;
+use crate::error::{AllocError, Invariant, InvariantError};
 use crate::front_stats::{count_thread_caches, sum_stats};
+use crate::ladder::Pool;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
-use crate::pool::{Allocation, Pool};
+use crate::pool::{Allocation, Handle};
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
@@ -99,11 +100,12 @@ impl<D: Device> CachingAllocator<D> {
             })
             .collect();
         let caches = cfg.thread_cache_on().then(|| {
+            let front = cfg.front();
             Caches::new(
-                cfg.thread_cache_bytes,
-                cfg.thread_cache_block,
-                cfg.thread_cache_large,
-                cfg.max_split_size,
+                front.thread_cache_bytes,
+                front.thread_cache_block,
+                front.thread_cache_large,
+                cfg.pool().max_split_size,
             )
         });
         CachingAllocator {
@@ -141,7 +143,7 @@ impl<D: Device> CachingAllocator<D> {
             let i = shard_of(stream);
             if !self.rules.bypasses_caches(i, size) || self.found_held(i) {
                 if let Some(a) = c.take(&self.live, size, stream.0) {
-                    return Ok(a);
+                    return Ok(Allocation(a));
                 }
             }
             self.after_miss(c, size)?;
@@ -240,8 +242,8 @@ impl<D: Device> CachingAllocator<D> {
                 None => pool.allocate(size, stream)?,
             },
         };
-        let b = pool.block(a.block).expect("allocated block");
-        self.live.insert(Entry::live(a, b.size, b.pool));
+        let b = pool.block(a.0.block).expect("allocated block");
+        self.live.insert(Entry::live(a.0, b.size, b.pool));
         self.note_watched(stream, &pool);
         Ok(Some(a))
     }
@@ -323,7 +325,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Gives the block of `a`, cached under `token`, back to its pool, unless that is a stale
     /// copy (another thread took the block first); true when it went back.
-    fn free_cached_to_pool(&self, a: &Allocation, token: u64) -> Result<bool, AllocError> {
+    fn free_cached_to_pool(&self, a: &Handle, token: u64) -> Result<bool, AllocError> {
         self.free_cached_into(&mut self.shard(a.stream), a, token)
     }
 
@@ -331,13 +333,13 @@ impl<D: Device> CachingAllocator<D> {
     fn free_cached_into(
         &self,
         pool: &mut MutexGuard<'_, Pool<Arc<D>>>,
-        a: &Allocation,
+        a: &Handle,
         token: u64,
     ) -> Result<bool, AllocError> {
         let Some(mut e) = self.live.take_cached(a.ptr, token) else {
             return Ok(false);
         };
-        if let Err(err) = pool.free(a) {
+        if let Err(err) = pool.free_handle(a) {
             // The pool still holds the block allocated: keep it in the table as live, so that
             // the table and the pools keep agreeing (the statistics, `check_invariants`).
             e.token = 0;
@@ -351,8 +353,13 @@ impl<D: Device> CachingAllocator<D> {
     /// Frees an allocation. A block used on other streams ([`CachingAllocator::record_stream`])
     /// returns to the pool once their work has completed.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
+        self.free_handle(&a.0)
+    }
+
+    /// Frees the allocation `a` is a copy of.
+    fn free_handle(&self, a: &Handle) -> Result<(), AllocError> {
         let Some(c) = &self.caches else {
-            return self.free_to_pool(&a);
+            return self.free_to_pool(a);
         };
         let i = shard_of(a.stream);
         if self.rules.bypasses_caches(i, a.size) {
@@ -362,19 +369,19 @@ impl<D: Device> CachingAllocator<D> {
             let locked = self.shards[i].try_lock();
             self.rules.note_lock(i, locked.is_none());
             if let Some(pool) = locked {
-                return self.free_to_locked_pool(pool, &a);
+                return self.free_to_locked_pool(pool, a);
             }
         }
         // A free into a thread cache is a free all the same.
         crate::pool::note_free(&self.unfreed);
-        if c.put(&self.live, &a, |e| self.evict(e))? {
+        if c.put(&self.live, a, |e| self.evict(e))? {
             return Ok(());
         }
-        self.free_to_pool(&a)
+        self.free_to_pool(a)
     }
 
     /// Gives a block back to its pool and forgets its pointer.
-    fn free_to_pool(&self, a: &Allocation) -> Result<(), AllocError> {
+    fn free_to_pool(&self, a: &Handle) -> Result<(), AllocError> {
         self.free_to_locked_pool(self.shard(a.stream), a)
     }
 
@@ -384,11 +391,11 @@ impl<D: Device> CachingAllocator<D> {
     fn free_to_locked_pool(
         &self,
         mut pool: MutexGuard<'_, Pool<Arc<D>>>,
-        a: &Allocation,
+        a: &Handle,
     ) -> Result<(), AllocError> {
         let e = self.live.take_live(a)?;
         // The pool's handle: a thread cache's hit handed `a` out with another serial.
-        if let Err(err) = pool.free(&e.alloc) {
+        if let Err(err) = pool.free_handle(&e.alloc) {
             self.live.insert(e);
             return Err(err);
         }
@@ -402,7 +409,7 @@ impl<D: Device> CachingAllocator<D> {
         if e.buffer {
             return Err(AllocError::OwnedByBuffer(ptr));
         }
-        self.free(e.handle())
+        self.free_handle(&e.handle())
     }
 
     /// Frees the allocation at `ptr` that was made on `stream` (PyTorch's pluggable allocator
@@ -437,7 +444,7 @@ impl<D: Device> CachingAllocator<D> {
                 freed_on: stream,
             });
         }
-        self.free(e.handle())
+        self.free_handle(&e.handle())
     }
 
     /// Marks the allocation at `ptr` as used on `stream` too.
@@ -450,7 +457,8 @@ impl<D: Device> CachingAllocator<D> {
             self.with_device(|d| d.check_stream(stream))?;
             self.live.mark_recorded(ptr);
         }
-        self.shard(a.stream).record_stream(a.block, ptr, stream)
+        self.shard(a.stream)
+            .record_block_stream(a.block, ptr, stream)
     }
 
     /// Starts (or stops) keeping, in every shard, the addresses of frees that waited for other
@@ -605,7 +613,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Runs the full invariant scan of every shard, and checks the live table against them.
     /// Holds every shard's lock (in shard order) so that the counts agree with each other even
     /// while other threads allocate.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut reserved = 0;
         let mut allocations = 0;
@@ -618,14 +626,16 @@ impl<D: Device> CachingAllocator<D> {
         self.live.check_invariants()?;
         let live = self.live.len();
         if allocations != live {
-            return Err(format!(
-                "{live} pointers in the live table but {allocations} allocations"
+            return Err(InvariantError::new(
+                Invariant::LiveTable,
+                format!("{live} pointers in the live table but {allocations} allocations"),
             ));
         }
         let shared = self.reserved.load(Ordering::Acquire);
         if shared != reserved {
-            return Err(format!(
-                "shared reserved counter {shared} != sum of shards {reserved}"
+            return Err(InvariantError::new(
+                Invariant::SharedReserved,
+                format!("shared reserved counter {shared} != sum of shards {reserved}"),
             ));
         }
         Ok(())
@@ -656,7 +666,7 @@ impl<D: Device> CachingAllocator<D> {
 impl<D: Device> std::fmt::Debug for CachingAllocator<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachingAllocator")
-            .field("policy", &self.cfg.policy)
+            .field("policy", &self.cfg.policy())
             .field("reserved_bytes", &self.reserved_bytes())
             .field("thread_cache", &self.caches.is_some())
             .finish_non_exhaustive()

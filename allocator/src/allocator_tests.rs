@@ -18,7 +18,7 @@ fn watched_pair(capacity: u64) -> (CachingAllocator<SimDevice>, Allocation, Allo
     let a = alloc.allocate(64 << 20, s).unwrap();
     let b = alloc.allocate(32 << 20, s).unwrap();
     assert!(
-        alloc.rules.bypasses_caches(shard_of(a.stream), a.size),
+        alloc.rules.bypasses_caches(shard_of(a.stream()), a.size()),
         "two live blocks of one episode"
     );
     (alloc, a, b)
@@ -30,7 +30,7 @@ fn watched_pair(capacity: u64) -> (CachingAllocator<SimDevice>, Allocation, Allo
 #[test]
 fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
     let (alloc, a, b) = watched_pair(4 << 30);
-    let s = a.stream;
+    let s = a.stream();
     let pool_frees = || alloc.stats().pool_frees();
     let before = pool_frees();
     let held = alloc.shards[shard_of(s)].lock();
@@ -65,12 +65,12 @@ fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
 #[test]
 fn a_crowded_shard_stops_bypassing_the_caches_until_it_calms_down() {
     let (alloc, a, b) = watched_pair(8 << 30);
-    let s = a.stream;
+    let s = a.stream();
     let i = shard_of(s);
     for _ in 0..CROWDED / CROWD_STEP {
         alloc.rules.note_lock(i, true);
     }
-    assert!(!alloc.rules.bypasses_caches(i, a.size), "crowded");
+    assert!(!alloc.rules.bypasses_caches(i, a.size()), "crowded");
     let before = alloc.stats().pool_frees();
     alloc.free(a).unwrap();
     assert_eq!(alloc.stats().pool_frees(), before, "went to the pool");
@@ -80,7 +80,7 @@ fn a_crowded_shard_stops_bypassing_the_caches_until_it_calms_down() {
     assert_eq!(alloc.rules.crowding(i), CROWD_MAX);
     // Misses decay the score: each pool allocation finds the lock free.
     let mut live = Vec::new();
-    while !alloc.rules.bypasses_caches(i, b.size) {
+    while !alloc.rules.bypasses_caches(i, b.size()) {
         live.push(alloc.allocate(2 << 20, s).unwrap());
         assert!(live.len() <= CROWD_MAX, "the score never fell");
     }
@@ -104,25 +104,25 @@ fn a_buffer_s_allocation_is_freed_only_by_the_buffer() {
     );
     let s = StreamId(1);
     let a = alloc.allocate(4096, s).unwrap();
-    alloc.mark_buffer(a.ptr);
+    alloc.mark_buffer(a.ptr());
     let owned =
-        |r: Result<(), AllocError>| matches!(r, Err(AllocError::OwnedByBuffer(p)) if p == a.ptr);
-    assert!(owned(alloc.free_ptr(a.ptr)));
-    assert!(owned(alloc.free_on(a.ptr, s)));
+        |r: Result<(), AllocError>| matches!(r, Err(AllocError::OwnedByBuffer(p)) if p == a.ptr());
+    assert!(owned(alloc.free_ptr(a.ptr())));
+    assert!(owned(alloc.free_on(a.ptr(), s)));
     assert_eq!(alloc.stats().allocation.0[0].current, 1, "still live");
     assert!(matches!(
-        alloc.free_buffer(a.ptr, StreamId(2)),
+        alloc.free_buffer(a.ptr(), StreamId(2)),
         Err(AllocError::WrongStream { .. })
     ));
-    alloc.free_buffer(a.ptr, s).unwrap();
+    alloc.free_buffer(a.ptr(), s).unwrap();
     assert!(matches!(
-        alloc.free_ptr(a.ptr),
+        alloc.free_ptr(a.ptr()),
         Err(AllocError::NotAllocated(_))
     ));
     // The same block again (a thread cache's hit under `default`): an ordinary allocation.
     let b = alloc.allocate(4096, s).unwrap();
-    assert_eq!(b.ptr, a.ptr);
-    alloc.free_ptr(b.ptr).unwrap();
+    assert_eq!(b.ptr(), a.ptr());
+    alloc.free_ptr(b.ptr()).unwrap();
     alloc.empty_cache().unwrap();
     alloc.check_invariants().unwrap();
 }

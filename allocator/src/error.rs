@@ -251,3 +251,109 @@ impl std::error::Error for AllocError {
         }
     }
 }
+
+/// A config key that could not be accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key (or the offending token when no key could be read).
+    pub key: String,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "config key `{}`: {}", self.key, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The invariant a full scan (`check_invariants`) found broken; see the module docs of
+/// [`crate::Pool`]'s core and of [`crate::CachingAllocator`] for what each states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Invariant {
+    /// The blocks of a segment tile it exactly, in address order.
+    Tiling,
+    /// No two neighbouring blocks are both free and mapped, or both unmapped.
+    Merged,
+    /// No two segments overlap.
+    Overlap,
+    /// A block is in its pool's free index iff it is free and mapped, in the unmapped index iff
+    /// it is unmapped; a block in use is mapped; a free block carries no policy tag; sizes are
+    /// multiples of 512 bytes.
+    Index,
+    /// A mapped block of an expandable segment lies on mapped pages.
+    Mapping,
+    /// Every statistic's `current` equals what a scan of the blocks recomputes.
+    Statistics,
+    /// `reserved_bytes` equals the bytes held from the device.
+    Reserved,
+    /// The pinned units list exactly the pinned bytes of the breakdown of reserved bytes.
+    Pinning,
+    /// Capture bookkeeping: blocks freed during a capture wait for it to end.
+    Capture,
+    /// Every block lies in a segment.
+    Reachable,
+    /// The live table of a `CachingAllocator` agrees with its pools and thread caches.
+    LiveTable,
+    /// A `CachingAllocator`'s shared reserved counter equals the sum of its pools.
+    SharedReserved,
+}
+
+impl Invariant {
+    /// What the invariant states, in a few words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Invariant::Tiling => "blocks tile their segment",
+            Invariant::Merged => "free neighbours are merged",
+            Invariant::Overlap => "segments do not overlap",
+            Invariant::Index => "the free indexes hold exactly the free blocks",
+            Invariant::Mapping => "mapped blocks lie on mapped pages",
+            Invariant::Statistics => "statistics equal the blocks",
+            Invariant::Reserved => "reserved bytes equal the bytes held",
+            Invariant::Pinning => "pinned units add up to the pinned bytes",
+            Invariant::Capture => "blocks freed during a capture wait for it",
+            Invariant::Reachable => "every block lies in a segment",
+            Invariant::LiveTable => "the live table agrees with the pools",
+            Invariant::SharedReserved => "the shared reserved counter equals the pools'",
+        }
+    }
+}
+
+/// A broken invariant, found by `check_invariants`: which one, and what the scan saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvariantError {
+    /// The invariant.
+    pub invariant: Invariant,
+    /// What the scan saw (addresses and counts).
+    pub detail: String,
+}
+
+impl InvariantError {
+    pub(crate) fn new(invariant: Invariant, detail: impl Into<String>) -> InvariantError {
+        InvariantError {
+            invariant,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for InvariantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.invariant.describe(), self.detail)
+    }
+}
+
+impl std::error::Error for InvariantError {}

@@ -5,8 +5,8 @@
 //!
 //! Invariant: each counted quantity keeps `current == allocated - freed` after both steps.
 
+use crate::ladder::Pool;
 use crate::live::CacheTotals;
-use crate::pool::Pool;
 use crate::sizes::PoolKind;
 use crate::stats::{Stats, ThreadCacheStats};
 use crate::sync::{Arc, MutexGuard};

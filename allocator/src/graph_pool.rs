@@ -15,7 +15,7 @@
 //! allocators over one device); a graph pool's policy is never `default`.
 
 use crate::allocator::CachingAllocator;
-use crate::config::{Config, Policy};
+use crate::config::{Config, FrontConfig, PolicyConfig};
 use cudalloc_sys::Device;
 
 impl<D: Device> CachingAllocator<D> {
@@ -35,11 +35,14 @@ impl Config {
     /// same, with `torch-expandable`'s rules in place of `default`'s and no thread caches (the
     /// C library's private pools use it too).
     pub fn for_graph_pool(&self) -> Config {
-        let mut cfg = self.clone();
-        if cfg.policy == Policy::Default {
-            cfg.policy = Policy::TorchExpandable;
-        }
-        cfg.thread_cache = Some(false);
-        cfg
+        let policy = match self.policy_config() {
+            PolicyConfig::Default(_) => PolicyConfig::TorchExpandable,
+            other => other.clone(),
+        };
+        let front = FrontConfig {
+            thread_cache: Some(false),
+            ..self.front().clone()
+        };
+        Config::new(policy, self.pool().clone(), front).expect("parts of a valid config")
     }
 }

@@ -232,7 +232,7 @@ pub(crate) fn raw_buffer<P: BufferSource, T>(
     }
     let a = pool.allocate(bytes, stream_id(stream))?;
     // Before the address leaves this function: from now on only the buffer frees it.
-    pool.mark_buffer(a.ptr);
+    pool.mark_buffer(a.ptr());
     let owner: Arc<dyn BufferPool> = pool.clone();
-    Ok(Buffer::from_pool(owner, a.ptr, len, stream.clone()))
+    Ok(Buffer::from_pool(owner, a.ptr(), len, stream.clone()))
 }

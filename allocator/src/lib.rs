@@ -16,7 +16,7 @@
 //!
 //! Requests are rounded ([`sizes::round_size`]), placed in a cached block (best fit, under the
 //! built-in policies), split when the rest is worth keeping, and merged with free neighbours
-//! when freed. The [`pool::Core`] owns that mechanism; a [`policy::Policy`] holds the rules
+//! when freed. The [`policy::Core`] owns that mechanism; a [`policy::Policy`] holds the rules
 //! (where to place, whether to split, how to grow, what to release) and its own state; the
 //! built-in ones are named by [`Policy`] in a [`Config`]. When the device is full, the
 //! out-of-memory ladder releases cached memory and retries before returning
@@ -25,21 +25,29 @@
 //! ## Entry points
 //!
 //! - [`CachingAllocator`]: the thread-safe allocator.
-//! - [`Pool`]: the single-threaded pool underneath (what the replayer drives): a [`pool::Core`]
+//! - [`Pool`]: the single-threaded pool underneath (what the replayer drives): a [`policy::Core`]
 //!   and a [`policy::Policy`].
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
+//!
+//! An allocation is an [`Allocation`], an opaque handle that `free` consumes. A [`Config`] is a
+//! rule set with its own settings ([`config::PolicyConfig`]), the settings every policy shares
+//! ([`PoolConfig`]) and the thread caches' ([`FrontConfig`]), valid however it was built.
+//! Errors are typed: [`AllocError`], [`ConfigError`] (naming the key), [`InvariantError`]
+//! (naming the [`Invariant`]). The `testing` feature adds what this workspace's tests read
+//! beyond the public API; users leave it off.
 
 mod allocator;
 pub mod config;
-pub mod error;
+mod error;
 pub mod fmt;
 mod front_stats;
 mod graph_pool;
 pub mod interop;
+mod ladder;
 mod live;
 pub mod policy;
-pub mod pool;
+mod pool;
 pub mod record;
 pub mod sizes;
 pub mod snapshot;
@@ -53,9 +61,10 @@ mod tcache;
 pub mod workspace;
 
 pub use allocator::CachingAllocator;
-pub use config::{Config, ConfigError, Policy};
-pub use error::AllocError;
-pub use pool::{Allocation, Pool};
+pub use config::{Config, ConfigError, FrontConfig, Policy, PoolConfig};
+pub use error::{AllocError, Invariant, InvariantError};
+pub use ladder::Pool;
+pub use pool::Allocation;
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;
 

@@ -22,11 +22,10 @@
 //!   back first. The count is striped by shard (a stripe on its own cache line), so threads
 //!   caching and claiming blocks of different shards do not pass one counter between cores.
 
-use crate::error::AllocError;
-use crate::pool::Allocation;
+use crate::error::{AllocError, Invariant, InvariantError};
+use crate::pool::Handle;
 use crate::sizes::PoolKind;
 use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
-use crate::tcache::Totals;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -71,7 +70,7 @@ impl Hasher for AddrHasher {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
     /// The pool's handle of the block (what goes back to the pool).
-    pub alloc: Allocation,
+    pub alloc: Handle,
     /// The serial of the handle its caller holds: the pool's, or the token of the thread
     /// cache whose hit handed it out again ([`Entry::handle`]).
     pub handle_serial: u64,
@@ -89,7 +88,7 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// An entry for a block just handed out by its pool.
-    pub fn live(alloc: Allocation, block_size: u64, pool: PoolKind) -> Entry {
+    pub fn live(alloc: Handle, block_size: u64, pool: PoolKind) -> Entry {
         Entry {
             alloc,
             handle_serial: alloc.serial,
@@ -107,11 +106,51 @@ impl Entry {
     }
 
     /// The handle its caller holds: the pool's handle with the serial of the last handout.
-    pub fn handle(&self) -> Allocation {
-        Allocation {
+    pub fn handle(&self) -> Handle {
+        Handle {
             serial: self.handle_serial,
             ..self.alloc
         }
+    }
+}
+
+/// What the caches hold, per pool: blocks, block bytes, requested bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Blocks in the small pool / large pool.
+    pub blocks: [u64; 2],
+    /// Their block bytes.
+    pub bytes: [u64; 2],
+    /// Their requested bytes.
+    pub requested: [u64; 2],
+}
+
+impl Totals {
+    pub(crate) fn add(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] += 1;
+        self.bytes[p] += e.block_size;
+        self.requested[p] += e.alloc.size;
+    }
+
+    pub(crate) fn sub(&mut self, e: &Entry) {
+        let p = usize::from(e.pool == PoolKind::Large);
+        self.blocks[p] -= 1;
+        self.bytes[p] -= e.block_size;
+        self.requested[p] -= e.alloc.size;
+    }
+
+    pub(crate) fn merge(&mut self, o: &Totals) {
+        for p in 0..2 {
+            self.blocks[p] += o.blocks[p];
+            self.bytes[p] += o.bytes[p];
+            self.requested[p] += o.requested[p];
+        }
+    }
+
+    /// No block counted.
+    pub fn is_empty(&self) -> bool {
+        self.blocks == [0, 0]
     }
 }
 
@@ -212,7 +251,7 @@ impl LiveMap {
     #[inline]
     pub fn mark_cached(
         &self,
-        a: &Allocation,
+        a: &Handle,
         token: u64,
         max_block: u64,
         keep: impl FnOnce(&Entry, u64),
@@ -333,7 +372,7 @@ impl LiveMap {
     /// block is going back to its pool. Checking and removing in one step under the shard's lock
     /// makes a racing free of the same pointer find nothing (an error), where checking first
     /// and removing later would let that free cache the block in between.
-    pub fn take_live(&self, a: &Allocation) -> Result<Entry, AllocError> {
+    pub fn take_live(&self, a: &Handle) -> Result<Entry, AllocError> {
         let mut g = self.shard(a.ptr);
         match g.map.get(&a.ptr) {
             Some(e) if !e.cached() && e.handle() == *a => {}
@@ -350,7 +389,8 @@ impl LiveMap {
     /// Checks each shard's cached totals against its entries, and the count of cached blocks
     /// above the small part's size; holds every shard's lock (in order: a thread holds at most
     /// one), so that the count and the entries agree while other threads cache and claim.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        let broke = |detail: String| Err(InvariantError::new(Invariant::LiveTable, detail));
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let mut large = 0;
         for (i, s) in guards.iter().enumerate() {
@@ -362,7 +402,7 @@ impl LiveMap {
                 .filter(|e| e.cached() && e.block_size > self.small_block)
                 .count();
             if t != s.cached {
-                return Err(format!(
+                return broke(format!(
                     "live shard {i}: cached totals {:?}, entries add up to {t:?}",
                     s.cached
                 ));
@@ -370,7 +410,7 @@ impl LiveMap {
         }
         let counted: usize = self.large.iter().map(|s| s.load(Ordering::Relaxed)).sum();
         if counted != large {
-            return Err(format!(
+            return broke(format!(
                 "{counted} large cached blocks counted, {large} in the table"
             ));
         }

@@ -11,8 +11,6 @@
 //! | [`MIN_LARGE_ALLOC`] | 10 MiB | from here on a segment is the request rounded to [`ROUND_LARGE`] |
 //! | [`ROUND_LARGE`] | 2 MiB | rounding of large segments |
 
-use crate::config::Config;
-
 /// Every block size is a multiple of this.
 pub const MIN_BLOCK: u64 = 512;
 /// Largest request served by the small pool.
@@ -37,6 +35,7 @@ pub const MAX_REQUEST: u64 = 1 << 48;
 
 /// Which of the two pools a block belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum PoolKind {
     /// Requests up to [`SMALL_SIZE`].
     Small,
@@ -70,12 +69,13 @@ pub fn round_up(x: u64, to: u64) -> u64 {
 }
 
 /// Rounds a request the way PyTorch's `round_size` does: at least 512 B, then either to the next
-/// power-of-two division (when `roundup_power2_divisions` asks for it) or to a multiple of 512 B.
-pub fn round_size(size: u64, cfg: &Config) -> u64 {
+/// of `divisions` power-of-two divisions (when `roundup_power2_divisions` asks for more than one
+/// in the request's interval: [`crate::config::PoolConfig::round_size`]) or to a multiple of
+/// 512 B.
+pub fn round_size(size: u64, divisions: u64) -> u64 {
     if size < MIN_BLOCK {
         return MIN_BLOCK;
     }
-    let divisions = cfg.divisions_for(size);
     if divisions > 1 && size > MIN_BLOCK.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {

@@ -22,6 +22,7 @@ use cudalloc_sys::StreamId;
 
 /// What a block is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BlockState {
     /// Handed out to a caller.
     Allocated,

@@ -88,6 +88,7 @@ impl SharedPeak {
 
 /// Index into a [`StatArray`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatType {
     /// All pools together.
     All = 0,

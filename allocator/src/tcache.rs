@@ -38,8 +38,7 @@
 
 use crate::error::AllocError;
 use crate::live::{Entry, LiveMap, Marked};
-use crate::pool::Allocation;
-use crate::sizes::PoolKind;
+use crate::pool::Handle;
 use crate::sync::Ordering;
 use crate::sync::{thread_local, Arc, AtomicBool, AtomicUsize, IdCounter, Mutex};
 use std::cell::RefCell;
@@ -63,7 +62,7 @@ fn fresh_id() -> u64 {
 /// token, and send it to its pool.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Cached {
-    pub alloc: Allocation,
+    pub alloc: Handle,
     pub block_size: u64,
     pub token: u64,
 }
@@ -210,46 +209,6 @@ thread_local! {
     static MINE: RefCell<Vec<Mine>> = RefCell::new(Vec::new());
 }
 
-/// What the caches hold, per pool: blocks, block bytes, requested bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Totals {
-    /// Blocks in the small pool / large pool.
-    pub blocks: [u64; 2],
-    /// Their block bytes.
-    pub bytes: [u64; 2],
-    /// Their requested bytes.
-    pub requested: [u64; 2],
-}
-
-impl Totals {
-    pub(crate) fn add(&mut self, e: &Entry) {
-        let p = usize::from(e.pool == PoolKind::Large);
-        self.blocks[p] += 1;
-        self.bytes[p] += e.block_size;
-        self.requested[p] += e.alloc.size;
-    }
-
-    pub(crate) fn sub(&mut self, e: &Entry) {
-        let p = usize::from(e.pool == PoolKind::Large);
-        self.blocks[p] -= 1;
-        self.bytes[p] -= e.block_size;
-        self.requested[p] -= e.alloc.size;
-    }
-
-    pub(crate) fn merge(&mut self, o: &Totals) {
-        for p in 0..2 {
-            self.blocks[p] += o.blocks[p];
-            self.bytes[p] += o.bytes[p];
-            self.requested[p] += o.requested[p];
-        }
-    }
-
-    /// No block counted.
-    pub fn is_empty(&self) -> bool {
-        self.blocks == [0, 0]
-    }
-}
-
 /// The thread caches of one allocator.
 pub(crate) struct Caches {
     id: u64,
@@ -333,13 +292,13 @@ impl Caches {
     }
 
     /// Takes back a block this thread cached for exactly `size` bytes on `stream`.
-    pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Allocation> {
+    pub fn take(&self, live: &LiveMap, size: u64, stream: u64) -> Option<Handle> {
         self.with_mine(|c| {
             while let Some(e) = c.take(size, stream) {
                 if live.claim(e.alloc.ptr, e.token) {
                     // A new handout: its handle carries the token (`LiveMap::claim`), so the
                     // handle of the free that cached it is stale now.
-                    return Some(Allocation {
+                    return Some(Handle {
                         serial: e.token,
                         ..e.alloc
                     });
@@ -355,7 +314,7 @@ impl Caches {
     pub fn put(
         &self,
         live: &LiveMap,
-        a: &Allocation,
+        a: &Handle,
         mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
     ) -> Result<bool, AllocError> {
         let (max, lim) = (self.max_cached_block(), self.limits);

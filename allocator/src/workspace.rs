@@ -199,6 +199,7 @@ pub fn lt_workspace_bytes(value: Option<&str>) -> Result<u64, WorkspaceConfigErr
 
 /// Why a [`CublasHandle`] could not be made or moved.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum WorkspaceError {
     /// A workspace variable is malformed.
     Config(WorkspaceConfigError),

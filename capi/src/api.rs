@@ -116,7 +116,7 @@ pub(crate) fn malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_
             kind: malloc_error_kind(&e),
             message: format!("cudalloc_malloc({size} bytes, device {device}): {e}"),
         })?;
-        Ok(Some(a.ptr as usize as *mut c_void))
+        Ok(Some(a.ptr() as usize as *mut c_void))
     });
     p.unwrap_or_else(|| {
         report_malloc_failure();

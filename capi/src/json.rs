@@ -183,7 +183,7 @@ mod tests {
             .filter(|b| b["state"] == "allocated")
             .collect();
         assert_eq!(live.len(), 1);
-        assert_eq!(live[0]["addr"], a.ptr);
+        assert_eq!(live[0]["addr"], a.ptr());
         assert_eq!(live[0]["requested"], 3 << 20);
         assert_eq!(live[0]["stream"], 5);
         assert!(segs.iter().any(|g| g["pool"] == "small"));
@@ -197,6 +197,7 @@ mod tests {
         );
         let keep = alloc.allocate(1000, StreamId(5)).unwrap();
         let cached = alloc.allocate(3000, StreamId(5)).unwrap();
+        let cached_ptr = cached.ptr();
         alloc.free(cached).unwrap();
         let s: Value = serde_json::from_str(&snapshot(&alloc, Policy::Default, 0)).unwrap();
         let segs = s["segments"].as_array().unwrap();
@@ -204,8 +205,8 @@ mod tests {
             let mut blocks = segs.iter().flat_map(|g| g["blocks"].as_array().unwrap());
             blocks.find(|b| b["addr"] == ptr).unwrap()["state"].clone()
         };
-        assert_eq!(state(keep.ptr), "allocated");
-        assert_eq!(state(cached.ptr), "thread_cached");
+        assert_eq!(state(keep.ptr()), "allocated");
+        assert_eq!(state(cached_ptr), "thread_cached");
         let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (0, 0))).unwrap();
         assert_eq!(v["allocation.all.current"], 1);
         assert_eq!(v["thread_cache"]["blocks"], 1);

@@ -36,15 +36,15 @@ pub const LARGE: i32 = 1;
 pub const EXPANDABLE: i32 = 2;
 
 /// A block's state as the C ABI numbers it (`CUDALLOC_BLOCK_*`). Unmapped addresses are never
-/// blocks of this document (0 is no state).
+/// blocks of this document (0 is no state, also given to a state this ABI does not number yet).
 pub fn state_code(state: BlockState) -> i32 {
     match state {
-        BlockState::Unmapped => 0,
         BlockState::Allocated => 1,
         BlockState::PendingEvents => 2,
         BlockState::Free => 3,
         BlockState::Releasing => 4,
         BlockState::ThreadCached => 5,
+        _ => 0,
     }
 }
 

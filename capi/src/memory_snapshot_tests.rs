@@ -60,13 +60,14 @@ fn fixed_segments_are_reported_whole_with_their_blocks() {
     let big = a.allocate(3 << 20, S).unwrap();
     let small = a.allocate(1000, S).unwrap();
     let gone = a.allocate(2000, S).unwrap();
+    let gone_ptr = gone.ptr();
     a.free(gone).unwrap();
     let r = records(&a, (0, 0));
     assert_eq!(r.segments.len(), 2);
-    assert_eq!(block(&r, big.ptr).state, 1);
-    assert_eq!(block(&r, big.ptr).requested, 3 << 20);
-    assert_eq!(block(&r, small.ptr).state, 1);
-    assert_eq!(block(&r, gone.ptr).state, 3, "freed: free");
+    assert_eq!(block(&r, big.ptr()).state, 1);
+    assert_eq!(block(&r, big.ptr()).requested, 3 << 20);
+    assert_eq!(block(&r, small.ptr()).state, 1);
+    assert_eq!(block(&r, gone_ptr).state, 3, "freed: free");
     assert!(r.segments.iter().all(|s| s.stream == 5 && s.pool == (0, 0)));
     let mut flags: Vec<i32> = r.segments.iter().map(|s| s.flags).collect();
     flags.sort_unstable();
@@ -79,6 +80,7 @@ fn an_expandable_segment_is_one_segment_per_mapped_run() {
     let x = a.allocate(40 << 20, S).unwrap();
     let y = a.allocate(40 << 20, S).unwrap();
     let z = a.allocate(40 << 20, S).unwrap();
+    let y_ptr = y.ptr();
     a.free(y).unwrap();
     a.empty_cache().unwrap();
     let r = records(&a, (0, 0));
@@ -89,10 +91,10 @@ fn an_expandable_segment_is_one_segment_per_mapped_run() {
         2,
         "the unmapped hole splits the range: {large:?}"
     );
-    assert_eq!(block(&r, x.ptr).state, 1);
-    assert_eq!(block(&r, z.ptr).state, 1);
+    assert_eq!(block(&r, x.ptr()).state, 1);
+    assert_eq!(block(&r, z.ptr()).state, 1);
     assert!(
-        r.blocks.iter().all(|b| b.address != y.ptr),
+        r.blocks.iter().all(|b| b.address != y_ptr),
         "unmapped: in no segment"
     );
 }
@@ -102,11 +104,12 @@ fn a_thread_cached_block_is_neither_allocated_nor_active() {
     let a = alloc("policy:default");
     let keep = a.allocate(1000, S).unwrap();
     let cached = a.allocate(3000, S).unwrap();
+    let cached_ptr = cached.ptr();
     a.free(cached).unwrap();
     let r = records(&a, (0, 0));
-    assert_eq!(block(&r, keep.ptr).state, 1);
-    assert_eq!(block(&r, cached.ptr).state, 5);
-    assert_eq!(block(&r, cached.ptr).requested, 3000);
+    assert_eq!(block(&r, keep.ptr()).state, 1);
+    assert_eq!(block(&r, cached_ptr).state, 5);
+    assert_eq!(block(&r, cached_ptr).requested, 3000);
 }
 
 #[test]
@@ -126,8 +129,8 @@ fn segments_of_several_allocators_carry_their_pools_in_address_order() {
             .find(|s| (s.address..s.address + s.total_size).contains(&ptr));
         s.unwrap().pool
     };
-    assert_eq!(owner(a.ptr), (0, 0));
-    assert_eq!(owner(b.ptr), (0, 7));
+    assert_eq!(owner(a.ptr()), (0, 0));
+    assert_eq!(owner(b.ptr()), (0, 7));
     assert!(r.segments.windows(2).all(|w| w[0].address < w[1].address));
 }
 

@@ -66,7 +66,7 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
                     f.message
                 ),
             })?;
-        Ok(a.ptr as usize as *mut c_void)
+        Ok(a.ptr() as usize as *mut c_void)
     })
 }
 

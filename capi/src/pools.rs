@@ -328,7 +328,7 @@ mod tests {
 
     fn open() -> Result<CachingAllocator<SimDevice>, String> {
         let cfg = pool_config(&Config::parse("policy:default").unwrap());
-        assert_eq!(cfg.policy, cudalloc_core::Policy::TorchExpandable);
+        assert_eq!(cfg.policy(), cudalloc_core::Policy::TorchExpandable);
         Ok(CachingAllocator::new(
             SimDevice::new(SimConfig::default()),
             cfg,
@@ -351,8 +351,8 @@ mod tests {
         let a = pools.allocate(GRAPH, 3 << 20, S).unwrap();
         let b = pools.allocate(GRAPH, 1000, S).unwrap();
         assert_eq!(pools.live_allocations(GRAPH).unwrap().len(), 2);
-        pools.with_owner(b.ptr, |p| p.free_ptr(b.ptr)).unwrap();
-        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr]);
+        pools.with_owner(b.ptr(), |p| p.free_ptr(b.ptr())).unwrap();
+        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr()]);
         assert!(matches!(
             pools.with_owner(0xdead, |p| p.free_ptr(0xdead)),
             Err(AllocError::NotAllocated(0xdead))
@@ -387,7 +387,7 @@ mod tests {
         );
         assert!(pools.empty_retired(None).unwrap());
         assert_eq!(pools.counts(), (0, 1), "kept while live");
-        pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
+        pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
         assert!(pools.empty_retired(Some(GRAPH)).unwrap());
         assert_eq!(pools.counts(), (0, 0), "dropped once nothing is live");
         let mut after = vec![0i64; TORCH_VALUES];
@@ -412,7 +412,7 @@ mod tests {
         pools.acquire((0, 2), open).unwrap();
         for id in [(0, 1), (0, 2)] {
             let a = pools.allocate(id, 1 << 20, S).unwrap();
-            pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
+            pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
             pools.release(id).unwrap();
         }
         let held = reserved(&pools);
@@ -452,7 +452,7 @@ mod tests {
             .acquire(GRAPH, || panic!("the retired pool comes back"))
             .unwrap();
         assert_eq!(pools.counts(), (1, 0));
-        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr]);
+        assert_eq!(pools.live_allocations(GRAPH).unwrap(), vec![a.ptr()]);
     }
 
     #[test]
@@ -461,12 +461,12 @@ mod tests {
         pools.acquire((0, 1), open).unwrap();
         pools.acquire((0, 2), open).unwrap();
         let a = pools.allocate((0, 1), 1 << 20, S).unwrap();
-        pools.with_owner(a.ptr, |p| p.free_ptr(a.ptr)).unwrap();
+        pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
         let b = pools.allocate((0, 2), 1 << 20, S).unwrap();
         assert!(pools.live_allocations((0, 1)).unwrap().is_empty());
-        assert_eq!(pools.live_allocations((0, 2)).unwrap(), vec![b.ptr]);
+        assert_eq!(pools.live_allocations((0, 2)).unwrap(), vec![b.ptr()]);
         let c = pools.allocate((0, 1), 1 << 20, S).unwrap();
-        assert_eq!(c.ptr, a.ptr, "a pool reuses its own freed memory");
+        assert_eq!(c.ptr(), a.ptr(), "a pool reuses its own freed memory");
     }
 
     #[test]
@@ -488,7 +488,7 @@ mod tests {
         let blocks = snaps[0].1.segments.iter().flat_map(|s| &s.blocks);
         assert!(blocks
             .into_iter()
-            .any(|b| b.addr == a.ptr && b.state == BlockState::Allocated));
+            .any(|b| b.addr == a.ptr() && b.state == BlockState::Allocated));
     }
 
     #[test]
@@ -498,10 +498,7 @@ mod tests {
             "policy:torch-expandable,max_split_size_mb:64",
         ] {
             let device = Config::parse(p).unwrap();
-            let want = Config {
-                thread_cache: Some(false),
-                ..device.clone()
-            };
+            let want = Config::parse_onto(device.clone(), "thread_cache:False").unwrap();
             assert_eq!(pool_config(&device), want);
         }
     }

@@ -154,7 +154,7 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
             .map_err(|e| format!("cannot open CUDA device {ordinal}: {e}"))?;
         Ok(Dev {
             alloc: CachingAllocator::new(dev, cfg.clone()),
-            policy: cfg.policy,
+            policy: cfg.policy(),
             ordinal,
             config: cfg.clone(),
             pools: Pools::default(),

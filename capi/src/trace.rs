@@ -307,7 +307,7 @@ mod tests {
         let s = StreamId(7);
         let before = t.allocate(&alloc, 1000, s).unwrap();
         let gone = t.allocate(&alloc, 3000, s).unwrap();
-        t.free(&alloc, gone.ptr).unwrap();
+        t.free(&alloc, gone.ptr()).unwrap();
         t.start(&path, Some(&alloc)).unwrap();
         assert!(t.is_recording());
         assert!(t
@@ -320,15 +320,15 @@ mod tests {
             t.allocate(&alloc, 1 << 50, s).is_err(),
             "more than any device holds"
         );
-        t.free(&alloc, before.ptr).unwrap();
-        t.free(&alloc, a.ptr).unwrap();
+        t.free(&alloc, before.ptr()).unwrap();
+        t.free(&alloc, a.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         assert!(!t.is_recording());
         let after = t.allocate(&alloc, 10, s).unwrap();
-        t.free(&alloc, after.ptr).unwrap();
+        t.free(&alloc, after.ptr()).unwrap();
         let l = lines(&path);
         assert_eq!(l[0], cudalloc_core::record::csv::HEADER);
-        assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr));
+        assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr()));
         let actions: Vec<&str> = l[1..]
             .iter()
             .map(|x| x.split(',').next().unwrap())
@@ -367,16 +367,16 @@ mod tests {
         let s = StreamId(7);
         let keep = t.allocate(&alloc, 1000, s).unwrap();
         let cached = t.allocate(&alloc, 3000, s).unwrap();
-        t.free(&alloc, cached.ptr).unwrap();
+        t.free(&alloc, cached.ptr()).unwrap();
         t.start(&path, Some(&alloc)).unwrap();
         let again = t.allocate(&alloc, 3000, s).unwrap();
-        assert_eq!(again.ptr, cached.ptr, "a thread-cache hit");
-        t.free(&alloc, again.ptr).unwrap();
-        t.free(&alloc, keep.ptr).unwrap();
+        assert_eq!(again.ptr(), cached.ptr(), "a thread-cache hit");
+        t.free(&alloc, again.ptr()).unwrap();
+        t.free(&alloc, keep.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         let l = lines(&path);
-        assert_eq!(l[1], format!("alloc,{},1000,7,0", keep.ptr));
-        assert!(l[2].starts_with(&format!("alloc,{},3000,7,", cached.ptr)));
+        assert_eq!(l[1], format!("alloc,{},1000,7,0", keep.ptr()));
+        assert!(l[2].starts_with(&format!("alloc,{},3000,7,", cached.ptr())));
         assert_eq!(l.len(), 7, "{l:?}");
         assert_eq!(read(&path).unwrap().anomalies, Default::default());
         std::fs::remove_dir_all(&dir).unwrap();
@@ -391,7 +391,7 @@ mod tests {
         let t = Tracer::new();
         t.start::<SimDevice>(&path, None).unwrap();
         let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-        t.free(&alloc, a.ptr).unwrap();
+        t.free(&alloc, a.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
@@ -421,7 +421,7 @@ mod tests {
         t.start::<SimDevice>(path, None)?;
         for _ in 0..100 {
             let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-            t.free(&alloc, a.ptr).unwrap();
+            t.free(&alloc, a.ptr()).unwrap();
         }
         t.stop(Some(&alloc))
     }
@@ -489,20 +489,20 @@ mod tests {
         let (s1, s2) = (StreamId(1), StreamId(2));
         t.start::<std::sync::Arc<SimDevice>>(&path, None).unwrap();
         let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        t.record_stream(&alloc, a.ptr, s2).unwrap();
-        t.free(&alloc, a.ptr).unwrap();
+        t.record_stream(&alloc, a.ptr(), s2).unwrap();
+        t.free(&alloc, a.ptr()).unwrap();
         let b = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        assert_ne!(b.ptr, a.ptr, "the block waits for stream 2");
-        t.free(&alloc, b.ptr).unwrap();
+        assert_ne!(b.ptr(), a.ptr(), "the block waits for stream 2");
+        t.free(&alloc, b.ptr()).unwrap();
         sim.complete_stream(s2);
         let c = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        t.free(&alloc, c.ptr).unwrap();
+        t.free(&alloc, c.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         let events: Vec<String> = lines(&path)[1..]
             .iter()
             .map(|l| {
                 let f: Vec<&str> = l.split(',').collect();
-                let who = if f[1] == a.ptr.to_string() {
+                let who = if f[1] == a.ptr().to_string() {
                     "a"
                 } else {
                     "other"
@@ -550,7 +550,7 @@ mod tests {
         t.start::<SimDevice>(Path::new("/dev/full"), None).unwrap();
         for _ in 0..5_000 {
             let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-            t.free(&alloc, a.ptr).unwrap();
+            t.free(&alloc, a.ptr()).unwrap();
         }
         let e = t.stop(Some(&alloc)).unwrap_err();
         assert!(e.contains("writing the trace to /dev/full failed"), "{e}");

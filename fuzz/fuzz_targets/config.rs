@@ -8,7 +8,7 @@
 
 #![no_main]
 
-use cudalloc::sizes::round_size;
+use cudalloc::config::PolicyConfig;
 use cudalloc::{Config, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use libfuzzer_sys::fuzz_target;
@@ -34,28 +34,40 @@ const SIZES: [u64; 14] = [
 
 fn check_ranges(c: &Config) {
     assert!(
-        c.max_split_size >= 20 * MIB,
+        c.pool().max_split_size >= 20 * MIB,
         "max_split_size {}",
-        c.max_split_size
+        c.pool().max_split_size
     );
-    assert!(c.max_non_split_rounding >= 20 * MIB);
-    let g = c.garbage_collection_threshold;
+    assert!(c.pool().max_non_split_rounding >= 20 * MIB);
+    let g = c.pool().garbage_collection_threshold;
     assert!((0.0..1.0).contains(&g), "garbage_collection_threshold {g}");
-    let f = c.fragmentation_budget;
-    assert!((0.0..=1.0).contains(&f), "fragmentation_budget {f}");
-    assert!(
-        c.max_chunk >= 2 * MIB && c.max_chunk.is_multiple_of(MIB),
-        "max_chunk {}",
-        c.max_chunk
+    if let PolicyConfig::Default(d) = c.policy_config() {
+        let f = d.fragmentation_budget;
+        assert!((0.0..=1.0).contains(&f), "fragmentation_budget {f}");
+        assert!(
+            d.max_chunk >= 2 * MIB && d.max_chunk.is_multiple_of(MIB),
+            "max_chunk {}",
+            d.max_chunk
+        );
+    }
+    assert_eq!(
+        Config::new(
+            c.policy_config().clone(),
+            c.pool().clone(),
+            c.front().clone()
+        )
+        .as_ref(),
+        Ok(c),
+        "a parsed config passes the checks of one built in code"
     );
-    for d in c.roundup_power2_divisions {
+    for d in c.pool().roundup_power2_divisions {
         assert!(d == 0 || d.is_power_of_two(), "division {d}");
     }
 }
 
 fn check_rounding(c: &Config) {
     for size in SIZES {
-        let r = round_size(size, c);
+        let r = c.pool().round_size(size);
         assert!(
             r >= size && r.is_multiple_of(512) && r >= 512,
             "round_size({size}) = {r}"
@@ -78,7 +90,7 @@ fn drive_pool(c: &Config) {
         }
         pool.check_invariants().unwrap();
     }
-    for a in &live {
+    for a in live {
         pool.free(a).unwrap();
         pool.check_invariants().unwrap();
     }

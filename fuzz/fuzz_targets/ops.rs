@@ -22,8 +22,8 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use cudalloc::sizes::{round_size, MAX_REQUEST};
-use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
+use cudalloc::sizes::MAX_REQUEST;
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, InvariantError, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
@@ -109,17 +109,17 @@ impl Target {
         }
     }
 
-    fn free(&mut self, a: &Allocation) -> Result<(), AllocError> {
+    fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
         match self {
             Target::Pool(p) => p.free(a),
-            Target::Front(f) => f.free(*a),
+            Target::Front(f) => f.free(a),
         }
     }
 
     fn record_stream(&mut self, a: &Allocation, stream: StreamId) -> Result<(), AllocError> {
         match self {
-            Target::Pool(p) => p.record_stream(a.block, a.ptr, stream),
-            Target::Front(f) => f.record_stream(a.ptr, stream),
+            Target::Pool(p) => p.record_stream(a, stream),
+            Target::Front(f) => f.record_stream(a.ptr(), stream),
         }
     }
 
@@ -151,7 +151,7 @@ impl Target {
         }
     }
 
-    fn check_invariants(&self) -> Result<(), String> {
+    fn check_invariants(&self) -> Result<(), InvariantError> {
         match self {
             Target::Pool(p) => p.check_invariants(),
             Target::Front(f) => f.check_invariants(),
@@ -169,8 +169,8 @@ impl Target {
     /// Bytes the block behind `a` spans (the rounded request when the block is not visible).
     fn span(&self, a: &Allocation, cfg: &Config) -> u64 {
         match self {
-            Target::Pool(p) => p.block(a.block).map_or(0, |b| b.size),
-            Target::Front(_) => round_size(a.size, cfg),
+            Target::Pool(p) => p.block(a.block()).map_or(0, |b| b.size),
+            Target::Front(_) => cfg.pool().round_size(a.size()),
         }
     }
 }
@@ -228,10 +228,10 @@ impl Run {
             }
             Op::RecordStream { pick, stream } => {
                 if let Some(i) = self.pick(*pick) {
-                    let a = self.live[i];
                     let s = StreamId(u64::from(stream % STREAMS));
+                    let a = &self.live[i];
                     self.target
-                        .record_stream(&a, s)
+                        .record_stream(a, s)
                         .expect("record_stream of a live allocation");
                 }
             }
@@ -262,32 +262,35 @@ impl Run {
                 if self.freed.is_empty() {
                     return;
                 }
-                let a = self.freed[*pick as usize % self.freed.len()];
-                if self.live.iter().any(|l| l.ptr == a.ptr) {
+                // A second handle to a freed allocation, which only the `testing` feature makes.
+                let a = self.freed[*pick as usize % self.freed.len()].duplicate();
+                let ptr = a.ptr();
+                if self.live.iter().any(|l| l.ptr() == ptr) {
                     return; // the address was handed out again: a free by it is legitimate
                 }
-                assert_eq!(
-                    self.target.free(&a),
-                    Err(AllocError::NotAllocated(a.ptr)),
-                    "double free"
-                );
                 let r = self.target.record_stream(&a, StreamId(1));
                 assert_eq!(
                     r,
-                    Err(AllocError::NotAllocated(a.ptr)),
+                    Err(AllocError::NotAllocated(ptr)),
                     "record_stream after free"
+                );
+                assert_eq!(
+                    self.target.free(a),
+                    Err(AllocError::NotAllocated(ptr)),
+                    "double free"
                 );
             }
             Op::ForeignPointer { pick } => {
                 if let Some(i) = self.pick(*pick) {
-                    let mut a = self.live[i];
-                    a.ptr += 512;
-                    if self.live.iter().any(|l| l.ptr == a.ptr) {
+                    let l = &self.live[i];
+                    let ptr = l.ptr() + 512;
+                    let a = Allocation::forge(ptr, l.size(), l.stream(), l.block(), l.serial());
+                    if self.live.iter().any(|l| l.ptr() == ptr) {
                         return; // that address is another live allocation
                     }
-                    assert_eq!(self.target.free(&a), Err(AllocError::NotAllocated(a.ptr)));
                     let r = self.target.record_stream(&a, StreamId(1));
-                    assert_eq!(r, Err(AllocError::NotAllocated(a.ptr)));
+                    assert_eq!(r, Err(AllocError::NotAllocated(ptr)));
+                    assert_eq!(self.target.free(a), Err(AllocError::NotAllocated(ptr)));
                 }
             }
         }
@@ -296,8 +299,8 @@ impl Run {
     fn alloc(&mut self, size: u64, stream: StreamId) {
         match self.target.allocate(size, stream) {
             Ok(a) => {
-                assert_eq!(a.ptr % 512, 0, "allocation not 512-byte aligned");
-                assert_eq!((a.size, a.stream), (size, stream));
+                assert_eq!(a.ptr() % 512, 0, "allocation not 512-byte aligned");
+                assert_eq!((a.size(), a.stream()), (size, stream));
                 self.live.push(a);
             }
             Err(AllocError::OutOfMemory {
@@ -323,10 +326,11 @@ impl Run {
     }
 
     fn free(&mut self, i: usize) {
-        let a = self.live[i];
-        match self.target.free(&a) {
+        // A failed free leaves the allocation live: `live` keeps its handle until one succeeds.
+        let ptr = self.live[i].ptr();
+        match self.target.free(self.live[i].duplicate()) {
             Ok(()) => {
-                self.live.swap_remove(i);
+                let a = self.live.swap_remove(i);
                 if self.freed.len() == 16 {
                     self.freed.remove(0);
                 }
@@ -335,7 +339,7 @@ impl Run {
             Err(AllocError::Device(e)) => {
                 assert!(self.faulted, "free: device error with no fault: {e}")
             }
-            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr),
+            Err(e) => panic!("free({ptr:#x}): unexpected {e:?}"),
         }
     }
 
@@ -364,7 +368,7 @@ impl Run {
         let mut spans: Vec<(u64, u64)> = self
             .live
             .iter()
-            .map(|a| (a.ptr, self.target.span(a, &self.cfg)))
+            .map(|a| (a.ptr(), self.target.span(a, &self.cfg)))
             .collect();
         spans.sort_unstable();
         for w in spans.windows(2) {
@@ -379,7 +383,7 @@ impl Run {
         self.sim.clear_faults();
         self.target.set_limit(None);
         for a in std::mem::take(&mut self.live) {
-            self.target.free(&a).expect("free with faults cleared");
+            self.target.free(a).expect("free with faults cleared");
         }
         self.sim.complete_all();
         self.target

@@ -152,7 +152,7 @@ pub fn replay_all(t: &Trace, which: u8) {
 fn replay_checked(t: &Trace, policy: Policy) {
     let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(CAPACITY)));
     let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
-    let mut slots: Vec<Option<Allocation>> = vec![None; t.slots as usize];
+    let mut slots: Vec<Option<Allocation>> = (0..t.slots).map(|_| None).collect();
     for (i, op) in t.ops.iter().enumerate() {
         match *op {
             Op::Alloc { slot, stream, size } => {
@@ -166,7 +166,7 @@ fn replay_checked(t: &Trace, policy: Policy) {
             }
             Op::Free { slot } => {
                 if let Some(a) = slots[slot as usize].take() {
-                    pool.free(&a)
+                    pool.free(a)
                         .unwrap_or_else(|e| panic!("{policy:?} op {i}: free: {e:?}"));
                 }
             }
@@ -180,7 +180,7 @@ fn replay_checked(t: &Trace, policy: Policy) {
             "{policy:?} op {i}"
         );
     }
-    for a in slots.iter().flatten() {
+    for a in slots.into_iter().flatten() {
         pool.free(a).unwrap();
     }
     pool.empty_cache().unwrap();

@@ -13,9 +13,9 @@
 //! core, which also checks every block the policy hands out. The ns/op and Mlines/s columns
 //! time one replay each (the command times the median of warm replays).
 
+use cudalloc::policy::BlockId;
 use cudalloc::policy::{torch, Policy as Rules};
-use cudalloc::pool::block::BlockId;
-use cudalloc::pool::{Core, Request};
+use cudalloc::policy::{Core, Request};
 use cudalloc::{Config, Policy};
 use cudalloc_cli::report::{Report, Run};
 use cudalloc_cli::table::write_report;

@@ -43,7 +43,7 @@ struct Variant {
 }
 
 fn variants() -> Vec<Variant> {
-    let all = DefaultConfig::from(&Config::for_policy(Policy::Default));
+    let all = DefaultConfig::default();
     let mut out = vec![Variant {
         label: "(all on)".to_string(),
         cfg: all,

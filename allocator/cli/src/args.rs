@@ -136,7 +136,7 @@ impl ReplayArgs {
             let mut swept = Vec::new();
             for (s, used) in self.sweeps.iter().zip(&mut used) {
                 // A key only one policy reads is swept after its configurations only.
-                if only_reader(&s.key).is_some_and(|p| p != base.cfg.policy) {
+                if only_reader(&s.key).is_some_and(|p| p != base.cfg.policy()) {
                     continue;
                 }
                 *used = true;
@@ -301,7 +301,7 @@ impl Variant {
         Some(format!(
             "note: config '{given}' has no policy key: it runs the {} policy (labelled `{}`); \
              add policy:torch for PyTorch's rules",
-            self.cfg.policy.name(),
+            self.cfg.policy().name(),
             self.label
         ))
     }
@@ -364,7 +364,7 @@ fn parse_variant(s: &str) -> Result<Variant, String> {
     }
     // Without a `policy` key the string runs the `default` policy: the label says so, and
     // gives the same configuration (`expandable_segments` applies after the policy).
-    let config = format!("policy:{},{config}", cfg.policy.name());
+    let config = format!("policy:{},{config}", cfg.policy().name());
     Ok(Variant {
         label: config.clone(),
         cfg,
@@ -476,11 +476,16 @@ mod tests {
                 "policy:default,max_chunk_mb:8,max_split_size_mb:128",
             ]
         );
-        assert_eq!(v[1].cfg.max_split_size, 128 << 20);
-        assert_eq!(v[3].cfg.max_chunk, 8 << 20, "the base's keys are kept");
-        assert_eq!(v[3].cfg.max_split_size, 128 << 20);
+        assert_eq!(v[1].cfg.pool().max_split_size, 128 << 20);
+        let want = Config::parse("max_chunk_mb:8").unwrap();
         assert_eq!(
-            v[0].cfg.max_split_size,
+            v[3].cfg.policy_config(),
+            want.policy_config(),
+            "the base's keys are kept"
+        );
+        assert_eq!(v[3].cfg.pool().max_split_size, 128 << 20);
+        assert_eq!(
+            v[0].cfg.pool().max_split_size,
             u64::MAX,
             "the base itself is unchanged"
         );
@@ -498,7 +503,7 @@ mod tests {
         ])
         .variants()
         .expect("torch takes both");
-        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy).collect();
+        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy()).collect();
         assert_eq!(
             policies,
             [Policy::Torch, Policy::TorchExpandable, Policy::Torch]
@@ -573,7 +578,7 @@ mod tests {
         ])
         .variants()
         .expect("valid variants");
-        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy).collect();
+        let policies: Vec<_> = v.iter().map(|v| v.cfg.policy()).collect();
         assert_eq!(
             policies,
             [

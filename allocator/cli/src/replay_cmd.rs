@@ -175,21 +175,21 @@ fn check_distinct(variants: &[Variant]) -> Result<(), CliError> {
 /// Refuses the thread-cache keys: a replay (and `cudalloc stats`) drives the pool on one
 /// thread, without the thread caches of `CachingAllocator`, so they would change nothing.
 pub fn check_no_thread_cache_keys(v: &Variant) -> Result<(), CliError> {
-    let plain = Config::for_policy(v.cfg.policy);
+    let plain = Config::for_policy(v.cfg.policy());
     let c = &v.cfg;
     let keys = [
-        ("thread_cache", c.thread_cache.is_some()),
+        ("thread_cache", c.front().thread_cache.is_some()),
         (
             "thread_cache_mb",
-            c.thread_cache_bytes != plain.thread_cache_bytes,
+            c.front().thread_cache_bytes != plain.front().thread_cache_bytes,
         ),
         (
             "thread_cache_block_mb",
-            c.thread_cache_block != plain.thread_cache_block,
+            c.front().thread_cache_block != plain.front().thread_cache_block,
         ),
         (
             "thread_cache_large",
-            c.thread_cache_large != plain.thread_cache_large,
+            c.front().thread_cache_large != plain.front().thread_cache_large,
         ),
     ];
     match keys.iter().find(|k| k.1) {
@@ -209,7 +209,7 @@ const REPLAY_CAP: &str = "give --capacity or per_process_memory_fraction (or --m
 /// True when `v` sets `garbage_collection_threshold` (0, the key's absence, is refused by the
 /// config parser as a value).
 fn garbage_collected(v: &Variant) -> bool {
-    v.cfg.garbage_collection_threshold > 0.0
+    v.cfg.pool().garbage_collection_threshold > 0.0
 }
 
 /// Refuses `garbage_collection_threshold` where the replay would ignore it: the pool collects
@@ -221,11 +221,11 @@ pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Resu
         return Ok(());
     }
     let capped = capped || fraction_capped(v);
-    let why = if v.cfg.policy != Policy::Torch {
+    let why = if v.cfg.policy() != Policy::Torch {
         format!(
             "only the `torch` policy collects garbage (it frees whole cached segments, under a \
              memory cap); the policy here is `{}`, whose expandable segments it never frees",
-            v.cfg.policy.name()
+            v.cfg.policy().name()
         )
     } else if !capped {
         format!("the pool collects garbage only under a memory cap; {remedy}")
@@ -240,7 +240,7 @@ pub fn check_garbage_collection(v: &Variant, capped: bool, remedy: &str) -> Resu
 
 /// True when the configuration caps the pool itself (`per_process_memory_fraction` below 1).
 fn fraction_capped(v: &Variant) -> bool {
-    v.cfg.memory_fraction.is_some_and(|f| f < 1.0)
+    v.cfg.pool().memory_fraction.is_some_and(|f| f < 1.0)
 }
 
 /// Says that `garbage_collection_threshold` changes only the min capacity of a replay with

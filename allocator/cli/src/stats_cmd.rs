@@ -70,14 +70,14 @@ type Failure = Option<(usize, AllocError)>;
 /// failure.
 fn drive(mut pool: Pool<SimDevice>, t: &Trace) -> (Pool<SimDevice>, Failure) {
     let streams: Vec<StreamId> = t.streams.iter().map(|&s| StreamId(s)).collect();
-    let mut slots: Vec<Option<Allocation>> = vec![None; t.slots as usize];
+    let mut slots: Vec<Option<Allocation>> = (0..t.slots).map(|_| None).collect();
     for (i, op) in t.ops.iter().enumerate() {
         let done = match *op {
             Op::Alloc { slot, stream, size } => pool
                 .allocate(size, streams[stream as usize])
                 .map(|a| slots[slot as usize] = Some(a)),
             Op::Free { slot } => match slots[slot as usize].take() {
-                Some(a) => pool.free(&a),
+                Some(a) => pool.free(a),
                 None => Ok(()),
             },
         };

@@ -83,6 +83,7 @@ impl FrontRules {
     }
 
     /// Shard `i`'s crowding score.
+    #[cfg(test)]
     pub fn crowding(&self, i: usize) -> usize {
         self.crowd[i].load(Ordering::Relaxed)
     }

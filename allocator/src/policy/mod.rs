@@ -30,23 +30,25 @@
 //! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
 //!
 //! The three built-in policies are modules that read like their sources: [`torch`] and
-//! [`torch_expandable`] follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
+//! `torch_expandable` follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
 //! (its own module tree and state). [`Builtin`] picks one of them from a config, with static
 //! dispatch (a `match` per hook). A policy written in another crate implements [`Policy`] and
 //! runs in a [`Pool`](crate::Pool) through [`Pool::with_policy`](crate::Pool::with_policy);
-//! [`crate::CachingAllocator`] runs the built-in ones only. [`front`] holds the rules the
+//! [`crate::CachingAllocator`] runs the built-in ones only. `front` holds the rules the
 //! thread-safe front asks about its thread caches (which blocks skip them, when cached blocks go
 //! back before a pool grows).
 
 pub mod default;
-pub mod front;
+pub(crate) mod front;
 pub mod torch;
-pub mod torch_expandable;
+mod torch_expandable;
 
-use crate::config::{Config, Policy as Kind};
-use crate::pool::block::BlockId;
-use crate::pool::{Core, Request};
+use crate::pool::Observer;
 use cudalloc_sys::{Device, DeviceError};
+// What a policy works with: the core, the request, the blocks and the free index.
+pub use crate::pool::block::{Block, BlockId, NO_TAG};
+pub use crate::pool::index::FreeIndex;
+pub use crate::pool::{Core, Request};
 pub use default::{DefaultConfig, DefaultPolicy};
 pub use torch::Torch;
 pub use torch_expandable::TorchExpandable;
@@ -98,25 +100,51 @@ pub trait Policy {
     }
 }
 
+/// A built-in policy with its own settings: the rule set of a [`Config`](crate::Config)
+/// (`policy` key; [`PolicyConfig::policy`] names it). The PyTorch policies have no settings of
+/// their own: the ones they read are every policy's ([`PoolConfig`](crate::config::PoolConfig)).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum PolicyConfig {
+    /// [`torch`].
+    Torch,
+    /// `torch-expandable`.
+    TorchExpandable,
+    /// [`default`], with its settings.
+    Default(DefaultConfig),
+}
+
+/// Every policy hears what the core tells it through its hooks.
+impl<P: Policy> Observer for P {
+    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
+        self.on_tagged_free(core, id, tag);
+    }
+
+    fn segment_released(&mut self, segment: u32) {
+        self.on_segment_released(segment);
+    }
+}
+
 /// The built-in policy a config names.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per pool, and a box would cost an indirection per hook
+#[non_exhaustive]
 pub enum Builtin {
     /// [`torch`].
     Torch(Torch),
-    /// [`torch_expandable`].
+    /// `torch_expandable`.
     TorchExpandable(TorchExpandable),
     /// [`default`].
     Default(DefaultPolicy),
 }
 
 impl Builtin {
-    /// The policy `cfg.policy` names, with `cfg`'s settings.
-    pub fn new(cfg: &Config) -> Builtin {
-        match cfg.policy {
-            Kind::Torch => Builtin::Torch(Torch),
-            Kind::TorchExpandable => Builtin::TorchExpandable(TorchExpandable),
-            Kind::Default => Builtin::Default(DefaultPolicy::new(DefaultConfig::from(cfg))),
+    /// The policy `cfg` names, with its settings.
+    pub fn new(cfg: &PolicyConfig) -> Builtin {
+        match cfg {
+            PolicyConfig::Torch => Builtin::Torch(Torch),
+            PolicyConfig::TorchExpandable => Builtin::TorchExpandable(TorchExpandable),
+            PolicyConfig::Default(d) => Builtin::Default(DefaultPolicy::new(*d)),
         }
     }
 
@@ -128,7 +156,7 @@ impl Builtin {
         }
     }
 
-    /// True while a layout plan places large blocks (`default` only; see [`default::plan`]).
+    /// True while a layout plan places large blocks (`default` only; see `default::plan`).
     pub fn has_plan(&self) -> bool {
         self.as_default().is_some_and(DefaultPolicy::has_plan)
     }

@@ -131,8 +131,8 @@ pub fn release_available_cached_blocks<D: Device>(
     let stream = req.stream.0;
     let first = core.index(req.pool).at_least(stream, key).next();
     if let Some((_, id)) = first {
-        // Split blocks only exist below `max_split_size` when a `Config` built in code set
-        // it under the 20 MiB a parsed one must have: never release one of those.
+        // This step releases whole segments only: a split block is never released (with a
+        // valid `max_split_size`, at least 20 MiB, no split block reaches it anyway).
         if !core.blocks[id].is_expandable()
             && !core.blocks[id].is_split()
             && core.release_block(id)?

@@ -11,7 +11,7 @@
 use crate::sizes::PoolKind;
 use cudalloc_sys::StreamId;
 
-/// Index of a block in the [`Arena`].
+/// Index of a block in the `Arena`.
 pub type BlockId = u32;
 /// "No block".
 pub const NIL: BlockId = u32::MAX;
@@ -41,7 +41,7 @@ pub struct Block {
     pub allocated: bool,
     /// Backed by device memory (always true outside expandable segments).
     pub mapped: bool,
-    /// Index of the expandable segment, or [`NO_SEGMENT`].
+    /// Index of the expandable segment, or `NO_SEGMENT`.
     pub segment: u32,
     /// Stream events still pending before the block may return to its pool.
     pub event_count: u32,
@@ -53,7 +53,7 @@ pub struct Block {
     /// when the block returns to its pool, and tells the policy
     /// ([`crate::policy::Policy::on_tagged_free`]).
     pub tag: u64,
-    /// The handout it serves, while allocated ([`crate::pool::Allocation::serial`]).
+    /// The handout it serves, while allocated (`crate::pool::Handle::serial`).
     pub serial: u64,
     /// Free, out of the index, its pages to be unmapped once its stream's earlier work has
     /// completed (`pool::releasing`).
@@ -181,11 +181,6 @@ impl Arena {
     /// Number of live blocks.
     pub fn len(&self) -> usize {
         self.slots.len() - self.vacant.len()
-    }
-
-    /// True when no block lives.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -25,8 +25,8 @@
 
 use super::block::BlockId;
 use super::Core;
-use crate::error::AllocError;
-use crate::policy::Policy;
+use super::Observer;
+use crate::error::{AllocError, Invariant, InvariantError};
 use cudalloc_sys::{CaptureMode, Device, DeviceError};
 
 impl<D: Device> Core<D> {
@@ -43,7 +43,7 @@ impl<D: Device> Core<D> {
     /// the last, the events of blocks freed during the captures are recorded now. An end
     /// without a begin in that mode is refused. A failure to record leaves the capture counted
     /// and the blocks waiting (the next end tries again).
-    pub fn end_capture<P: Policy>(
+    pub(crate) fn end_capture<P: Observer>(
         &mut self,
         policy: &mut P,
         mode: CaptureMode,
@@ -73,34 +73,38 @@ impl<D: Device> Core<D> {
     }
 
     /// Forgets every capture (the pool is being dropped) and records the deferred events.
-    pub(crate) fn abandon_captures<P: Policy>(&mut self, policy: &mut P) -> Result<(), AllocError> {
+    pub(crate) fn abandon_captures<P: Observer>(
+        &mut self,
+        policy: &mut P,
+    ) -> Result<(), AllocError> {
         self.captures = 0;
         self.strict_captures = 0;
         self.record_deferred(policy)
     }
 
     /// The invariants of the module docs about captures.
-    pub(crate) fn check_captures(&self) -> Result<(), String> {
+    pub(crate) fn check_captures(&self) -> Result<(), InvariantError> {
+        let broke = |detail: String| Err(InvariantError::new(Invariant::Capture, detail));
         if self.captures == 0 && !self.deferred.is_empty() {
-            return Err(format!(
+            return broke(format!(
                 "{} deferred blocks and no capture",
                 self.deferred.len()
             ));
         }
         if self.strict_captures > self.captures {
-            return Err("more strict captures than captures".into());
+            return broke("more strict captures than captures".into());
         }
         match self.deferred.iter().find(|&&id| {
             let b = &self.blocks[id];
             b.allocated || b.event_count > 0 || b.stream_uses.is_empty()
         }) {
-            Some(&id) => Err(format!("deferred block {id} is not waiting")),
+            Some(&id) => broke(format!("deferred block {id} is not waiting")),
             None => Ok(()),
         }
     }
 
     /// Records the events of the blocks freed during captures, now that none is underway.
-    fn record_deferred<P: Policy>(&mut self, policy: &mut P) -> Result<(), AllocError> {
+    fn record_deferred<P: Observer>(&mut self, policy: &mut P) -> Result<(), AllocError> {
         while let Some(&id) = self.deferred.last() {
             self.insert_events(id)?;
             self.deferred.pop();

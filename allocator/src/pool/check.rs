@@ -2,7 +2,7 @@
 
 use super::block::{Block, BlockId, NIL, NO_SEGMENT};
 use super::{Core, Request};
-use crate::error::AllocError;
+use crate::error::{AllocError, Invariant, InvariantError};
 use crate::snapshot::{BlockInfo, BlockState, Excess, SegmentInfo, Snapshot};
 use cudalloc_sys::Device;
 
@@ -111,7 +111,7 @@ impl<D: Device> Core<D> {
     }
 
     /// Checks every invariant of the module documentation; the error says which one broke.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let snap = self.snapshot();
         for seg in &snap.segments {
             check_segment(seg)?;
@@ -121,15 +121,19 @@ impl<D: Device> Core<D> {
         self.check_expandable_mapping()?;
         let (got, want) = (snap.recorded(), snap.recompute());
         if got != want {
-            return Err(format!(
-                "statistics {got:?} differ from the snapshot's {want:?}"
+            return Err(InvariantError::new(
+                Invariant::Statistics,
+                format!("statistics {got:?} differ from the snapshot's {want:?}"),
             ));
         }
         let reserved = self.stats.reserved_bytes.0[0].current as u64;
         if reserved != self.reserved + self.strays {
-            return Err(format!(
-                "reserved_bytes {reserved} != held bytes {} + stray pages {}",
-                self.reserved, self.strays
+            return Err(InvariantError::new(
+                Invariant::Reserved,
+                format!(
+                    "reserved_bytes {reserved} != held bytes {} + stray pages {}",
+                    self.reserved, self.strays
+                ),
             ));
         }
         self.check_pinning()?;
@@ -137,8 +141,9 @@ impl<D: Device> Core<D> {
         let counted = self.blocks.len();
         let chained: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
         if counted != chained {
-            return Err(format!(
-                "{counted} blocks exist but {chained} are reachable from segments"
+            return Err(InvariantError::new(
+                Invariant::Reachable,
+                format!("{counted} blocks exist but {chained} are reachable from segments"),
             ));
         }
         Ok(())
@@ -146,36 +151,40 @@ impl<D: Device> Core<D> {
 
     /// The units [`Core::pinning`] lists hold exactly the pinned bytes of [`Core::excess`],
     /// each beside a block in use and none wholly free.
-    fn check_pinning(&self) -> Result<(), String> {
+    fn check_pinning(&self) -> Result<(), InvariantError> {
         let units = self.pinning();
         let pinned: u64 = units.iter().map(|u| u.pinned).sum();
         let e = self.excess();
         if pinned != e.pinned {
-            return Err(format!(
-                "pinning lists {pinned} bytes, the breakdown {}",
-                e.pinned
+            return Err(InvariantError::new(
+                Invariant::Pinning,
+                format!("pinning lists {pinned} bytes, the breakdown {}", e.pinned),
             ));
         }
         match units
             .iter()
             .find(|u| u.holders == 0 || u.pinned == 0 || u.pinned >= u.size)
         {
-            Some(u) => Err(format!(
-                "pinned unit {u:?} is empty, wholly free or held by nothing"
+            Some(u) => Err(InvariantError::new(
+                Invariant::Pinning,
+                format!("pinned unit {u:?} is empty, wholly free or held by nothing"),
             )),
             None => Ok(()),
         }
     }
 
-    fn check_indexes(&self) -> Result<(), String> {
+    fn check_indexes(&self) -> Result<(), InvariantError> {
         let mut free = 0;
         let mut unmapped = 0;
         for (_, b) in self.blocks.iter() {
             let idle = !b.allocated && !b.waits() && !b.releasing;
             if b.releasing && (b.allocated || !b.mapped || !b.is_expandable()) {
-                return Err(format!(
-                    "releasing block {:#x} is allocated, unmapped or fixed",
-                    b.addr
+                return Err(InvariantError::new(
+                    Invariant::Index,
+                    format!(
+                        "releasing block {:#x} is allocated, unmapped or fixed",
+                        b.addr
+                    ),
                 ));
             }
             if idle && b.mapped {
@@ -183,44 +192,50 @@ impl<D: Device> Core<D> {
             } else if idle {
                 unmapped += 1;
             } else if !b.mapped {
-                return Err(format!("block {:#x} is in use but unmapped", b.addr));
+                return Err(InvariantError::new(
+                    Invariant::Index,
+                    format!("block {:#x} is in use but unmapped", b.addr),
+                ));
             }
             if idle && b.tag != super::block::NO_TAG {
-                return Err(format!(
-                    "free block {:#x} still carries a policy tag",
-                    b.addr
+                return Err(InvariantError::new(
+                    Invariant::Index,
+                    format!("free block {:#x} still carries a policy tag", b.addr),
                 ));
             }
             if b.size % crate::sizes::MIN_BLOCK != 0 {
-                return Err(format!(
-                    "block {:#x} has size {} (not a multiple of 512)",
-                    b.addr, b.size
+                return Err(InvariantError::new(
+                    Invariant::Index,
+                    format!(
+                        "block {:#x} has size {} (not a multiple of 512)",
+                        b.addr, b.size
+                    ),
                 ));
             }
         }
         let indexed = self.small.free_len() + self.large.free_len();
         let indexed_unmapped = self.small.unmapped_len() + self.large.unmapped_len();
         if indexed != free || indexed_unmapped != unmapped {
-            return Err(format!(
+            return Err(InvariantError::new(Invariant::Index, format!(
                 "index holds {indexed} free / {indexed_unmapped} unmapped blocks, blocks say {free} / {unmapped}"
-            ));
+            )));
         }
         Ok(())
     }
 
-    fn check_expandable_mapping(&self) -> Result<(), String> {
+    fn check_expandable_mapping(&self) -> Result<(), InvariantError> {
         for (_, b) in self
             .blocks
             .iter()
             .filter(|(_, b)| b.is_expandable() && b.mapped)
         {
-            let seg = self.segments[b.segment as usize]
-                .as_ref()
-                .ok_or("block of a released segment")?;
+            let seg = self.segments[b.segment as usize].as_ref().ok_or_else(|| {
+                InvariantError::new(Invariant::Mapping, "block of a released segment")
+            })?;
             if !seg.is_mapped(b.addr, b.size) {
-                return Err(format!(
-                    "mapped block {:#x}+{} is not fully mapped",
-                    b.addr, b.size
+                return Err(InvariantError::new(
+                    Invariant::Mapping,
+                    format!("mapped block {:#x}+{} is not fully mapped", b.addr, b.size),
                 ));
             }
         }
@@ -228,29 +243,38 @@ impl<D: Device> Core<D> {
     }
 }
 
-fn check_segment(seg: &SegmentInfo) -> Result<(), String> {
+fn check_segment(seg: &SegmentInfo) -> Result<(), InvariantError> {
     let mut at = seg.addr;
     let mut prev_free = false;
     let mut prev_unmapped = false;
     for b in &seg.blocks {
         if b.addr != at {
-            return Err(format!(
-                "segment {:#x}: block at {:#x}, expected {:#x}",
-                seg.addr, b.addr, at
+            return Err(InvariantError::new(
+                Invariant::Tiling,
+                format!(
+                    "segment {:#x}: block at {:#x}, expected {:#x}",
+                    seg.addr, b.addr, at
+                ),
             ));
         }
         let free = b.state == BlockState::Free;
         if free && prev_free {
-            return Err(format!(
-                "segment {:#x}: two free neighbours at {:#x}",
-                seg.addr, b.addr
+            return Err(InvariantError::new(
+                Invariant::Merged,
+                format!(
+                    "segment {:#x}: two free neighbours at {:#x}",
+                    seg.addr, b.addr
+                ),
             ));
         }
         let unmapped = b.state == BlockState::Unmapped;
         if unmapped && prev_unmapped {
-            return Err(format!(
-                "segment {:#x}: two unmapped neighbours at {:#x}",
-                seg.addr, b.addr
+            return Err(InvariantError::new(
+                Invariant::Merged,
+                format!(
+                    "segment {:#x}: two unmapped neighbours at {:#x}",
+                    seg.addr, b.addr
+                ),
             ));
         }
         prev_free = free;
@@ -258,22 +282,25 @@ fn check_segment(seg: &SegmentInfo) -> Result<(), String> {
         at += b.size;
     }
     if at != seg.addr + seg.size {
-        return Err(format!(
-            "segment {:#x}: blocks end at {:#x}, segment at {:#x}",
-            seg.addr,
-            at,
-            seg.addr + seg.size
+        return Err(InvariantError::new(
+            Invariant::Tiling,
+            format!(
+                "segment {:#x}: blocks end at {:#x}, segment at {:#x}",
+                seg.addr,
+                at,
+                seg.addr + seg.size
+            ),
         ));
     }
     Ok(())
 }
 
-fn check_no_overlap(segments: &[SegmentInfo]) -> Result<(), String> {
+fn check_no_overlap(segments: &[SegmentInfo]) -> Result<(), InvariantError> {
     for w in segments.windows(2) {
         if w[0].addr + w[0].size > w[1].addr {
-            return Err(format!(
-                "segments {:#x} and {:#x} overlap",
-                w[0].addr, w[1].addr
+            return Err(InvariantError::new(
+                Invariant::Overlap,
+                format!("segments {:#x} and {:#x} overlap", w[0].addr, w[1].addr),
             ));
         }
     }

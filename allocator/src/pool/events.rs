@@ -9,8 +9,8 @@
 
 use super::block::BlockId;
 use super::Core;
+use super::Observer;
 use crate::error::AllocError;
-use crate::policy::Policy;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 
 impl<D: Device> Core<D> {
@@ -76,7 +76,10 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns blocks whose events have all completed to their pools.
-    pub(crate) fn process_events<P: Policy>(&mut self, policy: &mut P) -> Result<(), DeviceError> {
+    pub(crate) fn process_events<P: Observer>(
+        &mut self,
+        policy: &mut P,
+    ) -> Result<(), DeviceError> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -96,7 +99,7 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
-    fn event_done<P: Policy>(&mut self, policy: &mut P, ev: EventHandle, id: BlockId) {
+    fn event_done<P: Observer>(&mut self, policy: &mut P, ev: EventHandle, id: BlockId) {
         self.spare_events.push(ev);
         let b = &mut self.blocks[id];
         b.event_count -= 1;
@@ -130,7 +133,7 @@ impl<D: Device> Core<D> {
 
     /// Waits for every pending event and returns their blocks to the pools (the caller counts
     /// the wait: [`Core::count_sync_all_streams`]).
-    pub(crate) fn synchronize_and_free_events<P: Policy>(
+    pub(crate) fn synchronize_and_free_events<P: Observer>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {

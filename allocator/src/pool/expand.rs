@@ -8,7 +8,7 @@
 use super::block::{Block, BlockId, NIL};
 use super::segment::{ExpSegment, Range};
 use super::Core;
-use crate::policy::Policy;
+use super::Observer;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
 use std::collections::BTreeMap;
@@ -338,7 +338,7 @@ impl<D: Device> Core<D> {
     /// Frees a segment whose single block is unmapped. A segment holding pages whose release
     /// failed after their unmap keeps its range until they are released (a later call tries
     /// them again).
-    pub(crate) fn release_expandable_segment<P: Policy>(
+    pub(crate) fn release_expandable_segment<P: Observer>(
         &mut self,
         policy: &mut P,
         id: BlockId,
@@ -361,7 +361,7 @@ impl<D: Device> Core<D> {
         self.device.unreserve(seg.va, seg.size)?;
         self.segments[seg_index] = None;
         // A later segment may get this index and these addresses.
-        policy.on_segment_released(seg_index as u32);
+        policy.segment_released(seg_index as u32);
         let b = self.blocks.remove(id);
         let removed = self.index(b.pool).remove_unmapped(&b);
         debug_assert!(removed);

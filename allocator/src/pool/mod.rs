@@ -4,8 +4,11 @@
 //! and large pools, the segments and the pages mapped into expandable ones, split and merge,
 //! every call to the device, the statistics, the snapshot and the invariant scan. It decides
 //! nothing: where a request goes, how a pool grows and what it gives back are for a policy to
-//! say ([`crate::policy::Policy`]), which [`Pool`] (the core and one policy) asks at each step of
-//! an allocation (`ladder`).
+//! say ([`crate::policy::Policy`]), which [`Pool`](crate::Pool) (the core and one policy, in
+//! `ladder`) asks at each step of an allocation. The core sits below the policies and the
+//! configuration: it reads only its own settings ([`config::PoolConfig`]) and tells its policy
+//! what happens to the blocks the policy tagged and the ranges it releases through
+//! [`Observer`], which every policy implements.
 //!
 //! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
@@ -18,37 +21,101 @@
 //! - bytes the device holds for this pool (pages whose release failed included) equal
 //!   `reserved_bytes.all.current` (`reserved`).
 
-pub mod block;
+pub(crate) mod block;
 mod capture;
 mod check;
+pub(crate) mod config;
 mod events;
 mod expand;
-pub mod index;
-pub(crate) mod ladder;
-pub use ladder::Pool;
+pub(crate) mod index;
 mod pinning;
 mod release;
 mod releasing;
 mod reserved;
 pub(crate) use reserved::fraction_limit;
-pub mod segment;
+pub(crate) mod segment;
 
-use crate::config::Config;
 use crate::error::AllocError;
-use crate::policy::Policy;
 use crate::sizes;
 use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use block::{Arena, Block, BlockId, NIL, NO_TAG};
+use config::PoolConfig;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
 use segment::ExpSegment;
 use std::collections::{BTreeMap, VecDeque};
 
-/// What a successful allocation hands out.
+/// What a successful allocation hands out: an opaque handle, read through its accessors. It is
+/// neither `Copy` nor `Clone` and only the allocator makes one, so a forged or duplicated handle
+/// does not compile; freeing one consumes it:
+///
+/// ```compile_fail,E0382
+/// use cudalloc::{CachingAllocator, Config};
+/// use cudalloc_sys::{SimDevice, StreamId};
+///
+/// let alloc = CachingAllocator::new(SimDevice::with_capacity(1 << 30), Config::default());
+/// let a = alloc.allocate(1 << 20, StreamId::DEFAULT).unwrap();
+/// alloc.free(a).unwrap();
+/// alloc.free(a).unwrap(); // a second free of one handle
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+pub struct Allocation(pub(crate) Handle);
+
+impl Allocation {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.0.ptr
+    }
+
+    /// Bytes asked for.
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+
+    /// Stream the allocation belongs to.
+    pub fn stream(&self) -> StreamId {
+        self.0.stream
+    }
+
+    /// The block behind it in its pool (stable while the allocation lives; a test's view).
+    #[cfg(feature = "testing")]
+    pub fn block(&self) -> BlockId {
+        self.0.block
+    }
+
+    /// A second handle to the same allocation, which the public API never makes: for the tests
+    /// of the run-time checks behind it (a double free, a stale handle).
+    #[cfg(feature = "testing")]
+    pub fn duplicate(&self) -> Allocation {
+        Allocation(self.0)
+    }
+
+    /// A handle made up from its parts, which the public API never makes: for the tests of the
+    /// run-time checks behind it (a forged handle).
+    #[cfg(feature = "testing")]
+    pub fn forge(ptr: u64, size: u64, stream: StreamId, block: BlockId, serial: u64) -> Allocation {
+        Allocation(Handle {
+            ptr,
+            size,
+            stream,
+            block,
+            serial,
+        })
+    }
+
+    /// The handout number ([`Handle::serial`]), for tests that forge handles.
+    #[cfg(feature = "testing")]
+    pub fn serial(&self) -> u64 {
+        self.0.serial
+    }
+}
+
+/// The allocator's own copy of an [`Allocation`]: the live table, the thread caches and a
+/// pool's teardown keep these and hand an `Allocation` back out of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Handle {
     /// Device address.
     pub ptr: u64,
     /// Bytes asked for.
@@ -65,8 +132,20 @@ pub struct Allocation {
     pub serial: u64,
 }
 
-/// The bit that marks a pool's handout numbers ([`Allocation::serial`]).
-pub const POOL_SERIAL: u64 = 1 << 63;
+/// The bit that marks a pool's handout numbers ([`Handle::serial`]).
+pub(crate) const POOL_SERIAL: u64 = 1 << 63;
+
+/// What the core tells the policy of its pool while it works: every
+/// [`Policy`](crate::policy::Policy) hears it, through `on_tagged_free` and
+/// `on_segment_released`.
+pub(crate) trait Observer {
+    /// Block `id`, which carried policy tag `tag`, returns to its pool (the core has cleared
+    /// the tag; the block has not merged yet).
+    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64);
+
+    /// Expandable range `segment` went back to the device (its index may be reused).
+    fn segment_released(&mut self, segment: u32);
+}
 
 /// A request on its way through the allocation ladder.
 #[derive(Clone, Copy, Debug)]
@@ -84,7 +163,7 @@ pub struct Request {
 /// The mechanism of a single-threaded caching pool over a device (see the module docs).
 pub struct Core<D: Device> {
     pub(crate) device: D,
-    pub(crate) cfg: Config,
+    pub(crate) cfg: PoolConfig,
     pub(crate) blocks: Arena,
     pub(crate) small: FreeIndex,
     pub(crate) large: FreeIndex,
@@ -117,7 +196,7 @@ pub struct Core<D: Device> {
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`crate::AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
-    /// Allocations handed out so far ([`Allocation::serial`]).
+    /// Allocations handed out so far ([`Handle::serial`]).
     pub(crate) handouts: u64,
     /// Address and stream of blocks whose free waited for events and has completed since the
     /// last [`Core::take_completions`], while tracked (`None`: not tracked).
@@ -137,7 +216,7 @@ pub struct Core<D: Device> {
 
 impl<D: Device> Core<D> {
     /// A core with no memory yet.
-    pub fn new(device: D, cfg: Config) -> Core<D> {
+    pub fn new(device: D, cfg: PoolConfig) -> Core<D> {
         let stats = Stats {
             max_split_size: cfg.max_split_size,
             ..Stats::default()
@@ -176,8 +255,8 @@ impl<D: Device> Core<D> {
         core
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &Config {
+    /// The settings every policy shares.
+    pub fn config(&self) -> &PoolConfig {
         &self.cfg
     }
 
@@ -228,7 +307,7 @@ impl<D: Device> Core<D> {
         self.peers = peers;
     }
 
-    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)
+    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)(crate::policy::Policy::on_tagged_free)
     /// hears of it when it is freed. False (nothing done) for a block that is not allocated or
     /// a tag of [`block::NO_TAG`].
     pub fn set_tag(&mut self, id: BlockId, tag: u64) -> bool {
@@ -350,12 +429,12 @@ impl<D: Device> Core<D> {
     }
 
     /// Numbers the handout of allocated block `id` and makes its handle.
-    pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Allocation {
+    pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Handle {
         self.handouts += 1;
         let serial = POOL_SERIAL | self.handouts;
         let b = &mut self.blocks[id];
         b.serial = serial;
-        Allocation {
+        Handle {
             ptr: b.addr,
             size,
             stream,
@@ -431,11 +510,11 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns a block to its pool, merging it with free neighbours. A block carrying a policy
-    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`]).
-    pub(crate) fn free_block<P: Policy>(&mut self, policy: &mut P, id: BlockId) {
+    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)).
+    pub(crate) fn free_block<P: Observer>(&mut self, policy: &mut P, id: BlockId) {
         if self.blocks[id].tag != NO_TAG {
             let tag = std::mem::replace(&mut self.blocks[id].tag, NO_TAG);
-            policy.on_tagged_free(self, id, tag);
+            policy.tagged_free(self, id, tag);
         }
         let b = &self.blocks[id];
         let (pool, orig_size, requested) = (b.pool, b.size, b.requested);

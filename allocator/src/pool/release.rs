@@ -4,7 +4,7 @@
 
 use super::block::BlockId;
 use super::Core;
-use crate::policy::Policy;
+use super::Observer;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError};
 
@@ -51,7 +51,7 @@ impl<D: Device> Core<D> {
     /// first, and for the device before it unmaps free pages (work queued on them may still
     /// run); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
     /// each wait counts in `device_waits`. Refused during a capture (`capture`).
-    pub(crate) fn release_all_cached<P: Policy>(
+    pub(crate) fn release_all_cached<P: Observer>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {
@@ -78,7 +78,7 @@ impl<D: Device> Core<D> {
         self.stats.num_sync_all_streams += 1;
     }
 
-    fn release_blocks<P: Policy>(
+    fn release_blocks<P: Observer>(
         &mut self,
         policy: &mut P,
         pool: PoolKind,

@@ -24,7 +24,7 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
-    /// Turns the config's memory fraction ([`crate::Config::memory_fraction`]) into the limit,
+    /// Turns the config's memory fraction ([`crate::PoolConfig::memory_fraction`]) into the limit,
     /// once; on an error (the device could not say how much memory it has) it stays pending.
     pub fn apply_fraction(&mut self) -> Result<(), AllocError> {
         if let Some(f) = self.fraction {

@@ -260,27 +260,6 @@ impl ExpSegment {
         Some(r)
     }
 
-    /// Unmaps everything and frees the reservation (the caller makes sure the device no longer
-    /// uses it, as for [`ExpSegment::unmap`]).
-    pub fn destroy<D: Device>(mut self, dev: &D) -> Result<(), DeviceError> {
-        let (va, size) = (self.va, self.size);
-        if let Some(e) = self.unmap(dev, va, size).error {
-            return Err(e);
-        }
-        if self.holds_strays() {
-            // Still held by the device: keep the range until they go (the caller keeps `self`
-            // only through the error; nothing is lost silently).
-            return Err(DeviceError::invalid(
-                "release_page",
-                format!(
-                    "{} pages of an unmapped range could not be released",
-                    self.leaked.len() + self.stuck.len()
-                ),
-            ));
-        }
-        dev.unreserve(va, size)
-    }
-
     /// True when every byte of `addr..addr + size` is mapped.
     pub fn is_mapped(&self, addr: u64, size: u64) -> bool {
         let mut at = addr;

@@ -3,6 +3,7 @@
 
 /// PyTorch's trace actions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Action {
     /// A block was handed out.
     Alloc,

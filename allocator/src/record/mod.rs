@@ -94,8 +94,8 @@ impl<W: Write> Recorder<W> {
         let t = self.now();
         match result {
             Ok(a) => {
-                self.live.insert(a.ptr, (a.size, stream.0));
-                self.emit(Action::Alloc, a.ptr, a.size, stream.0, t);
+                self.live.insert(a.ptr(), (a.size(), stream.0));
+                self.emit(Action::Alloc, a.ptr(), a.size(), stream.0, t);
             }
             // A request above the most any device holds fails as running out of memory
             // does (PyTorch writes `oom` for it too).
@@ -261,11 +261,10 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// [`CachingAllocator::free`], recorded.
     pub fn free(&self, a: Allocation) -> Result<(), AllocError> {
-        let mut rec = self.recorder_to_free(a.ptr);
-        // The whole handle is checked (a stale one whose address was handed out again is
-        // refused), as `CachingAllocator::free` does.
+        let ptr = a.ptr();
+        let mut rec = self.recorder_to_free(ptr);
         self.inner.free(a)?;
-        rec.freed(a.ptr);
+        rec.freed(ptr);
         Ok(())
     }
 

@@ -28,7 +28,7 @@ pub fn pool_with(cfg: Config, capacity: u64) -> (Sim, Pool<Sim>) {
 #[allow(dead_code)]
 pub fn past_loading(pool: &mut Pool<Sim>) {
     let a = pool.allocate(512, S0).unwrap();
-    pool.free(&a).unwrap();
+    pool.free(a).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }
@@ -57,11 +57,11 @@ pub fn alloc(pool: &mut Pool<Sim>, size: u64, stream: StreamId) -> Allocation {
     let a = pool
         .allocate(size, stream)
         .unwrap_or_else(|e| panic!("allocate({size}) failed: {e}"));
-    assert_eq!(a.ptr % 512, 0);
+    assert_eq!(a.ptr() % 512, 0);
     a
 }
 
-pub fn free(pool: &mut Pool<Sim>, a: &Allocation) {
+pub fn free(pool: &mut Pool<Sim>, a: Allocation) {
     pool.free(a).unwrap();
 }
 
@@ -75,5 +75,5 @@ pub fn layout(pool: &Pool<Sim>) -> Vec<(u64, Vec<(u64, BlockState)>)> {
 }
 
 pub fn block_size(pool: &Pool<Sim>, a: &Allocation) -> u64 {
-    pool.block(a.block).expect("live block").size
+    pool.block(a.block()).expect("live block").size
 }

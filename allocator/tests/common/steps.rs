@@ -80,7 +80,7 @@ pub fn play_resized(
             a
         },
         |a| {
-            pool.borrow_mut().free(&a).unwrap();
+            pool.borrow_mut().free(a).unwrap();
             check(sim, &pool.borrow());
         },
     );
@@ -98,7 +98,7 @@ pub fn drive(
         match s {
             Step::Alloc { slot, units } => {
                 if live.len() <= slot {
-                    live.resize(slot + 1, None);
+                    live.resize_with(slot + 1, || None);
                 }
                 live[slot] = Some(alloc(units * unit));
             }

@@ -30,7 +30,7 @@ fn capture_work(pool: &mut Pool<Sim>) -> Vec<cudalloc::Allocation> {
     {
         let a = alloc(pool, size, CAP);
         if i % 2 == 0 {
-            free(pool, &a);
+            free(pool, a);
         } else {
             kept.push(a);
         }
@@ -51,7 +51,7 @@ fn expandable_policies_grow_and_reuse_during_a_global_capture_without_a_forbidde
             .unwrap_or_else(|e| panic!("{policy:?} made a forbidden call: {e}"));
         pool.end_capture(CaptureMode::Global).unwrap();
         assert_eq!(sim.calls(Call::Malloc), 0);
-        for a in &kept {
+        for a in kept {
             free(&mut pool, a);
         }
         sim.complete_all();
@@ -84,7 +84,7 @@ fn torch_growth_during_a_capture_is_an_error_that_says_how_to_reserve_ahead() {
     check(&sim, &pool);
     // Outside the capture the same request is served.
     let a = alloc(&mut pool, 10 * MIB, CAP);
-    free(&mut pool, &a);
+    free(&mut pool, a);
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn in_relaxed_mode_torch_grows_with_malloc() {
     sim.end_capture(CAP).unwrap();
     pool.end_capture(CaptureMode::Relaxed).unwrap();
     assert!(sim.calls(Call::Malloc) > 0);
-    for a in &kept {
+    for a in kept {
         free(&mut pool, a);
     }
     check(&sim, &pool);
@@ -122,7 +122,7 @@ fn in_relaxed_mode_torch_grows_with_malloc() {
 fn a_warmed_up_torch_pool_serves_a_capture_from_its_cache() {
     let (sim, mut pool) = pool_for(Policy::Torch);
     let warm = capture_work(&mut pool);
-    for a in &warm {
+    for a in warm {
         free(&mut pool, a);
     }
     let mallocs = sim.calls(Call::Malloc);
@@ -132,7 +132,7 @@ fn a_warmed_up_torch_pool_serves_a_capture_from_its_cache() {
     sim.end_capture(CAP).unwrap();
     pool.end_capture(CaptureMode::Global).unwrap();
     assert_eq!(sim.calls(Call::Malloc), mallocs);
-    for a in &kept {
+    for a in kept {
         free(&mut pool, a);
     }
     check(&sim, &pool);
@@ -143,10 +143,10 @@ fn a_block_another_stream_used_waits_until_the_capture_ends_for_its_events() {
     let (sim, mut pool) = pool_for(Policy::Default);
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 4 * MIB, CAP);
-    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+    pool.record_stream(&a, SIDE).unwrap();
     pool.begin_capture(CaptureMode::Global);
     sim.begin_capture(CAP, CaptureMode::Global).unwrap();
-    free(&mut pool, &a);
+    free(&mut pool, a.duplicate());
     check(&sim, &pool);
     assert_eq!(pool.deferred_blocks(), 1);
     assert_eq!(
@@ -157,15 +157,15 @@ fn a_block_another_stream_used_waits_until_the_capture_ends_for_its_events() {
     let state = |pool: &Pool<Sim>| {
         let snap = pool.snapshot();
         let mut blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
-        blocks.find(|b| b.addr == a.ptr).map(|b| b.state)
+        blocks.find(|b| b.addr == a.ptr()).map(|b| b.state)
     };
     assert_eq!(state(&pool), Some(BlockState::PendingEvents));
     // Its memory is not reused during the capture.
     let b = alloc(&mut pool, 4 * MIB, CAP);
-    assert_ne!(b.ptr, a.ptr);
+    assert_ne!(b.ptr(), a.ptr());
     assert_eq!(
-        pool.free(&a),
-        Err(AllocError::NotAllocated(a.ptr)),
+        pool.free(a.duplicate()),
+        Err(AllocError::NotAllocated(a.ptr())),
         "freed twice"
     );
     sim.end_capture(CAP).unwrap();
@@ -173,13 +173,14 @@ fn a_block_another_stream_used_waits_until_the_capture_ends_for_its_events() {
     assert_eq!(pool.deferred_blocks(), 0);
     assert_eq!(pool.pending_events(), 1);
     sim.complete_all();
-    free(&mut pool, &b);
+    free(&mut pool, b);
     let c = alloc(&mut pool, 4 * MIB, CAP);
     assert_eq!(
-        c.ptr, a.ptr,
+        c.ptr(),
+        a.ptr(),
         "back in its pool once the side stream's work completed"
     );
-    free(&mut pool, &c);
+    free(&mut pool, c);
     check(&sim, &pool);
 }
 
@@ -190,7 +191,7 @@ fn the_default_budget_gives_nothing_back_during_a_capture() {
     sim.set_auto_complete(false);
     // A free block of another stream: outside a capture the budget would give it back.
     let other = alloc(&mut pool, 64 * MIB, SIDE);
-    free(&mut pool, &other);
+    free(&mut pool, other);
     pool.begin_capture(CaptureMode::Global);
     sim.begin_capture(CAP, CaptureMode::Global).unwrap();
     let a = alloc(&mut pool, 64 * MIB, CAP);
@@ -199,14 +200,14 @@ fn the_default_budget_gives_nothing_back_during_a_capture() {
     assert_eq!(sim.calls(Call::RecordEvent), 0);
     assert_eq!(pool.releasing_bytes(), 0);
     pool.end_capture(CaptureMode::Global).unwrap();
-    free(&mut pool, &a);
+    free(&mut pool, a);
     // The control: outside the capture, the same growth on a third stream gives pages back.
     let b = alloc(&mut pool, 64 * MIB, StreamId(7));
     assert!(
         sim.calls(Call::RecordEvent) > 0,
         "the budget gave nothing back"
     );
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
 }
 
@@ -214,7 +215,7 @@ fn the_default_budget_gives_nothing_back_during_a_capture() {
 fn empty_cache_and_an_unmatched_end_are_refused_and_change_nothing() {
     let (sim, mut pool) = pool_for(Policy::TorchExpandable);
     let a = alloc(&mut pool, 8 * MIB, CAP);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     let reserved = pool.reserved();
     pool.begin_capture(CaptureMode::ThreadLocal);
     sim.begin_capture(CAP, CaptureMode::ThreadLocal).unwrap();
@@ -268,19 +269,19 @@ fn the_budget_records_no_event_on_a_stream_under_a_capture_it_was_not_told_of() 
     let cfg = Config::parse("policy:default,layout_plans:false,fragmentation_budget:0.1").unwrap();
     let (sim, mut pool) = pool_with(cfg, 4 * GIB);
     let a = alloc(&mut pool, 64 * MIB, CAP);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     sim.begin_capture(CAP, CaptureMode::Relaxed).unwrap();
     let b = alloc(&mut pool, 64 * MIB, SIDE);
     assert_eq!(sim.calls(Call::RecordEvent), 0);
     assert_eq!(pool.releasing_bytes(), 0);
     sim.end_capture(CAP).unwrap();
-    free(&mut pool, &b);
+    free(&mut pool, b);
     let c = alloc(&mut pool, 64 * MIB, StreamId(7));
     assert!(
         sim.calls(Call::RecordEvent) > 0,
         "after the capture the budget gives back"
     );
-    free(&mut pool, &c);
+    free(&mut pool, c);
     check(&sim, &pool);
 }
 
@@ -291,9 +292,9 @@ fn a_failed_end_capture_can_be_tried_again() {
     let (sim, mut pool) = pool_for(Policy::Default);
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 8 * MIB, CAP);
-    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+    pool.record_stream(&a, SIDE).unwrap();
     pool.begin_capture(CaptureMode::Global);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     sim.fail_next();
     assert!(matches!(
         pool.end_capture(CaptureMode::Global),
@@ -360,9 +361,9 @@ fn run_captures(policy: Policy, steps: &[Step]) {
             Step::Free { pick } | Step::RecordFree { pick } if !live.is_empty() => {
                 let a = live.swap_remove(pick % live.len());
                 if matches!(s, Step::RecordFree { .. }) {
-                    pool.record_stream(a.block, a.ptr, SIDE).unwrap();
+                    pool.record_stream(&a, SIDE).unwrap();
                 }
-                pool.free(&a).unwrap();
+                pool.free(a).unwrap();
             }
             Step::Complete => sim.complete_all(),
             Step::Capture { mode: m } if mode.is_none() => {
@@ -389,7 +390,7 @@ fn run_captures(policy: Policy, steps: &[Step]) {
         pool.end_capture(m).unwrap();
     }
     for a in live {
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
     sim.complete_all();
     pool.empty_cache().unwrap();

@@ -41,17 +41,17 @@ fn torch_expandable_grows_by_pages_and_shrinks_on_empty_cache() {
         "one 20 MiB large page holds four 5 MiB blocks"
     );
     for w in xs.windows(2) {
-        assert_eq!(w[1].ptr, w[0].ptr + 5 * MIB);
+        assert_eq!(w[1].ptr(), w[0].ptr() + 5 * MIB);
     }
     // The fifth maps the next page, right after the first.
     let maps = sim.calls(Call::Map);
     let e = alloc(&mut pool, 5 * MIB, S0);
     check_exp(&sim, &pool);
-    assert_eq!(e.ptr, xs[3].ptr + 5 * MIB, "the segment grows in place");
+    assert_eq!(e.ptr(), xs[3].ptr() + 5 * MIB, "the segment grows in place");
     assert_eq!(sim.mapped_bytes(), 42 * MIB);
     assert_eq!(sim.calls(Call::Map), maps + 1);
     // Freed at the end, it merges with the free rest of its page...
-    free(&mut pool, &e);
+    free(&mut pool, e);
     check_exp(&sim, &pool);
     let snap = pool.snapshot();
     let large = snap
@@ -84,9 +84,9 @@ fn torch_expandable_grows_by_pages_and_shrinks_on_empty_cache() {
     assert_eq!(sim.calls(Call::Map), maps + 2);
     assert_eq!(sim.mapped_bytes(), 62 * MIB);
     // Everything freed and emptied: nothing mapped, nothing reserved.
-    free(&mut pool, &big);
-    free(&mut pool, &a);
-    for x in &xs {
+    free(&mut pool, big);
+    free(&mut pool, a);
+    for x in xs {
         free(&mut pool, x);
     }
     pool.empty_cache().unwrap();
@@ -106,11 +106,11 @@ fn torch_expandable_partial_pages_stay_mapped() {
     check_exp(&sim, &pool);
     assert_eq!(sim.mapped_bytes(), 40 * MIB);
     // a's block covers no whole page (0..15 MiB of page 0..20): nothing to unmap.
-    free(&mut pool, &a);
+    free(&mut pool, a);
     pool.empty_cache().unwrap();
     check_exp(&sim, &pool);
     assert_eq!(sim.mapped_bytes(), 40 * MIB);
-    free(&mut pool, &b);
+    free(&mut pool, b);
     pool.empty_cache().unwrap();
     check_exp(&sim, &pool);
     assert_eq!(sim.mapped_bytes(), 0);
@@ -140,18 +140,18 @@ fn default_policy_maps_pages_in_chunks_and_unmaps_them() {
     let calls = sim.calls(Call::Map) - maps;
     assert!((1..=5).contains(&calls), "{calls} map calls for 50 pages");
     assert_eq!(
-        c.ptr,
-        b.ptr + 5 * MIB,
+        c.ptr(),
+        b.ptr() + 5 * MIB,
         "the free 1 MiB after b is the start of the run"
     );
     // Freeing and allocating the same size again maps nothing new.
-    free(&mut pool, &b);
+    free(&mut pool, b);
     let maps = sim.calls(Call::Map);
     let b2 = alloc(&mut pool, 5 * MIB, S0);
     assert_eq!(sim.calls(Call::Map), maps);
     check_exp(&sim, &pool);
     // Everything freed and emptied: nothing mapped, nothing reserved.
-    for x in [&a, &b2, &c] {
+    for x in [a, b2, c] {
         free(&mut pool, x);
         check_exp(&sim, &pool);
     }
@@ -177,14 +177,15 @@ fn expandable_policies_keep_streams_apart_and_reserved_equal_to_mapped() {
             check_exp(&sim, &pool);
         }
         let a = live.remove(0);
-        free(&mut pool, &a);
+        let a_ptr = a.ptr();
+        free(&mut pool, a);
         let b = alloc(&mut pool, 1000, S1);
-        assert_ne!(b.ptr, a.ptr, "{policy:?}: other stream");
+        assert_ne!(b.ptr(), a_ptr, "{policy:?}: other stream");
         let c = alloc(&mut pool, 1000, S0);
-        assert_eq!(c.ptr, a.ptr, "{policy:?}: same stream");
+        assert_eq!(c.ptr(), a_ptr, "{policy:?}: same stream");
         live.push(b);
         live.push(c);
-        for x in &live {
+        for x in live {
             free(&mut pool, x);
             check_exp(&sim, &pool);
         }
@@ -206,9 +207,9 @@ fn expandable_oom_under_a_limit_is_recoverable() {
         assert!(err.is_out_of_memory(), "{policy:?}: {err:?}");
         assert_eq!(pool.stats().num_ooms, 1);
         check_exp(&sim, &pool);
-        free(&mut pool, &a);
+        free(&mut pool, a);
         let b = alloc(&mut pool, 60 * MIB, S0);
-        free(&mut pool, &b);
+        free(&mut pool, b);
         pool.empty_cache().unwrap();
         check_exp(&sim, &pool);
         assert_eq!(sim.outstanding_bytes(), 0);
@@ -233,7 +234,7 @@ fn huge_requests_are_errors_not_panics() {
             check(&sim, &pool);
         }
         let a = alloc(&mut pool, MIB, S0);
-        free(&mut pool, &a);
+        free(&mut pool, a);
         check(&sim, &pool);
     }
 }
@@ -259,7 +260,7 @@ fn a_segment_that_could_not_be_mapped_is_unreserved_on_drop() {
     let a = alloc(&mut pool, 200 * MIB, S0);
     let err = pool.allocate(100 * MIB, S1).unwrap_err();
     assert!(err.is_out_of_memory(), "{err:?}");
-    free(&mut pool, &a);
+    free(&mut pool, a);
     empty_and_drop(&sim, pool);
 }
 
@@ -269,9 +270,9 @@ fn a_segment_unmapped_by_the_budget_is_unreserved_on_drop() {
     // stream 0 grows; stream 1's segment is then wholly unmapped and must still be given back.
     let (sim, mut pool) = pool_with(Config::for_policy(Policy::Default), 4 * GIB);
     let a = alloc(&mut pool, 1, S1);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     let b = alloc(&mut pool, 1, S0);
-    free(&mut pool, &b);
+    free(&mut pool, b);
     empty_and_drop(&sim, pool);
 }
 
@@ -291,7 +292,7 @@ fn unmapping_waits_for_the_device() {
             !sim.query_event(work).unwrap(),
             "{policy:?}: work still queued"
         );
-        free(&mut pool, &a);
+        free(&mut pool, a);
         assert!(
             !sim.query_event(work).unwrap(),
             "{policy:?}: freeing alone does not wait"
@@ -341,7 +342,7 @@ fn three_thousand_streams_under_default_and_a_clear_error_under_torch_expandable
             );
         }
     }
-    for a in &live {
+    for a in live {
         pool.free(a).unwrap();
     }
     pool.check_invariants().unwrap();
@@ -369,7 +370,7 @@ fn default_reserves_a_range_large_enough_for_a_big_request() {
     let big = pool.allocate(5 * GIB, StreamId(0)).unwrap();
     let more = pool.allocate(900 * MIB, StreamId(0)).unwrap();
     for a in [small, big, more] {
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
     pool.check_invariants().unwrap();
     pool.empty_cache().unwrap();

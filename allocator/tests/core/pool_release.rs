@@ -30,10 +30,11 @@ fn oversize_blocks_are_not_split() {
     assert_eq!(pool.stats().max_split_size, 20 * MIB);
     let a = alloc(&mut pool, 40 * MIB, S0);
     assert_eq!(pool.stats().oversize_segments.current, 1);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     // 30 MiB is oversize too, and the cached 40 MiB block is less than 20 MiB bigger: taken whole.
     let b = alloc(&mut pool, 30 * MIB, S0);
-    assert_eq!(b.ptr, a.ptr);
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(layout(&pool), vec![(40 * MIB, vec![(40 * MIB, A)])]);
     let s = pool.stats();
     assert_eq!(s.allocated_bytes.current(PoolKind::Large), 40 * MIB as i64);
@@ -41,7 +42,7 @@ fn oversize_blocks_are_not_split() {
     assert_eq!(s.oversize_allocations.current, 1);
     assert_eq!(sim.calls(Call::Malloc), 1);
     check(&sim, &pool);
-    free(&mut pool, &b);
+    free(&mut pool, b);
     assert_eq!(pool.stats().oversize_allocations.current, 0);
     assert_eq!(pool.stats().oversize_allocations.peak, 1);
     check(&sim, &pool);
@@ -51,14 +52,15 @@ fn oversize_blocks_are_not_split() {
 fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     // 40 MiB >= 20 MiB + 20 MiB: too big for a 20 MiB request, which gets its own segment.
     let b = alloc(&mut pool, 20 * MIB, S0);
-    assert_ne!(b.ptr, a.ptr);
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2);
     // 40 MiB < 21 MiB + 20 MiB: taken whole.
     let c = alloc(&mut pool, 21 * MIB, S0);
-    assert_eq!(c.ptr, a.ptr);
+    assert_eq!(c.ptr(), a_ptr);
     assert_eq!(block_size(&pool, &c), 40 * MIB);
     assert_eq!(sim.calls(Call::Malloc), 2);
     check(&sim, &pool);
@@ -66,9 +68,10 @@ fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
     // A wider max_non_split_rounding lets the 20 MiB request take the 40 MiB block.
     let (sim, mut pool) = torch_with("max_split_size_mb:20,max_non_split_rounding_mb:40");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 20 * MIB, S0);
-    assert_eq!(b.ptr, a.ptr);
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 1);
     check(&sim, &pool);
 }
@@ -77,25 +80,28 @@ fn an_oversize_request_takes_a_block_only_within_max_non_split_rounding() {
 fn a_request_below_max_split_size_does_not_take_an_oversize_block() {
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 5 * MIB, S0);
-    assert_ne!(b.ptr, a.ptr);
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2);
     let c = alloc(&mut pool, 12 * MIB, S0);
-    assert!(c.ptr != a.ptr && c.ptr != b.ptr);
+    assert!(c.ptr() != a_ptr && c.ptr() != b.ptr());
     check(&sim, &pool);
 
     let (sim, mut pool) = torch_with("max_split_size_mb:64");
     let a = alloc(&mut pool, 100 * MIB, S0);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 12 * MIB, S0);
     assert_ne!(
-        b.ptr, a.ptr,
+        b.ptr(),
+        a_ptr,
         "12 MiB < 64 MiB must not take the 100 MiB block"
     );
     assert_eq!(layout(&pool).len(), 2);
     let c = alloc(&mut pool, 90 * MIB, S0);
-    assert_eq!(c.ptr, a.ptr, "90 MiB >= 64 MiB takes it (100 < 90 + 20)");
+    assert_eq!(c.ptr(), a_ptr, "90 MiB >= 64 MiB takes it (100 < 90 + 20)");
     assert_eq!(block_size(&pool, &c), 100 * MIB, "and does not split it");
     check(&sim, &pool);
 }
@@ -107,7 +113,7 @@ fn oversize_blocks_are_released_first_when_memory_runs_out() {
     let mid = alloc(&mut pool, 12 * MIB, S0);
     let big1 = alloc(&mut pool, 30 * MIB, S0);
     let big2 = alloc(&mut pool, 44 * MIB, S0);
-    for x in [&small, &mid, &big1, &big2] {
+    for x in [small, mid, big1, big2] {
         free(&mut pool, x);
     }
     assert_eq!(pool.reserved(), 88 * MIB);
@@ -121,14 +127,15 @@ fn oversize_blocks_are_released_first_when_memory_runs_out() {
     assert_eq!(pool.reserved(), 68 * MIB);
     let sizes: BTreeSet<u64> = layout(&pool).iter().map(|s| s.0).collect();
     assert_eq!(sizes, BTreeSet::from([2 * MIB, 12 * MIB, 54 * MIB]));
-    free(&mut pool, &x);
+    free(&mut pool, x);
 
     // One cached oversize block at least as large as the request: only that one goes.
     let (sim, mut pool) = torch_with("max_split_size_mb:20");
     let a = alloc(&mut pool, 30 * MIB, S0);
     let b = alloc(&mut pool, 80 * MIB, S0);
-    free(&mut pool, &a);
-    free(&mut pool, &b);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
+    free(&mut pool, b);
     pool.set_limit(Some(120 * MIB));
     // 80 MiB >= 50 + 20: not taken; 110 + 50 > 120: release the 80 MiB block, keep 30 MiB.
     let c = alloc(&mut pool, 50 * MIB, S0);
@@ -136,8 +143,8 @@ fn oversize_blocks_are_released_first_when_memory_runs_out() {
     assert_eq!(sim.calls(Call::Free), 1);
     assert_eq!(pool.reserved(), 80 * MIB);
     let d = alloc(&mut pool, 30 * MIB, S0);
-    assert_eq!(d.ptr, a.ptr, "the 30 MiB block stayed cached");
-    assert_ne!(c.ptr, d.ptr);
+    assert_eq!(d.ptr(), a_ptr, "the 30 MiB block stayed cached");
+    assert_ne!(c.ptr(), d.ptr());
     check(&sim, &pool);
 }
 
@@ -150,8 +157,8 @@ fn oom_ladder_releases_cached_blocks_and_retries() {
     assert_eq!(pool.limit(), Some(40 * MIB));
     let a = alloc(&mut pool, 12 * MIB, S0);
     let b = alloc(&mut pool, 12 * MIB, S0);
-    free(&mut pool, &a);
-    free(&mut pool, &b);
+    free(&mut pool, a);
+    free(&mut pool, b);
     assert_eq!(pool.reserved(), 24 * MIB);
     // 24 + 30 > 40: release every cached block, retry.
     let c = alloc(&mut pool, 30 * MIB, S0);
@@ -192,8 +199,8 @@ fn oom_ladder_releases_cached_blocks_and_retries() {
     // The pool still works, and a raised limit lets the request through.
     pool.set_limit(None);
     let d = alloc(&mut pool, 20 * MIB, S0);
-    free(&mut pool, &c);
-    free(&mut pool, &d);
+    free(&mut pool, c);
+    free(&mut pool, d);
     check(&sim, &pool);
 }
 
@@ -224,9 +231,10 @@ fn oom_from_the_device_carries_the_figures() {
     check(&sim, &pool);
     assert_eq!(pool.stats().num_alloc_retries, 1);
     // Freed, the 3 GiB block stays cached and serves the next 2 GiB request (split).
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 2 * GIB, S0);
-    assert_eq!(b.ptr, a.ptr);
+    assert_eq!(b.ptr(), a_ptr);
     assert_eq!(pool.stats().num_alloc_retries, 1);
     assert_eq!(pool.reserved(), 3 * GIB);
     // 1 GiB is cached behind b, so 1.5 GiB needs the device: 3 + 1.5 > 4 GiB, and the cached
@@ -235,13 +243,13 @@ fn oom_from_the_device_carries_the_figures() {
     assert!(err.is_out_of_memory());
     assert_eq!(pool.stats().num_alloc_retries, 2);
     // A 12 MiB segment that is free and unsplit is released by the ladder, though.
-    free(&mut pool, &b);
+    free(&mut pool, b);
     let c = alloc(&mut pool, 12 * MIB, S1);
-    free(&mut pool, &c);
+    free(&mut pool, c);
     let d = alloc(&mut pool, 4 * GIB - 12 * MIB, S1);
     assert_eq!(pool.stats().num_alloc_retries, 3);
     assert_eq!(pool.reserved(), 4 * GIB - 12 * MIB);
-    free(&mut pool, &d);
+    free(&mut pool, d);
     check(&sim, &pool);
 }
 
@@ -259,7 +267,7 @@ fn set_memory_fraction_caps_the_pool() {
     let a = alloc(&mut pool, 900 * MIB, S0);
     let err = pool.allocate(200 * MIB, S0).unwrap_err();
     assert!(err.is_out_of_memory(), "{err:?}");
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
 }
 
@@ -275,13 +283,14 @@ fn garbage_collection_frees_the_oldest_cached_segments() {
         pool.set_limit(Some(100 * MIB));
         let a = alloc(&mut pool, 12 * MIB, S0);
         let b = alloc(&mut pool, 14 * MIB, S0);
-        free(&mut pool, &a);
-        free(&mut pool, &b);
+        free(&mut pool, a);
+        let b_ptr = b.ptr();
+        free(&mut pool, b);
         // b is found again and again (its age stays 0); a ages.
         for _ in 0..5 {
             let x = alloc(&mut pool, 14 * MIB, S0);
-            assert_eq!(x.ptr, b.ptr);
-            free(&mut pool, &x);
+            assert_eq!(x.ptr(), b_ptr);
+            free(&mut pool, x);
         }
         assert_eq!(sim.calls(Call::Free), 0);
         // Nothing cached fits 40 MiB; reserved (26 MiB) is above 20% of the limit, so the
@@ -296,9 +305,9 @@ fn garbage_collection_frees_the_oldest_cached_segments() {
             assert_eq!(pool.reserved(), 66 * MIB);
         }
         let y = alloc(&mut pool, 14 * MIB, S0);
-        assert_eq!(y.ptr, b.ptr, "the young segment stayed cached");
-        free(&mut pool, &big);
-        free(&mut pool, &y);
+        assert_eq!(y.ptr(), b_ptr, "the young segment stayed cached");
+        free(&mut pool, big);
+        free(&mut pool, y);
         check(&sim, &pool);
     }
 }
@@ -307,14 +316,14 @@ fn garbage_collection_frees_the_oldest_cached_segments() {
 fn garbage_collection_needs_a_limit() {
     let (sim, mut pool) = torch_with("garbage_collection_threshold:0.1");
     let a = alloc(&mut pool, 12 * MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     for _ in 0..5 {
         let x = alloc(&mut pool, 12 * MIB, S0);
-        free(&mut pool, &x);
+        free(&mut pool, x);
     }
     let b = alloc(&mut pool, 40 * MIB, S0);
     assert_eq!(sim.calls(Call::Free), 0, "no limit: no garbage collection");
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
 }
 
@@ -328,7 +337,7 @@ fn empty_cache_returns_unsplit_segments() {
     // 16 MiB does not fit the 15 MiB left of b's segment: a segment of its own.
     let c = alloc(&mut pool, 16 * MIB, S0);
     let d = alloc(&mut pool, 12 * MIB, S1);
-    free(&mut pool, &c);
+    free(&mut pool, c);
     assert_eq!(sim.outstanding_bytes(), 50 * MIB);
     pool.empty_cache().unwrap();
     check(&sim, &pool);
@@ -337,12 +346,12 @@ fn empty_cache_returns_unsplit_segments() {
         34 * MIB,
         "only c's segment went back"
     );
-    free(&mut pool, &b);
+    free(&mut pool, b);
     pool.empty_cache().unwrap();
     check(&sim, &pool);
     assert_eq!(sim.outstanding_bytes(), 14 * MIB);
-    free(&mut pool, &a);
-    free(&mut pool, &d);
+    free(&mut pool, a);
+    free(&mut pool, d);
     pool.empty_cache().unwrap();
     check(&sim, &pool);
     assert_eq!(sim.outstanding_bytes(), 0);
@@ -365,7 +374,7 @@ fn dropping_the_pool_returns_everything() {
     alloc(&mut pool, 1000, S0);
     alloc(&mut pool, 30 * MIB, S1);
     let c = alloc(&mut pool, 5 * MIB, S0);
-    free(&mut pool, &c);
+    free(&mut pool, c);
     drop(pool);
     assert_eq!(sim.outstanding_bytes(), 0);
     assert_eq!(sim.live_events(), 0);
@@ -378,11 +387,12 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
     let (sim, mut pool) = torch();
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 1000, S1);
-    pool.record_stream(a.block, a.ptr, S2).unwrap();
+    pool.record_stream(&a, S2).unwrap();
     // Recording the allocation's own stream, or the same stream twice, changes nothing.
-    pool.record_stream(a.block, a.ptr, S1).unwrap();
-    pool.record_stream(a.block, a.ptr, S2).unwrap();
-    free(&mut pool, &a);
+    pool.record_stream(&a, S1).unwrap();
+    pool.record_stream(&a, S2).unwrap();
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     check(&sim, &pool);
     assert_eq!(pool.pending_events(), 1);
     assert_eq!(sim.calls(Call::RecordEvent), 1);
@@ -393,7 +403,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             .find(|b| b.addr == p)
             .map(|b| b.state)
     };
-    assert_eq!(state(&pool, a.ptr), Some(BlockState::PendingEvents));
+    assert_eq!(state(&pool, a_ptr), Some(BlockState::PendingEvents));
     let s = pool.stats();
     assert_eq!(s.allocation.current(PoolKind::Small), 0);
     assert_eq!(
@@ -403,19 +413,19 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
     );
 
     let b = alloc(&mut pool, 1000, S1);
-    assert_ne!(b.ptr, a.ptr, "work on stream 2 has not completed");
+    assert_ne!(b.ptr(), a_ptr, "work on stream 2 has not completed");
     // Completing an unrelated stream changes nothing.
     sim.complete_stream(S1);
     let c = alloc(&mut pool, 1000, S1);
-    assert!(c.ptr != a.ptr && c.ptr != b.ptr);
+    assert!(c.ptr() != a_ptr && c.ptr() != b.ptr());
     sim.complete_stream(S2);
     // The event has completed, but only the next allocation processes it.
-    assert_eq!(state(&pool, a.ptr), Some(BlockState::PendingEvents));
+    assert_eq!(state(&pool, a_ptr), Some(BlockState::PendingEvents));
     let d = alloc(&mut pool, 1000, S1);
-    assert_eq!(d.ptr, a.ptr);
+    assert_eq!(d.ptr(), a_ptr);
     assert_eq!(pool.pending_events(), 0);
     check(&sim, &pool);
-    for x in [&b, &c, &d] {
+    for x in [b, c, d] {
         free(&mut pool, x);
     }
     check(&sim, &pool);
@@ -432,8 +442,8 @@ fn empty_cache_waits_for_pending_events() {
     let (sim, mut pool) = torch();
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 12 * MIB, S1);
-    pool.record_stream(a.block, a.ptr, S2).unwrap();
-    free(&mut pool, &a);
+    pool.record_stream(&a, S2).unwrap();
+    free(&mut pool, a);
     let syncs = pool.stats().num_sync_all_streams;
     pool.empty_cache().unwrap();
     check(&sim, &pool);
@@ -447,17 +457,16 @@ fn record_stream_and_free_reject_stale_allocations() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 1000, S0);
     let b = alloc(&mut pool, 1000, S0);
-    free(&mut pool, &a);
-    assert_eq!(pool.free(&a), Err(AllocError::NotAllocated(a.ptr)));
-    let forged = Allocation {
-        ptr: b.ptr + 512,
-        ..b
-    };
+    let stale = a.duplicate();
+    free(&mut pool, a);
+    assert!(pool.record_stream(&stale, S1).is_err());
+    let ptr = stale.ptr();
+    assert_eq!(pool.free(stale), Err(AllocError::NotAllocated(ptr)));
+    let forged = Allocation::forge(b.ptr() + 512, b.size(), b.stream(), b.block(), b.serial());
     assert_eq!(
-        pool.free(&forged),
-        Err(AllocError::NotAllocated(b.ptr + 512))
+        pool.free(forged),
+        Err(AllocError::NotAllocated(b.ptr() + 512))
     );
-    assert!(pool.record_stream(a.block, a.ptr, S1).is_err());
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
 }

@@ -53,7 +53,7 @@ fn small_request_gets_a_2mib_segment_and_is_split() {
 
     // The next small request carves the same segment, right after the first block.
     let b = alloc(&mut pool, 512, S0);
-    assert_eq!(b.ptr, a.ptr + 1024);
+    assert_eq!(b.ptr(), a.ptr() + 1024);
     assert_eq!(sim.calls(Call::Malloc), 1);
     check(&sim, &pool);
 }
@@ -62,11 +62,11 @@ fn small_request_gets_a_2mib_segment_and_is_split() {
 fn zero_byte_request_gets_a_512_byte_block() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 0, S0);
-    assert_eq!(a.size, 0);
+    assert_eq!(a.size(), 0);
     assert_eq!(block_size(&pool, &a), 512);
     assert_eq!(pool.stats().requested_bytes.current(PoolKind::Small), 0);
     check(&sim, &pool);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
 }
 
@@ -84,8 +84,8 @@ fn one_mib_request_is_small_and_one_mib_plus_one_is_large() {
             .map(|s| (s.pool, s.size))
             .unwrap()
     };
-    assert_eq!(pool_of(a.ptr), (PoolKind::Small, 2 * MIB));
-    assert_eq!(pool_of(b.ptr), (PoolKind::Large, 20 * MIB));
+    assert_eq!(pool_of(a.ptr()), (PoolKind::Small, 2 * MIB));
+    assert_eq!(pool_of(b.ptr()), (PoolKind::Large, 20 * MIB));
     assert_eq!(block_size(&pool, &b), MIB + 512);
 }
 
@@ -107,8 +107,8 @@ fn large_5mib_request_splits_a_20mib_segment() {
     );
     // Three more 5 MiB requests fill the same segment; the last one takes the rest unsplit.
     let more: Vec<_> = (0..3).map(|_| alloc(&mut pool, 5 * MIB, S0)).collect();
-    assert_eq!(more[0].ptr, a.ptr + 5 * MIB);
-    assert_eq!(more[2].ptr, a.ptr + 15 * MIB);
+    assert_eq!(more[0].ptr(), a.ptr() + 5 * MIB);
+    assert_eq!(more[2].ptr(), a.ptr() + 15 * MIB);
     assert_eq!(sim.calls(Call::Malloc), 1);
     assert_eq!(pool.stats().inactive_split.current(PoolKind::Large), 0);
     check(&sim, &pool);
@@ -133,7 +133,7 @@ fn large_request_leaving_at_most_1mib_is_not_split() {
             pool.stats().requested_bytes.current(PoolKind::Large),
             size as i64
         );
-        free(&mut pool, &a);
+        free(&mut pool, a);
         check(&sim, &pool);
     }
     // 9 MiB in a 20 MiB segment leaves 11 MiB: split.
@@ -175,20 +175,20 @@ fn freeing_neighbours_merges_them() {
         layout(&pool),
         vec![(2 * MIB, vec![(1024, A), (1024, A), (1024, A), (rest, F)])]
     );
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
     assert_eq!(
         layout(&pool),
         vec![(2 * MIB, vec![(1024, F), (1024, A), (1024, A), (rest, F)])]
     );
     assert_eq!(pool.stats().inactive_split.current(PoolKind::Small), 2);
-    free(&mut pool, &c);
+    free(&mut pool, c);
     check(&sim, &pool);
     assert_eq!(
         layout(&pool),
         vec![(2 * MIB, vec![(1024, F), (1024, A), (rest + 1024, F)])]
     );
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
     assert_eq!(layout(&pool), vec![(2 * MIB, vec![(2 * MIB, F)])]);
     let s = pool.stats();
@@ -204,9 +204,11 @@ fn freeing_neighbours_merges_them() {
 #[test]
 fn freeing_large_neighbours_in_any_order_merges_them() {
     let (sim, mut pool) = torch();
-    let blocks: Vec<_> = (0..3).map(|_| alloc(&mut pool, 5 * MIB, S0)).collect();
+    let mut blocks: Vec<_> = (0..3)
+        .map(|_| Some(alloc(&mut pool, 5 * MIB, S0)))
+        .collect();
     for i in [1, 0, 2] {
-        free(&mut pool, &blocks[i]);
+        free(&mut pool, blocks[i].take().expect("live"));
         check(&sim, &pool);
     }
     assert_eq!(layout(&pool), vec![(20 * MIB, vec![(20 * MIB, F)])]);
@@ -223,27 +225,27 @@ fn best_fit_takes_the_smallest_block_then_the_lowest_address() {
     let _s2 = alloc(&mut pool, 512, S0);
     let x3 = alloc(&mut pool, 4096, S0);
     let s3 = alloc(&mut pool, 512, S0);
-    let base = x1.ptr;
+    let base = x1.ptr();
     assert_eq!(
-        (x2.ptr, x3.ptr, s3.ptr),
+        (x2.ptr(), x3.ptr(), s3.ptr()),
         (base + 4608, base + 7168, base + 11264)
     );
-    for x in [&x1, &x2, &x3] {
+    for x in [x1, x2, x3] {
         free(&mut pool, x);
     }
     check(&sim, &pool);
     // Free: 4096 @0, 2048 @4608, 4096 @7168, and the big rest @11776.
     let a = alloc(&mut pool, 1536, S0);
-    assert_eq!(a.ptr, base + 4608, "smallest fitting block (2048)");
+    assert_eq!(a.ptr(), base + 4608, "smallest fitting block (2048)");
     // The 2048 block was split: 512 bytes stay free at 6144.
     let b = alloc(&mut pool, 4096, S0);
-    assert_eq!(b.ptr, base, "tie between two 4096 blocks: lower address");
+    assert_eq!(b.ptr(), base, "tie between two 4096 blocks: lower address");
     let c = alloc(&mut pool, 4000, S0);
-    assert_eq!(c.ptr, base + 7168);
+    assert_eq!(c.ptr(), base + 7168);
     let d = alloc(&mut pool, 100, S0);
-    assert_eq!(d.ptr, base + 6144, "the 512 B leftover of the split");
+    assert_eq!(d.ptr(), base + 6144, "the 512 B leftover of the split");
     let e = alloc(&mut pool, 100, S0);
-    assert_eq!(e.ptr, base + 11776, "only the big rest is left");
+    assert_eq!(e.ptr(), base + 11776, "only the big rest is left");
     assert_eq!(sim.calls(Call::Malloc), 1);
     check(&sim, &pool);
 }
@@ -254,20 +256,21 @@ fn best_fit_in_the_large_pool() {
     let a = alloc(&mut pool, 12 * MIB, S0);
     let b = alloc(&mut pool, 14 * MIB, S0);
     let c = alloc(&mut pool, 16 * MIB, S0);
-    for x in [&c, &a, &b] {
+    let (a_ptr, b_ptr, c_ptr) = (a.ptr(), b.ptr(), c.ptr());
+    for x in [c, a, b] {
         free(&mut pool, x);
     }
     let x = alloc(&mut pool, 13 * MIB, S0);
-    assert_eq!(x.ptr, b.ptr);
+    assert_eq!(x.ptr(), b_ptr);
     assert_eq!(
         block_size(&pool, &x),
         14 * MIB,
         "1 MiB rest is not split off"
     );
     let y = alloc(&mut pool, 11 * MIB, S0);
-    assert_eq!(y.ptr, a.ptr);
+    assert_eq!(y.ptr(), a_ptr);
     let z = alloc(&mut pool, 2 * MIB, S0);
-    assert_eq!(z.ptr, c.ptr, "only the 16 MiB block is left; it is split");
+    assert_eq!(z.ptr(), c_ptr, "only the 16 MiB block is left; it is split");
     assert_eq!(block_size(&pool, &z), 2 * MIB);
     assert_eq!(sim.calls(Call::Malloc), 3);
     check(&sim, &pool);
@@ -279,16 +282,18 @@ fn best_fit_in_the_large_pool() {
 fn a_block_freed_on_one_stream_is_not_reused_by_another() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 1000, S1);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let b = alloc(&mut pool, 1000, S2);
-    assert_ne!(b.ptr, a.ptr);
+    assert_ne!(b.ptr(), a_ptr);
     assert_eq!(sim.calls(Call::Malloc), 2, "stream 2 needs its own segment");
     let c = alloc(&mut pool, 1000, S1);
-    assert_eq!(c.ptr, a.ptr, "stream 1 gets its block back");
+    assert_eq!(c.ptr(), a_ptr, "stream 1 gets its block back");
     let x = alloc(&mut pool, 12 * MIB, S1);
-    free(&mut pool, &x);
+    let x_ptr = x.ptr();
+    free(&mut pool, x);
     let y = alloc(&mut pool, 12 * MIB, S2);
-    assert_ne!(y.ptr, x.ptr);
+    assert_ne!(y.ptr(), x_ptr);
     assert_eq!(sim.calls(Call::Malloc), 4);
     let streams: BTreeSet<u64> = pool
         .snapshot()

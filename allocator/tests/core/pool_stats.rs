@@ -60,7 +60,7 @@ fn every_pytorch_stat_key_exists() {
     let (sim, mut pool) = torch_with("max_split_size_mb:64");
     let a = alloc(&mut pool, 1000, S0);
     let b = alloc(&mut pool, 100 * MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
     let dict = pool.stats().to_torch_dict();
     let keys: Vec<&str> = dict.iter().map(|(k, _)| k.as_str()).collect();
@@ -96,7 +96,7 @@ fn every_pytorch_stat_key_exists() {
     assert_eq!(d["num_device_free"], 0);
     assert_eq!(d["num_ooms"], 0);
     assert_eq!(d["max_split_size"], 64 * MIB as i64);
-    free(&mut pool, &b);
+    free(&mut pool, b);
     // No max_split_size: PyTorch reports -1.
     let (_, pool) = torch();
     let d = pool.stats().to_torch_dict();
@@ -110,7 +110,7 @@ fn stat_current_is_allocated_minus_freed() {
         .iter()
         .map(|&s| alloc(&mut pool, s, S0))
         .collect();
-    for x in xs.iter().step_by(2) {
+    for x in xs.into_iter().step_by(2) {
         free(&mut pool, x);
     }
     pool.empty_cache().unwrap();
@@ -134,7 +134,7 @@ fn reset_peak_stats_sets_peaks_to_current() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 12 * MIB, S0);
     let b = alloc(&mut pool, 12 * MIB, S0);
-    free(&mut pool, &b);
+    free(&mut pool, b);
     let all = cudalloc::stats::StatType::All;
     let s = pool.stats().allocated_bytes.get(all).to_owned();
     assert_eq!((s.current, s.peak), (12 * MIB as i64, 24 * MIB as i64));
@@ -149,7 +149,7 @@ fn reset_peak_stats_sets_peaks_to_current() {
         "b's segment is cached"
     );
     assert_eq!(st.allocation.get(all).peak, 1);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
 }
 
@@ -243,8 +243,8 @@ fn fragmentation_of_a_real_pool() {
     let _s1 = alloc(&mut pool, 512, S0);
     let x2 = alloc(&mut pool, 8192, S0);
     let _s2 = alloc(&mut pool, 512, S0);
-    free(&mut pool, &x1);
-    free(&mut pool, &x2);
+    free(&mut pool, x1);
+    free(&mut pool, x2);
     check(&sim, &pool);
     let rest = 2 * MIB - 13312;
     let f = pool.snapshot().fragmentation();
@@ -275,7 +275,7 @@ fn excess_of_expandable_chunks_splits_free_bytes_by_whole_chunks() {
     let (sim, mut pool) = default_with_page_chunks();
     let a = alloc(&mut pool, 10 * MIB, S0);
     let _b = alloc(&mut pool, 10 * MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
     let e = pool.excess();
     assert_eq!(
@@ -301,7 +301,7 @@ fn excess_of_malloc_segments_counts_only_unsplit_free_segments_as_releasable() {
     let (sim, mut pool) = torch();
     let big = alloc(&mut pool, 30 * MIB, S0);
     let _small = alloc(&mut pool, 1000, S0);
-    free(&mut pool, &big);
+    free(&mut pool, big);
     check(&sim, &pool);
     let e = pool.excess();
     // The 30 MiB segment is free and whole; the small pool's 2 MiB segment holds one 1 KiB
@@ -316,8 +316,8 @@ fn excess_of_malloc_segments_counts_only_unsplit_free_segments_as_releasable() {
 fn excess_counts_blocks_waiting_for_other_streams_as_pending() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 4 * MIB, S0);
-    pool.record_stream(a.block, a.ptr, S1).unwrap();
-    free(&mut pool, &a);
+    pool.record_stream(&a, S1).unwrap();
+    free(&mut pool, a);
     let e = pool.excess();
     assert_eq!((e.live, e.pending), (0, 4 * MIB), "{e:?}");
     assert_adds_up(&e);
@@ -336,8 +336,8 @@ fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
     // tenth, which keeps 1 MiB free at its end.
     let a = alloc(&mut pool, 9 * MIB, S0);
     let b = alloc(&mut pool, 10 * MIB, S0);
-    assert_eq!(b.ptr - a.ptr, 9 * MIB);
-    free(&mut pool, &a);
+    assert_eq!(b.ptr() - a.ptr(), 9 * MIB);
+    free(&mut pool, a);
     check(&sim, &pool);
     let e = pool.excess();
     // Free: 0..9 MiB (chunks 0..8 whole, 8..10 shared with b) and 19..20 MiB (shared with b).
@@ -356,23 +356,24 @@ fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
     // (1 MiB free after `b`) pin 2 MiB; the four whole chunks below 8 MiB are not listed.
     let a = alloc(&mut pool, 9 * MIB, S0);
     let b = alloc(&mut pool, 10 * MIB, S0);
-    free(&mut pool, &a);
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     check(&sim, &pool);
     let units = pool.pinning();
     let chunk_at = |offset: u64| PinnedUnit {
         chunk: true,
-        addr: a.ptr + offset,
+        addr: a_ptr + offset,
         size: 2 * MIB,
         pinned: MIB,
         holders: 1,
-        largest: (b.ptr, 10 * MIB),
+        largest: (b.ptr(), 10 * MIB),
     };
     assert_eq!(units, [chunk_at(8 * MIB), chunk_at(18 * MIB)]);
     assert_eq!(
         units.iter().map(|u| u.pinned).sum::<u64>(),
         pool.excess().pinned
     );
-    free(&mut pool, &b);
+    free(&mut pool, b);
     assert!(
         pool.pinning().is_empty(),
         "nothing is pinned once nothing is live"
@@ -394,8 +395,8 @@ fn pinning_of_malloc_segments_lists_split_segments_with_free_bytes() {
         (false, 20 * MIB, 12 * MIB, 2)
     );
     assert_eq!(u.pinned, pool.excess().pinned);
-    free(&mut pool, &a);
-    free(&mut pool, &b);
+    free(&mut pool, a);
+    free(&mut pool, b);
     assert!(
         pool.pinning().is_empty(),
         "an unsplit free segment can go back"
@@ -409,17 +410,18 @@ fn pinning_counts_a_block_waiting_for_another_stream_as_a_holder() {
     // chunk stays pinned, and the block waiting for events holds it.
     let a = alloc(&mut pool, 9 * MIB, S0);
     let b = alloc(&mut pool, 10 * MIB, S0);
-    free(&mut pool, &b);
-    pool.record_stream(a.block, a.ptr, S1).unwrap();
-    free(&mut pool, &a);
+    free(&mut pool, b);
+    pool.record_stream(&a, S1).unwrap();
+    let a_ptr = a.ptr();
+    free(&mut pool, a);
     let e = pool.excess();
     assert_eq!((e.live, e.pending, e.pinned), (0, 9 * MIB, MIB), "{e:?}");
     let units = pool.pinning();
     assert_eq!(units.len(), 1, "{units:?}");
     let u = units[0];
     assert_eq!(
-        (u.addr - a.ptr, u.pinned, u.holders, u.largest),
-        (8 * MIB, MIB, 1, (a.ptr, 9 * MIB))
+        (u.addr - a_ptr, u.pinned, u.holders, u.largest),
+        (8 * MIB, MIB, 1, (a_ptr, 9 * MIB))
     );
     check(&sim, &pool);
 }

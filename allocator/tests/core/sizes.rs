@@ -11,7 +11,7 @@
 
 use cudalloc::config::DIVISION_INTERVALS;
 use cudalloc::sizes::SMALL_SIZE;
-use cudalloc::sizes::{round_size, round_up, segment_size, PoolKind, MAX_REQUEST};
+use cudalloc::sizes::{round_up, segment_size, PoolKind, MAX_REQUEST};
 use cudalloc::sizes::{LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER};
 use cudalloc::{Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
@@ -56,7 +56,7 @@ fn round_up_rounds_to_multiples() {
 fn round_size_has_a_512_byte_minimum() {
     let cfg = torch();
     for size in [0, 1, 2, 100, 511, 512] {
-        assert_eq!(round_size(size, &cfg), 512, "size {size}");
+        assert_eq!(cfg.pool().round_size(size), 512, "size {size}");
     }
 }
 
@@ -77,7 +77,7 @@ fn round_size_rounds_to_512() {
         (100 * MIB + 3, 100 * MIB + 512),
     ];
     for (size, want) in cases {
-        assert_eq!(round_size(size, &cfg), want, "size {size}");
+        assert_eq!(cfg.pool().round_size(size), want, "size {size}");
     }
 }
 
@@ -96,7 +96,7 @@ fn round_size_is_a_multiple_of_512_and_at_least_the_request() {
         x ^= x << 17;
         let size = x % (2 * 1024 * MIB);
         for cfg in &configs {
-            let r = round_size(size, cfg);
+            let r = cfg.pool().round_size(size);
             assert!(r >= size && r >= 512, "size {size} -> {r}");
             assert_eq!(r % 512, 0, "size {size} -> {r}");
             // Never more than one division step (size / divisions) above the request.
@@ -108,40 +108,40 @@ fn round_size_is_a_multiple_of_512_and_at_least_the_request() {
 #[test]
 fn roundup_power2_divisions_4_rounds_to_quarters() {
     let cfg = parse_torch("roundup_power2_divisions:4");
-    assert_eq!(cfg.roundup_power2_divisions, [4; DIVISION_INTERVALS]);
+    assert_eq!(cfg.pool().roundup_power2_divisions, [4; DIVISION_INTERVALS]);
     // 1.2 MiB lies between 1 MiB and 2 MiB: quarters are 256 KiB, so 1.25 MiB.
-    assert_eq!(round_size(1_258_291, &cfg), 1_310_720);
-    assert_eq!(round_size(1_258_291, &cfg), MIB + MIB / 4);
+    assert_eq!(cfg.pool().round_size(1_258_291), 1_310_720);
+    assert_eq!(cfg.pool().round_size(1_258_291), MIB + MIB / 4);
     // On a division boundary: unchanged.
-    assert_eq!(round_size(MIB + MIB / 2, &cfg), MIB + MIB / 2);
-    assert_eq!(round_size(MIB + MIB / 2 + 1, &cfg), MIB + 3 * MIB / 4);
+    assert_eq!(cfg.pool().round_size(MIB + MIB / 2), MIB + MIB / 2);
+    assert_eq!(cfg.pool().round_size(MIB + MIB / 2 + 1), MIB + 3 * MIB / 4);
     // Powers of two are unchanged.
-    assert_eq!(round_size(2 * MIB, &cfg), 2 * MIB);
-    assert_eq!(round_size(64 * MIB, &cfg), 64 * MIB);
+    assert_eq!(cfg.pool().round_size(2 * MIB), 2 * MIB);
+    assert_eq!(cfg.pool().round_size(64 * MIB), 64 * MIB);
     // Just above a power of two: the first quarter step.
-    assert_eq!(round_size(64 * MIB + 1, &cfg), 80 * MIB);
-    assert_eq!(round_size(100 * MIB, &cfg), 112 * MIB);
+    assert_eq!(cfg.pool().round_size(64 * MIB + 1), 80 * MIB);
+    assert_eq!(cfg.pool().round_size(100 * MIB), 112 * MIB);
     // Below 1 MiB the first interval's divisions apply too (4097 B -> 5 KiB instead of 4.5 KiB).
-    assert_eq!(round_size(4097, &cfg), 5 * KIB);
+    assert_eq!(cfg.pool().round_size(4097), 5 * KIB);
     // Requests up to 512 * divisions keep plain 512 B rounding.
-    assert_eq!(round_size(1025, &cfg), 1536);
-    assert_eq!(round_size(2048, &cfg), 2048);
-    assert_eq!(round_size(600, &cfg), 1024);
+    assert_eq!(cfg.pool().round_size(1025), 1536);
+    assert_eq!(cfg.pool().round_size(2048), 2048);
+    assert_eq!(cfg.pool().round_size(600), 1024);
 }
 
 #[test]
 fn roundup_power2_divisions_2_rounds_to_halves() {
     let cfg = parse_torch("roundup_power2_divisions:2");
-    assert_eq!(round_size(MIB + 1, &cfg), MIB + MIB / 2);
-    assert_eq!(round_size(3 * MIB, &cfg), 3 * MIB);
-    assert_eq!(round_size(3 * MIB + 1, &cfg), 4 * MIB);
+    assert_eq!(cfg.pool().round_size(MIB + 1), MIB + MIB / 2);
+    assert_eq!(cfg.pool().round_size(3 * MIB), 3 * MIB);
+    assert_eq!(cfg.pool().round_size(3 * MIB + 1), 4 * MIB);
 }
 
 #[test]
 fn roundup_power2_divisions_1_means_plain_rounding() {
     let cfg = parse_torch("roundup_power2_divisions:1");
-    assert_eq!(round_size(MIB + 1, &cfg), MIB + 512);
-    assert_eq!(round_size(100 * MIB + 3, &cfg), 100 * MIB + 512);
+    assert_eq!(cfg.pool().round_size(MIB + 1), MIB + 512);
+    assert_eq!(cfg.pool().round_size(100 * MIB + 3), 100 * MIB + 512);
 }
 
 #[test]
@@ -153,37 +153,39 @@ fn roundup_power2_divisions_list_form() {
     want[..=6].fill(8);
     want[8] = 4;
     want[9..].fill(1);
-    assert_eq!(cfg.roundup_power2_divisions, want);
+    assert_eq!(cfg.pool().roundup_power2_divisions, want);
 
-    assert_eq!(cfg.divisions_for(4 * KIB), 8);
-    assert_eq!(cfg.divisions_for(MIB), 8);
-    assert_eq!(cfg.divisions_for(100 * MIB), 8);
-    assert_eq!(cfg.divisions_for(150 * MIB), 0);
-    assert_eq!(cfg.divisions_for(300 * MIB), 4);
-    assert_eq!(cfg.divisions_for(600 * MIB), 1);
-    assert_eq!(cfg.divisions_for(1 << 40), 1);
+    assert_eq!(cfg.pool().divisions_for(4 * KIB), 8);
+    assert_eq!(cfg.pool().divisions_for(MIB), 8);
+    assert_eq!(cfg.pool().divisions_for(100 * MIB), 8);
+    assert_eq!(cfg.pool().divisions_for(150 * MIB), 0);
+    assert_eq!(cfg.pool().divisions_for(300 * MIB), 4);
+    assert_eq!(cfg.pool().divisions_for(600 * MIB), 1);
+    assert_eq!(cfg.pool().divisions_for(1 << 40), 1);
 
     // 8 divisions: 1.1 MiB -> 1.125 MiB (eighths of 1 MiB), not 1.25 MiB.
-    assert_eq!(round_size(1_153_434, &cfg), MIB + MIB / 8);
-    assert_eq!(round_size(1_258_291, &cfg), MIB + MIB / 4);
-    assert_eq!(round_size(100 * MIB, &cfg), 104 * MIB);
+    assert_eq!(cfg.pool().round_size(1_153_434), MIB + MIB / 8);
+    assert_eq!(cfg.pool().round_size(1_258_291), MIB + MIB / 4);
+    assert_eq!(cfg.pool().round_size(100 * MIB), 104 * MIB);
     // Interval 128..256 MiB is unlisted: plain 512 B rounding.
-    assert_eq!(round_size(150 * MIB + 3, &cfg), 150 * MIB + 512);
+    assert_eq!(cfg.pool().round_size(150 * MIB + 3), 150 * MIB + 512);
     // 4 divisions between 256 and 512 MiB.
-    assert_eq!(round_size(300 * MIB, &cfg), 320 * MIB);
+    assert_eq!(cfg.pool().round_size(300 * MIB), 320 * MIB);
     // 1 division from 512 MiB on: plain rounding.
-    assert_eq!(round_size(600 * MIB + 3, &cfg), 600 * MIB + 512);
+    assert_eq!(cfg.pool().round_size(600 * MIB + 3), 600 * MIB + 512);
 }
 
 #[test]
 fn roundup_power2_divisions_list_with_zero_and_spaces() {
     let cfg = parse_torch("roundup_power2_divisions: [ 1:2 , 2:0 , >:16 ]");
-    assert_eq!(cfg.roundup_power2_divisions[0], 2);
-    assert_eq!(cfg.roundup_power2_divisions[1], 0);
-    assert!(cfg.roundup_power2_divisions[2..].iter().all(|&d| d == 16));
-    assert_eq!(round_size(MIB + 1, &cfg), MIB + MIB / 2);
-    assert_eq!(round_size(3 * MIB, &cfg), 3 * MIB);
-    assert_eq!(round_size(4 * MIB + 1, &cfg), 4 * MIB + MIB / 4);
+    assert_eq!(cfg.pool().roundup_power2_divisions[0], 2);
+    assert_eq!(cfg.pool().roundup_power2_divisions[1], 0);
+    assert!(cfg.pool().roundup_power2_divisions[2..]
+        .iter()
+        .all(|&d| d == 16));
+    assert_eq!(cfg.pool().round_size(MIB + 1), MIB + MIB / 2);
+    assert_eq!(cfg.pool().round_size(3 * MIB), 3 * MIB);
+    assert_eq!(cfg.pool().round_size(4 * MIB + 1), 4 * MIB + MIB / 4);
 }
 
 // ---- PoolKind and segment_size ------------------------------------------------------------------
@@ -245,7 +247,7 @@ fn huge_roundup_power2_divisions_do_not_overflow() {
             Ok(cfg) => cfg,
         };
         for size in [512, 513, MIB, MIB + 1, 3 * GIB + 1, MAX_REQUEST - 1] {
-            let r = round_size(size, &cfg);
+            let r = cfg.pool().round_size(size);
             assert!(
                 r >= size && r.is_multiple_of(512),
                 "{s}: round_size({size}) = {r}"
@@ -254,7 +256,7 @@ fn huge_roundup_power2_divisions_do_not_overflow() {
         let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(GIB)));
         let mut pool = Pool::new(sim.clone(), cfg);
         let a = pool.allocate(MIB + 1, StreamId(0)).unwrap();
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
         pool.check_invariants().unwrap();
     }
 }
@@ -273,7 +275,7 @@ fn round_size_of_sizes_above_2_pow_63_does_not_panic() {
     ];
     for cfg in &cfgs {
         for size in [(1 << 63) + (1 << 62) + 1, u64::MAX - 511, u64::MAX] {
-            let r = std::panic::catch_unwind(|| round_size(size, cfg));
+            let r = std::panic::catch_unwind(|| cfg.pool().round_size(size));
             assert!(r.is_ok(), "round_size({size}) panicked");
         }
     }

@@ -51,30 +51,20 @@ fn front_rejects_every_kind_of_bad_call() {
         }
         let a = alloc.allocate(4096, S0).unwrap();
         let b = alloc.allocate(8192, UNKNOWN_STREAMS[0]).unwrap();
-        alloc.record_stream(b.ptr, UNKNOWN_STREAMS[1]).unwrap();
+        alloc.record_stream(b.ptr(), UNKNOWN_STREAMS[1]).unwrap();
+        let (ptr, size, stream, block, serial) =
+            (a.ptr(), a.size(), a.stream(), a.block(), a.serial());
         let tampered = [
-            Allocation { size: 1, ..a },
-            Allocation {
-                stream: StreamId(1),
-                ..a
-            },
-            Allocation {
-                block: a.block + 1000,
-                ..a
-            },
-            Allocation {
-                ptr: a.ptr + 512,
-                ..a
-            },
+            Allocation::forge(ptr, 1, stream, block, serial),
+            Allocation::forge(ptr, size, StreamId(1), block, serial),
+            Allocation::forge(ptr, size, stream, block + 1000, serial),
+            Allocation::forge(ptr + 512, size, stream, block, serial),
         ];
         for t in tampered {
-            assert_eq!(
-                alloc.free(t),
-                Err(AllocError::NotAllocated(t.ptr)),
-                "{policy:?} {t:?}"
-            );
+            let (ptr, what) = (t.ptr(), format!("{policy:?} {t:?}"));
+            assert_eq!(alloc.free(t), Err(AllocError::NotAllocated(ptr)), "{what}");
         }
-        for p in [0, a.ptr + 512, 0xdead_b000, u64::MAX] {
+        for p in [0, a.ptr() + 512, 0xdead_b000, u64::MAX] {
             assert_eq!(
                 alloc.free_ptr(p),
                 Err(AllocError::NotAllocated(p)),
@@ -89,27 +79,31 @@ fn front_rejects_every_kind_of_bad_call() {
             assert_eq!(r, Err(AllocError::NotAllocated(p)), "{policy:?}");
         }
         let wrong = AllocError::WrongStream {
-            ptr: a.ptr,
+            ptr: a.ptr(),
             allocated_on: S0,
             freed_on: StreamId(1),
         };
-        assert_eq!(alloc.free_on(a.ptr, StreamId(1)), Err(wrong), "{policy:?}");
-        check_front(&sim, &alloc, &format!("{policy:?} foreign frees"));
-        alloc.free(a).unwrap();
         assert_eq!(
-            alloc.free(a),
-            Err(AllocError::NotAllocated(a.ptr)),
+            alloc.free_on(a.ptr(), StreamId(1)),
+            Err(wrong),
+            "{policy:?}"
+        );
+        check_front(&sim, &alloc, &format!("{policy:?} foreign frees"));
+        alloc.free(a.duplicate()).unwrap();
+        assert_eq!(
+            alloc.free(a.duplicate()),
+            Err(AllocError::NotAllocated(a.ptr())),
             "{policy:?} double free"
         );
         assert_eq!(
-            alloc.free_ptr(a.ptr),
-            Err(AllocError::NotAllocated(a.ptr)),
+            alloc.free_ptr(a.ptr()),
+            Err(AllocError::NotAllocated(a.ptr())),
             "{policy:?}"
         );
-        let r = alloc.record_stream(a.ptr, StreamId(1));
+        let r = alloc.record_stream(a.ptr(), StreamId(1));
         assert_eq!(
             r,
-            Err(AllocError::NotAllocated(a.ptr)),
+            Err(AllocError::NotAllocated(a.ptr())),
             "{policy:?} record after free"
         );
         for f in [-1.0, 2.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
@@ -126,7 +120,7 @@ fn front_rejects_every_kind_of_bad_call() {
             &alloc,
             &format!("{policy:?} bad fractions leave no cap"),
         );
-        alloc.free_on(b.ptr, UNKNOWN_STREAMS[0]).unwrap();
+        alloc.free_on(b.ptr(), UNKNOWN_STREAMS[0]).unwrap();
         alloc.empty_cache().unwrap();
         check_front(&sim, &alloc, &format!("{policy:?} after everything"));
         assert_eq!(alloc.stats().allocation.0[0].current, 0);
@@ -148,17 +142,17 @@ fn allocator_front_rejects_bad_input() {
     ));
     let a = alloc.allocate(1000, StreamId(0)).unwrap();
     assert_eq!(
-        alloc.free_ptr(a.ptr + 512),
-        Err(AllocError::NotAllocated(a.ptr + 512))
+        alloc.free_ptr(a.ptr() + 512),
+        Err(AllocError::NotAllocated(a.ptr() + 512))
     );
     assert_eq!(
-        alloc.record_stream(a.ptr + 512, StreamId(1)),
-        Err(AllocError::NotAllocated(a.ptr + 512))
+        alloc.record_stream(a.ptr() + 512, StreamId(1)),
+        Err(AllocError::NotAllocated(a.ptr() + 512))
     );
-    alloc.free(a).unwrap();
+    alloc.free(a.duplicate()).unwrap();
     assert_eq!(
-        alloc.free(a),
-        Err(AllocError::NotAllocated(a.ptr)),
+        alloc.free(a.duplicate()),
+        Err(AllocError::NotAllocated(a.ptr())),
         "double free"
     );
     assert!(alloc.set_memory_fraction(2.0).is_err());
@@ -170,7 +164,7 @@ fn allocator_front_rejects_bad_input() {
     );
     alloc.set_memory_limit(None);
     let big = alloc.allocate(600 * MIB, StreamId(0)).unwrap();
-    alloc.free_ptr(big.ptr).unwrap();
+    alloc.free_ptr(big.ptr()).unwrap();
     alloc.reset_peak_stats();
     assert_eq!(alloc.stats().allocated_bytes.get(StatType::All).peak, 0);
     alloc.check_invariants().unwrap();
@@ -244,15 +238,15 @@ fn a_fraction_outside_0_to_1_is_bad_and_keeps_the_limit() {
 fn free_on_the_wrong_stream_names_both_streams_and_frees_nothing() {
     let alloc = front();
     let a = alloc.allocate(4096, StreamId(7)).unwrap();
-    let err = alloc.free_on(a.ptr, StreamId(9)).unwrap_err();
+    let err = alloc.free_on(a.ptr(), StreamId(9)).unwrap_err();
     let want = AllocError::WrongStream {
-        ptr: a.ptr,
+        ptr: a.ptr(),
         allocated_on: StreamId(7),
         freed_on: StreamId(9),
     };
     assert_eq!(err, want);
     assert_eq!(alloc.stats().allocation.0[0].current, 1, "nothing freed");
-    alloc.free_on(a.ptr, StreamId(7)).unwrap();
+    alloc.free_on(a.ptr(), StreamId(7)).unwrap();
     alloc.check_invariants().unwrap();
 }
 
@@ -342,7 +336,7 @@ fn record_stream_on_a_stream_of_another_device_is_refused_and_the_free_works() {
         sim.add_foreign_stream(foreign);
         let a = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
         let x = a.allocate(8 << 20, mine).unwrap();
-        let e = a.record_stream(x.ptr, foreign).unwrap_err();
+        let e = a.record_stream(x.ptr(), foreign).unwrap_err();
         assert!(matches!(e, AllocError::Device(_)), "{policy:?}: {e:?}");
         assert!(e.to_string().contains("another device"), "{e}");
         a.free(x).unwrap();
@@ -384,7 +378,7 @@ fn a_refused_record_stream_changes_nothing() {
     sim.add_foreign_stream(foreign);
     let a = CachingAllocator::new(sim, Config::for_policy(Policy::Default));
     let x = a.allocate(4096, StreamId(7)).unwrap();
-    a.record_stream(x.ptr, foreign).unwrap_err();
+    a.record_stream(x.ptr(), foreign).unwrap_err();
     a.free(x).unwrap();
     let s = a.stats();
     assert_eq!(

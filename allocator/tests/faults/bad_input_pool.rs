@@ -14,8 +14,12 @@
 //! The same at the thread-safe front: `bad_input_front.rs`; malformed config strings:
 //! `policies/config.rs`; bad trace files and the command line: the cli crate's tests.
 
+use cudalloc::config::{DefaultConfig, PolicyConfig, DIVISION_INTERVALS};
+use cudalloc::policy::Torch;
 use cudalloc::sizes::MAX_REQUEST;
-use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
+use cudalloc::{
+    AllocError, Allocation, CachingAllocator, Config, FrontConfig, Policy, Pool, PoolConfig,
+};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
 
@@ -34,7 +38,7 @@ fn pool_still_works(sim: &SimDevice, pool: &mut Pool<Sim>, what: &str) {
         let a = pool
             .allocate(size, S0)
             .unwrap_or_else(|e| panic!("after {what}: allocate({size}): {e}"));
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
     check_pool(sim, pool, what);
 }
@@ -69,50 +73,111 @@ fn pool_rejects_sizes_no_device_holds() {
             }
             check_pool(&sim, &pool, &format!("{policy:?} allocate({size})"));
         }
-        pool.free(&keep).unwrap();
+        pool.free(keep).unwrap();
         pool_still_works(&sim, &mut pool, &format!("{policy:?} huge sizes"));
     }
 }
 
-/// A `Config` built in code skips `Config::parse`'s checks: values it would refuse still make a
-/// working pool (a `max_chunk` of 0 divided by zero).
+/// A `Config` built in code is checked as a parsed one is: every value a config string would
+/// refuse is refused, with an error naming the key and the value, so no pool or allocator runs
+/// with it.
 #[test]
-fn configs_built_in_code_with_out_of_range_values_do_not_panic() {
+fn configs_built_in_code_with_out_of_range_values_are_refused() {
+    let default = |d: DefaultConfig| Config::default().with_policy(PolicyConfig::Default(d));
+    let pool = |p: PoolConfig| Config::default().with_pool(p);
+    let front = |f: FrontConfig| Config::default().with_front(f);
+    let (d, p, f) = (
+        DefaultConfig::default(),
+        PoolConfig::default(),
+        FrontConfig::default(),
+    );
     let cases = [
-        Config {
-            max_chunk: 0,
-            ..Config::default()
-        },
-        Config {
-            max_chunk: 1,
-            ..Config::default()
-        },
-        Config {
-            fragmentation_budget: f64::NAN,
-            ..Config::default()
-        },
-        Config {
-            fragmentation_budget: -1.0,
-            ..Config::default()
-        },
-        Config {
-            thread_cache_block: 0,
-            ..Config::default()
-        },
+        ("max_chunk_mb", default(DefaultConfig { max_chunk: 0, ..d })),
+        (
+            "max_chunk_mb",
+            default(DefaultConfig {
+                max_chunk: 3 << 20,
+                ..d
+            }),
+        ),
+        (
+            "fragmentation_budget",
+            default(DefaultConfig {
+                fragmentation_budget: f64::NAN,
+                ..d
+            }),
+        ),
+        (
+            "fragmentation_budget",
+            default(DefaultConfig {
+                fragmentation_budget: -1.0,
+                ..d
+            }),
+        ),
+        (
+            "max_split_size_mb",
+            pool(PoolConfig {
+                max_split_size: 4 * MIB,
+                ..p.clone()
+            }),
+        ),
+        (
+            "max_non_split_rounding_mb",
+            pool(PoolConfig {
+                max_non_split_rounding: 0,
+                ..p.clone()
+            }),
+        ),
+        (
+            "roundup_power2_divisions",
+            pool(PoolConfig {
+                roundup_power2_divisions: [3; DIVISION_INTERVALS],
+                ..p.clone()
+            }),
+        ),
+        (
+            "garbage_collection_threshold",
+            pool(PoolConfig {
+                garbage_collection_threshold: 1.0,
+                ..p.clone()
+            }),
+        ),
+        (
+            "per_process_memory_fraction",
+            pool(PoolConfig {
+                memory_fraction: Some(1.5),
+                ..p.clone()
+            }),
+        ),
+        (
+            "thread_cache_block_mb",
+            front(FrontConfig {
+                thread_cache_block: 0,
+                ..f.clone()
+            }),
+        ),
+        (
+            "thread_cache_large",
+            front(FrontConfig {
+                thread_cache_large: 5,
+                ..f.clone()
+            }),
+        ),
     ];
-    for cfg in cases {
-        let what = format!("{cfg:?}");
-        let sim = sim();
-        let a = CachingAllocator::new(sim.clone(), cfg.clone());
-        for size in [512, 3 << 20, 64 << 20] {
-            let x = a.allocate(size, StreamId(0)).expect(&what);
-            a.free(x).expect(&what);
-        }
-        check_front(&sim, &a, &what);
-        let sim = self::sim();
-        let mut pool = Pool::new(sim.clone(), cfg);
-        pool_still_works(&sim, &mut pool, &what);
+    for (key, r) in cases {
+        let e = r.expect_err(key);
+        assert_eq!(e.key, key, "{e}");
     }
+    let e = Pool::with_policy(
+        sim(),
+        PoolConfig {
+            max_split_size: MIB,
+            ..p
+        },
+        Torch,
+    )
+    .err();
+    assert_eq!(e.map(|e| e.key), Some("max_split_size_mb".to_string()));
 }
 
 /// A handle freed and then handed out again (same address, size and stream: a thread cache's
@@ -128,32 +193,40 @@ fn a_stale_handle_is_refused_after_its_address_is_handed_out_again() {
             let sim = sim();
             let a = CachingAllocator::new(sim.clone(), Config::for_policy(policy));
             let x = a.allocate(size, S0).unwrap();
-            a.free(x).unwrap();
+            a.free(x.duplicate()).unwrap();
             let y = a.allocate(size, S0).unwrap();
-            assert_eq!(x.ptr, y.ptr, "{what}: the address is handed out again");
-            assert_eq!(a.free(x), Err(AllocError::NotAllocated(x.ptr)), "{what}");
+            assert_eq!(x.ptr(), y.ptr(), "{what}: the address is handed out again");
+            assert_eq!(
+                a.free(x.duplicate()),
+                Err(AllocError::NotAllocated(x.ptr())),
+                "{what}"
+            );
             assert!(
-                a.record_stream(y.ptr, StreamId(7)).is_ok(),
+                a.record_stream(y.ptr(), StreamId(7)).is_ok(),
                 "{what}: y is live"
             );
-            a.free(y).unwrap();
-            assert_eq!(a.free(y), Err(AllocError::NotAllocated(y.ptr)), "{what}");
+            a.free(y.duplicate()).unwrap();
+            assert_eq!(
+                a.free(y.duplicate()),
+                Err(AllocError::NotAllocated(y.ptr())),
+                "{what}"
+            );
             check_front(&sim, &a, &what);
 
             let sim = self::sim();
             let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
             let x = pool.allocate(size, S0).unwrap();
-            pool.free(&x).unwrap();
+            pool.free(x.duplicate()).unwrap();
             let y = pool.allocate(size, S0).unwrap();
-            if (y.ptr, y.block) == (x.ptr, x.block) {
+            if (y.ptr(), y.block()) == (x.ptr(), x.block()) {
                 same_block += 1;
             }
             assert_eq!(
-                pool.free(&x),
-                Err(AllocError::NotAllocated(x.ptr)),
+                pool.free(x.duplicate()),
+                Err(AllocError::NotAllocated(x.ptr())),
                 "{what}"
             );
-            pool.free(&y).unwrap();
+            pool.free(y).unwrap();
             check_pool(&sim, &pool, &what);
         }
     }
@@ -168,11 +241,10 @@ fn pool_serves_streams_it_has_never_seen() {
         let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
         for s in UNKNOWN_STREAMS {
             let a = pool.allocate(3 * MIB, s).unwrap();
-            assert_eq!(a.stream, s);
-            pool.record_stream(a.block, a.ptr, UNKNOWN_STREAMS[0])
-                .unwrap();
-            pool.record_stream(a.block, a.ptr, StreamId(7)).unwrap();
-            pool.free(&a).unwrap();
+            assert_eq!(a.stream(), s);
+            pool.record_stream(&a, UNKNOWN_STREAMS[0]).unwrap();
+            pool.record_stream(&a, StreamId(7)).unwrap();
+            pool.free(a).unwrap();
             check_pool(&sim, &pool, &format!("{policy:?} stream {s}"));
         }
         sim.complete_all();
@@ -189,48 +261,34 @@ fn pool_rejects_double_and_foreign_frees() {
         let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
         let a = pool.allocate(4096, S0).unwrap();
         let b = pool.allocate(4096, S0).unwrap();
+        let like_a = |ptr, block| Allocation::forge(ptr, a.size(), a.stream(), block, a.serial());
         let foreign = [
-            Allocation {
-                ptr: a.ptr + 512,
-                ..a
-            },
-            Allocation { ptr: 0, ..a },
-            Allocation {
-                ptr: 0xdead_b000,
-                block: 12345,
-                ..a
-            },
-            Allocation {
-                block: u32::MAX,
-                ..a
-            },
-            Allocation {
-                block: b.block,
-                ..a
-            },
+            like_a(a.ptr() + 512, a.block()),
+            like_a(0, a.block()),
+            like_a(0xdead_b000, 12345),
+            like_a(a.ptr(), u32::MAX),
+            like_a(a.ptr(), b.block()),
         ];
         for f in foreign {
-            assert_eq!(
-                pool.free(&f),
-                Err(AllocError::NotAllocated(f.ptr)),
-                "{policy:?} {f:?}"
-            );
-            let r = pool.record_stream(f.block, f.ptr, StreamId(1));
-            assert_eq!(r, Err(AllocError::NotAllocated(f.ptr)), "{policy:?} {f:?}");
-            check_pool(&sim, &pool, &format!("{policy:?} foreign {f:?}"));
+            let (ptr, what) = (f.ptr(), format!("{policy:?} {f:?}"));
+            let r = pool.record_stream(&f, StreamId(1));
+            assert_eq!(r, Err(AllocError::NotAllocated(ptr)), "{what}");
+            assert_eq!(pool.free(f), Err(AllocError::NotAllocated(ptr)), "{what}");
+            check_pool(&sim, &pool, &format!("foreign {what}"));
         }
         assert!(pool.block(u32::MAX).is_none());
-        pool.free(&a).unwrap();
-        assert_eq!(
-            pool.free(&a),
-            Err(AllocError::NotAllocated(a.ptr)),
-            "{policy:?} double free"
-        );
-        let r = pool.record_stream(a.block, a.ptr, StreamId(1));
+        let (stale, ptr) = (a.duplicate(), a.ptr());
+        pool.free(a).unwrap();
+        let r = pool.record_stream(&stale, StreamId(1));
         assert_eq!(
             r,
-            Err(AllocError::NotAllocated(a.ptr)),
+            Err(AllocError::NotAllocated(ptr)),
             "record_stream after free"
+        );
+        assert_eq!(
+            pool.free(stale),
+            Err(AllocError::NotAllocated(ptr)),
+            "{policy:?} double free"
         );
         check_pool(&sim, &pool, &format!("{policy:?} double free"));
         assert_eq!(
@@ -238,7 +296,7 @@ fn pool_rejects_double_and_foreign_frees() {
             1,
             "{policy:?}: b is still live"
         );
-        pool.free(&b).unwrap();
+        pool.free(b).unwrap();
         pool_still_works(&sim, &mut pool, &format!("{policy:?} bad frees"));
     }
 }
@@ -289,7 +347,7 @@ fn pool_with_peers_that_do_not_exist_still_works() {
         pool.set_peers(vec![usize::MAX, 99]);
         pool.empty_cache().unwrap();
         match pool.allocate(5 * MIB, S0) {
-            Ok(a) => pool.free(&a).unwrap(),
+            Ok(a) => pool.free(a).unwrap(),
             Err(e) => assert!(matches!(e, AllocError::Device(_)), "{policy:?}: {e:?}"),
         }
         check_pool(&sim, &pool, &format!("{policy:?} peers"));

@@ -159,11 +159,11 @@ impl Replay {
         match op {
             Op::Alloc { slot, size, stream } => {
                 if self.slots.len() <= slot {
-                    self.slots.resize(slot + 1, None);
+                    self.slots.resize_with(slot + 1, || None);
                 }
                 match self.pool.allocate(size, StreamId(stream)) {
                     Ok(a) => {
-                        assert_eq!(a.ptr % 512, 0, "unaligned allocation");
+                        assert_eq!(a.ptr() % 512, 0, "unaligned allocation");
                         self.slots[slot] = Some(a);
                     }
                     Err(AllocError::OutOfMemory {
@@ -200,25 +200,26 @@ impl Replay {
     }
 
     fn free(&mut self, slot: usize, record: Option<StreamId>) {
-        let Some(a) = self.slots.get(slot).copied().flatten() else {
+        let Some(a) = self.slots.get(slot).and_then(Option::as_ref) else {
             return;
         };
         if let Some(s) = record {
             self.pool
-                .record_stream(a.block, a.ptr, s)
+                .record_stream(a, s)
                 .expect("record_stream of a live allocation");
         }
-        match self.pool.free(&a) {
+        // A failed free leaves the allocation live: the slot keeps its handle.
+        match self.pool.free(a.duplicate()) {
             Ok(()) => self.slots[slot] = None,
             Err(AllocError::Device(_)) if self.faulty => {
                 self.device_errors += 1;
-                let b = self.pool.block(a.block).expect("block of a failed free");
+                let b = self.pool.block(a.block()).expect("block of a failed free");
                 assert!(
-                    b.allocated && b.addr == a.ptr,
+                    b.allocated && b.addr == a.ptr(),
                     "a failed free changed the block"
                 );
             }
-            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr),
+            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr()),
         }
     }
 
@@ -257,7 +258,7 @@ impl Replay {
         self.pool.set_limit(None);
         for a in std::mem::take(&mut self.slots).into_iter().flatten() {
             self.pool
-                .free(&a)
+                .free(a)
                 .unwrap_or_else(|e| panic!("{label}: free after the sequence: {e:?}"));
         }
         self.sim.complete_all();

@@ -103,8 +103,7 @@ impl<D: Device> Harness<D> {
                 };
                 let record = (r >= 65).then(|| self.stream());
                 if let Some(s) = record {
-                    let a = self.live[i];
-                    self.pool.record_stream(a.block, a.ptr, s).unwrap();
+                    self.pool.record_stream(&self.live[i], s).unwrap();
                 }
                 self.free(i);
                 format!("free (recorded on {record:?})")
@@ -113,8 +112,8 @@ impl<D: Device> Harness<D> {
                 let Some(i) = self.pick() else {
                     return "nothing".into();
                 };
-                let (a, s) = (self.live[i], self.stream());
-                self.pool.record_stream(a.block, a.ptr, s).unwrap();
+                let s = self.stream();
+                self.pool.record_stream(&self.live[i], s).unwrap();
                 "record_stream".into()
             }
             77..=84 => {
@@ -152,7 +151,7 @@ impl<D: Device> Harness<D> {
     fn alloc(&mut self, size: u64, stream: StreamId) {
         match self.pool.allocate(size, stream) {
             Ok(a) => {
-                assert_eq!(a.ptr % 512, 0);
+                assert_eq!(a.ptr() % 512, 0);
                 self.live.push(a);
             }
             Err(AllocError::OutOfMemory {
@@ -175,20 +174,21 @@ impl<D: Device> Harness<D> {
     }
 
     fn free(&mut self, i: usize) {
-        let a = self.live[i];
-        match self.pool.free(&a) {
+        // A failed free leaves the allocation live: `live` keeps its handle.
+        let a = &self.live[i];
+        match self.pool.free(a.duplicate()) {
             Ok(()) => {
                 self.live.swap_remove(i);
             }
             Err(AllocError::Device(_)) => {
                 self.failures.1 += 1;
-                let b = self.pool.block(a.block).expect("block of a failed free");
+                let b = self.pool.block(a.block()).expect("block of a failed free");
                 assert!(
-                    b.allocated && b.addr == a.ptr,
+                    b.allocated && b.addr == a.ptr(),
                     "a failed free must change nothing"
                 );
             }
-            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr),
+            Err(e) => panic!("free({:#x}): unexpected {e:?}", a.ptr()),
         }
     }
 
@@ -209,7 +209,7 @@ impl<D: Device> Harness<D> {
         self.pool.set_limit(None);
         for a in std::mem::take(&mut self.live) {
             self.pool
-                .free(&a)
+                .free(a)
                 .unwrap_or_else(|e| panic!("{label}: free after clearing faults: {e:?}"));
         }
         self.sim.complete_all();
@@ -226,7 +226,7 @@ impl<D: Device> Harness<D> {
             fresh.push(a);
         }
         self.check(&format!("{label}: allocating after clearing"));
-        for a in &fresh {
+        for a in fresh {
             self.pool.free(a).unwrap();
         }
         self.pool.empty_cache().unwrap();
@@ -305,8 +305,7 @@ fn scenario<D: Device>(h: &mut Harness<D>) {
         h.check(&format!("scenario alloc {n}"));
     }
     for i in (0..h.live.len()).rev().step_by(2) {
-        let a = h.live[i];
-        h.pool.record_stream(a.block, a.ptr, StreamId(2)).unwrap();
+        h.pool.record_stream(&h.live[i], StreamId(2)).unwrap();
         h.free(i);
         h.check("scenario record+free");
     }
@@ -352,26 +351,25 @@ fn a_failed_record_event_keeps_the_block_allocated() {
         let sim = new_sim();
         let mut h = Harness::new(sim.clone(), sim.clone(), policy, 2);
         h.alloc(1000, StreamId(0));
-        let a = h.live[0];
-        h.pool.record_stream(a.block, a.ptr, StreamId(1)).unwrap();
-        h.pool.record_stream(a.block, a.ptr, StreamId(2)).unwrap();
+        let a = h.live.pop().expect("one allocation");
+        h.pool.record_stream(&a, StreamId(1)).unwrap();
+        h.pool.record_stream(&a, StreamId(2)).unwrap();
         // Free needs create_event, record_event (stream 1), create_event, record_event (stream
         // 2); a failed attempt keeps its events for the next one. Fail: the first create_event;
         // the first record_event; then (with one spare event) the second record_event.
         for j in [1, 2, 3] {
             sim.fail_call(j);
-            let r = h.pool.free(&a);
+            let r = h.pool.free(a.duplicate());
             assert!(
                 matches!(r, Err(AllocError::Device(_))),
                 "{policy:?} j={j}: {r:?}"
             );
             sim.clear_faults();
             h.check("failed free");
-            assert!(h.pool.block(a.block).unwrap().allocated);
+            assert!(h.pool.block(a.block()).unwrap().allocated);
             assert_eq!(h.pool.pending_events(), 0);
         }
-        h.pool.free(&a).unwrap();
-        h.live.clear();
+        h.pool.free(a).unwrap();
         assert_eq!(h.pool.pending_events(), 2);
         h.check("free");
         h.recover_and_finish(&format!("{policy:?}"));
@@ -435,7 +433,7 @@ fn an_unmap_that_fails_part_of_the_way_leaves_pool_and_device_agreeing() {
             .iter()
             .map(|m| pool.allocate(m * MIB, s).unwrap())
             .collect();
-        live.iter().for_each(|a| pool.free(a).unwrap());
+        live.into_iter().for_each(|a| pool.free(a).unwrap());
         let label = format!("release call {release_call} fails");
         sim.fail_release(release_call);
         let emptied = pool.empty_cache();
@@ -443,10 +441,10 @@ fn an_unmap_that_fails_part_of_the_way_leaves_pool_and_device_agreeing() {
         pool.check_invariants()
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         let b = pool.allocate(70 * MIB, s).unwrap();
-        sim.write(b.ptr, &vec![7u8; (70 * MIB) as usize])
+        sim.write(b.ptr(), &vec![7u8; (70 * MIB) as usize])
             .unwrap_or_else(|e| panic!("{label}: the block handed out is not all mapped: {e}"));
         assert_eq!(pool.reserved(), sim.mapped_bytes(), "{label}");
-        pool.free(&b).unwrap();
+        pool.free(b).unwrap();
         pool.empty_cache().unwrap();
         assert_eq!((pool.reserved(), sim.mapped_bytes()), (0, 0), "{label}");
         drop(pool);
@@ -483,14 +481,14 @@ fn a_map_whose_rollback_fails_leaves_pool_and_device_agreeing() {
             let second = pool.allocate(100 * MIB, s).unwrap();
             let live: Vec<Allocation> = first.into_iter().chain([second]).collect();
             for a in &live {
-                for at in (0..a.size).step_by(MIB as usize) {
-                    sim.write(a.ptr + at, &[7]).unwrap_or_else(|e| {
+                for at in (0..a.size()).step_by(MIB as usize) {
+                    sim.write(a.ptr() + at, &[7]).unwrap_or_else(|e| {
                         panic!("{label}: a block handed out is not mapped at +{at}: {e}")
                     });
                 }
             }
             assert_eq!(pool.reserved(), sim.mapped_bytes(), "{label}");
-            live.iter().for_each(|a| pool.free(a).unwrap());
+            live.into_iter().for_each(|a| pool.free(a).unwrap());
             pool.empty_cache().unwrap();
             assert_eq!((pool.reserved(), sim.mapped_bytes()), (0, 0), "{label}");
             drop(pool);

@@ -25,7 +25,6 @@
 //! reserved, nothing is outstanding on the device; after dropping the pool: no events, pages,
 //! segments or reservations are left.
 
-use cudalloc::sizes::round_size;
 use cudalloc::stats::StatType;
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
@@ -89,10 +88,10 @@ struct Model {
 
 /// Where the cookie goes: the first 8 bytes, and the last 8 of the request when it has 16.
 fn cookie_spots(a: &Allocation) -> Vec<u64> {
-    if a.size >= 16 {
-        vec![a.ptr, a.ptr + a.size - 8]
+    if a.size() >= 16 {
+        vec![a.ptr(), a.ptr() + a.size() - 8]
     } else {
-        vec![a.ptr]
+        vec![a.ptr()]
     }
 }
 
@@ -119,10 +118,8 @@ impl Model {
             Op::RecordFree { pick, other } => self.free(*pick, Some(StreamId(*other)), armed_now),
             Op::Record { pick, other } => {
                 if !self.live.is_empty() {
-                    let a = self.live[pick % self.live.len()].a;
-                    self.pool
-                        .record_stream(a.block, a.ptr, StreamId(*other))
-                        .unwrap();
+                    let a = &self.live[pick % self.live.len()].a;
+                    self.pool.record_stream(a, StreamId(*other)).unwrap();
                 }
             }
             Op::Complete { stream } => self.sim.complete_stream(StreamId(*stream)),
@@ -151,8 +148,8 @@ impl Model {
     fn alloc(&mut self, size: u64, stream: StreamId, armed: bool) {
         match self.pool.allocate(size, stream) {
             Ok(a) => {
-                assert_eq!(a.size, size);
-                assert_eq!(a.stream, stream);
+                assert_eq!(a.size(), size);
+                assert_eq!(a.stream(), stream);
                 let cookie = self.next_cookie;
                 self.next_cookie = self.next_cookie.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
                 for at in cookie_spots(&a) {
@@ -169,7 +166,7 @@ impl Model {
                 ..
             }) => {
                 assert_eq!(requested, size);
-                assert_eq!(rounded, round_size(size, self.pool.config()));
+                assert_eq!(rounded, self.pool.config().round_size(size));
                 assert_eq!(reserved, self.pool.reserved());
                 let all = self.pool.stats().allocated_bytes.get(StatType::All).current;
                 assert_eq!(allocated, all as u64);
@@ -193,8 +190,8 @@ impl Model {
                 u64::from_le_bytes(buf),
                 l.cookie,
                 "cookie of {:#x}+{} at {at:#x} was overwritten",
-                l.a.ptr,
-                l.a.size
+                l.a.ptr(),
+                l.a.size()
             );
         }
     }
@@ -205,18 +202,18 @@ impl Model {
         }
         let i = pick % self.live.len();
         self.check_cookie(&self.live[i]);
-        let a = self.live[i].a;
+        let a = &self.live[i].a;
         if let Some(s) = record {
-            self.pool.record_stream(a.block, a.ptr, s).unwrap();
+            self.pool.record_stream(a, s).unwrap();
         }
-        match self.pool.free(&a) {
+        match self.pool.free(a.duplicate()) {
             Ok(()) => {
                 self.live.swap_remove(i);
             }
             Err(AllocError::Device(e)) => {
                 assert!(armed, "free failed with no fault injected: {e:?}");
             }
-            Err(e) => panic!("free({:#x}): unexpected error {e:?}", a.ptr),
+            Err(e) => panic!("free({:#x}): unexpected error {e:?}", a.ptr()),
         }
     }
 
@@ -238,12 +235,12 @@ impl Model {
         let mut spans: Vec<(u64, u64)> = Vec::with_capacity(self.live.len());
         for l in &self.live {
             let a = &l.a;
-            assert_eq!(a.ptr % 512, 0, "{:#x} is not 512-aligned", a.ptr);
-            let b = self.pool.block(a.block).expect("live block");
-            assert!(b.allocated, "block of {:#x} is not allocated", a.ptr);
-            assert_eq!(b.addr, a.ptr);
-            assert!(b.size >= round_size(a.size, self.pool.config()));
-            spans.push((a.ptr, b.size));
+            assert_eq!(a.ptr() % 512, 0, "{:#x} is not 512-aligned", a.ptr());
+            let b = self.pool.block(a.block()).expect("live block");
+            assert!(b.allocated, "block of {:#x} is not allocated", a.ptr());
+            assert_eq!(b.addr, a.ptr());
+            assert!(b.size >= self.pool.config().round_size(a.size()));
+            spans.push((a.ptr(), b.size));
         }
         spans.sort_unstable();
         for w in spans.windows(2) {
@@ -262,7 +259,7 @@ impl Model {
         self.sim.clear_faults();
         for l in std::mem::take(&mut self.live) {
             self.check_cookie(&l);
-            self.pool.free(&l.a).unwrap();
+            self.pool.free(l.a).unwrap();
         }
         self.check();
         self.sim.complete_all();

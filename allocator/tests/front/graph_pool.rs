@@ -62,7 +62,7 @@ fn capture_all(order: &[u64]) -> u64 {
 fn a_graph_pools_memory_is_never_handed_to_eager_work() {
     let (sim, eager) = allocator("policy:default");
     let pool = eager.graph_pool();
-    assert_eq!(pool.config().policy, Policy::TorchExpandable);
+    assert_eq!(pool.config().policy(), Policy::TorchExpandable);
     let out = decode_step(&pool, 4);
     let held = pool.reserved_bytes();
     assert!(held > 0);
@@ -80,7 +80,7 @@ fn a_graph_pools_memory_is_never_handed_to_eager_work() {
         assert!(
             pool_ranges
                 .iter()
-                .all(|&(lo, hi)| a.ptr + a.size <= lo || a.ptr >= hi),
+                .all(|&(lo, hi)| a.ptr() + a.size() <= lo || a.ptr() >= hi),
             "an eager block inside the graph pool's range"
         );
     }

@@ -70,6 +70,7 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     let keep = alloc.allocate(3000, S).unwrap();
     let a = alloc.allocate(4096, S).unwrap();
     let b = alloc.allocate(64 * 1024, S).unwrap();
+    let a_ptr = a.ptr();
     alloc.free(a).unwrap();
     assert_eq!(
         alloc.stats().thread_cache.blocks,
@@ -78,9 +79,9 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     );
 
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr), Some(BlockState::ThreadCached));
-    assert_eq!(state(&snap, keep.ptr), Some(BlockState::Allocated));
-    assert_eq!(state(&snap, b.ptr), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::ThreadCached));
+    assert_eq!(state(&snap, keep.ptr()), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, b.ptr()), Some(BlockState::Allocated));
     let allocated = alloc.stats().allocated_bytes.0[0].current as u64;
     assert_eq!(bytes_in(&snap, BlockState::Allocated), allocated);
     let free = bytes_in(&snap, BlockState::Free);
@@ -91,9 +92,9 @@ fn a_block_in_a_thread_cache_is_thread_cached_not_allocated() {
     );
 
     let again = alloc.allocate(4096, S).unwrap();
-    assert_eq!(again.ptr, a.ptr, "a cache hit");
+    assert_eq!(again.ptr(), a_ptr, "a cache hit");
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::Allocated));
 
     for x in [again, b, keep] {
         alloc.free(x).unwrap();
@@ -107,6 +108,7 @@ fn blocks_a_thread_left_in_its_cache_when_it_exited_are_thread_cached() {
     let alloc = front(Policy::Default);
     let small = alloc.allocate(8192, S).unwrap();
     let large = alloc.allocate(6 * MIB, S).unwrap();
+    let small_ptr = small.ptr();
     std::thread::scope(|t| {
         t.spawn(|| {
             alloc.free(small).unwrap();
@@ -114,7 +116,7 @@ fn blocks_a_thread_left_in_its_cache_when_it_exited_are_thread_cached() {
         });
     });
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, small.ptr), Some(BlockState::ThreadCached));
+    assert_eq!(state(&snap, small_ptr), Some(BlockState::ThreadCached));
     none_left_after_empty_cache(&alloc);
 }
 
@@ -123,10 +125,11 @@ fn without_thread_caches_a_freed_block_is_free() {
     let alloc = front(Policy::Torch);
     let keep = alloc.allocate(3000, S).unwrap();
     let a = alloc.allocate(4096, S).unwrap();
+    let a_ptr = a.ptr();
     alloc.free(a).unwrap();
     let snap = consistent_snapshot(&alloc);
-    assert_eq!(state(&snap, a.ptr), Some(BlockState::Free));
-    assert_eq!(state(&snap, keep.ptr), Some(BlockState::Allocated));
+    assert_eq!(state(&snap, a_ptr), Some(BlockState::Free));
+    assert_eq!(state(&snap, keep.ptr()), Some(BlockState::Allocated));
     assert_eq!(BlockState::ThreadCached.name(), "thread_cached");
     alloc.free(keep).unwrap();
 }

@@ -33,7 +33,7 @@ fn an_allocation_that_succeeds_after_the_ladder_is_no_oom() {
         cfg.clone(),
     );
     let x = pool.allocate(12 * MIB, StreamId(1)).unwrap();
-    pool.free(&x).unwrap();
+    pool.free(x).unwrap();
     pool.allocate(30 * MIB, StreamId(2)).unwrap();
     let alloc = front(40 * MIB, cfg);
     let x = alloc.allocate(12 * MIB, StreamId(1)).unwrap();

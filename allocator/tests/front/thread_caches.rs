@@ -37,12 +37,12 @@ fn pool_frees(alloc: &Alloc) -> i64 {
 /// Frees `a`, which must stay in the thread cache (the pool sees no free).
 fn free_into_thread_cache(alloc: &Alloc, a: Allocation) {
     let (frees, held) = (pool_frees(alloc), alloc.stats().thread_cache.blocks);
+    let size = a.size();
     alloc.free(a).unwrap();
     assert_eq!(
         pool_frees(alloc),
         frees,
-        "{} bytes went back to the pool",
-        a.size
+        "{size} bytes went back to the pool"
     );
     assert_eq!(alloc.stats().thread_cache.blocks, held + 1);
 }
@@ -162,6 +162,7 @@ fn a_large_block_comes_back_from_the_thread_cache() {
     for size in [64 * MIB, 700 * MIB] {
         let (_sim, alloc) = default_alloc(4 * GIB);
         let a = alloc.allocate(size, StreamId(1)).unwrap();
+        let a_ptr = a.ptr();
         free_into_thread_cache(&alloc, a);
         assert_nothing_allocated(&alloc);
         assert!(
@@ -170,14 +171,17 @@ fn a_large_block_comes_back_from_the_thread_cache() {
         );
         let n = pool_allocations(&alloc);
         let b = alloc.allocate(size, StreamId(1)).unwrap();
-        assert_eq!(b.ptr, a.ptr);
+        assert_eq!(b.ptr(), a_ptr);
         assert_eq!(
             pool_allocations(&alloc),
             n,
             "{size} bytes: the pool was asked"
         );
-        alloc.free(b).unwrap();
-        assert_eq!(alloc.free(b), Err(AllocError::NotAllocated(b.ptr)));
+        alloc.free(b.duplicate()).unwrap();
+        assert_eq!(
+            alloc.free(b.duplicate()),
+            Err(AllocError::NotAllocated(b.ptr()))
+        );
     }
 }
 
@@ -188,6 +192,7 @@ fn a_replaced_large_block_goes_back_to_its_pool() {
     let (_sim, alloc) = default_alloc(4 * GIB);
     let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
     let b = alloc.allocate(32 * MIB, StreamId(1)).unwrap();
+    let a_ptr = a.ptr();
     alloc.free(a).unwrap();
     alloc.free(b).unwrap();
     assert_nothing_allocated(&alloc);
@@ -195,7 +200,7 @@ fn a_replaced_large_block_goes_back_to_its_pool() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let c = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
-            assert_eq!(c.ptr, a.ptr, "the replaced block was not in its pool");
+            assert_eq!(c.ptr(), a_ptr, "the replaced block was not in its pool");
             alloc.free(c).unwrap();
         });
     });
@@ -246,11 +251,12 @@ fn out_of_memory_releases_thread_cached_large_blocks() {
 fn a_large_miss_returns_the_large_part_first() {
     let (_sim, alloc) = default_alloc(4 * GIB);
     let a = alloc.allocate(64 * MIB, StreamId(1)).unwrap();
+    let a_ptr = a.ptr();
     free_into_thread_cache(&alloc, a);
     let held = alloc.reserved_bytes();
     let b = alloc.allocate(32 * MIB, StreamId(1)).unwrap();
     assert_eq!(alloc.reserved_bytes(), held, "the pool reserved more");
-    assert_eq!(b.ptr, a.ptr);
+    assert_eq!(b.ptr(), a_ptr);
     alloc.free(b).unwrap();
     alloc.check_invariants().unwrap();
 }
@@ -262,7 +268,7 @@ fn a_recorded_block_skips_the_thread_cache() {
     for size in [4096, 64 * MIB] {
         let (_sim, alloc) = default_alloc(4 * GIB);
         let a = alloc.allocate(size, StreamId(1)).unwrap();
-        alloc.record_stream(a.ptr, StreamId(2)).unwrap();
+        alloc.record_stream(a.ptr(), StreamId(2)).unwrap();
         let frees = pool_frees(&alloc);
         alloc.free(a).unwrap();
         assert_eq!(

@@ -52,7 +52,6 @@ impl Sizes for Rng {
 }
 
 /// One live allocation and its cookie.
-#[derive(Clone, Copy)]
 struct Tagged {
     a: Allocation,
     cookie: u64,
@@ -62,10 +61,10 @@ type Alloc = CachingAllocator<Arc<SimDevice>>;
 
 /// Where the cookie goes: the first 8 bytes, and the last 8 of the request when it has 16.
 fn spots(a: &Allocation) -> Vec<u64> {
-    if a.size >= 16 {
-        vec![a.ptr, a.ptr + a.size - 8]
+    if a.size() >= 16 {
+        vec![a.ptr(), a.ptr() + a.size() - 8]
     } else {
-        vec![a.ptr]
+        vec![a.ptr()]
     }
 }
 
@@ -83,17 +82,18 @@ fn check_cookie(sim: &SimDevice, t: &Tagged) {
             u64::from_le_bytes(buf),
             t.cookie,
             "cookie of {:#x}+{} at {at:#x} was overwritten",
-            t.a.ptr,
-            t.a.size
+            t.a.ptr(),
+            t.a.size()
         );
     }
 }
 
 fn free_checked(alloc: &Alloc, sim: &SimDevice, t: Tagged) {
     check_cookie(sim, &t);
+    let ptr = t.a.ptr();
     alloc
         .free(t.a)
-        .unwrap_or_else(|e| panic!("free of live {:#x}: {e:?}", t.a.ptr));
+        .unwrap_or_else(|e| panic!("free of live {ptr:#x}: {e:?}"));
 }
 
 fn worker(id: u64, alloc: &Alloc, sim: &SimDevice, shared: &Mutex<Vec<Tagged>>) {
@@ -111,7 +111,7 @@ fn worker(id: u64, alloc: &Alloc, sim: &SimDevice, shared: &Mutex<Vec<Tagged>>) 
             };
             match alloc.allocate(size, stream) {
                 Ok(a) => {
-                    assert_eq!(a.ptr % 512, 0);
+                    assert_eq!(a.ptr() % 512, 0);
                     let t = Tagged {
                         a,
                         cookie: (id << 48) ^ n ^ 0x00c0_ffee_0000_0000,
@@ -132,7 +132,7 @@ fn worker(id: u64, alloc: &Alloc, sim: &SimDevice, shared: &Mutex<Vec<Tagged>>) 
                 let t = local.swap_remove(i);
                 if rng.below(6) == 0 {
                     alloc
-                        .record_stream(t.a.ptr, StreamId(rng.below(4)))
+                        .record_stream(t.a.ptr(), StreamId(rng.below(4)))
                         .unwrap();
                 }
                 free_checked(alloc, sim, t);

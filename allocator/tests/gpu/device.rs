@@ -61,9 +61,9 @@ fn conformance_every_policy() {
                 let a = alloc
                     .allocate(size, StreamId::DEFAULT)
                     .unwrap_or_else(|e| panic!("{policy:?} {size}: {e}"));
-                assert_eq!(a.ptr % 512, 0, "alignment");
+                assert_eq!(a.ptr() % 512, 0, "alignment");
                 let len = size.max(1) as usize;
-                alloc.with_device(|d| roundtrip(d, a.ptr, len, i as u64 + 1));
+                alloc.with_device(|d| roundtrip(d, a.ptr(), len, i as u64 + 1));
                 live.push(a);
             }
             let total = alloc.with_device(|d| d.mem_info().unwrap().1);
@@ -102,7 +102,7 @@ fn expandable_growth_across_pages_and_remap() {
                 .map(|&s| alloc.allocate(s, StreamId::DEFAULT).unwrap())
                 .collect();
             for (i, a) in live.iter().enumerate() {
-                alloc.with_device(|d| roundtrip(d, a.ptr, a.size as usize, 100 + i as u64));
+                alloc.with_device(|d| roundtrip(d, a.ptr(), a.size() as usize, 100 + i as u64));
             }
             let mapped = alloc.reserved_bytes();
             assert!(mapped >= sizes.iter().sum::<u64>());
@@ -116,7 +116,7 @@ fn expandable_growth_across_pages_and_remap() {
                 "{policy:?}: empty_cache unmaps every page"
             );
             let again = alloc.allocate(64 * MIB, StreamId::DEFAULT).unwrap();
-            alloc.with_device(|d| roundtrip(d, again.ptr, again.size as usize, 7));
+            alloc.with_device(|d| roundtrip(d, again.ptr(), again.size() as usize, 7));
             let s = alloc.stats();
             assert!(
                 s.calls.maps > 0 && s.calls.unmaps > 0,
@@ -159,7 +159,7 @@ fn limited_device_gives_out_of_memory_and_recovers() {
         let b = alloc
             .allocate(30 * MIB, StreamId::DEFAULT)
             .expect("usable after out-of-memory");
-        alloc.with_device(|d| roundtrip(d.inner(), b.ptr, b.size as usize, 9));
+        alloc.with_device(|d| roundtrip(d.inner(), b.ptr(), b.size() as usize, 9));
         alloc.free(b).unwrap();
         for a in live {
             alloc.free(a).unwrap();
@@ -200,10 +200,11 @@ fn one_allocator_per_device_and_peer_access() {
             "{policy:?}: device 0 untouched by device 1's allocator"
         );
         let y = a0.allocate(64 * MIB, StreamId::DEFAULT).unwrap();
-        let data = pattern(y.size as usize, 77);
-        a0.with_device(|d| d.copy_to_device(y.ptr, &data)).unwrap();
+        let data = pattern(y.size() as usize, 77);
+        a0.with_device(|d| d.copy_to_device(y.ptr(), &data))
+            .unwrap();
         let mut back = vec![0u8; data.len()];
-        peer.copy_from_device(y.ptr, &mut back).unwrap();
+        peer.copy_from_device(y.ptr(), &mut back).unwrap();
         assert!(back == data, "{policy:?}: device 1 reads device 0's pages");
         a1.free(x).unwrap();
         a0.free(y).unwrap();

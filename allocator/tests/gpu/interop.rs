@@ -329,9 +329,9 @@ fn record_stream_refuses_a_stream_of_another_context() {
         .with_device(|d| d.context().new_stream())
         .expect("a stream");
     let x = a.allocate(4 << 20, StreamId::DEFAULT).unwrap();
-    let e = a.record_stream(x.ptr, stream_id(&foreign)).unwrap_err();
+    let e = a.record_stream(x.ptr(), stream_id(&foreign)).unwrap_err();
     assert!(e.to_string().contains("another context"), "{e}");
-    a.record_stream(x.ptr, stream_id(&own)).unwrap();
+    a.record_stream(x.ptr(), stream_id(&own)).unwrap();
     a.free(x).unwrap();
     own.synchronize().unwrap();
     settled(&a);
@@ -348,7 +348,9 @@ fn the_per_thread_default_stream_is_refused() {
     let e = a.buffer::<f32>(16, &per_thread).unwrap_err();
     assert!(e.to_string().contains("per-thread default stream"), "{e}");
     let x = a.allocate(4096, StreamId::DEFAULT).unwrap();
-    let e = a.record_stream(x.ptr, stream_id(&per_thread)).unwrap_err();
+    let e = a
+        .record_stream(x.ptr(), stream_id(&per_thread))
+        .unwrap_err();
     assert!(e.to_string().contains("per-thread default stream"), "{e}");
     a.free(x).unwrap();
     settled(&a);

@@ -23,9 +23,10 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
         let start = Instant::now();
         alloc.with_device(|d| {
             d.sleep_on_stream(s2, 50).unwrap();
-            d.memset_async(a.ptr, 0xAB, SIZE, s2).unwrap();
+            d.memset_async(a.ptr(), 0xAB, SIZE, s2).unwrap();
         });
-        alloc.record_stream(a.ptr, s2).unwrap();
+        alloc.record_stream(a.ptr(), s2).unwrap();
+        let a_ptr = a.ptr();
         alloc.free(a).unwrap();
         let b = alloc.allocate(SIZE, s1).unwrap();
         let early = start.elapsed();
@@ -34,7 +35,8 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             "{policy:?}: the test itself was too slow ({early:?})"
         );
         assert_ne!(
-            b.ptr, a.ptr,
+            b.ptr(),
+            a_ptr,
             "{policy:?}: block reused while stream 2 still used it"
         );
         let pending = alloc
@@ -42,14 +44,14 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
             .segments
             .iter()
             .flat_map(|s| s.blocks.iter())
-            .any(|blk| blk.addr == a.ptr && blk.state == BlockState::PendingEvents);
+            .any(|blk| blk.addr == a_ptr && blk.state == BlockState::PendingEvents);
         assert!(
             pending,
             "{policy:?}: the freed block should wait for its event"
         );
         alloc.with_device(|d| d.wait_stream(s2).unwrap());
         let mut back = vec![0u8; SIZE as usize];
-        alloc.with_device(|d| d.copy_from_device(a.ptr, &mut back).unwrap());
+        alloc.with_device(|d| d.copy_from_device(a_ptr, &mut back).unwrap());
         assert!(
             back.iter().all(|&x| x == 0xAB),
             "{policy:?}: stream 2's write was lost"
@@ -82,17 +84,17 @@ fn data_written_on_one_stream_reads_back_on_another() {
     let a = alloc.allocate(64 << 20, s1).unwrap();
     alloc.with_device(|d| {
         d.sleep_on_stream(s1, 20).unwrap();
-        d.memset_async(a.ptr, 0x5A, a.size, s1).unwrap();
+        d.memset_async(a.ptr(), 0x5A, a.size(), s1).unwrap();
         d.wait_stream(s1).unwrap();
-        d.memset_async(a.ptr, 0x3C, a.size / 2, s2).unwrap();
+        d.memset_async(a.ptr(), 0x3C, a.size() / 2, s2).unwrap();
         d.wait_stream(s2).unwrap();
-        let mut back = vec![0u8; a.size as usize];
-        d.copy_from_device(a.ptr, &mut back).unwrap();
+        let mut back = vec![0u8; a.size() as usize];
+        d.copy_from_device(a.ptr(), &mut back).unwrap();
         let half = back.len() / 2;
         assert!(back[..half].iter().all(|&x| x == 0x3C));
         assert!(back[half..].iter().all(|&x| x == 0x5A));
     });
-    alloc.record_stream(a.ptr, s2).unwrap();
+    alloc.record_stream(a.ptr(), s2).unwrap();
     alloc.free(a).unwrap();
     alloc.empty_cache().unwrap();
     alloc.check_invariants().unwrap();

@@ -21,7 +21,7 @@ fn a_capture_stays_valid_under_every_policy_and_mode() {
                 alloc.with_device(|d| (d.create_stream().unwrap(), d.create_stream().unwrap()));
             // A block another stream used, freed during the capture: its events wait for the end.
             let shared = alloc.allocate(MIB, s).unwrap();
-            alloc.record_stream(shared.ptr, side).unwrap();
+            alloc.record_stream(shared.ptr(), side).unwrap();
             alloc.begin_capture(mode);
             alloc.with_device(|d| d.begin_capture(s, mode)).unwrap();
             let mut kept = Vec::new();

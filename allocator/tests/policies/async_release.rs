@@ -32,15 +32,17 @@ fn in_state(pool: &Pool<Sim>, state: BlockState) -> Vec<(u64, u64)> {
 
 /// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block, on stream 0; a 34 MiB
 /// growth then passes the budget by 4 MiB, so the 6 MiB block's pages go back
-/// (`budget_rules.rs` has the same layout with work completing at once).
-fn layout_with_excess(pool: &mut Pool<Sim>) -> (Allocation, Allocation, Vec<Allocation>) {
+/// (`budget_rules.rs` has the same layout with work completing at once). Returns the addresses
+/// of the two free blocks and the live ones.
+fn layout_with_excess(pool: &mut Pool<Sim>) -> (u64, u64, Vec<Allocation>) {
     let large = alloc(pool, 30 * MIB, S0);
     let k1 = alloc(pool, 2 * MIB, S0);
     let small = alloc(pool, 6 * MIB, S0);
     let k2 = alloc(pool, 2 * MIB, S0);
-    free(pool, &large);
-    free(pool, &small);
-    (large, small, vec![k1, k2])
+    let (large_ptr, small_ptr) = (large.ptr(), small.ptr());
+    free(pool, large);
+    free(pool, small);
+    (large_ptr, small_ptr, vec![k1, k2])
 }
 
 #[test]
@@ -66,12 +68,12 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     assert_eq!(
         in_state(&pool, BlockState::Releasing),
-        vec![(small.ptr, 6 * MIB)]
+        vec![(small, 6 * MIB)]
     );
     assert_eq!(sim.mapped_bytes(), 74 * MIB);
     // A request its size on the same stream gets other memory.
     let other = alloc(&mut pool, 6 * MIB, S0);
-    assert!(other.ptr >= small.ptr + 6 * MIB || other.ptr + 6 * MIB <= small.ptr);
+    assert!(other.ptr() >= small + 6 * MIB || other.ptr() + 6 * MIB <= small);
     check(&sim, &pool);
     sim.complete_stream(S0);
     // The next allocation polls the event and unmaps the pages.
@@ -87,7 +89,7 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     );
     assert_eq!(pool.stats().device_waits, counted);
     for a in [grown, other, tiny] {
-        free(&mut pool, &a);
+        free(&mut pool, a);
     }
     check(&sim, &pool);
 }
@@ -108,7 +110,7 @@ fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
     // block's pages go.
     assert_eq!(pool.stats().device_waits, counted + 2);
     assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
-    for a in keep.iter().chain([&grown]) {
+    for a in keep.into_iter().chain([grown]) {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
@@ -136,7 +138,7 @@ fn under_a_cap_a_growth_that_needs_releasing_pages_waits_at_the_last_rung() {
     past_loading(&mut pool);
     sim.set_auto_complete(false);
     let a = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
     pool.set_limit(Some(48 * MIB));
     // Another stream cannot use stream 0's free block: its pages must go first.
     let b = alloc(&mut pool, 40 * MIB, S1);
@@ -144,7 +146,7 @@ fn under_a_cap_a_growth_that_needs_releasing_pages_waits_at_the_last_rung() {
     assert!(pool.reserved() <= 48 * MIB);
     assert_eq!(pool.releasing_bytes(), 0);
     assert!(pool.stats().device_waits > 0, "the last rung waited");
-    free(&mut pool, &b);
+    free(&mut pool, b);
     check(&sim, &pool);
 }
 
@@ -167,7 +169,7 @@ fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
     // The pages are free again, or (the budget still passed) on their way back once more.
     let covers = |v: Vec<(u64, u64)>| {
         v.iter()
-            .any(|&(p, n)| p <= small.ptr && small.ptr + 6 * MIB <= p + n)
+            .any(|&(p, n)| p <= small && small + 6 * MIB <= p + n)
     };
     assert!(
         covers(in_state(&pool, BlockState::Free)) || covers(in_state(&pool, BlockState::Releasing)),
@@ -179,10 +181,10 @@ fn a_failed_unmap_of_a_releasing_block_leaves_it_free() {
     let t = alloc(&mut pool, 512, S1);
     assert_eq!(pool.releasing_bytes(), 0);
     check(&sim, &pool);
-    for a in [&polled, &t] {
+    for a in [polled, t] {
         free(&mut pool, a);
     }
-    for a in keep.iter().chain([&grown]) {
+    for a in keep.into_iter().chain([grown]) {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
@@ -202,7 +204,8 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     let b = alloc(&mut pool, 10 * MIB, S0);
     let k2 = alloc(&mut pool, 2 * MIB, S0);
     let c = alloc(&mut pool, 30 * MIB, S1);
-    for x in [&a, &b, &c] {
+    let c_ptr = c.ptr();
+    for x in [a, b, c] {
         free(&mut pool, x);
     }
     assert_eq!(pool.reserved(), 64 * MIB);
@@ -219,8 +222,8 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     );
     // Stream 1's block is still cached.
     let again = alloc(&mut pool, 30 * MIB, S1);
-    assert_eq!(again.ptr, c.ptr);
-    for x in [&grown, &again, &k1, &k2] {
+    assert_eq!(again.ptr(), c_ptr);
+    for x in [grown, again, k1, k2] {
         free(&mut pool, x);
     }
     check(&sim, &pool);
@@ -245,7 +248,7 @@ fn pages_on_their_way_back_do_not_pile_up_while_the_device_runs_behind() {
                 .map(|i| alloc(&mut pool, (16 + 4 * ((round + i) % 5)) * MIB, s))
                 .collect();
             most = most.max(pool.reserved());
-            for a in &set {
+            for a in set {
                 free(&mut pool, a);
             }
             check(&sim, &pool);
@@ -276,7 +279,7 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
     live.push(alloc(&mut pool, 34 * MIB, S0));
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     let theirs = alloc(&mut pool, 6 * MIB, S1);
-    assert_ne!(theirs.ptr, small.ptr);
+    assert_ne!(theirs.ptr(), small);
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
     live.push(theirs);
     // Requests of stream 0 use its cached blocks, then the pages on their way back.
@@ -284,15 +287,15 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
         let (maps, device_waits) = (sim.calls(Call::Map), waits(&sim));
         let a = alloc(&mut pool, 6 * MIB, S0);
         let grew = sim.calls(Call::Map) > maps || waits(&sim) > device_waits;
-        let found = (a.ptr == small.ptr || grew).then_some((a.ptr, grew));
+        let found = (a.ptr() == small || grew).then_some((a.ptr(), grew));
         live.push(a);
         found
     });
     check(&sim, &pool);
-    assert_eq!(taken, Some((small.ptr, false)), "mapped or waited instead");
+    assert_eq!(taken, Some((small, false)), "mapped or waited instead");
     assert_eq!(pool.releasing_bytes(), 0);
     sim.complete_all();
-    for a in &live {
+    for a in live {
         free(&mut pool, a);
     }
     check(&sim, &pool);

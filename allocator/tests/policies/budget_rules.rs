@@ -25,8 +25,9 @@ fn the_budget_gives_back_the_smallest_free_block_that_covers_its_excess() {
     let _k1 = alloc(&mut pool, 2 * MIB, S0);
     let small = alloc(&mut pool, 6 * MIB, S0);
     let _k2 = alloc(&mut pool, 2 * MIB, S0);
-    free(&mut pool, &large);
-    free(&mut pool, &small);
+    let large_ptr = large.ptr();
+    free(&mut pool, large);
+    free(&mut pool, small);
     assert_eq!(sim.mapped_bytes(), 40 * MIB);
     let unmaps = sim.calls(Call::Unmap);
     let _z = alloc(&mut pool, 34 * MIB, S0);
@@ -36,7 +37,7 @@ fn the_budget_gives_back_the_smallest_free_block_that_covers_its_excess() {
     assert_eq!(sim.calls(Call::Unmap) - unmaps, 3);
     assert_eq!(sim.mapped_bytes(), 68 * MIB);
     let again = alloc(&mut pool, 30 * MIB, S0);
-    assert_eq!(again.ptr, large.ptr, "the 30 MiB block is still mapped");
+    assert_eq!(again.ptr(), large_ptr, "the 30 MiB block is still mapped");
     check(&sim, &pool);
 }
 
@@ -53,7 +54,7 @@ fn a_pool_that_has_freed_nothing_maps_a_page_ahead() {
     // bert's weight tensors: 2.25 MiB each, so each growth needs two pages or one.
     let size = 2_359_296;
     let (sim, mut pool) = default_with("");
-    let (weights, ahead) = load(&sim, &mut pool, 40, size);
+    let (mut weights, ahead) = load(&sim, &mut pool, 40, size);
     let live = 40 * size;
     // At most the page ahead and the last tensor's page tail are mapped beyond the live bytes.
     let extra = sim.mapped_bytes() - live;
@@ -71,7 +72,7 @@ fn a_pool_that_has_freed_nothing_maps_a_page_ahead() {
     );
 
     // Once a block was freed, a growth maps only what it needs again.
-    free(&mut pool, &weights[0]);
+    free(&mut pool, weights.swap_remove(0));
     let before = sim.mapped_bytes();
     let more = alloc(&mut pool, 10 * MIB, S0);
     let tail = before - live;
@@ -79,7 +80,7 @@ fn a_pool_that_has_freed_nothing_maps_a_page_ahead() {
         sim.mapped_bytes() - before,
         (10 * MIB - tail).div_ceil(PAGE) * PAGE
     );
-    free(&mut pool, &more);
+    free(&mut pool, more);
     check(&sim, &pool);
 }
 
@@ -114,7 +115,7 @@ fn a_growth_that_fits_only_without_its_page_ahead_still_succeeds() {
     let b = alloc(&mut pool, 9 * MIB, S0);
     assert_eq!(sim.mapped_bytes(), 160 * MIB, "every page of the device");
     check(&sim, &pool);
-    free(&mut pool, &b);
+    free(&mut pool, b);
 }
 
 /// Through `CachingAllocator`, a free that a thread cache keeps ends the loading too, for every
@@ -158,7 +159,7 @@ fn a_free_that_waits_for_other_streams_ends_the_loading() {
     let cfg = Config::parse("policy:default,thread_cache:False").unwrap();
     let alloc = CachingAllocator::new(sim.clone(), cfg);
     let a = alloc.allocate(512, StreamId(1)).unwrap();
-    alloc.record_stream(a.ptr, StreamId(5)).unwrap();
+    alloc.record_stream(a.ptr(), StreamId(5)).unwrap();
     alloc.free(a).unwrap();
     let before = sim.mapped_bytes();
     let _b = alloc.allocate(3 * MIB, StreamId(2)).unwrap();

@@ -10,7 +10,7 @@
 //! rule set; `CUDALLOC_CONF` unset is the default, and bad or not UTF-8 is an error naming the
 //! key or the variable (the one test that sets the variable; no other test reads it).
 
-use cudalloc::config::DIVISION_INTERVALS;
+use cudalloc::config::{DefaultConfig, PolicyConfig, DIVISION_INTERVALS};
 use cudalloc::{Config, ConfigError, Policy};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -32,23 +32,31 @@ fn parse_err(s: &str) -> ConfigError {
     }
 }
 
+/// The `default` policy's settings of `c`.
+fn defaults(c: &Config) -> DefaultConfig {
+    match c.policy_config() {
+        PolicyConfig::Default(d) => *d,
+        other => panic!("not the default policy: {other:?}"),
+    }
+}
+
 // ---- config parsing -----------------------------------------------------------------------------
 
 #[test]
 fn empty_string_gives_the_base() {
     assert_eq!(Config::parse("").unwrap(), Config::default());
     assert_eq!(Config::parse_onto(torch(), "").unwrap(), torch());
-    assert_eq!(Config::default().policy, Policy::Default);
+    assert_eq!(Config::default().policy(), Policy::Default);
 }
 
 #[test]
 fn for_policy_has_pytorchs_defaults() {
     let c = torch();
-    assert_eq!(c.policy, Policy::Torch);
-    assert_eq!(c.max_split_size, u64::MAX);
-    assert_eq!(c.max_non_split_rounding, 20 * MIB);
-    assert_eq!(c.roundup_power2_divisions, [0; DIVISION_INTERVALS]);
-    assert_eq!(c.garbage_collection_threshold, 0.0);
+    assert_eq!(c.policy(), Policy::Torch);
+    assert_eq!(c.pool().max_split_size, u64::MAX);
+    assert_eq!(c.pool().max_non_split_rounding, 20 * MIB);
+    assert_eq!(c.pool().roundup_power2_divisions, [0; DIVISION_INTERVALS]);
+    assert_eq!(c.pool().garbage_collection_threshold, 0.0);
 }
 
 #[test]
@@ -56,12 +64,12 @@ fn a_full_pytorch_string_parses() {
     let c = parse_torch(
         "max_split_size_mb:128,roundup_power2_divisions:[64:8,256:4,>:1],garbage_collection_threshold:0.8",
     );
-    assert_eq!(c.policy, Policy::Torch);
-    assert_eq!(c.max_split_size, 128 * MIB);
-    assert_eq!(c.garbage_collection_threshold, 0.8);
-    assert_eq!(c.roundup_power2_divisions[0], 8);
-    assert_eq!(c.roundup_power2_divisions[8], 4);
-    assert_eq!(c.roundup_power2_divisions[15], 1);
+    assert_eq!(c.policy(), Policy::Torch);
+    assert_eq!(c.pool().max_split_size, 128 * MIB);
+    assert_eq!(c.pool().garbage_collection_threshold, 0.8);
+    assert_eq!(c.pool().roundup_power2_divisions[0], 8);
+    assert_eq!(c.pool().roundup_power2_divisions[8], 4);
+    assert_eq!(c.pool().roundup_power2_divisions[15], 1);
 }
 
 #[test]
@@ -73,57 +81,57 @@ fn every_key_parses() {
          pinned_reserve_segment_size_mb:64, release_lock_on_hipmalloc:True, \
          pinned_use_hip_host_register:False, graph_capture_record_stream_reuse:True",
     );
-    assert_eq!(c.max_split_size, 20 * MIB);
-    assert_eq!(c.max_non_split_rounding, 40 * MIB);
-    assert_eq!(c.policy, Policy::Torch);
+    assert_eq!(c.pool().max_split_size, 20 * MIB);
+    assert_eq!(c.pool().max_non_split_rounding, 40 * MIB);
+    assert_eq!(c.policy(), Policy::Torch);
     // The `default` policy's own keys parse under it (and are refused under the others:
     // `malformed_configs_are_errors_naming_the_key` below).
     let c = Config::parse("fragmentation_budget:0.5,max_chunk_mb:16,layout_plans:false").unwrap();
-    assert_eq!(c.fragmentation_budget, 0.5);
-    assert_eq!(c.max_chunk, 16 * MIB);
-    assert!(!c.layout_plans);
-    assert_eq!(c.policy, Policy::Default);
+    assert_eq!(defaults(&c).fragmentation_budget, 0.5);
+    assert_eq!(defaults(&c).max_chunk, 16 * MIB);
+    assert!(!defaults(&c).layout_plans);
+    assert_eq!(c.policy(), Policy::Default);
 }
 
 #[test]
 fn expandable_segments_switches_the_policy() {
     assert_eq!(
-        parse_torch("expandable_segments:True").policy,
+        parse_torch("expandable_segments:True").policy(),
         Policy::TorchExpandable
     );
     assert_eq!(
-        parse_torch("expandable_segments:true").policy,
+        parse_torch("expandable_segments:true").policy(),
         Policy::TorchExpandable
     );
     assert_eq!(
-        parse_torch("expandable_segments:False").policy,
+        parse_torch("expandable_segments:False").policy(),
         Policy::Torch
     );
     let exp = Config::for_policy(Policy::TorchExpandable);
     let off = Config::parse_onto(exp, "expandable_segments:False").unwrap();
-    assert_eq!(off.policy, Policy::Torch);
+    assert_eq!(off.policy(), Policy::Torch);
     assert_eq!(
         Config::parse("policy:torch,expandable_segments:True")
             .unwrap()
-            .policy,
+            .policy(),
         Policy::TorchExpandable
     );
     assert_eq!(
         Config::parse("expandable_segments:True,policy:torch")
             .unwrap()
-            .policy,
+            .policy(),
         Policy::TorchExpandable,
         "the policy key may come after it"
     );
     assert_eq!(
         Config::parse("expandable_segments:False,policy:torch-expandable")
             .unwrap()
-            .policy,
+            .policy(),
         Policy::Torch
     );
     // The `default` policy always maps into expandable ranges: it takes True, refuses False.
     assert_eq!(
-        Config::parse("expandable_segments:True").unwrap().policy,
+        Config::parse("expandable_segments:True").unwrap().policy(),
         Policy::Default
     );
     let e = Config::parse("expandable_segments:False").unwrap_err();
@@ -133,16 +141,19 @@ fn expandable_segments_switches_the_policy() {
 
 #[test]
 fn policy_key_picks_the_rule_set() {
-    assert_eq!(parse_torch("policy:default").policy, Policy::Default);
-    assert_eq!(Config::parse("policy:torch").unwrap().policy, Policy::Torch);
+    assert_eq!(parse_torch("policy:default").policy(), Policy::Default);
     assert_eq!(
-        Config::parse("policy:torch-expandable").unwrap().policy,
+        Config::parse("policy:torch").unwrap().policy(),
+        Policy::Torch
+    );
+    assert_eq!(
+        Config::parse("policy:torch-expandable").unwrap().policy(),
         Policy::TorchExpandable
     );
     for p in Policy::ALL {
         assert_eq!(Policy::parse(p.name()).unwrap(), p);
         let c = Config::parse(&format!("policy:{}", p.name())).unwrap();
-        assert_eq!(c.policy, p);
+        assert_eq!(c.policy(), p);
     }
     assert!(!Policy::Torch.is_expandable());
     assert!(Policy::TorchExpandable.is_expandable());
@@ -241,11 +252,11 @@ fn entries_must_be_separated_by_commas() {
 fn parse_onto_keeps_the_base_fields() {
     let base = parse_torch("max_split_size_mb:64");
     let c = Config::parse_onto(base, "garbage_collection_threshold:0.6").unwrap();
-    assert_eq!(c.max_split_size, 64 * MIB);
-    assert_eq!(c.garbage_collection_threshold, 0.6);
+    assert_eq!(c.pool().max_split_size, 64 * MIB);
+    assert_eq!(c.pool().garbage_collection_threshold, 0.6);
     // A later key overrides an earlier one.
     let c = parse_torch("max_split_size_mb:64,max_split_size_mb:32");
-    assert_eq!(c.max_split_size, 32 * MIB);
+    assert_eq!(c.pool().max_split_size, 32 * MIB);
 }
 
 #[test]
@@ -253,7 +264,7 @@ fn thread_cache_keys() {
     let c = Config::parse("thread_cache:True,thread_cache_mb:64,thread_cache_block_mb:8").unwrap();
     assert!(c.thread_cache_on());
     assert_eq!(
-        (c.thread_cache_bytes, c.thread_cache_block),
+        (c.front().thread_cache_bytes, c.front().thread_cache_block),
         (64 << 20, 8 << 20)
     );
     assert!(!Config::parse("thread_cache:False")
@@ -268,14 +279,17 @@ fn thread_cache_keys() {
 
 #[test]
 fn layout_plans_key() {
-    assert!(Config::default().layout_plans, "on under `default`");
-    assert!(!Config::parse("layout_plans:False").unwrap().layout_plans);
-    assert!(Config::parse("layout_plans:true").unwrap().layout_plans);
+    assert!(
+        defaults(&Config::default()).layout_plans,
+        "on under `default`"
+    );
+    assert!(!defaults(&Config::parse("layout_plans:False").unwrap()).layout_plans);
+    assert!(defaults(&Config::parse("layout_plans:true").unwrap()).layout_plans);
     let e = Config::parse("layout_plans:sometimes").unwrap_err();
     assert_eq!(e.key, "layout_plans");
     assert!(e.to_string().contains("sometimes"), "{e}");
     // The thread caches' small part takes the small pool's blocks only (1 MiB).
-    assert_eq!(Config::default().thread_cache_block, 1 << 20);
+    assert_eq!(Config::default().front().thread_cache_block, 1 << 20);
 }
 
 // ---- malformed strings --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ fn the_key_caps_each_policy_at_its_fraction_of_the_device() {
         let e = pool.allocate(200 * MIB, S0).unwrap_err();
         assert!(e.is_out_of_memory(), "{policy:?}: {e}");
         assert!(sim.page_bytes() + sim.malloc_bytes() <= GIB, "{policy:?}");
-        free(&mut pool, &a);
+        free(&mut pool, a);
         check(&sim, &pool);
     }
 }
@@ -71,7 +71,7 @@ fn a_device_that_cannot_tell_its_memory_at_first_is_capped_at_the_first_allocati
     );
     let a = alloc(&mut pool, MIB, S0);
     assert_eq!(pool.limit(), Some(GIB));
-    free(&mut pool, &a);
+    free(&mut pool, a);
     check(&sim, &pool);
 }
 
@@ -86,19 +86,26 @@ fn bad_values_are_errors_naming_the_key() {
     }
 }
 
-/// A `Config` built in code with a fraction outside [0, 1] is not a panic: every allocation
-/// says why it cannot proceed, until a cap is set another way.
+/// A fraction outside [0, 1] is refused when a config is built in code, naming the key; set on
+/// a pool, it is a typed error and the pool stays usable.
 #[test]
-fn a_bad_fraction_built_in_code_is_a_typed_error_at_allocation() {
-    let mut cfg = Config::for_policy(Policy::Default);
-    cfg.memory_fraction = Some(1.5);
-    let (_, mut pool) = pool_with(cfg, 4 * GIB);
-    let e = pool.allocate(MIB, S0).unwrap_err();
+fn a_bad_fraction_is_refused_in_code_and_on_a_pool() {
+    let pool_cfg = cudalloc::PoolConfig {
+        memory_fraction: Some(1.5),
+        ..cudalloc::PoolConfig::default()
+    };
+    let e = Config::for_policy(Policy::Default)
+        .with_pool(pool_cfg)
+        .unwrap_err();
+    assert_eq!(e.key, "per_process_memory_fraction");
+    assert!(e.message.contains("1.5"), "{e}");
+    let (_, mut pool) = pool_with(Config::for_policy(Policy::Default), 4 * GIB);
+    let e = pool.set_memory_fraction(1.5).unwrap_err();
     assert!(
         matches!(e, cudalloc::AllocError::BadFraction(f) if f == 1.5),
         "{e}"
     );
     pool.set_memory_fraction(0.5).unwrap();
     let a = alloc(&mut pool, MIB, S0);
-    free(&mut pool, &a);
+    free(&mut pool, a);
 }

@@ -7,7 +7,7 @@ use crate::common::pool;
 use crate::common::steps;
 
 use common::Rng;
-use cudalloc::policy::default::plan::{best_fit_extent, live_peak, pack, Lifetime};
+use cudalloc::policy::default::{best_fit_extent, live_peak, pack, Lifetime};
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, CachingAllocator, Config, Pool};
 use pool::{check, pool_with, Sim, GIB, KIB, MIB, S0};
@@ -68,7 +68,7 @@ fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
     for (steps, unit) in batches {
         play(&sim, &mut pool, steps, *unit);
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
     let peak = pool.stats().reserved_bytes.0[0].peak as u64;
     (peak, pool.policy().planned_allocations())
@@ -130,7 +130,7 @@ fn a_larger_batch_that_follows_the_plan_keeps_the_pages_it_is_about_to_use() {
         play(&sim, &mut pool, &batch, units * MIB + 3 * KIB);
         unmaps.push(pool.stats().calls.unmaps - before);
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
     assert!(
         pool.policy().planned_allocations() >= 5 * 140,
@@ -163,7 +163,7 @@ fn allocations_a_little_smaller_than_planned_keep_their_places() {
             }
         });
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
     assert_eq!(pool.policy().planned_allocations(), 2 * per_batch);
 }
@@ -196,7 +196,7 @@ fn a_batch_that_departs_from_the_plan_falls_back_to_best_fit() {
         play(&sim, &mut pool, steps, unit * MIB);
         placed.push(pool.policy().planned_allocations());
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
     assert_eq!(placed[0], 0, "the first batch teaches the plan");
     assert_eq!(
@@ -293,7 +293,7 @@ fn an_episode_that_only_resembles_the_one_a_plan_came_from_is_evaluated_on_its_o
             }
         });
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
     let placed = pool.policy().planned_allocations() - before;
     assert!(
@@ -313,13 +313,13 @@ fn another_streams_allocations_are_not_recorded_in_an_episode() {
         .collect();
     let b = pool.allocate(2 * MIB, s1).unwrap();
     a.extend((0..17).map(|_| pool.allocate(2 * MIB, S0).unwrap()));
-    pool.free(&b).unwrap();
+    pool.free(b).unwrap();
     for x in a.drain(1024..1040) {
-        pool.free(&x).unwrap();
+        pool.free(x).unwrap();
     }
     a.push(pool.allocate(2 * MIB, S0).unwrap());
     check(&sim, &pool);
-    for x in &a {
+    for x in a {
         pool.free(x).unwrap();
     }
     check(&sim, &pool);
@@ -343,9 +343,9 @@ fn a_planned_request_for_cached_memory_maps_nothing() {
         "allocate_cached mapped pages"
     );
     if let Some(x) = first {
-        pool.free(&x).unwrap();
+        pool.free(x).unwrap();
     }
-    pool.free(&weights).unwrap();
+    pool.free(weights).unwrap();
     check(&sim, &pool);
 }
 
@@ -377,16 +377,16 @@ fn play_two_streams(
                 };
                 let a = cached.unwrap_or_else(|| pool.allocate(size, streams[which]).unwrap());
                 if live.len() <= slot {
-                    live.resize(slot + 1, None);
+                    live.resize_with(slot + 1, || None);
                 }
                 live[slot] = Some(a);
             }
-            Step::Free { slot } => pool.free(&live[slot].take().unwrap()).unwrap(),
+            Step::Free { slot } => pool.free(live[slot].take().unwrap()).unwrap(),
         }
         check(sim, pool);
     }
     for a in live.iter_mut().flat_map(|l| l.drain(..)).flatten() {
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
 }
 
@@ -513,39 +513,11 @@ fn a_planned_placement_that_cannot_map_leaves_no_split_behind() {
         pool.check_invariants()
             .unwrap_or_else(|e| panic!("call {k} failing: {e}"));
         if let Ok(a) = a {
-            pool.free(&a).unwrap();
+            pool.free(a).unwrap();
         }
-        pool.free(&weights).unwrap();
+        pool.free(weights).unwrap();
         pool.empty_cache().unwrap();
         drop(pool);
         common::assert_device_empty(&sim, &format!("call {k} failing"));
     }
-}
-
-/// `release_available_cached_blocks` never frees a split block: with `max_split_size` set in
-/// code below the 20 MiB a parsed config must have, a split block can be at or above it (before,
-/// a debug build panicked and a release build asked the device to free an address inside a
-/// segment; a review).
-#[test]
-fn the_oversize_release_step_skips_split_blocks() {
-    let cfg = Config {
-        max_split_size: 4 * MIB,
-        ..Config::for_policy(cudalloc::Policy::Torch)
-    };
-    let (sim, mut pool) = pool_with(cfg, 16 * GIB);
-    pool.set_limit(Some(40 * MIB));
-    let small = pool.allocate(2 * MIB, S0).unwrap();
-    let big = pool.allocate(30 * MIB, S0);
-    assert!(
-        matches!(big, Ok(_) | Err(cudalloc::AllocError::OutOfMemory { .. })),
-        "{big:?}"
-    );
-    check(&sim, &pool);
-    pool.free(&small).unwrap();
-    if let Ok(b) = big {
-        pool.free(&b).unwrap();
-    }
-    pool.empty_cache().unwrap();
-    drop(pool);
-    common::assert_device_empty(&sim, "max_split_size 4 MiB");
 }

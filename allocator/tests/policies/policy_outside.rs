@@ -5,9 +5,9 @@
 
 use crate::common::pool;
 
+use cudalloc::policy::BlockId;
 use cudalloc::policy::{torch, Policy, Torch, TorchExpandable};
-use cudalloc::pool::block::BlockId;
-use cudalloc::pool::{Core, Request};
+use cudalloc::policy::{Core, Request};
 use cudalloc::{Config, Pool};
 use cudalloc_sys::{Device, DeviceError, SimConfig, SimDevice};
 use pool::{GIB, MIB, S0};
@@ -127,16 +127,16 @@ fn run<P: Policy>(pool: &mut Pool<Arc<SimDevice>, P>) -> Vec<u64> {
     let mut ptrs = Vec::new();
     for (size, back) in workload() {
         let a = pool.allocate(size, S0).unwrap();
-        ptrs.push(a.ptr);
+        ptrs.push(a.ptr());
         live.push(a);
         if back > 0 && live.len() > back {
             let a = live.remove(live.len() - 1 - back);
-            pool.free(&a).unwrap();
+            pool.free(a).unwrap();
         }
         pool.check_invariants().unwrap();
     }
     for a in live {
-        pool.free(&a).unwrap();
+        pool.free(a).unwrap();
     }
     pool.check_invariants().unwrap();
     ptrs
@@ -150,7 +150,8 @@ fn sim() -> Arc<SimDevice> {
 fn an_adaptor_around_torch_changes_nothing_and_sees_every_request() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
     let mut plain = Pool::new(sim(), cfg.clone());
-    let mut counted = Pool::with_policy(sim(), cfg, Counted::<Torch>::default());
+    let mut counted =
+        Pool::with_policy(sim(), cfg.pool().clone(), Counted::<Torch>::default()).unwrap();
     assert_eq!(run(&mut plain), run(&mut counted));
     assert_eq!(plain.stats(), counted.stats());
     let c = counted.policy();
@@ -161,7 +162,7 @@ fn an_adaptor_around_torch_changes_nothing_and_sees_every_request() {
 #[test]
 fn a_first_fit_policy_of_its_own_keeps_the_core_invariants() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, FirstFit);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), FirstFit).unwrap();
     run(&mut pool);
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
@@ -198,9 +199,9 @@ impl Policy for AnyStream {
 #[test]
 fn a_block_of_another_stream_is_not_handed_out() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, AnyStream);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), AnyStream).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
-    pool.free(&a).unwrap();
+    pool.free(a).unwrap();
     let err = pool.allocate(30 * MIB, pool::S1).unwrap_err();
     assert!(
         matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
@@ -249,7 +250,7 @@ impl Policy for Undersized {
 #[test]
 fn a_grown_block_smaller_than_the_request_is_not_handed_out() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, Undersized);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), Undersized).unwrap();
     let err = pool.allocate(8 * MIB, S0).unwrap_err();
     assert!(
         matches!(err, cudalloc::AllocError::PolicyBroke { .. }),
@@ -307,15 +308,15 @@ impl Policy for ReleasesInUse {
 #[test]
 fn release_block_refuses_a_block_in_use() {
     let cfg = Config::for_policy(cudalloc::Policy::Torch);
-    let mut pool = Pool::with_policy(sim(), cfg, ReleasesInUse::default());
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), ReleasesInUse::default()).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     assert_eq!(pool.policy().released, [false, false]);
     assert_eq!(pool.policy().pages, [0, 0]);
     assert_eq!(pool.stats().allocation.0[0].current, 2);
     pool.check_invariants().unwrap();
-    pool.free(&a).unwrap();
-    pool.free(&b).unwrap();
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }
@@ -327,14 +328,14 @@ fn release_pages_refuses_a_block_in_use() {
         expandable: true,
         ..ReleasesInUse::default()
     };
-    let mut pool = Pool::with_policy(sim(), cfg, policy);
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), policy).unwrap();
     let a = pool.allocate(30 * MIB, S0).unwrap();
     let b = pool.allocate(4096, S0).unwrap();
     assert_eq!(pool.policy().pages, [0, 0]);
     assert_eq!(pool.releasing_bytes(), 0);
     pool.check_invariants().unwrap();
-    pool.free(&a).unwrap();
-    pool.free(&b).unwrap();
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }

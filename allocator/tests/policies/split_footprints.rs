@@ -26,8 +26,8 @@ fn load_and_convert(pool: &mut Pool<Sim>, embedding: u64, n: usize, size: u64) -
     fp32.extend((0..n).map(|_| pool.allocate(size, S0).unwrap()));
     let mut fp16 = Vec::new();
     for a in fp32 {
-        fp16.push(pool.allocate(a.size / 2, S0).unwrap());
-        pool.free(&a).unwrap();
+        fp16.push(pool.allocate(a.size() / 2, S0).unwrap());
+        pool.free(a).unwrap();
     }
     fp16
 }
@@ -84,7 +84,7 @@ fn a_footprint_split_at_a_clean_cut_uses_the_block_a_conversion_left() {
         stats.reserved_bytes.0[0].peak as f64,
         stats.requested_bytes.0[0].peak as f64,
     );
-    for w in &weights {
+    for w in weights {
         pool.free(w).unwrap();
     }
     check(&sim, &pool);
@@ -131,7 +131,7 @@ proptest! {
             };
             play(&sim, &mut pool, &steps, rng.range(1, 24) * MIB + rng.below(4) * 512);
         }
-        for w in &weights {
+        for w in weights {
             pool.free(w).unwrap();
         }
         check(&sim, &pool);
@@ -160,7 +160,7 @@ fn play_noisy(
         }
         if !kept.is_empty() && rng.below(40) == 0 {
             let a = kept.swap_remove(rng.below(kept.len() as u64) as usize);
-            pool.free(&a).unwrap();
+            pool.free(a).unwrap();
             check(sim, pool);
         }
     };
@@ -175,7 +175,7 @@ fn play_noisy(
         },
         |a| {
             let mut s = state.borrow_mut();
-            s.0.free(&a).unwrap();
+            s.0.free(a).unwrap();
             noise(&mut s);
         },
     );
@@ -213,7 +213,7 @@ fn noisy_scenario(seed: u64) -> u64 {
         play_noisy(&sim, &mut pool, &mut rng, &steps, unit, &mut kept);
         if rng.below(8) == 0 && !weights.is_empty() {
             let w = weights.swap_remove(rng.below(weights.len() as u64) as usize);
-            pool.free(&w).unwrap();
+            pool.free(w).unwrap();
             check(&sim, &pool);
         }
         if rng.below(10) == 0 {
@@ -221,7 +221,7 @@ fn noisy_scenario(seed: u64) -> u64 {
             check(&sim, &pool);
         }
     }
-    for a in weights.iter().chain(&kept) {
+    for a in weights.into_iter().chain(kept) {
         pool.free(a).unwrap();
         check(&sim, &pool);
     }
@@ -269,12 +269,12 @@ fn kept_ranges_go_with_their_segment() {
     let s1 = cudalloc_sys::StreamId(1);
     let a = pool.allocate(12 * MIB, s1).unwrap();
     let b = pool.allocate(388 * MIB, s1).unwrap();
-    pool.free(&a).unwrap();
+    pool.free(a).unwrap();
     let c = pool.allocate(14 * MIB, s1).unwrap();
     check(&sim, &pool);
     assert_eq!(pool.reserved(), 402 * MIB);
     for x in [b, c] {
-        pool.free(&x).unwrap();
+        pool.free(x).unwrap();
     }
     check(&sim, &pool);
 }

@@ -13,10 +13,10 @@
 use crate::bound::PAGE;
 use crate::{Op, Trace};
 use cudalloc::config::Config;
-use cudalloc::error::AllocError;
 use cudalloc::policy::Policy;
-use cudalloc::pool::{Allocation, Pool};
 use cudalloc::snapshot::{Excess, PinnedUnit};
+use cudalloc::AllocError;
+use cudalloc::{Allocation, Pool};
 use cudalloc_sys::wrap::CountCalls;
 use cudalloc_sys::{Call, Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
@@ -261,7 +261,9 @@ pub fn replay_policy<P: Policy>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
-    replay_pool(Pool::with_policy(device, cfg.clone(), policy), trace, opts)
+    let pool = Pool::with_policy(device, cfg.pool().clone(), policy)
+        .expect("the shared settings of a valid config");
+    replay_pool(pool, trace, opts)
 }
 
 /// Replays `trace` on `pool`.
@@ -287,7 +289,7 @@ fn replay_in<D: Device, P: Policy>(
         pool.set_limit(Some(limit));
     }
     let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
-    let mut slots: Vec<Option<Allocation>> = vec![None; trace.slots as usize];
+    let mut slots: Vec<Option<Allocation>> = (0..trace.slots).map(|_| None).collect();
     let mut timeline = (opts.samples > 0).then(|| {
         let mut t = Timeline::new(trace.ops.len(), opts.samples);
         t.points.push(Sample::of(pool, 0));
@@ -316,7 +318,7 @@ fn replay_in<D: Device, P: Policy>(
     // The last point: the figures after the last operation, before what is still live is
     // freed below (a trace that ends with memory live does not end at zero).
     let end = Sample::of(pool, done.saturating_sub(1));
-    for a in slots.iter().flatten() {
+    for a in slots.into_iter().flatten() {
         let _ = pool.free(a);
     }
     let timeline = timeline.map_or_else(Vec::new, |t| t.finish(end));
@@ -355,7 +357,7 @@ impl Peak {
     fn before(&mut self, op: &Op, slots: &[Option<Allocation>]) {
         if let Op::Free { slot } = *op {
             if let Some(a) = &slots[slot as usize] {
-                self.made.remove(&a.ptr);
+                self.made.remove(&a.ptr());
             }
         }
     }
@@ -371,7 +373,7 @@ impl Peak {
     ) {
         if let Op::Alloc { slot, .. } = *op {
             if let Some(a) = &slots[slot as usize] {
-                self.made.insert(a.ptr, i);
+                self.made.insert(a.ptr(), i);
             }
         }
         if self
@@ -408,7 +410,7 @@ fn step<D: Device, P: Policy>(
         }
         Op::Free { slot } => {
             if let Some(a) = slots[slot as usize].take() {
-                pool.free(&a)?;
+                pool.free(a)?;
             }
         }
     }

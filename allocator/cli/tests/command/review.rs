@@ -175,8 +175,8 @@ fn a_swept_policy_labels_the_policy_replayed() {
     let labels = r.labels();
     assert_eq!(labels[1], "policy:torch-expandable,max_split_size_mb:128");
     let cfg = Config::parse(&labels[1]).unwrap();
-    assert_eq!(cfg.policy, cudalloc::Policy::TorchExpandable);
-    assert_eq!(cfg.max_split_size, 128 << 20);
+    assert_eq!(cfg.policy(), cudalloc::Policy::TorchExpandable);
+    assert_eq!(cfg.pool().max_split_size, 128 << 20);
 }
 
 /// `garbage_collection_threshold` acts only under `torch` and a cap (pool/release.rs frees

@@ -178,7 +178,8 @@ impl DefaultPolicy {
         if core.limit.is_some() {
             page
         } else {
-            // At least a page: a `Config` built in code (not parsed) may hold any value.
+            // At least a page: a `DefaultConfig` handed to `DefaultPolicy::new` directly is not
+            // validated (a `Config` is).
             self.cfg.max_chunk.max(page)
         }
     }

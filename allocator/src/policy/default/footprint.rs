@@ -34,10 +34,9 @@
 //! below the cut, the upper piece the rest, each from its own base); [`Kept::ranges`] are
 //! address ranges of one segment.
 
-use super::packing::Plan;
-use super::placement::{block_containing, block_of_segment, unmapped_bytes};
+use super::lifetime::Plan;
 use super::DefaultPolicy;
-use crate::pool::block::BlockId;
+use crate::pool::block::{BlockId, NIL};
 use crate::pool::Core;
 use crate::sizes::{PoolKind, MIN_BLOCK};
 use cudalloc_sys::{Device, StreamId};
@@ -363,6 +362,70 @@ pub(super) fn spanned(extent: u64, scale: f64) -> u64 {
 /// `offset` scaled, stretched and rounded down to 512 bytes.
 pub(super) fn stretched(offset: u64, scale: f64) -> u64 {
     ((offset as f64 * scale * (1.0 + OFFSET_STRETCH)) as u64) / MIN_BLOCK * MIN_BLOCK
+}
+
+/// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range
+/// keeps unmapped space at its end until it is full).
+pub(super) fn block_of_segment<D: Device>(
+    core: &Core<D>,
+    stream: StreamId,
+    segment: u32,
+) -> Option<BlockId> {
+    core.large
+        .unmapped_of(stream.0)
+        .find(|&id| core.blocks[id].segment == segment)
+}
+
+/// The block holding address `at`, walking the segment's blocks from `from`.
+pub(super) fn block_containing<D: Device>(
+    core: &Core<D>,
+    mut id: BlockId,
+    at: u64,
+) -> Option<BlockId> {
+    while id != NIL {
+        let b = &core.blocks[id];
+        if at < b.addr {
+            id = b.prev;
+        } else if at >= b.end() {
+            id = b.next;
+        } else {
+            return Some(id);
+        }
+    }
+    None
+}
+
+/// The block holding `at` (found from `from`) and the bytes of pages to map so that
+/// `at..at + size` is free and mapped, or `None` when part of it is taken (or outside the
+/// segment).
+pub(super) fn unmapped_bytes<D: Device>(
+    core: &Core<D>,
+    from: BlockId,
+    at: u64,
+    size: u64,
+) -> Option<(BlockId, u64)> {
+    let holder = block_containing(core, from, at)?;
+    let mut id = holder;
+    let seg = core.segments[core.blocks[id].segment as usize].as_ref()?;
+    let mut need = 0;
+    loop {
+        if !core.allocatable(id) {
+            return None;
+        }
+        let b = &core.blocks[id];
+        if !b.mapped {
+            let lo = seg.page_floor(at.max(b.addr));
+            let hi = seg.page_ceil((at + size).min(b.end()));
+            need += hi - lo;
+        }
+        if b.end() >= at + size {
+            return Some((holder, need));
+        }
+        id = b.next;
+        if id == NIL {
+            return None;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! `default`: cudalloc's own policy, least memory within a driver-call budget.
 //!
-//! - grow ([`budget`]): expandable ranges per stream and pool, pages of the device's
+//! - grow (`budget`): expandable ranges per stream and pool, pages of the device's
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
 //!   was freed yet (loading);
-//! - place ([`plan`], [`placement`], [`footprint`], [`packing`], [`search`]): a repeated sequence of large
+//! - place (`plan`, `placement`, `footprint`, `packing`, `search`): a repeated sequence of large
 //!   allocations goes where a packing of its last repetition put it; everything else by
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
 //! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
@@ -12,50 +12,90 @@
 //!   recorded for the next plan (a block of the episode carries its number as its tag).
 //!
 //! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
-//! ([`plan::Plans`]), and the most bytes ever requested at once. Invariants: those of
-//! [`plan`] and [`footprint`]; a block carries a tag iff it is a live allocation of the open
+//! (`plan::Plans`), and the most bytes ever requested at once. Invariants: those of
+//! `plan` and `footprint`; a block carries a tag iff it is a live allocation of the open
 //! episode or of one closed since (then the tag is below the open episode's first number).
 
-pub mod budget;
-pub mod footprint;
-pub mod packing;
-pub mod placement;
-pub mod plan;
-pub mod rules;
-pub mod search;
+mod budget;
+mod footprint;
+mod lifetime;
+mod packing;
+mod placement;
+mod plan;
+mod rules;
+mod search;
+
+/// The packing a layout plan is made from, for the tests that check it against its bounds.
+#[cfg(feature = "testing")]
+pub use lifetime::{Lifetime, Plan};
+#[cfg(feature = "testing")]
+pub use packing::{best_fit_extent, live_peak, pack};
 
 pub(crate) use footprint::Kept;
 
 use super::{torch, Policy};
-use crate::config::Config;
+use crate::error::ConfigError;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
 use plan::{Placement, Plans};
 pub use rules::Rules;
 
+/// The `default` policy's largest chunk when none is given.
+pub const DEFAULT_MAX_CHUNK: u64 = 40 << 20;
+
+/// The `default` policy's fragmentation budget when none is given.
+pub const DEFAULT_FRAGMENTATION_BUDGET: f64 = 0.02;
+
+/// The most bytes `max_chunk` may be (1 TiB).
+const MAX_CHUNK_LIMIT: u64 = 1 << 40;
+
 /// The `default` policy's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DefaultConfig {
-    /// Cached bytes allowed above the peak requested bytes, as a fraction of it.
+    /// Cached bytes allowed above the peak requested bytes, as a fraction of it in [0, 1]. Key
+    /// `fragmentation_budget`.
     pub fragmentation_budget: f64,
-    /// Largest chunk mapped in one driver call, in bytes.
+    /// Largest chunk mapped in one driver call, in bytes: whole 2 MiB pages, from 2 MiB to
+    /// 1 TiB. Key `max_chunk_mb`.
     pub max_chunk: u64,
-    /// Place a repeated sequence of large allocations by a packing of its last repetition.
+    /// Place a repeated sequence of large allocations by a packing of its last repetition. Key
+    /// `layout_plans`.
     pub layout_plans: bool,
     /// Switches for the policy's other rules, all on unless a measurement turns one off
-    /// ([`rules`]).
+    /// ([`Rules`]).
     pub rules: Rules,
 }
 
-impl From<&Config> for DefaultConfig {
-    fn from(cfg: &Config) -> DefaultConfig {
+impl Default for DefaultConfig {
+    fn default() -> Self {
         DefaultConfig {
-            fragmentation_budget: cfg.fragmentation_budget,
-            max_chunk: cfg.max_chunk,
-            layout_plans: cfg.layout_plans,
+            fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
+            max_chunk: DEFAULT_MAX_CHUNK,
+            layout_plans: true,
             rules: Rules::ALL,
         }
+    }
+}
+
+impl DefaultConfig {
+    /// Checks every value against what its key accepts; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let b = self.fragmentation_budget;
+        if !(0.0..=1.0).contains(&b) {
+            return Err(ConfigError::new(
+                "fragmentation_budget",
+                format!("{b} is not in [0, 1]"),
+            ));
+        }
+        let chunk = self.max_chunk;
+        if !(2 << 20..=MAX_CHUNK_LIMIT).contains(&chunk) || !chunk.is_multiple_of(2 << 20) {
+            return Err(ConfigError::new(
+                "max_chunk_mb",
+                format!("{chunk} bytes is not a whole number of 2 MiB pages from 2 MiB to 1 TiB"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -83,18 +123,18 @@ impl DefaultPolicy {
         }
     }
 
-    /// True while a layout plan places this pool's large blocks (see [`plan`]).
+    /// True while a layout plan places this pool's large blocks (see `plan`).
     pub fn has_plan(&self) -> bool {
         self.plans.has_plan()
     }
 
-    /// Allocations placed by a layout plan so far (see [`plan`]).
+    /// Allocations placed by a layout plan so far (see `plan`).
     pub fn planned_allocations(&self) -> u64 {
         self.plans.placed
     }
 
     /// Episodes evaluated for a layout plan so far (best fit over each, then packing it; see
-    /// [`plan`]), those abandoned as too long included; an episode recognised as one that made
+    /// `plan`), those abandoned as too long included; an episode recognised as one that made
     /// no plan before is not evaluated again.
     pub fn evaluated_episodes(&self) -> u64 {
         self.plans.evaluated

@@ -6,33 +6,9 @@
 //! ticks (one allocation or free each, `0..2n`) and every lifetime ends after it starts; other
 //! input (shared ticks, lifetimes still live) is taken too, more slowly (`timeline`).
 
+use super::lifetime::{Lifetime, Plan};
 use super::rules::Rules;
 use super::search::search;
-
-/// One allocation of an episode: rounded size, and when it was made and freed (ticks of the
-/// episode's clock, which advances on each of its allocations and frees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lifetime {
-    /// Rounded bytes.
-    pub size: u64,
-    /// Tick of the allocation.
-    pub start: u32,
-    /// Tick of the free (`u32::MAX` while live).
-    pub end: u32,
-}
-
-/// A packing of an episode: where each allocation goes, relative to the footprint's base.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    /// The episode it was packed from.
-    pub lifetimes: Vec<Lifetime>,
-    /// Offset of each allocation.
-    pub offsets: Vec<u64>,
-    /// Bytes the packing spans.
-    pub extent: u64,
-    /// The most bytes live at once in the episode.
-    pub live_peak: u64,
-}
 
 /// The search for a packing within the live peak (`search`) runs when the best order spans
 /// more than this many times the live peak: slack under the default fragmentation budget (2%)
@@ -69,7 +45,9 @@ const ORDERS: [OrderKey; 5] = [
 /// the packing that spans least (the first one that spans no more than the live peak, which
 /// none can beat). When that one spans more than [`SEARCH_ABOVE_LIVE_PEAK`] times the live peak, a
 /// search (`search`, at most [`MAX_SEARCH_WORK`] steps) looks for a packing within the live peak.
-/// An allocation still live (`end` of `u32::MAX`) lives to the end.
+/// An allocation still live (`end` of `u32::MAX`) lives to the end. (The policy packs within
+/// bounds, [`pack_within`]; this unbounded form is for tests.)
+#[cfg(any(test, feature = "testing"))]
 pub fn pack(lifetimes: &[Lifetime]) -> Plan {
     pack_within(lifetimes, u64::MAX, u64::MAX, &Rules::ALL)
         .0
@@ -309,7 +287,9 @@ fn sorted_timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
 }
 
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
-/// among the smallest free blocks that fit, freed bytes merged with free neighbours).
+/// among the smallest free blocks that fit, freed bytes merged with free neighbours). For
+/// tests; the policy runs [`best_fit`] with a bound on its work.
+#[cfg(any(test, feature = "testing"))]
 pub fn best_fit_extent(lifetimes: &[Lifetime]) -> u64 {
     best_fit(lifetimes, u64::MAX)
         .expect("unbounded work")

@@ -7,12 +7,12 @@
 //! nothing pending (never a live block's bytes), and what is mapped for it is what the budget
 //! was asked about; anything else falls back to best fit.
 
-use super::footprint::Footprint;
+use super::footprint::{block_containing, block_of_segment, unmapped_bytes, Footprint};
 use super::plan::{matches, Placement};
 use super::DefaultPolicy;
 use crate::pool::block::{BlockId, NIL};
 use crate::pool::{Core, Request};
-use cudalloc_sys::{Device, DeviceError, StreamId};
+use cudalloc_sys::{Device, DeviceError};
 
 impl DefaultPolicy {
     /// Where the plan puts allocation `k` of the open episode: a block taken out of the free
@@ -150,70 +150,6 @@ impl DefaultPolicy {
                 Some(mapped) => from = mapped,
                 None => return Ok(None),
             }
-        }
-    }
-}
-
-/// Some block of `stream`'s range `segment`: one of its unmapped blocks (a `default` range
-/// keeps unmapped space at its end until it is full).
-pub(super) fn block_of_segment<D: Device>(
-    core: &Core<D>,
-    stream: StreamId,
-    segment: u32,
-) -> Option<BlockId> {
-    core.large
-        .unmapped_of(stream.0)
-        .find(|&id| core.blocks[id].segment == segment)
-}
-
-/// The block holding address `at`, walking the segment's blocks from `from`.
-pub(super) fn block_containing<D: Device>(
-    core: &Core<D>,
-    mut id: BlockId,
-    at: u64,
-) -> Option<BlockId> {
-    while id != NIL {
-        let b = &core.blocks[id];
-        if at < b.addr {
-            id = b.prev;
-        } else if at >= b.end() {
-            id = b.next;
-        } else {
-            return Some(id);
-        }
-    }
-    None
-}
-
-/// The block holding `at` (found from `from`) and the bytes of pages to map so that
-/// `at..at + size` is free and mapped, or `None` when part of it is taken (or outside the
-/// segment).
-pub(super) fn unmapped_bytes<D: Device>(
-    core: &Core<D>,
-    from: BlockId,
-    at: u64,
-    size: u64,
-) -> Option<(BlockId, u64)> {
-    let holder = block_containing(core, from, at)?;
-    let mut id = holder;
-    let seg = core.segments[core.blocks[id].segment as usize].as_ref()?;
-    let mut need = 0;
-    loop {
-        if !core.allocatable(id) {
-            return None;
-        }
-        let b = &core.blocks[id];
-        if !b.mapped {
-            let lo = seg.page_floor(at.max(b.addr));
-            let hi = seg.page_ceil((at + size).min(b.end()));
-            need += hi - lo;
-        }
-        if b.end() >= at + size {
-            return Some((holder, need));
-        }
-        id = b.next;
-        if id == NIL {
-            return None;
         }
     }
 }

@@ -54,7 +54,7 @@
 //!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
 //! Invariants: a block's tag ([`Block::tag`](crate::pool::block::Block::tag)) is the number of
-//! the recorded allocation it serves ([`NO_SEQ`] otherwise, and always while the block is free
+//! the recorded allocation it serves ([`NO_TAG`](crate::pool::block::NO_TAG) otherwise, and always while the block is free
 //! or unmapped); numbers of a dropped
 //! or closed episode are below the open one's `first`; an episode's allocations are all of one
 //! stream; `live` counts its allocations not yet back in the pool; `anchors` are live
@@ -63,10 +63,8 @@
 //! overlap on overlapping bytes.
 
 use super::footprint::{Footprint, Kept};
+pub(crate) use super::lifetime::{Lifetime, Plan};
 use super::packing::{best_fit, pack_within};
-pub use super::packing::{
-    best_fit_extent, live_peak, pack, Lifetime, Plan, MAX_SEARCH_WORK, SEARCH_ABOVE_LIVE_PEAK,
-};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
@@ -74,8 +72,6 @@ use crate::sizes::{PoolKind, MIN_BLOCK};
 use crate::stats::Stats;
 use cudalloc_sys::{Device, StreamId};
 
-/// "Not an allocation of a recorded episode" (a block's tag).
-pub const NO_SEQ: u64 = crate::pool::block::NO_TAG;
 /// Fewest allocations an episode needs to become a plan, and how many must follow the youngest
 /// live allocation (all freed) for an episode nested in older ones to end. Fewer plans short
 /// sequences that are often noise; more misses short batches. Measured (`rule_table`'s all-on

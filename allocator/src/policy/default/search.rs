@@ -16,7 +16,7 @@
 //! steps pass the work it was given. A state is remembered by a 64-bit hash, so a collision
 //! can only make the search miss a packing, never return a wrong one.
 
-use super::packing::{Lifetime, Plan};
+use super::lifetime::{Lifetime, Plan};
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 

@@ -455,7 +455,7 @@ fn recording_round_trip() {
             allocs += 1;
         } else {
             let a = live.swap_remove((rng.next() % live.len() as u64) as usize);
-            live_bytes -= a.size;
+            live_bytes -= a.size();
             rec.free(a).unwrap();
             frees += 1;
         }
@@ -481,9 +481,9 @@ fn recording_refuses_a_stale_handle() {
     );
     let rec = RecordingAllocator::new(inner, Vec::new()).unwrap();
     let x = rec.allocate(4096, StreamId(0)).unwrap();
-    rec.free(x).unwrap();
+    rec.free(x.duplicate()).unwrap();
     let y = rec.allocate(8192, StreamId(0)).unwrap();
-    assert_eq!(x.ptr, y.ptr, "the address is handed out again");
+    assert_eq!(x.ptr(), y.ptr(), "the address is handed out again");
     assert!(rec.free(x).is_err(), "a stale handle frees nothing");
     rec.free(y).unwrap();
     let out = rec.finish().unwrap();
@@ -520,10 +520,7 @@ fn recording_from_threads_keeps_the_order() {
 /// replay reused those blocks early: fewer segments and a lower reserved peak than the job's).
 #[test]
 fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
-    let cfg = Config {
-        thread_cache: Some(false),
-        ..Config::for_policy(Policy::Torch)
-    };
+    let cfg = Config::parse("policy:torch,thread_cache:False").unwrap();
     let file = TempFile::new("record-stream.csv");
     let path = &file.0;
     let sim = std::sync::Arc::new(SimDevice::new(cudalloc_sys::SimConfig::with_capacity(
@@ -541,7 +538,7 @@ fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
             0..=3 => live.push(rec.allocate(rng.range(1, 48 * MIB), mine).unwrap()),
             4 if !live.is_empty() => {
                 let a: &cudalloc::Allocation = &live[rng.below(live.len() as u64) as usize];
-                rec.record_stream(a.ptr, other).unwrap();
+                rec.record_stream(a.ptr(), other).unwrap();
             }
             5 => sim.complete_stream(other),
             _ if !live.is_empty() => {
@@ -576,10 +573,7 @@ fn a_recorded_trace_with_record_stream_replays_to_the_live_figures() {
 /// once, the replay would reuse the block early).
 #[test]
 fn an_old_completion_at_the_same_address_is_not_taken_for_a_later_free() {
-    let cfg = Config {
-        thread_cache: Some(false),
-        ..Config::for_policy(Policy::Torch)
-    };
+    let cfg = Config::parse("policy:torch,thread_cache:False").unwrap();
     let sim = std::sync::Arc::new(SimDevice::new(cudalloc_sys::SimConfig::with_capacity(
         cudalloc_trace::replay::DEVICE_CAPACITY,
     )));
@@ -587,18 +581,20 @@ fn an_old_completion_at_the_same_address_is_not_taken_for_a_later_free() {
     let (mine, other) = (StreamId(1), StreamId(2));
     let inner = CachingAllocator::new(sim.clone(), cfg.clone());
     let before = inner.allocate(64 * MIB, mine).unwrap();
-    inner.record_stream(before.ptr, other).unwrap();
+    inner.record_stream(before.ptr(), other).unwrap();
     let file = TempFile::new("old-completion.csv");
     let out = std::fs::File::create(&file.0).unwrap();
     let rec = RecordingAllocator::new(inner, out).unwrap();
+    let before_ptr = before.ptr();
     rec.free(before).unwrap();
     sim.complete_stream(other);
     let b = rec.allocate(64 * MIB, mine).unwrap();
-    assert_eq!(b.ptr, before.ptr, "the block came back");
-    rec.record_stream(b.ptr, other).unwrap();
+    assert_eq!(b.ptr(), before_ptr, "the block came back");
+    rec.record_stream(b.ptr(), other).unwrap();
+    let b_ptr = b.ptr();
     rec.free(b).unwrap();
     let c = rec.allocate(64 * MIB, mine).unwrap();
-    assert_ne!(c.ptr, b.ptr, "b still waits for stream 2");
+    assert_ne!(c.ptr(), b_ptr, "b still waits for stream 2");
     rec.free(c).unwrap();
     let s = rec.stats();
     let (inner, written) = rec.into_inner();

@@ -51,7 +51,7 @@ fn default_as_a_value_with_every_rule_on_replays_like_the_default_config() {
     let opts = ReplayOptions::default();
     let figures =
         |r: &cudalloc_trace::replay::ReplayResult| (r.peak_reserved_bytes, r.driver_calls());
-    let all = DefaultConfig::from(&cfg);
+    let all = DefaultConfig::default();
     assert_eq!(all.rules, Rules::ALL);
     let a = replay(&trace, &cfg, &opts);
     let b = replay_policy(DefaultPolicy::new(all), &trace, &cfg, &opts);

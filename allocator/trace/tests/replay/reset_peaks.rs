@@ -18,7 +18,7 @@ fn resetting_peaks_changes_no_driver_call() {
             cudalloc_trace::replay::DEVICE_CAPACITY,
         ));
         let mut pool = Pool::new(dev, Config::for_policy(Policy::Default));
-        let mut slots: Vec<Option<Allocation>> = vec![None; t.slots as usize];
+        let mut slots: Vec<Option<Allocation>> = (0..t.slots).map(|_| None).collect();
         for (i, op) in t.ops.iter().enumerate() {
             if every > 0 && i % every == 0 {
                 pool.reset_peak_stats();
@@ -30,7 +30,7 @@ fn resetting_peaks_changes_no_driver_call() {
                 }
                 Op::Free { slot } => {
                     if let Some(a) = slots[slot as usize].take() {
-                        pool.free(&a).unwrap();
+                        pool.free(a).unwrap();
                     }
                 }
             }

@@ -13,11 +13,12 @@
 //! The pool reads the core through `Deref` (statistics, snapshot, invariants); every operation
 //! that changes it goes through the pool, so that the policy hears of it.
 
-use super::block::BlockId;
-use super::{note_free, Allocation, Core, Request};
 use crate::config::Config;
-use crate::error::AllocError;
+use crate::error::{AllocError, ConfigError};
 use crate::policy::{Builtin, Policy};
+use crate::pool::block::BlockId;
+use crate::pool::config::PoolConfig;
+use crate::pool::{note_free, Allocation, Core, Handle, Request};
 use crate::sizes;
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64};
@@ -33,8 +34,8 @@ pub struct Pool<D: Device, P: Policy = Builtin> {
 impl<D: Device> Pool<D> {
     /// A pool with no memory yet, under the built-in policy `cfg` names.
     pub fn new(device: D, cfg: Config) -> Pool<D> {
-        let policy = Builtin::new(&cfg);
-        Pool::with_policy(device, cfg, policy)
+        let policy = Builtin::new(cfg.policy_config());
+        Pool::checked(device, cfg.pool().clone(), policy)
     }
 }
 
@@ -47,9 +48,16 @@ impl<D: Device, P: Policy> std::ops::Deref for Pool<D, P> {
 }
 
 impl<D: Device, P: Policy> Pool<D, P> {
-    /// A pool with no memory yet under `policy` (the config's shared keys still apply:
-    /// rounding, `max_split_size`, garbage collection, the memory fraction).
-    pub fn with_policy(device: D, cfg: Config, policy: P) -> Pool<D, P> {
+    /// A pool with no memory yet under `policy`, with the settings every policy shares
+    /// (rounding, `max_split_size`, garbage collection, the memory fraction); an error names
+    /// the first setting [`PoolConfig::validate`] refuses.
+    pub fn with_policy(device: D, cfg: PoolConfig, policy: P) -> Result<Pool<D, P>, ConfigError> {
+        cfg.validate()?;
+        Ok(Pool::checked(device, cfg, policy))
+    }
+
+    /// [`Pool::with_policy`] with settings already validated.
+    fn checked(device: D, cfg: PoolConfig, policy: P) -> Pool<D, P> {
         Pool {
             core: Core::new(device, cfg),
             policy,
@@ -75,7 +83,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// Allocates `size` bytes on `stream`.
     pub fn allocate(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         self.allocate_or_grow(size, stream, true)
-            .map(|a| a.expect("an allocation that may grow"))
+            .map(|a| Allocation(a.expect("an allocation that may grow")))
     }
 
     /// Allocates `size` bytes on `stream` from cached blocks only; `Ok(None)` when that would
@@ -85,7 +93,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         size: u64,
         stream: StreamId,
     ) -> Result<Option<Allocation>, AllocError> {
-        self.allocate_or_grow(size, stream, false)
+        Ok(self.allocate_or_grow(size, stream, false)?.map(Allocation))
     }
 
     fn allocate_or_grow(
@@ -93,7 +101,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         size: u64,
         stream: StreamId,
         may_grow: bool,
-    ) -> Result<Option<Allocation>, AllocError> {
+    ) -> Result<Option<Handle>, AllocError> {
         if size > sizes::MAX_REQUEST {
             return Err(self.core.refuse_too_large(size));
         }
@@ -104,7 +112,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
                 self.core.poll_releasing();
             }
         }
-        let rounded = sizes::round_size(size, &self.core.cfg);
+        let rounded = self.core.cfg.round_size(size);
         let req = Request {
             stream,
             pool: sizes::PoolKind::for_size(rounded),
@@ -183,8 +191,14 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.policy.grow(&mut self.core, req)
     }
 
-    /// Frees an allocation.
-    pub fn free(&mut self, a: &Allocation) -> Result<(), AllocError> {
+    /// Frees an allocation. It is consumed even when the pool refuses it (a handle of another
+    /// pool, or one this pool already freed: [`AllocError::NotAllocated`]).
+    pub fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
+        self.free_handle(&a.0)
+    }
+
+    /// Frees the allocation `a` is a copy of (the thread-safe front keeps such copies).
+    pub(crate) fn free_handle(&mut self, a: &Handle) -> Result<(), AllocError> {
         let core = &mut self.core;
         let b = core
             .blocks
@@ -218,7 +232,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.begin_capture(mode);
     }
 
-    /// The caller ended a capture in `mode` ([`Core::end_capture`]).
+    /// The caller ended a capture in `mode`: blocks freed during it that other streams used
+    /// start waiting for those streams' work.
     pub fn end_capture(&mut self, mode: cudalloc_sys::CaptureMode) -> Result<(), AllocError> {
         self.core.end_capture(&mut self.policy, mode)
     }
@@ -275,7 +290,12 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
-    pub fn record_stream(
+    pub fn record_stream(&mut self, a: &Allocation, stream: StreamId) -> Result<(), AllocError> {
+        self.core.record_stream(a.0.block, a.0.ptr, stream)
+    }
+
+    /// Marks block `block` at `ptr` as used on `stream` (the front's copy of a handle).
+    pub(crate) fn record_block_stream(
         &mut self,
         block: BlockId,
         ptr: u64,
@@ -345,12 +365,12 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     fn drop(&mut self) {
         let _ = self.core.abandon_captures(&mut self.policy);
         let _ = self.core.synchronize_and_free_events(&mut self.policy);
-        let live: Vec<Allocation> = self
+        let live: Vec<Handle> = self
             .core
             .blocks
             .iter()
             .filter(|(_, b)| b.allocated)
-            .map(|(id, b)| Allocation {
+            .map(|(id, b)| Handle {
                 ptr: b.addr,
                 size: b.requested,
                 stream: b.stream,
@@ -359,7 +379,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             })
             .collect();
         for a in live {
-            let _ = self.free(&a);
+            let _ = self.free_handle(&a);
         }
         let _ = self.release_cached_blocks();
         self.core.destroy_spare_events();
