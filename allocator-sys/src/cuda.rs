@@ -20,6 +20,9 @@
 //! | `synchronize` / `synchronize_device` | `cuCtxSynchronize` |
 //! | `is_capturing` | `cuStreamIsCapturing` (active or invalidated: true) |
 //! | `begin_capture` / `end_capture` | `cuStreamBeginCapture_v2` / `cuStreamEndCapture`, `cuGraphDestroy` |
+//! | `alloc_host` / `free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
+//! | `copy_to_host` / `copy_to_device` (trait) | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` |
+//! | `create_stream` (trait) / `wait_event` | `cuStreamCreate` (`CU_STREAM_NON_BLOCKING`) / `cuStreamWaitEvent` |
 //! | `device_count` / `can_access_peer` | `cuDeviceGetCount` / `cuDeviceCanAccessPeer` |
 //! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
 //!
@@ -72,12 +75,13 @@ use cudarc::driver::{sys, CudaContext};
 use parking_lot::{Mutex, RwLock};
 
 use crate::device::{
-    Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+    Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
 };
 
 mod driver;
 use driver::{check, check_alloc, driver, driver_error};
 mod stream;
+mod transfer;
 
 // Sizes and addresses cross between `u64` and `usize` with `as`; that is lossless only here.
 const _: () = assert!(usize::BITS == 64, "cudalloc needs a 64-bit target");
@@ -644,5 +648,33 @@ impl Device for CudaDevice {
         // SAFETY: the event is live and cannot be destroyed while the read lock is held.
         let code = unsafe { sys::cuEventSynchronize(event.0 as sys::CUevent) };
         check("cuEventSynchronize", code)
+    }
+
+    fn alloc_host(&self, size: u64) -> DeviceResult<HostPtr> {
+        self.cuda_alloc_host(size)
+    }
+    fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
+        self.cuda_free_host(ptr, size)
+    }
+    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
+        self.cuda_copy_to_host(dst, src, n, s)
+    }
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.cuda_copy_to_device(dst, src, n, s)
+    }
+    fn create_stream(&self) -> DeviceResult<StreamId> {
+        self.cuda_create_stream()
+    }
+    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        CudaDevice::destroy_stream(self, stream)
+    }
+    fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
+        self.cuda_wait_event(stream, event)
     }
 }

@@ -51,6 +51,25 @@
 //! work submitted to the stream before `record_event` has completed. An event may be recorded
 //! again after it completed; the allocator pools events rather than creating one per free.
 //!
+//! # Host memory, copies and the allocator's streams
+//!
+//! `alloc_host` returns pinned (page-locked) host memory ([`HostPtr`], an address in the host's
+//! address space, never `0`), which the device may copy to and from asynchronously;
+//! `free_host` gives it back and waits for copies still using it. `copy_to_host` and
+//! `copy_to_device` enqueue a copy of `size` bytes on a stream: the copy runs after the
+//! stream's earlier work and before its later work, and the caller may read or overwrite the
+//! host side only once an event recorded after it completed. The device side must be memory
+//! this device made accessible (a `malloc` result, or pages mapped and made accessible); the
+//! host side must lie inside one `alloc_host` result. `create_stream` makes a stream of the
+//! device's own (the allocator's copy stream), `destroy_stream` ends one it made, and
+//! `wait_event` makes later work on a stream wait for an event (no host wait). Pinned host
+//! memory is not device memory: a byte limit on the device does not count it.
+//!
+//! | acquire | release | precondition of the release |
+//! | --- | --- | --- |
+//! | `alloc_host(size) -> ptr` | `free_host(ptr, size)` | `ptr` came from `alloc_host` with that `size` |
+//! | `create_stream() -> stream` | `destroy_stream(stream)` | the stream came from `create_stream` |
+//!
 //! # Graph capture
 //!
 //! While a stream is captured into a CUDA graph ([`CaptureMode`]), work submitted to it is
@@ -73,6 +92,9 @@ pub type DevicePtr = u64;
 
 /// Alignment of every [`Device::malloc`] result, in bytes.
 pub const MALLOC_ALIGNMENT: u64 = 256;
+
+/// An address of pinned host memory from [`Device::alloc_host`].
+pub type HostPtr = u64;
 
 /// A CUDA stream, as the raw handle value (`0` is the legacy default stream).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -122,7 +144,8 @@ impl CaptureMode {
     /// in global and thread-local mode `malloc` (`cuMemAlloc`), `query_event` (`cuEventQuery`
     /// of an event recorded on another stream) and `synchronize_device` (`cuCtxSynchronize`)
     /// are refused, and `free` (which synchronizes implicitly) and `synchronize_event` are
-    /// taken to be refused like them; in relaxed mode only `synchronize_device` is. Thread-local
+    /// taken to be refused like them (and so are `alloc_host` and `free_host`, not measured);
+    /// in relaxed mode only `synchronize_device` is. Thread-local
     /// mode refuses only on the capturing thread, global mode on every thread.
     /// `synchronize_device` waits for the capturing stream itself, which no mode allows, so it
     /// is refused on every thread in every mode. The virtual-memory calls, `record_event` and
@@ -130,7 +153,12 @@ impl CaptureMode {
     pub fn forbids(self, call: Call, same_thread: bool) -> bool {
         let unsafe_call = matches!(
             call,
-            Call::Malloc | Call::Free | Call::QueryEvent | Call::SynchronizeEvent
+            Call::Malloc
+                | Call::Free
+                | Call::QueryEvent
+                | Call::SynchronizeEvent
+                | Call::AllocHost
+                | Call::FreeHost
         );
         match self {
             _ if call == Call::SynchronizeDevice => true,
@@ -282,11 +310,25 @@ pub enum Call {
     MemInfo,
     /// [`Device::is_capturing`]
     CaptureStatus,
+    /// [`Device::alloc_host`]
+    AllocHost,
+    /// [`Device::free_host`]
+    FreeHost,
+    /// [`Device::copy_to_host`]
+    CopyToHost,
+    /// [`Device::copy_to_device`]
+    CopyToDevice,
+    /// [`Device::create_stream`]
+    CreateStream,
+    /// [`Device::destroy_stream`]
+    DestroyStream,
+    /// [`Device::wait_event`]
+    WaitEvent,
 }
 
 impl Call {
     /// Every kind of call, in declaration order.
-    pub const ALL: [Call; 17] = [
+    pub const ALL: [Call; 24] = [
         Call::Malloc,
         Call::Free,
         Call::Reserve,
@@ -304,6 +346,13 @@ impl Call {
         Call::SynchronizeDevice,
         Call::MemInfo,
         Call::CaptureStatus,
+        Call::AllocHost,
+        Call::FreeHost,
+        Call::CopyToHost,
+        Call::CopyToDevice,
+        Call::CreateStream,
+        Call::DestroyStream,
+        Call::WaitEvent,
     ];
 
     /// Index into [`Call::ALL`].
@@ -331,6 +380,13 @@ impl Call {
             Call::SynchronizeDevice => "synchronize_device",
             Call::MemInfo => "mem_info",
             Call::CaptureStatus => "is_capturing",
+            Call::AllocHost => "alloc_host",
+            Call::FreeHost => "free_host",
+            Call::CopyToHost => "copy_to_host",
+            Call::CopyToDevice => "copy_to_device",
+            Call::CreateStream => "create_stream",
+            Call::DestroyStream => "destroy_stream",
+            Call::WaitEvent => "wait_event",
         }
     }
 
@@ -339,7 +395,13 @@ impl Call {
     pub fn is_release(self) -> bool {
         matches!(
             self,
-            Call::Free | Call::Unreserve | Call::ReleasePage | Call::Unmap | Call::DestroyEvent
+            Call::Free
+                | Call::Unreserve
+                | Call::ReleasePage
+                | Call::Unmap
+                | Call::DestroyEvent
+                | Call::FreeHost
+                | Call::DestroyStream
         )
     }
 }
@@ -397,6 +459,37 @@ pub trait Device: Send + Sync {
     /// True while a capture of `stream` is underway: active, or invalidated by a refused call
     /// and not yet ended. Never refused by a capture.
     fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool>;
+
+    /// Allocates `size` bytes (not zero) of pinned host memory.
+    fn alloc_host(&self, size: u64) -> DeviceResult<HostPtr>;
+    /// Frees pinned host memory from [`Device::alloc_host`]; `size` is the size it was
+    /// allocated with.
+    fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()>;
+    /// Enqueues on `stream` a copy of `size` bytes from device address `src` to pinned host
+    /// memory at `dst`.
+    fn copy_to_host(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        size: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()>;
+    /// Enqueues on `stream` a copy of `size` bytes from pinned host memory at `src` to device
+    /// address `dst`.
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        size: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()>;
+    /// Creates a stream of the device's own that does not synchronise with the legacy default
+    /// stream.
+    fn create_stream(&self) -> DeviceResult<StreamId>;
+    /// Destroys a stream from [`Device::create_stream`] (its pending work still completes).
+    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()>;
+    /// Makes work submitted to `stream` after this call wait for `event` (no host wait).
+    fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()>;
 }
 
 impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
@@ -459,5 +552,32 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
         (**self).is_capturing(stream)
+    }
+    fn alloc_host(&self, size: u64) -> DeviceResult<HostPtr> {
+        (**self).alloc_host(size)
+    }
+    fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
+        (**self).free_host(ptr, size)
+    }
+    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
+        (**self).copy_to_host(dst, src, n, s)
+    }
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        (**self).copy_to_device(dst, src, n, s)
+    }
+    fn create_stream(&self) -> DeviceResult<StreamId> {
+        (**self).create_stream()
+    }
+    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        (**self).destroy_stream(stream)
+    }
+    fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
+        (**self).wait_event(stream, event)
     }
 }

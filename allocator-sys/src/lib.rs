@@ -26,7 +26,8 @@ pub mod wrap;
 
 pub use cuda::CudaDevice;
 pub use device::{
-    Call, CaptureMode, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle,
-    StreamId, CAPTURED_EVENT, CAPTURE_INVALIDATED, CAPTURE_UNSUPPORTED, MALLOC_ALIGNMENT,
+    Call, CaptureMode, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr,
+    PageHandle, StreamId, CAPTURED_EVENT, CAPTURE_INVALIDATED, CAPTURE_UNSUPPORTED,
+    MALLOC_ALIGNMENT,
 };
 pub use sim::{SimConfig, SimDevice};

@@ -39,6 +39,9 @@
 //! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`]
 //! or `synchronize_event` (which completes the stream up to that event, like a wait).
 //!
+//! Pinned host memory, copies and the streams the device makes are in the `transfer`
+//! submodule's documentation: copies move bytes only with host backing.
+//!
 //! # Graph capture
 //!
 //! [`SimDevice::begin_capture`] and [`SimDevice::end_capture`] simulate capturing a stream into
@@ -51,7 +54,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::device::{
-    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
     MALLOC_ALIGNMENT,
 };
 use crate::wrap::{CallCounters, FaultPlan};
@@ -72,6 +75,8 @@ use space::{Space, Sparse};
 mod capture;
 use capture::Captures;
 mod host;
+mod transfer;
+pub use transfer::HOST_BASE;
 
 /// A physical page.
 #[derive(Debug)]
@@ -120,6 +125,7 @@ struct State {
     auto_complete: bool,
     faults: FaultPlan,
     captures: Captures,
+    transfers: transfer::Transfers,
 }
 
 /// A deterministic, host-only [`Device`]; see the module documentation.
@@ -654,5 +660,33 @@ impl Device for SimDevice {
             work.completed = work.completed.max(target);
         }
         Ok(())
+    }
+
+    fn alloc_host(&self, size: u64) -> DeviceResult<HostPtr> {
+        self.sim_alloc_host(size)
+    }
+    fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
+        self.sim_free_host(ptr, size)
+    }
+    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
+        self.sim_copy_to_host(dst, src, n, s)
+    }
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.sim_copy_to_device(dst, src, n, s)
+    }
+    fn create_stream(&self) -> DeviceResult<StreamId> {
+        self.sim_create_stream()
+    }
+    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        self.sim_destroy_stream(stream)
+    }
+    fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
+        self.sim_wait_event(stream, event)
     }
 }

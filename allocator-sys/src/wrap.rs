@@ -16,7 +16,7 @@
 //! [`crate::SimDevice`] shares the exact same counting and fault semantics as [`CountCalls`] and
 //! [`FailCalls`].
 //!
-//! Only the seventeen [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
+//! Only the [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
 //! are plain queries and are forwarded untouched.
 
 use std::collections::HashMap;
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::device::{
-    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, PageHandle, StreamId,
+    Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
 };
 
 mod counters;
@@ -152,6 +152,15 @@ impl<D: Device> Device for Limit<D> {
         synchronize_event(event: EventHandle) -> DeviceResult<()>;
         synchronize_device() -> DeviceResult<()>;
         is_capturing(stream: StreamId) -> DeviceResult<bool>;
+        alloc_host(size: u64) -> DeviceResult<HostPtr>;
+        free_host(ptr: HostPtr, size: u64) -> DeviceResult<()>;
+        copy_to_host(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+            -> DeviceResult<()>;
+        copy_to_device(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+            -> DeviceResult<()>;
+        create_stream() -> DeviceResult<StreamId>;
+        destroy_stream(stream: StreamId) -> DeviceResult<()>;
+        wait_event(stream: StreamId, event: EventHandle) -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -283,6 +292,15 @@ impl<D: Device> Device for FailCalls<D> {
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
         synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
         is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
+        alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
+        free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
+        copy_to_host => CopyToHost(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+            [size] -> DeviceResult<()>;
+        copy_to_device => CopyToDevice(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+            [size] -> DeviceResult<()>;
+        create_stream => CreateStream() [0] -> DeviceResult<StreamId>;
+        destroy_stream => DestroyStream(stream: StreamId) [0] -> DeviceResult<()>;
+        wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
     }
 }
 
@@ -372,6 +390,15 @@ impl<D: Device> Device for CountCalls<D> {
         synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
         synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
         is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
+        alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
+        free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
+        copy_to_host => CopyToHost(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+            [size] -> DeviceResult<()>;
+        copy_to_device => CopyToDevice(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+            [size] -> DeviceResult<()>;
+        create_stream => CreateStream() [0] -> DeviceResult<StreamId>;
+        destroy_stream => DestroyStream(stream: StreamId) [0] -> DeviceResult<()>;
+        wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -526,6 +553,12 @@ impl LogValue for PageHandle {
     }
 }
 
+impl LogValue for StreamId {
+    fn show(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl LogValue for EventHandle {
     fn show(&self) -> String {
         format!("event {}", self.0)
@@ -621,5 +654,54 @@ impl<D: Device> Device for LogCalls<D> {
     fn is_capturing(&self, stream: StreamId) -> DeviceResult<bool> {
         let result = self.inner.is_capturing(stream);
         self.log(Call::CaptureStatus, format!("{stream}"), result)
+    }
+
+    fn alloc_host(&self, size: u64) -> DeviceResult<HostPtr> {
+        self.log(
+            Call::AllocHost,
+            format!("{size}"),
+            self.inner.alloc_host(size),
+        )
+    }
+
+    fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
+        let args = format!("{ptr:#x}, {size}");
+        self.log(Call::FreeHost, args, self.inner.free_host(ptr, size))
+    }
+
+    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
+        let args = format!("{dst:#x}, {src:#x}, {n}, {s}");
+        let result = self.inner.copy_to_host(dst, src, n, s);
+        self.log(Call::CopyToHost, args, result)
+    }
+
+    fn copy_to_device(
+        &self,
+        dst: DevicePtr,
+        src: HostPtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        let args = format!("{dst:#x}, {src:#x}, {n}, {s}");
+        let result = self.inner.copy_to_device(dst, src, n, s);
+        self.log(Call::CopyToDevice, args, result)
+    }
+
+    fn create_stream(&self) -> DeviceResult<StreamId> {
+        self.log(
+            Call::CreateStream,
+            String::new(),
+            self.inner.create_stream(),
+        )
+    }
+
+    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let result = self.inner.destroy_stream(stream);
+        self.log(Call::DestroyStream, format!("{stream}"), result)
+    }
+
+    fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
+        let args = format!("{stream}, event {}", event.0);
+        self.log(Call::WaitEvent, args, self.inner.wait_event(stream, event))
     }
 }

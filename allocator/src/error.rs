@@ -290,7 +290,7 @@ pub enum Invariant {
     /// No two segments overlap.
     Overlap,
     /// A block is in its pool's free index iff it is free and mapped, in the unmapped index iff
-    /// it is unmapped; a block in use is mapped; a free block carries no policy tag; sizes are
+    /// it is unmapped; a block in use is mapped; a free block carries no policy mark; sizes are
     /// multiples of 512 bytes.
     Index,
     /// A mapped block of an expandable segment lies on mapped pages.

@@ -6,8 +6,8 @@
 //! new memory through [`Policy::grow`], then what [`Policy::release`] gives back, then every
 //! cached block, retrying after each), split what was found when the policy says so
 //! ([`Policy::should_split`]), hand it out and tell the policy ([`Policy::on_alloc`]). A free
-//! goes back through the core, which tells the policy of the blocks it tagged
-//! ([`Policy::on_tagged_free`]) and of the ranges it releases
+//! goes back through the core, which tells the policy of the blocks it marked
+//! ([`Policy::on_marked_free`]) and of the ranges it releases
 //! ([`Policy::on_segment_released`]).
 //!
 //! The pool reads the core through `Deref` (statistics, snapshot, invariants); every operation

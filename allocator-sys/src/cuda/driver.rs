@@ -62,6 +62,11 @@ const SYMBOLS: &[&str] = &[
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
     "cuGraphDestroy",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuStreamWaitEvent",
 ];
 
 /// Ok once the driver is loaded and initialised; the reason otherwise. Checked once per process.

@@ -26,9 +26,18 @@ pub(super) struct Memory {
     pub(super) pages: HashMap<u64, Page>,
     /// Mapping start -> size and page.
     pub(super) mappings: BTreeMap<u64, Mapping>,
+    /// Pinned host buffer start -> size (`alloc_host`).
+    pub(super) host: BTreeMap<u64, u64>,
 }
 
 impl Memory {
+    /// True if `ptr..ptr + len` lies inside one pinned host buffer.
+    pub(super) fn in_host_buffer(&self, ptr: u64, len: u64) -> bool {
+        let before = self.host.range(..=ptr).next_back();
+        let end = ptr.checked_add(len);
+        before.is_some_and(|(&start, &size)| end.is_some_and(|e| e <= start + size))
+    }
+
     /// True if `va..end` lies inside one reservation.
     pub(super) fn reserved(&self, va: u64, end: u64) -> bool {
         let before = self.reservations.range(..=va).next_back();

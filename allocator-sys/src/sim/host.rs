@@ -20,8 +20,18 @@ impl SimDevice {
     /// Copies `data` to device address `addr` (needs host backing). The range must lie inside
     /// one live segment, or inside consecutive mapped pages that were made accessible.
     pub fn write(&self, addr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
-        let mut s = self.state.lock();
-        for (target, off, from, n) in self.route("write", &s, addr, data.len())? {
+        self.write_locked("write", &mut self.state.lock(), addr, data)
+    }
+
+    /// [`SimDevice::write`] with the state already locked; `call` names the caller's call.
+    pub(super) fn write_locked(
+        &self,
+        call: &'static str,
+        s: &mut State,
+        addr: DevicePtr,
+        data: &[u8],
+    ) -> DeviceResult<()> {
+        for (target, off, from, n) in self.route(call, s, addr, data.len())? {
             let bytes = &data[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.entry(p).or_default(),
@@ -35,8 +45,18 @@ impl SimDevice {
     /// Copies device memory at `addr` into `out` (needs host backing); never-written bytes read
     /// as zero. The same addresses as for [`SimDevice::write`] are valid.
     pub fn read(&self, addr: DevicePtr, out: &mut [u8]) -> DeviceResult<()> {
-        let s = self.state.lock();
-        for (target, off, from, n) in self.route("read", &s, addr, out.len())? {
+        self.read_locked("read", &self.state.lock(), addr, out)
+    }
+
+    /// [`SimDevice::read`] with the state already locked; `call` names the caller's call.
+    pub(super) fn read_locked(
+        &self,
+        call: &'static str,
+        s: &State,
+        addr: DevicePtr,
+        out: &mut [u8],
+    ) -> DeviceResult<()> {
+        for (target, off, from, n) in self.route(call, s, addr, out.len())? {
             let dst = &mut out[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.get(&p),

@@ -10,8 +10,8 @@
 //! | [`should_split`](Policy::should_split) | for the block `place` or `grow` returned | only read |
 //! | [`grow`](Policy::grow) | when `place` found nothing and the caller may grow; again after each release rung of the ladder | get device memory (a fixed segment, pages mapped into a range) and return a free block of at least the request, out of the free index; give cached memory back first; `Ok(None)`: out of memory |
 //! | [`release`](Policy::release) | the ladder's second rung, after `grow` ran out of memory | give cached memory back so that a retry may fit; true when it did |
-//! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; tag the block ([`Core::set_tag`]) |
-//! | [`on_tagged_free`](Policy::on_tagged_free) | when a tagged block returns to its pool, before it merges (the core has cleared the tag) | only read |
+//! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; mark the block ([`Core::set_mark`]) |
+//! | [`on_marked_free`](Policy::on_marked_free) | when a marked block returns to its pool, before it merges (the core has cleared the mark) | only read |
 //! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused) | forget what it kept about the range |
 //! | [`watches_large_blocks`](Policy::watches_large_blocks) | by the thread-safe front, after each operation on the pool | say that every large free must reach the pool (no thread cache) |
 //!
@@ -46,7 +46,7 @@ mod torch_expandable;
 use crate::pool::Observer;
 use cudalloc_sys::{Device, DeviceError};
 // What a policy works with: the core, the request, the blocks and the free index.
-pub use crate::pool::block::{Block, BlockId, NO_TAG};
+pub use crate::pool::block::{Block, BlockId, NO_MARK};
 pub use crate::pool::index::FreeIndex;
 pub use crate::pool::{Core, Request};
 pub use default::{DefaultConfig, DefaultPolicy};
@@ -88,8 +88,8 @@ pub trait Policy {
     /// Block `id` was just handed out.
     fn on_alloc<D: Device>(&mut self, _core: &mut Core<D>, _id: BlockId) {}
 
-    /// Block `id`, which carried `tag`, returns to its pool.
-    fn on_tagged_free<D: Device>(&mut self, _core: &Core<D>, _id: BlockId, _tag: u64) {}
+    /// Block `id`, which carried `mark`, returns to its pool.
+    fn on_marked_free<D: Device>(&mut self, _core: &Core<D>, _id: BlockId, _mark: u64) {}
 
     /// Expandable range `segment` went back to the device.
     fn on_segment_released(&mut self, _segment: u32) {}
@@ -116,8 +116,8 @@ pub enum PolicyConfig {
 
 /// Every policy hears what the core tells it through its hooks.
 impl<P: Policy> Observer for P {
-    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
-        self.on_tagged_free(core, id, tag);
+    fn marked_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, mark: u64) {
+        self.on_marked_free(core, id, mark);
     }
 
     fn segment_released(&mut self, segment: u32) {
@@ -222,8 +222,8 @@ impl Policy for Builtin {
         each!(self, p => p.on_alloc(core, id))
     }
 
-    fn on_tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
-        each!(self, p => p.on_tagged_free(core, id, tag))
+    fn on_marked_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, mark: u64) {
+        each!(self, p => p.on_marked_free(core, id, mark))
     }
 
     fn on_segment_released(&mut self, segment: u32) {

@@ -15,8 +15,8 @@ use cudalloc_sys::StreamId;
 pub type BlockId = u32;
 /// "No block".
 pub const NIL: BlockId = u32::MAX;
-/// "No policy tag" ([`Block::tag`]).
-pub const NO_TAG: u64 = u64::MAX;
+/// "No policy mark" ([`Block::mark`]).
+pub const NO_MARK: u64 = u64::MAX;
 /// "Not in an expandable segment".
 pub const NO_SEGMENT: u32 = u32::MAX;
 
@@ -49,10 +49,10 @@ pub struct Block {
     pub stream_uses: Vec<StreamId>,
     /// The pool's free-search counter when the block was last freed (garbage collection age).
     pub gc_base: u64,
-    /// A word the policy may set on an allocated block ([`NO_TAG`]: none); the core clears it
+    /// A word the policy may set on an allocated block ([`NO_MARK`]: none); the core clears it
     /// when the block returns to its pool, and tells the policy
-    /// ([`crate::policy::Policy::on_tagged_free`]).
-    pub tag: u64,
+    /// ([`crate::policy::Policy::on_marked_free`]).
+    pub mark: u64,
     /// The handout it serves, while allocated (`crate::pool::Handle::serial`).
     pub serial: u64,
     /// Free, out of the index, its pages to be unmapped once its stream's earlier work has
@@ -79,7 +79,7 @@ impl Block {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base: 0,
-            tag: NO_TAG,
+            mark: NO_MARK,
             serial: 0,
             releasing: false,
             live: true,

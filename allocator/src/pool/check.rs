@@ -197,10 +197,10 @@ impl<D: Device> Core<D> {
                     format!("block {:#x} is in use but unmapped", b.addr),
                 ));
             }
-            if idle && b.tag != super::block::NO_TAG {
+            if idle && b.mark != super::block::NO_MARK {
                 return Err(InvariantError::new(
                     Invariant::Index,
-                    format!("free block {:#x} still carries a policy tag", b.addr),
+                    format!("free block {:#x} still carries a policy mark", b.addr),
                 ));
             }
             if b.size % crate::sizes::MIN_BLOCK != 0 {

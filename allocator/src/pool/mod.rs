@@ -7,7 +7,7 @@
 //! say ([`crate::policy::Policy`]), which [`Pool`](crate::Pool) (the core and one policy, in
 //! `ladder`) asks at each step of an allocation. The core sits below the policies and the
 //! configuration: it reads only its own settings ([`config::PoolConfig`]) and tells its policy
-//! what happens to the blocks the policy tagged and the ranges it releases through
+//! what happens to the blocks the policy marked and the ranges it releases through
 //! [`Observer`], which every policy implements.
 //!
 //! Invariants (all checked by [`Core::check_invariants`]):
@@ -16,7 +16,7 @@
 //!   while one of them waits for stream events or is being released (`releasing`);
 //! - a block is in its pool's free index iff it is free and mapped, in the unmapped index iff it
 //!   is unmapped;
-//! - a free or unmapped block carries no policy tag ([`block::NO_TAG`]);
+//! - a free or unmapped block carries no policy mark ([`block::NO_MARK`]);
 //! - every statistic's `current` equals what a scan of the blocks recomputes;
 //! - bytes the device holds for this pool (pages whose release failed included) equal
 //!   `reserved_bytes.all.current` (`reserved`).
@@ -40,7 +40,7 @@ use crate::sizes;
 use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use block::{Arena, Block, BlockId, NIL, NO_TAG};
+use block::{Arena, Block, BlockId, NIL, NO_MARK};
 use config::PoolConfig;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
 use index::FreeIndex;
@@ -136,12 +136,12 @@ pub(crate) struct Handle {
 pub(crate) const POOL_SERIAL: u64 = 1 << 63;
 
 /// What the core tells the policy of its pool while it works: every
-/// [`Policy`](crate::policy::Policy) hears it, through `on_tagged_free` and
+/// [`Policy`](crate::policy::Policy) hears it, through `on_marked_free` and
 /// `on_segment_released`.
 pub(crate) trait Observer {
-    /// Block `id`, which carried policy tag `tag`, returns to its pool (the core has cleared
-    /// the tag; the block has not merged yet).
-    fn tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64);
+    /// Block `id`, which carried policy mark `mark`, returns to its pool (the core has cleared
+    /// the mark; the block has not merged yet).
+    fn marked_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, mark: u64);
 
     /// Expandable range `segment` went back to the device (its index may be reused).
     fn segment_released(&mut self, segment: u32);
@@ -307,13 +307,13 @@ impl<D: Device> Core<D> {
         self.peers = peers;
     }
 
-    /// Tags allocated block `id` for its policy: [`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)(crate::policy::Policy::on_tagged_free)
+    /// Marks allocated block `id` for its policy: [`Policy::on_marked_free`](crate::policy::Policy::on_marked_free)(crate::policy::Policy::on_marked_free)
     /// hears of it when it is freed. False (nothing done) for a block that is not allocated or
-    /// a tag of [`block::NO_TAG`].
-    pub fn set_tag(&mut self, id: BlockId, tag: u64) -> bool {
+    /// a mark of [`block::NO_MARK`].
+    pub fn set_mark(&mut self, id: BlockId, mark: u64) -> bool {
         match self.blocks.get_mut(id) {
-            Some(b) if b.allocated && tag != block::NO_TAG => {
-                b.tag = tag;
+            Some(b) if b.allocated && mark != block::NO_MARK => {
+                b.mark = mark;
                 true
             }
             _ => false,
@@ -510,11 +510,11 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns a block to its pool, merging it with free neighbours. A block carrying a policy
-    /// tag has it cleared, and the policy hears of it ([`Policy::on_tagged_free`](crate::policy::Policy::on_tagged_free)).
+    /// mark has it cleared, and the policy hears of it ([`Policy::on_marked_free`](crate::policy::Policy::on_marked_free)).
     pub(crate) fn free_block<P: Observer>(&mut self, policy: &mut P, id: BlockId) {
-        if self.blocks[id].tag != NO_TAG {
-            let tag = std::mem::replace(&mut self.blocks[id].tag, NO_TAG);
-            policy.tagged_free(self, id, tag);
+        if self.blocks[id].mark != NO_MARK {
+            let mark = std::mem::replace(&mut self.blocks[id].mark, NO_MARK);
+            policy.marked_free(self, id, mark);
         }
         let b = &self.blocks[id];
         let (pool, orig_size, requested) = (b.pool, b.size, b.requested);

@@ -59,8 +59,8 @@ impl<P: Policy> Policy for Counted<P> {
         self.inner.on_alloc(core, id);
     }
 
-    fn on_tagged_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, tag: u64) {
-        self.inner.on_tagged_free(core, id, tag);
+    fn on_marked_free<D: Device>(&mut self, core: &Core<D>, id: BlockId, mark: u64) {
+        self.inner.on_marked_free(core, id, mark);
     }
 
     fn on_segment_released(&mut self, segment: u32) {

@@ -9,12 +9,12 @@
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
 //! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
 //! - on alloc and free: the peak requested bytes (the budget's base) and the episode being
-//!   recorded for the next plan (a block of the episode carries its number as its tag).
+//!   recorded for the next plan (a block of the episode carries its number as its mark).
 //!
 //! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
 //! (`plan::Plans`), and the most bytes ever requested at once. Invariants: those of
-//! `plan` and `footprint`; a block carries a tag iff it is a live allocation of the open
-//! episode or of one closed since (then the tag is below the open episode's first number).
+//! `plan` and `footprint`; a block carries a mark iff it is a live allocation of the open
+//! episode or of one closed since (then the mark is below the open episode's first number).
 
 mod budget;
 mod footprint;
@@ -205,8 +205,8 @@ impl Policy for DefaultPolicy {
         }
     }
 
-    fn on_tagged_free<D: Device>(&mut self, _core: &Core<D>, id: BlockId, tag: u64) {
-        self.note_free(id, tag);
+    fn on_marked_free<D: Device>(&mut self, _core: &Core<D>, id: BlockId, mark: u64) {
+        self.note_free(id, mark);
     }
 
     fn on_segment_released(&mut self, segment: u32) {

@@ -53,8 +53,8 @@
 //!   (`budget::budget_room`), so that the next episode finds them mapped; after a split, so
 //!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
-//! Invariants: a block's tag ([`Block::tag`](crate::pool::block::Block::tag)) is the number of
-//! the recorded allocation it serves ([`NO_TAG`](crate::pool::block::NO_TAG) otherwise, and always while the block is free
+//! Invariants: a block's mark ([`Block::mark`](crate::pool::block::Block::mark)) is the number of
+//! the recorded allocation it serves ([`NO_MARK`](crate::pool::block::NO_MARK) otherwise, and always while the block is free
 //! or unmapped); numbers of a dropped
 //! or closed episode are below the open one's `first`; an episode's allocations are all of one
 //! stream; `live` counts its allocations not yet back in the pool; `anchors` are live
@@ -297,10 +297,10 @@ impl DefaultPolicy {
             e.anchors.push(id);
             self.plans.placed += 1;
         }
-        core.set_tag(id, e.first + k as u64);
+        core.set_mark(id, e.first + k as u64);
     }
 
-    /// Records the free of block `id`, tagged `seq`, if it is an allocation of the open episode.
+    /// Records the free of block `id`, marked `seq`, if it is an allocation of the open episode.
     pub(crate) fn note_free(&mut self, id: BlockId, seq: u64) {
         let plan = self.plans.plan.as_ref();
         let Some(e) = self.plans.episode.as_mut() else {
