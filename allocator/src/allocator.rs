@@ -35,14 +35,12 @@
 //! doing so at that instant).
 
 use crate::config::Config;
-use crate::error::{AllocError, Invariant, InvariantError};
-use crate::front_stats::{count_thread_caches, sum_stats};
+use crate::error::AllocError;
 use crate::ladder::Pool;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
 use crate::pool::{Allocation, Handle};
-use crate::snapshot::{Excess, PinnedUnit, Snapshot};
-use crate::stats::{SharedPeak, Stats};
+use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tcache::{Cached, Caches};
 use cudalloc_sys::{CaptureMode, Device, StreamId};
@@ -55,24 +53,24 @@ const SHARDS: usize = 64;
 /// Every method takes `&self`. Allocations are returned as [`Allocation`] values; free them with
 /// [`CachingAllocator::free`] (or by address with [`CachingAllocator::free_ptr`]).
 pub struct CachingAllocator<D: Device> {
-    device: Arc<D>,
-    shards: Box<[Shard<D>]>,
-    reserved: Arc<AtomicU64>,
+    pub(crate) device: Arc<D>,
+    pub(crate) shards: Box<[Shard<D>]>,
+    pub(crate) reserved: Arc<AtomicU64>,
     /// The bytes the shards hold together, and the most they held at once since peaks were
     /// last reset.
-    reserved_peak: Arc<SharedPeak>,
-    live: LiveMap,
-    caches: Option<Caches>,
+    pub(crate) reserved_peak: Arc<SharedPeak>,
+    pub(crate) live: LiveMap,
+    pub(crate) caches: Option<Caches>,
     /// The thread-cache rules the policies set, with the per-shard state they read.
-    rules: FrontRules,
+    pub(crate) rules: FrontRules,
     /// Shared by every shard's pool: true until the first free, wherever it goes (a pool or a
     /// thread cache): a fact the policies may read ([`crate::pool::Core::nothing_freed`]).
-    unfreed: Arc<AtomicBool>,
-    cfg: Config,
+    pub(crate) unfreed: Arc<AtomicBool>,
+    pub(crate) cfg: Config,
 }
 
 /// One stream shard: a pool behind its own lock, on its own cache lines.
-type Shard<D> = CachePadded<Mutex<Pool<Arc<D>>>>;
+pub(crate) type Shard<D> = CachePadded<Mutex<Pool<Arc<D>>>>;
 
 fn shard_of(stream: StreamId) -> usize {
     let h = stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -536,109 +534,6 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().set_peers(peers.to_vec());
         }
-    }
-
-    /// The statistics, summed over stream shards, as the callers see them: a block held in a
-    /// thread cache is not allocated, a cache hit is an allocation and a free into a cache is a
-    /// free (as PyTorch counts every `malloc` and `free`), and [`Stats::thread_cache`] says how
-    /// many hits there were and what the caches hold. Peaks are the pools' (a cached block
-    /// counts in them until it leaves the caches).
-    ///
-    /// Every shard stays locked until the cached blocks are counted, so no block moves between a
-    /// pool and a thread cache through a pool meanwhile. A thread cache hit or a free into a
-    /// cache takes no shard lock, so while other threads allocate the counts may still be off by
-    /// one block per such thread at that instant.
-    pub fn stats(&self) -> Stats {
-        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut total = sum_stats(&guards, self.reserved_peak.peak());
-        if self.caches.is_some() {
-            count_thread_caches(&mut total, &self.live.cache_totals());
-        }
-        total
-    }
-
-    /// Resets peak statistics. Every shard stays locked until the shared reserved peak is set
-    /// to the reserved bytes, so no growth runs meanwhile and the peak is never below them.
-    pub fn reset_peak_stats(&self) {
-        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        for g in &mut guards {
-            g.reset_peak_stats();
-        }
-        self.reserved_peak.reset();
-    }
-
-    /// Segments, blocks and statistics of every shard, as the callers see them: a block held
-    /// in a thread cache is [`crate::snapshot::BlockState::ThreadCached`], not allocated, as
-    /// in [`CachingAllocator::stats`]. Every shard stays locked while its blocks, the
-    /// statistics and the cached blocks are read, so [`Snapshot::recompute`] equals
-    /// [`Snapshot::recorded`] even while other threads allocate.
-    pub fn snapshot(&self) -> Snapshot {
-        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut snap = Snapshot {
-            segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
-            stats: sum_stats(&guards, self.reserved_peak.peak()),
-        };
-        snap.segments.sort_by_key(|s| s.addr);
-        if self.caches.is_some() {
-            let (cached, totals) = self.live.cached_with_totals();
-            snap.mark_thread_cached(&cached);
-            count_thread_caches(&mut snap.stats, &totals);
-        }
-        snap
-    }
-
-    /// Where the reserved bytes of every shard are now ([`Excess`]). Blocks held in thread
-    /// caches count as live: the pools have handed them out.
-    pub fn excess(&self) -> Excess {
-        let mut total = Excess::default();
-        for s in self.shards.iter() {
-            total += s.lock().excess();
-        }
-        total
-    }
-
-    /// The chunks and segments of every shard that pin free bytes, the most pinned first
-    /// ([`Core::pinning`](crate::pool::Core::pinning)): what to look at when [`CachingAllocator::excess`] shows many pinned
-    /// bytes.
-    pub fn pinning(&self) -> Vec<PinnedUnit> {
-        let mut units: Vec<PinnedUnit> = self
-            .shards
-            .iter()
-            .flat_map(|s| s.lock().pinning())
-            .collect();
-        PinnedUnit::sort_most_pinned(&mut units);
-        units
-    }
-
-    /// Runs the full invariant scan of every shard, and checks the live table against them.
-    /// Holds every shard's lock (in shard order) so that the counts agree with each other even
-    /// while other threads allocate.
-    pub fn check_invariants(&self) -> Result<(), InvariantError> {
-        let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut reserved = 0;
-        let mut allocations = 0;
-        for pool in &pools {
-            pool.check_invariants()?;
-            allocations += pool.stats().allocation.0[0].current as usize;
-            // The shared counter holds pages a failed release left too (`Core::strays`).
-            reserved += pool.reserved() + pool.strays;
-        }
-        self.live.check_invariants()?;
-        let live = self.live.len();
-        if allocations != live {
-            return Err(InvariantError::new(
-                Invariant::LiveTable,
-                format!("{live} pointers in the live table but {allocations} allocations"),
-            ));
-        }
-        let shared = self.reserved.load(Ordering::Acquire);
-        if shared != reserved {
-            return Err(InvariantError::new(
-                Invariant::SharedReserved,
-                format!("shared reserved counter {shared} != sum of shards {reserved}"),
-            ));
-        }
-        Ok(())
     }
 
     /// The configuration.

@@ -87,12 +87,23 @@ pub enum AllocError {
     /// The caller asked, during a CUDA graph capture it told the allocator of, for what needs a
     /// device call the capture forbids (`pool::capture`); nothing changed.
     DuringCapture {
-        /// What was asked: `grow` (a growth by `malloc`), `empty_cache`, or `end_capture`
-        /// without a capture begun in its mode.
+        /// What was asked: `grow` (a growth by `malloc`), `empty_cache`, `sleep`, `wake`, or
+        /// `end_capture` without a capture begun in its mode.
         what: &'static str,
         /// Bytes asked for (`grow`), else 0.
         requested: u64,
     },
+    /// The memory asked for sleeps (`CachingAllocator::sleep`): an allocation, a free or a
+    /// `record_stream` of a sleeping tag's memory waits until the tag wakes (nothing changed).
+    Asleep {
+        /// What was asked: `allocate`, `free` or `record_stream`.
+        what: &'static str,
+        /// The sleeping tag, when the caller named one (a lone `Pool` has none).
+        tag: Option<String>,
+    },
+    /// Sleep needs expandable segments (pages that can be unmapped while their addresses stay
+    /// reserved); the `torch` policy allocates fixed segments (`cuMemAlloc`).
+    SleepUnsupported,
     /// `len` elements of `elem_size` bytes each are more bytes than a `usize` or `u64` counts.
     ElementCountOverflow {
         /// Elements asked for.
@@ -194,6 +205,15 @@ impl fmt::Display for AllocError {
                  allocator's device ({device})"
             ),
             AllocError::DuringCapture { what, requested } => during_capture(f, what, *requested),
+            AllocError::Asleep { what, tag } => match tag {
+                Some(t) => write!(f, "{what}: tag {t:?} sleeps; wake it first"),
+                None => write!(f, "{what}: the pool sleeps; wake it first"),
+            },
+            AllocError::SleepUnsupported => write!(
+                f,
+                "sleep and wake need expandable segments, and the torch policy allocates fixed \
+                 ones (cuMemAlloc): use the default or torch-expandable policy"
+            ),
             AllocError::ElementCountOverflow {
                 len,
                 elem_size,
@@ -215,6 +235,11 @@ fn during_capture(f: &mut fmt::Formatter<'_>, what: &str, requested: u64) -> fmt
              cuMemAlloc, which a capture forbids; run the captured work once before capturing \
              (a warm-up) so that the pool already holds the memory, or use the default or \
              torch-expandable policy, which map pages during a capture"
+        ),
+        "sleep" | "wake" => write!(
+            f,
+            "{what} during a CUDA graph capture: it copies and waits for the device, which a \
+             capture forbids; call it before or after the capture"
         ),
         "empty_cache" => write!(
             f,

@@ -1,15 +1,19 @@
-//! How [`crate::CachingAllocator`]'s statistics are made from its stream shards' and its thread
-//! caches': the shards' [`Stats`] summed (the exact reserved peak from [`crate::stats::SharedPeak`],
+//! [`crate::CachingAllocator`]'s views of itself: statistics, snapshot, the breakdown of reserved
+//! bytes and the invariant scan, made from its stream shards, its tags' pools and its thread
+//! caches. Statistics are the shards' [`Stats`] summed (the exact reserved peak from [`crate::stats::SharedPeak`],
 //! the other peaks sums of the shards', an upper bound), then the blocks held in thread caches
 //! taken out of the callers' allocations.
 //!
 //! Invariant: each counted quantity keeps `current == allocated - freed` after both steps.
 
+use crate::allocator::CachingAllocator;
+use crate::error::{Invariant, InvariantError};
 use crate::ladder::Pool;
 use crate::live::CacheTotals;
 use crate::sizes::PoolKind;
+use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{Stats, ThreadCacheStats};
-use crate::sync::{Arc, MutexGuard};
+use crate::sync::{Arc, MutexGuard, Ordering};
 use cudalloc_sys::Device;
 
 /// Turns the pools' statistics into the callers': a block in a thread cache is not allocated
@@ -67,4 +71,109 @@ pub(crate) fn sum_stats<D: Device>(
     }
     total.reserved_bytes.0[0].peak = all;
     total
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// The statistics, summed over stream shards, as the callers see them: a block held in a
+    /// thread cache is not allocated, a cache hit is an allocation and a free into a cache is a
+    /// free (as PyTorch counts every `malloc` and `free`), and [`Stats::thread_cache`] says how
+    /// many hits there were and what the caches hold. Peaks are the pools' (a cached block
+    /// counts in them until it leaves the caches).
+    ///
+    /// Every shard stays locked until the cached blocks are counted, so no block moves between a
+    /// pool and a thread cache through a pool meanwhile. A thread cache hit or a free into a
+    /// cache takes no shard lock, so while other threads allocate the counts may still be off by
+    /// one block per such thread at that instant.
+    pub fn stats(&self) -> Stats {
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut total = sum_stats(&guards, self.reserved_peak.peak());
+        if self.caches.is_some() {
+            count_thread_caches(&mut total, &self.live.cache_totals());
+        }
+        total
+    }
+
+    /// Resets peak statistics. Every shard stays locked until the shared reserved peak is set
+    /// to the reserved bytes, so no growth runs meanwhile and the peak is never below them.
+    pub fn reset_peak_stats(&self) {
+        let mut guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        for g in &mut guards {
+            g.reset_peak_stats();
+        }
+        self.reserved_peak.reset();
+    }
+
+    /// Segments, blocks and statistics of every shard, as the callers see them: a block held
+    /// in a thread cache is [`crate::snapshot::BlockState::ThreadCached`], not allocated, as
+    /// in [`CachingAllocator::stats`]. Every shard stays locked while its blocks, the
+    /// statistics and the cached blocks are read, so [`Snapshot::recompute`] equals
+    /// [`Snapshot::recorded`] even while other threads allocate.
+    pub fn snapshot(&self) -> Snapshot {
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut snap = Snapshot {
+            segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
+            stats: sum_stats(&guards, self.reserved_peak.peak()),
+        };
+        snap.segments.sort_by_key(|s| s.addr);
+        if self.caches.is_some() {
+            let (cached, totals) = self.live.cached_with_totals();
+            snap.mark_thread_cached(&cached);
+            count_thread_caches(&mut snap.stats, &totals);
+        }
+        snap
+    }
+
+    /// Where the reserved bytes of every shard are now ([`Excess`]). Blocks held in thread
+    /// caches count as live: the pools have handed them out.
+    pub fn excess(&self) -> Excess {
+        let mut total = Excess::default();
+        for s in self.shards.iter() {
+            total += s.lock().excess();
+        }
+        total
+    }
+
+    /// The chunks and segments of every shard that pin free bytes, the most pinned first
+    /// ([`Core::pinning`](crate::pool::Core::pinning)): what to look at when [`CachingAllocator::excess`] shows many pinned
+    /// bytes.
+    pub fn pinning(&self) -> Vec<PinnedUnit> {
+        let mut units: Vec<PinnedUnit> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.lock().pinning())
+            .collect();
+        PinnedUnit::sort_most_pinned(&mut units);
+        units
+    }
+
+    /// Runs the full invariant scan of every shard, and checks the live table against them.
+    /// Holds every shard's lock (in shard order) so that the counts agree with each other even
+    /// while other threads allocate.
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let mut reserved = 0;
+        let mut allocations = 0;
+        for pool in &pools {
+            pool.check_invariants()?;
+            allocations += pool.stats().allocation.0[0].current as usize;
+            // The shared counter holds pages a failed release left too (`Core::strays`).
+            reserved += pool.reserved() + pool.strays;
+        }
+        self.live.check_invariants()?;
+        let live = self.live.len();
+        if allocations != live {
+            return Err(InvariantError::new(
+                Invariant::LiveTable,
+                format!("{live} pointers in the live table but {allocations} allocations"),
+            ));
+        }
+        let shared = self.reserved.load(Ordering::Acquire);
+        if shared != reserved {
+            return Err(InvariantError::new(
+                Invariant::SharedReserved,
+                format!("shared reserved counter {shared} != sum of shards {reserved}"),
+            ));
+        }
+        Ok(())
+    }
 }

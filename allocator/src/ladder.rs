@@ -105,6 +105,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         if size > sizes::MAX_REQUEST {
             return Err(self.core.refuse_too_large(size));
         }
+        self.refuse_asleep("allocate")?;
         self.core.apply_fraction()?;
         if !self.core.capturing() {
             self.core.process_events(&mut self.policy)?;
@@ -199,6 +200,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
     /// Frees the allocation `a` is a copy of (the thread-safe front keeps such copies).
     pub(crate) fn free_handle(&mut self, a: &Handle) -> Result<(), AllocError> {
+        self.refuse_asleep("free")?;
         let core = &mut self.core;
         let b = core
             .blocks
@@ -238,6 +240,31 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.end_capture(&mut self.policy, mode)
     }
 
+    /// Puts the pool to sleep: every page goes back to the device, the virtual ranges stay
+    /// reserved, and with `offload` the bytes of every live allocation are kept in pinned host
+    /// memory first (`pool::sleep`). Until [`Pool::wake`], allocations, frees and
+    /// `record_stream` are refused ([`AllocError::Asleep`]) and `empty_cache` does nothing.
+    /// Nothing when it already sleeps; refused during a capture and under the `torch` policy
+    /// ([`AllocError::SleepUnsupported`]).
+    pub fn sleep(&mut self, offload: bool) -> Result<(), AllocError> {
+        self.core.sleep(&mut self.policy, offload)
+    }
+
+    /// Wakes the pool: new pages at the same addresses, the offloaded bytes copied back, and
+    /// later work on `stream` ordered after the copies. Out of memory leaves it asleep and
+    /// intact ([`AllocError::OutOfMemory`]); nothing when it is awake.
+    pub fn wake(&mut self, stream: StreamId) -> Result<(), AllocError> {
+        self.core.wake(stream)
+    }
+
+    /// [`AllocError::Asleep`] for `what` while the pool sleeps.
+    fn refuse_asleep(&self, what: &'static str) -> Result<(), AllocError> {
+        if self.core.asleep() {
+            return Err(AllocError::Asleep { what, tag: None });
+        }
+        Ok(())
+    }
+
     /// Returns every cached block that can go back to the device (PyTorch's `empty_cache`).
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
         if self.core.capturing() {
@@ -260,6 +287,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// Releases every cached block that can go without counting its wait: for a sweep over the
     /// stream shards of one allocator, which counts its one wait itself.
     pub(crate) fn release_all_cached(&mut self) -> Result<(), DeviceError> {
+        if self.core.asleep() {
+            return Ok(()); // it holds no pages, and its ranges must stay
+        }
         self.core.release_all_cached(&mut self.policy)
     }
 
@@ -291,6 +321,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
     /// Marks an allocation as used on `stream` (PyTorch's `record_stream`).
     pub fn record_stream(&mut self, a: &Allocation, stream: StreamId) -> Result<(), AllocError> {
+        self.refuse_asleep("record_stream")?;
         self.core.record_stream(a.0.block, a.0.ptr, stream)
     }
 
@@ -365,6 +396,11 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     fn drop(&mut self) {
         let _ = self.core.abandon_captures(&mut self.policy);
         let _ = self.core.synchronize_and_free_events(&mut self.policy);
+        if self.core.drop_asleep() {
+            self.core.destroy_spare_events();
+            self.core.destroy_copy_stream();
+            return;
+        }
         let live: Vec<Handle> = self
             .core
             .blocks
@@ -376,6 +412,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
                 stream: b.stream,
                 block: id,
                 serial: b.serial,
+                tag: self.core.tag,
             })
             .collect();
         for a in live {
@@ -383,5 +420,6 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
         }
         let _ = self.release_cached_blocks();
         self.core.destroy_spare_events();
+        self.core.destroy_copy_stream();
     }
 }

@@ -91,6 +91,7 @@ impl<D: Device> Core<D> {
             mapped: 0,
             leaked: Vec::new(),
             stuck: Vec::new(),
+            slept: Vec::new(),
         };
         let index = match self.segments.iter().position(Option::is_none) {
             Some(i) => {

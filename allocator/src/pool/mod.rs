@@ -19,7 +19,8 @@
 //! - a free or unmapped block carries no policy mark ([`block::NO_MARK`]);
 //! - every statistic's `current` equals what a scan of the blocks recomputes;
 //! - bytes the device holds for this pool (pages whose release failed included) equal
-//!   `reserved_bytes.all.current` (`reserved`).
+//!   `reserved_bytes.all.current` (`reserved`);
+//! - a sleeping pool's mapped blocks lie in the chunks its sleep unmapped (`sleep`).
 
 pub(crate) mod block;
 mod capture;
@@ -32,6 +33,7 @@ mod pinning;
 mod release;
 mod releasing;
 mod reserved;
+mod sleep;
 pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
@@ -102,6 +104,7 @@ impl Allocation {
             stream,
             block,
             serial,
+            tag: 0,
         })
     }
 
@@ -130,6 +133,8 @@ pub(crate) struct Handle {
     /// top bit set; a thread cache's hit (`CachingAllocator`) takes its cache token, which never
     /// has it.
     pub serial: u64,
+    /// The number of the caller's tag whose pool holds it ([`Core::tag`]; 0: untagged).
+    pub tag: u32,
 }
 
 /// The bit that marks a pool's handout numbers ([`Handle::serial`]).
@@ -212,6 +217,13 @@ pub struct Core<D: Device> {
     /// The config's memory fraction while it is not yet a limit: the device could not say how
     /// much memory it has when the pool was made; the first allocation tries again.
     pub(crate) fraction: Option<f64>,
+    /// The number of the caller's tag whose allocations this pool holds (0: untagged), which
+    /// its handles carry (`CachingAllocator` keeps each tag in a pool of its own).
+    pub(crate) tag: u32,
+    /// What a sleeping pool keeps to wake up (`sleep`); `None` while awake.
+    pub(crate) slumber: Option<sleep::Slumber>,
+    /// The stream sleep and wake copy on, made on first use.
+    pub(crate) copy_stream: Option<StreamId>,
 }
 
 impl<D: Device> Core<D> {
@@ -249,6 +261,9 @@ impl<D: Device> Core<D> {
             strays: 0,
             unfreed: Arc::new(AtomicBool::new(true)),
             fraction,
+            tag: 0,
+            slumber: None,
+            copy_stream: None,
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();
@@ -440,6 +455,7 @@ impl<D: Device> Core<D> {
             stream,
             block: id,
             serial,
+            tag: self.tag,
         }
     }
 

@@ -16,6 +16,9 @@ impl<D: Device> Core<D> {
     /// Every unit holding pinned bytes, the most pinned first (the lowest address among equals).
     pub fn pinning(&self) -> Vec<PinnedUnit> {
         let mut units = Vec::new();
+        if self.asleep() {
+            return units; // its blocks hold no pages
+        }
         for (id, b) in self.blocks.iter() {
             if b.prev != NIL {
                 continue;

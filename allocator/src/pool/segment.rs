@@ -49,6 +49,9 @@ pub struct ExpSegment {
     /// neither in `chunks` nor in the pool (no block may use them), unmapped and released again
     /// at the next map or unmap.
     pub stuck: Vec<(u64, Chunk)>,
+    /// Chunks (address, bytes) a sleep unmapped, to map again at the same addresses when the
+    /// pool wakes (`pool::sleep`); empty while it is awake.
+    pub slept: Vec<(u64, u64)>,
 }
 
 /// What [`ExpSegment::map`] did.
@@ -150,6 +153,33 @@ impl ExpSegment {
             }
         }
         done
+    }
+
+    /// Maps one chunk of exactly `size` bytes at `at` (a wake restores the chunks a sleep
+    /// unmapped). On failure the chunk is not mapped; what its cleanup could not undo is kept
+    /// for the next map or unmap, as in [`ExpSegment::map`].
+    pub fn map_exact<D: Device>(
+        &mut self,
+        dev: &D,
+        at: u64,
+        size: u64,
+        peers: &[usize],
+    ) -> Result<(), DeviceError> {
+        match map_chunk(dev, at, size, peers) {
+            Ok(handle) => {
+                self.chunks.insert(at, Chunk { size, handle });
+                self.mapped += size;
+                Ok(())
+            }
+            Err(failed) => {
+                match failed.left {
+                    Left::Nothing => {}
+                    Left::Page(handle) => self.leaked.push((handle, size)),
+                    Left::Mapped(handle) => self.stuck.push((at, Chunk { size, handle })),
+                }
+                Err(failed.error)
+            }
+        }
     }
 
     /// Unmaps the chunks `done` mapped, after the failure it holds: what could not be unmapped
