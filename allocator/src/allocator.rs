@@ -42,6 +42,7 @@ use crate::policy::front::FrontRules;
 use crate::pool::{Allocation, Handle};
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
+use crate::tags::Tags;
 use crate::tcache::{Cached, Caches};
 use cudalloc_sys::{CaptureMode, Device, StreamId};
 
@@ -67,6 +68,8 @@ pub struct CachingAllocator<D: Device> {
     /// thread cache): a fact the policies may read ([`crate::pool::Core::nothing_freed`]).
     pub(crate) unfreed: Arc<AtomicBool>,
     pub(crate) cfg: Config,
+    /// The pools of the caller's tags (`tags`).
+    pub(crate) tags: Tags<D>,
 }
 
 /// One stream shard: a pool behind its own lock, on its own cache lines.
@@ -116,6 +119,7 @@ impl<D: Device> CachingAllocator<D> {
             unfreed,
             caches,
             cfg,
+            tags: Tags::default(),
         }
     }
 
@@ -294,10 +298,11 @@ impl<D: Device> CachingAllocator<D> {
         held
     }
 
-    /// Flushes the thread caches and empties the caches of every shard but `except`; true when
+    /// Flushes the thread caches and empties the caches of every shard but `except` and of every
+    /// awake tag's pool; true when
     /// anything was released. A release that fails does not stop the others (what it could not
     /// release stays cached).
-    fn release_everything_else(&self, except: usize) -> bool {
+    pub(crate) fn release_everything_else(&self, except: usize) -> bool {
         let before = self.reserved.load(Ordering::Relaxed);
         let flushed = self.flush_thread_caches().unwrap_or(0);
         for (i, s) in self.shards.iter().enumerate() {
@@ -306,6 +311,7 @@ impl<D: Device> CachingAllocator<D> {
                 let _ = s.lock().release_all_cached();
             }
         }
+        let _ = self.release_tags_cached();
         flushed > 0 || self.reserved.load(Ordering::Relaxed) < before
     }
 
@@ -356,6 +362,9 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Frees the allocation `a` is a copy of.
     fn free_handle(&self, a: &Handle) -> Result<(), AllocError> {
+        if a.tag != 0 {
+            return self.free_tagged(a);
+        }
         let Some(c) = &self.caches else {
             return self.free_to_pool(a);
         };
@@ -448,6 +457,9 @@ impl<D: Device> CachingAllocator<D> {
     /// Marks the allocation at `ptr` as used on `stream` too.
     pub fn record_stream(&self, ptr: u64, stream: StreamId) -> Result<(), AllocError> {
         let a = self.live.live(ptr)?.alloc;
+        if a.tag != 0 {
+            return self.record_tagged(&a, stream);
+        }
         // Marked first: a free racing this call then finds the mark and skips the thread cache
         // (a block with other streams' uses must go back through its pool's events). A stream
         // the pool would refuse is refused before the mark, so that the call changes nothing.
@@ -487,7 +499,7 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().release_all_cached()?;
         }
-        Ok(())
+        self.release_tags_cached()
     }
 
     /// The caller begins a CUDA graph capture in `mode`: until it ends, no shard makes a
@@ -497,6 +509,7 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().begin_capture(mode);
         }
+        let _ = self.tags_capture(mode, true);
     }
 
     /// The caller ended a capture begun with [`CachingAllocator::begin_capture`] (call it after
@@ -511,7 +524,8 @@ impl<D: Device> CachingAllocator<D> {
                 first = r;
             }
         }
-        first
+        let r = self.tags_capture(mode, false);
+        first.and(r)
     }
 
     /// Caps the allocator at `fraction` of the device's memory; 1.0 removes the cap
@@ -526,6 +540,7 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().set_limit(bytes);
         }
+        self.tags_settings(Some(bytes), None);
     }
 
     /// Makes every page mapped from now on accessible from the peer devices `peers` too
@@ -534,6 +549,7 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().set_peers(peers.to_vec());
         }
+        self.tags_settings(None, Some(peers));
     }
 
     /// The configuration.

@@ -13,7 +13,7 @@ use crate::live::CacheTotals;
 use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{Stats, ThreadCacheStats};
-use crate::sync::{Arc, MutexGuard, Ordering};
+use crate::sync::{Arc, Ordering};
 use cudalloc_sys::Device;
 
 /// Turns the pools' statistics into the callers': a block in a thread cache is not allocated
@@ -52,16 +52,16 @@ pub(crate) fn count_thread_caches(t: &mut Stats, c: &CacheTotals) {
     };
 }
 
-/// The pools' statistics, summed over the shards, with the exact peak of their reserved bytes
-/// together (`reserved_peak`) for `reserved_bytes.all.peak`; the other peaks are sums of the
-/// shards' peaks, an upper bound.
-pub(crate) fn sum_stats<D: Device>(
-    pools: &[MutexGuard<'_, Pool<Arc<D>>>],
+/// The pools' statistics, summed over the shards and the tags' pools, with the exact peak of
+/// their reserved bytes together (`reserved_peak`) for `reserved_bytes.all.peak`; the other
+/// peaks are sums of the pools' peaks, an upper bound.
+pub(crate) fn sum_stats<'a, D: Device + 'a>(
+    mut pools: impl Iterator<Item = &'a Pool<Arc<D>>>,
     reserved_peak: u64,
 ) -> Stats {
-    let mut total = pools[0].stats().clone();
-    for g in &pools[1..] {
-        total.add(g.stats());
+    let mut total = pools.next().expect("a shard").stats().clone();
+    for p in pools {
+        total.add(p.stats());
     }
     // Each pool's peak is at most the peak of all of them together (PyTorch's `all` is never
     // below a pool's), and still bounds the pool's own.
@@ -86,7 +86,12 @@ impl<D: Device> CachingAllocator<D> {
     /// one block per such thread at that instant.
     pub fn stats(&self) -> Stats {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
-        let mut total = sum_stats(&guards, self.reserved_peak.peak());
+        let tags = self.tags.lock();
+        let pools = guards
+            .iter()
+            .map(|g| &**g)
+            .chain(tags.iter().map(|t| &t.pool));
+        let mut total = sum_stats(pools, self.reserved_peak.peak());
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
         }
@@ -100,6 +105,9 @@ impl<D: Device> CachingAllocator<D> {
         for g in &mut guards {
             g.reset_peak_stats();
         }
+        for t in self.tags.lock().iter_mut() {
+            t.pool.reset_peak_stats();
+        }
         self.reserved_peak.reset();
     }
 
@@ -110,9 +118,16 @@ impl<D: Device> CachingAllocator<D> {
     /// [`Snapshot::recorded`] even while other threads allocate.
     pub fn snapshot(&self) -> Snapshot {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let tags = self.tags.lock();
+        let pools = || {
+            guards
+                .iter()
+                .map(|g| &**g)
+                .chain(tags.iter().map(|t| &t.pool))
+        };
         let mut snap = Snapshot {
-            segments: guards.iter().flat_map(|g| g.snapshot().segments).collect(),
-            stats: sum_stats(&guards, self.reserved_peak.peak()),
+            segments: pools().flat_map(|p| p.snapshot().segments).collect(),
+            stats: sum_stats(pools(), self.reserved_peak.peak()),
         };
         snap.segments.sort_by_key(|s| s.addr);
         if self.caches.is_some() {
@@ -130,6 +145,9 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             total += s.lock().excess();
         }
+        for t in self.tags.lock().iter() {
+            total += t.pool.excess();
+        }
         total
     }
 
@@ -142,18 +160,24 @@ impl<D: Device> CachingAllocator<D> {
             .iter()
             .flat_map(|s| s.lock().pinning())
             .collect();
+        units.extend(self.tags.lock().iter().flat_map(|t| t.pool.pinning()));
         PinnedUnit::sort_most_pinned(&mut units);
         units
     }
 
-    /// Runs the full invariant scan of every shard, and checks the live table against them.
-    /// Holds every shard's lock (in shard order) so that the counts agree with each other even
+    /// Runs the full invariant scan of every shard and tag, and checks the live table against
+    /// them. Holds every shard's lock (in shard order), then the tags', so that the counts agree with each other even
     /// while other threads allocate.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
-        let pools: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
+        let tags = self.tags.lock();
+        let pools = guards
+            .iter()
+            .map(|g| &**g)
+            .chain(tags.iter().map(|t| &t.pool));
         let mut reserved = 0;
         let mut allocations = 0;
-        for pool in &pools {
+        for pool in pools {
             pool.check_invariants()?;
             allocations += pool.stats().allocation.0[0].current as usize;
             // The shared counter holds pages a failed release left too (`Core::strays`).

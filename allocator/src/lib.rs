@@ -57,6 +57,7 @@ pub mod stats;
 pub mod sync;
 #[cfg(not(loom))]
 mod sync;
+mod tags;
 mod tcache;
 pub mod workspace;
 
@@ -67,6 +68,7 @@ pub use ladder::Pool;
 pub use pool::Allocation;
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;
+pub use tags::TagStats;
 
 /// The Rust examples of `README.md`, compiled by `cargo test` (as doctests) so that they stay
 /// true to the API.

@@ -1,0 +1,293 @@
+//! Tags: allocations a caller names ("weights", "kv"), each tag's kept in a [`Pool`] of its own,
+//! so that a tag can sleep (its pages go back to the device, its addresses stay reserved) and
+//! wake (new pages at the same addresses, its bytes restored when it was offloaded) while the
+//! other tags and untagged allocations keep working ([`CachingAllocator::sleep`],
+//! [`CachingAllocator::wake`], `pool::sleep`).
+//!
+//! A tag's pool follows the allocator's policy and settings, shares its memory limit, reserved
+//! counter and peak, and skips the thread caches (tagged allocations are few and large). Its
+//! number (its place in the list, from 1) is in its handles ([`crate::pool::Handle::tag`]), so a
+//! free or a `record_stream` finds it without a search; untagged handles carry 0 and take the
+//! stream shards as before.
+//!
+//! Invariants: a tag's name appears once, its pool's `Core::tag` is its number, and the tags'
+//! lock is never held while a stream shard's is taken (the tags' lock comes after every shard's
+//! in the views that take them all, and nothing takes a shard under it).
+
+use crate::allocator::CachingAllocator;
+use crate::config::Policy;
+use crate::error::AllocError;
+use crate::ladder::Pool;
+use crate::live::Entry;
+use crate::pool::{Allocation, Handle};
+use crate::sync::{Arc, Mutex, MutexGuard};
+use cudalloc_sys::{CaptureMode, Device, StreamId};
+
+/// One tag's pool.
+pub(crate) struct TagPool<D: Device> {
+    pub name: String,
+    pub pool: Pool<Arc<D>>,
+}
+
+/// Every tag's pool, in the order the tags were first used.
+pub(crate) struct Tags<D: Device> {
+    pools: Mutex<Vec<TagPool<D>>>,
+}
+
+impl<D: Device> Default for Tags<D> {
+    fn default() -> Self {
+        Tags {
+            pools: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<D: Device> Tags<D> {
+    /// Locks every tag's pool.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<TagPool<D>>> {
+        self.pools.lock()
+    }
+}
+
+/// What one tag holds ([`CachingAllocator::tag_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TagStats {
+    /// The tag.
+    pub tag: String,
+    /// Live allocations.
+    pub allocations: u64,
+    /// Bytes of the live allocations' blocks (rounded).
+    pub allocated_bytes: u64,
+    /// Bytes the callers asked for, over the live allocations.
+    pub requested_bytes: u64,
+    /// Bytes the tag's pool holds from the device now (0 while it sleeps).
+    pub reserved_bytes: u64,
+    /// True while the tag sleeps.
+    pub asleep: bool,
+    /// Bytes of the pages its sleep gave back (0 while awake).
+    pub slept_bytes: u64,
+    /// Bytes of pinned host memory holding its allocations while it sleeps (0 unless offloaded).
+    pub offloaded_bytes: u64,
+}
+
+/// Puts the tag's name into an [`AllocError::Asleep`] from its pool.
+fn named(e: AllocError, name: &str) -> AllocError {
+    match e {
+        AllocError::Asleep { what, tag: None } => AllocError::Asleep {
+            what,
+            tag: Some(name.to_string()),
+        },
+        other => other,
+    }
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// The number of tag `name` (its place from 1), its pool made on first use with the
+    /// allocator's settings, limit, peers and captures.
+    fn tag_number(&self, pools: &mut Vec<TagPool<D>>, name: &str) -> usize {
+        if let Some(i) = pools.iter().position(|t| t.name == name) {
+            return i + 1;
+        }
+        let mut pool = Pool::new(self.device.clone(), self.cfg.clone());
+        pool.share_reserved(self.reserved.clone());
+        pool.share_reserved_peak(self.reserved_peak.clone());
+        pool.share_unfreed(self.unfreed.clone());
+        {
+            let model = self.shards[0].lock();
+            pool.set_limit(model.limit());
+            pool.set_peers(model.peers.clone());
+            pool.core.captures = model.captures;
+            pool.core.strict_captures = model.strict_captures;
+        }
+        pool.core.tag = (pools.len() + 1) as u32;
+        let name = name.to_string();
+        pools.push(TagPool { name, pool });
+        pools.len()
+    }
+
+    /// Allocates `size` bytes for use on `stream`, tagged `tag`: it comes from the tag's pool,
+    /// whose pages hold no other tag's or untagged memory, and sleeps and wakes with the tag.
+    /// A sleeping tag refuses it ([`AllocError::Asleep`]). Freed like any allocation.
+    pub fn allocate_tagged(
+        &self,
+        size: u64,
+        stream: StreamId,
+        tag: &str,
+    ) -> Result<Allocation, AllocError> {
+        match self.try_allocate_tagged(size, stream, tag, false) {
+            Err(e) if e.is_out_of_memory() => {
+                if !self.release_everything_else(usize::MAX) {
+                    return Err(e);
+                }
+                self.try_allocate_tagged(size, stream, tag, true)
+            }
+            other => other,
+        }
+    }
+
+    fn try_allocate_tagged(
+        &self,
+        size: u64,
+        stream: StreamId,
+        tag: &str,
+        again: bool,
+    ) -> Result<Allocation, AllocError> {
+        let mut pools = self.tags.lock();
+        let n = self.tag_number(&mut pools, tag);
+        let pool = &mut pools[n - 1].pool;
+        let a = if again {
+            pool.allocate_again(size, stream)
+        } else {
+            pool.allocate(size, stream)
+        };
+        let a = a.map_err(|e| named(e, tag))?;
+        let b = pool.block(a.0.block).expect("allocated block");
+        self.live.insert(Entry::live(a.0, b.size, b.pool));
+        Ok(a)
+    }
+
+    /// Frees a tagged allocation (the free of a handle whose `tag` is not 0).
+    pub(crate) fn free_tagged(&self, a: &Handle) -> Result<(), AllocError> {
+        let mut pools = self.tags.lock();
+        let t = &mut pools[a.tag as usize - 1];
+        let e = self.live.take_live(a)?;
+        if let Err(err) = t.pool.free_handle(&e.alloc) {
+            self.live.insert(e);
+            return Err(named(err, &t.name));
+        }
+        Ok(())
+    }
+
+    /// `record_stream` of a tagged allocation.
+    pub(crate) fn record_tagged(&self, a: &Handle, stream: StreamId) -> Result<(), AllocError> {
+        let mut pools = self.tags.lock();
+        let t = &mut pools[a.tag as usize - 1];
+        if t.pool.asleep() {
+            return Err(named(
+                AllocError::Asleep {
+                    what: "record_stream",
+                    tag: None,
+                },
+                &t.name,
+            ));
+        }
+        t.pool.record_block_stream(a.block, a.ptr, stream)
+    }
+
+    /// Puts `tags` to sleep, in order: each gives every page back to the device while its
+    /// addresses stay reserved; the live allocations of those also in `offload` are first
+    /// copied to pinned host memory (on a stream of the allocator's own, after the work of every
+    /// stream that used the tag's memory, waited for through events, not a device-wide wait),
+    /// the others come back uninitialised. Other tags and untagged allocations keep working.
+    /// A tag never used sleeps empty; a sleeping tag stays as it is. Refused during a capture
+    /// ([`AllocError::DuringCapture`]) and under the `torch` policy
+    /// ([`AllocError::SleepUnsupported`]); an error stops at the tag that failed (the tags
+    /// before it sleep, it and those after do not).
+    pub fn sleep(&self, tags: &[&str], offload: &[&str]) -> Result<(), AllocError> {
+        if self.cfg.policy() == Policy::Torch {
+            return Err(AllocError::SleepUnsupported);
+        }
+        let mut pools = self.tags.lock();
+        for tag in tags {
+            let n = self.tag_number(&mut pools, tag);
+            pools[n - 1].pool.sleep(offload.contains(tag))?;
+        }
+        Ok(())
+    }
+
+    /// Wakes `tags`, in order: new pages at the same addresses, the offloaded bytes copied back,
+    /// and work submitted to `stream` after the call ordered after the copies. A tag that cannot
+    /// get its memory, even after every cached block of the allocator went back to the device,
+    /// fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
+    /// awake); waking it again once memory was freed succeeds. An awake or unknown tag is left
+    /// as it is.
+    pub fn wake(&self, tags: &[&str], stream: StreamId) -> Result<(), AllocError> {
+        for tag in tags {
+            match self.wake_one(tag, stream) {
+                Err(e) if e.is_out_of_memory() => {
+                    if !self.release_everything_else(usize::MAX) {
+                        return Err(e);
+                    }
+                    self.wake_one(tag, stream)?;
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    fn wake_one(&self, tag: &str, stream: StreamId) -> Result<(), AllocError> {
+        let mut pools = self.tags.lock();
+        match pools.iter_mut().find(|t| t.name == tag) {
+            Some(t) => t.pool.wake(stream),
+            None => Ok(()),
+        }
+    }
+
+    /// True while `tag` sleeps.
+    pub fn is_asleep(&self, tag: &str) -> bool {
+        let pools = self.tags.lock();
+        pools.iter().any(|t| t.name == tag && t.pool.asleep())
+    }
+
+    /// What each tag holds, in the order the tags were first used.
+    pub fn tag_stats(&self) -> Vec<TagStats> {
+        let pools = self.tags.lock();
+        pools
+            .iter()
+            .map(|t| {
+                let s = t.pool.stats();
+                TagStats {
+                    tag: t.name.clone(),
+                    allocations: s.allocation.0[0].current as u64,
+                    allocated_bytes: s.allocated_bytes.0[0].current as u64,
+                    requested_bytes: s.requested_bytes.0[0].current as u64,
+                    reserved_bytes: t.pool.reserved(),
+                    asleep: t.pool.asleep(),
+                    slept_bytes: t.pool.slept_bytes(),
+                    offloaded_bytes: t.pool.offloaded_bytes(),
+                }
+            })
+            .collect()
+    }
+
+    /// Releases every awake tag's cached blocks (the out-of-memory ladder, `empty_cache`).
+    pub(crate) fn release_tags_cached(&self) -> Result<(), AllocError> {
+        let mut first = Ok(());
+        for t in self.tags.lock().iter_mut() {
+            let r = t.pool.release_all_cached();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first.map_err(AllocError::from)
+    }
+
+    /// Tells every tag's pool of a capture beginning (`true`) or ending in `mode`.
+    pub(crate) fn tags_capture(&self, mode: CaptureMode, begin: bool) -> Result<(), AllocError> {
+        let mut first = Ok(());
+        for t in self.tags.lock().iter_mut() {
+            if begin {
+                t.pool.begin_capture(mode);
+            } else {
+                let r = t.pool.end_capture(mode);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+        }
+        first
+    }
+
+    /// Sets every tag's pool's limit and peers as the shards'.
+    pub(crate) fn tags_settings(&self, limit: Option<Option<u64>>, peers: Option<&[usize]>) {
+        for t in self.tags.lock().iter_mut() {
+            if let Some(l) = limit {
+                t.pool.set_limit(l);
+            }
+            if let Some(p) = peers {
+                t.pool.set_peers(p.to_vec());
+            }
+        }
+    }
+}
