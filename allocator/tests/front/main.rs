@@ -10,11 +10,13 @@
 //!   an out-of-memory once), and `recompute() == recorded()` on a snapshot, blocks in thread
 //!   caches included, even while other threads run;
 //! - at the end, after every free, nothing is counted as allocated, `empty_cache` returns every
-//!   byte and dropping the allocator leaves nothing on the device.
+//!   byte and dropping the allocator leaves nothing on the device;
+//! - tags: a sleep gives back exactly the tag's pages and keeps its addresses, a wake restores
+//!   the offloaded bytes there, a failed wake or sleep changes nothing, no byte is lost.
 //!
 //! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
 //! `graph_pool.rs` (private pools for CUDA graphs), `graph_engine.rs` (the example engine's
-//! graph protocol).
+//! graph protocol), `sleep.rs` and `sleep_model.rs` (tags, sleep and wake).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -22,6 +24,8 @@ mod common;
 
 mod graph_engine;
 mod graph_pool;
+mod sleep;
+mod sleep_model;
 mod snapshot;
 mod stats;
 mod thread_caches;

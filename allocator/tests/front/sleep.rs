@@ -1,0 +1,367 @@
+//! Tags, sleep and wake on the simulated device with host backing (contents are checked byte
+//! for byte): a sleep gives the tag's pages back (mapped bytes fall by exactly the tag's
+//! reserved bytes) and keeps its addresses; a wake maps them again at the same addresses and
+//! restores the offloaded tags' bytes; other tags and untagged allocations keep working
+//! meanwhile; a sleeping tag refuses allocations, frees and `record_stream`; a wake that cannot
+//! get memory (a limit, or a fault injected at any of its device calls) leaves the tag asleep
+//! and intact, and the next wake succeeds; a sleep that fails changes nothing; sleep waits for
+//! events, never for the whole device; a capture and the `torch` policy refuse it.
+
+use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy, Pool};
+use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+const EXPANDABLE: [Policy; 2] = [Policy::TorchExpandable, Policy::Default];
+
+fn device(capacity: u64) -> Arc<SimDevice> {
+    Arc::new(SimDevice::new(
+        SimConfig::with_capacity(capacity).host_backing(true),
+    ))
+}
+
+fn front(dev: &Arc<SimDevice>, policy: Policy) -> CachingAllocator<Arc<SimDevice>> {
+    CachingAllocator::new(dev.clone(), Config::for_policy(policy))
+}
+
+/// Bytes derived from `seed`, `len` of them.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes `seed`'s pattern over all of `a`.
+fn fill(dev: &SimDevice, a: &Allocation, seed: u64) {
+    dev.write(a.ptr(), &pattern(a.size() as usize, seed))
+        .expect("write");
+}
+
+/// True when all of `a` holds `seed`'s pattern.
+fn holds(dev: &SimDevice, a: &Allocation, seed: u64) -> bool {
+    let mut back = vec![0u8; a.size() as usize];
+    dev.read(a.ptr(), &mut back).expect("read");
+    back == pattern(a.size() as usize, seed)
+}
+
+fn check(alloc: &CachingAllocator<Arc<SimDevice>>, dev: &SimDevice) {
+    alloc.check_invariants().expect("allocator invariants");
+    dev.check_invariants();
+    assert_eq!(dev.outstanding_bytes(), alloc.reserved_bytes());
+}
+
+fn reserved_of(alloc: &CachingAllocator<Arc<SimDevice>>, tag: &str) -> u64 {
+    let stats = alloc.tag_stats();
+    stats
+        .iter()
+        .find(|t| t.tag == tag)
+        .expect("tag")
+        .reserved_bytes
+}
+
+#[test]
+fn sleep_gives_the_pages_back_and_wake_restores_offloaded_bytes_at_the_same_addresses() {
+    for policy in EXPANDABLE {
+        let dev = device(1 << 30);
+        let alloc = front(&dev, policy);
+        let s = StreamId(7);
+        let sizes = [300, MIB, 5 * MIB + 12_345, 40 * MIB];
+        let weights: Vec<Allocation> = sizes
+            .iter()
+            .map(|&n| alloc.allocate_tagged(n, s, "weights").unwrap())
+            .collect();
+        let kv = alloc.allocate_tagged(3 * MIB, s, "kv").unwrap();
+        let plain = alloc.allocate(2 * MIB, s).unwrap();
+        for (i, a) in weights.iter().enumerate() {
+            fill(&dev, a, i as u64);
+        }
+        fill(&dev, &kv, 100);
+        fill(&dev, &plain, 200);
+        let tagged = reserved_of(&alloc, "weights") + reserved_of(&alloc, "kv");
+        let (mapped, total) = (dev.mapped_bytes(), alloc.reserved_bytes());
+        check(&alloc, &dev);
+
+        alloc.sleep(&["weights", "kv"], &["weights"]).unwrap();
+        assert_eq!(dev.mapped_bytes(), mapped - tagged, "{policy:?}");
+        assert_eq!(alloc.reserved_bytes(), total - tagged);
+        let sizes_sum: u64 = sizes.iter().sum();
+        assert_eq!(
+            dev.host_bytes(),
+            sizes_sum,
+            "one host copy of the requested bytes"
+        );
+        assert!(alloc.is_asleep("weights") && alloc.is_asleep("kv"));
+        let stats = alloc.tag_stats();
+        assert!(stats.iter().all(|t| t.asleep && t.reserved_bytes == 0));
+        assert_eq!(stats[0].offloaded_bytes, sizes_sum);
+        check(&alloc, &dev);
+
+        // Other memory keeps working; the sleeping tags refuse.
+        assert!(holds(&dev, &plain, 200));
+        let other = alloc.allocate_tagged(MIB, s, "other").unwrap();
+        let more = alloc.allocate(7 * MIB, s).unwrap();
+        let refused = alloc.allocate_tagged(MIB, s, "weights");
+        assert!(matches!(
+            refused,
+            Err(AllocError::Asleep {
+                what: "allocate",
+                ..
+            })
+        ));
+        let refused = alloc.free_ptr(kv.ptr());
+        assert!(matches!(
+            refused,
+            Err(AllocError::Asleep { what: "free", .. })
+        ));
+        let refused = alloc.record_stream(kv.ptr(), StreamId(9));
+        assert!(matches!(refused, Err(AllocError::Asleep { .. })));
+        alloc.empty_cache().unwrap();
+        check(&alloc, &dev);
+
+        alloc.wake(&["weights", "kv"], s).unwrap();
+        assert!(!alloc.is_asleep("weights") && !alloc.is_asleep("kv"));
+        assert_eq!(dev.host_bytes(), 0, "host copies freed");
+        for (i, a) in weights.iter().enumerate() {
+            assert!(
+                holds(&dev, a, i as u64),
+                "{policy:?}: weights {i} lost bytes"
+            );
+        }
+        fill(&dev, &kv, 101); // not offloaded: its memory is back, its bytes are not
+        check(&alloc, &dev);
+
+        for a in weights.into_iter().chain([kv, plain, other, more]) {
+            alloc.free(a).unwrap();
+        }
+        alloc.empty_cache().unwrap();
+        check(&alloc, &dev);
+        drop(alloc);
+        assert_eq!((dev.outstanding_bytes(), dev.reserved_va_bytes()), (0, 0));
+    }
+}
+
+#[test]
+fn a_wake_over_the_limit_leaves_the_tag_asleep_and_intact_and_a_later_wake_succeeds() {
+    for policy in EXPANDABLE {
+        let dev = device(1 << 30);
+        let alloc = front(&dev, policy);
+        alloc.set_memory_limit(Some(96 * MIB));
+        let s = StreamId::DEFAULT;
+        let w: Vec<Allocation> = (0..4)
+            .map(|_| alloc.allocate_tagged(10 * MIB, s, "weights").unwrap())
+            .collect();
+        w.iter()
+            .enumerate()
+            .for_each(|(i, a)| fill(&dev, a, i as u64));
+        alloc.sleep(&["weights"], &["weights"]).unwrap();
+        let hog = alloc.allocate(70 * MIB, s).unwrap();
+        let host = dev.host_bytes();
+        let err = alloc.wake(&["weights"], s).unwrap_err();
+        assert!(err.is_out_of_memory(), "{policy:?}: {err}");
+        assert!(alloc.is_asleep("weights"));
+        assert_eq!(dev.host_bytes(), host, "host copies kept");
+        check(&alloc, &dev);
+        alloc.free(hog).unwrap();
+        alloc.wake(&["weights"], s).unwrap();
+        for (i, a) in w.iter().enumerate() {
+            assert!(
+                holds(&dev, a, i as u64),
+                "{policy:?}: weights {i} lost bytes"
+            );
+        }
+        check(&alloc, &dev);
+    }
+}
+
+/// Fails the `k`-th device call of a wake (then of a sleep), for every `k` until the call
+/// succeeds without a fault: a failed wake leaves the tag asleep and intact, a failed sleep
+/// leaves it awake and intact, and the next try succeeds with every byte in place.
+#[test]
+fn a_fault_at_any_call_of_sleep_or_wake_loses_nothing() {
+    for policy in EXPANDABLE {
+        for sleep_fails in [false, true] {
+            for k in 1.. {
+                let dev = device(1 << 30);
+                let alloc = front(&dev, policy);
+                let s = StreamId(3);
+                let w: Vec<Allocation> = [MIB, 3 * MIB, 25 * MIB, 512]
+                    .iter()
+                    .map(|&n| alloc.allocate_tagged(n, s, "w").unwrap())
+                    .collect();
+                w.iter()
+                    .enumerate()
+                    .for_each(|(i, a)| fill(&dev, a, i as u64));
+                if !sleep_fails {
+                    alloc.sleep(&["w"], &["w"]).unwrap();
+                }
+                dev.fail_call(k);
+                let result = if sleep_fails {
+                    alloc.sleep(&["w"], &["w"])
+                } else {
+                    alloc.wake(&["w"], s)
+                };
+                dev.clear_faults();
+                check(&alloc, &dev);
+                let failed = result.is_err();
+                if failed {
+                    assert_eq!(alloc.is_asleep("w"), !sleep_fails, "{policy:?} k={k}");
+                    if sleep_fails {
+                        assert_eq!(dev.host_bytes(), 0, "a failed sleep keeps no copy");
+                        alloc.sleep(&["w"], &["w"]).unwrap();
+                    }
+                    alloc.wake(&["w"], s).unwrap();
+                } else if sleep_fails {
+                    alloc.wake(&["w"], s).unwrap();
+                }
+                for (i, a) in w.iter().enumerate() {
+                    assert!(holds(&dev, a, i as u64), "{policy:?} k={k}: {i} lost bytes");
+                }
+                check(&alloc, &dev);
+                if !failed {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sleep_waits_for_the_streams_that_used_the_memory_not_for_the_device() {
+    let dev = device(1 << 30);
+    dev.set_auto_complete(false);
+    let alloc = front(&dev, Policy::TorchExpandable);
+    let a = alloc.allocate_tagged(4 * MIB, StreamId(5), "t").unwrap();
+    alloc.record_stream(a.ptr(), StreamId(6)).unwrap();
+    fill(&dev, &a, 9);
+    dev.reset_calls();
+    alloc.sleep(&["t"], &["t"]).unwrap();
+    assert_eq!(dev.calls(Call::SynchronizeDevice), 0);
+    assert!(
+        dev.calls(Call::WaitEvent) >= 2,
+        "the copy stream waits for streams 5 and 6"
+    );
+    assert!(dev.calls(Call::SynchronizeEvent) >= 1);
+    alloc.wake(&["t"], StreamId(5)).unwrap();
+    assert_eq!(dev.calls(Call::SynchronizeDevice), 0);
+    assert!(holds(&dev, &a, 9));
+    dev.complete_all();
+    check(&alloc, &dev);
+}
+
+#[test]
+fn sleep_and_wake_are_refused_during_a_capture() {
+    let dev = device(1 << 30);
+    let alloc = front(&dev, Policy::Default);
+    let a = alloc.allocate_tagged(MIB, StreamId(1), "t").unwrap();
+    alloc.begin_capture(CaptureMode::Global);
+    let err = alloc.sleep(&["t"], &[]).unwrap_err();
+    assert!(
+        matches!(err, AllocError::DuringCapture { what: "sleep", .. }),
+        "{err}"
+    );
+    alloc.end_capture(CaptureMode::Global).unwrap();
+    alloc.sleep(&["t"], &[]).unwrap();
+    alloc.begin_capture(CaptureMode::Relaxed);
+    let err = alloc.wake(&["t"], StreamId(1)).unwrap_err();
+    assert!(
+        matches!(err, AllocError::DuringCapture { what: "wake", .. }),
+        "{err}"
+    );
+    alloc.end_capture(CaptureMode::Relaxed).unwrap();
+    alloc.wake(&["t"], StreamId(1)).unwrap();
+    alloc.free(a).unwrap();
+    check(&alloc, &dev);
+}
+
+#[test]
+fn the_torch_policy_refuses_sleep_and_names_the_policies_to_use() {
+    let dev = device(1 << 30);
+    let alloc = front(&dev, Policy::Torch);
+    let a = alloc.allocate_tagged(MIB, StreamId(1), "t").unwrap();
+    let err = alloc.sleep(&["t"], &["t"]).unwrap_err();
+    assert!(matches!(err, AllocError::SleepUnsupported));
+    let text = err.to_string();
+    assert!(
+        text.contains("torch-expandable") && text.contains("default"),
+        "{text}"
+    );
+    let mut pool = Pool::new(dev.clone(), Config::for_policy(Policy::Torch));
+    let b = pool.allocate(MIB, StreamId(1)).unwrap();
+    assert!(matches!(
+        pool.sleep(true),
+        Err(AllocError::SleepUnsupported)
+    ));
+    pool.free(b).unwrap();
+    alloc.free(a).unwrap();
+}
+
+#[test]
+fn a_lone_pool_sleeps_and_wakes_whole() {
+    let dev = device(1 << 30);
+    let mut pool = Pool::new(dev.clone(), Config::for_policy(Policy::Default));
+    let a = pool.allocate(6 * MIB, StreamId(2)).unwrap();
+    fill(&dev, &a, 4);
+    let reserved = pool.reserved();
+    pool.sleep(true).unwrap();
+    assert!(pool.asleep());
+    assert_eq!((pool.reserved(), pool.slept_bytes()), (0, reserved));
+    assert_eq!(dev.outstanding_bytes(), 0);
+    pool.check_invariants().unwrap();
+    assert!(matches!(
+        pool.allocate(MIB, StreamId(2)),
+        Err(AllocError::Asleep { tag: None, .. })
+    ));
+    pool.wake(StreamId(2)).unwrap();
+    assert!(holds(&dev, &a, 4));
+    pool.check_invariants().unwrap();
+    pool.free(a).unwrap();
+}
+
+#[test]
+fn tagged_memory_never_shares_a_page_with_other_memory() {
+    let dev = device(1 << 30);
+    let alloc = front(&dev, Policy::Default);
+    let s = StreamId(1);
+    let small: Vec<Allocation> = (0..6)
+        .flat_map(|i| {
+            let a = alloc.allocate_tagged(1000 + i, s, "x").unwrap();
+            let b = alloc.allocate(1000 + i, s).unwrap();
+            let c = alloc.allocate_tagged(1000 + i, s, "y").unwrap();
+            [a, b, c]
+        })
+        .collect();
+    let page = |p: u64| p >> 21;
+    let snap = alloc.snapshot();
+    let mut owner = std::collections::HashMap::new();
+    for (i, a) in small.iter().enumerate() {
+        let prev = owner.insert(page(a.ptr()), i % 3);
+        assert!(
+            prev.is_none_or(|o| o == i % 3),
+            "page {:#x} shared",
+            a.ptr()
+        );
+    }
+    assert!(snap.segments.len() >= 3);
+    for a in small {
+        alloc.free(a).unwrap();
+    }
+    check(&alloc, &dev);
+}
+
+/// A tag dropped asleep gives everything back.
+#[test]
+fn dropping_an_allocator_with_a_sleeping_tag_leaves_nothing_behind() {
+    let dev = device(1 << 30);
+    let alloc = front(&dev, Policy::TorchExpandable);
+    let _a = alloc.allocate_tagged(3 * MIB, StreamId(1), "t").unwrap();
+    alloc.sleep(&["t"], &["t"]).unwrap();
+    drop(alloc);
+    assert_eq!(dev.outstanding_bytes(), 0);
+    assert_eq!((dev.host_bytes(), dev.reserved_va_bytes()), (0, 0));
+}
