@@ -21,8 +21,8 @@
 //! | `is_capturing` | `cuStreamIsCapturing` (active or invalidated: true) |
 //! | `begin_capture` / `end_capture` | `cuStreamBeginCapture_v2` / `cuStreamEndCapture`, `cuGraphDestroy` |
 //! | `alloc_host` / `free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
-//! | `copy_to_host` / `copy_to_device` (trait) | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` |
-//! | `create_stream` (trait) / `wait_event` | `cuStreamCreate` (`CU_STREAM_NON_BLOCKING`) / `cuStreamWaitEvent` |
+//! | `copy_to_host_async` / `copy_to_device_async` | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` |
+//! | `open_stream` / `close_stream` / `wait_event` | `cuStreamCreate` (`CU_STREAM_NON_BLOCKING`) / `cuStreamDestroy_v2` / `cuStreamWaitEvent` |
 //! | `device_count` / `can_access_peer` | `cuDeviceGetCount` / `cuDeviceCanAccessPeer` |
 //! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
 //!
@@ -656,22 +656,28 @@ impl Device for CudaDevice {
     fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
         self.cuda_free_host(ptr, size)
     }
-    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
-        self.cuda_copy_to_host(dst, src, n, s)
+    fn copy_to_host_async(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.cuda_copy_to_host_async(dst, src, n, s)
     }
-    fn copy_to_device(
+    fn copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
         n: u64,
         s: StreamId,
     ) -> DeviceResult<()> {
-        self.cuda_copy_to_device(dst, src, n, s)
+        self.cuda_copy_to_device_async(dst, src, n, s)
     }
-    fn create_stream(&self) -> DeviceResult<StreamId> {
-        self.cuda_create_stream()
+    fn open_stream(&self) -> DeviceResult<StreamId> {
+        self.cuda_open_stream()
     }
-    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
+    fn close_stream(&self, stream: StreamId) -> DeviceResult<()> {
         CudaDevice::destroy_stream(self, stream)
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {

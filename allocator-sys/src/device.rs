@@ -55,20 +55,20 @@
 //!
 //! `alloc_host` returns pinned (page-locked) host memory ([`HostPtr`], an address in the host's
 //! address space, never `0`), which the device may copy to and from asynchronously;
-//! `free_host` gives it back and waits for copies still using it. `copy_to_host` and
-//! `copy_to_device` enqueue a copy of `size` bytes on a stream: the copy runs after the
+//! `free_host` gives it back and waits for copies still using it. `copy_to_host_async` and
+//! `copy_to_device_async` enqueue a copy of `size` bytes on a stream: the copy runs after the
 //! stream's earlier work and before its later work, and the caller may read or overwrite the
 //! host side only once an event recorded after it completed. The device side must be memory
 //! this device made accessible (a `malloc` result, or pages mapped and made accessible); the
-//! host side must lie inside one `alloc_host` result. `create_stream` makes a stream of the
-//! device's own (the allocator's copy stream), `destroy_stream` ends one it made, and
+//! host side must lie inside one `alloc_host` result. `open_stream` makes a stream of the
+//! device's own (the allocator's copy stream), `close_stream` ends one it made, and
 //! `wait_event` makes later work on a stream wait for an event (no host wait). Pinned host
 //! memory is not device memory: a byte limit on the device does not count it.
 //!
 //! | acquire | release | precondition of the release |
 //! | --- | --- | --- |
 //! | `alloc_host(size) -> ptr` | `free_host(ptr, size)` | `ptr` came from `alloc_host` with that `size` |
-//! | `create_stream() -> stream` | `destroy_stream(stream)` | the stream came from `create_stream` |
+//! | `open_stream() -> stream` | `close_stream(stream)` | the stream came from `open_stream` |
 //!
 //! # Graph capture
 //!
@@ -314,14 +314,14 @@ pub enum Call {
     AllocHost,
     /// [`Device::free_host`]
     FreeHost,
-    /// [`Device::copy_to_host`]
-    CopyToHost,
-    /// [`Device::copy_to_device`]
-    CopyToDevice,
-    /// [`Device::create_stream`]
-    CreateStream,
-    /// [`Device::destroy_stream`]
-    DestroyStream,
+    /// [`Device::copy_to_host_async`]
+    CopyToHostAsync,
+    /// [`Device::copy_to_device_async`]
+    CopyToDeviceAsync,
+    /// [`Device::open_stream`]
+    OpenStream,
+    /// [`Device::close_stream`]
+    CloseStream,
     /// [`Device::wait_event`]
     WaitEvent,
 }
@@ -348,10 +348,10 @@ impl Call {
         Call::CaptureStatus,
         Call::AllocHost,
         Call::FreeHost,
-        Call::CopyToHost,
-        Call::CopyToDevice,
-        Call::CreateStream,
-        Call::DestroyStream,
+        Call::CopyToHostAsync,
+        Call::CopyToDeviceAsync,
+        Call::OpenStream,
+        Call::CloseStream,
         Call::WaitEvent,
     ];
 
@@ -382,10 +382,10 @@ impl Call {
             Call::CaptureStatus => "is_capturing",
             Call::AllocHost => "alloc_host",
             Call::FreeHost => "free_host",
-            Call::CopyToHost => "copy_to_host",
-            Call::CopyToDevice => "copy_to_device",
-            Call::CreateStream => "create_stream",
-            Call::DestroyStream => "destroy_stream",
+            Call::CopyToHostAsync => "copy_to_host_async",
+            Call::CopyToDeviceAsync => "copy_to_device_async",
+            Call::OpenStream => "open_stream",
+            Call::CloseStream => "close_stream",
             Call::WaitEvent => "wait_event",
         }
     }
@@ -401,7 +401,7 @@ impl Call {
                 | Call::Unmap
                 | Call::DestroyEvent
                 | Call::FreeHost
-                | Call::DestroyStream
+                | Call::CloseStream
         )
     }
 }
@@ -467,7 +467,7 @@ pub trait Device: Send + Sync {
     fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()>;
     /// Enqueues on `stream` a copy of `size` bytes from device address `src` to pinned host
     /// memory at `dst`.
-    fn copy_to_host(
+    fn copy_to_host_async(
         &self,
         dst: HostPtr,
         src: DevicePtr,
@@ -476,7 +476,7 @@ pub trait Device: Send + Sync {
     ) -> DeviceResult<()>;
     /// Enqueues on `stream` a copy of `size` bytes from pinned host memory at `src` to device
     /// address `dst`.
-    fn copy_to_device(
+    fn copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
@@ -485,9 +485,9 @@ pub trait Device: Send + Sync {
     ) -> DeviceResult<()>;
     /// Creates a stream of the device's own that does not synchronise with the legacy default
     /// stream.
-    fn create_stream(&self) -> DeviceResult<StreamId>;
-    /// Destroys a stream from [`Device::create_stream`] (its pending work still completes).
-    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()>;
+    fn open_stream(&self) -> DeviceResult<StreamId>;
+    /// Destroys a stream from [`Device::open_stream`] (its pending work still completes).
+    fn close_stream(&self, stream: StreamId) -> DeviceResult<()>;
     /// Makes work submitted to `stream` after this call wait for `event` (no host wait).
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()>;
 }
@@ -559,23 +559,29 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
         (**self).free_host(ptr, size)
     }
-    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
-        (**self).copy_to_host(dst, src, n, s)
+    fn copy_to_host_async(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        (**self).copy_to_host_async(dst, src, n, s)
     }
-    fn copy_to_device(
+    fn copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
         n: u64,
         s: StreamId,
     ) -> DeviceResult<()> {
-        (**self).copy_to_device(dst, src, n, s)
+        (**self).copy_to_device_async(dst, src, n, s)
     }
-    fn create_stream(&self) -> DeviceResult<StreamId> {
-        (**self).create_stream()
+    fn open_stream(&self) -> DeviceResult<StreamId> {
+        (**self).open_stream()
     }
-    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        (**self).destroy_stream(stream)
+    fn close_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        (**self).close_stream(stream)
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
         (**self).wait_event(stream, event)

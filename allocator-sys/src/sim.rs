@@ -668,23 +668,29 @@ impl Device for SimDevice {
     fn free_host(&self, ptr: HostPtr, size: u64) -> DeviceResult<()> {
         self.sim_free_host(ptr, size)
     }
-    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
-        self.sim_copy_to_host(dst, src, n, s)
+    fn copy_to_host_async(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.sim_copy_to_host_async(dst, src, n, s)
     }
-    fn copy_to_device(
+    fn copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
         n: u64,
         s: StreamId,
     ) -> DeviceResult<()> {
-        self.sim_copy_to_device(dst, src, n, s)
+        self.sim_copy_to_device_async(dst, src, n, s)
     }
-    fn create_stream(&self) -> DeviceResult<StreamId> {
-        self.sim_create_stream()
+    fn open_stream(&self) -> DeviceResult<StreamId> {
+        self.sim_open_stream()
     }
-    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        self.sim_destroy_stream(stream)
+    fn close_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        self.sim_close_stream(stream)
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
         self.sim_wait_event(stream, event)

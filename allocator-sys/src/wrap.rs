@@ -154,12 +154,12 @@ impl<D: Device> Device for Limit<D> {
         is_capturing(stream: StreamId) -> DeviceResult<bool>;
         alloc_host(size: u64) -> DeviceResult<HostPtr>;
         free_host(ptr: HostPtr, size: u64) -> DeviceResult<()>;
-        copy_to_host(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+        copy_to_host_async(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
             -> DeviceResult<()>;
-        copy_to_device(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+        copy_to_device_async(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
             -> DeviceResult<()>;
-        create_stream() -> DeviceResult<StreamId>;
-        destroy_stream(stream: StreamId) -> DeviceResult<()>;
+        open_stream() -> DeviceResult<StreamId>;
+        close_stream(stream: StreamId) -> DeviceResult<()>;
         wait_event(stream: StreamId, event: EventHandle) -> DeviceResult<()>;
     }
 
@@ -294,12 +294,12 @@ impl<D: Device> Device for FailCalls<D> {
         is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
         alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
         free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
-        copy_to_host => CopyToHost(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+        copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
             [size] -> DeviceResult<()>;
-        copy_to_device => CopyToDevice(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+        copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
             [size] -> DeviceResult<()>;
-        create_stream => CreateStream() [0] -> DeviceResult<StreamId>;
-        destroy_stream => DestroyStream(stream: StreamId) [0] -> DeviceResult<()>;
+        open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
+        close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
         wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
     }
 }
@@ -392,12 +392,12 @@ impl<D: Device> Device for CountCalls<D> {
         is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
         alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
         free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
-        copy_to_host => CopyToHost(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+        copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
             [size] -> DeviceResult<()>;
-        copy_to_device => CopyToDevice(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+        copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
             [size] -> DeviceResult<()>;
-        create_stream => CreateStream() [0] -> DeviceResult<StreamId>;
-        destroy_stream => DestroyStream(stream: StreamId) [0] -> DeviceResult<()>;
+        open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
+        close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
         wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
     }
 
@@ -669,13 +669,19 @@ impl<D: Device> Device for LogCalls<D> {
         self.log(Call::FreeHost, args, self.inner.free_host(ptr, size))
     }
 
-    fn copy_to_host(&self, dst: HostPtr, src: DevicePtr, n: u64, s: StreamId) -> DeviceResult<()> {
+    fn copy_to_host_async(
+        &self,
+        dst: HostPtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
         let args = format!("{dst:#x}, {src:#x}, {n}, {s}");
-        let result = self.inner.copy_to_host(dst, src, n, s);
-        self.log(Call::CopyToHost, args, result)
+        let result = self.inner.copy_to_host_async(dst, src, n, s);
+        self.log(Call::CopyToHostAsync, args, result)
     }
 
-    fn copy_to_device(
+    fn copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
@@ -683,21 +689,17 @@ impl<D: Device> Device for LogCalls<D> {
         s: StreamId,
     ) -> DeviceResult<()> {
         let args = format!("{dst:#x}, {src:#x}, {n}, {s}");
-        let result = self.inner.copy_to_device(dst, src, n, s);
-        self.log(Call::CopyToDevice, args, result)
+        let result = self.inner.copy_to_device_async(dst, src, n, s);
+        self.log(Call::CopyToDeviceAsync, args, result)
     }
 
-    fn create_stream(&self) -> DeviceResult<StreamId> {
-        self.log(
-            Call::CreateStream,
-            String::new(),
-            self.inner.create_stream(),
-        )
+    fn open_stream(&self) -> DeviceResult<StreamId> {
+        self.log(Call::OpenStream, String::new(), self.inner.open_stream())
     }
 
-    fn destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let result = self.inner.destroy_stream(stream);
-        self.log(Call::DestroyStream, format!("{stream}"), result)
+    fn close_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let result = self.inner.close_stream(stream);
+        self.log(Call::CloseStream, format!("{stream}"), result)
     }
 
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {

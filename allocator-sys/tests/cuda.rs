@@ -377,6 +377,8 @@ enum Leftover {
     Va(u64),
     Page(PageHandle),
     Event(EventHandle),
+    Host(u64),
+    Stream(StreamId),
 }
 
 /// One of everything a call can act on, made before a capture begins.
@@ -395,6 +397,10 @@ struct Fixture<'a> {
     /// Recorded on `other` (not the captured stream).
     recorded: EventHandle,
     spare_event: EventHandle,
+    /// Pinned host memory of `g` bytes: copied to and from `segment`.
+    host: u64,
+    spare_host: u64,
+    spare_stream: StreamId,
 }
 
 impl<'a> Fixture<'a> {
@@ -419,6 +425,9 @@ impl<'a> Fixture<'a> {
             free_page: dev.create_page(g).unwrap(),
             recorded,
             spare_event: dev.create_event().unwrap(),
+            host: dev.alloc_host(g).unwrap(),
+            spare_host: dev.alloc_host(g).unwrap(),
+            spare_stream: dev.open_stream().unwrap(),
         }
     }
 
@@ -446,6 +455,19 @@ impl<'a> Fixture<'a> {
             Call::SynchronizeDevice => dev.synchronize_device().map(|()| Nothing)?,
             Call::MemInfo => dev.mem_info().map(|_| Nothing)?,
             Call::CaptureStatus => dev.is_capturing(self.captured).map(|_| Nothing)?,
+            Call::AllocHost => Host(dev.alloc_host(g)?),
+            Call::FreeHost => dev.free_host(self.spare_host, g).map(|()| Nothing)?,
+            Call::CopyToHostAsync => dev
+                .copy_to_host_async(self.host, self.segment, 4096, self.other)
+                .map(|()| Nothing)?,
+            Call::CopyToDeviceAsync => dev
+                .copy_to_device_async(self.segment, self.host, 4096, self.other)
+                .map(|()| Nothing)?,
+            Call::OpenStream => Stream(dev.open_stream()?),
+            Call::CloseStream => dev.close_stream(self.spare_stream).map(|()| Nothing)?,
+            Call::WaitEvent => dev
+                .wait_event(self.other, self.recorded)
+                .map(|()| Nothing)?,
         })
     }
 
@@ -458,6 +480,8 @@ impl<'a> Fixture<'a> {
             Some(Leftover::Va(va)) => dev.unreserve(va, g),
             Some(Leftover::Page(page)) => dev.release_page(page),
             Some(Leftover::Event(event)) => dev.destroy_event(event),
+            Some(Leftover::Host(p)) => dev.free_host(p, g),
+            Some(Leftover::Stream(st)) => dev.close_stream(st),
             Some(Leftover::Nothing) | None => Ok(()),
         };
         let _ = dev.free(self.segment, g);
@@ -475,6 +499,10 @@ impl<'a> Fixture<'a> {
         }
         dev.destroy_stream(self.captured).unwrap();
         dev.destroy_stream(self.other).unwrap();
+        let _ = dev.close_stream(self.spare_stream);
+        for p in [self.host, self.spare_host] {
+            let _ = dev.free_host(p, g);
+        }
     }
 }
 

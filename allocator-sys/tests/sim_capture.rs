@@ -32,6 +32,10 @@ struct Fixture {
     /// Recorded on `OTHER`, whose work is pending (auto-complete is off).
     pending: EventHandle,
     spare_event: EventHandle,
+    /// Pinned host memory of `G` bytes, and a spare buffer and stream to release.
+    host: u64,
+    spare_host: u64,
+    spare_stream: StreamId,
 }
 
 fn fixture() -> Fixture {
@@ -47,7 +51,12 @@ fn fixture() -> Fixture {
     let pending = dev.create_event().unwrap();
     dev.record_event(pending, OTHER).unwrap();
     let spare_event = dev.create_event().unwrap();
+    let (host, spare_host) = (dev.alloc_host(G).unwrap(), dev.alloc_host(G).unwrap());
+    let spare_stream = dev.open_stream().unwrap();
     Fixture {
+        host,
+        spare_host,
+        spare_stream,
         segment,
         spare_va,
         spare_page,
@@ -81,6 +90,13 @@ fn probe(f: &Fixture, call: Call) -> Result<(), DeviceError> {
         Call::SynchronizeDevice => dev.synchronize_device(),
         Call::MemInfo => dev.mem_info().map(drop),
         Call::CaptureStatus => dev.is_capturing(CAPTURED).map(drop),
+        Call::AllocHost => dev.alloc_host(G).map(drop),
+        Call::FreeHost => dev.free_host(f.spare_host, G),
+        Call::CopyToHostAsync => dev.copy_to_host_async(f.host, f.segment, 4096, OTHER),
+        Call::CopyToDeviceAsync => dev.copy_to_device_async(f.segment, f.host, 4096, OTHER),
+        Call::OpenStream => dev.open_stream().map(drop),
+        Call::CloseStream => dev.close_stream(f.spare_stream),
+        Call::WaitEvent => dev.wait_event(OTHER, f.pending),
     }
 }
 

@@ -51,7 +51,7 @@ impl CudaDevice {
         DeviceError::invalid(call, format!("{ptr:#x} + {n} is not in one host buffer"))
     }
 
-    pub(super) fn cuda_copy_to_host(
+    pub(super) fn cuda_copy_to_host_async(
         &self,
         dst: HostPtr,
         src: DevicePtr,
@@ -60,7 +60,7 @@ impl CudaDevice {
     ) -> DeviceResult<()> {
         let mem = self.memory.lock();
         if !mem.in_host_buffer(dst, n) {
-            return Err(Self::not_host("copy_to_host", dst, n));
+            return Err(Self::not_host("copy_to_host_async", dst, n));
         }
         let _bound = self.bind()?;
         let raw = stream.0 as sys::CUstream;
@@ -71,7 +71,7 @@ impl CudaDevice {
         check("cuMemcpyDtoHAsync_v2", code)
     }
 
-    pub(super) fn cuda_copy_to_device(
+    pub(super) fn cuda_copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
@@ -80,18 +80,17 @@ impl CudaDevice {
     ) -> DeviceResult<()> {
         let mem = self.memory.lock();
         if !mem.in_host_buffer(src, n) {
-            return Err(Self::not_host("copy_to_device", src, n));
+            return Err(Self::not_host("copy_to_device_async", src, n));
         }
         let _bound = self.bind()?;
         let raw = stream.0 as sys::CUstream;
-        // SAFETY: as in `cuda_copy_to_host`, with the host range read instead of written.
+        // SAFETY: as in `cuda_copy_to_host_async`, with the host range read instead of written.
         let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n as usize, raw) };
         check("cuMemcpyHtoDAsync_v2", code)
     }
 
-    /// A stream that does not synchronise with the legacy default stream (the trait's
-    /// `create_stream`; the inherent [`CudaDevice::create_stream`] makes a blocking one).
-    pub(super) fn cuda_create_stream(&self) -> DeviceResult<StreamId> {
+    /// A stream that does not synchronise with the legacy default stream (`open_stream`; the inherent [`CudaDevice::create_stream`] makes a blocking one).
+    pub(super) fn cuda_open_stream(&self) -> DeviceResult<StreamId> {
         let _bound = self.bind()?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;

@@ -6,7 +6,7 @@
 //! storage. A copy runs at once when it is enqueued (simulated streams order nothing but
 //! events): with host backing it moves the bytes, reading never-written device bytes as zero;
 //! without it, it checks the host side only and moves nothing, so a device without host
-//! backing (every replay) pays nothing for contents. A stream made by `create_stream` is a
+//! backing (every replay) pays nothing for contents. A stream made by `open_stream` is a
 //! plain simulated stream; `wait_event` checks its arguments and orders nothing, since copies
 //! have already run.
 //!
@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// First address of pinned host memory.
 pub const HOST_BASE: u64 = 0x1000_0000_0000;
-/// Streams made by `create_stream` have this bit set, apart from those tests name.
+/// Streams made by `open_stream` have this bit set, apart from those tests name.
 const MADE_STREAM: u64 = 0x5eed_0000_0000;
 
 /// One pinned host buffer.
@@ -101,53 +101,53 @@ impl SimDevice {
         base.ok_or_else(|| invalid(call, format!("{host:#x} + {n} is not in one host buffer")))
     }
 
-    pub(super) fn sim_copy_to_host(
+    pub(super) fn sim_copy_to_host_async(
         &self,
         dst: HostPtr,
         src: DevicePtr,
         n: u64,
         stream: StreamId,
     ) -> DeviceResult<()> {
-        let mut s = self.enter(Call::CopyToHost, n)?;
-        let base = self.copy_args(&s, Call::CopyToHost, dst, n, stream)?;
+        let mut s = self.enter(Call::CopyToHostAsync, n)?;
+        let base = self.copy_args(&s, Call::CopyToHostAsync, dst, n, stream)?;
         if !self.cfg.host_backing || n == 0 {
             return Ok(());
         }
         let mut bytes = vec![0u8; n as usize];
-        self.read_locked(Call::CopyToHost.name(), &s, src, &mut bytes)?;
+        self.read_locked(Call::CopyToHostAsync.name(), &s, src, &mut bytes)?;
         let buf = s.transfers.bufs.get_mut(&base).expect("checked");
         buf.data.write(dst - base, &bytes);
         Ok(())
     }
 
-    pub(super) fn sim_copy_to_device(
+    pub(super) fn sim_copy_to_device_async(
         &self,
         dst: DevicePtr,
         src: HostPtr,
         n: u64,
         stream: StreamId,
     ) -> DeviceResult<()> {
-        let mut s = self.enter(Call::CopyToDevice, n)?;
-        let base = self.copy_args(&s, Call::CopyToDevice, src, n, stream)?;
+        let mut s = self.enter(Call::CopyToDeviceAsync, n)?;
+        let base = self.copy_args(&s, Call::CopyToDeviceAsync, src, n, stream)?;
         if !self.cfg.host_backing || n == 0 {
             return Ok(());
         }
         let mut bytes = vec![0u8; n as usize];
         s.transfers.bufs[&base].data.read(src - base, &mut bytes);
-        self.write_locked(Call::CopyToDevice.name(), &mut s, dst, &bytes)
+        self.write_locked(Call::CopyToDeviceAsync.name(), &mut s, dst, &bytes)
     }
 
-    pub(super) fn sim_create_stream(&self) -> DeviceResult<StreamId> {
-        let mut s = self.enter(Call::CreateStream, 0)?;
+    pub(super) fn sim_open_stream(&self) -> DeviceResult<StreamId> {
+        let mut s = self.enter(Call::OpenStream, 0)?;
         let stream = StreamId(MADE_STREAM | s.handle());
         s.transfers.made.insert(stream);
         Ok(stream)
     }
 
-    pub(super) fn sim_destroy_stream(&self, stream: StreamId) -> DeviceResult<()> {
-        let mut s = self.enter(Call::DestroyStream, 0)?;
+    pub(super) fn sim_close_stream(&self, stream: StreamId) -> DeviceResult<()> {
+        let mut s = self.enter(Call::CloseStream, 0)?;
         if !s.transfers.made.remove(&stream) {
-            return Err(invalid(Call::DestroyStream, format!("unknown {stream}")));
+            return Err(invalid(Call::CloseStream, format!("unknown {stream}")));
         }
         Ok(())
     }
@@ -175,7 +175,7 @@ impl SimDevice {
         let s = self.state.lock();
         let n = out.len() as u64;
         let base = s.transfers.holding(ptr, n);
-        let base = base.ok_or_else(|| invalid(Call::CopyToHost, format!("{ptr:#x} + {n}")))?;
+        let base = base.ok_or_else(|| invalid(Call::CopyToHostAsync, format!("{ptr:#x} + {n}")))?;
         s.transfers.bufs[&base].data.read(ptr - base, out);
         Ok(())
     }

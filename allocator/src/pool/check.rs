@@ -235,7 +235,8 @@ impl<D: Device> Core<D> {
             let seg = self.segments[b.segment as usize].as_ref().ok_or_else(|| {
                 InvariantError::new(Invariant::Mapping, "block of a released segment")
             })?;
-            if !seg.is_mapped(b.addr, b.size) && !(self.asleep() && self.slept_covers(id)) {
+            let slept = self.asleep() && self.slept_covers(id);
+            if !(seg.is_mapped(b.addr, b.size) || slept) {
                 return Err(InvariantError::new(
                     Invariant::Mapping,
                     format!("mapped block {:#x}+{} is not fully mapped", b.addr, b.size),

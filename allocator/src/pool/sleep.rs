@@ -149,7 +149,7 @@ impl<D: Device> Core<D> {
         if let Some(s) = self.copy_stream {
             return Ok(s);
         }
-        let s = self.device.create_stream()?;
+        let s = self.device.open_stream()?;
         self.copy_stream = Some(s);
         Ok(s)
     }
@@ -157,7 +157,7 @@ impl<D: Device> Core<D> {
     /// Destroys the copy stream, if one was made (on drop).
     pub(crate) fn destroy_copy_stream(&mut self) {
         if let Some(s) = self.copy_stream.take() {
-            let _ = self.device.destroy_stream(s);
+            let _ = self.device.close_stream(s);
         }
     }
 
@@ -204,7 +204,8 @@ impl<D: Device> Core<D> {
             self.device.wait_event(stream, ev)?;
         }
         for &(addr, off, n) in copies {
-            self.device.copy_to_host(host + off, addr, n, stream)?;
+            self.device
+                .copy_to_host_async(host + off, addr, n, stream)?;
         }
         self.wait_stream(stream)
     }
@@ -354,7 +355,7 @@ impl<D: Device> Core<D> {
         let copy_stream = self.copy_stream()?;
         for &(addr, off, n) in &copies {
             self.device
-                .copy_to_device(addr, host + off, n, copy_stream)?;
+                .copy_to_device_async(addr, host + off, n, copy_stream)?;
         }
         let ev = self.take_event()?;
         let r = self.device.record_event(ev, copy_stream);

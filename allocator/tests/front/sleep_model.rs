@@ -200,10 +200,10 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) {
     for op in ops {
         m.step(op);
     }
-    for tag in 0..2 {
+    for (tag, name) in TAGS.iter().enumerate() {
         while m.asleep[tag] {
             // Free untagged memory until the wake fits.
-            if m.alloc.wake(&[TAGS[tag]], StreamId(1)).is_ok() {
+            if m.alloc.wake(&[name], StreamId(1)).is_ok() {
                 m.woke(tag);
                 continue;
             }

@@ -14,7 +14,7 @@ use cudalloc_sys::{CudaDevice, Device, StreamId};
 use std::sync::Mutex;
 
 /// GPU tests compare free memory, so they run one at a time.
-static GPU: Mutex<()> = Mutex::new(());
+pub(crate) static GPU: Mutex<()> = Mutex::new(());
 
 const MIB: u64 = 1 << 20;
 

@@ -9,12 +9,14 @@
 //! - a block used on another stream is not handed out again before that stream's work ends;
 //! - a request larger than the card, or a device byte limit, is `OutOfMemory`, and the allocator
 //!   stays usable;
+//! - a sleeping tag's memory is back on the device, and wakes with its bytes at its addresses;
 //! - after each test every buffer is back in the pool, the invariants hold, and once the allocator
 //!   drops the device's free memory is back to its baseline.
 //!
-//! Files: `device.rs`, `streams.rs`, `interop.rs`. Captures run in their own binary
+//! Files: `device.rs`, `streams.rs`, `interop.rs`, `sleep.rs` (tags, sleep and wake). Captures run in their own binary
 //! (`gpu_capture`): a global-mode capture refuses calls from every thread of the process.
 
 mod device;
 mod interop;
+mod sleep;
 mod streams;
