@@ -9,6 +9,9 @@
 //! - mapped ranges lie inside one reservation, a page is mapped at most once, and a reservation
 //!   or page cannot be released while something is mapped;
 //! - host-backed data reads back, across consecutive pages and after a page is remapped;
+//! - pinned host memory: copies move bytes both ways with host backing (none without), only
+//!   inside one live host buffer; a released page's bytes are gone; streams made by
+//!   `open_stream` close once;
 //! - an event completes only when its stream's work has completed;
 //! - injected faults hit exactly the planned acquiring calls, never release calls, and a failed
 //!   call changes nothing.
@@ -520,4 +523,76 @@ fn threads_share_one_device() {
     assert_eq!(dev.calls(Call::Malloc), 800);
     assert_eq!(dev.outstanding_bytes(), 0);
     dev.check_invariants();
+}
+
+#[test]
+fn copies_move_bytes_between_pages_and_pinned_host_memory() {
+    let dev = backed();
+    let (va, pages) = mapped_range(&dev, 2);
+    let data: Vec<u8> = (0..3 * MIB as usize).map(|i| (i * 7) as u8).collect();
+    let at = va + G / 2;
+    dev.write(at, &data).unwrap();
+    let host = dev.alloc_host(4 * MIB).unwrap();
+    let s = dev.open_stream().unwrap();
+    dev.copy_to_host_async(host + 100, at, 3 * MIB, s).unwrap();
+    let mut back = vec![0u8; data.len()];
+    dev.read_host(host + 100, &mut back).unwrap();
+    assert!(back == data);
+    // Release the pages: their bytes go; new pages read zero until the copy comes back.
+    for (i, &p) in pages.iter().enumerate() {
+        dev.unmap(va + i as u64 * G, G).unwrap();
+        dev.release_page(p).unwrap();
+        let q = dev.create_page(G).unwrap();
+        dev.map(va + i as u64 * G, G, q).unwrap();
+        dev.set_access(va + i as u64 * G, G, &[]).unwrap();
+    }
+    dev.read(at, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+    dev.copy_to_device_async(at, host + 100, 3 * MIB, s)
+        .unwrap();
+    dev.read(at, &mut back).unwrap();
+    assert!(back == data);
+    assert_eq!(dev.host_bytes(), 4 * MIB);
+    // Host ranges outside one live buffer, double frees and unknown streams are refused.
+    assert!(is_invalid(dev.copy_to_host_async(
+        host + 4 * MIB - 1,
+        at,
+        2,
+        s
+    )));
+    assert!(is_invalid(dev.free_host(host, MIB)));
+    dev.free_host(host, 4 * MIB).unwrap();
+    assert!(is_invalid(dev.free_host(host, 4 * MIB)));
+    assert!(is_invalid(dev.copy_to_device_async(at, host, 1, s)));
+    assert!(is_invalid(dev.alloc_host(0)));
+    let ev = dev.create_event().unwrap();
+    dev.record_event(ev, s).unwrap();
+    dev.wait_event(StreamId(3), ev).unwrap();
+    dev.close_stream(s).unwrap();
+    assert!(is_invalid(dev.close_stream(s)));
+    assert_eq!(dev.host_bytes(), 0);
+    dev.check_invariants();
+}
+
+#[test]
+fn without_host_backing_copies_check_the_host_side_and_move_nothing() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    let host = dev.alloc_host(MIB).unwrap();
+    let seg = dev.malloc(MIB).unwrap();
+    dev.copy_to_host_async(host, seg, MIB, StreamId(1)).unwrap();
+    dev.copy_to_device_async(seg, host, MIB, StreamId(1))
+        .unwrap();
+    assert!(is_invalid(dev.copy_to_host_async(
+        host,
+        seg,
+        MIB + 1,
+        StreamId(1)
+    )));
+    dev.fail_next();
+    assert!(
+        dev.alloc_host(MIB).is_err(),
+        "an acquiring call takes faults"
+    );
+    dev.free_host(host, MIB).unwrap();
+    assert_eq!(dev.calls(Call::AllocHost), 2);
 }

@@ -27,7 +27,11 @@
 //! that finds a watched pool's lock held frees into, or hits, its cache instead of waiting (a
 //! miss or an eviction still takes the lock).
 //!
-//! Lock order: a stream shard, then a live-table shard. A cached block goes back to its pool
+//! Tagged allocations (`allocate_tagged`) live in one pool per tag (`tags`), outside the
+//! shards and the thread caches; their pools can sleep and wake.
+//!
+//! Lock order: a stream shard (or the tags' lock), then a live-table shard; where the tags' lock
+//! and shard locks are both held, the shards' come first. A cached block goes back to its pool
 //! only under its stream shard's lock, removed from the live table in the same critical
 //! section, so the shards and the live table agree whenever all shard locks are held, which
 //! `stats()` does while it counts the cached blocks (a cache hit or a free into a cache takes no

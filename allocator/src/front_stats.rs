@@ -90,7 +90,7 @@ impl<D: Device> CachingAllocator<D> {
         let pools = guards
             .iter()
             .map(|g| &**g)
-            .chain(tags.iter().map(|t| &t.pool));
+            .chain(tags.pools.iter().map(|t| &t.pool));
         let mut total = sum_stats(pools, self.reserved_peak.peak());
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
@@ -105,7 +105,7 @@ impl<D: Device> CachingAllocator<D> {
         for g in &mut guards {
             g.reset_peak_stats();
         }
-        for t in self.tags.lock().iter_mut() {
+        for t in self.tags.lock().pools.iter_mut() {
             t.pool.reset_peak_stats();
         }
         self.reserved_peak.reset();
@@ -123,7 +123,7 @@ impl<D: Device> CachingAllocator<D> {
             guards
                 .iter()
                 .map(|g| &**g)
-                .chain(tags.iter().map(|t| &t.pool))
+                .chain(tags.pools.iter().map(|t| &t.pool))
         };
         let mut snap = Snapshot {
             segments: pools().flat_map(|p| p.snapshot().segments).collect(),
@@ -145,7 +145,7 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             total += s.lock().excess();
         }
-        for t in self.tags.lock().iter() {
+        for t in self.tags.lock().pools.iter() {
             total += t.pool.excess();
         }
         total
@@ -160,7 +160,7 @@ impl<D: Device> CachingAllocator<D> {
             .iter()
             .flat_map(|s| s.lock().pinning())
             .collect();
-        units.extend(self.tags.lock().iter().flat_map(|t| t.pool.pinning()));
+        units.extend(self.tags.lock().pools.iter().flat_map(|t| t.pool.pinning()));
         PinnedUnit::sort_most_pinned(&mut units);
         units
     }
@@ -174,7 +174,7 @@ impl<D: Device> CachingAllocator<D> {
         let pools = guards
             .iter()
             .map(|g| &**g)
-            .chain(tags.iter().map(|t| &t.pool));
+            .chain(tags.pools.iter().map(|t| &t.pool));
         let mut reserved = 0;
         let mut allocations = 0;
         for pool in pools {

@@ -80,3 +80,8 @@ pub struct ReadmeExamples;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/integration.md")]
 pub struct IntegrationExamples;
+
+/// The Rust example of `docs/sleep.md`, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/sleep.md")]
+pub struct SleepExamples;

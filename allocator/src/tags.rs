@@ -10,9 +10,10 @@
 //! free or a `record_stream` finds it without a search; untagged handles carry 0 and take the
 //! stream shards as before.
 //!
-//! Invariants: a tag's name appears once, its pool's `Core::tag` is its number, and the tags'
-//! lock is never held while a stream shard's is taken (the tags' lock comes after every shard's
-//! in the views that take them all, and nothing takes a shard under it).
+//! Invariants: a tag's name appears once, its pool's `Core::tag` is its number, a new tag's pool
+//! gets the limit, peers and captures the others have, and the tags' lock is never held while a
+//! stream shard's is taken (the tags' lock comes after every shard's in the views that take
+//! them all, and nothing takes a shard under it).
 
 use crate::allocator::CachingAllocator;
 use crate::config::Policy;
@@ -29,23 +30,35 @@ pub(crate) struct TagPool<D: Device> {
     pub pool: Pool<Arc<D>>,
 }
 
-/// Every tag's pool, in the order the tags were first used.
-pub(crate) struct Tags<D: Device> {
-    pools: Mutex<Vec<TagPool<D>>>,
+/// Every tag's pool, in the order the tags were first used, and what a new one must inherit:
+/// the limit and peers set on the allocator, the captures underway (kept here, so that making a
+/// pool takes no shard lock).
+pub(crate) struct TagSet<D: Device> {
+    pub pools: Vec<TagPool<D>>,
+    /// The limit last set on the allocator (`None`: never set, the config's stands).
+    limit: Option<Option<u64>>,
+    peers: Vec<usize>,
+    captures: Vec<CaptureMode>,
 }
+
+/// The tags behind their one lock.
+pub(crate) struct Tags<D: Device>(Mutex<TagSet<D>>);
 
 impl<D: Device> Default for Tags<D> {
     fn default() -> Self {
-        Tags {
-            pools: Mutex::new(Vec::new()),
-        }
+        Tags(Mutex::new(TagSet {
+            pools: Vec::new(),
+            limit: None,
+            peers: Vec::new(),
+            captures: Vec::new(),
+        }))
     }
 }
 
 impl<D: Device> Tags<D> {
     /// Locks every tag's pool.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<TagPool<D>>> {
-        self.pools.lock()
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TagSet<D>> {
+        self.0.lock()
     }
 }
 
@@ -84,25 +97,25 @@ fn named(e: AllocError, name: &str) -> AllocError {
 impl<D: Device> CachingAllocator<D> {
     /// The number of tag `name` (its place from 1), its pool made on first use with the
     /// allocator's settings, limit, peers and captures.
-    fn tag_number(&self, pools: &mut Vec<TagPool<D>>, name: &str) -> usize {
-        if let Some(i) = pools.iter().position(|t| t.name == name) {
+    fn tag_number(&self, set: &mut TagSet<D>, name: &str) -> usize {
+        if let Some(i) = set.pools.iter().position(|t| t.name == name) {
             return i + 1;
         }
         let mut pool = Pool::new(self.device.clone(), self.cfg.clone());
         pool.share_reserved(self.reserved.clone());
         pool.share_reserved_peak(self.reserved_peak.clone());
         pool.share_unfreed(self.unfreed.clone());
-        {
-            let model = self.shards[0].lock();
-            pool.set_limit(model.limit());
-            pool.set_peers(model.peers.clone());
-            pool.core.captures = model.captures;
-            pool.core.strict_captures = model.strict_captures;
+        if let Some(limit) = set.limit {
+            pool.set_limit(limit);
         }
-        pool.core.tag = (pools.len() + 1) as u32;
+        pool.set_peers(set.peers.clone());
+        for &mode in &set.captures {
+            pool.begin_capture(mode);
+        }
+        pool.core.tag = (set.pools.len() + 1) as u32;
         let name = name.to_string();
-        pools.push(TagPool { name, pool });
-        pools.len()
+        set.pools.push(TagPool { name, pool });
+        set.pools.len()
     }
 
     /// Allocates `size` bytes for use on `stream`, tagged `tag`: it comes from the tag's pool,
@@ -132,9 +145,9 @@ impl<D: Device> CachingAllocator<D> {
         tag: &str,
         again: bool,
     ) -> Result<Allocation, AllocError> {
-        let mut pools = self.tags.lock();
-        let n = self.tag_number(&mut pools, tag);
-        let pool = &mut pools[n - 1].pool;
+        let mut set = self.tags.lock();
+        let n = self.tag_number(&mut set, tag);
+        let pool = &mut set.pools[n - 1].pool;
         let a = if again {
             pool.allocate_again(size, stream)
         } else {
@@ -148,8 +161,8 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Frees a tagged allocation (the free of a handle whose `tag` is not 0).
     pub(crate) fn free_tagged(&self, a: &Handle) -> Result<(), AllocError> {
-        let mut pools = self.tags.lock();
-        let t = &mut pools[a.tag as usize - 1];
+        let mut set = self.tags.lock();
+        let t = &mut set.pools[a.tag as usize - 1];
         let e = self.live.take_live(a)?;
         if let Err(err) = t.pool.free_handle(&e.alloc) {
             self.live.insert(e);
@@ -160,8 +173,8 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `record_stream` of a tagged allocation.
     pub(crate) fn record_tagged(&self, a: &Handle, stream: StreamId) -> Result<(), AllocError> {
-        let mut pools = self.tags.lock();
-        let t = &mut pools[a.tag as usize - 1];
+        let mut set = self.tags.lock();
+        let t = &mut set.pools[a.tag as usize - 1];
         if t.pool.asleep() {
             return Err(named(
                 AllocError::Asleep {
@@ -187,10 +200,10 @@ impl<D: Device> CachingAllocator<D> {
         if self.cfg.policy() == Policy::Torch {
             return Err(AllocError::SleepUnsupported);
         }
-        let mut pools = self.tags.lock();
+        let mut set = self.tags.lock();
         for tag in tags {
-            let n = self.tag_number(&mut pools, tag);
-            pools[n - 1].pool.sleep(offload.contains(tag))?;
+            let n = self.tag_number(&mut set, tag);
+            set.pools[n - 1].pool.sleep(offload.contains(tag))?;
         }
         Ok(())
     }
@@ -217,8 +230,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     fn wake_one(&self, tag: &str, stream: StreamId) -> Result<(), AllocError> {
-        let mut pools = self.tags.lock();
-        match pools.iter_mut().find(|t| t.name == tag) {
+        let mut set = self.tags.lock();
+        match set.pools.iter_mut().find(|t| t.name == tag) {
             Some(t) => t.pool.wake(stream),
             None => Ok(()),
         }
@@ -226,14 +239,14 @@ impl<D: Device> CachingAllocator<D> {
 
     /// True while `tag` sleeps.
     pub fn is_asleep(&self, tag: &str) -> bool {
-        let pools = self.tags.lock();
-        pools.iter().any(|t| t.name == tag && t.pool.asleep())
+        let set = self.tags.lock();
+        set.pools.iter().any(|t| t.name == tag && t.pool.asleep())
     }
 
     /// What each tag holds, in the order the tags were first used.
     pub fn tag_stats(&self) -> Vec<TagStats> {
-        let pools = self.tags.lock();
-        pools
+        let set = self.tags.lock();
+        set.pools
             .iter()
             .map(|t| {
                 let s = t.pool.stats();
@@ -254,7 +267,7 @@ impl<D: Device> CachingAllocator<D> {
     /// Releases every awake tag's cached blocks (the out-of-memory ladder, `empty_cache`).
     pub(crate) fn release_tags_cached(&self) -> Result<(), AllocError> {
         let mut first = Ok(());
-        for t in self.tags.lock().iter_mut() {
+        for t in self.tags.lock().pools.iter_mut() {
             let r = t.pool.release_all_cached();
             if first.is_ok() {
                 first = r;
@@ -266,7 +279,13 @@ impl<D: Device> CachingAllocator<D> {
     /// Tells every tag's pool of a capture beginning (`true`) or ending in `mode`.
     pub(crate) fn tags_capture(&self, mode: CaptureMode, begin: bool) -> Result<(), AllocError> {
         let mut first = Ok(());
-        for t in self.tags.lock().iter_mut() {
+        let mut set = self.tags.lock();
+        if begin {
+            set.captures.push(mode);
+        } else if let Some(i) = set.captures.iter().position(|&m| m == mode) {
+            set.captures.remove(i);
+        }
+        for t in set.pools.iter_mut() {
             if begin {
                 t.pool.begin_capture(mode);
             } else {
@@ -281,7 +300,14 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Sets every tag's pool's limit and peers as the shards'.
     pub(crate) fn tags_settings(&self, limit: Option<Option<u64>>, peers: Option<&[usize]>) {
-        for t in self.tags.lock().iter_mut() {
+        let mut set = self.tags.lock();
+        if limit.is_some() {
+            set.limit = limit;
+        }
+        if let Some(p) = peers {
+            set.peers = p.to_vec();
+        }
+        for t in set.pools.iter_mut() {
             if let Some(l) = limit {
                 t.pool.set_limit(l);
             }
