@@ -265,6 +265,39 @@ macro_rules! hooked {
     };
 }
 
+/// [`hooked!`] for every call but those that acquire or release device memory (`malloc`,
+/// `free`, `create_page`, `release_page`), which [`CountCalls`] books itself.
+macro_rules! hooked_bookless {
+    ($hook:ident) => {
+        hooked! { $hook;
+            mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
+            reserve => Reserve(size: u64) [size] -> DeviceResult<DevicePtr>;
+            unreserve => Unreserve(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+            map => Map(va: DevicePtr, size: u64, page: PageHandle) [size] -> DeviceResult<()>;
+            unmap => Unmap(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
+            set_access => SetAccess(va: DevicePtr, size: u64, peers: &[usize]) [size]
+                -> DeviceResult<()>;
+            create_event => CreateEvent() [0] -> DeviceResult<EventHandle>;
+            destroy_event => DestroyEvent(event: EventHandle) [0] -> DeviceResult<()>;
+            record_event => RecordEvent(event: EventHandle, stream: StreamId) [0]
+                -> DeviceResult<()>;
+            query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
+            synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
+            synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
+            is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
+            alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
+            free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
+            copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
+                [size] -> DeviceResult<()>;
+            copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+                [size] -> DeviceResult<()>;
+            open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
+            close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
+            wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
+        }
+    };
+}
+
 impl<D: Device> Device for FailCalls<D> {
     forward! {
         ordinal() -> usize;
@@ -274,33 +307,10 @@ impl<D: Device> Device for FailCalls<D> {
     hooked! { check;
         malloc => Malloc(size: u64) [size] -> DeviceResult<DevicePtr>;
         free => Free(ptr: DevicePtr, size: u64) [size] -> DeviceResult<()>;
-        mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
-        reserve => Reserve(size: u64) [size] -> DeviceResult<DevicePtr>;
-        unreserve => Unreserve(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
         create_page => CreatePage(size: u64) [size] -> DeviceResult<PageHandle>;
         release_page => ReleasePage(page: PageHandle) [0] -> DeviceResult<()>;
-        map => Map(va: DevicePtr, size: u64, page: PageHandle) [size] -> DeviceResult<()>;
-        unmap => Unmap(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
-        set_access => SetAccess(va: DevicePtr, size: u64, peers: &[usize]) [size]
-            -> DeviceResult<()>;
-        create_event => CreateEvent() [0] -> DeviceResult<EventHandle>;
-        destroy_event => DestroyEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        record_event => RecordEvent(event: EventHandle, stream: StreamId) [0]
-            -> DeviceResult<()>;
-        query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
-        synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
-        is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
-        alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
-        free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
-        copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
-            [size] -> DeviceResult<()>;
-        copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
-            [size] -> DeviceResult<()>;
-        open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
-        close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
-        wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
     }
+    hooked_bookless!(check);
 }
 
 /// Counts every call per [`Call`] kind (successful or not) and tracks the physical bytes
@@ -373,32 +383,7 @@ impl<D: Device> Device for CountCalls<D> {
         granularity() -> DeviceResult<u64>;
         check_stream(stream: StreamId) -> DeviceResult<()>;
     }
-    hooked! { count;
-        mem_info => MemInfo() [0] -> DeviceResult<(u64, u64)>;
-        reserve => Reserve(size: u64) [size] -> DeviceResult<DevicePtr>;
-        unreserve => Unreserve(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
-        map => Map(va: DevicePtr, size: u64, page: PageHandle) [size] -> DeviceResult<()>;
-        unmap => Unmap(va: DevicePtr, size: u64) [size] -> DeviceResult<()>;
-        set_access => SetAccess(va: DevicePtr, size: u64, peers: &[usize]) [size]
-            -> DeviceResult<()>;
-        create_event => CreateEvent() [0] -> DeviceResult<EventHandle>;
-        destroy_event => DestroyEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        record_event => RecordEvent(event: EventHandle, stream: StreamId) [0]
-            -> DeviceResult<()>;
-        query_event => QueryEvent(event: EventHandle) [0] -> DeviceResult<bool>;
-        synchronize_event => SynchronizeEvent(event: EventHandle) [0] -> DeviceResult<()>;
-        synchronize_device => SynchronizeDevice() [0] -> DeviceResult<()>;
-        is_capturing => CaptureStatus(stream: StreamId) [0] -> DeviceResult<bool>;
-        alloc_host => AllocHost(size: u64) [size] -> DeviceResult<HostPtr>;
-        free_host => FreeHost(ptr: HostPtr, size: u64) [size] -> DeviceResult<()>;
-        copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
-            [size] -> DeviceResult<()>;
-        copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
-            [size] -> DeviceResult<()>;
-        open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
-        close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
-        wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
-    }
+    hooked_bookless!(count);
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
         self.counters.record(Call::Malloc);

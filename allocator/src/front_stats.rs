@@ -13,7 +13,8 @@ use crate::live::CacheTotals;
 use crate::sizes::PoolKind;
 use crate::snapshot::{Excess, PinnedUnit, Snapshot};
 use crate::stats::{Stats, ThreadCacheStats};
-use crate::sync::{Arc, Ordering};
+use crate::sync::{Arc, MutexGuard, Ordering};
+use crate::tags::TagSet;
 use cudalloc_sys::Device;
 
 /// Turns the pools' statistics into the callers': a block in a thread cache is not allocated
@@ -73,6 +74,15 @@ pub(crate) fn sum_stats<'a, D: Device + 'a>(
     total
 }
 
+/// The shards' pools (`guards`, locked) and then the tags' (`tags`, locked).
+fn every_pool<'a, D: Device>(
+    guards: &'a [MutexGuard<'_, Pool<Arc<D>>>],
+    tags: &'a TagSet<D>,
+) -> impl Iterator<Item = &'a Pool<Arc<D>>> {
+    let shards = guards.iter().map(|g| &**g);
+    shards.chain(tags.pools.iter().map(|t| &t.pool))
+}
+
 impl<D: Device> CachingAllocator<D> {
     /// The statistics, summed over stream shards, as the callers see them: a block held in a
     /// thread cache is not allocated, a cache hit is an allocation and a free into a cache is a
@@ -87,10 +97,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn stats(&self) -> Stats {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let tags = self.tags.lock();
-        let pools = guards
-            .iter()
-            .map(|g| &**g)
-            .chain(tags.pools.iter().map(|t| &t.pool));
+        let pools = every_pool(&guards, &tags);
         let mut total = sum_stats(pools, self.reserved_peak.peak());
         if self.caches.is_some() {
             count_thread_caches(&mut total, &self.live.cache_totals());
@@ -119,12 +126,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn snapshot(&self) -> Snapshot {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let tags = self.tags.lock();
-        let pools = || {
-            guards
-                .iter()
-                .map(|g| &**g)
-                .chain(tags.pools.iter().map(|t| &t.pool))
-        };
+        let pools = || every_pool(&guards, &tags);
         let mut snap = Snapshot {
             segments: pools().flat_map(|p| p.snapshot().segments).collect(),
             stats: sum_stats(pools(), self.reserved_peak.peak()),
@@ -171,10 +173,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let tags = self.tags.lock();
-        let pools = guards
-            .iter()
-            .map(|g| &**g)
-            .chain(tags.pools.iter().map(|t| &t.pool));
+        let pools = every_pool(&guards, &tags);
         let mut reserved = 0;
         let mut allocations = 0;
         for pool in pools {

@@ -26,15 +26,8 @@ fn front(dev: &Arc<SimDevice>, policy: Policy) -> CachingAllocator<Arc<SimDevice
 
 /// Bytes derived from `seed`, `len` of them.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mix = |i: u64| (i.wrapping_mul(0x9E37_79B1) >> 11) ^ seed.wrapping_mul(97);
+    (0..len as u64).map(|i| mix(i) as u8).collect()
 }
 
 /// Writes `seed`'s pattern over all of `a`.
