@@ -358,3 +358,25 @@ fn dropping_an_allocator_with_a_sleeping_tag_leaves_nothing_behind() {
     assert_eq!(dev.outstanding_bytes(), 0);
     assert_eq!((dev.host_bytes(), dev.reserved_va_bytes()), (0, 0));
 }
+
+/// A tag's allocation may use memory the untagged pools cache (the out-of-memory ladder
+/// releases it), and the allocator's statistics count tagged allocations.
+#[test]
+fn a_tag_gets_the_memory_untagged_pools_cached_and_counts_in_the_statistics() {
+    for policy in EXPANDABLE {
+        let dev = device(64 * MIB);
+        let alloc = front(&dev, policy);
+        let s = StreamId(1);
+        let a = alloc.allocate(40 * MIB, s).unwrap();
+        alloc.free(a).unwrap();
+        let t = alloc.allocate_tagged(40 * MIB, s, "t").unwrap();
+        let stats = alloc.stats();
+        assert_eq!(stats.allocation.0[0].current, 1);
+        assert!(stats.allocated_bytes.0[0].current as u64 >= 40 * MIB);
+        let tag = &alloc.tag_stats()[0];
+        assert_eq!((tag.allocations, tag.requested_bytes), (1, 40 * MIB));
+        check(&alloc, &dev);
+        alloc.free(t).unwrap();
+        check(&alloc, &dev);
+    }
+}
