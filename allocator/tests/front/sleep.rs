@@ -380,3 +380,49 @@ fn a_tag_gets_the_memory_untagged_pools_cached_and_counts_in_the_statistics() {
         check(&alloc, &dev);
     }
 }
+
+/// Threads allocate and free untagged memory and another tag while one tag sleeps and wakes
+/// over and over: nothing is lost, and the invariants hold at the end.
+#[test]
+fn other_threads_keep_working_while_a_tag_sleeps_and_wakes() {
+    for policy in EXPANDABLE {
+        let dev = device(1 << 30);
+        let alloc = Arc::new(front(&dev, policy));
+        let w: Vec<Allocation> = (0..3)
+            .map(|i| {
+                alloc
+                    .allocate_tagged((i + 1) * 3 * MIB + 100, StreamId(1), "w")
+                    .unwrap()
+            })
+            .collect();
+        w.iter()
+            .enumerate()
+            .for_each(|(i, a)| fill(&dev, a, i as u64));
+        std::thread::scope(|scope| {
+            for t in 0..3u64 {
+                let (alloc, dev) = (alloc.clone(), dev.clone());
+                scope.spawn(move || {
+                    for k in 0..200u64 {
+                        let size = 4096 + (k * 7919 + t * 104_729) % (3 * MIB);
+                        let a = if t == 0 {
+                            alloc.allocate_tagged(size, StreamId(2), "kv").unwrap()
+                        } else {
+                            alloc.allocate(size, StreamId(2 + t)).unwrap()
+                        };
+                        fill(&dev, &a, k + 1000 * t);
+                        assert!(holds(&dev, &a, k + 1000 * t));
+                        alloc.free(a).unwrap();
+                    }
+                });
+            }
+            for _ in 0..20 {
+                alloc.sleep(&["w"], &["w"]).unwrap();
+                alloc.wake(&["w"], StreamId(1)).unwrap();
+            }
+        });
+        for (i, a) in w.iter().enumerate() {
+            assert!(holds(&dev, a, i as u64), "{policy:?}: {i} lost bytes");
+        }
+        check(&alloc, &dev);
+    }
+}
