@@ -50,9 +50,11 @@ impl<D: Device, P: Policy> std::ops::Deref for Pool<D, P> {
 impl<D: Device, P: Policy> Pool<D, P> {
     /// A pool with no memory yet under `policy`, with the settings every policy shares
     /// (rounding, `max_split_size`, garbage collection, the memory fraction); an error names
-    /// the first setting [`PoolConfig::validate`] refuses.
+    /// the first setting [`PoolConfig::validate`] or the policy's own check
+    /// ([`Policy::validate`]) refuses.
     pub fn with_policy(device: D, cfg: PoolConfig, policy: P) -> Result<Pool<D, P>, ConfigError> {
         cfg.validate()?;
+        policy.validate()?;
         Ok(Pool::checked(device, cfg, policy))
     }
 
@@ -108,6 +110,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.refuse_asleep("allocate")?;
         self.core.apply_fraction()?;
         if !self.core.capturing() {
+            if self.core.deferred_blocks() > 0 {
+                self.core.record_owed(&mut self.policy);
+            }
             self.core.process_events(&mut self.policy)?;
             if !self.core.releasing.is_empty() {
                 self.core.poll_releasing();

@@ -143,19 +143,24 @@ impl<D: Device> Pools<D> {
         Ok(())
     }
 
-    /// A capture began on the device: every pool, and every pool made before it ends, makes no
-    /// device call the capture forbids (`CachingAllocator::begin_capture`).
-    pub fn begin_capture(&self) {
+    /// A capture began on the device: `device` (the device's own allocator), every pool, and
+    /// every pool made before it ends, make no device call the capture forbids
+    /// (`CachingAllocator::begin_capture`). One lock covers them all, so that a begin and an
+    /// end on two threads never interleave.
+    pub fn begin_capture(&self, device: &CachingAllocator<D>) {
         let mut captures = self.captures.lock();
         *captures += 1;
+        device.begin_capture(CAPTURE);
         for pool in self.all() {
             pool.alloc.begin_capture(CAPTURE);
         }
     }
 
-    /// A capture begun with [`Pools::begin_capture`] ended: every pool ends it, even after one
-    /// fails; the first error is returned. An error too when no capture was begun.
-    pub fn end_capture(&self) -> Result<(), AllocError> {
+    /// A capture begun with [`Pools::begin_capture`] ended: `device` and every pool end it,
+    /// even after one fails (the capture has ended for each all the same: see
+    /// `CachingAllocator::end_capture`); the first error is returned. Without a capture
+    /// begun, an error and nothing changes.
+    pub fn end_capture(&self, device: &CachingAllocator<D>) -> Result<(), AllocError> {
         let mut captures = self.captures.lock();
         if *captures == 0 {
             return Err(AllocError::DuringCapture {
@@ -164,7 +169,7 @@ impl<D: Device> Pools<D> {
             });
         }
         *captures -= 1;
-        let mut first = Ok(());
+        let mut first = device.end_capture(CAPTURE);
         for pool in self.all() {
             let r = pool.alloc.end_capture(CAPTURE);
             if first.is_ok() {
@@ -407,8 +412,9 @@ mod tests {
     #[test]
     fn pools_made_during_a_capture_hear_of_it_too() {
         let pools = Pools::<SimDevice>::default();
+        let device = open().unwrap();
         pools.acquire((0, 1), open).unwrap();
-        pools.begin_capture();
+        pools.begin_capture(&device);
         pools.acquire((0, 2), open).unwrap();
         for id in [(0, 1), (0, 2)] {
             let a = pools.allocate(id, 1 << 20, S).unwrap();
@@ -430,9 +436,9 @@ mod tests {
             );
         }
         assert_eq!(reserved(&pools), held, "memory given back during a capture");
-        pools.end_capture().unwrap();
+        pools.end_capture(&device).unwrap();
         assert!(matches!(
-            pools.end_capture(),
+            pools.end_capture(&device),
             Err(AllocError::DuringCapture {
                 what: "end_capture",
                 ..
@@ -440,6 +446,36 @@ mod tests {
         ));
         assert!(pools.empty_retired(None).unwrap());
         assert_eq!(reserved(&pools), 0);
+    }
+
+    /// An end whose deferred events cannot be recorded still ends the capture everywhere: the
+    /// pool then gives its memory back once retired (nothing is stranded in capture mode).
+    #[test]
+    fn a_failed_end_capture_strands_no_pool() {
+        let sim = Arc::new(SimDevice::new(SimConfig::default()));
+        let cfg = pool_config(&Config::parse("policy:default").unwrap());
+        let open = || Ok(CachingAllocator::new(sim.clone(), cfg.clone()));
+        let pools = Pools::<Arc<SimDevice>>::default();
+        let device = open().unwrap();
+        pools.acquire(GRAPH, open).unwrap();
+        pools.begin_capture(&device);
+        let a = pools.allocate(GRAPH, 1 << 20, S).unwrap();
+        let ptr = a.ptr();
+        pools
+            .with_owner(ptr, |p| p.record_stream(ptr, StreamId(9)))
+            .unwrap();
+        pools.with_owner(ptr, |p| p.free_ptr(ptr)).unwrap();
+        sim.fail_next();
+        assert!(pools.end_capture(&device).is_err(), "the injected fault");
+        assert!(pools.end_capture(&device).is_err(), "ended already");
+        pools.release(GRAPH).unwrap();
+        assert!(pools.empty_retired(Some(GRAPH)).unwrap());
+        assert_eq!(pools.counts(), (0, 0), "dropped: not stuck in a capture");
+        assert_eq!(
+            sim.outstanding_bytes(),
+            0,
+            "the deferred block's memory went back"
+        );
     }
 
     #[test]

@@ -45,15 +45,13 @@ impl Dev {
     /// The caller began a CUDA graph capture on this device: until it ends, neither the
     /// device's allocator nor a private pool makes a device call the capture forbids.
     pub fn begin_capture(&self) {
-        self.alloc.begin_capture(crate::pools::CAPTURE);
-        self.pools.begin_capture();
+        self.pools.begin_capture(&self.alloc);
     }
 
     /// The capture begun with [`Dev::begin_capture`] ended; every allocator ends it, even after
     /// one fails, and the first error is returned.
     pub fn end_capture(&self) -> Result<(), AllocError> {
-        let pools = self.pools.end_capture();
-        self.alloc.end_capture(crate::pools::CAPTURE).and(pools)
+        self.pools.end_capture(&self.alloc)
     }
 
     /// A new allocator for a private pool of this device.

@@ -27,7 +27,7 @@
 //! | `thread_cache_large` | integer 0..=4 | blocks of any size below `max_split_size` a thread cache keeps besides (the last freed; default 1); each thread may hold this many blocks beyond `thread_cache_mb` |
 //! | `backend` | `native` | accepted for PyTorch compatibility (`cudaMallocAsync` is refused) |
 //! | `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_num_register_threads`, `pinned_use_background_threads`, `pinned_reserve_segment_size_mb`, `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc` | any | accepted and ignored: they concern host memory or locking, not the device pool (their values are not checked, as PyTorch does) |
-//! | `graph_capture_record_stream_reuse` | any | accepted and ignored: cudalloc has no CUDA-graph capture mode |
+//! | `graph_capture_record_stream_reuse` | any | accepted and ignored: during a capture the allocator always keeps a block used on other streams from reuse until the capture ends (`pool::capture`) |
 //!
 //! `True`/`False` values are also taken as `true`/`false` and `1`/`0` (PyTorch takes only
 //! `True`/`False`). Without a `policy` key, [`Config::parse`] gives the `default` policy. A key given twice takes

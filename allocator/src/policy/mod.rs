@@ -98,6 +98,12 @@ pub trait Policy {
     fn watches_large_blocks(&self) -> bool {
         false
     }
+
+    /// Checks the policy's own settings before a pool runs it ([`crate::Pool::with_policy`]);
+    /// an error names the setting and its value. A policy without settings accepts.
+    fn validate(&self) -> Result<(), crate::ConfigError> {
+        Ok(())
+    }
 }
 
 /// A built-in policy with its own settings: the rule set of a [`Config`](crate::Config)
@@ -232,5 +238,9 @@ impl Policy for Builtin {
 
     fn watches_large_blocks(&self) -> bool {
         each!(self, p => p.watches_large_blocks())
+    }
+
+    fn validate(&self) -> Result<(), crate::ConfigError> {
+        each!(self, p => Policy::validate(p))
     }
 }

@@ -51,6 +51,16 @@ impl Policy for Torch {
     }
 }
 
+/// PyTorch's rule for a cached block of `size` bytes found for `req`: a request below
+/// `max_split_size` (`mss`) takes no block of that size or more (it would split an oversize
+/// block), and one at or above it takes no block larger by `rounding`
+/// (`max_non_split_rounding`) or more.
+pub fn serves(req: &Request, size: u64, mss: u64, rounding: u64) -> bool {
+    size >= req.size
+        && !(req.size < mss && size >= mss)
+        && !(req.size >= mss && size >= req.size.saturating_add(rounding))
+}
+
 /// Best fit from the request's free index, with PyTorch's oversize rules; the block is taken out
 /// of the index. With `expandable`, a block's unmapped tail counts as part of its size, so a
 /// block at the end of an expandable segment is chosen only when nothing else fits.
@@ -83,10 +93,7 @@ pub fn get_free_block<D: Device>(
         }
         (size, id)
     };
-    if req.size < mss && size >= mss {
-        return None;
-    }
-    if req.size >= mss && size >= req.size.saturating_add(rounding) {
+    if !serves(req, size, mss, rounding) {
         return None;
     }
     let removed = idx.remove(&blocks[id]);

@@ -13,15 +13,17 @@
 //!   is refused;
 //! - a freed block that other streams used (`record_stream`) is *deferred*: its events are
 //!   recorded when the last capture ends ([`Core::end_capture`]), as PyTorch does; until then
-//!   it waits like a block with events pending.
+//!   it waits like a block with events pending. When they cannot be recorded then, the capture
+//!   ends all the same and the blocks stay deferred, *owed*: the next allocation outside a
+//!   capture records them (`Core::record_owed`).
 //!
 //! The caller's word is the rule, for all streams of the pool: in the global capture mode a
 //! forbidden call from any thread invalidates the capture, and an event recorded on a stream
 //! being captured (in any mode) cannot be queried afterwards, so no event is recorded or
 //! queried in any mode. Invariants: `captures` counts the captures begun and not ended and
-//! `strict_captures` those of them not in relaxed mode; `deferred` is empty while
-//! `captures == 0` (outside [`Core::end_capture`]); a deferred block is neither allocated nor
-//! indexed, has no events pending and keeps its `stream_uses`.
+//! `strict_captures` those of them not in relaxed mode; a deferred block is neither allocated
+//! nor indexed, has no events pending and keeps its `stream_uses`; outside a capture the
+//! deferred blocks are owed ones.
 
 use super::block::BlockId;
 use super::Core;
@@ -41,8 +43,8 @@ impl<D: Device> Core<D> {
 
     /// The caller ended a capture in `mode` begun with [`Core::begin_capture`]. When it was
     /// the last, the events of blocks freed during the captures are recorded now. An end
-    /// without a begin in that mode is refused. A failure to record leaves the capture counted
-    /// and the blocks waiting (the next end tries again).
+    /// without a begin in that mode is refused. A failure to record is returned, but the
+    /// capture has ended: the blocks stay deferred until the next allocation records them.
     pub(crate) fn end_capture<P: Observer>(
         &mut self,
         policy: &mut P,
@@ -60,14 +62,12 @@ impl<D: Device> Core<D> {
                 requested: 0,
             });
         }
-        if self.captures == 1 {
-            // The last: the deferred events first, so that a failure leaves the capture
-            // counted and the next end tries again.
-            self.record_deferred(policy)?;
-        }
         self.captures -= 1;
         if strict {
             self.strict_captures -= 1;
+        }
+        if self.captures == 0 {
+            self.record_deferred(policy)?;
         }
         Ok(())
     }
@@ -85,12 +85,6 @@ impl<D: Device> Core<D> {
     /// The invariants of the module docs about captures.
     pub(crate) fn check_captures(&self) -> Result<(), InvariantError> {
         let broke = |detail: String| Err(InvariantError::new(Invariant::Capture, detail));
-        if self.captures == 0 && !self.deferred.is_empty() {
-            return broke(format!(
-                "{} deferred blocks and no capture",
-                self.deferred.len()
-            ));
-        }
         if self.strict_captures > self.captures {
             return broke("more strict captures than captures".into());
         }
@@ -101,6 +95,12 @@ impl<D: Device> Core<D> {
             Some(&id) => broke(format!("deferred block {id} is not waiting")),
             None => Ok(()),
         }
+    }
+
+    /// Records the events of blocks whose capture ended without them (see the module docs); a
+    /// failure leaves them owed until the next allocation.
+    pub(crate) fn record_owed<P: Observer>(&mut self, policy: &mut P) {
+        let _ = self.record_deferred(policy);
     }
 
     /// Records the events of the blocks freed during captures, now that none is underway.

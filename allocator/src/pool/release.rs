@@ -56,6 +56,9 @@ impl<D: Device> Core<D> {
         policy: &mut P,
     ) -> Result<(), DeviceError> {
         self.refuse_in_capture("synchronize_device")?;
+        if self.deferred_blocks() > 0 {
+            self.record_owed(policy); // their events, so that the wait below frees them
+        }
         self.synchronize_and_free_events(policy)?;
         self.finish_releasing()?;
         if self.holds_free_pages() {

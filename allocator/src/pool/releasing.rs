@@ -99,24 +99,24 @@ impl<D: Device> Core<D> {
         id
     }
 
-    /// Takes back the smallest releasing block of `stream` and size class `pool` that holds at
-    /// least `size` bytes, before its pages are unmapped: the work its stream queued before the
-    /// release comes before any use of the block on that same stream, so it needs no wait. The
-    /// block is free again (merged with its free neighbours, in its index); returns it, or
-    /// `None` when no such block is releasing. For a policy about to map pages for a request of
-    /// that stream while pages of it are still on their way back (the device runs behind).
+    /// Takes back the smallest releasing block of `stream` and size class `pool` whose size
+    /// `fits`, before its pages are unmapped: the work its stream queued before the release
+    /// comes before any use of the block on that same stream, so it needs no wait. The block is
+    /// free again (merged with its free neighbours, in its index); returns it, or `None` when
+    /// no such block is releasing. For a policy about to map pages for a request of that
+    /// stream while pages of it are still on their way back (the device runs behind).
     pub fn reclaim_releasing(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
-        size: u64,
+        fits: impl Fn(u64) -> bool,
     ) -> Option<BlockId> {
         let (i, _) = self
             .releasing
             .iter()
             .enumerate()
             .map(|(i, &(_, id))| (i, &self.blocks[id]))
-            .filter(|(_, b)| b.stream == stream && b.pool == pool && b.size >= size)
+            .filter(|(_, b)| b.stream == stream && b.pool == pool && fits(b.size))
             .min_by_key(|(_, b)| b.size)?;
         let (ev, id) = self.releasing.remove(i);
         // The event may not have completed: it is recorded again before its next use.

@@ -339,3 +339,23 @@ fn release_pages_refuses_a_block_in_use() {
     pool.empty_cache().unwrap();
     assert_eq!(pool.reserved(), 0);
 }
+
+/// A policy value built outside a `Config` is checked too: `Pool::with_policy` refuses the
+/// `default` policy with a budget out of range, naming the key.
+#[test]
+fn a_pool_refuses_a_policy_value_with_a_bad_setting() {
+    use cudalloc::policy::default::{DefaultConfig, DefaultPolicy};
+    let cfg = Config::default();
+    for budget in [f64::NAN, -0.5, 2.0] {
+        let bad = DefaultPolicy::new(DefaultConfig {
+            fragmentation_budget: budget,
+            ..DefaultConfig::default()
+        });
+        match Pool::with_policy(sim(), cfg.pool().clone(), bad) {
+            Err(e) => assert_eq!(e.key, "fragmentation_budget", "{budget}"),
+            Ok(_) => panic!("budget {budget} accepted"),
+        }
+    }
+    let good = DefaultPolicy::new(DefaultConfig::default());
+    assert!(Pool::with_policy(sim(), cfg.pool().clone(), good).is_ok());
+}

@@ -144,7 +144,8 @@ pub struct ReplayResult {
     pub device_waits: u64,
     /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
     /// a call-counting wrapper around the driver saw while the trace's allocations and frees
-    /// ran (the cleanup after the last one not included); `None` on the simulated device.
+    /// ran, the frees of what the trace left live included (not the pool's drop afterwards);
+    /// `None` on the simulated device.
     pub driver_waits: Option<u64>,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,

@@ -13,9 +13,10 @@
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
 //     allocator allocates, so that a capture is never invalidated by an allocation; the first
-//     allocation that finds its pool's stream being captured tells the library of the capture
-//     (cudalloc_capture_begin), and endAllocateToPool ends it (cudalloc_capture_end), so that
-//     meanwhile no allocator of the device polls an event, waits or gives memory back.
+//     allocation that finds its stream being captured tells the library of that capture
+//     (cudalloc_capture_begin, once per capture id), and the first endAllocateToPool or
+//     allocation after the capture ended ends it (cudalloc_capture_end), so that meanwhile no
+//     allocator of the device polls an event, waits or gives memory back.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -100,6 +101,12 @@ void free_pointer(void* ptr) {
   throw c10::Error(at, "cudalloc: " + message);
 }
 
+// For failures where an exception would terminate the process or lose nothing worth raising.
+void report(const std::string& message) {
+  const std::string line = "cudalloc: " + message + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
 // The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
 // torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
 // which streams' allocations it takes. `routes` counts them, so that an allocation with none
@@ -108,18 +115,70 @@ struct Route {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t pool;
   std::function<bool(cudaStream_t)> filter;
-  // Whether the library was told of a capture for this route (cudalloc_capture_begin), to be
-  // ended when the route ends.
-  bool told = false;
 };
 std::mutex routes_mutex;
 std::vector<Route> routes;
 std::atomic<int> route_count{0};
 
-// The pool an allocation on `stream` goes to, if a route takes it. `capturing`: the stream is
-// being captured; the route's first such allocation tells the library of the capture.
-std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream,
-                                            bool capturing) {
+// A CUDA graph capture the library was told of (cudalloc_capture_begin): its id, its device,
+// and a stream it captures, to ask whether it still runs.
+struct Told {
+  unsigned long long id;
+  c10::DeviceIndex device;
+  cudaStream_t stream;
+};
+std::vector<Told> told;  // guarded by routes_mutex
+
+// The id of the capture `stream` is part of, or 0 when it is not being captured.
+unsigned long long capture_id(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess ||
+      status == cudaStreamCaptureStatusNone) {
+    return 0;
+  }
+  return id;
+}
+
+// Ends (cudalloc_capture_end) each told capture whose stream is no longer in it: the capture
+// ended, whichever route or path saw it end. A failed end is reported, not raised: the library
+// ends the capture all the same. Caller holds routes_mutex.
+void end_finished_captures() {
+  for (auto it = told.begin(); it != told.end();) {
+    if (capture_id(it->stream) == it->id) {
+      ++it;
+      continue;
+    }
+    const c10::DeviceIndex device = it->device;
+    it = told.erase(it);
+    if (lib.capture_end(device) != 0) {
+      report("capture_end failed: " + last_error());
+    }
+  }
+}
+
+// `stream`, of `device`, is being captured: tells the library once per capture, so that
+// meanwhile no allocator of the device polls an event, waits or gives memory back.
+void tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
+  const unsigned long long id = capture_id(stream);
+  std::lock_guard<std::mutex> lock(routes_mutex);
+  end_finished_captures();
+  if (id == 0) {
+    return;
+  }
+  for (const Told& t : told) {
+    if (t.id == id && t.device == device) {
+      return;
+    }
+  }
+  if (lib.capture_begin(device) != 0) {
+    fail(CUDALLOC_HERE, "capture_begin failed: " + last_error());
+  }
+  told.push_back(Told{id, device, stream});
+}
+
+// The pool an allocation on `stream` goes to, if a route takes it.
+std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
   if (route_count.load(std::memory_order_acquire) == 0) {
     return std::nullopt;
   }
@@ -128,12 +187,6 @@ std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_
   // inside a capture).
   for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
     if (r->device == device && r->filter(stream)) {
-      if (capturing && !r->told) {
-        if (lib.capture_begin(device) != 0) {
-          fail(CUDALLOC_HERE, "capture_begin failed: " + last_error());
-        }
-        r->told = true;
-      }
       return r->pool;
     }
   }
@@ -175,7 +228,10 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
     return lib.malloc(size, device, stream);
   }
   RelaxedCapture relaxed(stream);
-  if (auto pool = route(device, stream, relaxed.on())) {
+  if (relaxed.on()) {
+    tell_capture(device, stream);
+  }
+  if (auto pool = route(device, stream)) {
     return lib.pool_malloc(size, device, stream, pool->first, pool->second);
   }
   return lib.malloc(size, device, stream);
@@ -231,11 +287,6 @@ std::string pool_name(const c10::cuda::MempoolId_t& id) {
 }
 
 // For failures in destructors' paths, where throwing would end the process.
-void report(const std::string& message) {
-  const std::string line = "cudalloc: " + message + "\n";
-  std::fputs(line.c_str(), stderr);
-}
-
 void check(int rc, const char* what) {
   if (rc != 0) {
     fail(CUDALLOC_HERE, std::string(what) + " failed: " + last_error());
@@ -522,24 +573,18 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     route_count.fetch_add(1, std::memory_order_release);
   }
 
-  // Called after the capture ended (CUDAGraph::capture_end), so a capture the library was
-  // told of ends here too.
+  // CUDAGraph::capture_end calls it after the capture ended: a told capture that is over
+  // ends here (one still running, as around a use_mem_pool inside a capture, does not).
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
-    bool told = false;
-    {
-      std::lock_guard<std::mutex> lock(routes_mutex);
-      for (auto it = routes.begin(); it != routes.end(); ++it) {
-        if (it->device == device && it->pool == pool) {
-          told = it->told;
-          routes.erase(it);
-          route_count.fetch_sub(1, std::memory_order_release);
-          break;
-        }
+    std::lock_guard<std::mutex> lock(routes_mutex);
+    for (auto it = routes.begin(); it != routes.end(); ++it) {
+      if (it->device == device && it->pool == pool) {
+        routes.erase(it);
+        route_count.fetch_sub(1, std::memory_order_release);
+        break;
       }
     }
-    if (told && lib.capture_end(device) != 0) {
-      fail(CUDALLOC_HERE, "capture_end failed: " + last_error());
-    }
+    end_finished_captures();
   }
 
   // Called from the destructors of CUDAGraph and MemPool, where an exception would terminate

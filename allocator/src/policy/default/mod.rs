@@ -186,10 +186,11 @@ impl Policy for DefaultPolicy {
     ) -> Result<Option<BlockId>, DeviceError> {
         // Pages of this stream still on their way back (the device runs behind) serve the
         // request before new pages are mapped: stream order makes them safe without a wait.
-        if core.releasing_bytes() > 0
-            && core
-                .reclaim_releasing(req.stream, req.pool, req.size)
-                .is_some()
+        let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
+        let fits = |size| torch::serves(req, size, mss, rounding);
+        if self.cfg.rules.take_back_releasing
+            && core.releasing_bytes() > 0
+            && core.reclaim_releasing(req.stream, req.pool, fits).is_some()
         {
             if let Some(id) = torch::get_free_block(core, req, true) {
                 return Ok(Some(id));
@@ -220,5 +221,9 @@ impl Policy for DefaultPolicy {
     /// plan is made from).
     fn watches_large_blocks(&self) -> bool {
         self.plans.has_plan() || self.plans.episode_busy()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.cfg.validate()
     }
 }

@@ -48,6 +48,10 @@ pub struct Rules {
     /// An episode also ends once enough allocations came after its youngest live one and all
     /// of those are freed (the older ones, weights as a rule, outlive it).
     pub nested_episodes: bool,
+    /// A growth first takes back pages of its own stream still on their way back to the device
+    /// (`Core::reclaim_releasing`); off: it maps new pages. A replay cannot weigh it: on the
+    /// simulated device a release completes at once.
+    pub take_back_releasing: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -73,6 +77,7 @@ impl Rules {
         order_largest_area_first: true,
         smaller_matches: true,
         nested_episodes: true,
+        take_back_releasing: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -101,6 +106,7 @@ impl Rules {
             }),
             ("smaller_matches", |r| &mut r.smaller_matches),
             ("nested_episodes", |r| &mut r.nested_episodes),
+            ("take_back_releasing", |r| &mut r.take_back_releasing),
         ]
     }
 
