@@ -192,6 +192,7 @@ impl<D: Device> CachingAllocator<D> {
     /// copied to pinned host memory (on a stream of the allocator's own, after the work of every
     /// stream that used the tag's memory, waited for through events, not a device-wide wait),
     /// the others come back uninitialised. Other tags and untagged allocations keep working.
+    /// Every stream the tag's blocks belong to (free ones included) must still exist.
     /// A tag never used sleeps empty; a sleeping tag stays as it is. Refused during a capture
     /// ([`AllocError::DuringCapture`]) and under the `torch` policy
     /// ([`AllocError::SleepUnsupported`]); an error stops at the tag that failed (the tags
