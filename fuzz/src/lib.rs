@@ -13,10 +13,18 @@ use std::sync::{Once, OnceLock};
 /// test in `allocator/tests/core/sizes.rs`, `allocator/tests/faults/bad_input_pool.rs`,
 /// `allocator/tests/core/pool_expandable.rs` or `allocator/cli/tests/bad_input/regressions.rs`;
 /// [`tolerating_known_bugs`] lets fuzzing go on past them. Add an entry when a crash is
-/// reported, remove it when the bug is fixed. None is open:
-/// the four bugs the first runs met (overflows in `round_size` and in `TraceBuilder`'s live
-/// bytes, stack overflow on deeply nested pickles) were fixed in commit 467c8b1.
-const KNOWN_BUGS: &[(&str, &str)] = &[];
+/// reported, remove it when the bug is fixed. The one open is a dependency's (below); the four
+/// bugs the first runs met (overflows in `round_size` and in `TraceBuilder`'s live bytes, stack
+/// overflow on deeply nested pickles) were fixed in commit 467c8b1.
+const KNOWN_BUGS: &[(&str, &str)] = &[
+    // serde-pickle 1.2 sorts a pickled set or frozenset of floats into a BTreeSet, and a NaN
+    // makes the sort panic; the reader decodes on a thread of its own and turns the panic into
+    // an error ("the pickle decoder failed: ..."), which is what the target checks.
+    (
+        "smallsort.rs",
+        "user-provided comparison function does not correctly implement a total order",
+    ),
+];
 
 fn is_known(info: &PanicHookInfo<'_>) -> bool {
     let file = info.location().map_or("", |l| l.file());

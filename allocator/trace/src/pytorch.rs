@@ -128,7 +128,14 @@ fn decode(bytes: &[u8], device: Device) -> Result<Decoded, String> {
             .spawn_scoped(s, || decode_entries(bytes, device))
             .map_err(|e| format!("cannot start the pickle decoder: {e}"))?
             .join()
-            .map_err(|_| "the pickle decoder failed".to_string())?
+            .map_err(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|m| m.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                format!("the pickle decoder failed: {why}")
+            })?
     })
 }
 

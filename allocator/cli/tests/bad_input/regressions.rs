@@ -100,3 +100,25 @@ fn cli_replay_of_a_deeply_nested_pickle_is_an_error() {
         }
     }
 }
+
+/// A pickle (found by the `trace_pytorch` fuzz target) whose set of floats serde-pickle cannot
+/// sort (a NaN among them: its sort panics on a comparison that is not a total order). Expected:
+/// exit status 2 and an error that says the decoder failed and why, for `replay` and `stats`.
+#[test]
+fn cli_replay_of_a_pickle_set_that_cannot_be_ordered_is_an_error() {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_input/unorderable_set.pickle");
+    for cmd in ["replay", "stats"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_cudalloc"))
+            .arg(cmd)
+            .arg(&p)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {:?}: {err}", o.status);
+        assert!(
+            err.contains("the pickle decoder failed: user-provided comparison"),
+            "{cmd}: {err}"
+        );
+    }
+}
