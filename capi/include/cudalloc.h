@@ -226,6 +226,38 @@ int cudalloc_trace_start(const char *path);
  * 0 or -1 (no trace running, a write failed). */
 int cudalloc_trace_stop(void);
 
+/* Device 0's allocation history, kept in memory, for torch.cuda.memory._record_memory_history
+ * and _dump_snapshot (python/cudalloc_torch does this for you). cudalloc_history_start keeps
+ * the latest max_entries events (alloc, free_requested, free_completed, oom; "free_completed"
+ * of an allocation used on another stream comes when its block goes back to the pool), starting
+ * with an "alloc" for every allocation live now; the events of an earlier history are kept
+ * unless clear is non-zero, and a call while the history is kept changes max_entries (and
+ * clears when asked). It fails while a trace is recorded to a file (cudalloc_trace_start), and
+ * cudalloc_trace_start fails while the history is kept. cudalloc_history_stop stops it; the
+ * events stay readable; cudalloc_history_clear drops them. cudalloc_history_enabled: 1 while
+ * kept, 0 otherwise.
+ * cudalloc_memory_history writes a cudalloc_history_header then the events, oldest first, into
+ * buf if they fit in len bytes, and returns the bytes they take (0 on failure; call it with a
+ * NULL buf to learn the size). Recording takes one lock per call of device 0, as a trace does. */
+typedef struct cudalloc_history_header {
+    uint64_t events; /* number of cudalloc_event that follow */
+} cudalloc_history_header;
+typedef struct cudalloc_event { /* 40 bytes */
+    uint64_t address; /* 0 for "oom" */
+    uint64_t size;    /* bytes asked for */
+    uint64_t stream;  /* the cudaStream_t, as an integer */
+    uint64_t time_us; /* microseconds since the Unix epoch */
+    int32_t action;   /* PyTorch's TraceEntry::Action: 0 alloc, 1 free_requested,
+                         2 free_completed, 3 segment_alloc, 4 segment_free, 5 segment_map,
+                         6 segment_unmap, 7 snapshot, 8 oom */
+    int32_t device;
+} cudalloc_event;
+int cudalloc_history_start(uint64_t max_entries, int clear);
+int cudalloc_history_stop(void);
+int cudalloc_history_clear(void);
+int cudalloc_history_enabled(void);
+size_t cudalloc_memory_history(void *buf, size_t len);
+
 /* The calling thread's last error: the message of its most recent failed cudalloc call (cut to
  * 1023 bytes), or "" if none has failed (a successful call does not clear it). Never NULL. The
  * string lives in per-thread storage that stays valid until the thread exits; a later failure

@@ -11,6 +11,7 @@ use crate::{
     CUDALLOC_MALLOC_ABORT as ABORT, CUDALLOC_MALLOC_RETURN_NULL as RETURN_NULL,
     CUDALLOC_MALLOC_WARN as WARN,
 };
+use cudalloc_core::record::Action;
 use cudalloc_core::{AllocError, Allocation};
 use cudalloc_sys::ffi::{CBuf, CBufLen, CStrArg};
 use cudalloc_sys::StreamId;
@@ -377,5 +378,61 @@ pub(crate) fn trace_stop() -> c_int {
             .stop(registry::existing(0).map(|d| &d.alloc))
             .map_err(|e| format!("cudalloc_trace_stop: {e}"))?;
         Ok(OK)
+    })
+}
+
+/// Bytes of `cudalloc_memory_history`'s header (the event count) and of one event.
+pub(crate) const HISTORY_HEADER_BYTES: usize = 8;
+pub(crate) const HISTORY_EVENT_BYTES: usize = 40;
+
+pub(crate) fn history_start(max_entries: u64, clear: c_int) -> c_int {
+    guard(FAILED, || {
+        let existing = registry::existing(0).map(|d| &d.alloc);
+        let max = usize::try_from(max_entries).unwrap_or(usize::MAX);
+        TRACER
+            .start_history(max, clear != 0, existing)
+            .map_err(|e| format!("cudalloc_history_start: {e}"))?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn history_stop() -> c_int {
+    guard(FAILED, || {
+        TRACER
+            .stop_history(registry::existing(0).map(|d| &d.alloc))
+            .map_err(|e| format!("cudalloc_history_stop: {e}"))?;
+        Ok(OK)
+    })
+}
+
+pub(crate) fn history_clear() -> c_int {
+    guard(FAILED, || {
+        TRACER.clear_history();
+        Ok(OK)
+    })
+}
+
+pub(crate) fn history_enabled() -> c_int {
+    guard(FAILED, || Ok(c_int::from(TRACER.is_keeping_history())))
+}
+
+/// The history's events as `cudalloc.h` declares them: the count (`uint64_t`), then per event
+/// the address, size, stream and time in Unix-epoch microseconds (`uint64_t` each), the action
+/// (PyTorch's `TraceEntry::Action` numbering, which [`Action::NAMES`] follows) and the device
+/// (`int32_t` each).
+pub(crate) fn memory_history<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    guard(0, || {
+        let events = TRACER.history();
+        let mut out = Vec::with_capacity(HISTORY_HEADER_BYTES + events.len() * HISTORY_EVENT_BYTES);
+        out.extend_from_slice(&(events.len() as u64).to_ne_bytes());
+        for e in &events {
+            for v in [e.addr, e.size, e.stream, e.time_us] {
+                out.extend_from_slice(&v.to_ne_bytes());
+            }
+            let code = Action::NAMES.iter().position(|(a, _)| *a == e.action);
+            out.extend_from_slice(&(code.unwrap_or(0) as i32).to_ne_bytes());
+            out.extend_from_slice(&0i32.to_ne_bytes());
+        }
+        Ok(buf.write_bytes(len, &out))
     })
 }

@@ -204,6 +204,48 @@ pub extern "C" fn cudalloc_trace_stop() -> c_int {
     api::trace_stop()
 }
 
+/// Starts keeping device 0's allocation history in memory: its latest `max_entries` events
+/// (`alloc`, `free_requested`, `free_completed`, `oom`), beginning with an `alloc` for each
+/// allocation live now, as PyTorch's `torch.cuda.memory._record_memory_history` does. The
+/// events of an earlier history are kept unless `clear` is non-zero; while the history is
+/// being kept, a call changes `max_entries` (and clears when asked). 0, or -1 on failure (a
+/// trace is being recorded to a file).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_history_start(max_entries: u64, clear: c_int) -> c_int {
+    api::history_start(max_entries, clear)
+}
+
+/// Stops keeping the history; its events stay readable. 0, or -1 when none is being kept.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_history_stop() -> c_int {
+    api::history_stop()
+}
+
+/// Drops the history's events (kept or being kept). 0.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_history_clear() -> c_int {
+    api::history_clear()
+}
+
+/// 1 while the history is being kept, 0 otherwise.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_history_enabled() -> c_int {
+    api::history_enabled()
+}
+
+/// Writes the history's events (`cudalloc.h`: a `cudalloc_history_header`, then the
+/// `cudalloc_event`s, oldest first) into `buf` if they fit in `len` bytes; returns the bytes
+/// they take (call with a NULL `buf` to learn it), or 0 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_memory_history<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    api::memory_history(buf, len)
+}
+
 /// Tells device `device`'s allocator and its private pools that a CUDA graph capture begins
 /// (call it once a stream of the device is being captured, or before the capture begins):
 /// until [`cudalloc_capture_end`], they poll no event, wait for nothing, give no memory back,

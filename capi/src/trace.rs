@@ -28,7 +28,7 @@
 //! recording never changes what the allocator returns.
 
 use cudalloc_core::record::background::BackgroundWriter;
-use cudalloc_core::record::Recorder;
+use cudalloc_core::record::{csv, Event, EventSink, History, Recorder};
 use cudalloc_core::snapshot::BlockState;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
 use cudalloc_sys::{Device, StreamId};
@@ -92,16 +92,79 @@ impl Sink {
     }
 }
 
-/// A trace being written: events are formatted on the allocating thread, compressed and
-/// written on the recorder's own writer thread.
-struct Recording {
+/// The file a trace is written to: events are formatted on the allocating thread, compressed
+/// and written on the recorder's own writer thread.
+struct TraceFile {
     path: PathBuf,
-    recorder: Recorder<BackgroundWriter<Sink>>,
+    /// `None` once closed.
+    writer: Option<csv::Writer<BackgroundWriter<Sink>>>,
+}
+
+impl TraceFile {
+    /// Writes out the rest, stops the writer thread and closes the file.
+    fn finish(&mut self) -> io::Result<()> {
+        match self.writer.take() {
+            Some(w) => w.finish().and_then(BackgroundWriter::finish)?.close(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where a recording's events go: a trace file, or the history kept in memory (PyTorch's
+/// `_record_memory_history`), whose events carry Unix-epoch microseconds.
+enum Output {
+    File(TraceFile),
+    History { ring: History, epoch_us: u64 },
+}
+
+impl EventSink for Output {
+    fn put(&mut self, e: &Event) -> io::Result<()> {
+        match self {
+            Output::File(f) => match f.writer.as_mut() {
+                Some(w) => w.write(e),
+                None => Ok(()),
+            },
+            Output::History { ring, epoch_us } => {
+                ring.push(Event {
+                    time_us: e.time_us + *epoch_us,
+                    ..*e
+                });
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A recording underway.
+struct Recording {
+    recorder: Recorder<Output>,
     /// Whether the allocator keeps completions for this recording yet.
     tracking: bool,
 }
 
 impl Recording {
+    /// A recording into `out`, beginning with an `alloc` for each allocation `alloc` holds now.
+    fn new<D: Device>(out: Output, alloc: Option<&CachingAllocator<D>>) -> Recording {
+        let mut r = Recording {
+            recorder: Recorder::to_sink(out),
+            tracking: false,
+        };
+        for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
+            let allocated = seg
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Allocated);
+            for b in allocated {
+                r.recorder.live_at_start(b.addr, b.requested, seg.stream);
+            }
+        }
+        r
+    }
+
+    fn is_history(&self) -> bool {
+        matches!(self.recorder.sink(), Output::History { .. })
+    }
+
     /// Writes the frees that completed since the last event (those that waited for another
     /// stream's work), after making the allocator keep them from now on; before the free of
     /// `ptr` when one is given ([`Recorder::catch_up_before_free`]).
@@ -118,11 +181,18 @@ impl Recording {
     }
 }
 
+/// The tracer's state: the recording underway, and the history of the last one that ended
+/// (kept for reading until a new history starts with `clear` or the history is cleared).
+struct State {
+    recording: Option<Recording>,
+    kept: History,
+}
+
 /// Records the calls of one allocator while switched on; see the module documentation.
 pub struct Tracer {
     /// True while `state` holds a recording (a hint read without the lock).
     on: AtomicBool,
-    state: Mutex<Option<Recording>>,
+    state: Mutex<State>,
 }
 
 impl Default for Tracer {
@@ -136,7 +206,10 @@ impl Tracer {
     pub const fn new() -> Self {
         Tracer {
             on: AtomicBool::new(false),
-            state: parking_lot::const_mutex(None),
+            state: parking_lot::const_mutex(State {
+                recording: None,
+                kept: History::new(0),
+            }),
         }
     }
 
@@ -147,29 +220,50 @@ impl Tracer {
         alloc: Option<&CachingAllocator<D>>,
     ) -> Result<(), String> {
         let mut state = self.state.lock();
-        if let Some(r) = state.as_ref() {
-            return Err(format!(
-                "a trace is already being recorded to {}",
-                r.path.display()
-            ));
-        }
+        busy(&state)?;
         let fail = |e: io::Error| format!("cannot write a trace to {}: {e}", path.display());
         let sink = Sink::create(path).and_then(BackgroundWriter::new);
-        let mut r = Recording {
+        let writer = csv::Writer::new(sink.map_err(fail)?).map_err(fail)?;
+        let out = Output::File(TraceFile {
             path: path.to_path_buf(),
-            recorder: Recorder::new(sink.map_err(fail)?).map_err(fail)?,
-            tracking: false,
-        };
-        for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
-            let allocated = seg
-                .blocks
-                .iter()
-                .filter(|b| b.state == BlockState::Allocated);
-            for b in allocated {
-                r.recorder.live_at_start(b.addr, b.requested, seg.stream);
+            writer: Some(writer),
+        });
+        state.recording = Some(Recording::new(out, alloc));
+        self.on.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Starts keeping the latest `max` events in memory, beginning with an `alloc` for each
+    /// allocation `alloc` holds now; the history of an earlier recording is continued unless
+    /// `clear`. While the history is being kept, calling this again changes `max` (and clears
+    /// when asked) without restarting it.
+    pub fn start_history<D: Device>(
+        &self,
+        max: usize,
+        clear: bool,
+        alloc: Option<&CachingAllocator<D>>,
+    ) -> Result<(), String> {
+        let mut state = self.state.lock();
+        if let Some(Output::History { ring, .. }) =
+            state.recording.as_mut().map(|r| r.recorder.sink_mut())
+        {
+            if clear {
+                ring.clear();
             }
+            ring.set_max(max);
+            return Ok(());
         }
-        *state = Some(r);
+        busy(&state)?;
+        let mut ring = std::mem::take(&mut state.kept);
+        if clear {
+            ring.clear();
+        }
+        ring.set_max(max);
+        let out = Output::History {
+            ring,
+            epoch_us: epoch_us(),
+        };
+        state.recording = Some(Recording::new(out, alloc));
         self.on.store(true, Ordering::SeqCst);
         Ok(())
     }
@@ -177,25 +271,85 @@ impl Tracer {
     /// Stops the trace and closes its file; the first write error if there was one. `alloc`
     /// (the traced allocator, if made) stops keeping completions.
     pub fn stop<D: Device>(&self, alloc: Option<&CachingAllocator<D>>) -> Result<(), String> {
-        let r = {
-            let mut state = self.state.lock();
-            // Under the lock, so that no recorded call runs between the last catch-up and the
-            // end of tracking (a completion dropped then would leave a free unfinished).
-            if let (Some(r), Some(a)) = (state.as_mut(), alloc) {
-                r.catch_up(a, None);
-                a.track_completions(false);
+        match self.end(alloc, false)? {
+            Some(mut f) => {
+                let path = f.path.display().to_string();
+                f.finish()
+                    .map_err(|e| format!("writing the trace to {path} failed: {e}"))
             }
-            self.on.store(false, Ordering::SeqCst);
-            state.take()
+            None => Ok(()),
         }
-        .ok_or_else(|| "no trace is being recorded".to_string())?;
-        let path = r.path.display().to_string();
-        let fail = |e: io::Error| format!("writing the trace to {path} failed: {e}");
-        r.recorder
-            .finish()
-            .and_then(BackgroundWriter::finish)
-            .and_then(Sink::close)
-            .map_err(fail)
+    }
+
+    /// Stops keeping the history; its events stay readable ([`Tracer::history`]).
+    pub fn stop_history<D: Device>(
+        &self,
+        alloc: Option<&CachingAllocator<D>>,
+    ) -> Result<(), String> {
+        self.end(alloc, true).map(|_| ())
+    }
+
+    /// Ends the recording underway when it is a history (`history`) or a trace (not): a
+    /// history's events are kept for reading, a trace's file is returned to be closed.
+    fn end<D: Device>(
+        &self,
+        alloc: Option<&CachingAllocator<D>>,
+        history: bool,
+    ) -> Result<Option<TraceFile>, String> {
+        let mut state = self.state.lock();
+        let Some(mut r) = state.recording.take_if(|r| r.is_history() == history) else {
+            return Err(if history {
+                "no memory history is being recorded".into()
+            } else {
+                "no trace is being recorded".into()
+            });
+        };
+        // Under the lock, so that no recorded call runs between the last catch-up and the
+        // end of tracking (a completion dropped then would leave a free unfinished).
+        if let Some(a) = alloc {
+            r.catch_up(a, None);
+            a.track_completions(false);
+        }
+        self.on.store(false, Ordering::SeqCst);
+        let written = match r.recorder.sink() {
+            Output::File(f) => format!("writing the trace to {}", f.path.display()),
+            Output::History { .. } => "keeping the memory history".into(),
+        };
+        match r
+            .recorder
+            .into_sink()
+            .map_err(|e| format!("{written} failed: {e}"))?
+        {
+            Output::File(f) => Ok(Some(f)),
+            Output::History { ring, .. } => {
+                state.kept = ring;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The history's events, oldest first (from the recording underway, or the last one).
+    pub fn history(&self) -> Vec<Event> {
+        let state = self.state.lock();
+        match state.recording.as_ref().map(|r| r.recorder.sink()) {
+            Some(Output::History { ring, .. }) => ring.events().copied().collect(),
+            _ => state.kept.events().copied().collect(),
+        }
+    }
+
+    /// Drops the history's events (of the recording underway, or the last one).
+    pub fn clear_history(&self) {
+        let mut state = self.state.lock();
+        match state.recording.as_mut().map(|r| r.recorder.sink_mut()) {
+            Some(Output::History { ring, .. }) => ring.clear(),
+            _ => state.kept.clear(),
+        }
+    }
+
+    /// True while a memory history is being kept.
+    pub fn is_keeping_history(&self) -> bool {
+        let state = self.state.lock();
+        state.recording.as_ref().is_some_and(Recording::is_history)
     }
 
     /// True while a trace is being recorded.
@@ -215,7 +369,7 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         let result = alloc.allocate(size, stream);
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
             r.recorder.allocated(&result, size, stream);
         }
@@ -229,11 +383,11 @@ impl Tracer {
             return alloc.free_ptr(ptr);
         }
         let mut state = self.state.lock();
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, Some(ptr));
         }
         alloc.free_ptr(ptr)?;
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.recorder.freed(ptr);
         }
         Ok(())
@@ -251,11 +405,11 @@ impl Tracer {
             return alloc.record_stream(ptr, stream);
         }
         let mut state = self.state.lock();
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
         }
         alloc.record_stream(ptr, stream)?;
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.recorder.used_on(ptr, stream);
         }
         Ok(())
@@ -268,292 +422,36 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         let result = alloc.empty_cache();
-        if let Some(r) = state.as_mut() {
+        if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
         }
         result
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cudalloc_core::Config;
-    use cudalloc_sys::{SimConfig, SimDevice};
-    use cudalloc_trace::read;
-
-    /// PyTorch's rules: no per-thread caches, so a freed block is free in the snapshot.
-    fn sim_allocator() -> CachingAllocator<SimDevice> {
-        allocator_for(cudalloc_core::Policy::Torch)
-    }
-
-    fn allocator_for(policy: cudalloc_core::Policy) -> CachingAllocator<SimDevice> {
-        let sim = SimDevice::new(SimConfig::with_capacity(1 << 30));
-        CachingAllocator::new(sim, Config::for_policy(policy))
-    }
-
-    fn lines(path: &Path) -> Vec<String> {
-        let text = std::fs::read_to_string(path).unwrap();
-        text.lines().map(str::to_string).collect()
-    }
-
-    #[test]
-    fn records_only_while_on_and_starts_from_the_live_set() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-trace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.csv");
-        let alloc = sim_allocator();
-        let t = Tracer::new();
-        let s = StreamId(7);
-        let before = t.allocate(&alloc, 1000, s).unwrap();
-        let gone = t.allocate(&alloc, 3000, s).unwrap();
-        t.free(&alloc, gone.ptr()).unwrap();
-        t.start(&path, Some(&alloc)).unwrap();
-        assert!(t.is_recording());
-        assert!(t
-            .start(&path, Some(&alloc))
-            .unwrap_err()
-            .contains("already"));
-        let a = t.allocate(&alloc, 2 << 20, s).unwrap();
-        assert!(t.allocate(&alloc, 4 << 30, s).is_err());
-        assert!(
-            t.allocate(&alloc, 1 << 50, s).is_err(),
-            "more than any device holds"
-        );
-        t.free(&alloc, before.ptr()).unwrap();
-        t.free(&alloc, a.ptr()).unwrap();
-        t.stop(Some(&alloc)).unwrap();
-        assert!(!t.is_recording());
-        let after = t.allocate(&alloc, 10, s).unwrap();
-        t.free(&alloc, after.ptr()).unwrap();
-        let l = lines(&path);
-        assert_eq!(l[0], cudalloc_core::record::csv::HEADER);
-        assert_eq!(l[1], format!("alloc,{},1000,7,0", before.ptr()));
-        let actions: Vec<&str> = l[1..]
-            .iter()
-            .map(|x| x.split(',').next().unwrap())
-            .collect();
-        assert_eq!(
-            actions,
-            [
-                "alloc",
-                "alloc",
-                "oom",
-                "oom",
-                "free_requested",
-                "free_completed",
-                "free_requested",
-                "free_completed"
-            ]
-        );
-        assert!(l[3].starts_with(&format!("oom,0,{},7,", 4u64 << 30)));
-        assert!(l[4].starts_with(&format!("oom,0,{},7,", 1u64 << 50)));
-        let trace = read(&path).unwrap();
-        assert_eq!(trace.anomalies.unmatched_frees, 0);
-        assert!(t.stop(Some(&alloc)).unwrap_err().contains("no trace"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Under the `default` rules a freed block may stay in its thread's cache: the trace does
-    /// not start with it as live, so its next hand-out (a cache hit) is no second `alloc` of a
-    /// live address.
-    #[test]
-    fn a_block_in_a_thread_cache_is_not_in_the_starting_live_set() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-tc-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.csv");
-        let alloc = allocator_for(cudalloc_core::Policy::Default);
-        let t = Tracer::new();
-        let s = StreamId(7);
-        let keep = t.allocate(&alloc, 1000, s).unwrap();
-        let cached = t.allocate(&alloc, 3000, s).unwrap();
-        t.free(&alloc, cached.ptr()).unwrap();
-        t.start(&path, Some(&alloc)).unwrap();
-        let again = t.allocate(&alloc, 3000, s).unwrap();
-        assert_eq!(again.ptr(), cached.ptr(), "a thread-cache hit");
-        t.free(&alloc, again.ptr()).unwrap();
-        t.free(&alloc, keep.ptr()).unwrap();
-        t.stop(Some(&alloc)).unwrap();
-        let l = lines(&path);
-        assert_eq!(l[1], format!("alloc,{},1000,7,0", keep.ptr()));
-        assert!(l[2].starts_with(&format!("alloc,{},3000,7,", cached.ptr())));
-        assert_eq!(l.len(), 7, "{l:?}");
-        assert_eq!(read(&path).unwrap().anomalies, Default::default());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn gzip_when_the_name_ends_in_gz() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-gz-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.csv.gz");
-        let alloc = sim_allocator();
-        let t = Tracer::new();
-        t.start::<SimDevice>(&path, None).unwrap();
-        let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-        t.free(&alloc, a.ptr()).unwrap();
-        t.stop(Some(&alloc)).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
-        let trace = read(&path).unwrap();
-        assert_eq!(trace.anomalies, Default::default());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn gzip_when_the_file_is_named_just_gz() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-dotgz-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(".gz");
-        let t = Tracer::new();
-        t.start::<SimDevice>(&path, None).unwrap();
-        t.stop::<SimDevice>(None).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(&bytes[..2], &[0x1f, 0x8b], "not gzip'd");
-        assert!(read(&path).unwrap().ops.is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Records a few calls to `path` and stops: the result of `stop`.
-    fn trace_a_few_calls(path: &Path) -> Result<(), String> {
-        let alloc = sim_allocator();
-        let t = Tracer::new();
-        t.start::<SimDevice>(path, None)?;
-        for _ in 0..100 {
-            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-            t.free(&alloc, a.ptr()).unwrap();
-        }
-        t.stop(Some(&alloc))
-    }
-
-    /// /dev/null takes every byte, but is not a file that fsync can sync (EINVAL on Linux).
-    #[cfg(unix)]
-    #[test]
-    fn a_trace_to_a_character_device_stops_cleanly() {
-        trace_a_few_calls(Path::new("/dev/null")).unwrap();
-    }
-
-    /// A FIFO (as `/dev/stdout | cat` is a pipe) gets the whole trace, and stopping succeeds.
-    #[cfg(unix)]
-    #[test]
-    fn a_trace_to_a_fifo_is_read_whole_and_stops_cleanly() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-fifo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("t.csv");
-        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
-        assert!(made.is_ok_and(|s| s.success()), "mkfifo {}", fifo.display());
-        let reader = {
-            let fifo = fifo.clone();
-            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
-        };
-        // Checked before the join: a trace that never opened the FIFO leaves the reader waiting.
-        trace_a_few_calls(&fifo).unwrap();
-        let text = reader.join().unwrap();
-        assert!(
-            text.starts_with(cudalloc_core::record::csv::HEADER),
-            "{text}"
-        );
-        assert_eq!(text.lines().count(), 1 + 100 * 3, "{text}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_bad_path_is_an_error() {
-        let t = Tracer::new();
-        let e = t
-            .start::<SimDevice>(Path::new("/nonexistent-dir/x/t.csv"), None)
-            .unwrap_err();
-        assert!(
-            e.contains("cannot write a trace to /nonexistent-dir/x/t.csv"),
-            "{e}"
-        );
-        assert!(!t.is_recording());
-    }
-
-    /// An allocation used on another stream is freed while that stream's work is pending: the
-    /// trace writes `free_requested` at the free and `free_completed` only when the block went
-    /// back to the pool (at the allocation after the work completed), before the allocation
-    /// that reuses it, so a replay reuses it no earlier. Before, both were written at the free.
-    #[test]
-    fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
-        let dir = std::env::temp_dir().join(format!("cudalloc-capi-rs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.csv");
-        let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
-        sim.set_auto_complete(false);
-        let alloc = CachingAllocator::new(
-            sim.clone(),
-            Config::for_policy(cudalloc_core::Policy::Torch),
-        );
-        let t = Tracer::new();
-        let (s1, s2) = (StreamId(1), StreamId(2));
-        t.start::<std::sync::Arc<SimDevice>>(&path, None).unwrap();
-        let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        t.record_stream(&alloc, a.ptr(), s2).unwrap();
-        t.free(&alloc, a.ptr()).unwrap();
-        let b = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        assert_ne!(b.ptr(), a.ptr(), "the block waits for stream 2");
-        t.free(&alloc, b.ptr()).unwrap();
-        sim.complete_stream(s2);
-        let c = t.allocate(&alloc, 64 << 20, s1).unwrap();
-        t.free(&alloc, c.ptr()).unwrap();
-        t.stop(Some(&alloc)).unwrap();
-        let events: Vec<String> = lines(&path)[1..]
-            .iter()
-            .map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                let who = if f[1] == a.ptr().to_string() {
-                    "a"
-                } else {
-                    "other"
-                };
-                format!("{} {who}", f[0])
-            })
-            .collect();
-        assert_eq!(
-            events,
-            [
-                "alloc a",
-                "free_requested a",
-                "alloc other",
-                "free_requested other",
-                "free_completed other",
-                "free_completed a",
-                "alloc a",
-                "free_requested a",
-                "free_completed a",
-            ]
-        );
-        let trace = read(&path).unwrap();
-        assert_eq!(trace.anomalies, Default::default());
-        let r = cudalloc_trace::replay::replay(
-            &trace,
-            &Config::for_policy(cudalloc_core::Policy::Torch),
-            &Default::default(),
-        );
-        let live = alloc.stats();
-        assert_eq!(
-            (r.peak_reserved_bytes, r.device_mallocs),
-            (live.reserved_bytes.0[0].peak as u64, live.num_device_alloc),
-            "the replay reserves what the allocator did"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// Writes fail on the writer thread (`/dev/full`: no space left); the allocator keeps
-    /// serving, and stopping reports the error.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_write_error_on_the_writer_thread_is_reported_by_stop() {
-        let alloc = sim_allocator();
-        let t = Tracer::new();
-        t.start::<SimDevice>(Path::new("/dev/full"), None).unwrap();
-        for _ in 0..5_000 {
-            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
-            t.free(&alloc, a.ptr()).unwrap();
-        }
-        let e = t.stop(Some(&alloc)).unwrap_err();
-        assert!(e.contains("writing the trace to /dev/full failed"), "{e}");
-        assert!(!t.is_recording());
+/// An error when a recording is underway: one at a time.
+fn busy(state: &State) -> Result<(), String> {
+    match state.recording.as_ref().map(|r| r.recorder.sink()) {
+        None => Ok(()),
+        Some(Output::File(f)) => Err(format!(
+            "a trace is already being recorded to {}",
+            f.path.display()
+        )),
+        Some(Output::History { .. }) => Err(
+            "the memory history is being recorded (torch.cuda.memory._record_memory_history); \
+             stop it first"
+                .into(),
+        ),
     }
 }
+
+/// Microseconds since the Unix epoch (0 on a clock set before it).
+fn epoch_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+#[cfg(test)]
+#[path = "trace_tests.rs"]
+mod tests;

@@ -45,6 +45,14 @@ int main(int argc, char **argv) {
     int bad = cudalloc_trace_start("/nonexistent-cudalloc-dir/t.csv");
     printf("trace_start %d %s\n", bad, cudalloc_last_error());
     printf("trace_stop %d\n", cudalloc_trace_stop());
+    printf("history_layout %zu %zu\n", sizeof(cudalloc_history_header), sizeof(cudalloc_event));
+    int started = cudalloc_history_start(100, 1);
+    int on = cudalloc_history_enabled();
+    int clash = cudalloc_trace_start("/nonexistent-cudalloc-dir/clash.csv");
+    size_t bytes = cudalloc_memory_history(NULL, 0);
+    int stopped = cudalloc_history_stop();
+    printf("history %d %d %d %zu %d %d\n", started, on, clash, bytes, stopped,
+           cudalloc_history_enabled());
     return 0;
 }
 "#;
@@ -152,6 +160,13 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
     }
     assert!(line("trace_start ").starts_with("-1 cudalloc_trace_start: cannot write"));
     assert_eq!(line("trace_stop "), "-1");
+    assert_eq!(
+        line("history_layout "),
+        "8 40",
+        "cudalloc_event is 40 bytes"
+    );
+    // Started, kept, a trace refused meanwhile, no event yet (the header alone), stopped.
+    assert_eq!(line("history "), "0 1 -1 8 0 0", "{text}");
 
     // With the abort action a failed malloc prints its reason and aborts.
     let trace = dir.join("aborted.trace.csv.gz");

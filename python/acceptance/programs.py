@@ -19,6 +19,9 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``memory_snapshot``: ``torch.cuda.memory_snapshot`` lists the allocator's segments and blocks:
   live tensors in allocated blocks, segments adding up to ``memory_reserved`` and
   ``memory_allocated``, a ``MemPool``'s segments named by its id.
+- ``memory_history``: ``torch.cuda.memory._record_memory_history`` and ``_dump_snapshot``: the
+  pickled trace lists the program's allocations and frees in order (and ``cudalloc replay``
+  reads it when ``CUDALLOC_CLI`` names the command).
 - ``graph_capture``: a transformer layer captured into a CUDA graph on the stream that eager
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
@@ -232,6 +235,71 @@ def memory_snapshot(quick):
     return {"checks": checks}
 
 
+def memory_history(quick):
+    """``torch.cuda.memory._record_memory_history`` then ``_dump_snapshot``: the pickled trace
+    lists each tensor's ``alloc`` and then its ``free_requested`` and ``free_completed``, in the
+    order the program made them, with Unix-epoch times, and a tensor still live has no free;
+    when ``CUDALLOC_CLI`` names the ``cudalloc`` command, ``cudalloc replay`` reads the pickle."""
+    import os
+    import pickle
+    import subprocess
+    import tempfile
+    import time
+
+    start_us = time.time() * 1e6
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    kept = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    made = []
+    for n in (1000, 5 * MiB, 64 * MiB):
+        t = torch.empty(n, dtype=torch.uint8, device="cuda")
+        made.append(t.data_ptr())
+        del t
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    model(torch.randn(256, 1024, device="cuda")).square().mean().backward()
+    torch.cuda.synchronize()
+    path = os.path.join(tempfile.mkdtemp(), "history.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    trace = snap["device_traces"][torch.cuda.current_device()]
+
+    def follows(ptr, actions, after=-1):
+        """The index of the last of `actions` found in order for `ptr` after index `after`."""
+        at = after
+        for want in actions:
+            at = next((i for i in range(at + 1, len(trace))
+                       if trace[i]["action"] == want and trace[i].get("addr") == ptr), None)
+            if at is None:
+                return None
+        return at
+
+    at, in_order = -1, True
+    for ptr in made:
+        at = follows(ptr, ("alloc", "free_requested", "free_completed"), at)
+        in_order = in_order and at is not None
+        at = -1 if at is None else at
+    kept_alloc = follows(kept.data_ptr(), ("alloc",))
+    times = [e["time_us"] for e in trace]
+    checks = {
+        "tensors_alloc_then_free_in_order": in_order,
+        "live_tensor_not_freed": kept_alloc is not None and follows(kept.data_ptr(), ("free_requested",), kept_alloc) is None,
+        "training_step_recorded": sum(e["action"] == "alloc" for e in trace) >= 10,
+        "times_epoch_and_ordered": bool(times) and times == sorted(times) and start_us - 1e6 <= times[0] <= time.time() * 1e6,
+        "segments_listed": bool(snap["segments"]),
+    }
+    cli = os.environ.get("CUDALLOC_CLI")
+    if cli:
+        replay = subprocess.run([cli, "replay", "--policy", "torch", path], capture_output=True, text=True)
+        checks["cudalloc_replay_reads_it"] = replay.returncode == 0
+        if replay.returncode != 0:
+            print(replay.stdout[-2000:], replay.stderr[-2000:])
+    del kept, model
+    if not all(checks.values()):
+        raise RuntimeError(f"memory history checks failed: {checks}")
+    return {"checks": checks}
+
+
 def graph_capture(quick):
     """A transformer layer captured into a CUDA graph on the stream eager code goes on using,
     replayed while eager tensors live on that stream: the eager tensors must stay intact and the
@@ -380,6 +448,7 @@ PROGRAMS = {
     "oom_batch_search": oom_batch_search,
     "memory_api": memory_api,
     "memory_snapshot": memory_snapshot,
+    "memory_history": memory_history,
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "mem_pool": mem_pool,

@@ -7,10 +7,12 @@ out-of-memory raises ``torch.OutOfMemoryError``, and ``torch.cuda.memory_stats``
 The extension is compiled against the installed torch with ``torch.utils.cpp_extension.load``
 on first use (about 16 s with g++ and the CUDA headers) and cached by torch in
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that carries the
-torch version, so later processes load it at once.
+torch version and a hash of the source (``csrc/backend.cpp`` and its headers), so later
+processes load it at once.
 """
 
 import ctypes
+import hashlib
 import os
 import re
 
@@ -38,6 +40,11 @@ FUNCTIONS = (
     "cudalloc_memory_snapshot",
     "cudalloc_capture_begin",
     "cudalloc_capture_end",
+    "cudalloc_history_start",
+    "cudalloc_history_stop",
+    "cudalloc_history_clear",
+    "cudalloc_history_enabled",
+    "cudalloc_memory_history",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.
@@ -48,7 +55,10 @@ LOST_ON_FALLBACK = (
     "set_per_process_memory_fraction raise or do nothing (use cudalloc_torch's own functions)"
 )
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "backend.cpp")
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+SOURCE = os.path.join(CSRC, "backend.cpp")
+# The headers backend.cpp includes; with it, they make the extension's source.
+HEADERS = ("library.h", "snapshot.h")
 
 
 class BuildError(RuntimeError):
@@ -66,10 +76,20 @@ def supported(torch):
     return torch_minor(torch.__version__) in SUPPORTED_TORCH
 
 
+def source_hash():
+    """A short hash of the extension's source files (backend.cpp and its headers)."""
+    digest = hashlib.sha256()
+    for path in [SOURCE] + [os.path.join(CSRC, h) for h in HEADERS]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
 def extension_name(torch):
-    """The module name: it carries the torch version, so that each version gets its own build."""
+    """The module name: it carries the torch version and the source's hash, so that each torch
+    version and each version of the source (a header changed included) gets its own build."""
     tag = re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
-    return f"cudalloc_backend_{tag}"
+    return f"cudalloc_backend_{tag}_{source_hash()}"
 
 
 def build(torch, verbose=False):

@@ -4,6 +4,7 @@ on a GPU is checked by ``python/acceptance/run.py`` on the GPU machine.
 """
 
 import ctypes
+import re
 import os
 import pathlib
 import sys
@@ -107,8 +108,16 @@ class Versions(unittest.TestCase):
         self.assertEqual(_backend.torch_minor("2.12.0.dev20261101"), "2.12")
         self.assertIsNone(_backend.torch_minor("nightly"))
 
-    def test_the_build_name_carries_the_version(self):
-        self.assertEqual(_backend.extension_name(fake_torch("2.11.0+cu130")), "cudalloc_backend_2_11_0_cu130")
+    def test_the_build_name_carries_the_version_and_the_source(self):
+        name = _backend.extension_name(fake_torch("2.11.0+cu130"))
+        self.assertRegex(name, r"^cudalloc_backend_2_11_0_cu130_[0-9a-f]{12}$")
+        self.assertTrue(name.endswith(_backend.source_hash()))
+
+    def test_every_header_of_the_source_is_in_the_hash(self):
+        # A header backend.cpp includes but the hash leaves out would leave a stale build.
+        with open(_backend.SOURCE) as f:
+            included = set(re.findall(r'#include "([^"]+)"', f.read()))
+        self.assertEqual(included, set(_backend.HEADERS))
 
     def test_an_unknown_backend_is_refused_by_name(self):
         with self.assertRaises(ValueError) as e:

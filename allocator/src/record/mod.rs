@@ -1,8 +1,10 @@
 //! Recording traces from a running allocator.
 //!
-//! [`Recorder`] turns the calls an allocator served into events ([`event`]) of our CSV format
-//! ([`csv`]); [`RecordingAllocator`] wraps a [`CachingAllocator`] with one, and the C
-//! ABI's trace (`cudalloc_trace_start`) uses one too:
+//! [`Recorder`] turns the calls an allocator served into events ([`event`]) and hands them to
+//! an [`EventSink`]: our CSV format ([`csv`]) or an in-memory ring of the latest ones
+//! ([`History`], behind PyTorch's `_record_memory_history` in the C ABI);
+//! [`RecordingAllocator`] wraps a [`CachingAllocator`] with a CSV one, and the C ABI's trace
+//! (`cudalloc_trace_start`) and history (`cudalloc_history_start`) use one too:
 //! - a successful `allocate` writes `alloc` (the address, the requested size, the stream);
 //! - an `allocate` that runs out of memory (or asks for more than any device holds: `TooLarge`)
 //!   writes `oom` (address 0, the requested size);
@@ -35,8 +37,10 @@
 pub mod background;
 pub mod csv;
 pub mod event;
+pub mod history;
 
 pub use event::{Action, Event};
+pub use history::History;
 
 use crate::error::AllocError;
 use crate::pool::Allocation;
@@ -49,9 +53,42 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::time::Instant;
 
+/// Where a [`Recorder`]'s events go: a CSV file ([`csv::Writer`]), an in-memory ring
+/// ([`History`]), or anything else that takes events one at a time.
+pub trait EventSink {
+    /// Takes one event; an error stops the recorder's later events ([`Recorder::into_sink`]
+    /// reports it).
+    fn put(&mut self, e: &Event) -> io::Result<()>;
+
+    /// Writes out what is held and closes the output (nothing for an in-memory sink).
+    fn close(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<W: Write> EventSink for csv::Writer<W> {
+    fn put(&mut self, e: &Event) -> io::Result<()> {
+        self.write(e)
+    }
+
+    fn close(&mut self) -> io::Result<()> {
+        self.flush()
+    }
+}
+
+impl<S: EventSink + ?Sized> EventSink for Box<S> {
+    fn put(&mut self, e: &Event) -> io::Result<()> {
+        (**self).put(e)
+    }
+
+    fn close(&mut self) -> io::Result<()> {
+        (**self).close()
+    }
+}
+
 /// Writes the events of the calls it is told of; see the module documentation.
-pub struct Recorder<W: Write> {
-    writer: csv::Writer<W>,
+pub struct Recorder<S: EventSink> {
+    sink: S,
     start: Instant,
     /// Address -> (requested size, stream) of each live allocation.
     live: HashMap<u64, (u64, u64)>,
@@ -64,17 +101,29 @@ pub struct Recorder<W: Write> {
     error: Option<io::Error>,
 }
 
-impl<W: Write> Recorder<W> {
-    /// A recorder whose clock starts now; writes the header.
+impl<W: Write> Recorder<csv::Writer<W>> {
+    /// A recorder of our CSV format whose clock starts now; writes the header.
     pub fn new(out: W) -> io::Result<Self> {
-        Ok(Recorder {
-            writer: csv::Writer::new(out)?,
+        Ok(Recorder::to_sink(csv::Writer::new(out)?))
+    }
+
+    /// Writes out the rest and returns the output, or the first write error.
+    pub fn finish(self) -> io::Result<W> {
+        self.into_sink()?.finish()
+    }
+}
+
+impl<S: EventSink> Recorder<S> {
+    /// A recorder whose events go to `sink`, with its clock starting now.
+    pub fn to_sink(sink: S) -> Self {
+        Recorder {
+            sink,
             start: Instant::now(),
             live: HashMap::new(),
             used_elsewhere: HashSet::new(),
             waiting: HashMap::new(),
             error: None,
-        })
+        }
     }
 
     /// Writes an `alloc` at time 0 for an allocation made before recording began, so that its
@@ -171,11 +220,21 @@ impl<W: Write> Recorder<W> {
         }
     }
 
-    /// Writes out the rest and returns the output, or the first write error.
-    pub fn finish(self) -> io::Result<W> {
+    /// Where the events go.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// Where the events go, to change it (a history's size, say).
+    pub fn sink_mut(&mut self) -> &mut S {
+        &mut self.sink
+    }
+
+    /// The sink, or the first error it gave.
+    pub fn into_sink(self) -> io::Result<S> {
         match self.error {
             Some(e) => Err(e),
-            None => self.writer.finish(),
+            None => Ok(self.sink),
         }
     }
 
@@ -195,7 +254,7 @@ impl<W: Write> Recorder<W> {
             stream,
             time_us,
         };
-        if let Err(err) = self.writer.write(&e) {
+        if let Err(err) = self.sink.put(&e) {
             self.error = Some(err);
         }
     }
@@ -230,7 +289,7 @@ impl<W: Write> Recorder<W> {
 /// ```
 pub struct RecordingAllocator<D: Device, W: Write + Send> {
     inner: CachingAllocator<D>,
-    recorder: Mutex<Recorder<W>>,
+    recorder: Mutex<Recorder<csv::Writer<W>>>,
 }
 
 impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
@@ -244,7 +303,7 @@ impl<D: Device, W: Write + Send> RecordingAllocator<D, W> {
 
     /// Locks the recorder and writes the frees completed since its last event, before the free
     /// of `ptr` ([`Recorder::catch_up_before_free`]).
-    fn recorder_to_free(&self, ptr: u64) -> crate::sync::MutexGuard<'_, Recorder<W>> {
+    fn recorder_to_free(&self, ptr: u64) -> crate::sync::MutexGuard<'_, Recorder<csv::Writer<W>>> {
         let mut rec = self.recorder.lock();
         rec.catch_up_before_free(ptr, |s| self.inner.take_completions(s));
         rec

@@ -6,9 +6,10 @@
 //     c10::Error (RuntimeError), never a null pointer handed on;
 //   - the deleter and raw_delete: cudalloc_free with device -1 (the library finds the owner);
 //   - recordStream (Tensor.record_stream): cudalloc_record_stream, for memory of this allocator;
-//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo, snapshot: the
-//     library's statistics, segments and controls, so that torch.cuda.memory_stats(),
-//     torch.cuda.memory_snapshot() and friends report cudalloc;
+//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo, snapshot,
+//     recordHistory: the library's statistics, segments, history and controls, so that
+//     torch.cuda.memory_stats(), torch.cuda.memory_snapshot(),
+//     torch.cuda.memory._record_memory_history() and friends report cudalloc;
 //   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
@@ -17,6 +18,9 @@
 //     (cudalloc_capture_begin, once per capture id), and the first endAllocateToPool or
 //     allocation after the capture ended ends it (cudalloc_capture_end), so that meanwhile no
 //     allocator of the device polls an event, waits or gives memory back.
+//
+// library.h holds the library's function table and the error helpers, snapshot.h the
+// translation of the snapshot and history documents; the three make one translation unit.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -46,66 +50,11 @@
 #include <string>
 #include <vector>
 
+#include "library.h"
+#include "snapshot.h"
+
+namespace cudalloc_torch {
 namespace {
-
-// The C ABI's functions (capi/include/cudalloc.h), set once by install().
-struct Library {
-  void* (*malloc)(size_t, int, void*) = nullptr;
-  void (*free)(void*, size_t, int, void*) = nullptr;
-  int (*record_stream)(void*, int, void*) = nullptr;
-  int (*empty_cache)(int) = nullptr;
-  int (*set_memory_fraction)(double, int) = nullptr;
-  int (*reset_peak_stats)(int) = nullptr;
-  size_t (*device_stats)(int, char*, size_t) = nullptr;
-  size_t (*stats_json)(int, char*, size_t) = nullptr;
-  const char* (*last_error)() = nullptr;
-  int (*last_error_kind)() = nullptr;
-  int (*pool_acquire)(int, uint64_t, uint64_t) = nullptr;
-  int (*pool_release)(int, uint64_t, uint64_t) = nullptr;
-  int (*pool_use_count)(int, uint64_t, uint64_t) = nullptr;
-  void* (*pool_malloc)(size_t, int, void*, uint64_t, uint64_t) = nullptr;
-  int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
-  int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
-  size_t (*memory_snapshot)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
-  int (*capture_begin)(int) = nullptr;
-  int (*capture_end)(int) = nullptr;
-};
-
-Library lib;
-
-constexpr int kOutOfMemory = 2;  // CUDALLOC_ERROR_OUT_OF_MEMORY
-constexpr int kAnyDevice = -1;   // cudalloc_free's "whichever device holds it"
-constexpr size_t kDeviceStats = 122;  // CUDALLOC_DEVICE_STATS
-
-std::string last_error() {
-  const char* e = lib.last_error();
-  return e ? std::string(e) : std::string();
-}
-
-// Frees memory of this allocator given its pointer alone (the DataPtr deleter).
-void free_pointer(void* ptr) {
-  if (ptr != nullptr) {
-    lib.free(ptr, 0, kAnyDevice, nullptr);
-  }
-}
-
-// Errors are thrown with messages built from std::string and std::to_string only: c10::str
-// and TORCH_CHECK format through std::ostream, and formatting a number that way inside an
-// extension crashed the process on the H200 (torch 2.11, g++ 13: the extension's own copy of
-// ostream's number formatting), while a thrown c10::OutOfMemoryError with a plain message
-// reaches Python as torch.OutOfMemoryError.
-#define CUDALLOC_HERE \
-  c10::SourceLocation { __func__, __FILE__, static_cast<uint32_t>(__LINE__) }
-
-[[noreturn]] void fail(const c10::SourceLocation& at, const std::string& message) {
-  throw c10::Error(at, "cudalloc: " + message);
-}
-
-// For failures where an exception would terminate the process or lose nothing worth raising.
-void report(const std::string& message) {
-  const std::string line = "cudalloc: " + message + "\n";
-  std::fputs(line.c_str(), stderr);
-}
 
 // The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
 // torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
@@ -282,123 +231,11 @@ struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
   std::vector<uint64_t> live;
 };
 
-std::string pool_name(const c10::cuda::MempoolId_t& id) {
-  return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
-}
-
-// For failures in destructors' paths, where throwing would end the process.
-void check(int rc, const char* what) {
-  if (rc != 0) {
-    fail(CUDALLOC_HERE, std::string(what) + " failed: " + last_error());
-  }
-}
-
 void fill(c10::CachingDeviceAllocator::Stat& s, const int64_t*& v) {
   s.current = *v++;
   s.peak = *v++;
   s.allocated = *v++;
   s.freed = *v++;
-}
-
-// cudalloc_memory_snapshot's document, as cudalloc.h declares it: a header (the segment and
-// block counts), the segments, then the blocks.
-struct SnapshotSegment {
-  uint64_t address;
-  uint64_t total_size;
-  uint64_t stream;
-  uint64_t pool_id[2];
-  uint64_t first_block;
-  uint64_t block_count;
-  int32_t device;
-  int32_t flags;
-};
-struct SnapshotBlock {
-  uint64_t address;
-  uint64_t size;
-  uint64_t requested_size;
-  int32_t state;
-  int32_t reserved;
-};
-static_assert(sizeof(SnapshotSegment) == 64, "cudalloc_segment is 64 bytes");
-static_assert(sizeof(SnapshotBlock) == 32, "cudalloc_block is 32 bytes");
-constexpr size_t kSnapshotHeader = 2 * sizeof(uint64_t);
-constexpr int32_t kSegmentLarge = 1;         // CUDALLOC_SEGMENT_LARGE
-constexpr int32_t kSegmentExpandable = 2;    // CUDALLOC_SEGMENT_EXPANDABLE
-constexpr int32_t kBlockAllocated = 1;       // CUDALLOC_BLOCK_ALLOCATED
-constexpr int32_t kBlockPendingEvents = 2;   // CUDALLOC_BLOCK_PENDING_EVENTS
-
-// Device `device`'s document (`pool` only, or everything for {0, 0}), in 8-byte words.
-std::vector<uint64_t> snapshot_document(int device, const c10::cuda::MempoolId_t& pool) {
-  std::vector<uint64_t> words(kSnapshotHeader / sizeof(uint64_t) + 256);
-  while (true) {
-    const size_t bytes = words.size() * sizeof(uint64_t);
-    const size_t need = lib.memory_snapshot(device, pool.first, pool.second,
-                                            reinterpret_cast<char*>(words.data()), bytes);
-    if (need < kSnapshotHeader) {
-      fail(CUDALLOC_HERE, "memory_snapshot failed: " + last_error());
-    }
-    if (need <= bytes) {
-      words.resize(need / sizeof(uint64_t));
-      return words;
-    }
-    words.resize(need / sizeof(uint64_t) + 256);  // it may grow before the retry
-  }
-}
-
-// A segment of the document as PyTorch's snapshot has it: its blocks' states become
-// PyTorch's allocated and active flags, and the segment's sizes their sums, as PyTorch's
-// allocator sums them.
-c10::CachingDeviceAllocator::SegmentInfo torch_segment(const SnapshotSegment& s,
-                                                       const SnapshotBlock* blocks) {
-  c10::CachingDeviceAllocator::SegmentInfo info;
-  info.device = static_cast<c10::DeviceIndex>(s.device);
-  info.address = static_cast<size_t>(s.address);
-  info.total_size = static_cast<size_t>(s.total_size);
-  info.stream = reinterpret_cast<void*>(static_cast<uintptr_t>(s.stream));
-  info.is_large = (s.flags & kSegmentLarge) != 0;
-  info.is_expandable = (s.flags & kSegmentExpandable) != 0;
-  info.owner_private_pool_id = {s.pool_id[0], s.pool_id[1]};
-  for (uint64_t i = 0; i < s.block_count; ++i) {
-    const SnapshotBlock& b = blocks[s.first_block + i];
-    c10::CachingDeviceAllocator::BlockInfo block;
-    block.size = static_cast<size_t>(b.size);
-    block.requested_size = static_cast<size_t>(b.requested_size);
-    block.allocated = b.state == kBlockAllocated;
-    block.active = block.allocated || b.state == kBlockPendingEvents;
-    if (block.allocated) {
-      info.allocated_size += block.size;
-    }
-    if (block.active) {
-      info.active_size += block.size;
-      info.requested_size += block.requested_size;
-    }
-    info.blocks.push_back(std::move(block));
-  }
-  return info;
-}
-
-// Appends device `device`'s segments (`pool`'s only, or all for {0, 0}) to `out`.
-void add_segments(int device, const c10::cuda::MempoolId_t& pool,
-                  std::vector<c10::CachingDeviceAllocator::SegmentInfo>& out) {
-  const std::vector<uint64_t> doc = snapshot_document(device, pool);
-  const uint64_t segments = doc[0];
-  const uint64_t blocks = doc[1];
-  const size_t bytes = doc.size() * sizeof(uint64_t);
-  if (bytes != kSnapshotHeader + segments * sizeof(SnapshotSegment) +
-                   blocks * sizeof(SnapshotBlock)) {
-    fail(CUDALLOC_HERE, "memory_snapshot: the document's size does not match its counts");
-  }
-  const char* at = reinterpret_cast<const char*>(doc.data()) + kSnapshotHeader;
-  std::vector<SnapshotSegment> segs(segments);
-  std::memcpy(segs.data(), at, segments * sizeof(SnapshotSegment));
-  std::vector<SnapshotBlock> blks(blocks);
-  std::memcpy(blks.data(), at + segments * sizeof(SnapshotSegment), blocks * sizeof(SnapshotBlock));
-  for (const SnapshotSegment& s : segs) {
-    if (s.first_block > blocks || s.block_count > blocks - s.first_block) {
-      fail(CUDALLOC_HERE, "memory_snapshot: a segment's blocks lie outside the document");
-    }
-    out.push_back(torch_segment(s, blks.data()));
-  }
 }
 
 class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
@@ -531,23 +368,61 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   }
 
   // torch.cuda.memory_snapshot() and torch.cuda.memory._snapshot(): every device's segments
-  // and blocks, the private pools' included (each names its pool), or those of `pool` only.
-  // cudalloc records no allocation history (an empty trace per device) and no stack frames;
-  // of the allocator settings only max_split_size is filled in.
+  // and blocks, the private pools' included (each names its pool), or those of `pool` only,
+  // and with include_traces the history kept since torch.cuda.memory._record_memory_history
+  // (device 0's: the library records one device). No stack frames; of the allocator settings
+  // only max_split_size is filled in.
   c10::cuda::CUDACachingAllocator::SnapshotInfo snapshot(c10::cuda::MempoolId_t pool,
                                                          bool include_traces) override {
     c10::cuda::CUDACachingAllocator::SnapshotInfo info{};
     const int n = c10::cuda::device_count();
     for (int d = 0; d < n; ++d) {
       add_segments(d, pool, info.segments);
-      if (include_traces) {
-        info.device_traces.emplace_back();
-      }
+    }
+    if (include_traces) {
+      std::lock_guard<std::mutex> lock(history_mutex);
+      info.device_traces = device_traces(n, skip_actions);
     }
     const int64_t max_split = getDeviceStats(c10::cuda::current_device()).max_split_size;
     info.config_metadata.max_split_size =
         max_split > 0 ? static_cast<size_t>(max_split) : std::numeric_limits<size_t>::max();
     return info;
+  }
+
+  // torch.cuda.memory._record_memory_history: the library keeps the latest max_entries events
+  // of device 0 (alloc, free_requested, free_completed, oom); stack frames are not recorded
+  // (the context recorder is not called), and skip_actions leave those actions out of the
+  // snapshot's trace.
+  void recordHistory(
+      bool enabled,
+      c10::cuda::CUDACachingAllocator::CreateContextFn /*context_recorder*/,
+      size_t max_entries,
+      c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+      bool clear,
+      const std::vector<std::string>& skip) override {
+    std::lock_guard<std::mutex> lock(history_mutex);
+    if (enabled) {
+      check(lib.history_start(max_entries, clear ? 1 : 0), "history_start");
+      skip_actions.clear();
+      for (const std::string& name : skip) {
+        skip_actions.push_back(c10::CachingDeviceAllocator::parseTraceEntryAction(name));
+      }
+      return;
+    }
+    if (lib.history_enabled() == 1) {
+      check(lib.history_stop(), "history_stop");
+    }
+    if (clear) {
+      check(lib.history_clear(), "history_clear");
+    }
+  }
+
+  bool isHistoryEnabled() override {
+    const int on = lib.history_enabled();
+    if (on < 0) {
+      fail(CUDALLOC_HERE, "history_enabled failed: " + last_error());
+    }
+    return on == 1;
   }
 
   std::string name() override {
@@ -672,6 +547,10 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     }
     return {};
   }
+ private:
+  std::mutex history_mutex;
+  // PyTorch's skip_actions of the last _record_memory_history.
+  std::vector<c10::CachingDeviceAllocator::TraceEntry::Action> skip_actions;
 };
 
 template <typename F>
@@ -710,14 +589,20 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.memory_snapshot, get("cudalloc_memory_snapshot"), "cudalloc_memory_snapshot");
   set(lib.capture_begin, get("cudalloc_capture_begin"), "cudalloc_capture_begin");
   set(lib.capture_end, get("cudalloc_capture_end"), "cudalloc_capture_end");
+  set(lib.history_start, get("cudalloc_history_start"), "cudalloc_history_start");
+  set(lib.history_stop, get("cudalloc_history_stop"), "cudalloc_history_stop");
+  set(lib.history_clear, get("cudalloc_history_clear"), "cudalloc_history_clear");
+  set(lib.history_enabled, get("cudalloc_history_enabled"), "cudalloc_history_enabled");
+  set(lib.memory_history, get("cudalloc_memory_history"), "cudalloc_memory_history");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   return allocator;
 }
 
 }  // namespace
+}  // namespace cudalloc_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("make_allocator", &make_allocator,
+  m.def("make_allocator", &cudalloc_torch::make_allocator,
         "cudalloc's c10 CUDA allocator over the library functions at the given addresses");
 }
