@@ -61,6 +61,9 @@ pub struct CachingAllocator<D: Device> {
     pub(crate) device: Arc<D>,
     pub(crate) shards: Box<[Shard<D>]>,
     pub(crate) reserved: Arc<AtomicU64>,
+    /// The bytes this allocator and its graph pools hold together, which its memory limit
+    /// caps (`graph_pool`).
+    pub(crate) group: Arc<AtomicU64>,
     /// The bytes the shards hold together, and the most they held at once since peaks were
     /// last reset.
     pub(crate) reserved_peak: Arc<SharedPeak>,
@@ -87,11 +90,12 @@ fn shard_of(stream: StreamId) -> usize {
 impl<D: Device> CachingAllocator<D> {
     /// An allocator with the given configuration.
     pub fn new(device: D, cfg: Config) -> Self {
-        Self::on_shared_device(Arc::new(device), cfg)
+        Self::on_shared_device(Arc::new(device), cfg, Arc::new(AtomicU64::new(0)))
     }
 
-    /// An allocator over a device another allocator also uses (`graph_pool`).
-    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config) -> Self {
+    /// An allocator over a device another allocator also uses, under the limit of `group`, the
+    /// counter of the bytes they hold together (`graph_pool`).
+    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config, group: Arc<AtomicU64>) -> Self {
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
         let unfreed = Arc::new(AtomicBool::new(true));
@@ -99,6 +103,7 @@ impl<D: Device> CachingAllocator<D> {
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
+                pool.share_group(group.clone());
                 pool.share_reserved_peak(reserved_peak.clone());
                 pool.share_unfreed(unfreed.clone());
                 CachePadded::new(Mutex::new(pool))
@@ -117,6 +122,7 @@ impl<D: Device> CachingAllocator<D> {
             device,
             shards,
             reserved,
+            group,
             reserved_peak,
             live: LiveMap::new(caches.as_ref().map_or(u64::MAX, Caches::small_part_limit)),
             rules: FrontRules::new(SHARDS),
@@ -539,7 +545,15 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
-    /// Caps the allocator at `bytes` (`None`: no cap).
+    /// The memory limit: the most bytes this allocator and its graph pools may hold together
+    /// (`None`: no cap).
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.shards[0].lock().core.limit
+    }
+
+    /// Caps the allocator at `bytes` (`None`: no cap): this allocator and its graph pools
+    /// together, as PyTorch's `set_per_process_memory_fraction` caps its private pools too.
+    /// Graph pools made before keep the limit they had; set theirs too.
     pub fn set_memory_limit(&self, bytes: Option<u64>) {
         for s in self.shards.iter() {
             s.lock().set_limit(bytes);

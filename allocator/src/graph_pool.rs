@@ -12,7 +12,8 @@
 //! graphs) gives its memory back.
 //!
 //! Invariants: a graph pool's blocks and an allocator's blocks never overlap (they are two
-//! allocators over one device); a graph pool's policy is never `default`.
+//! allocators over one device); a graph pool's policy is never `default`; an allocator and its
+//! graph pools count their reserved bytes into one group counter, which the limit caps.
 
 use crate::allocator::CachingAllocator;
 use crate::config::{Config, FrontConfig, PolicyConfig};
@@ -23,10 +24,18 @@ impl<D: Device> CachingAllocator<D> {
     /// allocate a graph's memory from it during its warm-up and capture, tell it of the capture
     /// ([`CachingAllocator::begin_capture`]) as you tell this one, and drop it after its graphs.
     /// Its configuration is this allocator's, with `torch-expandable`'s rules in place of
-    /// `default`'s and no thread caches. Its memory does not count against this allocator's
-    /// memory limit.
+    /// `default`'s and no thread caches. Its memory counts against this allocator's memory
+    /// limit ([`CachingAllocator::set_memory_limit`]), as PyTorch's memory fraction caps its
+    /// private pools: the pool starts with this allocator's limit, and the two together hold at
+    /// most that many bytes.
     pub fn graph_pool(&self) -> CachingAllocator<D> {
-        CachingAllocator::on_shared_device(self.shared_device(), self.config().for_graph_pool())
+        let pool = CachingAllocator::on_shared_device(
+            self.shared_device(),
+            self.config().for_graph_pool(),
+            self.group.clone(),
+        );
+        pool.set_memory_limit(self.memory_limit());
+        pool
     }
 }
 

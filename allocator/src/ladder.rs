@@ -390,6 +390,12 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.share_reserved_peak(peak);
     }
 
+    /// Makes this pool count its reserved bytes into its group's `counter` too, the one its
+    /// limit applies to ([`Core::share_group`]).
+    pub(crate) fn share_group(&mut self, counter: Arc<AtomicU64>) {
+        self.core.share_group(counter);
+    }
+
     /// Makes this pool's "nothing freed yet" end when `flag`'s does ([`Core::share_unfreed`]).
     pub(crate) fn share_unfreed(&mut self, flag: Arc<AtomicBool>) {
         self.core.share_unfreed(flag);

@@ -262,6 +262,8 @@ pub(crate) fn set_memory_fraction(fraction: f64, device: c_int) -> c_int {
         dev.alloc.set_memory_fraction(fraction).map_err(|e| {
             format!("cudalloc_set_memory_fraction({fraction}, device {device}): {e}")
         })?;
+        // The cap counts the private pools too, as PyTorch's does.
+        dev.pools.set_memory_limit(dev.alloc.memory_limit());
         Ok(OK)
     })
 }

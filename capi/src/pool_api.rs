@@ -1,7 +1,7 @@
 //! The bodies of the private-pool functions (`cudalloc_pool_*`): safe Rust inside the same
 //! guards as `api`, over [`crate::pools`].
 
-use crate::error::{guard, guard_kind, Failure};
+use crate::error::{guard, guard_kind, ErrorKind, Failure};
 use crate::pools::PoolId;
 use crate::registry::{self, Dev};
 use cudalloc_sys::ffi::{CBuf, CBufLen};
@@ -56,16 +56,29 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
             return Ok(std::ptr::null_mut());
         }
         let stream = StreamId(stream as usize as u64);
-        let a = dev
-            .pools
-            .allocate(id, size as u64, stream)
-            .map_err(|f| Failure {
-                kind: f.kind,
-                message: format!(
-                    "cudalloc_pool_malloc({size} bytes, device {device_}, pool {id:?}): {}",
-                    f.message
-                ),
-            })?;
+        let once = || dev.pools.allocate(id, size as u64, stream);
+        let a = match once() {
+            // The device's cap counts its allocator and its pools together: the memory the
+            // allocator and the retired pools cache goes back (not during a capture, where
+            // `empty_cache` refuses), and the pool tries once more.
+            Err(f) if f.kind == ErrorKind::OutOfMemory => {
+                let cached = dev.alloc.empty_cache().is_ok();
+                let retired = dev.pools.empty_retired(None).unwrap_or(false);
+                if cached || retired {
+                    once()
+                } else {
+                    Err(f)
+                }
+            }
+            other => other,
+        };
+        let a = a.map_err(|f| Failure {
+            kind: f.kind,
+            message: format!(
+                "cudalloc_pool_malloc({size} bytes, device {device_}, pool {id:?}): {}",
+                f.message
+            ),
+        })?;
         Ok(a.ptr() as usize as *mut c_void)
     })
 }

@@ -1,9 +1,11 @@
 //! Private pools: the memory of a CUDA graph (`torch.cuda.graph`, `graph_pool_handle`, CUDA
 //! graph trees) or of a `torch.cuda.MemPool`, kept apart from the device's other memory.
 //!
-//! Each pool is a [`CachingAllocator`] of its own on the device, so a block it holds is never
-//! handed to an allocation outside it: memory a graph's capture freed stays the graph's, and an
-//! eager tensor allocated after the capture cannot land on addresses the graph's replays write.
+//! Each pool is a [`CachingAllocator`] of its own on the device (a graph pool of the device's
+//! allocator: `CachingAllocator::graph_pool`), so a block it holds is never handed to an
+//! allocation outside it: memory a graph's capture freed stays the graph's, and an eager tensor
+//! allocated after the capture cannot land on addresses the graph's replays write. The device's
+//! memory limit (`cudalloc_set_memory_fraction`) caps the allocator and its pools together.
 //!
 //! Invariants:
 //! - a pool is named by its device and PyTorch's `MempoolId_t` (two integers); `acquire` makes it
@@ -27,7 +29,7 @@
 use crate::error::Failure;
 use crate::json::TORCH_VALUES;
 use cudalloc_core::snapshot::BlockState;
-use cudalloc_core::{AllocError, Allocation, CachingAllocator, Config, Snapshot};
+use cudalloc_core::{AllocError, Allocation, CachingAllocator, Snapshot};
 use cudalloc_sys::{CaptureMode, Device, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -79,12 +81,6 @@ impl<D: Device> Default for Pools<D> {
             captures: Mutex::new(0),
         }
     }
-}
-
-/// The configuration of a private pool: the device's, with `default` replaced by
-/// `torch-expandable` and no thread caches (see the module doc; `Config::for_graph_pool`).
-pub(crate) fn pool_config(device: &Config) -> Config {
-    device.for_graph_pool()
 }
 
 /// Adds `values` (in `torch_values` order) to `into`, but for the last, `max_split_size`, a
@@ -311,6 +307,13 @@ impl<D: Device> Pools<D> {
             .collect()
     }
 
+    /// Sets every pool's memory limit (the device's: `CachingAllocator::set_memory_limit`).
+    pub fn set_memory_limit(&self, limit: Option<u64>) {
+        for p in self.all() {
+            p.alloc.set_memory_limit(limit);
+        }
+    }
+
     fn all(&self) -> Vec<Shared<D>> {
         let mut out: Vec<Shared<D>> = self
             .active
@@ -326,13 +329,14 @@ impl<D: Device> Pools<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cudalloc_core::Config;
     use cudalloc_sys::{SimConfig, SimDevice};
 
     const GRAPH: PoolId = (0, 1);
     const S: StreamId = StreamId(7);
 
     fn open() -> Result<CachingAllocator<SimDevice>, String> {
-        let cfg = pool_config(&Config::parse("policy:default").unwrap());
+        let cfg = Config::parse("policy:default").unwrap().for_graph_pool();
         assert_eq!(cfg.policy(), cudalloc_core::Policy::TorchExpandable);
         Ok(CachingAllocator::new(
             SimDevice::new(SimConfig::default()),
@@ -453,7 +457,7 @@ mod tests {
     #[test]
     fn a_failed_end_capture_strands_no_pool() {
         let sim = Arc::new(SimDevice::new(SimConfig::default()));
-        let cfg = pool_config(&Config::parse("policy:default").unwrap());
+        let cfg = Config::parse("policy:default").unwrap().for_graph_pool();
         let open = || Ok(CachingAllocator::new(sim.clone(), cfg.clone()));
         let pools = Pools::<Arc<SimDevice>>::default();
         let device = open().unwrap();
@@ -535,7 +539,7 @@ mod tests {
         ] {
             let device = Config::parse(p).unwrap();
             let want = Config::parse_onto(device.clone(), "thread_cache:False").unwrap();
-            assert_eq!(pool_config(&device), want);
+            assert_eq!(device.for_graph_pool(), want);
         }
     }
 }

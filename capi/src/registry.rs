@@ -23,8 +23,6 @@ pub(crate) struct Dev {
     pub policy: Policy,
     /// Ordinal.
     pub ordinal: usize,
-    /// The configuration it was made with (private pools derive theirs from it).
-    pub config: Config,
     /// Its private pools (graph pools, `MemPool`s).
     pub pools: Pools<CudaDevice>,
     /// `cudalloc_free` calls that failed (they return nothing, so they are counted here).
@@ -54,14 +52,10 @@ impl Dev {
         self.pools.end_capture(&self.alloc)
     }
 
-    /// A new allocator for a private pool of this device.
+    /// A new allocator for a private pool of this device: a graph pool of the device's
+    /// allocator, under its memory limit (`CachingAllocator::graph_pool`).
     pub fn open_pool(&self) -> Result<CachingAllocator<CudaDevice>, String> {
-        let dev = CudaDevice::new(self.ordinal)
-            .map_err(|e| format!("cannot open CUDA device {}: {e}", self.ordinal))?;
-        Ok(CachingAllocator::new(
-            dev,
-            crate::pools::pool_config(&self.config),
-        ))
+        Ok(self.alloc.graph_pool())
     }
 }
 
@@ -154,7 +148,6 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
             alloc: CachingAllocator::new(dev, cfg.clone()),
             policy: cfg.policy(),
             ordinal,
-            config: cfg.clone(),
             pools: Pools::default(),
             free_errors: AtomicU64::new(0),
         })

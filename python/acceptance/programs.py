@@ -26,6 +26,7 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
 - ``mem_pool``: ``torch.cuda.MemPool`` with ``use_mem_pool``.
+- ``pool_under_cap``: a ``MemPool``'s memory counts against ``set_per_process_memory_fraction``.
 - ``generate_kv``: greedy generation with a KV cache at batch sizes 1, 4 and 16 (Llama-style).
 - ``serve_loop``: rounds of requests of varied shapes; reserved memory must stop growing after
   the first round.
@@ -373,6 +374,36 @@ def mem_pool(quick):
     return result
 
 
+def pool_under_cap(quick):
+    """A ``MemPool``'s memory counts against ``set_per_process_memory_fraction``'s cap, as it does
+    on PyTorch's allocator: with 1 GiB of room under the cap, a 768 MiB tensor in a pool leaves
+    no room for a 512 MiB eager one (``torch.OutOfMemoryError``); once the pool is gone and the
+    cache emptied, the eager tensor fits."""
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 1024 * MiB) / total)
+    try:
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            held = torch.empty(768 * MiB, dtype=torch.uint8, device="cuda")
+        try:
+            extra = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+            refused = False
+            del extra
+        except torch.OutOfMemoryError:
+            refused = True
+        del held, pool
+        gc.collect()
+        torch.cuda.empty_cache()
+        after = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+        del after
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    if not refused:
+        raise RuntimeError("a 512 MiB tensor fit beside 768 MiB of a MemPool under a 1 GiB cap")
+    return {"eager_refused_while_the_pool_holds_memory": refused, "fits_once_the_pool_is_gone": True}
+
+
 def _llama(layers, hidden, heads, kv_heads, vocab=32000):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -452,6 +483,7 @@ PROGRAMS = {
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "mem_pool": mem_pool,
+    "pool_under_cap": pool_under_cap,
     "generate_kv": generate_kv,
     "serve_loop": serve_loop,
     "train_autocast": train_autocast,

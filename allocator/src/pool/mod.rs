@@ -194,8 +194,11 @@ pub struct Core<D: Device> {
     pub(crate) capture_refused: bool,
     pub(crate) spare_events: Vec<EventHandle>,
     pub(crate) peers: Vec<usize>,
-    /// Reserved bytes of every pool sharing this pool's device and limit.
+    /// Reserved bytes of every pool of this pool's `CachingAllocator` (its shards and tags).
     pub(crate) shared: Option<Arc<AtomicU64>>,
+    /// Reserved bytes of every pool under one memory limit: an allocator's and those of its
+    /// graph pools ([`crate::CachingAllocator::graph_pool`]); when set, the limit applies to it.
+    pub(crate) group: Option<Arc<AtomicU64>>,
     /// The reserved bytes of the pools of one `CachingAllocator` together, and their peak.
     pub(crate) shared_peak: Option<Arc<SharedPeak>>,
     /// A virtual range could not be reserved in the last growth attempt (address space, not
@@ -254,6 +257,7 @@ impl<D: Device> Core<D> {
             spare_events: Vec::new(),
             peers: Vec::new(),
             shared: None,
+            group: None,
             shared_peak: None,
             reserve_failed: false,
             handouts: 0,

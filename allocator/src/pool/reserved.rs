@@ -1,11 +1,12 @@
 //! Counting the bytes the device holds for a pool: claims checked against the memory limit
-//! (one atomic step when pools share a limit, as `CachingAllocator`'s shards do), the
+//! (one atomic step when pools share a limit, as `CachingAllocator`'s shards do, and as an
+//! allocator and its graph pools do through their group's counter), the
 //! `reserved_bytes` statistic and the shared peak, pages whose release failed (*strays*), and
 //! the limit a memory fraction sets.
 //!
 //! Invariants: `reserved` is what the pool claimed and holds mapped or allocated; `strays` the
 //! pages unmapped whose release failed; `reserved_bytes.all.current` equals their sum, and so
-//! does this pool's share of the shared counter.
+//! does this pool's share of the shared counter and of the group's.
 
 use super::Core;
 use crate::error::AllocError;
@@ -41,18 +42,43 @@ impl<D: Device> Core<D> {
     /// it can then map up to one page (20 MiB under `torch-expandable`) past its limit, where
     /// `CachingAllocator` refuses (docs/fidelity.md).
     pub(crate) fn claim(&mut self, n: u64) -> bool {
-        if let (Some(s), Some(l)) = (&self.shared, self.limit) {
-            let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
-            if s.fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
-                .is_err()
-            {
-                return false;
-            }
-        } else if let Some(s) = &self.shared {
-            s.fetch_add(n, Ordering::AcqRel);
+        if !self.claim_shared(n) {
+            return false;
         }
         self.reserved += n;
         true
+    }
+
+    /// [`Core::claim`] in the shared counters: the first (the limit's) checked and counted in
+    /// one atomic step, then the other.
+    fn claim_shared(&self, n: u64) -> bool {
+        let mut counters = self.counters();
+        if let Some(first) = counters.next() {
+            match self.limit {
+                Some(l) => {
+                    let fits = |t: u64| t.checked_add(n).filter(|&t| t <= l);
+                    if first
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, fits)
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+                None => {
+                    first.fetch_add(n, Ordering::AcqRel);
+                }
+            }
+            for c in counters {
+                c.fetch_add(n, Ordering::AcqRel);
+            }
+        }
+        true
+    }
+
+    /// The shared counters this pool's bytes count in, the one its limit applies to first (the
+    /// group's, else its allocator's).
+    fn counters(&self) -> impl Iterator<Item = &Arc<AtomicU64>> {
+        self.group.iter().chain(self.shared.iter())
     }
 
     /// Counts `n` bytes the device now holds for `pool`, once the call that got them succeeded
@@ -75,16 +101,16 @@ impl<D: Device> Core<D> {
     /// Gives back bytes counted by [`Core::claim`].
     pub(crate) fn sub_reserved(&mut self, n: u64) {
         self.reserved -= n;
-        if let Some(s) = &self.shared {
-            s.fetch_sub(n, Ordering::AcqRel);
+        for c in self.counters() {
+            c.fetch_sub(n, Ordering::AcqRel);
         }
     }
 
     /// Bytes held from the device by this pool and every pool sharing its limit.
     pub(crate) fn total_reserved(&self) -> u64 {
-        self.shared
-            .as_ref()
-            .map_or(self.reserved + self.strays, |s| s.load(Ordering::Relaxed))
+        self.counters()
+            .next()
+            .map_or(self.reserved + self.strays, |c| c.load(Ordering::Relaxed))
     }
 
     /// Counts against the limit, and in the reserved bytes' statistic (the device still holds
@@ -98,15 +124,15 @@ impl<D: Device> Core<D> {
         if now >= before {
             let n = now - before;
             self.strays += n;
-            if let Some(s) = &self.shared {
-                s.fetch_add(n, Ordering::AcqRel);
+            for c in self.counters() {
+                c.fetch_add(n, Ordering::AcqRel);
             }
             self.reserved_grew(pool, n);
         } else {
             let n = before - now;
             self.strays -= n;
-            if let Some(s) = &self.shared {
-                s.fetch_sub(n, Ordering::AcqRel);
+            for c in self.counters() {
+                c.fetch_sub(n, Ordering::AcqRel);
             }
             self.reserved_shrank(pool, n);
         }
@@ -117,6 +143,13 @@ impl<D: Device> Core<D> {
     pub fn share_reserved(&mut self, counter: Arc<AtomicU64>) {
         counter.fetch_add(self.reserved, Ordering::Relaxed);
         self.shared = Some(counter);
+    }
+
+    /// Makes this pool count its reserved bytes into `counter` too, which an allocator and its
+    /// graph pools have in common: the memory limit then applies to the counter's total.
+    pub(crate) fn share_group(&mut self, counter: Arc<AtomicU64>) {
+        counter.fetch_add(self.reserved + self.strays, Ordering::Relaxed);
+        self.group = Some(counter);
     }
 
     /// Makes this pool count the bytes it holds into `peak` too, which then has the highest

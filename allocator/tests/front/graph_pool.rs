@@ -126,3 +126,40 @@ fn six_graphs_share_one_pool_in_either_order() {
         "smallest first: {b:.3}x the largest capture alone"
     );
 }
+
+/// An allocator's memory limit caps its graph pools too (PyTorch's memory fraction caps its
+/// private pools): what a pool holds leaves that much less for eager work, and the other way
+/// round; dropping the pool's memory gives the room back.
+#[test]
+fn the_memory_limit_caps_an_allocator_and_its_graph_pools_together() {
+    for policy in ["policy:default", "policy:torch", "policy:torch-expandable"] {
+        let (_sim, eager) = allocator(policy);
+        eager.set_memory_limit(Some(GIB));
+        let pool = eager.graph_pool();
+        assert_eq!(
+            pool.memory_limit(),
+            Some(GIB),
+            "{policy}: the pool starts capped"
+        );
+        let graph = pool.allocate(600 * MIB, CAP).unwrap();
+        let e = eager.allocate(600 * MIB, StreamId(1)).unwrap_err();
+        assert!(e.is_out_of_memory(), "{policy}: {e}");
+        let small = eager.allocate(200 * MIB, StreamId(1)).unwrap();
+        let e = pool.allocate(600 * MIB, CAP).unwrap_err();
+        assert!(
+            e.is_out_of_memory(),
+            "{policy}: the pool is capped too: {e}"
+        );
+        pool.free(graph).unwrap();
+        pool.empty_cache().unwrap();
+        let big = eager.allocate(600 * MIB, StreamId(1)).unwrap();
+        assert!(
+            eager.reserved_bytes() + pool.reserved_bytes() <= GIB,
+            "{policy}: within the limit together"
+        );
+        eager.free(big).unwrap();
+        eager.free(small).unwrap();
+        eager.check_invariants().unwrap();
+        pool.check_invariants().unwrap();
+    }
+}
