@@ -34,6 +34,8 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 """
 
 import gc
+import statistics
+import time
 
 import torch
 
@@ -416,17 +418,25 @@ def _llama(layers, hidden, heads, kv_heads, vocab=32000):
 
 def generate_kv(quick):
     """Greedy ``generate`` with a KV cache at batch sizes 1, 4 and 16 on a Llama-style model;
-    the generated ids (as a checksum per batch size)."""
+    the generated ids (as a checksum per batch size), and the time per generated token (after a
+    warm-up ``generate``)."""
     model = _llama(*((2, 256, 4, 2) if quick else (8, 1024, 16, 4)))
-    sums = []
-    for batch in (1, 4, 16):
+    new_tokens = 16 if quick else 48
+    sums, seconds, tokens = [], 0.0, 0
+    for batch in (1, 1, 4, 16):  # the first batch of 1 warms up and is not timed
         torch.manual_seed(batch)
         ids = torch.randint(0, 32000, (batch, 96), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=16 if quick else 48, do_sample=False,
+            out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
                                  attention_mask=torch.ones_like(ids))
+        torch.cuda.synchronize()
+        if len(sums) > 0:
+            seconds += time.perf_counter() - t0
+            tokens += batch * new_tokens
         sums.append(int(out.sum()))
-    return {"losses": [float(x) for x in sums]}
+    return {"losses": [float(x) for x in sums[1:]], "step_ms": 1000 * seconds / tokens}
 
 
 def serve_loop(quick):
@@ -453,24 +463,29 @@ def serve_loop(quick):
 
 
 def train_autocast(quick):
-    """GPT-2 training steps with AdamW under bf16 autocast; the losses."""
+    """GPT-2 training steps with AdamW under bf16 autocast; the losses, and the median time of a
+    step after the first three."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4) if quick else GPT2Config()
     model = GPT2LMHeadModel(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    losses = []
-    for step in range(6):
+    losses, times = [], []
+    for step in range(8 if quick else 24):
         torch.manual_seed(100 + step)
         ids = torch.randint(0, cfg.vocab_size, (8, 256 + 64 * (step % 3)), device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
         losses.append(loss.detach())
-    return {"losses": [float(v) for v in losses]}
+    return {"losses": [float(v) for v in losses], "step_ms": 1000 * statistics.median(times[3:])}
 
 
 PROGRAMS = {

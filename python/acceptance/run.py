@@ -16,6 +16,7 @@ Usage, from the repository root on a machine with a GPU (``libcudalloc_capi.so``
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,8 +107,18 @@ def compare(result, ref):
     return ", ".join(f"{k}={result[k]}" for k in keys) or "-"
 
 
+def step_time(r, ref):
+    """A run's step time (``step_ms``: a training step, or a generated token) beside PyTorch's."""
+    ms, base = r.get("step_ms"), (ref or {}).get("step_ms")
+    if ms is None:
+        return "-"
+    if r is ref or not base:
+        return f"{ms:.2f}"
+    return f"{ms:.2f} ({100 * (ms / base - 1):+.1f}%)"
+
+
 def table(results, programs, modes):
-    lines = [f"{'program':18} {'mode':26} {'peak reserved':>14} {'wall s':>7}  result"]
+    lines = [f"{'program':18} {'mode':26} {'peak reserved':>14} {'wall s':>7} {'step ms':>16}  result"]
     for program in programs:
         ref = results.get((program, "torch"))
         for mode in modes:
@@ -115,8 +126,32 @@ def table(results, programs, modes):
             peak = r.get("peak_reserved")
             peak = f"{peak / (1 << 20):,.0f} MiB" if peak is not None else "-"
             label = mode + (f" ({r['backend']})" if r.get("backend") else "")
-            lines.append(f"{program:18} {label:26} {peak:>14} {r.get('wall_s', 0):>7}  {compare(r, ref)}")
+            lines.append(f"{program:18} {label:26} {peak:>14} {r.get('wall_s', 0):>7} "
+                         f"{step_time(r, ref):>16}  {compare(r, ref)}")
+    lines += memory_summary(results, programs, modes)
     return "\n".join(lines)
+
+
+def memory_summary(results, programs, modes):
+    """Per mode: the geometric mean of its peak reserved bytes over PyTorch's (programs where
+    both ran), and on how many programs it reserved at most PyTorch's expandable segments."""
+    out = []
+    for mode in modes:
+        ratios, within = [], []
+        for program in programs:
+            r, ref = results[(program, mode)], results.get((program, "torch"))
+            exp = results.get((program, "torch-expandable"))
+            peak = r.get("peak_reserved") if r.get("ok") else None
+            if peak and ref and ref.get("ok") and ref.get("peak_reserved"):
+                ratios.append(peak / ref["peak_reserved"])
+            if peak and exp and exp.get("ok") and exp.get("peak_reserved"):
+                within.append(peak <= exp["peak_reserved"])
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            out.append(f"{mode}: peak reserved / PyTorch's, geometric mean {geo:.3f} over "
+                       f"{len(ratios)} programs; at most PyTorch's expandable on "
+                       f"{sum(within)} of {len(within)}")
+    return out
 
 
 def prebuild(args):

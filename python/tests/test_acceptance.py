@@ -55,10 +55,30 @@ class Compare(unittest.TestCase):
         results = {("p", "torch"): {"ok": True, "peak_reserved": 2 << 20, "wall_s": 1.0},
                    ("p", "cudalloc:default"): {"ok": False, "error": "exit -6", "backend": "extension"}}
         lines = run.table(results, ["p"], ["torch", "cudalloc:default"]).splitlines()
-        self.assertEqual(len(lines), 3)
+        self.assertEqual(len(lines), 4)  # the header, two rows, torch's memory summary
         self.assertIn("2 MiB", lines[1])
         self.assertIn("cudalloc:default (extension)", lines[2])
         self.assertIn("FAILED: exit -6", lines[2])
+
+
+    def test_step_times_are_shown_beside_pytorchs(self):
+        ref = {"ok": True, "step_ms": 10.0}
+        self.assertEqual(run.step_time({"ok": True, "step_ms": 10.3}, ref), "10.30 (+3.0%)")
+        self.assertEqual(run.step_time(ref, ref), "10.00")
+        self.assertEqual(run.step_time({"ok": True}, ref), "-")
+
+    def test_the_memory_summary_has_a_geometric_mean_and_the_expandable_count(self):
+        results = {
+            ("a", "torch"): {"ok": True, "peak_reserved": 100},
+            ("a", "torch-expandable"): {"ok": True, "peak_reserved": 80},
+            ("a", "c"): {"ok": True, "peak_reserved": 25},
+            ("b", "torch"): {"ok": True, "peak_reserved": 100},
+            ("b", "torch-expandable"): {"ok": True, "peak_reserved": 90},
+            ("b", "c"): {"ok": True, "peak_reserved": 100},
+        }
+        lines = run.memory_summary(results, ["a", "b"], ["torch", "torch-expandable", "c"])
+        self.assertIn("c: peak reserved / PyTorch's, geometric mean 0.500 over 2 programs", lines[2])
+        self.assertIn("at most PyTorch's expandable on 1 of 2", lines[2])
 
 
 class Programs(unittest.TestCase):
