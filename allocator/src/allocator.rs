@@ -62,8 +62,8 @@ pub struct CachingAllocator<D: Device> {
     pub(crate) shards: Box<[Shard<D>]>,
     pub(crate) reserved: Arc<AtomicU64>,
     /// The bytes this allocator and its graph pools hold together, which its memory limit
-    /// caps (`graph_pool`).
-    pub(crate) group: Arc<AtomicU64>,
+    /// caps, and their peak (`graph_pool`).
+    pub(crate) group: Group,
     /// The bytes the shards hold together, and the most they held at once since peaks were
     /// last reset.
     pub(crate) reserved_peak: Arc<SharedPeak>,
@@ -79,6 +79,14 @@ pub struct CachingAllocator<D: Device> {
     pub(crate) tags: Tags<D>,
 }
 
+/// What an allocator and its graph pools count together: the bytes they hold, which the
+/// memory limit caps, and the most they held at once.
+#[derive(Clone, Default)]
+pub(crate) struct Group {
+    pub reserved: Arc<AtomicU64>,
+    pub peak: Arc<SharedPeak>,
+}
+
 /// One stream shard: a pool behind its own lock, on its own cache lines.
 pub(crate) type Shard<D> = CachePadded<Mutex<Pool<Arc<D>>>>;
 
@@ -90,12 +98,12 @@ fn shard_of(stream: StreamId) -> usize {
 impl<D: Device> CachingAllocator<D> {
     /// An allocator with the given configuration.
     pub fn new(device: D, cfg: Config) -> Self {
-        Self::on_shared_device(Arc::new(device), cfg, Arc::new(AtomicU64::new(0)))
+        Self::on_shared_device(Arc::new(device), cfg, Group::default())
     }
 
-    /// An allocator over a device another allocator also uses, under the limit of `group`, the
-    /// counter of the bytes they hold together (`graph_pool`).
-    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config, group: Arc<AtomicU64>) -> Self {
+    /// An allocator over a device another allocator also uses, counting in `group` with it
+    /// (`graph_pool`).
+    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config, group: Group) -> Self {
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
         let unfreed = Arc::new(AtomicBool::new(true));
@@ -103,7 +111,7 @@ impl<D: Device> CachingAllocator<D> {
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 pool.share_reserved(reserved.clone());
-                pool.share_group(group.clone());
+                pool.share_group(&group);
                 pool.share_reserved_peak(reserved_peak.clone());
                 pool.share_unfreed(unfreed.clone());
                 CachePadded::new(Mutex::new(pool))
@@ -583,6 +591,12 @@ impl<D: Device> CachingAllocator<D> {
     /// The device, shared (`graph_pool`).
     pub(crate) fn shared_device(&self) -> Arc<D> {
         self.device.clone()
+    }
+
+    /// The most bytes this allocator and its graph pools held at once since the peaks were last
+    /// reset ([`CachingAllocator::reset_peak_stats`] resets it): the exact peak of their sum.
+    pub fn group_reserved_peak(&self) -> u64 {
+        self.group.peak.peak()
     }
 
     /// Bytes held from the device: the shards' reserved bytes, and pages whose release failed

@@ -116,6 +116,7 @@ impl<D: Device> CachingAllocator<D> {
             t.pool.reset_peak_stats();
         }
         self.reserved_peak.reset();
+        self.group.peak.reset();
     }
 
     /// Segments, blocks and statistics of every shard, as the callers see them: a block held

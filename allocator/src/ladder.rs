@@ -392,8 +392,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
     /// Makes this pool count its reserved bytes into its group's `counter` too, the one its
     /// limit applies to ([`Core::share_group`]).
-    pub(crate) fn share_group(&mut self, counter: Arc<AtomicU64>) {
-        self.core.share_group(counter);
+    pub(crate) fn share_group(&mut self, group: &crate::allocator::Group) {
+        self.core
+            .share_group(group.reserved.clone(), group.peak.clone());
     }
 
     /// Makes this pool's "nothing freed yet" end when `flag`'s does ([`Core::share_unfreed`]).

@@ -103,7 +103,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let mut pool = Pool::new(self.device.clone(), self.cfg.clone());
         pool.share_reserved(self.reserved.clone());
-        pool.share_group(self.group.clone());
+        pool.share_group(&self.group);
         pool.share_reserved_peak(self.reserved_peak.clone());
         pool.share_unfreed(self.unfreed.clone());
         if let Some(limit) = set.limit {

@@ -305,6 +305,8 @@ pub(crate) fn device_stats<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>
         if let Some(dev) = used {
             values = json::torch_values(&dev.alloc);
             dev.pools.add_torch_values(&mut values);
+            // The sum of the pools' peaks only bounds the device's: the group's is exact.
+            values[json::reserved_peak_index()] = dev.alloc.group_reserved_peak() as i64;
         }
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
         Ok(buf.write_bytes(len, &bytes))

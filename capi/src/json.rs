@@ -101,6 +101,18 @@ pub fn torch_values<D: Device>(alloc: &CachingAllocator<D>) -> Vec<i64> {
     values
 }
 
+/// The place of `reserved_bytes.all.peak` among [`torch_values`].
+pub fn reserved_peak_index() -> usize {
+    static INDEX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *INDEX.get_or_init(|| {
+        cudalloc_core::Stats::default()
+            .to_torch_dict()
+            .iter()
+            .position(|(k, _)| k == "reserved_bytes.all.peak")
+            .expect("memory_stats has reserved_bytes.all.peak")
+    })
+}
+
 /// The snapshot document.
 pub fn snapshot<D: Device>(alloc: &CachingAllocator<D>, policy: Policy, device: usize) -> String {
     let snap = alloc.snapshot();

@@ -21,7 +21,8 @@
 //!   live and no allocation in flight (allocations hold the read guard);
 //! - the counters of a dropped pool are kept (`folded`), so that cumulative statistics and
 //!   peaks never go backwards; a device's peaks are the sum of its allocators' peaks, an upper
-//!   bound of the peak of the sum;
+//!   bound of the peak of the sum, but for `reserved_bytes.all.peak`, the exact peak of the
+//!   device's allocator and its pools together (`CachingAllocator::group_reserved_peak`);
 //! - under the `default` policy a pool follows `torch-expandable`'s rules: it grows by mapping
 //!   pages and gives nothing back while in use, so that a graph's pages stay mapped while it may
 //!   be replayed (the `default` policy's budget gives back free pages, which a capture frees).

@@ -199,6 +199,8 @@ pub struct Core<D: Device> {
     /// Reserved bytes of every pool under one memory limit: an allocator's and those of its
     /// graph pools ([`crate::CachingAllocator::graph_pool`]); when set, the limit applies to it.
     pub(crate) group: Option<Arc<AtomicU64>>,
+    /// The group's reserved bytes and their peak, counted as `shared_peak` is.
+    pub(crate) group_peak: Option<Arc<SharedPeak>>,
     /// The reserved bytes of the pools of one `CachingAllocator` together, and their peak.
     pub(crate) shared_peak: Option<Arc<SharedPeak>>,
     /// A virtual range could not be reserved in the last growth attempt (address space, not
@@ -258,6 +260,7 @@ impl<D: Device> Core<D> {
             peers: Vec::new(),
             shared: None,
             group: None,
+            group_peak: None,
             shared_peak: None,
             reserve_failed: false,
             handouts: 0,

@@ -85,7 +85,7 @@ impl<D: Device> Core<D> {
     /// (a claim that the device then refused counts in no statistic, no peak included).
     pub(crate) fn reserved_grew(&mut self, pool: PoolKind, n: u64) {
         self.stats.reserved_bytes.increase(pool, n);
-        if let Some(p) = &self.shared_peak {
+        for p in self.shared_peak.iter().chain(&self.group_peak) {
             p.grew(n);
         }
     }
@@ -93,7 +93,7 @@ impl<D: Device> Core<D> {
     /// Counts `n` bytes of `pool` given back to the device.
     pub(crate) fn reserved_shrank(&mut self, pool: PoolKind, n: u64) {
         self.stats.reserved_bytes.decrease(pool, n);
-        if let Some(p) = &self.shared_peak {
+        for p in self.shared_peak.iter().chain(&self.group_peak) {
             p.shrank(n);
         }
     }
@@ -145,11 +145,14 @@ impl<D: Device> Core<D> {
         self.shared = Some(counter);
     }
 
-    /// Makes this pool count its reserved bytes into `counter` too, which an allocator and its
-    /// graph pools have in common: the memory limit then applies to the counter's total.
-    pub(crate) fn share_group(&mut self, counter: Arc<AtomicU64>) {
+    /// Makes this pool count its reserved bytes into `counter` and `peak` too, which an
+    /// allocator and its graph pools have in common: the memory limit then applies to the
+    /// counter's total, and `peak` has the most they held at once.
+    pub(crate) fn share_group(&mut self, counter: Arc<AtomicU64>, peak: Arc<SharedPeak>) {
         counter.fetch_add(self.reserved + self.strays, Ordering::Relaxed);
+        peak.grew(self.stats.reserved_bytes.0[0].current as u64);
         self.group = Some(counter);
+        self.group_peak = Some(peak);
     }
 
     /// Makes this pool count the bytes it holds into `peak` too, which then has the highest

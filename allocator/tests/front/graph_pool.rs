@@ -157,6 +157,12 @@ fn the_memory_limit_caps_an_allocator_and_its_graph_pools_together() {
             eager.reserved_bytes() + pool.reserved_bytes() <= GIB,
             "{policy}: within the limit together"
         );
+        let peak = eager.group_reserved_peak();
+        assert!(
+            (800 * MIB..=GIB).contains(&peak),
+            "{policy}: the group's peak {peak} is that of the sum, not the sum of the peaks"
+        );
+        assert_eq!(pool.group_reserved_peak(), peak, "{policy}: one group");
         eager.free(big).unwrap();
         eager.free(small).unwrap();
         eager.check_invariants().unwrap();
