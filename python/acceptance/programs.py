@@ -25,6 +25,8 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``graph_capture``: a transformer layer captured into a CUDA graph on the stream that eager
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
+- ``compile_train_eval``: the same on a model trained and evaluated in turns at two batch sizes
+  (several paths through one pool, checkpoints restored).
 - ``mem_pool``: ``torch.cuda.MemPool`` with ``use_mem_pool``.
 - ``pool_under_cap``: a ``MemPool``'s memory counts against ``set_per_process_memory_fraction``.
 - ``generate_kv``: greedy generation with a KV cache at batch sizes 1, 4 and 16 (Llama-style).
@@ -357,6 +359,35 @@ def compile_reduce_overhead(quick):
     return {"max_abs_diff": worst}
 
 
+def compile_train_eval(quick):
+    """``torch.compile(mode="reduce-overhead")`` on a model trained (forward and backward) and
+    evaluated in turns, with two batch sizes: CUDA graph trees record several paths through one
+    pool and go back along them (checkpoints of the pool restored); the losses and eval outputs."""
+    torch.manual_seed(0)
+    dim = 256 if quick else 1024
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
+                                torch.nn.Linear(4 * dim, dim)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    losses = []
+    for step in range(12):
+        batch = 64 if step % 4 < 2 else 32
+        torch.manual_seed(step)
+        x = torch.randn(batch, dim, device="cuda")
+        if step % 2 == 0:
+            model.train()
+            loss = compiled(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        else:
+            model.eval()
+            with torch.no_grad():
+                losses.append(float(compiled(x).sum()))
+    return {"losses": losses}
+
+
 def mem_pool(quick):
     """``torch.cuda.MemPool`` and ``use_mem_pool``: tensors made in the pool work, the pool counts
     its uses, and memory freed in the pool is reused by the pool."""
@@ -497,6 +528,7 @@ PROGRAMS = {
     "memory_history": memory_history,
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
+    "compile_train_eval": compile_train_eval,
     "mem_pool": mem_pool,
     "pool_under_cap": pool_under_cap,
     "generate_kv": generate_kv,
