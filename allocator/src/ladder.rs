@@ -262,6 +262,13 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.wake(stream)
     }
 
+    /// Frees the pinned host buffer that offloading sleeps copy into, kept across wakes for
+    /// the next sleep, once the copies into or out of it completed; nothing while the pool
+    /// sleeps (the buffer holds its bytes) or when it has none.
+    pub fn release_host_buffer(&mut self) -> Result<(), AllocError> {
+        Ok(self.core.release_host_buffer()?)
+    }
+
     /// [`AllocError::Asleep`] for `what` while the pool sleeps.
     fn refuse_asleep(&self, what: &'static str) -> Result<(), AllocError> {
         if self.core.asleep() {
@@ -424,6 +431,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             let _ = self.free_handle(&a);
         }
         let _ = self.release_cached_blocks();
+        let _ = self.core.release_host_buffer();
         self.core.destroy_spare_events();
         self.core.destroy_copy_stream();
     }

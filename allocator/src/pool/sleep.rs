@@ -1,6 +1,7 @@
 //! Sleep and wake: a pool gives every physical page back while its virtual ranges stay
 //! reserved, and later maps new pages at the same addresses, with the bytes of its live
-//! allocations restored from pinned host copies when it was asked to keep them (*offload*).
+//! allocations restored from a pinned host copy when it was asked to keep them (*offload*).
+//! This file is the sleep; `wake` is the way back.
 //!
 //! A pool sleeps as a whole; [`crate::CachingAllocator`] keeps each tag's allocations in a pool
 //! of their own, so a tag's blocks never share a page (or a range) with another tag's.
@@ -10,41 +11,60 @@
 //! `sleep`: waits for the events of blocks freed on other streams and of releasing blocks
 //! (`events`, `releasing`), records one event on every stream that used the pool's memory
 //! (its ranges' streams and the streams recorded on live blocks), and then either makes the
-//! pool's copy stream wait for those events and copies every live allocation's requested bytes
-//! into one pinned host buffer on it (offload), or only waits for them; the host waits for the
-//! copies' event, and every chunk is unmapped and released. Nothing is unmapped before the
-//! copies completed, and a failure before the unmapping changes nothing. `wake(stream)`:
-//! claims the slept bytes against the limit, maps a new page for every chunk that was unmapped,
-//! at its old address and with its old size, copies the host copies back on the copy stream,
-//! makes `stream` wait for the copies' event, waits for it on the host and frees the host
-//! buffer. A failure (out of memory included) unmaps what this attempt mapped and leaves the
-//! pool asleep with its host copies.
+//! pool's copy stream wait for those events and enqueues on it one copy per live allocation
+//! (its requested bytes, in address order) into the pool's pinned host buffer (offload), or
+//! only waits for those events; with offload the host waits once, for an event recorded after
+//! the last copy. Then every chunk is unmapped and released. Nothing is unmapped before the
+//! copies completed, and a failure before the unmapping changes nothing (but for a host buffer
+//! made for it, which stays for the next sleep).
+//!
+//! The host buffer is made by the first offloading sleep and kept, while awake too, for the
+//! next one (it is made again, larger, when the live allocations outgrow it): pinning host
+//! memory costs more than copying it. [`Core::release_host_buffer`] frees it.
 //!
 //! # Invariants
 //!
 //! - Asleep ([`Core::asleep`]): the blocks are as they were at `sleep`; every chunk that was
-//!   mapped is in its segment's `slept` list (or, if its unmap failed, still in `chunks`); the
-//!   pool hands out, frees and releases nothing; `reserved` counts only chunks still mapped.
-//! - Awake: every segment's `slept` list is empty and there is no host copy.
-//! - A host copy holds `requested` bytes of each block allocated at `sleep`, at the offsets
-//!   listed in `copies`, inside one buffer of `host_bytes` bytes.
+//!   mapped is in its segment's `slept` list or, if its unmap failed, still in `chunks` (and
+//!   counted in `reserved`; [`AllocError::SleepIncomplete`] said so, and a second `sleep`
+//!   retries the unmap); the pool hands out, frees and releases nothing.
+//! - Awake: every segment's `slept` list is empty.
+//! - While asleep with offload, the host buffer holds `requested` bytes of each block allocated
+//!   at `sleep`, at the offsets listed in the slumber's `copies`; copies into or out of it are
+//!   only ever enqueued on the copy stream, so each is ordered after the one before.
 
 use super::block::BlockId;
-use super::segment::Chunk;
 use super::{Core, Observer};
 use crate::error::AllocError;
 use cudalloc_sys::{Device, DeviceError, EventHandle, HostPtr, StreamId};
 use std::collections::BTreeSet;
 
+/// One live allocation's bytes in the host buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Copy {
+    /// Device address.
+    pub addr: u64,
+    /// Offset in the host buffer.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
 /// What a sleeping pool keeps to wake up.
 #[derive(Debug, Default)]
 pub(crate) struct Slumber {
-    /// The pinned host buffer holding the copies (address, bytes), if anything was copied.
-    host: Option<(HostPtr, u64)>,
-    /// (device address, offset in the host buffer, bytes) of each live allocation copied.
-    copies: Vec<(u64, u64, u64)>,
+    /// The live allocations copied into the host buffer, in address order (empty without
+    /// offload).
+    pub copies: Vec<Copy>,
     /// Bytes of the chunks unmapped by the sleep.
-    bytes: u64,
+    pub bytes: u64,
+}
+
+impl Slumber {
+    /// Bytes of the copies.
+    fn copied(&self) -> u64 {
+        self.copies.iter().map(|c| c.len).sum()
+    }
 }
 
 impl<D: Device> Core<D> {
@@ -58,25 +78,29 @@ impl<D: Device> Core<D> {
         self.slumber.as_ref().map_or(0, |s| s.bytes)
     }
 
-    /// Bytes of pinned host memory holding the sleeping pool's allocations (0 when awake or
-    /// not offloaded).
+    /// Bytes of the sleeping pool's allocations kept in pinned host memory (0 when awake or not
+    /// offloaded).
     pub fn offloaded_bytes(&self) -> u64 {
-        self.slumber
-            .as_ref()
-            .and_then(|s| s.host)
-            .map_or(0, |h| h.1)
+        self.slumber.as_ref().map_or(0, Slumber::copied)
     }
 
-    /// Puts the pool to sleep (see the module docs); nothing when it already sleeps. Refused
-    /// during a capture ([`AllocError::DuringCapture`]) and when the pool holds fixed segments
-    /// ([`AllocError::SleepUnsupported`]).
+    /// Bytes of the pinned host buffer the pool holds, asleep or awake (0: none).
+    pub fn host_buffer_bytes(&self) -> u64 {
+        self.host_buffer.map_or(0, |h| h.1)
+    }
+
+    /// Puts the pool to sleep (see the module docs). When it already sleeps, only retries the
+    /// unmap of the pages a first sleep could not unmap. Refused during a capture
+    /// ([`AllocError::DuringCapture`]) and when the pool holds fixed segments
+    /// ([`AllocError::SleepUnsupported`]). Pages the driver refuses to unmap leave the pool
+    /// asleep with them mapped: [`AllocError::SleepIncomplete`].
     pub(crate) fn sleep<P: Observer>(
         &mut self,
         policy: &mut P,
         offload: bool,
     ) -> Result<(), AllocError> {
         if self.asleep() {
-            return Ok(());
+            return self.unmap_everything();
         }
         self.refuse_during_capture("sleep")?;
         if self.blocks.iter().any(|(_, b)| !b.is_expandable()) {
@@ -89,32 +113,40 @@ impl<D: Device> Core<D> {
             self.offload(&events)
         } else {
             self.wait_all(&events)
-                .map(|()| Slumber::default())
+                .map(|()| Vec::new())
                 .map_err(AllocError::from)
         };
         self.spare_events.extend(events.iter().map(|e| e.1));
-        let mut slumber = copied?;
-        slumber.bytes = self.unmap_everything();
-        self.slumber = Some(slumber);
-        Ok(())
+        self.slumber = Some(Slumber {
+            copies: copied?,
+            bytes: 0,
+        });
+        self.unmap_everything()
     }
 
     /// The error for `what` during a capture, if one is underway.
-    fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
+    pub(super) fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
         if self.capturing() {
             return Err(AllocError::DuringCapture { what, requested: 0 });
         }
         Ok(())
     }
 
-    /// Records an event on every stream that used the pool's memory.
-    fn record_on_users(&mut self) -> Result<Vec<(StreamId, EventHandle)>, DeviceError> {
+    /// Every stream that used the pool's memory: its ranges' streams and those recorded on its
+    /// blocks.
+    pub(super) fn user_streams(&self) -> BTreeSet<StreamId> {
         let mut streams: BTreeSet<StreamId> =
             self.segments.iter().flatten().map(|s| s.stream).collect();
         for (_, b) in self.blocks.iter() {
             streams.insert(b.stream);
             streams.extend(b.stream_uses.iter().copied());
         }
+        streams
+    }
+
+    /// Records an event on every stream that used the pool's memory.
+    fn record_on_users(&mut self) -> Result<Vec<(StreamId, EventHandle)>, DeviceError> {
+        let streams = self.user_streams();
         let mut events = Vec::with_capacity(streams.len());
         for s in streams {
             let recorded = self.take_event().and_then(|ev| {
@@ -145,7 +177,7 @@ impl<D: Device> Core<D> {
     }
 
     /// The pool's copy stream, made on first use.
-    fn copy_stream(&mut self) -> Result<StreamId, DeviceError> {
+    pub(super) fn copy_stream(&mut self) -> Result<StreamId, DeviceError> {
         if let Some(s) = self.copy_stream {
             return Ok(s);
         }
@@ -161,57 +193,76 @@ impl<D: Device> Core<D> {
         }
     }
 
-    /// Copies every live allocation into one pinned host buffer on the copy stream, after the
-    /// users' `events`, and waits for the copies; on failure frees the buffer (nothing kept).
-    fn offload(&mut self, events: &[(StreamId, EventHandle)]) -> Result<Slumber, AllocError> {
-        let mut copies = Vec::new();
-        let mut total = 0;
-        for (_, b) in self
+    /// A pinned host buffer of at least `bytes`: the one kept when it is large enough, else a
+    /// new one (the one kept freed first).
+    fn host_buffer(&mut self, bytes: u64) -> Result<HostPtr, DeviceError> {
+        match self.host_buffer {
+            Some((host, n)) if n >= bytes => Ok(host),
+            _ => {
+                self.release_host_buffer()?;
+                let host = self.device.alloc_host(bytes)?;
+                self.host_buffer = Some((host, bytes));
+                Ok(host)
+            }
+        }
+    }
+
+    /// Frees the pinned host buffer, once the copies enqueued into or out of it completed;
+    /// nothing when there is none, or while the pool sleeps (it holds the sleep's copies).
+    pub(crate) fn release_host_buffer(&mut self) -> Result<(), DeviceError> {
+        if self.asleep() {
+            return Ok(());
+        }
+        let Some((host, n)) = self.host_buffer else {
+            return Ok(());
+        };
+        if let Some(s) = self.copy_stream {
+            self.wait_stream(s)?;
+        }
+        self.host_buffer = None;
+        self.device.free_host(host, n)
+    }
+
+    /// Copies every live allocation into the host buffer on the copy stream, after the users'
+    /// `events`, and waits for the copies; returns them.
+    fn offload(&mut self, events: &[(StreamId, EventHandle)]) -> Result<Vec<Copy>, AllocError> {
+        let mut copies: Vec<Copy> = self
             .blocks
             .iter()
             .filter(|(_, b)| b.allocated && b.requested > 0)
-        {
-            copies.push((b.addr, total, b.requested));
-            total += b.requested;
-        }
-        if total == 0 {
+            .map(|(_, b)| Copy {
+                addr: b.addr,
+                offset: 0,
+                len: b.requested,
+            })
+            .collect();
+        if copies.is_empty() {
             self.wait_all(events)?;
-            return Ok(Slumber::default());
+            return Ok(copies);
+        }
+        copies.sort_unstable_by_key(|c| c.addr);
+        let mut total = 0;
+        for c in &mut copies {
+            c.offset = total;
+            total += c.len;
         }
         let stream = self.copy_stream()?;
-        let host = self.device.alloc_host(total)?;
-        let done = self.copy_out(stream, host, &copies, events);
-        if let Err(e) = done {
-            let _ = self.device.free_host(host, total);
-            return Err(e.into());
-        }
-        Ok(Slumber {
-            host: Some((host, total)),
-            copies,
-            bytes: 0,
-        })
-    }
-
-    /// Enqueues the copies out after `events` and waits for them on the host.
-    fn copy_out(
-        &mut self,
-        stream: StreamId,
-        host: HostPtr,
-        copies: &[(u64, u64, u64)],
-        events: &[(StreamId, EventHandle)],
-    ) -> Result<(), DeviceError> {
+        let host = self.host_buffer(total)?;
         for &(_, ev) in events {
             self.device.wait_event(stream, ev)?;
         }
-        for &(addr, off, n) in copies {
+        let enqueued = copies.iter().try_for_each(|c| {
             self.device
-                .copy_to_host_async(host + off, addr, n, stream)?;
-        }
-        self.wait_stream(stream)
+                .copy_to_host_async(host + c.offset, c.addr, c.len, stream)
+        });
+        // Waited for even after a failed enqueue: the copies enqueued before it use the buffer.
+        let waited = self.wait_stream(stream);
+        enqueued.and(waited)?;
+        Ok(copies)
     }
 
     /// Records an event on `stream` and waits for it on the host.
-    fn wait_stream(&mut self, stream: StreamId) -> Result<(), DeviceError> {
+    pub(super) fn wait_stream(&mut self, stream: StreamId) -> Result<(), DeviceError> {
         let ev = self.take_event()?;
         let r = self.device.record_event(ev, stream);
         let r = r.and_then(|()| {
@@ -222,26 +273,31 @@ impl<D: Device> Core<D> {
         r
     }
 
-    /// Unmaps and releases every chunk of every range, listing each in its range's `slept`;
-    /// returns the bytes unmapped. A chunk whose unmap fails stays mapped (and counted); a page
-    /// whose release fails is a stray, released again later.
-    fn unmap_everything(&mut self) -> u64 {
+    /// Unmaps and releases every chunk still mapped, listing each in its range's `slept` and
+    /// counting its bytes in the slumber. A chunk whose unmap fails stays mapped (and counted
+    /// in `reserved`): [`AllocError::SleepIncomplete`] with the bytes left and the first
+    /// error. A page whose release fails is unmapped and becomes a stray, released later.
+    fn unmap_everything(&mut self) -> Result<(), AllocError> {
+        let mut first = None;
         let mut total = 0;
         for i in 0..self.segments.len() {
             let Some(seg) = self.segments[i].as_mut() else {
                 continue;
             };
             let before = seg.stray_bytes();
-            let chunks: Vec<(u64, Chunk)> = seg.chunks.iter().map(|(&a, &c)| (a, c)).collect();
+            let chunks: Vec<(u64, u64)> = seg.chunks.iter().map(|(&a, c)| (a, c.size)).collect();
             let (mut bytes, mut ops) = (0, 0);
-            for (at, c) in chunks {
-                let done = seg.unmap(&self.device, at, c.size);
-                if done.range.size == c.size {
-                    seg.slept.push((at, c.size));
-                    bytes += c.size;
+            for (at, size) in chunks {
+                let done = seg.unmap(&self.device, at, size);
+                if done.range.size == size {
+                    seg.slept.push((at, size));
+                    bytes += size;
                     ops += 1;
+                } else if first.is_none() {
+                    first = done.error;
                 }
             }
+            seg.slept.sort_unstable();
             let pool = seg.pool;
             self.stats.calls.unmaps += ops;
             self.sub_reserved(bytes);
@@ -249,149 +305,34 @@ impl<D: Device> Core<D> {
             self.track_strays(i, before);
             total += bytes;
         }
-        total
-    }
-
-    /// Wakes the pool (see the module docs): later work on `stream` runs after the restored
-    /// bytes are in place. Nothing when it is awake. Refused during a capture; out of memory
-    /// (the limit or the device) is [`AllocError::OutOfMemory`], and the pool stays asleep,
-    /// intact.
-    pub(crate) fn wake(&mut self, stream: StreamId) -> Result<(), AllocError> {
-        let Some(bytes) = self.slumber.as_ref().map(|s| s.bytes) else {
-            return Ok(());
-        };
-        self.refuse_during_capture("wake")?;
-        if self.over_limit(bytes) || !self.claim(bytes) {
-            return Err(self.wake_oom(bytes));
-        }
-        if let Err(e) = self.map_slept() {
-            self.sub_reserved(bytes);
-            return Err(if e.is_out_of_memory() {
-                self.wake_oom(bytes)
-            } else {
-                e.into()
-            });
-        }
-        if let Err(e) = self.copy_back(stream) {
-            self.unmap_woken();
-            self.sub_reserved(bytes);
-            return Err(e.into());
-        }
-        let slumber = self.slumber.take().expect("asleep");
-        if let Some((host, n)) = slumber.host {
-            let _ = self.device.free_host(host, n);
-        }
-        self.woke();
-        Ok(())
-    }
-
-    /// The out-of-memory error of a wake that needed `bytes`.
-    fn wake_oom(&self, bytes: u64) -> AllocError {
-        AllocError::OutOfMemory {
-            requested: bytes,
-            rounded: bytes,
-            reserved: self.reserved,
-            allocated: self.stats.allocated_bytes.0[0].current as u64,
-            device_free: self.device.mem_info().map(|m| m.0).unwrap_or(0),
-            limit: self.limit,
+        let slumber = self.slumber.as_mut().expect("asleep");
+        slumber.bytes += total;
+        match first {
+            None => Ok(()),
+            Some(source) => Err(AllocError::SleepIncomplete {
+                tag: None,
+                mapped: self.mapped_while_asleep(),
+                source,
+            }),
         }
     }
 
-    /// Maps a new page for every slept chunk, at its address; on failure unmaps what it mapped
-    /// (the slept lists are untouched until the wake succeeds).
-    fn map_slept(&mut self) -> Result<(), DeviceError> {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            let mut failed = None;
-            for &(at, size) in &seg.slept.clone() {
-                if let Err(e) = seg.map_exact(&self.device, at, size, &self.peers) {
-                    failed = Some(e);
-                    break;
-                }
-            }
-            self.track_strays(i, before);
-            if let Some(e) = failed {
-                self.unmap_woken();
-                return Err(e);
-            }
+    /// Bytes of the chunks still mapped while the pool sleeps (an unmap the driver refused).
+    pub fn mapped_while_asleep(&self) -> u64 {
+        if !self.asleep() {
+            return 0;
         }
-        Ok(())
+        self.segments.iter().flatten().map(|s| s.mapped).sum()
     }
 
-    /// Unmaps the chunks a failed wake mapped back (those listed in `slept` and mapped now).
-    fn unmap_woken(&mut self) {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            for &(at, size) in &seg.slept.clone() {
-                if seg.chunks.contains_key(&at) {
-                    let done = seg.unmap(&self.device, at, size);
-                    if done.range.size != size {
-                        // Still mapped: counted as a stray until a later call unmaps it.
-                        if let Some(c) = seg.chunks.remove(&at) {
-                            seg.mapped -= c.size;
-                            seg.stuck.push((at, c));
-                        }
-                    }
-                }
-            }
-            self.track_strays(i, before);
-        }
-    }
-
-    /// Copies the host copies back on the copy stream, makes `stream` wait for them, and waits
-    /// for them on the host.
-    fn copy_back(&mut self, stream: StreamId) -> Result<(), DeviceError> {
-        let slumber = self.slumber.as_ref().expect("asleep");
-        let Some((host, _)) = slumber.host else {
-            return Ok(());
-        };
-        let copies = slumber.copies.clone();
-        let copy_stream = self.copy_stream()?;
-        for &(addr, off, n) in &copies {
-            self.device
-                .copy_to_device_async(addr, host + off, n, copy_stream)?;
-        }
-        let ev = self.take_event()?;
-        let r = self.device.record_event(ev, copy_stream);
-        let r = r.and_then(|()| self.device.wait_event(stream, ev));
-        let r = r.and_then(|()| {
-            self.stats.device_waits += 1;
-            self.device.synchronize_event(ev)
-        });
-        self.spare_events.push(ev);
-        r
-    }
-
-    /// After a successful wake: the slept chunks count as mapped again.
-    fn woke(&mut self) {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let ops = seg.slept.len() as u64;
-            let bytes: u64 = seg.slept.drain(..).map(|(_, n)| n).sum();
-            let pool = seg.pool;
-            self.reserved_grew(pool, bytes);
-            self.stats.calls.maps += ops;
-        }
-    }
-
-    /// When the pool sleeps, as it is dropped: frees its host copy, unmaps what is still mapped
-    /// and gives its ranges back (its blocks need no freeing: they hold no pages). False (nothing
-    /// done) when it is awake.
+    /// When the pool sleeps, as it is dropped: frees its host buffer, unmaps what is still
+    /// mapped and gives its ranges back (its blocks need no freeing: they hold no pages). False
+    /// (nothing done) when it is awake.
     pub(crate) fn drop_asleep(&mut self) -> bool {
-        let Some(slumber) = self.slumber.take() else {
+        if self.slumber.take().is_none() {
             return false;
-        };
-        if let Some((host, n)) = slumber.host {
-            let _ = self.device.free_host(host, n);
         }
+        let _ = self.release_host_buffer();
         for seg in self.segments.iter_mut().flatten() {
             let _ = seg.unmap(&self.device, seg.va, seg.size);
             seg.retry_leaked(&self.device);
