@@ -30,6 +30,10 @@ pub enum ErrorKind {
     /// requests too large for any device included): the failure PyTorch reports as
     /// `torch.OutOfMemoryError`.
     OutOfMemory = 2,
+    /// `cudalloc_sleep` copied what it was asked to keep, but the driver refused to unmap some
+    /// pages: the tag sleeps all the same (a wake restores it), with those pages still mapped;
+    /// sleeping it again retries their unmap.
+    SleepIncomplete = 3,
 }
 
 /// A failure of an exported function's body: the message and its kind.

@@ -203,18 +203,20 @@ impl Tracer {
         self.on.load(Ordering::SeqCst)
     }
 
-    /// [`CachingAllocator::allocate`], recorded while a trace is on.
+    /// [`CachingAllocator::allocate`] (or [`CachingAllocator::allocate_tagged`] in `tag`),
+    /// recorded while a trace is on (a tagged allocation as any other).
     pub fn allocate<D: Device>(
         &self,
         alloc: &CachingAllocator<D>,
         size: u64,
         stream: StreamId,
+        tag: Option<&str>,
     ) -> Result<Allocation, AllocError> {
         if !self.on.load(Ordering::Relaxed) {
-            return alloc.allocate(size, stream);
+            return crate::tags::allocate(alloc, size, stream, tag);
         }
         let mut state = self.state.lock();
-        let result = alloc.allocate(size, stream);
+        let result = crate::tags::allocate(alloc, size, stream, tag);
         if let Some(r) = state.as_mut() {
             r.catch_up(alloc, None);
             r.recorder.allocated(&result, size, stream);
@@ -305,8 +307,8 @@ mod tests {
         let alloc = sim_allocator();
         let t = Tracer::new();
         let s = StreamId(7);
-        let before = t.allocate(&alloc, 1000, s).unwrap();
-        let gone = t.allocate(&alloc, 3000, s).unwrap();
+        let before = t.allocate(&alloc, 1000, s, None).unwrap();
+        let gone = t.allocate(&alloc, 3000, s, None).unwrap();
         t.free(&alloc, gone.ptr()).unwrap();
         t.start(&path, Some(&alloc)).unwrap();
         assert!(t.is_recording());
@@ -314,17 +316,17 @@ mod tests {
             .start(&path, Some(&alloc))
             .unwrap_err()
             .contains("already"));
-        let a = t.allocate(&alloc, 2 << 20, s).unwrap();
-        assert!(t.allocate(&alloc, 4 << 30, s).is_err());
+        let a = t.allocate(&alloc, 2 << 20, s, None).unwrap();
+        assert!(t.allocate(&alloc, 4 << 30, s, None).is_err());
         assert!(
-            t.allocate(&alloc, 1 << 50, s).is_err(),
+            t.allocate(&alloc, 1 << 50, s, None).is_err(),
             "more than any device holds"
         );
         t.free(&alloc, before.ptr()).unwrap();
         t.free(&alloc, a.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         assert!(!t.is_recording());
-        let after = t.allocate(&alloc, 10, s).unwrap();
+        let after = t.allocate(&alloc, 10, s, None).unwrap();
         t.free(&alloc, after.ptr()).unwrap();
         let l = lines(&path);
         assert_eq!(l[0], cudalloc_core::record::csv::HEADER);
@@ -365,11 +367,11 @@ mod tests {
         let alloc = allocator_for(cudalloc_core::Policy::Default);
         let t = Tracer::new();
         let s = StreamId(7);
-        let keep = t.allocate(&alloc, 1000, s).unwrap();
-        let cached = t.allocate(&alloc, 3000, s).unwrap();
+        let keep = t.allocate(&alloc, 1000, s, None).unwrap();
+        let cached = t.allocate(&alloc, 3000, s, None).unwrap();
         t.free(&alloc, cached.ptr()).unwrap();
         t.start(&path, Some(&alloc)).unwrap();
-        let again = t.allocate(&alloc, 3000, s).unwrap();
+        let again = t.allocate(&alloc, 3000, s, None).unwrap();
         assert_eq!(again.ptr(), cached.ptr(), "a thread-cache hit");
         t.free(&alloc, again.ptr()).unwrap();
         t.free(&alloc, keep.ptr()).unwrap();
@@ -390,7 +392,7 @@ mod tests {
         let alloc = sim_allocator();
         let t = Tracer::new();
         t.start::<SimDevice>(&path, None).unwrap();
-        let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+        let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
         t.free(&alloc, a.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         let bytes = std::fs::read(&path).unwrap();
@@ -420,7 +422,7 @@ mod tests {
         let t = Tracer::new();
         t.start::<SimDevice>(path, None)?;
         for _ in 0..100 {
-            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+            let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
             t.free(&alloc, a.ptr()).unwrap();
         }
         t.stop(Some(&alloc))
@@ -488,14 +490,14 @@ mod tests {
         let t = Tracer::new();
         let (s1, s2) = (StreamId(1), StreamId(2));
         t.start::<std::sync::Arc<SimDevice>>(&path, None).unwrap();
-        let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        let a = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
         t.record_stream(&alloc, a.ptr(), s2).unwrap();
         t.free(&alloc, a.ptr()).unwrap();
-        let b = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        let b = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
         assert_ne!(b.ptr(), a.ptr(), "the block waits for stream 2");
         t.free(&alloc, b.ptr()).unwrap();
         sim.complete_stream(s2);
-        let c = t.allocate(&alloc, 64 << 20, s1).unwrap();
+        let c = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
         t.free(&alloc, c.ptr()).unwrap();
         t.stop(Some(&alloc)).unwrap();
         let events: Vec<String> = lines(&path)[1..]
@@ -549,7 +551,7 @@ mod tests {
         let t = Tracer::new();
         t.start::<SimDevice>(Path::new("/dev/full"), None).unwrap();
         for _ in 0..5_000 {
-            let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+            let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
             t.free(&alloc, a.ptr()).unwrap();
         }
         let e = t.stop(Some(&alloc)).unwrap_err();
