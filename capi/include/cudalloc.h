@@ -279,6 +279,8 @@ long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long l
  * allocate in it. A tag is 1 to 255 bytes of UTF-8 without a comma or a control character;
  * frees need none; private pools (cudalloc_pool_malloc) ignore it. Both 0 or -1 (a bad tag is
  * not pushed; a pop with none pushed fails). cudalloc_tag_depth: the tags pushed and not popped.
+ * cudalloc_tag_current: the innermost tag's length (0: none), written NUL-terminated into buf
+ * when it fits in len bytes.
  *
  * cudalloc_sleep gives the pages of the tags in the comma-separated list tags back to the
  * driver while their addresses stay reserved; the live allocations of the tags also in offload
@@ -300,6 +302,7 @@ long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long l
 int cudalloc_tag_push(const char *tag);
 int cudalloc_tag_pop(void);
 int cudalloc_tag_depth(void);
+size_t cudalloc_tag_current(char *buf, size_t len);
 int cudalloc_sleep(int device, const char *tags, const char *offload);
 int cudalloc_wake(int device, const char *tags, cudalloc_stream_t stream);
 int cudalloc_release_host_buffers(int device);

@@ -323,6 +323,15 @@ pub extern "C" fn cudalloc_tag_depth() -> c_int {
     tag_api::tag_depth()
 }
 
+/// Writes the calling thread's innermost tag, NUL-terminated, into `buf` if it fits in `len`
+/// bytes (NUL included; nothing written otherwise). Returns its length without the NUL, or 0
+/// when the thread has no tag. Never fails.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    tag_api::tag_current(buf, len)
+}
+
 /// Puts the tags of the comma-separated list `tags` to sleep on `device`, in order: their
 /// pages go back to the driver, their addresses stay reserved; the live allocations of the tags
 /// also in `offload` (a list too; NULL or "": none) are first copied to pinned host memory and

@@ -41,6 +41,13 @@ pub(crate) fn tag_depth() -> c_int {
     c_int::try_from(tags::depth()).unwrap_or(c_int::MAX)
 }
 
+pub(crate) fn tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    guard(0, || {
+        let tag = tags::current().unwrap_or_default();
+        Ok(buf.write_c_string(len, tag.as_bytes()))
+    })
+}
+
 pub(crate) fn sleep(device: c_int, tag_list: CStrArg<'_>, offload: CStrArg<'_>) -> c_int {
     guard_kind(FAILED, || {
         let fail = |e: String| Failure::from(format!("cudalloc_sleep: {e}"));

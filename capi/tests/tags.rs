@@ -8,9 +8,10 @@
 
 use cudalloc_capi::{
     cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc, cudalloc_release_host_buffers,
-    cudalloc_set_memory_fraction, cudalloc_sleep, cudalloc_tag_depth, cudalloc_tag_pop,
-    cudalloc_tag_push, cudalloc_tag_stats_json, cudalloc_wake, json, last_error_message, tags,
-    with_c_buffer, CStrArg, CUDALLOC_ERROR_OTHER, CUDALLOC_ERROR_OUT_OF_MEMORY,
+    cudalloc_set_memory_fraction, cudalloc_sleep, cudalloc_tag_current, cudalloc_tag_depth,
+    cudalloc_tag_pop, cudalloc_tag_push, cudalloc_tag_stats_json, cudalloc_wake, json,
+    last_error_message, tags, with_c_buffer, CStrArg, CUDALLOC_ERROR_OTHER,
+    CUDALLOC_ERROR_OUT_OF_MEMORY,
 };
 use cudalloc_core::{CachingAllocator, Config, Policy};
 use cudalloc_sys::{CudaDevice, SimConfig, SimDevice, StreamId};
@@ -46,12 +47,22 @@ fn tags_nest_on_each_thread_and_bad_tags_are_refused_with_a_reason() {
     assert_eq!(cudalloc_tag_push(CStrArg::new(&kv)), 0);
     assert_eq!(cudalloc_tag_depth(), 2);
     assert_eq!(tags::current().as_deref(), Some("kv"));
+    let mut buf = [b'x'; 8];
+    assert_eq!(
+        with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l)),
+        2
+    );
+    assert_eq!(&buf[..3], b"kv\0");
     std::thread::spawn(|| assert_eq!(cudalloc_tag_depth(), 0))
         .join()
         .unwrap();
     assert_eq!(cudalloc_tag_pop(), 0);
     assert_eq!(tags::current().as_deref(), Some("weights"));
     assert_eq!(cudalloc_tag_pop(), 0);
+    assert_eq!(
+        with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l)),
+        0
+    );
     assert_eq!(cudalloc_tag_pop(), -1);
     assert!(last_error_message().starts_with("cudalloc_tag_pop: no tag was pushed"));
     assert_eq!(cudalloc_last_error_kind(), CUDALLOC_ERROR_OTHER);
