@@ -104,10 +104,11 @@ pub enum AllocError {
     /// Sleep needs expandable segments (pages that can be unmapped while their addresses stay
     /// reserved); the `torch` policy allocates fixed segments (`cuMemAlloc`).
     SleepUnsupported,
-    /// A sleep copied what it was asked to keep, but the driver refused to unmap some of the
-    /// pages: the memory sleeps (it refuses allocations, frees and `record_stream`, and a wake
-    /// restores it whole), yet `mapped` bytes of its pages stay on the device, counted in the
-    /// reserved bytes. Sleeping it again retries their unmap; waking it works as after any sleep.
+    /// A sleep unmapped some of the pages but not all: the driver refused an unmap, or a wait
+    /// for the copies of later pages failed. The memory sleeps (it refuses allocations, frees
+    /// and `record_stream`, and a wake restores it whole), yet `mapped` bytes of its pages stay
+    /// on the device, counted in the reserved bytes. Sleeping it again copies their bytes again
+    /// and retries their unmap; waking it works as after any sleep.
     SleepIncomplete {
         /// The tag, when the caller named one (a lone `Pool` has none).
         tag: Option<String>,
@@ -237,8 +238,7 @@ impl fmt::Display for AllocError {
                 }
                 write!(
                     f,
-                    "{} of its pages stay mapped (the driver refused to unmap them: {source}); \
-                     sleep it again to retry, or wake it",
+                    "{} of its pages stay mapped ({source}); sleep it again to retry, or wake it",
                     crate::fmt::bytes(*mapped)
                 )
             }

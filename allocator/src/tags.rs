@@ -85,8 +85,8 @@ pub struct TagStats {
     /// Bytes of the pinned host buffer its offloading sleeps copy into, kept while awake too
     /// for the next sleep ([`CachingAllocator::release_host_buffers`] frees it).
     pub host_buffer_bytes: u64,
-    /// Bytes of its pages still mapped while it sleeps because the driver refused to unmap
-    /// them ([`AllocError::SleepIncomplete`]; 0 otherwise).
+    /// Bytes of its pages still mapped while it sleeps after an incomplete sleep
+    /// ([`AllocError::SleepIncomplete`]; 0 otherwise).
     pub mapped_while_asleep: u64,
 }
 
@@ -215,8 +215,8 @@ impl<D: Device> CachingAllocator<D> {
     /// ([`AllocError::DuringCapture`]) and under the `torch` policy
     /// ([`AllocError::SleepUnsupported`]). An error stops at the tag that failed: the tags
     /// before it sleep, those after it do not; the failed tag is awake and unchanged, except
-    /// after [`AllocError::SleepIncomplete`] (the driver refused to unmap some pages after the
-    /// copies were made), where it sleeps with those pages still mapped.
+    /// after [`AllocError::SleepIncomplete`] (some pages were unmapped, but not all), where it
+    /// sleeps with the others still mapped.
     pub fn sleep(&self, tags: &[&str], offload: &[&str]) -> Result<(), AllocError> {
         if self.cfg.policy() == Policy::Torch {
             return Err(AllocError::SleepUnsupported);

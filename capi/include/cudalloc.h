@@ -293,8 +293,9 @@ long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long l
  * a failure stops at the failed tag (those before it are done, those after it are not, it is
  * unchanged), with these kinds: CUDALLOC_ERROR_OUT_OF_MEMORY for a wake with no room (the tag
  * stays asleep and intact; retry once memory is freed), CUDALLOC_ERROR_SLEEP_INCOMPLETE for a
- * sleep whose copies were made but some of whose pages the driver refused to unmap (the tag
- * sleeps all the same; cudalloc_sleep again retries the unmap). Both need an expandable policy
+ * sleep that unmapped some pages but not all (the driver refused an unmap, or a wait for the
+ * copies of later pages failed: the tag sleeps all the same, those pages still mapped;
+ * cudalloc_sleep again retries them). Both need an expandable policy
  * (default or torch-expandable) and are refused during a capture. Each tag keeps its pinned
  * host buffer after a wake, for its next sleep: cudalloc_release_host_buffers frees those of
  * the awake tags. All 0 or -1. cudalloc_tag_stats_json: the tags' statistics as a JSON array,
@@ -315,8 +316,8 @@ size_t cudalloc_tag_stats_json(int device, char *buf, size_t len);
                                           space had no room, or the request was larger than any
                                           device (PyTorch raises torch.OutOfMemoryError);
                                           cudalloc_wake: no room for a tag */
-#define CUDALLOC_ERROR_SLEEP_INCOMPLETE 3 /* cudalloc_sleep: the tag sleeps, but the driver
-                                             refused to unmap some of its pages */
+#define CUDALLOC_ERROR_SLEEP_INCOMPLETE 3 /* cudalloc_sleep: the tag sleeps, but some of its
+                                             pages stay mapped */
 int cudalloc_last_error_kind(void);
 
 #ifdef __cplusplus

@@ -339,7 +339,7 @@ pub extern "C" fn cudalloc_tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -
 /// `cudalloc_record_stream` of a sleeping tag fail until it wakes. 0, or -1 on failure: the
 /// tags before the failed one sleep, those after it do not, and the failed one is unchanged,
 /// except for [`CUDALLOC_ERROR_SLEEP_INCOMPLETE`] (see [`cudalloc_last_error_kind`]), after
-/// which it sleeps with some pages still mapped (calling this again retries their unmap).
+/// which it sleeps with some pages still mapped (calling this again retries them).
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_sleep(device: c_int, tags: CStrArg<'_>, offload: CStrArg<'_>) -> c_int {
@@ -386,8 +386,8 @@ pub const CUDALLOC_ERROR_OTHER: c_int = error::ErrorKind::Other as c_int;
 /// [`cudalloc_last_error_kind`]: out of memory (the device, the cap or the address space had
 /// no room, or the request was larger than any device).
 pub const CUDALLOC_ERROR_OUT_OF_MEMORY: c_int = error::ErrorKind::OutOfMemory as c_int;
-/// [`cudalloc_last_error_kind`]: [`cudalloc_sleep`] left the tag asleep with pages the driver
-/// refused to unmap.
+/// [`cudalloc_last_error_kind`]: [`cudalloc_sleep`] left the tag asleep with some pages still
+/// mapped (an unmap refused, or a failed wait for the copies of later pages).
 pub const CUDALLOC_ERROR_SLEEP_INCOMPLETE: c_int = error::ErrorKind::SleepIncomplete as c_int;
 
 /// The kind of the calling thread's last error, set with its message: [`CUDALLOC_ERROR_NONE`]

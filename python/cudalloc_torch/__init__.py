@@ -94,9 +94,9 @@ class OutOfMemoryError(CudallocError):
 
 
 class SleepIncompleteError(CudallocError):
-    """:func:`sleep` copied what it was asked to keep, but the driver refused to unmap some of a
-    tag's pages: the tag sleeps all the same (a :func:`wake` restores it), with those pages still
-    mapped; calling :func:`sleep` again retries their unmap."""
+    """:func:`sleep` unmapped some of a tag's pages but not all (the driver refused an unmap, or
+    a wait for the copies of later pages failed): the tag sleeps all the same (a :func:`wake`
+    restores it), with those pages still mapped; calling :func:`sleep` again retries them."""
 
 
 # cudalloc_last_error_kind values (capi/include/cudalloc.h).
@@ -532,8 +532,7 @@ def sleep(tags, offload=(), device=None):
     addresses; the tensors of the tags also in ``offload`` are first copied to pinned host memory
     (after the work queued on every stream that used them), the others come back uninitialised.
     Until :func:`wake`, freeing such a tensor, or allocating in the tag, fails. Raises
-    :class:`SleepIncompleteError` when the driver refused to unmap some pages (the tag sleeps
-    anyway), :class:`CudallocError` otherwise (the tags before the failed one sleep, those after
+    :class:`SleepIncompleteError` when some pages stayed mapped (the tag sleeps anyway), :class:`CudallocError` otherwise (the tags before the failed one sleep, those after
     it do not). Needs the ``default`` or ``torch-expandable`` policy."""
     _check_sleep(
         _device_lib().cudalloc_sleep(current_device(device), _tag_list(tags, "tags"), _tag_list(offload, "offload"))

@@ -11,12 +11,17 @@
 //! `sleep`: waits for the events of blocks freed on other streams and of releasing blocks
 //! (`events`, `releasing`), records one event on every stream that used the pool's memory
 //! (its ranges' streams and the streams recorded on live blocks), and then either makes the
-//! pool's copy stream wait for those events and enqueues on it one copy per live allocation
-//! (its requested bytes, in address order) into the pool's pinned host buffer (offload), or
-//! only waits for those events; with offload the host waits once, for an event recorded after
-//! the last copy. Then every chunk is unmapped and released. Nothing is unmapped before the
-//! copies completed, and a failure before the unmapping changes nothing (but for a host buffer
-//! made for it, which stays for the next sleep).
+//! pool's copy stream wait for those events (offload) or waits for them on the host. With
+//! offload it plans one copy per live allocation (its requested bytes, in address order, into
+//! the pool's pinned host buffer) and enqueues, chunk by chunk in address order, the parts of
+//! the copies lying in each chunk, recording an event after every [`COPY_GROUP`] bytes of
+//! chunks; the host then waits for each group's event and unmaps and releases that group's
+//! chunks while the later groups' copies run. Without offload every chunk is unmapped at once.
+//! No chunk is unmapped before the copies of its bytes completed. A sleep that fails before it
+//! unmapped anything changes nothing (but for a host buffer made for it, which stays for the
+//! next sleep); once some chunks are unmapped, a failed wait for a later group's event, or an
+//! unmap the driver refuses, leaves the pool asleep with the other chunks mapped
+//! ([`AllocError::SleepIncomplete`]); a later `sleep` copies their bytes again and unmaps them.
 //!
 //! The host buffer is made by the first offloading sleep and kept, while awake too, for the
 //! next one (it is made again, larger, when the live allocations outgrow it): pinning host
@@ -25,13 +30,14 @@
 //! # Invariants
 //!
 //! - Asleep ([`Core::asleep`]): the blocks are as they were at `sleep`; every chunk that was
-//!   mapped is in its segment's `slept` list or, if its unmap failed, still in `chunks` (and
-//!   counted in `reserved`; [`AllocError::SleepIncomplete`] said so, and a second `sleep`
-//!   retries the unmap); the pool hands out, frees and releases nothing.
+//!   mapped is in its segment's `slept` list or still in `chunks` (counted in `reserved`; the
+//!   sleep said so with [`AllocError::SleepIncomplete`]); the pool hands out, frees and
+//!   releases nothing.
 //! - Awake: every segment's `slept` list is empty.
-//! - While asleep with offload, the host buffer holds `requested` bytes of each block allocated
-//!   at `sleep`, at the offsets listed in the slumber's `copies`; copies into or out of it are
-//!   only ever enqueued on the copy stream, so each is ordered after the one before.
+//! - While asleep with offload, the host buffer holds the bytes of every planned copy
+//!   ([`Slumber::copies`]: the requested bytes of each block allocated at `sleep`) that lie in
+//!   a slept chunk; a chunk still mapped holds its own bytes. Copies into or out of the buffer
+//!   are only ever enqueued on the copy stream, so each is ordered after the one before.
 
 use super::block::BlockId;
 use super::{Core, Observer};
@@ -58,6 +64,35 @@ pub(crate) struct Slumber {
     pub copies: Vec<Copy>,
     /// Bytes of the chunks unmapped by the sleep.
     pub bytes: u64,
+}
+
+/// Bytes of chunks a sleep unmaps after one event on the copy stream: large enough that the
+/// host waits rarely, small enough that unmapping starts while most copies still run.
+const COPY_GROUP: u64 = 64 << 20;
+
+/// Why [`Core::unmap_everything`] stopped.
+enum Stopped {
+    /// The copies could not be enqueued: nothing was unmapped.
+    Copies(DeviceError),
+    /// Some chunks stay mapped: the first failed call (a wait or an unmap).
+    Incomplete(DeviceError),
+}
+
+/// The parts of `copies` (in address order, disjoint) lying in `lo..hi`: (device address,
+/// offset in the host buffer, bytes).
+pub(super) fn pieces(
+    copies: &[Copy],
+    lo: u64,
+    hi: u64,
+) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    let first = copies.partition_point(|c| c.addr + c.len <= lo);
+    copies[first..]
+        .iter()
+        .take_while(move |c| c.addr < hi)
+        .map(move |c| {
+            let (from, to) = (c.addr.max(lo), (c.addr + c.len).min(hi));
+            (from, c.offset + (from - c.addr), to - from)
+        })
 }
 
 impl Slumber {
@@ -90,17 +125,22 @@ impl<D: Device> Core<D> {
     }
 
     /// Puts the pool to sleep (see the module docs). When it already sleeps, only retries the
-    /// unmap of the pages a first sleep could not unmap. Refused during a capture
+    /// unmap of the pages a first sleep left mapped. Refused during a capture
     /// ([`AllocError::DuringCapture`]) and when the pool holds fixed segments
-    /// ([`AllocError::SleepUnsupported`]). Pages the driver refuses to unmap leave the pool
-    /// asleep with them mapped: [`AllocError::SleepIncomplete`].
+    /// ([`AllocError::SleepUnsupported`]). Pages left mapped (an unmap the driver refused, or a
+    /// failed wait for the copies once some pages were unmapped) leave the pool asleep with
+    /// them: [`AllocError::SleepIncomplete`].
     pub(crate) fn sleep<P: Observer>(
         &mut self,
         policy: &mut P,
         offload: bool,
     ) -> Result<(), AllocError> {
         if self.asleep() {
-            return self.unmap_everything();
+            return match self.unmap_everything() {
+                Err(Stopped::Copies(e)) => Err(e.into()),
+                Err(Stopped::Incomplete(e)) => Err(self.incomplete(e)),
+                Ok(()) => Ok(()),
+            };
         }
         self.refuse_during_capture("sleep")?;
         if self.blocks.iter().any(|(_, b)| !b.is_expandable()) {
@@ -109,8 +149,8 @@ impl<D: Device> Core<D> {
         self.synchronize_and_free_events(policy)?;
         self.finish_releasing()?;
         let events = self.record_on_users()?;
-        let copied = if offload {
-            self.offload(&events)
+        let planned = if offload {
+            self.plan_offload(&events)
         } else {
             self.wait_all(&events)
                 .map(|()| Vec::new())
@@ -118,10 +158,26 @@ impl<D: Device> Core<D> {
         };
         self.spare_events.extend(events.iter().map(|e| e.1));
         self.slumber = Some(Slumber {
-            copies: copied?,
+            copies: planned?,
             bytes: 0,
         });
-        self.unmap_everything()
+        match self.unmap_everything() {
+            Ok(()) => Ok(()),
+            Err(Stopped::Incomplete(e)) if self.slept_bytes() > 0 => Err(self.incomplete(e)),
+            Err(Stopped::Copies(e) | Stopped::Incomplete(e)) => {
+                self.slumber = None; // nothing was unmapped: the pool stays awake
+                Err(e.into())
+            }
+        }
+    }
+
+    /// [`AllocError::SleepIncomplete`] after `source` left chunks mapped.
+    fn incomplete(&self, source: DeviceError) -> AllocError {
+        AllocError::SleepIncomplete {
+            tag: None,
+            mapped: self.mapped_while_asleep(),
+            source,
+        }
     }
 
     /// The error for `what` during a capture, if one is underway.
@@ -223,9 +279,13 @@ impl<D: Device> Core<D> {
         self.device.free_host(host, n)
     }
 
-    /// Copies every live allocation into the host buffer on the copy stream, after the users'
-    /// `events`, and waits for the copies; returns them.
-    fn offload(&mut self, events: &[(StreamId, EventHandle)]) -> Result<Vec<Copy>, AllocError> {
+    /// Plans the copies of every live allocation into the host buffer (made or grown here), in
+    /// address order, and makes the copy stream wait for the users' `events`; without live
+    /// allocations, waits for the events on the host instead and plans nothing.
+    fn plan_offload(
+        &mut self,
+        events: &[(StreamId, EventHandle)],
+    ) -> Result<Vec<Copy>, AllocError> {
         let mut copies: Vec<Copy> = self
             .blocks
             .iter()
@@ -247,17 +307,10 @@ impl<D: Device> Core<D> {
             total += c.len;
         }
         let stream = self.copy_stream()?;
-        let host = self.host_buffer(total)?;
+        self.host_buffer(total)?;
         for &(_, ev) in events {
             self.device.wait_event(stream, ev)?;
         }
-        let enqueued = copies.iter().try_for_each(|c| {
-            self.device
-                .copy_to_host_async(host + c.offset, c.addr, c.len, stream)
-        });
-        // Waited for even after a failed enqueue: the copies enqueued before it use the buffer.
-        let waited = self.wait_stream(stream);
-        enqueued.and(waited)?;
         Ok(copies)
     }
 
@@ -273,48 +326,136 @@ impl<D: Device> Core<D> {
         r
     }
 
-    /// Unmaps and releases every chunk still mapped, listing each in its range's `slept` and
-    /// counting its bytes in the slumber. A chunk whose unmap fails stays mapped (and counted
-    /// in `reserved`): [`AllocError::SleepIncomplete`] with the bytes left and the first
-    /// error. A page whose release fails is unmapped and becomes a stray, released later.
-    fn unmap_everything(&mut self) -> Result<(), AllocError> {
-        let mut first = None;
-        let mut total = 0;
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            let chunks: Vec<(u64, u64)> = seg.chunks.iter().map(|(&a, c)| (a, c.size)).collect();
-            let (mut bytes, mut ops) = (0, 0);
-            for (at, size) in chunks {
-                let done = seg.unmap(&self.device, at, size);
-                if done.range.size == size {
-                    seg.slept.push((at, size));
-                    bytes += size;
-                    ops += 1;
-                } else if first.is_none() {
-                    first = done.error;
+    /// Every chunk still mapped: (range, address, bytes), in address order within each range.
+    fn mapped_chunks(&self) -> Vec<(usize, u64, u64)> {
+        let mut chunks = Vec::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            if let Some(seg) = seg {
+                chunks.extend(seg.chunks.iter().map(|(&at, c)| (i, at, c.size)));
+            }
+        }
+        chunks
+    }
+
+    /// Unmaps and releases every chunk still mapped of the sleeping pool, listing each in its
+    /// range's `slept` and counting its bytes in the slumber. With copies planned, first
+    /// enqueues on the copy stream the parts of the copies lying in those chunks, with an event
+    /// after every [`COPY_GROUP`] bytes of chunks, and unmaps each group once its event
+    /// completed (the next groups' copies run meanwhile). A failure to enqueue is
+    /// [`Stopped::Copies`] (nothing unmapped); a failed wait stops the unmapping, and a chunk
+    /// whose unmap fails stays mapped and counted in `reserved`: both are
+    /// [`Stopped::Incomplete`]. A page whose release fails is unmapped and becomes a stray.
+    fn unmap_everything(&mut self) -> Result<(), Stopped> {
+        let chunks = self.mapped_chunks();
+        let copies = self.slumber.as_ref().expect("asleep").copies.clone();
+        let groups = if copies.is_empty() {
+            vec![(None, chunks)]
+        } else {
+            self.copy_out(&copies, chunks).map_err(Stopped::Copies)?
+        };
+        let (mut first, mut waits_failed) = (None, false);
+        for (ev, chunks) in groups {
+            let waited = ev.map_or(Ok(()), |ev| {
+                self.stats.device_waits += 1;
+                let r = self.device.synchronize_event(ev);
+                self.spare_events.push(ev);
+                r
+            });
+            if let Err(e) = waited {
+                first.get_or_insert(e);
+                waits_failed = true;
+            }
+            if waits_failed {
+                continue; // copies not known to be done: their chunks stay mapped
+            }
+            for (i, at, size) in chunks {
+                if let Err(e) = self.unmap_slept(i, at, size) {
+                    first.get_or_insert(e);
                 }
             }
+        }
+        for seg in self.segments.iter_mut().flatten() {
             seg.slept.sort_unstable();
-            let pool = seg.pool;
-            self.stats.calls.unmaps += ops;
-            self.sub_reserved(bytes);
-            self.reserved_shrank(pool, bytes);
-            self.track_strays(i, before);
-            total += bytes;
         }
-        let slumber = self.slumber.as_mut().expect("asleep");
-        slumber.bytes += total;
-        match first {
-            None => Ok(()),
-            Some(source) => Err(AllocError::SleepIncomplete {
-                tag: None,
-                mapped: self.mapped_while_asleep(),
-                source,
-            }),
+        first.map_or(Ok(()), |e| Err(Stopped::Incomplete(e)))
+    }
+
+    /// Enqueues on the copy stream the parts of `copies` lying in `chunks`, in groups of about
+    /// [`COPY_GROUP`] bytes of chunks, each followed by an event; returns the groups. On failure
+    /// waits for what was enqueued (best effort) and returns the error.
+    #[allow(clippy::type_complexity)]
+    fn copy_out(
+        &mut self,
+        copies: &[Copy],
+        chunks: Vec<(usize, u64, u64)>,
+    ) -> Result<Vec<(Option<EventHandle>, Vec<(usize, u64, u64)>)>, DeviceError> {
+        let stream = self.copy_stream()?;
+        let (host, _) = self
+            .host_buffer
+            .expect("an offloading sleep has a host buffer");
+        let mut groups = Vec::new();
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        let n = chunks.len();
+        let mut enqueue = |core: &mut Self, k: usize, chunk: (usize, u64, u64)| {
+            let (_, at, size) = chunk;
+            for (addr, offset, len) in pieces(copies, at, at + size) {
+                core.device
+                    .copy_to_host_async(host + offset, addr, len, stream)?;
+            }
+            group.push(chunk);
+            bytes += size;
+            if bytes >= COPY_GROUP || k + 1 == n {
+                let ev = core.take_event()?;
+                if let Err(e) = core.device.record_event(ev, stream) {
+                    core.spare_events.push(ev);
+                    return Err(e);
+                }
+                groups.push((Some(ev), std::mem::take(&mut group)));
+                bytes = 0;
+            }
+            Ok(())
+        };
+        let mut done = Ok(());
+        for (k, chunk) in chunks.into_iter().enumerate() {
+            done = enqueue(self, k, chunk);
+            if done.is_err() {
+                break;
+            }
         }
+        if let Err(e) = done {
+            let _ = self.wait_stream(stream);
+            self.spare_events
+                .extend(groups.iter().filter_map(|g: &(Option<EventHandle>, _)| g.0));
+            return Err(e);
+        }
+        Ok(groups)
+    }
+
+    /// Unmaps and releases chunk `at` (`size` bytes) of range `i` for the sleep: listed in
+    /// `slept`, its bytes out of `reserved` and into the slumber's. An unmap the driver refuses
+    /// leaves it mapped (the error); a refused release leaves a stray (not an error).
+    fn unmap_slept(&mut self, i: usize, at: u64, size: u64) -> Result<(), DeviceError> {
+        let seg = self.segments[i].as_mut().expect("a range with chunks");
+        let before = seg.stray_bytes();
+        let done = seg.unmap(&self.device, at, size);
+        let unmapped = done.range.size == size;
+        if unmapped {
+            seg.slept.push((at, size));
+        }
+        let pool = seg.pool;
+        self.track_strays(i, before);
+        if !unmapped {
+            let why = "the chunk stayed mapped";
+            return Err(done
+                .error
+                .unwrap_or_else(|| DeviceError::invalid("unmap", why)));
+        }
+        self.stats.calls.unmaps += 1;
+        self.sub_reserved(size);
+        self.reserved_shrank(pool, size);
+        self.slumber.as_mut().expect("asleep").bytes += size;
+        Ok(())
     }
 
     /// Bytes of the chunks still mapped while the pool sleeps (an unmap the driver refused).

@@ -5,8 +5,9 @@
 //!
 //! `wake(stream)` claims the slept bytes against the limit, then walks every range's slept
 //! chunks in address order: it maps a new page at each chunk's old address and with its old
-//! size, and enqueues on the copy stream, from the host buffer, the copies of the bytes that now
-//! lie below the chunk's end (the copies run while the next chunks are mapped). After the last
+//! size, and enqueues on the copy stream, from the host buffer, the copies of the bytes lying
+//! in that chunk (they run while the next chunks are mapped). Chunks a sleep could not unmap
+//! kept their bytes and get no copy. After the last
 //! chunk it records one event on the copy stream and makes `stream` and every stream that used
 //! the pool's memory wait for it; the host does not wait. The host buffer is kept for the next
 //! sleep (a later copy into it is enqueued on the same copy stream, so it runs after these).
@@ -16,45 +17,10 @@
 //! pages a failed call left behind (strays) are released again at the next attempt before it
 //! maps at their addresses.
 
-use super::sleep::Copy;
+use super::sleep::pieces;
 use super::Core;
 use crate::error::AllocError;
-use cudalloc_sys::{Device, DeviceError, HostPtr, StreamId};
-
-/// The copies of a wake, sent to the device as the chunks under them are mapped.
-struct Restore<'a> {
-    /// The copies of one range, in address order.
-    copies: &'a [Copy],
-    /// The host buffer and the copy stream (`None`: nothing to copy).
-    from: Option<(HostPtr, StreamId)>,
-    /// Copies enqueued whole.
-    next: usize,
-    /// Bytes of `copies[next]` enqueued.
-    sent: u64,
-}
-
-impl Restore<'_> {
-    /// Enqueues the bytes of the copies below address `end` not enqueued yet.
-    fn send_below<D: Device>(&mut self, dev: &D, end: u64) -> Result<(), DeviceError> {
-        let Some((host, stream)) = self.from else {
-            return Ok(());
-        };
-        while let Some(c) = self.copies.get(self.next) {
-            let from = c.addr + self.sent;
-            if from >= end {
-                break;
-            }
-            let n = (c.addr + c.len).min(end) - from;
-            dev.copy_to_device_async(from, host + c.offset + self.sent, n, stream)?;
-            self.sent += n;
-            if self.sent == c.len {
-                self.next += 1;
-                self.sent = 0;
-            }
-        }
-        Ok(())
-    }
-}
+use cudalloc_sys::{Device, DeviceError, StreamId};
 
 impl<D: Device> Core<D> {
     /// Wakes the pool (see the module docs): later work on `stream`, and on every stream that
@@ -99,9 +65,10 @@ impl<D: Device> Core<D> {
         }
     }
 
-    /// Maps a new page for every slept chunk, at its address, enqueueing the copies back as
-    /// their chunks are mapped, and orders `stream` and the pool's users after the copies. The
-    /// slept lists are untouched (the caller undoes a failure).
+    /// Maps a new page for every slept chunk, at its address, enqueueing the copies of the
+    /// bytes lying in it as soon as it is mapped, and orders `stream` and the pool's users
+    /// after the copies. Chunks a sleep left mapped kept their bytes: nothing is copied into
+    /// them. The slept lists are untouched (the caller undoes a failure).
     fn map_and_restore(&mut self, stream: StreamId) -> Result<(), DeviceError> {
         let copies = self.slumber.as_ref().expect("asleep").copies.clone();
         let from = match (copies.is_empty(), self.host_buffer) {
@@ -112,28 +79,21 @@ impl<D: Device> Core<D> {
             let Some(seg) = self.segments[i].as_mut() else {
                 continue;
             };
-            let (va, end) = (seg.va, seg.va + seg.size);
-            let lo = copies.partition_point(|c| c.addr < va);
-            let hi = copies.partition_point(|c| c.addr < end);
-            let mut restore = Restore {
-                copies: &copies[lo..hi],
-                from,
-                next: 0,
-                sent: 0,
-            };
             let before = seg.stray_bytes();
             seg.retry_leaked(&self.device);
             let mut mapped = Ok(());
             for &(at, size) in &seg.slept.clone() {
-                mapped = seg
-                    .map_exact(&self.device, at, size, &self.peers)
-                    .and_then(|()| restore.send_below(&self.device, at + size));
+                mapped = seg.map_exact(&self.device, at, size, &self.peers);
+                if let (Ok(()), Some((host, s))) = (&mapped, from) {
+                    mapped = pieces(&copies, at, at + size).try_for_each(|(addr, offset, len)| {
+                        self.device
+                            .copy_to_device_async(addr, host + offset, len, s)
+                    });
+                }
                 if mapped.is_err() {
                     break;
                 }
             }
-            // Copies into chunks the sleep could not unmap, after the last slept one.
-            let mapped = mapped.and_then(|()| restore.send_below(&self.device, end));
             self.track_strays(i, before);
             mapped?;
         }

@@ -209,12 +209,18 @@ fn a_fault_at_any_call_of_sleep_or_wake_loses_nothing() {
                 dev.clear_faults();
                 check(&alloc, &dev);
                 let failed = result.is_err();
+                // A wait that fails once pages were unmapped leaves the tag asleep with the
+                // rest mapped, and says so.
+                let incomplete = matches!(result, Err(AllocError::SleepIncomplete { .. }));
                 if failed {
-                    assert_eq!(alloc.is_asleep("w"), !sleep_fails, "{policy:?} k={k}");
-                    if sleep_fails {
+                    let asleep = !sleep_fails || incomplete;
+                    assert_eq!(alloc.is_asleep("w"), asleep, "{policy:?} k={k}: {result:?}");
+                    if sleep_fails && !incomplete {
                         let t = alloc.tag_stats()[0].clone();
                         assert_eq!(t.offloaded_bytes, 0, "a failed sleep keeps no copy");
                         assert_eq!(dev.host_bytes(), t.host_buffer_bytes);
+                    }
+                    if sleep_fails {
                         alloc.sleep(&["w"], &["w"]).unwrap();
                     }
                     alloc.wake(&["w"], s).unwrap();

@@ -1,11 +1,12 @@
-//! Sleep and wake when the driver refuses a release, and the host buffer's life (simulated
-//! device with host backing): an unmap refused during a sleep is
+//! Sleep and wake when the driver refuses a release or a wait, and the host buffer's life
+//! (simulated device with host backing): an unmap refused during a sleep is
 //! [`AllocError::SleepIncomplete`] naming the tag, with the tag asleep, the pages left mapped
 //! counted in the reserved bytes and in `tag_stats`, and every byte restored by a wake (right
-//! away, or after a second sleep that unmaps the rest); a failed wake whose rollback could not
-//! unmap a page wakes at the next try; the pinned host buffer is made once and kept across
-//! sleeps and wakes until `release_host_buffers`; a wake orders the tag's streams after its
-//! copies without a host wait.
+//! away, or after a second sleep that unmaps the rest); a fault at any call of a sleep of
+//! several groups of copies leaves the tag awake and unchanged or, once chunks were unmapped,
+//! asleep with the rest mapped; a failed wake whose rollback could not unmap a page wakes at the
+//! next try; the pinned host buffer is made once and kept across sleeps and wakes until
+//! `release_host_buffers`; a wake orders the tag's streams after its copies without a host wait.
 
 use cudalloc::{AllocError, Allocation, CachingAllocator, Config, Policy};
 use cudalloc_sys::{Call, SimConfig, SimDevice, StreamId};
@@ -232,4 +233,78 @@ fn a_wake_orders_the_tags_streams_after_its_copies_without_a_host_wait() {
     alloc.free(a).unwrap();
     alloc.free(b).unwrap();
     check(&alloc, &dev);
+}
+
+/// Spots of an allocation that carry its pattern: its first and last 64 KiB.
+fn spots(a: &Allocation) -> [(u64, u64); 2] {
+    let n = a.size().min(64 << 10);
+    [(0, n), (a.size() - n, n)]
+}
+
+fn fill_spots(dev: &SimDevice, a: &Allocation, seed: u64) {
+    for (at, n) in spots(a) {
+        dev.write(a.ptr() + at, &pattern(n, seed + at)).unwrap();
+    }
+}
+
+fn spots_held(dev: &SimDevice, a: &Allocation, seed: u64) -> bool {
+    spots(a).iter().all(|&(at, n)| {
+        let mut back = vec![0u8; n as usize];
+        dev.read(a.ptr() + at, &mut back).unwrap();
+        back == pattern(n, seed + at)
+    })
+}
+
+/// A tag of several groups of copies (more than 64 MiB of chunks), with a fault at every
+/// acquiring call of its sleep: the sleep fails with the tag awake and unchanged, or (a wait
+/// for a later group's copies failed once earlier chunks were unmapped) leaves it asleep with
+/// the rest mapped, and a second sleep unmaps them; every byte comes back at the wake.
+#[test]
+fn a_failed_wait_between_groups_of_copies_leaves_the_rest_mapped_and_loses_nothing() {
+    for policy in EXPANDABLE {
+        let mut incomplete = 0;
+        for k in 1.. {
+            let dev = device();
+            let alloc = CachingAllocator::new(dev.clone(), Config::for_policy(policy));
+            let w: Vec<Allocation> = [70 * MIB, 3 * MIB + 5, 90 * MIB]
+                .iter()
+                .map(|&n| alloc.allocate_tagged(n, StreamId(2), "w").unwrap())
+                .collect();
+            w.iter()
+                .enumerate()
+                .for_each(|(i, a)| fill_spots(&dev, a, i as u64));
+            let tagged = alloc.tag_stats()[0].reserved_bytes;
+            dev.fail_call(k);
+            let slept = alloc.sleep(&["w"], &["w"]);
+            dev.clear_faults();
+            check(&alloc, &dev);
+            match &slept {
+                Ok(()) => {}
+                Err(AllocError::SleepIncomplete { mapped, .. }) => {
+                    incomplete += 1;
+                    assert!(*mapped > 0 && *mapped < tagged, "{mapped} of {tagged}");
+                    assert!(alloc.is_asleep("w"));
+                    alloc.sleep(&["w"], &["w"]).unwrap();
+                    assert_eq!(alloc.tag_stats()[0].reserved_bytes, 0);
+                }
+                Err(e) => {
+                    assert!(!alloc.is_asleep("w"), "{policy:?} k={k}: {e}");
+                    assert_eq!(alloc.tag_stats()[0].reserved_bytes, tagged);
+                    alloc.sleep(&["w"], &["w"]).unwrap();
+                }
+            }
+            alloc.wake(&["w"], StreamId(2)).unwrap();
+            for (i, a) in w.iter().enumerate() {
+                assert!(
+                    spots_held(&dev, a, i as u64),
+                    "{policy:?} k={k}: {i} lost bytes"
+                );
+            }
+            check(&alloc, &dev);
+            if slept.is_ok() {
+                break;
+            }
+        }
+        assert!(incomplete > 0, "{policy:?}: no wait failed between groups");
+    }
 }
