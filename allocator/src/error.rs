@@ -104,6 +104,19 @@ pub enum AllocError {
     /// Sleep needs expandable segments (pages that can be unmapped while their addresses stay
     /// reserved); the `torch` policy allocates fixed segments (`cuMemAlloc`).
     SleepUnsupported,
+    /// A sleep unmapped some of the pages but not all: the driver refused an unmap, or a wait
+    /// for the copies of later pages failed. The memory sleeps (it refuses allocations, frees
+    /// and `record_stream`, and a wake restores it whole), yet `mapped` bytes of its pages stay
+    /// on the device, counted in the reserved bytes. Sleeping it again copies their bytes again
+    /// and retries their unmap; waking it works as after any sleep.
+    SleepIncomplete {
+        /// The tag, when the caller named one (a lone `Pool` has none).
+        tag: Option<String>,
+        /// Bytes of the pages still mapped.
+        mapped: u64,
+        /// The first refused call.
+        source: DeviceError,
+    },
     /// `len` elements of `elem_size` bytes each are more bytes than a `usize` or `u64` counts.
     ElementCountOverflow {
         /// Elements asked for.
@@ -214,6 +227,21 @@ impl fmt::Display for AllocError {
                 "sleep and wake need expandable segments, and the torch policy allocates fixed \
                  ones (cuMemAlloc): use the default or torch-expandable policy"
             ),
+            AllocError::SleepIncomplete {
+                tag,
+                mapped,
+                source,
+            } => {
+                match tag {
+                    Some(t) => write!(f, "tag {t:?} sleeps, but ")?,
+                    None => write!(f, "the pool sleeps, but ")?,
+                }
+                write!(
+                    f,
+                    "{} of its pages stay mapped ({source}); sleep it again to retry, or wake it",
+                    crate::fmt::bytes(*mapped)
+                )
+            }
             AllocError::ElementCountOverflow {
                 len,
                 elem_size,

@@ -172,6 +172,24 @@ macro_rules! buffer_constructors {
 
 impl CachingAllocator<CudaDevice> {
     buffer_constructors!();
+
+    /// A buffer holding a copy of `data`, for use on `stream`, allocated in tag `tag`
+    /// ([`CachingAllocator::allocate_tagged`]): it sleeps and wakes with the tag, and like any
+    /// tagged allocation it cannot be freed (dropped) while the tag sleeps.
+    pub fn tagged_buffer_from<T: DeviceRepr>(
+        self: &Arc<Self>,
+        tag: &str,
+        data: &[T],
+        stream: &Arc<CudaStream>,
+    ) -> Result<Buffer<T>, AllocError> {
+        let mut b = buffer_in(self, data.len(), stream, |bytes, s| {
+            self.allocate_tagged(bytes, s, tag)
+        })?;
+        stream
+            .memcpy_htod(data, &mut b)
+            .map_err(|e| driver_error("cuMemcpyHtoDAsync", e))?;
+        Ok(b)
+    }
 }
 
 /// The constructors of [`CachingAllocator<CudaDevice>`], recorded: each writes `alloc`, and the
@@ -214,6 +232,16 @@ pub(crate) fn raw_buffer<P: BufferSource, T>(
     len: usize,
     stream: &Arc<CudaStream>,
 ) -> Result<Buffer<T>, AllocError> {
+    buffer_in(pool, len, stream, |bytes, s| pool.allocate(bytes, s))
+}
+
+/// [`raw_buffer`] with the block from `allocate` (bytes, stream).
+fn buffer_in<P: BufferSource, T>(
+    pool: &Arc<P>,
+    len: usize,
+    stream: &Arc<CudaStream>,
+    allocate: impl FnOnce(u64, StreamId) -> Result<Allocation, AllocError>,
+) -> Result<Buffer<T>, AllocError> {
     let bytes = buffer_bytes::<T>(len)?;
     if stream_id(stream) == PER_THREAD_STREAM {
         return Err(AllocError::Device(DeviceError::invalid(
@@ -230,7 +258,7 @@ pub(crate) fn raw_buffer<P: BufferSource, T>(
             device,
         });
     }
-    let a = pool.allocate(bytes, stream_id(stream))?;
+    let a = allocate(bytes, stream_id(stream))?;
     // Before the address leaves this function: from now on only the buffer frees it.
     pool.mark_buffer(a.ptr());
     let owner: Arc<dyn BufferPool> = pool.clone();

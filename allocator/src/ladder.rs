@@ -249,17 +249,26 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// reserved, and with `offload` the bytes of every live allocation are kept in pinned host
     /// memory first (`pool::sleep`). Until [`Pool::wake`], allocations, frees and
     /// `record_stream` are refused ([`AllocError::Asleep`]) and `empty_cache` does nothing.
-    /// Nothing when it already sleeps; refused during a capture and under the `torch` policy
+    /// When it already sleeps, only retries the pages an incomplete sleep left mapped
+    /// ([`AllocError::SleepIncomplete`]); refused during a capture and under the `torch` policy
     /// ([`AllocError::SleepUnsupported`]).
     pub fn sleep(&mut self, offload: bool) -> Result<(), AllocError> {
         self.core.sleep(&mut self.policy, offload)
     }
 
     /// Wakes the pool: new pages at the same addresses, the offloaded bytes copied back, and
-    /// later work on `stream` ordered after the copies. Out of memory leaves it asleep and
+    /// later work on `stream`, and on the streams that used its memory, ordered after the
+    /// copies (the host does not wait for them). Out of memory leaves it asleep and
     /// intact ([`AllocError::OutOfMemory`]); nothing when it is awake.
     pub fn wake(&mut self, stream: StreamId) -> Result<(), AllocError> {
         self.core.wake(stream)
+    }
+
+    /// Frees the pinned host buffer that offloading sleeps copy into, kept across wakes for
+    /// the next sleep, once the copies into or out of it completed; nothing while the pool
+    /// sleeps (the buffer holds its bytes) or when it has none.
+    pub fn release_host_buffer(&mut self) -> Result<(), AllocError> {
+        Ok(self.core.release_host_buffer()?)
     }
 
     /// [`AllocError::Asleep`] for `what` while the pool sleeps.
@@ -431,6 +440,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             let _ = self.free_handle(&a);
         }
         let _ = self.release_cached_blocks();
+        let _ = self.core.release_host_buffer();
         self.core.destroy_spare_events();
         self.core.destroy_copy_stream();
     }

@@ -79,16 +79,33 @@ pub struct TagStats {
     pub asleep: bool,
     /// Bytes of the pages its sleep gave back (0 while awake).
     pub slept_bytes: u64,
-    /// Bytes of pinned host memory holding its allocations while it sleeps (0 unless offloaded).
+    /// Bytes of its allocations kept in pinned host memory while it sleeps (0 unless
+    /// offloaded).
     pub offloaded_bytes: u64,
+    /// Bytes of the pinned host buffer its offloading sleeps copy into, kept while awake too
+    /// for the next sleep ([`CachingAllocator::release_host_buffers`] frees it).
+    pub host_buffer_bytes: u64,
+    /// Bytes of its pages still mapped while it sleeps after an incomplete sleep
+    /// ([`AllocError::SleepIncomplete`]; 0 otherwise).
+    pub mapped_while_asleep: u64,
 }
 
-/// Puts the tag's name into an [`AllocError::Asleep`] from its pool.
+/// Puts the tag's name into an [`AllocError::Asleep`] or [`AllocError::SleepIncomplete`] from
+/// its pool.
 fn named(e: AllocError, name: &str) -> AllocError {
     match e {
         AllocError::Asleep { what, tag: None } => AllocError::Asleep {
             what,
             tag: Some(name.to_string()),
+        },
+        AllocError::SleepIncomplete {
+            tag: None,
+            mapped,
+            source,
+        } => AllocError::SleepIncomplete {
+            tag: Some(name.to_string()),
+            mapped,
+            source,
         },
         other => other,
     }
@@ -190,14 +207,17 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Puts `tags` to sleep, in order: each gives every page back to the device while its
     /// addresses stay reserved; the live allocations of those also in `offload` are first
-    /// copied to pinned host memory (on a stream of the allocator's own, after the work of every
-    /// stream that used the tag's memory, waited for through events, not a device-wide wait),
-    /// the others come back uninitialised. Other tags and untagged allocations keep working.
-    /// Every stream the tag's blocks belong to (free ones included) must still exist.
-    /// A tag never used sleeps empty; a sleeping tag stays as it is. Refused during a capture
+    /// copied to the tag's pinned host buffer (on a stream of the allocator's own, after the
+    /// work of every stream that used the tag's memory, waited for through events, not a
+    /// device-wide wait), the others come back uninitialised. Other tags and untagged
+    /// allocations keep working. Every stream the tag's blocks belong to (free ones included)
+    /// must still exist. A tag never used sleeps empty; a sleeping tag stays as it is (but for
+    /// pages a first sleep could not unmap, which it tries again). Refused during a capture
     /// ([`AllocError::DuringCapture`]) and under the `torch` policy
-    /// ([`AllocError::SleepUnsupported`]); an error stops at the tag that failed (the tags
-    /// before it sleep, it and those after do not).
+    /// ([`AllocError::SleepUnsupported`]). An error stops at the tag that failed: the tags
+    /// before it sleep, those after it do not; the failed tag is awake and unchanged, except
+    /// after [`AllocError::SleepIncomplete`] (some pages were unmapped, but not all), where it
+    /// sleeps with the others still mapped.
     pub fn sleep(&self, tags: &[&str], offload: &[&str]) -> Result<(), AllocError> {
         if self.cfg.policy() == Policy::Torch {
             return Err(AllocError::SleepUnsupported);
@@ -205,13 +225,33 @@ impl<D: Device> CachingAllocator<D> {
         let mut set = self.tags.lock();
         for tag in tags {
             let n = self.tag_number(&mut set, tag);
-            set.pools[n - 1].pool.sleep(offload.contains(tag))?;
+            let t = &mut set.pools[n - 1];
+            t.pool
+                .sleep(offload.contains(tag))
+                .map_err(|e| named(e, &t.name))?;
         }
         Ok(())
     }
 
+    /// Frees the pinned host buffers that offloading sleeps copy into, kept by every awake tag
+    /// for its next sleep (a sleeping tag keeps its own: it holds the tag's bytes). Each is
+    /// freed once the copies into or out of it completed. The first error is returned; the
+    /// other tags' buffers are freed all the same.
+    pub fn release_host_buffers(&self) -> Result<(), AllocError> {
+        let mut first = Ok(());
+        for t in self.tags.lock().pools.iter_mut() {
+            let r = t.pool.release_host_buffer();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
     /// Wakes `tags`, in order: new pages at the same addresses, the offloaded bytes copied back,
-    /// and work submitted to `stream` after the call ordered after the copies. A tag that cannot
+    /// and work submitted after the call to `stream`, or to a stream that used the tag's memory,
+    /// ordered after the copies (the host does not wait for them: synchronize `stream` before
+    /// reading the bytes from the host). The tag keeps its host buffer for its next sleep. A tag that cannot
     /// get its memory, even after every cached block of the allocator went back to the device,
     /// fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
     /// awake); waking it again once memory was freed succeeds. An awake or unknown tag is left
@@ -261,6 +301,8 @@ impl<D: Device> CachingAllocator<D> {
                     asleep: t.pool.asleep(),
                     slept_bytes: t.pool.slept_bytes(),
                     offloaded_bytes: t.pool.offloaded_bytes(),
+                    host_buffer_bytes: t.pool.host_buffer_bytes(),
+                    mapped_while_asleep: t.pool.mapped_while_asleep(),
                 }
             })
             .collect()

@@ -306,12 +306,50 @@ void *cudalloc_pool_malloc(size_t size, int device, cudalloc_stream_t stream,
 long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long long id1,
                              char *buf, size_t len);
 
+/* Tags, sleep and wake. cudalloc_tag_push makes tag the calling thread's tag until the matching
+ * cudalloc_tag_pop (tags nest; the innermost applies): that thread's cudalloc_malloc calls
+ * allocate in it. A tag is 1 to 255 bytes of UTF-8 without a comma or a control character;
+ * frees need none; private pools (cudalloc_pool_malloc) ignore it. Both 0 or -1 (a bad tag is
+ * not pushed; a pop with none pushed fails). cudalloc_tag_depth: the tags pushed and not popped.
+ * cudalloc_tag_current: the innermost tag's length (0: none), written NUL-terminated into buf
+ * when it fits in len bytes.
+ *
+ * cudalloc_sleep gives the pages of the tags in the comma-separated list tags back to the
+ * driver while their addresses stay reserved; the live allocations of the tags also in offload
+ * (a list too; NULL or "" for none) are copied to pinned host memory first, on a stream of the
+ * allocator's own after the work of every stream that used them, and come back at wake; the
+ * others come back uninitialised. While a tag sleeps its allocations, frees and
+ * cudalloc_record_stream calls fail. cudalloc_wake maps new pages at the same addresses and
+ * copies the offloaded bytes back; work submitted afterwards to stream, or to a stream that
+ * used the tag, runs after the copies (the host does not wait). Tags are done in list order;
+ * a failure stops at the failed tag (those before it are done, those after it are not, it is
+ * unchanged), with these kinds: CUDALLOC_ERROR_OUT_OF_MEMORY for a wake with no room (the tag
+ * stays asleep and intact; retry once memory is freed), CUDALLOC_ERROR_SLEEP_INCOMPLETE for a
+ * sleep that unmapped some pages but not all (the driver refused an unmap, or a wait for the
+ * copies of later pages failed: the tag sleeps all the same, those pages still mapped;
+ * cudalloc_sleep again retries them). Both need an expandable policy
+ * (default or torch-expandable) and are refused during a capture. Each tag keeps its pinned
+ * host buffer after a wake, for its next sleep: cudalloc_release_host_buffers frees those of
+ * the awake tags. All 0 or -1. cudalloc_tag_stats_json: the tags' statistics as a JSON array,
+ * written as cudalloc_stats_json writes (the length, or 0 on failure). */
+int cudalloc_tag_push(const char *tag);
+int cudalloc_tag_pop(void);
+int cudalloc_tag_depth(void);
+size_t cudalloc_tag_current(char *buf, size_t len);
+int cudalloc_sleep(int device, const char *tags, const char *offload);
+int cudalloc_wake(int device, const char *tags, cudalloc_stream_t stream);
+int cudalloc_release_host_buffers(int device);
+size_t cudalloc_tag_stats_json(int device, char *buf, size_t len);
+
 /* The kind of the calling thread's last error, set together with its message: */
 #define CUDALLOC_ERROR_NONE 0          /* no call on this thread has failed */
 #define CUDALLOC_ERROR_OTHER 1         /* anything but out of memory */
 #define CUDALLOC_ERROR_OUT_OF_MEMORY 2 /* cudalloc_malloc: the device, the cap or the address
                                           space had no room, or the request was larger than any
-                                          device (PyTorch raises torch.OutOfMemoryError) */
+                                          device (PyTorch raises torch.OutOfMemoryError);
+                                          cudalloc_wake: no room for a tag */
+#define CUDALLOC_ERROR_SLEEP_INCOMPLETE 3 /* cudalloc_sleep: the tag sleeps, but some of its
+                                             pages stay mapped */
 int cudalloc_last_error_kind(void);
 
 #ifdef __cplusplus

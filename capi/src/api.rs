@@ -6,6 +6,7 @@ use crate::json;
 use crate::memory_snapshot;
 use crate::pools::PoolId;
 use crate::registry::{self, Dev};
+use crate::tags;
 use crate::trace::Tracer;
 use crate::{
     CUDALLOC_MALLOC_ABORT as ABORT, CUDALLOC_MALLOC_RETURN_NULL as RETURN_NULL,
@@ -37,7 +38,7 @@ const PER_THREAD_STREAM: usize = 0x2;
 /// The stream a caller passed. The allocator keys cached memory by the handle, so the
 /// per-thread default stream, one handle for a different stream on each thread, is refused:
 /// one thread's freed memory would go to another thread's work with nothing ordering them.
-fn stream_id(stream: *mut c_void) -> Result<StreamId, String> {
+pub(crate) fn stream_id(stream: *mut c_void) -> Result<StreamId, String> {
     if stream as usize == PER_THREAD_STREAM {
         return Err(
             "stream 0x2 is cudaStreamPerThread, a different stream on each thread; \
@@ -52,14 +53,16 @@ fn address(ptr: *mut c_void) -> u64 {
     ptr as usize as u64
 }
 
-/// Allocates on `dev`, through the tracer for device 0 (the only one traces record). Out of
-/// memory gives the memory of retired private pools back to the driver and tries once more.
+/// Allocates on `dev`, in the calling thread's tag if it has one (`tags`), through the tracer
+/// for device 0 (the only one traces record). Out of memory gives the memory of retired private
+/// pools back to the driver and tries once more.
 fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+    let tag = tags::current();
     let once = || {
         if dev.ordinal == 0 {
-            TRACER.allocate(&dev.alloc, size, stream)
+            TRACER.allocate(&dev.alloc, size, stream, tag.as_deref())
         } else {
-            dev.alloc.allocate(size, stream)
+            tags::allocate(&dev.alloc, size, stream, tag.as_deref())
         }
     };
     match once() {

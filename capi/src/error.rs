@@ -30,6 +30,10 @@ pub enum ErrorKind {
     /// requests too large for any device included): the failure PyTorch reports as
     /// `torch.OutOfMemoryError`.
     OutOfMemory = 2,
+    /// `cudalloc_sleep` unmapped some pages but not all (the driver refused an unmap, or a wait
+    /// for the copies of later pages failed): the tag sleeps all the same (a wake restores it),
+    /// with those pages still mapped; sleeping it again retries them.
+    SleepIncomplete = 3,
 }
 
 /// A failure of an exported function's body: the message and its kind.

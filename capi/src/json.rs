@@ -15,6 +15,11 @@
 //!   pools (`active`: in use; `retired`: out of use with memory still live). The torch keys
 //!   count the device's own allocator only; `cudalloc_device_stats` adds the private pools.
 //!
+//! Tag stats (`cudalloc_tag_stats_json`): an array with one object per tag, in the order the
+//! tags were first used: `tag`, `allocations`, `allocated_bytes`, `requested_bytes`,
+//! `reserved_bytes`, `asleep`, `slept_bytes`, `offloaded_bytes`, `host_buffer_bytes` and
+//! `mapped_while_asleep` ([`cudalloc_core::TagStats`]).
+//!
 //! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
 //! `mapped`, `pool` (`small`/`large`), `stream`, `expandable` and `blocks`, each block with
 //! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`,
@@ -111,6 +116,29 @@ pub fn reserved_peak_index() -> usize {
             .position(|(k, _)| k == "reserved_bytes.all.peak")
             .expect("memory_stats has reserved_bytes.all.peak")
     })
+}
+
+/// The tag stats document.
+pub fn tag_stats<D: Device>(alloc: &CachingAllocator<D>) -> String {
+    let tags: Vec<Value> = alloc
+        .tag_stats()
+        .iter()
+        .map(|t| {
+            json!({
+                "tag": t.tag,
+                "allocations": t.allocations,
+                "allocated_bytes": t.allocated_bytes,
+                "requested_bytes": t.requested_bytes,
+                "reserved_bytes": t.reserved_bytes,
+                "asleep": t.asleep,
+                "slept_bytes": t.slept_bytes,
+                "offloaded_bytes": t.offloaded_bytes,
+                "host_buffer_bytes": t.host_buffer_bytes,
+                "mapped_while_asleep": t.mapped_while_asleep,
+            })
+        })
+        .collect();
+    Value::Array(tags).to_string()
 }
 
 /// The snapshot document.

@@ -14,6 +14,9 @@
 //! - Every function is thread-safe and never unwinds into its caller: each body runs under
 //!   `catch_unwind`; an error or a panic becomes the failure value (NULL, -1, 0) and the calling
 //!   thread's last error (`cudalloc_last_error`).
+//! - Tags (`cudalloc_tag_push`/`cudalloc_tag_pop`, see [`tags`]) are per thread: a thread's
+//!   `cudalloc_malloc` calls allocate in its innermost tag, which `cudalloc_sleep` and
+//!   `cudalloc_wake` put to sleep and wake by name.
 //! - Traces (`cudalloc_trace_start`) record device 0's calls only (our trace format has no
 //!   device column).
 //!
@@ -40,6 +43,8 @@ pub mod memory_snapshot;
 mod pool_api;
 mod pools;
 mod registry;
+mod tag_api;
+pub mod tags;
 pub mod trace;
 
 pub use cudalloc_sys::ffi::{with_c_buffer, CBuf, CBufLen, CStrArg};
@@ -333,6 +338,89 @@ pub extern "C" fn cudalloc_pool_live<'id>(
     pool_api::live(device, (id0, id1), buf, len)
 }
 
+/// Makes `tag` the calling thread's tag: its [`cudalloc_malloc`] calls allocate in that tag
+/// (which sleeps and wakes as one, [`cudalloc_sleep`]) until the matching [`cudalloc_tag_pop`];
+/// tags nest, the innermost applies. A tag is 1 to 255 bytes of UTF-8 without a comma or a
+/// control character. Frees need no tag. Private pools ([`cudalloc_pool_malloc`]) ignore it.
+/// 0, or -1 on failure (NULL, a bad tag; nothing pushed).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_push(tag: CStrArg<'_>) -> c_int {
+    tag_api::tag_push(tag)
+}
+
+/// Drops the calling thread's innermost tag (the one pushed before it applies again). 0, or -1
+/// when none was pushed.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_pop() -> c_int {
+    tag_api::tag_pop()
+}
+
+/// How many tags the calling thread has pushed and not popped (0: its allocations are
+/// untagged). Never fails.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_depth() -> c_int {
+    tag_api::tag_depth()
+}
+
+/// Writes the calling thread's innermost tag, NUL-terminated, into `buf` if it fits in `len`
+/// bytes (NUL included; nothing written otherwise). Returns its length without the NUL, or 0
+/// when the thread has no tag. Never fails.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {
+    tag_api::tag_current(buf, len)
+}
+
+/// Puts the tags of the comma-separated list `tags` to sleep on `device`, in order: their
+/// pages go back to the driver, their addresses stay reserved; the live allocations of the tags
+/// also in `offload` (a list too; NULL or "": none) are first copied to pinned host memory and
+/// come back at wake, the others come back uninitialised. Allocations, frees and
+/// `cudalloc_record_stream` of a sleeping tag fail until it wakes. 0, or -1 on failure: the
+/// tags before the failed one sleep, those after it do not, and the failed one is unchanged,
+/// except for [`CUDALLOC_ERROR_SLEEP_INCOMPLETE`] (see [`cudalloc_last_error_kind`]), after
+/// which it sleeps with some pages still mapped (calling this again retries them).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_sleep(device: c_int, tags: CStrArg<'_>, offload: CStrArg<'_>) -> c_int {
+    tag_api::sleep(device, tags, offload)
+}
+
+/// Wakes the tags of the comma-separated list `tags` on `device`, in order: new pages at the
+/// same addresses and the offloaded bytes copied back; work submitted afterwards to `stream`,
+/// or to a stream that used a tag's memory, runs after the copies (the host does not wait). A
+/// wake with no room fails with [`CUDALLOC_ERROR_OUT_OF_MEMORY`] and leaves that tag asleep
+/// and intact (the tags before it are awake); calling it again once memory was freed succeeds.
+/// 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_wake(device: c_int, tags: CStrArg<'_>, stream: *mut c_void) -> c_int {
+    tag_api::wake(device, tags, stream)
+}
+
+/// Frees the pinned host buffers that `device`'s awake tags keep for their next offloading
+/// sleep. 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_release_host_buffers(device: c_int) -> c_int {
+    tag_api::release_host_buffers(device)
+}
+
+/// Writes `device`'s per-tag statistics as NUL-terminated JSON (an array, see [`json`]) into
+/// `buf` if they fit in `len` bytes, as [`cudalloc_stats_json`] does; the JSON's length, or 0
+/// on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_tag_stats_json<'id>(
+    device: c_int,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> usize {
+    tag_api::tag_stats_json(device, buf, len)
+}
+
 /// [`cudalloc_last_error_kind`]: no call on this thread has failed.
 pub const CUDALLOC_ERROR_NONE: c_int = error::ErrorKind::None as c_int;
 /// [`cudalloc_last_error_kind`]: a failure other than out of memory.
@@ -340,10 +428,15 @@ pub const CUDALLOC_ERROR_OTHER: c_int = error::ErrorKind::Other as c_int;
 /// [`cudalloc_last_error_kind`]: out of memory (the device, the cap or the address space had
 /// no room, or the request was larger than any device).
 pub const CUDALLOC_ERROR_OUT_OF_MEMORY: c_int = error::ErrorKind::OutOfMemory as c_int;
+/// [`cudalloc_last_error_kind`]: [`cudalloc_sleep`] left the tag asleep with some pages still
+/// mapped (an unmap refused, or a failed wait for the copies of later pages).
+pub const CUDALLOC_ERROR_SLEEP_INCOMPLETE: c_int = error::ErrorKind::SleepIncomplete as c_int;
 
 /// The kind of the calling thread's last error, set with its message: [`CUDALLOC_ERROR_NONE`]
 /// if no call on this thread has failed, [`CUDALLOC_ERROR_OUT_OF_MEMORY`] for a
-/// `cudalloc_malloc` that ran out of memory, [`CUDALLOC_ERROR_OTHER`] for anything else.
+/// `cudalloc_malloc` or a [`cudalloc_wake`] that ran out of memory,
+/// [`CUDALLOC_ERROR_SLEEP_INCOMPLETE`] for an incomplete [`cudalloc_sleep`],
+/// [`CUDALLOC_ERROR_OTHER`] for anything else.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `error`.
 #[no_mangle]
 pub extern "C" fn cudalloc_last_error_kind() -> c_int {

@@ -357,18 +357,20 @@ impl Tracer {
         self.on.load(Ordering::SeqCst)
     }
 
-    /// [`CachingAllocator::allocate`], recorded while a trace is on.
+    /// [`CachingAllocator::allocate`] (or [`CachingAllocator::allocate_tagged`] in `tag`),
+    /// recorded while a trace is on (a tagged allocation as any other).
     pub fn allocate<D: Device>(
         &self,
         alloc: &CachingAllocator<D>,
         size: u64,
         stream: StreamId,
+        tag: Option<&str>,
     ) -> Result<Allocation, AllocError> {
         if !self.on.load(Ordering::Relaxed) {
-            return alloc.allocate(size, stream);
+            return crate::tags::allocate(alloc, size, stream, tag);
         }
         let mut state = self.state.lock();
-        let result = alloc.allocate(size, stream);
+        let result = crate::tags::allocate(alloc, size, stream, tag);
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
             r.recorder.allocated(&result, size, stream);

@@ -29,8 +29,8 @@ fn records_only_while_on_and_starts_from_the_live_set() {
     let alloc = sim_allocator();
     let t = Tracer::new();
     let s = StreamId(7);
-    let before = t.allocate(&alloc, 1000, s).unwrap();
-    let gone = t.allocate(&alloc, 3000, s).unwrap();
+    let before = t.allocate(&alloc, 1000, s, None).unwrap();
+    let gone = t.allocate(&alloc, 3000, s, None).unwrap();
     t.free(&alloc, gone.ptr()).unwrap();
     t.start(&path, Some(&alloc)).unwrap();
     assert!(t.is_recording());
@@ -38,17 +38,17 @@ fn records_only_while_on_and_starts_from_the_live_set() {
         .start(&path, Some(&alloc))
         .unwrap_err()
         .contains("already"));
-    let a = t.allocate(&alloc, 2 << 20, s).unwrap();
-    assert!(t.allocate(&alloc, 4 << 30, s).is_err());
+    let a = t.allocate(&alloc, 2 << 20, s, None).unwrap();
+    assert!(t.allocate(&alloc, 4 << 30, s, None).is_err());
     assert!(
-        t.allocate(&alloc, 1 << 50, s).is_err(),
+        t.allocate(&alloc, 1 << 50, s, None).is_err(),
         "more than any device holds"
     );
     t.free(&alloc, before.ptr()).unwrap();
     t.free(&alloc, a.ptr()).unwrap();
     t.stop(Some(&alloc)).unwrap();
     assert!(!t.is_recording());
-    let after = t.allocate(&alloc, 10, s).unwrap();
+    let after = t.allocate(&alloc, 10, s, None).unwrap();
     t.free(&alloc, after.ptr()).unwrap();
     let l = lines(&path);
     assert_eq!(l[0], cudalloc_core::record::csv::HEADER);
@@ -89,11 +89,11 @@ fn a_block_in_a_thread_cache_is_not_in_the_starting_live_set() {
     let alloc = allocator_for(cudalloc_core::Policy::Default);
     let t = Tracer::new();
     let s = StreamId(7);
-    let keep = t.allocate(&alloc, 1000, s).unwrap();
-    let cached = t.allocate(&alloc, 3000, s).unwrap();
+    let keep = t.allocate(&alloc, 1000, s, None).unwrap();
+    let cached = t.allocate(&alloc, 3000, s, None).unwrap();
     t.free(&alloc, cached.ptr()).unwrap();
     t.start(&path, Some(&alloc)).unwrap();
-    let again = t.allocate(&alloc, 3000, s).unwrap();
+    let again = t.allocate(&alloc, 3000, s, None).unwrap();
     assert_eq!(again.ptr(), cached.ptr(), "a thread-cache hit");
     t.free(&alloc, again.ptr()).unwrap();
     t.free(&alloc, keep.ptr()).unwrap();
@@ -114,7 +114,7 @@ fn gzip_when_the_name_ends_in_gz() {
     let alloc = sim_allocator();
     let t = Tracer::new();
     t.start::<SimDevice>(&path, None).unwrap();
-    let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+    let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
     t.free(&alloc, a.ptr()).unwrap();
     t.stop(Some(&alloc)).unwrap();
     let bytes = std::fs::read(&path).unwrap();
@@ -144,7 +144,7 @@ fn trace_a_few_calls(path: &Path) -> Result<(), String> {
     let t = Tracer::new();
     t.start::<SimDevice>(path, None)?;
     for _ in 0..100 {
-        let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+        let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
         t.free(&alloc, a.ptr()).unwrap();
     }
     t.stop(Some(&alloc))
@@ -212,14 +212,14 @@ fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
     let t = Tracer::new();
     let (s1, s2) = (StreamId(1), StreamId(2));
     t.start::<std::sync::Arc<SimDevice>>(&path, None).unwrap();
-    let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
+    let a = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
     t.record_stream(&alloc, a.ptr(), s2).unwrap();
     t.free(&alloc, a.ptr()).unwrap();
-    let b = t.allocate(&alloc, 64 << 20, s1).unwrap();
+    let b = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
     assert_ne!(b.ptr(), a.ptr(), "the block waits for stream 2");
     t.free(&alloc, b.ptr()).unwrap();
     sim.complete_stream(s2);
-    let c = t.allocate(&alloc, 64 << 20, s1).unwrap();
+    let c = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
     t.free(&alloc, c.ptr()).unwrap();
     t.stop(Some(&alloc)).unwrap();
     let events: Vec<String> = lines(&path)[1..]
@@ -273,7 +273,7 @@ fn a_write_error_on_the_writer_thread_is_reported_by_stop() {
     let t = Tracer::new();
     t.start::<SimDevice>(Path::new("/dev/full"), None).unwrap();
     for _ in 0..5_000 {
-        let a = t.allocate(&alloc, 512, StreamId::DEFAULT).unwrap();
+        let a = t.allocate(&alloc, 512, StreamId::DEFAULT, None).unwrap();
         t.free(&alloc, a.ptr()).unwrap();
     }
     let e = t.stop(Some(&alloc)).unwrap_err();
@@ -293,14 +293,17 @@ fn the_history_keeps_the_latest_events_in_order() {
     );
     let t = Tracer::new();
     let (s1, s2) = (StreamId(1), StreamId(2));
-    let before = t.allocate(&alloc, 1 << 20, s1).unwrap();
+    let before = t.allocate(&alloc, 1 << 20, s1, None).unwrap();
     let started = epoch_us();
     t.start_history(100, false, Some(&alloc)).unwrap();
     assert!(t.is_keeping_history());
-    let a = t.allocate(&alloc, 64 << 20, s1).unwrap();
+    let a = t.allocate(&alloc, 64 << 20, s1, None).unwrap();
     t.record_stream(&alloc, a.ptr(), s2).unwrap();
     t.free(&alloc, a.ptr()).unwrap();
-    assert!(t.allocate(&alloc, 1 << 40, s1).is_err(), "out of memory");
+    assert!(
+        t.allocate(&alloc, 1 << 40, s1, None).is_err(),
+        "out of memory"
+    );
     sim.complete_stream(s2);
     t.free(&alloc, before.ptr()).unwrap();
     let got: Vec<(Action, u64)> = t.history().iter().map(|e| (e.action, e.addr)).collect();
@@ -333,7 +336,7 @@ fn the_history_keeps_the_latest_events_in_order() {
     assert_eq!(kept, [Action::FreeRequested, Action::FreeCompleted]);
     t.start_history(2, true, Some(&alloc)).unwrap();
     assert!(t.history().is_empty(), "cleared while kept");
-    let a = t.allocate(&alloc, 1000, s1).unwrap();
+    let a = t.allocate(&alloc, 1000, s1, None).unwrap();
     t.stop_history(Some(&alloc)).unwrap();
     assert_eq!(t.history().len(), 1);
     t.clear_history();

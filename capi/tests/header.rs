@@ -42,6 +42,15 @@ int main(int argc, char **argv) {
     printf("layout %zu %zu %zu\n", sizeof(cudalloc_snapshot_header), sizeof(cudalloc_segment),
            sizeof(cudalloc_block));
     printf("snapshot %zu\n", cudalloc_memory_snapshot(0, 0, 0, NULL, 0));
+    int pushed = cudalloc_tag_push("weights");
+    printf("tag_push %d depth %d\n", pushed, cudalloc_tag_depth());
+    printf("tag_bad %d\n", cudalloc_tag_push("a,b"));
+    int popped = cudalloc_tag_pop();
+    printf("tag_pop %d %d\n", popped, cudalloc_tag_pop());
+    printf("sleep_null %d %d\n", cudalloc_sleep(0, NULL, NULL), cudalloc_last_error_kind());
+    printf("kind_incomplete %d\n", CUDALLOC_ERROR_SLEEP_INCOMPLETE);
+    printf("linked %d %d %zu\n", cudalloc_wake(0, "", NULL), cudalloc_release_host_buffers(0),
+           cudalloc_tag_stats_json(0, NULL, 0));
     int bad = cudalloc_trace_start("/nonexistent-cudalloc-dir/t.csv");
     printf("trace_start %d %s\n", bad, cudalloc_last_error());
     printf("trace_stop %d\n", cudalloc_trace_stop());
@@ -158,6 +167,15 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
     } else {
         assert!(snapshot >= memory_snapshot::HEADER_BYTES, "{text}");
     }
+    assert_eq!(line("tag_push "), "0 depth 1");
+    assert_eq!(line("tag_bad "), "-1");
+    assert_eq!(line("tag_pop "), "0 -1");
+    assert_eq!(
+        line("sleep_null "),
+        "-1 1",
+        "NULL tags: a failure of kind other"
+    );
+    assert_eq!(line("kind_incomplete "), "3");
     assert!(line("trace_start ").starts_with("-1 cudalloc_trace_start: cannot write"));
     assert_eq!(line("trace_stop "), "-1");
     assert_eq!(
@@ -216,4 +234,55 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Every function the library exports and every `CUDALLOC_` constant of `lib.rs` is declared in
+/// the header, and the header declares no function the library lacks.
+#[test]
+fn the_header_declares_exactly_the_exported_functions_and_constants() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let header = std::fs::read_to_string(include_dir().join("cudalloc.h")).unwrap();
+    let names_after = |text: &str, marker: &str| -> Vec<String> {
+        text.match_indices(marker)
+            .map(|(i, _)| {
+                text[i + marker.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect()
+            })
+            .collect()
+    };
+    let exported = names_after(&lib, "pub extern \"C\" fn ");
+    assert!(exported.len() > 20, "{exported:?}");
+    for f in &exported {
+        let declared = header.contains(&format!(" {f}(")) || header.contains(&format!("*{f}("));
+        assert!(declared, "{f} is not declared in cudalloc.h");
+    }
+    for k in names_after(&lib, "pub const ")
+        .iter()
+        .filter(|k| k.starts_with("CUDALLOC_"))
+    {
+        assert!(
+            header.contains(&format!("#define {k} ")),
+            "{k} is not defined in cudalloc.h"
+        );
+    }
+    let mut names = names_after(&header, " cudalloc_");
+    names.extend(names_after(&header, "*cudalloc_"));
+    let declared: Vec<String> = names
+        .into_iter()
+        .filter(|n| {
+            header.contains(&format!(" cudalloc_{n}("))
+                || header.contains(&format!("*cudalloc_{n}("))
+        })
+        .map(|n| format!("cudalloc_{n}"))
+        .filter(|n| !n.ends_with("_t"))
+        .collect();
+    for f in declared {
+        assert!(
+            exported.contains(&f),
+            "cudalloc.h declares {f}, which the library lacks"
+        );
+    }
 }

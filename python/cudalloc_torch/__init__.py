@@ -19,11 +19,19 @@ The library is ``$CUDALLOC_LIB`` if set, else the one installed with this packag
 (``pip install .`` from the repository root), else ``target/release/libcudalloc_capi.so`` in this
 repository (``cargo build --release -p cudalloc-capi``). See ``docs/pytorch.md``.
 
+Tags, sleep and wake: tensors allocated inside ``with cudalloc_torch.tag("weights"):`` belong
+to tag "weights" (the tag is the calling thread's, kept by the library: the allocation must
+happen on that thread, as PyTorch's allocations do); :func:`sleep` gives a tag's device memory
+back while its tensors keep their addresses, copying the bytes of the tags in ``offload`` to
+pinned host memory, and :func:`wake` brings them back. :func:`tag_stats` reports each tag. See
+``docs/sleep.md``.
+
 Only :func:`enable` imports torch; the other functions talk to the library through ctypes.
 """
 
 import atexit
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -47,7 +55,15 @@ __all__ = [
     "trace_start",
     "trace_stop",
     "last_error",
+    "tag",
+    "current_tag",
+    "sleep",
+    "wake",
+    "tag_stats",
+    "release_host_buffers",
     "CudallocError",
+    "OutOfMemoryError",
+    "SleepIncompleteError",
 ]
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,6 +86,22 @@ _conf_read = _UNREAD
 
 class CudallocError(RuntimeError):
     """A cudalloc call failed; the message is the library's last error."""
+
+
+class OutOfMemoryError(CudallocError):
+    """:func:`wake` found no room for a tag: it stays asleep and intact; wake it again once
+    memory was freed."""
+
+
+class SleepIncompleteError(CudallocError):
+    """:func:`sleep` unmapped some of a tag's pages but not all (the driver refused an unmap, or
+    a wait for the copies of later pages failed): the tag sleeps all the same (a :func:`wake`
+    restores it), with those pages still mapped; calling :func:`sleep` again retries them."""
+
+
+# cudalloc_last_error_kind values (capi/include/cudalloc.h).
+_KIND_OUT_OF_MEMORY = 2
+_KIND_SLEEP_INCOMPLETE = 3
 
 
 def library_path(lib_path=None):
@@ -108,6 +140,14 @@ def _declare(lib):
         "cudalloc_trace_start": ([c_char_p], c_int),
         "cudalloc_trace_stop": ([], c_int),
         "cudalloc_last_error": ([], c_char_p),
+        "cudalloc_tag_push": ([c_char_p], c_int),
+        "cudalloc_tag_pop": ([], c_int),
+        "cudalloc_tag_depth": ([], c_int),
+        "cudalloc_tag_current": ([buf, c_size_t], c_size_t),
+        "cudalloc_sleep": ([c_int, c_char_p, c_char_p], c_int),
+        "cudalloc_wake": ([c_int, c_char_p, c_void_p], c_int),
+        "cudalloc_release_host_buffers": ([c_int], c_int),
+        "cudalloc_tag_stats_json": ([c_int, buf, c_size_t], c_size_t),
     }
     for name, (args, res) in signatures.items():
         f = getattr(lib, name)
@@ -425,3 +465,119 @@ def _stop_at_exit():
             import sys
 
             print(f"cudalloc_torch: {msg}", file=sys.stderr)
+
+
+def _tag_name(name):
+    """``name`` as the library takes it (UTF-8 bytes); a tag that is not a non-empty ``str``
+    without a comma raises ``ValueError`` (a comma would split it in a list)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a tag is a non-empty str, not {name!r}")
+    if "," in name:
+        raise ValueError(f"tag {name!r}: a tag has no comma (commas separate the tags of a list)")
+    return name.encode("utf-8")
+
+
+def _tag_list(tags, what):
+    """The comma-separated list the library takes for ``tags``: one tag (a str) or an iterable
+    of them."""
+    if isinstance(tags, str):
+        tags = [tags]
+    try:
+        names = [_tag_name(t) for t in tags]
+    except TypeError:
+        raise ValueError(f"{what} must be a tag or an iterable of tags, not {tags!r}") from None
+    return b",".join(names)
+
+
+@contextlib.contextmanager
+def tag(name):
+    """Allocations this thread makes inside the block belong to tag ``name`` (``with
+    cudalloc_torch.tag("weights"): model = build().cuda()``); blocks nest, and the outer tag
+    applies again after an inner one. The tag is kept by the library for the calling thread, so
+    it reaches every allocation PyTorch makes on this thread. A bad name (empty, with a comma or a
+    control character, over 255 bytes) raises ``ValueError``."""
+    lib = load()
+    if lib.cudalloc_tag_push(_tag_name(name)) < 0:
+        raise ValueError(last_error())
+    try:
+        yield name
+    finally:
+        _check(lib.cudalloc_tag_pop())
+
+
+def current_tag():
+    """The calling thread's innermost tag (inside :func:`tag` blocks), or None."""
+    lib = load()
+    buf = ctypes.create_string_buffer(256 + 1)
+    n = lib.cudalloc_tag_current(buf, len(buf))
+    return buf.raw[:n].decode("utf-8") if n else None
+
+
+def _check_sleep(result):
+    """Raises the exception for a failed ``cudalloc_sleep`` or ``cudalloc_wake``."""
+    if result >= 0:
+        return
+    lib = load()
+    kind, msg = lib.cudalloc_last_error_kind(), last_error()
+    if kind == _KIND_OUT_OF_MEMORY:
+        raise OutOfMemoryError(msg)
+    if kind == _KIND_SLEEP_INCOMPLETE:
+        raise SleepIncompleteError(msg)
+    raise CudallocError(msg)
+
+
+def sleep(tags, offload=(), device=None):
+    """Puts ``tags`` (a tag or a list of them) of ``device`` (default: the current device) to
+    sleep, in order: their device memory goes back to the driver while their tensors keep their
+    addresses; the tensors of the tags also in ``offload`` are first copied to pinned host memory
+    (after the work queued on every stream that used them), the others come back uninitialised.
+    Until :func:`wake`, freeing such a tensor, or allocating in the tag, fails. Raises
+    :class:`SleepIncompleteError` when some pages stayed mapped (the tag sleeps anyway), :class:`CudallocError` otherwise (the tags before the failed one sleep, those after
+    it do not). Needs the ``default`` or ``torch-expandable`` policy."""
+    _check_sleep(
+        _device_lib().cudalloc_sleep(current_device(device), _tag_list(tags, "tags"), _tag_list(offload, "offload"))
+    )
+
+
+def _stream_handle(stream, device):
+    """The ``cudaStream_t`` of ``stream`` (a ``torch.cuda.Stream``, an int handle) or, for None,
+    of torch's current stream on ``device`` once torch has initialised CUDA, else the legacy
+    default stream (0)."""
+    if stream is None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return 0
+        stream = cuda.current_stream(device)
+    handle = getattr(stream, "cuda_stream", stream)
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise ValueError(f"not a CUDA stream: {stream!r}")
+    return handle
+
+
+def wake(tags, stream=None, device=None):
+    """Wakes ``tags`` (a tag or a list of them) of ``device`` (default: the current device), in
+    order: new memory at the same addresses, the offloaded bytes copied back. Work queued
+    afterwards on ``stream`` (default: torch's current stream), or on a stream that used the
+    tags' tensors, runs after the copies; the call itself does not wait for them. Raises
+    :class:`OutOfMemoryError` when a tag finds no room (it stays asleep and intact; the tags
+    before it are awake), :class:`CudallocError` for other failures."""
+    d = current_device(device)
+    _check_sleep(_device_lib().cudalloc_wake(d, _tag_list(tags, "tags"), _stream_handle(stream, d)))
+
+
+def tag_stats(device=None):
+    """Each tag of ``device`` (default: the current device), by name, in the order the tags
+    were first used: a dict with ``allocations``, ``allocated_bytes``, ``requested_bytes``,
+    ``reserved_bytes``, ``asleep``, ``slept_bytes``, ``offloaded_bytes``, ``host_buffer_bytes``
+    and ``mapped_while_asleep``."""
+    rows = _json(_device_lib().cudalloc_tag_stats_json, current_device(device))
+    return collections.OrderedDict((r.pop("tag"), r) for r in rows)
+
+
+def release_host_buffers(device=None):
+    """Frees the pinned host buffers the awake tags of ``device`` (default: the current device)
+    keep for their next offloading sleep."""
+    _check(_device_lib().cudalloc_release_host_buffers(current_device(device)))

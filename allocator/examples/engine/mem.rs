@@ -66,6 +66,8 @@ pub struct PoolMem {
     stream: Arc<CudaStream>,
     policy: String,
     uninit: bool,
+    /// The tag the weights ([`Mem::upload`]) are allocated in, if any (the swap example's).
+    weights_tag: Option<String>,
 }
 
 impl PoolMem {
@@ -82,7 +84,15 @@ impl PoolMem {
             stream,
             policy: policy.to_string(),
             uninit,
+            weights_tag: None,
         })
+    }
+
+    /// Allocates the weights ([`Mem::upload`]) in tag `tag`, so that they sleep and wake with it.
+    #[allow(dead_code)] // the swap example's; the engine's weights are untagged
+    pub fn tag_weights(mut self, tag: &str) -> PoolMem {
+        self.weights_tag = Some(tag.to_string());
+        self
     }
 
     pub fn allocator(&self) -> &Arc<CachingAllocator<CudaDevice>> {
@@ -112,7 +122,10 @@ impl Mem for PoolMem {
         })
     }
     fn upload(&self, data: &[f32]) -> Result<Buffer<f32>> {
-        Ok(self.alloc.buffer_from(data, &self.stream)?)
+        Ok(match &self.weights_tag {
+            Some(tag) => self.alloc.tagged_buffer_from(tag, data, &self.stream)?,
+            None => self.alloc.buffer_from(data, &self.stream)?,
+        })
     }
     fn ids(&self, len: usize) -> Result<Buffer<u32>> {
         Ok(self.alloc.buffer(len, &self.stream)?)

@@ -34,6 +34,7 @@ mod release;
 mod releasing;
 mod reserved;
 mod sleep;
+mod wake;
 pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
@@ -229,6 +230,9 @@ pub struct Core<D: Device> {
     pub(crate) slumber: Option<sleep::Slumber>,
     /// The stream sleep and wake copy on, made on first use.
     pub(crate) copy_stream: Option<StreamId>,
+    /// The pinned host buffer (address, bytes) the last offloading sleep copied into, kept
+    /// across wakes for the next sleep (`sleep`).
+    pub(crate) host_buffer: Option<(cudalloc_sys::HostPtr, u64)>,
 }
 
 impl<D: Device> Core<D> {
@@ -271,6 +275,7 @@ impl<D: Device> Core<D> {
             tag: 0,
             slumber: None,
             copy_stream: None,
+            host_buffer: None,
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();

@@ -1,6 +1,7 @@
 //! Sleep and wake: a pool gives every physical page back while its virtual ranges stay
 //! reserved, and later maps new pages at the same addresses, with the bytes of its live
-//! allocations restored from pinned host copies when it was asked to keep them (*offload*).
+//! allocations restored from a pinned host copy when it was asked to keep them (*offload*).
+//! This file is the sleep; `wake` is the way back.
 //!
 //! A pool sleeps as a whole; [`crate::CachingAllocator`] keeps each tag's allocations in a pool
 //! of their own, so a tag's blocks never share a page (or a range) with another tag's.
@@ -10,41 +11,95 @@
 //! `sleep`: waits for the events of blocks freed on other streams and of releasing blocks
 //! (`events`, `releasing`), records one event on every stream that used the pool's memory
 //! (its ranges' streams and the streams recorded on live blocks), and then either makes the
-//! pool's copy stream wait for those events and copies every live allocation's requested bytes
-//! into one pinned host buffer on it (offload), or only waits for them; the host waits for the
-//! copies' event, and every chunk is unmapped and released. Nothing is unmapped before the
-//! copies completed, and a failure before the unmapping changes nothing. `wake(stream)`:
-//! claims the slept bytes against the limit, maps a new page for every chunk that was unmapped,
-//! at its old address and with its old size, copies the host copies back on the copy stream,
-//! makes `stream` wait for the copies' event, waits for it on the host and frees the host
-//! buffer. A failure (out of memory included) unmaps what this attempt mapped and leaves the
-//! pool asleep with its host copies.
+//! pool's copy stream wait for those events (offload) or waits for them on the host. With
+//! offload it plans one copy per live allocation (its requested bytes, in address order, into
+//! the pool's pinned host buffer) and enqueues, chunk by chunk in address order, the parts of
+//! the copies lying in each chunk, recording an event after every [`COPY_GROUP`] bytes of
+//! chunks; the host then waits for each group's event and unmaps and releases that group's
+//! chunks while the later groups' copies run. Without offload every chunk is unmapped at once.
+//! No chunk is unmapped before the copies of its bytes completed. A sleep that fails before it
+//! unmapped anything changes nothing (but for a host buffer made for it, which stays for the
+//! next sleep); once some chunks are unmapped, a failed wait for a later group's event, or an
+//! unmap the driver refuses, leaves the pool asleep with the other chunks mapped
+//! ([`AllocError::SleepIncomplete`]); a later `sleep` copies their bytes again and unmaps them.
+//!
+//! The host buffer is made by the first offloading sleep and kept, while awake too, for the
+//! next one (it is made again, larger, when the live allocations outgrow it): pinning host
+//! memory costs more than copying it. [`Core::release_host_buffer`] frees it.
 //!
 //! # Invariants
 //!
 //! - Asleep ([`Core::asleep`]): the blocks are as they were at `sleep`; every chunk that was
-//!   mapped is in its segment's `slept` list (or, if its unmap failed, still in `chunks`); the
-//!   pool hands out, frees and releases nothing; `reserved` counts only chunks still mapped.
-//! - Awake: every segment's `slept` list is empty and there is no host copy.
-//! - A host copy holds `requested` bytes of each block allocated at `sleep`, at the offsets
-//!   listed in `copies`, inside one buffer of `host_bytes` bytes.
+//!   mapped is in its segment's `slept` list or still in `chunks` (counted in `reserved`; the
+//!   sleep said so with [`AllocError::SleepIncomplete`]); the pool hands out, frees and
+//!   releases nothing.
+//! - Awake: every segment's `slept` list is empty.
+//! - While asleep with offload, the host buffer holds the bytes of every planned copy
+//!   ([`Slumber::copies`]: the requested bytes of each block allocated at `sleep`) that lie in
+//!   a slept chunk; a chunk still mapped holds its own bytes. Copies into or out of the buffer
+//!   are only ever enqueued on the copy stream, so each is ordered after the one before.
 
 use super::block::BlockId;
-use super::segment::Chunk;
 use super::{Core, Observer};
 use crate::error::AllocError;
 use cudalloc_sys::{Device, DeviceError, EventHandle, HostPtr, StreamId};
 use std::collections::BTreeSet;
 
+/// One live allocation's bytes in the host buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Copy {
+    /// Device address.
+    pub addr: u64,
+    /// Offset in the host buffer.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
 /// What a sleeping pool keeps to wake up.
 #[derive(Debug, Default)]
 pub(crate) struct Slumber {
-    /// The pinned host buffer holding the copies (address, bytes), if anything was copied.
-    host: Option<(HostPtr, u64)>,
-    /// (device address, offset in the host buffer, bytes) of each live allocation copied.
-    copies: Vec<(u64, u64, u64)>,
+    /// The live allocations copied into the host buffer, in address order (empty without
+    /// offload).
+    pub copies: Vec<Copy>,
     /// Bytes of the chunks unmapped by the sleep.
-    bytes: u64,
+    pub bytes: u64,
+}
+
+/// Bytes of chunks a sleep unmaps after one event on the copy stream: large enough that the
+/// host waits rarely, small enough that unmapping starts while most copies still run.
+const COPY_GROUP: u64 = 64 << 20;
+
+/// Why [`Core::unmap_everything`] stopped.
+enum Stopped {
+    /// The copies could not be enqueued: nothing was unmapped.
+    Copies(DeviceError),
+    /// Some chunks stay mapped: the first failed call (a wait or an unmap).
+    Incomplete(DeviceError),
+}
+
+/// The parts of `copies` (in address order, disjoint) lying in `lo..hi`: (device address,
+/// offset in the host buffer, bytes).
+pub(super) fn pieces(
+    copies: &[Copy],
+    lo: u64,
+    hi: u64,
+) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    let first = copies.partition_point(|c| c.addr + c.len <= lo);
+    copies[first..]
+        .iter()
+        .take_while(move |c| c.addr < hi)
+        .map(move |c| {
+            let (from, to) = (c.addr.max(lo), (c.addr + c.len).min(hi));
+            (from, c.offset + (from - c.addr), to - from)
+        })
+}
+
+impl Slumber {
+    /// Bytes of the copies.
+    fn copied(&self) -> u64 {
+        self.copies.iter().map(|c| c.len).sum()
+    }
 }
 
 impl<D: Device> Core<D> {
@@ -58,25 +113,34 @@ impl<D: Device> Core<D> {
         self.slumber.as_ref().map_or(0, |s| s.bytes)
     }
 
-    /// Bytes of pinned host memory holding the sleeping pool's allocations (0 when awake or
-    /// not offloaded).
+    /// Bytes of the sleeping pool's allocations kept in pinned host memory (0 when awake or not
+    /// offloaded).
     pub fn offloaded_bytes(&self) -> u64 {
-        self.slumber
-            .as_ref()
-            .and_then(|s| s.host)
-            .map_or(0, |h| h.1)
+        self.slumber.as_ref().map_or(0, Slumber::copied)
     }
 
-    /// Puts the pool to sleep (see the module docs); nothing when it already sleeps. Refused
-    /// during a capture ([`AllocError::DuringCapture`]) and when the pool holds fixed segments
-    /// ([`AllocError::SleepUnsupported`]).
+    /// Bytes of the pinned host buffer the pool holds, asleep or awake (0: none).
+    pub fn host_buffer_bytes(&self) -> u64 {
+        self.host_buffer.map_or(0, |h| h.1)
+    }
+
+    /// Puts the pool to sleep (see the module docs). When it already sleeps, only retries the
+    /// unmap of the pages a first sleep left mapped. Refused during a capture
+    /// ([`AllocError::DuringCapture`]) and when the pool holds fixed segments
+    /// ([`AllocError::SleepUnsupported`]). Pages left mapped (an unmap the driver refused, or a
+    /// failed wait for the copies once some pages were unmapped) leave the pool asleep with
+    /// them: [`AllocError::SleepIncomplete`].
     pub(crate) fn sleep<P: Observer>(
         &mut self,
         policy: &mut P,
         offload: bool,
     ) -> Result<(), AllocError> {
         if self.asleep() {
-            return Ok(());
+            return match self.unmap_everything() {
+                Err(Stopped::Copies(e)) => Err(e.into()),
+                Err(Stopped::Incomplete(e)) => Err(self.incomplete(e)),
+                Ok(()) => Ok(()),
+            };
         }
         self.refuse_during_capture("sleep")?;
         if self.blocks.iter().any(|(_, b)| !b.is_expandable()) {
@@ -85,36 +149,60 @@ impl<D: Device> Core<D> {
         self.synchronize_and_free_events(policy)?;
         self.finish_releasing()?;
         let events = self.record_on_users()?;
-        let copied = if offload {
-            self.offload(&events)
+        let planned = if offload {
+            self.plan_offload(&events)
         } else {
             self.wait_all(&events)
-                .map(|()| Slumber::default())
+                .map(|()| Vec::new())
                 .map_err(AllocError::from)
         };
         self.spare_events.extend(events.iter().map(|e| e.1));
-        let mut slumber = copied?;
-        slumber.bytes = self.unmap_everything();
-        self.slumber = Some(slumber);
-        Ok(())
+        self.slumber = Some(Slumber {
+            copies: planned?,
+            bytes: 0,
+        });
+        match self.unmap_everything() {
+            Ok(()) => Ok(()),
+            Err(Stopped::Incomplete(e)) if self.slept_bytes() > 0 => Err(self.incomplete(e)),
+            Err(Stopped::Copies(e) | Stopped::Incomplete(e)) => {
+                self.slumber = None; // nothing was unmapped: the pool stays awake
+                Err(e.into())
+            }
+        }
+    }
+
+    /// [`AllocError::SleepIncomplete`] after `source` left chunks mapped.
+    fn incomplete(&self, source: DeviceError) -> AllocError {
+        AllocError::SleepIncomplete {
+            tag: None,
+            mapped: self.mapped_while_asleep(),
+            source,
+        }
     }
 
     /// The error for `what` during a capture, if one is underway.
-    fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
+    pub(super) fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
         if self.capturing() {
             return Err(AllocError::DuringCapture { what, requested: 0 });
         }
         Ok(())
     }
 
-    /// Records an event on every stream that used the pool's memory.
-    fn record_on_users(&mut self) -> Result<Vec<(StreamId, EventHandle)>, DeviceError> {
+    /// Every stream that used the pool's memory: its ranges' streams and those recorded on its
+    /// blocks.
+    pub(super) fn user_streams(&self) -> BTreeSet<StreamId> {
         let mut streams: BTreeSet<StreamId> =
             self.segments.iter().flatten().map(|s| s.stream).collect();
         for (_, b) in self.blocks.iter() {
             streams.insert(b.stream);
             streams.extend(b.stream_uses.iter().copied());
         }
+        streams
+    }
+
+    /// Records an event on every stream that used the pool's memory.
+    fn record_on_users(&mut self) -> Result<Vec<(StreamId, EventHandle)>, DeviceError> {
+        let streams = self.user_streams();
         let mut events = Vec::with_capacity(streams.len());
         for s in streams {
             let recorded = self.take_event().and_then(|ev| {
@@ -145,7 +233,7 @@ impl<D: Device> Core<D> {
     }
 
     /// The pool's copy stream, made on first use.
-    fn copy_stream(&mut self) -> Result<StreamId, DeviceError> {
+    pub(super) fn copy_stream(&mut self) -> Result<StreamId, DeviceError> {
         if let Some(s) = self.copy_stream {
             return Ok(s);
         }
@@ -161,57 +249,73 @@ impl<D: Device> Core<D> {
         }
     }
 
-    /// Copies every live allocation into one pinned host buffer on the copy stream, after the
-    /// users' `events`, and waits for the copies; on failure frees the buffer (nothing kept).
-    fn offload(&mut self, events: &[(StreamId, EventHandle)]) -> Result<Slumber, AllocError> {
-        let mut copies = Vec::new();
-        let mut total = 0;
-        for (_, b) in self
+    /// A pinned host buffer of at least `bytes`: the one kept when it is large enough, else a
+    /// new one (the one kept freed first).
+    fn host_buffer(&mut self, bytes: u64) -> Result<HostPtr, DeviceError> {
+        match self.host_buffer {
+            Some((host, n)) if n >= bytes => Ok(host),
+            _ => {
+                self.release_host_buffer()?;
+                let host = self.device.alloc_host(bytes)?;
+                self.host_buffer = Some((host, bytes));
+                Ok(host)
+            }
+        }
+    }
+
+    /// Frees the pinned host buffer, once the copies enqueued into or out of it completed;
+    /// nothing when there is none, or while the pool sleeps (it holds the sleep's copies).
+    pub(crate) fn release_host_buffer(&mut self) -> Result<(), DeviceError> {
+        if self.asleep() {
+            return Ok(());
+        }
+        let Some((host, n)) = self.host_buffer else {
+            return Ok(());
+        };
+        if let Some(s) = self.copy_stream {
+            self.wait_stream(s)?;
+        }
+        self.host_buffer = None;
+        self.device.free_host(host, n)
+    }
+
+    /// Plans the copies of every live allocation into the host buffer (made or grown here), in
+    /// address order, and makes the copy stream wait for the users' `events`; without live
+    /// allocations, waits for the events on the host instead and plans nothing.
+    fn plan_offload(
+        &mut self,
+        events: &[(StreamId, EventHandle)],
+    ) -> Result<Vec<Copy>, AllocError> {
+        let mut copies: Vec<Copy> = self
             .blocks
             .iter()
             .filter(|(_, b)| b.allocated && b.requested > 0)
-        {
-            copies.push((b.addr, total, b.requested));
-            total += b.requested;
-        }
-        if total == 0 {
+            .map(|(_, b)| Copy {
+                addr: b.addr,
+                offset: 0,
+                len: b.requested,
+            })
+            .collect();
+        if copies.is_empty() {
             self.wait_all(events)?;
-            return Ok(Slumber::default());
+            return Ok(copies);
+        }
+        copies.sort_unstable_by_key(|c| c.addr);
+        let mut total = 0;
+        for c in &mut copies {
+            c.offset = total;
+            total += c.len;
         }
         let stream = self.copy_stream()?;
-        let host = self.device.alloc_host(total)?;
-        let done = self.copy_out(stream, host, &copies, events);
-        if let Err(e) = done {
-            let _ = self.device.free_host(host, total);
-            return Err(e.into());
-        }
-        Ok(Slumber {
-            host: Some((host, total)),
-            copies,
-            bytes: 0,
-        })
-    }
-
-    /// Enqueues the copies out after `events` and waits for them on the host.
-    fn copy_out(
-        &mut self,
-        stream: StreamId,
-        host: HostPtr,
-        copies: &[(u64, u64, u64)],
-        events: &[(StreamId, EventHandle)],
-    ) -> Result<(), DeviceError> {
+        self.host_buffer(total)?;
         for &(_, ev) in events {
             self.device.wait_event(stream, ev)?;
         }
-        for &(addr, off, n) in copies {
-            self.device
-                .copy_to_host_async(host + off, addr, n, stream)?;
-        }
-        self.wait_stream(stream)
+        Ok(copies)
     }
 
     /// Records an event on `stream` and waits for it on the host.
-    fn wait_stream(&mut self, stream: StreamId) -> Result<(), DeviceError> {
+    pub(super) fn wait_stream(&mut self, stream: StreamId) -> Result<(), DeviceError> {
         let ev = self.take_event()?;
         let r = self.device.record_event(ev, stream);
         let r = r.and_then(|()| {
@@ -222,176 +326,154 @@ impl<D: Device> Core<D> {
         r
     }
 
-    /// Unmaps and releases every chunk of every range, listing each in its range's `slept`;
-    /// returns the bytes unmapped. A chunk whose unmap fails stays mapped (and counted); a page
-    /// whose release fails is a stray, released again later.
-    fn unmap_everything(&mut self) -> u64 {
-        let mut total = 0;
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            let chunks: Vec<(u64, Chunk)> = seg.chunks.iter().map(|(&a, &c)| (a, c)).collect();
-            let (mut bytes, mut ops) = (0, 0);
-            for (at, c) in chunks {
-                let done = seg.unmap(&self.device, at, c.size);
-                if done.range.size == c.size {
-                    seg.slept.push((at, c.size));
-                    bytes += c.size;
-                    ops += 1;
-                }
+    /// Every chunk still mapped: (range, address, bytes), in address order within each range.
+    fn mapped_chunks(&self) -> Vec<(usize, u64, u64)> {
+        let mut chunks = Vec::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            if let Some(seg) = seg {
+                chunks.extend(seg.chunks.iter().map(|(&at, c)| (i, at, c.size)));
             }
-            let pool = seg.pool;
-            self.stats.calls.unmaps += ops;
-            self.sub_reserved(bytes);
-            self.reserved_shrank(pool, bytes);
-            self.track_strays(i, before);
-            total += bytes;
         }
-        total
+        chunks
     }
 
-    /// Wakes the pool (see the module docs): later work on `stream` runs after the restored
-    /// bytes are in place. Nothing when it is awake. Refused during a capture; out of memory
-    /// (the limit or the device) is [`AllocError::OutOfMemory`], and the pool stays asleep,
-    /// intact.
-    pub(crate) fn wake(&mut self, stream: StreamId) -> Result<(), AllocError> {
-        let Some(bytes) = self.slumber.as_ref().map(|s| s.bytes) else {
-            return Ok(());
+    /// Unmaps and releases every chunk still mapped of the sleeping pool, listing each in its
+    /// range's `slept` and counting its bytes in the slumber. With copies planned, first
+    /// enqueues on the copy stream the parts of the copies lying in those chunks, with an event
+    /// after every [`COPY_GROUP`] bytes of chunks, and unmaps each group once its event
+    /// completed (the next groups' copies run meanwhile). A failure to enqueue is
+    /// [`Stopped::Copies`] (nothing unmapped); a failed wait stops the unmapping, and a chunk
+    /// whose unmap fails stays mapped and counted in `reserved`: both are
+    /// [`Stopped::Incomplete`]. A page whose release fails is unmapped and becomes a stray.
+    fn unmap_everything(&mut self) -> Result<(), Stopped> {
+        let chunks = self.mapped_chunks();
+        let copies = self.slumber.as_ref().expect("asleep").copies.clone();
+        let groups = if copies.is_empty() {
+            vec![(None, chunks)]
+        } else {
+            self.copy_out(&copies, chunks).map_err(Stopped::Copies)?
         };
-        self.refuse_during_capture("wake")?;
-        if self.over_limit(bytes) || !self.claim(bytes) {
-            return Err(self.wake_oom(bytes));
-        }
-        if let Err(e) = self.map_slept() {
-            self.sub_reserved(bytes);
-            return Err(if e.is_out_of_memory() {
-                self.wake_oom(bytes)
-            } else {
-                e.into()
+        let (mut first, mut waits_failed) = (None, false);
+        for (ev, chunks) in groups {
+            let waited = ev.map_or(Ok(()), |ev| {
+                self.stats.device_waits += 1;
+                let r = self.device.synchronize_event(ev);
+                self.spare_events.push(ev);
+                r
             });
-        }
-        if let Err(e) = self.copy_back(stream) {
-            self.unmap_woken();
-            self.sub_reserved(bytes);
-            return Err(e.into());
-        }
-        let slumber = self.slumber.take().expect("asleep");
-        if let Some((host, n)) = slumber.host {
-            let _ = self.device.free_host(host, n);
-        }
-        self.woke();
-        Ok(())
-    }
-
-    /// The out-of-memory error of a wake that needed `bytes`.
-    fn wake_oom(&self, bytes: u64) -> AllocError {
-        AllocError::OutOfMemory {
-            requested: bytes,
-            rounded: bytes,
-            reserved: self.reserved,
-            allocated: self.stats.allocated_bytes.0[0].current as u64,
-            device_free: self.device.mem_info().map(|m| m.0).unwrap_or(0),
-            limit: self.limit,
-        }
-    }
-
-    /// Maps a new page for every slept chunk, at its address; on failure unmaps what it mapped
-    /// (the slept lists are untouched until the wake succeeds).
-    fn map_slept(&mut self) -> Result<(), DeviceError> {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            let mut failed = None;
-            for &(at, size) in &seg.slept.clone() {
-                if let Err(e) = seg.map_exact(&self.device, at, size, &self.peers) {
-                    failed = Some(e);
-                    break;
+            if let Err(e) = waited {
+                first.get_or_insert(e);
+                waits_failed = true;
+            }
+            if waits_failed {
+                continue; // copies not known to be done: their chunks stay mapped
+            }
+            for (i, at, size) in chunks {
+                if let Err(e) = self.unmap_slept(i, at, size) {
+                    first.get_or_insert(e);
                 }
             }
-            self.track_strays(i, before);
-            if let Some(e) = failed {
-                self.unmap_woken();
-                return Err(e);
-            }
         }
-        Ok(())
+        for seg in self.segments.iter_mut().flatten() {
+            seg.slept.sort_unstable();
+        }
+        first.map_or(Ok(()), |e| Err(Stopped::Incomplete(e)))
     }
 
-    /// Unmaps the chunks a failed wake mapped back (those listed in `slept` and mapped now).
-    fn unmap_woken(&mut self) {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let before = seg.stray_bytes();
-            for &(at, size) in &seg.slept.clone() {
-                if seg.chunks.contains_key(&at) {
-                    let done = seg.unmap(&self.device, at, size);
-                    if done.range.size != size {
-                        // Still mapped: counted as a stray until a later call unmaps it.
-                        if let Some(c) = seg.chunks.remove(&at) {
-                            seg.mapped -= c.size;
-                            seg.stuck.push((at, c));
-                        }
-                    }
+    /// Enqueues on the copy stream the parts of `copies` lying in `chunks`, in groups of about
+    /// [`COPY_GROUP`] bytes of chunks, each followed by an event; returns the groups. On failure
+    /// waits for what was enqueued (best effort) and returns the error.
+    #[allow(clippy::type_complexity)]
+    fn copy_out(
+        &mut self,
+        copies: &[Copy],
+        chunks: Vec<(usize, u64, u64)>,
+    ) -> Result<Vec<(Option<EventHandle>, Vec<(usize, u64, u64)>)>, DeviceError> {
+        let stream = self.copy_stream()?;
+        let (host, _) = self
+            .host_buffer
+            .expect("an offloading sleep has a host buffer");
+        let mut groups = Vec::new();
+        let mut group = Vec::new();
+        let mut bytes = 0;
+        let n = chunks.len();
+        let mut enqueue = |core: &mut Self, k: usize, chunk: (usize, u64, u64)| {
+            let (_, at, size) = chunk;
+            for (addr, offset, len) in pieces(copies, at, at + size) {
+                core.device
+                    .copy_to_host_async(host + offset, addr, len, stream)?;
+            }
+            group.push(chunk);
+            bytes += size;
+            if bytes >= COPY_GROUP || k + 1 == n {
+                let ev = core.take_event()?;
+                if let Err(e) = core.device.record_event(ev, stream) {
+                    core.spare_events.push(ev);
+                    return Err(e);
                 }
+                groups.push((Some(ev), std::mem::take(&mut group)));
+                bytes = 0;
             }
-            self.track_strays(i, before);
-        }
-    }
-
-    /// Copies the host copies back on the copy stream, makes `stream` wait for them, and waits
-    /// for them on the host.
-    fn copy_back(&mut self, stream: StreamId) -> Result<(), DeviceError> {
-        let slumber = self.slumber.as_ref().expect("asleep");
-        let Some((host, _)) = slumber.host else {
-            return Ok(());
+            Ok(())
         };
-        let copies = slumber.copies.clone();
-        let copy_stream = self.copy_stream()?;
-        for &(addr, off, n) in &copies {
-            self.device
-                .copy_to_device_async(addr, host + off, n, copy_stream)?;
+        let mut done = Ok(());
+        for (k, chunk) in chunks.into_iter().enumerate() {
+            done = enqueue(self, k, chunk);
+            if done.is_err() {
+                break;
+            }
         }
-        let ev = self.take_event()?;
-        let r = self.device.record_event(ev, copy_stream);
-        let r = r.and_then(|()| self.device.wait_event(stream, ev));
-        let r = r.and_then(|()| {
-            self.stats.device_waits += 1;
-            self.device.synchronize_event(ev)
-        });
-        self.spare_events.push(ev);
-        r
+        if let Err(e) = done {
+            let _ = self.wait_stream(stream);
+            self.spare_events
+                .extend(groups.iter().filter_map(|g: &(Option<EventHandle>, _)| g.0));
+            return Err(e);
+        }
+        Ok(groups)
     }
 
-    /// After a successful wake: the slept chunks count as mapped again.
-    fn woke(&mut self) {
-        for i in 0..self.segments.len() {
-            let Some(seg) = self.segments[i].as_mut() else {
-                continue;
-            };
-            let ops = seg.slept.len() as u64;
-            let bytes: u64 = seg.slept.drain(..).map(|(_, n)| n).sum();
-            let pool = seg.pool;
-            self.reserved_grew(pool, bytes);
-            self.stats.calls.maps += ops;
+    /// Unmaps and releases chunk `at` (`size` bytes) of range `i` for the sleep: listed in
+    /// `slept`, its bytes out of `reserved` and into the slumber's. An unmap the driver refuses
+    /// leaves it mapped (the error); a refused release leaves a stray (not an error).
+    fn unmap_slept(&mut self, i: usize, at: u64, size: u64) -> Result<(), DeviceError> {
+        let seg = self.segments[i].as_mut().expect("a range with chunks");
+        let before = seg.stray_bytes();
+        let done = seg.unmap(&self.device, at, size);
+        let unmapped = done.range.size == size;
+        if unmapped {
+            seg.slept.push((at, size));
         }
+        let pool = seg.pool;
+        self.track_strays(i, before);
+        if !unmapped {
+            let why = "the chunk stayed mapped";
+            return Err(done
+                .error
+                .unwrap_or_else(|| DeviceError::invalid("unmap", why)));
+        }
+        self.stats.calls.unmaps += 1;
+        self.sub_reserved(size);
+        self.reserved_shrank(pool, size);
+        self.slumber.as_mut().expect("asleep").bytes += size;
+        Ok(())
     }
 
-    /// When the pool sleeps, as it is dropped: frees its host copy, unmaps what is still mapped
-    /// and gives its ranges back (its blocks need no freeing: they hold no pages). False (nothing
-    /// done) when it is awake.
+    /// Bytes of the chunks still mapped while the pool sleeps (an unmap the driver refused).
+    pub fn mapped_while_asleep(&self) -> u64 {
+        if !self.asleep() {
+            return 0;
+        }
+        self.segments.iter().flatten().map(|s| s.mapped).sum()
+    }
+
+    /// When the pool sleeps, as it is dropped: frees its host buffer, unmaps what is still
+    /// mapped and gives its ranges back (its blocks need no freeing: they hold no pages). False
+    /// (nothing done) when it is awake.
     pub(crate) fn drop_asleep(&mut self) -> bool {
-        let Some(slumber) = self.slumber.take() else {
+        if self.slumber.take().is_none() {
             return false;
-        };
-        if let Some((host, n)) = slumber.host {
-            let _ = self.device.free_host(host, n);
         }
+        let _ = self.release_host_buffer();
         for seg in self.segments.iter_mut().flatten() {
             let _ = seg.unmap(&self.device, seg.va, seg.size);
             seg.retry_leaked(&self.device);

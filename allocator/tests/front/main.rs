@@ -16,7 +16,7 @@
 //!
 //! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
 //! `graph_pool.rs` (private pools for CUDA graphs), `graph_engine.rs` (the example engine's
-//! graph protocol), `sleep.rs` and `sleep_model.rs` (tags, sleep and wake).
+//! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -25,6 +25,7 @@ mod common;
 mod graph_engine;
 mod graph_pool;
 mod sleep;
+mod sleep_faults;
 mod sleep_model;
 mod snapshot;
 mod stats;

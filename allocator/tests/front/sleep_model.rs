@@ -1,7 +1,8 @@
 //! A stateful property test of tags, sleep and wake against a model of the live allocations:
 //! random allocations of two tags and untagged memory, frees, sleeps (offloaded or not), wakes
-//! (some failing for lack of memory: the device is small), `empty_cache` and injected faults on
-//! a simulated device with host backing. After every step the allocator's and the device's
+//! (some failing for lack of memory: the device is small), `empty_cache`, the release of the
+//! host buffers and injected faults (a failed acquiring call or a refused release in the next
+//! step) on a simulated device with host backing. After every step the allocator's and the device's
 //! invariants hold, the device holds exactly the reserved bytes, a sleeping tag refuses
 //! allocations and frees, a failed wake leaves its tag asleep, and every awake allocation reads
 //! back the bytes written into it (an offloaded tag's across its sleeps; a tag woken without
@@ -23,7 +24,9 @@ enum Op {
     Sleep { tag: usize, offload: bool },
     Wake { tag: usize },
     EmptyCache,
+    ReleaseHostBuffers,
     FailNext,
+    FailRelease,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -34,7 +37,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..2, any::<bool>()).prop_map(|(tag, offload)| Op::Sleep { tag, offload }),
         3 => (0usize..2).prop_map(|tag| Op::Wake { tag }),
         1 => Just(Op::EmptyCache),
+        1 => Just(Op::ReleaseHostBuffers),
         1 => Just(Op::FailNext),
+        1 => Just(Op::FailRelease),
     ]
 }
 
@@ -128,7 +133,8 @@ impl Model {
             Op::Sleep { tag, offload } => {
                 let off: &[&str] = if offload { &[TAGS[tag]] } else { &[] };
                 match self.alloc.sleep(&[TAGS[tag]], off) {
-                    Ok(()) => {
+                    // An unmap refused after the copies: asleep all the same.
+                    Ok(()) | Err(AllocError::SleepIncomplete { .. }) => {
                         if !self.asleep[tag] {
                             self.offloaded[tag] = offload;
                         }
@@ -144,8 +150,19 @@ impl Model {
                     assert!(self.alloc.is_asleep(TAGS[tag]), "a failed wake woke");
                 }
             },
-            Op::EmptyCache => self.alloc.empty_cache().unwrap(),
-            Op::FailNext => self.dev.fail_next(),
+            Op::EmptyCache => {
+                if let Err(e) = self.alloc.empty_cache() {
+                    assert!(is_fault(&e), "{e}");
+                }
+            }
+            Op::ReleaseHostBuffers => {
+                if let Err(e) = self.alloc.release_host_buffers() {
+                    assert!(is_fault(&e), "{e}");
+                }
+            }
+            // Armed for the next step.
+            Op::FailNext => return self.dev.fail_next(),
+            Op::FailRelease => return self.dev.fail_release(1),
         }
         self.dev.clear_faults();
         self.check();
@@ -200,6 +217,7 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) {
     for op in ops {
         m.step(op);
     }
+    m.dev.clear_faults();
     for (tag, name) in TAGS.iter().enumerate() {
         while m.asleep[tag] {
             // Free untagged memory until the wake fits.

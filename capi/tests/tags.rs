@@ -1,0 +1,226 @@
+//! Tags, sleep and wake through the C ABI. Without a GPU: the per-thread tag stack
+//! (`cudalloc_tag_push`/`pop`/`depth`), the errors of bad tags and lists (each names what is
+//! wrong) and of a missing device; on the simulated device with host backing: allocations made
+//! under a pushed tag land in it (`tags::allocate` with `tags::current`, as `cudalloc_malloc`
+//! does), a free needs no tag, `json::tag_stats` reports each tag, a sleep and a wake keep the
+//! bytes. On a GPU (ignored elsewhere): the same through the exported functions, with the
+//! error kinds of a refused free and an out-of-memory wake.
+
+use cudalloc_capi::{
+    cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc, cudalloc_release_host_buffers,
+    cudalloc_set_memory_fraction, cudalloc_sleep, cudalloc_tag_current, cudalloc_tag_depth,
+    cudalloc_tag_pop, cudalloc_tag_push, cudalloc_tag_stats_json, cudalloc_wake, json,
+    last_error_message, tags, with_c_buffer, CStrArg, CUDALLOC_ERROR_OTHER,
+    CUDALLOC_ERROR_OUT_OF_MEMORY,
+};
+use cudalloc_core::{CachingAllocator, Config, Policy};
+use cudalloc_sys::{CudaDevice, SimConfig, SimDevice, StreamId};
+use serde_json::Value;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn has_gpu() -> bool {
+    matches!(CudaDevice::device_count(), Ok(n) if n > 0)
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+fn tag_stats(device: i32) -> Value {
+    let mut buf = vec![0u8; 1 << 16];
+    let n = with_c_buffer(&mut buf, |b, l| cudalloc_tag_stats_json(device, b, l));
+    assert!(n > 0, "{}", last_error_message());
+    serde_json::from_slice(&buf[..n]).unwrap()
+}
+
+#[test]
+fn tags_nest_on_each_thread_and_bad_tags_are_refused_with_a_reason() {
+    let (w, kv) = (c("weights"), c("kv"));
+    assert_eq!(cudalloc_tag_depth(), 0);
+    assert_eq!(cudalloc_tag_push(CStrArg::new(&w)), 0);
+    assert_eq!(cudalloc_tag_push(CStrArg::new(&kv)), 0);
+    assert_eq!(cudalloc_tag_depth(), 2);
+    assert_eq!(tags::current().as_deref(), Some("kv"));
+    let mut buf = [b'x'; 8];
+    assert_eq!(
+        with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l)),
+        2
+    );
+    assert_eq!(&buf[..3], b"kv\0");
+    std::thread::spawn(|| assert_eq!(cudalloc_tag_depth(), 0))
+        .join()
+        .unwrap();
+    assert_eq!(cudalloc_tag_pop(), 0);
+    assert_eq!(tags::current().as_deref(), Some("weights"));
+    assert_eq!(cudalloc_tag_pop(), 0);
+    assert_eq!(
+        with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l)),
+        0
+    );
+    assert_eq!(cudalloc_tag_pop(), -1);
+    assert!(last_error_message().starts_with("cudalloc_tag_pop: no tag was pushed"));
+    assert_eq!(cudalloc_last_error_kind(), CUDALLOC_ERROR_OTHER);
+    let bad = c("a,b");
+    assert_eq!(cudalloc_tag_push(CStrArg::new(&bad)), -1);
+    let msg = last_error_message();
+    assert!(msg.starts_with("cudalloc_tag_push: tag \"a,b\"") && msg.contains("comma"));
+    assert_eq!(cudalloc_tag_push(CStrArg::null()), -1);
+    assert_eq!(cudalloc_tag_depth(), 0);
+}
+
+#[test]
+fn sleep_and_wake_name_a_bad_list_and_a_missing_device() {
+    let _g = serial();
+    let (good, bad) = (c("weights"), c("weights,,kv"));
+    assert_eq!(cudalloc_sleep(0, CStrArg::null(), CStrArg::null()), -1);
+    assert_eq!(last_error_message(), "cudalloc_sleep: the tags are NULL");
+    assert_eq!(
+        cudalloc_sleep(0, CStrArg::new(&good), CStrArg::new(&bad)),
+        -1
+    );
+    let msg = last_error_message();
+    assert!(
+        msg.starts_with("cudalloc_sleep: offload: tag \"\""),
+        "{msg}"
+    );
+    assert_eq!(
+        cudalloc_wake(0, CStrArg::new(&bad), std::ptr::null_mut()),
+        -1
+    );
+    assert!(last_error_message().starts_with("cudalloc_wake: tags: tag \"\""));
+    let per_thread = 0x2 as *mut c_void;
+    assert_eq!(cudalloc_wake(0, CStrArg::new(&good), per_thread), -1);
+    assert!(last_error_message().contains("cudaStreamPerThread"));
+    if has_gpu() {
+        return;
+    }
+    assert_eq!(cudalloc_sleep(0, CStrArg::new(&good), CStrArg::null()), -1);
+    assert!(last_error_message().starts_with("cudalloc_sleep: no CUDA device"));
+    assert_eq!(
+        cudalloc_wake(0, CStrArg::new(&good), std::ptr::null_mut()),
+        -1
+    );
+    assert!(last_error_message().starts_with("cudalloc_wake: no CUDA device"));
+    assert_eq!(cudalloc_release_host_buffers(0), -1);
+    let mut buf = [b'x'; 8];
+    assert_eq!(
+        with_c_buffer(&mut buf, |b, l| cudalloc_tag_stats_json(0, b, l)),
+        0
+    );
+    assert!(last_error_message().starts_with("cudalloc_tag_stats_json: no CUDA device"));
+}
+
+/// What `cudalloc_malloc` does under a pushed tag, on the simulated device: the allocation is
+/// the tag's, the JSON says so, a sleep and a wake keep its bytes, and an untagged allocation
+/// after the pop is not the tag's.
+#[test]
+fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device() {
+    let dev = Arc::new(SimDevice::new(
+        SimConfig::with_capacity(1 << 30).host_backing(true),
+    ));
+    let alloc = CachingAllocator::new(dev.clone(), Config::for_policy(Policy::Default));
+    let s = StreamId(4);
+    let w = c("weights");
+    assert_eq!(cudalloc_tag_push(CStrArg::new(&w)), 0);
+    let a = tags::allocate(&alloc, 3 << 20, s, tags::current().as_deref()).unwrap();
+    assert_eq!(cudalloc_tag_pop(), 0);
+    let plain = tags::allocate(&alloc, 1 << 20, s, tags::current().as_deref()).unwrap();
+    let bytes: Vec<u8> = (0..a.size()).map(|i| (i * 7 % 251) as u8).collect();
+    dev.write(a.ptr(), &bytes).unwrap();
+
+    let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
+    assert_eq!(doc.as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc[0]["tag"], "weights");
+    assert_eq!(doc[0]["allocations"], 1);
+    assert_eq!(doc[0]["requested_bytes"], 3 << 20);
+    assert_eq!(doc[0]["asleep"], false);
+
+    let names = vec!["weights".to_string()];
+    tags::sleep(&alloc, &names, &names).unwrap();
+    let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
+    assert_eq!(doc[0]["asleep"], true);
+    assert_eq!(doc[0]["reserved_bytes"], 0);
+    assert_eq!(doc[0]["offloaded_bytes"], 3 << 20);
+    assert_eq!(doc[0]["mapped_while_asleep"], 0);
+    assert!(
+        alloc.free_ptr(a.ptr()).is_err(),
+        "a sleeping tag's free fails"
+    );
+    tags::wake(&alloc, &names, s).unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    dev.read(a.ptr(), &mut back).unwrap();
+    assert!(back == bytes, "bytes restored");
+    let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
+    assert_eq!(doc[0]["host_buffer_bytes"], 3 << 20);
+    alloc.free_ptr(a.ptr()).unwrap();
+    alloc.free_ptr(plain.ptr()).unwrap();
+    alloc.release_host_buffers().unwrap();
+    assert_eq!(dev.host_bytes(), 0);
+    alloc.check_invariants().unwrap();
+}
+
+/// The exported functions on device 0 of a GPU: `cudalloc_malloc` under a tag, a sleep that
+/// gives its memory back, a refused free while asleep, an out-of-memory wake under a cap, a
+/// wake that restores the bytes once the cap is lifted.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
+    let _g = serial();
+    let n: usize = 256 << 20;
+    let t = c("capi-weights");
+    let list = CStrArg::new(&t);
+    assert_eq!(cudalloc_tag_push(list), 0);
+    let p = cudalloc_malloc(n, 0, std::ptr::null_mut());
+    assert_eq!(cudalloc_tag_pop(), 0);
+    assert!(!p.is_null(), "{}", last_error_message());
+    let dev = CudaDevice::new(0).unwrap();
+    let bytes: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 13 % 241) as u8).collect();
+    let last = p as u64 + n as u64 - bytes.len() as u64;
+    dev.copy_to_device(p as u64, &bytes).unwrap();
+    dev.copy_to_device(last, &bytes).unwrap();
+
+    assert_eq!(cudalloc_sleep(0, list, list), 0, "{}", last_error_message());
+    let stats = tag_stats(0);
+    let me = stats
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tag"] == "capi-weights")
+        .unwrap()
+        .clone();
+    assert_eq!(me["asleep"], true);
+    assert_eq!(me["reserved_bytes"], 0);
+    assert_eq!(me["offloaded_bytes"], n as u64);
+    cudalloc_free(p, n, 0, std::ptr::null_mut());
+    assert!(
+        last_error_message().contains("sleeps"),
+        "{}",
+        last_error_message()
+    );
+
+    // No room under a tiny cap: out of memory, and the tag stays asleep.
+    assert_eq!(cudalloc_set_memory_fraction(1e-6, 0), 0);
+    assert_eq!(cudalloc_wake(0, list, std::ptr::null_mut()), -1);
+    assert_eq!(cudalloc_last_error_kind(), CUDALLOC_ERROR_OUT_OF_MEMORY);
+    assert_eq!(cudalloc_set_memory_fraction(1.0, 0), 0);
+    assert_eq!(
+        cudalloc_wake(0, list, std::ptr::null_mut()),
+        0,
+        "{}",
+        last_error_message()
+    );
+    dev.synchronize().unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    dev.copy_from_device(p as u64, &mut back).unwrap();
+    assert!(back == bytes, "first MiB restored");
+    dev.copy_from_device(last, &mut back).unwrap();
+    assert!(back == bytes, "last MiB restored");
+    cudalloc_free(p, n, 0, std::ptr::null_mut());
+    assert_eq!(cudalloc_release_host_buffers(0), 0);
+}
