@@ -184,7 +184,9 @@ impl<D: Device> CachingAllocator<D> {
             reserved += pool.reserved() + pool.strays;
         }
         self.live.check_invariants()?;
-        let live = self.live.len();
+        // Allocations freed while their tag slept are no longer in the live table; their
+        // blocks are freed at the wake.
+        let live = self.live.len() + tags.pools.iter().map(|t| t.deferred.len()).sum::<usize>();
         if allocations != live {
             return Err(InvariantError::new(
                 Invariant::LiveTable,

@@ -266,8 +266,10 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
     /// Frees the pinned host buffer that offloading sleeps copy into, kept across wakes for
     /// the next sleep, once the copies into or out of it completed; nothing while the pool
-    /// sleeps (the buffer holds its bytes) or when it has none.
+    /// sleeps (the buffer holds its bytes) or when it has none. Refused during a capture
+    /// ([`AllocError::DuringCapture`]: it waits for the copy stream and frees pinned memory).
     pub fn release_host_buffer(&mut self) -> Result<(), AllocError> {
+        self.core.refuse_during_capture("release_host_buffers")?;
         Ok(self.core.release_host_buffer()?)
     }
 

@@ -79,10 +79,14 @@ impl SharedPeak {
         self.peak.load(Ordering::Acquire)
     }
 
-    /// Makes the peak what is held now (while no pool changes it: under every pool's lock).
+    /// Makes the peak what is held now. A pool that grows meanwhile (one not locked by the
+    /// caller, such as a graph pool of the group) leaves the peak at least at what is held
+    /// after the reset.
     pub fn reset(&self) {
         let now = self.held.load(Ordering::Acquire);
         self.peak.store(now, Ordering::Release);
+        let after = self.held.load(Ordering::Acquire);
+        self.peak.fetch_max(after, Ordering::AcqRel);
     }
 }
 

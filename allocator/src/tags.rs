@@ -28,6 +28,8 @@ use cudalloc_sys::{CaptureMode, Device, StreamId};
 pub(crate) struct TagPool<D: Device> {
     pub name: String,
     pub pool: Pool<Arc<D>>,
+    /// Allocations freed while the tag slept: their frees run when it wakes.
+    pub deferred: Vec<Entry>,
 }
 
 /// Every tag's pool, in the order the tags were first used, and what a new one must inherit:
@@ -132,7 +134,11 @@ impl<D: Device> CachingAllocator<D> {
         }
         pool.core.tag = (set.pools.len() + 1) as u32;
         let name = name.to_string();
-        set.pools.push(TagPool { name, pool });
+        set.pools.push(TagPool {
+            name,
+            pool,
+            deferred: Vec::new(),
+        });
         set.pools.len()
     }
 
@@ -177,11 +183,17 @@ impl<D: Device> CachingAllocator<D> {
         Ok(a)
     }
 
-    /// Frees a tagged allocation (the free of a handle whose `tag` is not 0).
+    /// Frees a tagged allocation (the free of a handle whose `tag` is not 0). While its tag
+    /// sleeps the allocation is no longer the caller's at once, and its block is freed when
+    /// the tag wakes (a deleter that frees a sleeping model's tensors loses nothing).
     pub(crate) fn free_tagged(&self, a: &Handle) -> Result<(), AllocError> {
         let mut set = self.tags.lock();
         let t = &mut set.pools[a.tag as usize - 1];
         let e = self.live.take_live(a)?;
+        if t.pool.asleep() {
+            t.deferred.push(e);
+            return Ok(());
+        }
         if let Err(err) = t.pool.free_handle(&e.alloc) {
             self.live.insert(e);
             return Err(named(err, &t.name));
@@ -255,7 +267,8 @@ impl<D: Device> CachingAllocator<D> {
     /// get its memory, even after every cached block of the allocator went back to the device,
     /// fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
     /// awake); waking it again once memory was freed succeeds. An awake or unknown tag is left
-    /// as it is.
+    /// as it is. Every stream that used the tag's memory must still exist at the wake (it is
+    /// made to wait for the copies). Allocations freed while the tag slept are freed now.
     pub fn wake(&self, tags: &[&str], stream: StreamId) -> Result<(), AllocError> {
         for tag in tags {
             match self.wake_one(tag, stream) {
@@ -273,10 +286,22 @@ impl<D: Device> CachingAllocator<D> {
 
     fn wake_one(&self, tag: &str, stream: StreamId) -> Result<(), AllocError> {
         let mut set = self.tags.lock();
-        match set.pools.iter_mut().find(|t| t.name == tag) {
-            Some(t) => t.pool.wake(stream),
-            None => Ok(()),
+        let Some(t) = set.pools.iter_mut().find(|t| t.name == tag) else {
+            return Ok(());
+        };
+        t.pool.wake(stream)?;
+        // The frees made while it slept (stream order: after the wake's copies, on the
+        // allocations' own streams, as any free).
+        let mut first = Ok(());
+        for e in std::mem::take(&mut t.deferred) {
+            if let Err(err) = t.pool.free_handle(&e.alloc) {
+                self.live.insert(e);
+                if first.is_ok() {
+                    first = Err(named(err, &t.name));
+                }
+            }
         }
+        first
     }
 
     /// True while `tag` sleeps.

@@ -230,11 +230,11 @@ int cudalloc_trace_stop(void);
  * and _dump_snapshot (python/cudalloc_torch does this for you). cudalloc_history_start keeps
  * the latest max_entries events (alloc, free_requested, free_completed, oom; "free_completed"
  * of an allocation used on another stream comes when its block goes back to the pool), starting
- * with an "alloc" for every allocation live now; the events of an earlier history are kept
- * unless clear is non-zero, and a call while the history is kept changes max_entries (and
- * clears when asked). It fails while a trace is recorded to a file (cudalloc_trace_start), and
+ * with an "alloc" for every allocation live now (the events kept from an earlier history are
+ * dropped); a call while the history is kept changes max_entries (and clears when clear is
+ * non-zero). It fails while a trace is recorded to a file (cudalloc_trace_start), and
  * cudalloc_trace_start fails while the history is kept. cudalloc_history_stop stops it; the
- * events stay readable; cudalloc_history_clear drops them. cudalloc_history_enabled: 1 while
+ * events stay readable until the next start; cudalloc_history_clear drops them. cudalloc_history_enabled: 1 while
  * kept, 0 otherwise.
  * cudalloc_memory_history writes a cudalloc_history_header then the events, oldest first, into
  * buf if they fit in len bytes, and returns the bytes they take (0 on failure; call it with a

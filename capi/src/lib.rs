@@ -211,17 +211,18 @@ pub extern "C" fn cudalloc_trace_stop() -> c_int {
 
 /// Starts keeping device 0's allocation history in memory: its latest `max_entries` events
 /// (`alloc`, `free_requested`, `free_completed`, `oom`), beginning with an `alloc` for each
-/// allocation live now, as PyTorch's `torch.cuda.memory._record_memory_history` does. The
-/// events of an earlier history are kept unless `clear` is non-zero; while the history is
-/// being kept, a call changes `max_entries` (and clears when asked). 0, or -1 on failure (a
-/// trace is being recorded to a file).
+/// allocation live now, as PyTorch's `torch.cuda.memory._record_memory_history` does (the
+/// events kept from an earlier history are dropped); while the history is being kept, a call
+/// changes `max_entries` (and clears when `clear` is non-zero). 0, or -1 on failure (a trace
+/// is being recorded to a file).
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_history_start(max_entries: u64, clear: c_int) -> c_int {
     api::history_start(max_entries, clear)
 }
 
-/// Stops keeping the history; its events stay readable. 0, or -1 when none is being kept.
+/// Stops keeping the history; its events stay readable until the next start or clear. 0, or
+/// -1 when none is being kept.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_history_stop() -> c_int {

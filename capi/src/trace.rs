@@ -1,5 +1,7 @@
-//! Recording the calls of one allocator (device 0 in the C ABI) as a trace in our CSV format,
-//! switched on and off while the program runs.
+//! Recording the calls of one allocator (device 0 in the C ABI), switched on and off while the
+//! program runs: as a trace in our CSV format (`cudalloc_trace_start`), or as a history of the
+//! latest events kept in memory with Unix-epoch times (`cudalloc_history_start`, behind
+//! PyTorch's `_record_memory_history`). One recording at a time; the events are the same:
 //!
 //! - `cudalloc_malloc` writes `alloc` (address, requested size, stream), or `oom` (address 0)
 //!   when the allocator ran out of memory;
@@ -182,7 +184,7 @@ impl Recording {
 }
 
 /// The tracer's state: the recording underway, and the history of the last one that ended
-/// (kept for reading until a new history starts with `clear` or the history is cleared).
+/// (kept for reading until a new history starts or the history is cleared).
 struct State {
     recording: Option<Recording>,
     kept: History,
@@ -234,9 +236,9 @@ impl Tracer {
     }
 
     /// Starts keeping the latest `max` events in memory, beginning with an `alloc` for each
-    /// allocation `alloc` holds now; the history of an earlier recording is continued unless
-    /// `clear`. While the history is being kept, calling this again changes `max` (and clears
-    /// when asked) without restarting it.
+    /// allocation `alloc` holds now (the events kept from an earlier history are dropped).
+    /// While the history is being kept, calling this again changes `max` (and clears when
+    /// `clear`) without restarting it.
     pub fn start_history<D: Device>(
         &self,
         max: usize,
@@ -254,13 +256,11 @@ impl Tracer {
             return Ok(());
         }
         busy(&state)?;
-        let mut ring = std::mem::take(&mut state.kept);
-        if clear {
-            ring.clear();
-        }
-        ring.set_max(max);
+        // A new history: the kept one's allocations would otherwise appear twice (its events
+        // and the new start's live set).
+        state.kept.clear();
         let out = Output::History {
-            ring,
+            ring: History::new(max),
             epoch_us: epoch_us(),
         };
         state.recording = Some(Recording::new(out, alloc));

@@ -331,9 +331,19 @@ fn the_history_keeps_the_latest_events_in_order() {
         .stop_history(Some(&alloc))
         .unwrap_err()
         .contains("no memory history"));
+    // A new history starts from the live set alone: no allocation appears twice.
+    let live = t.allocate(&alloc, 1000, s1, None).unwrap();
+    t.start_history(100, false, Some(&alloc)).unwrap();
+    let got: Vec<(Action, u64)> = t.history().iter().map(|e| (e.action, e.addr)).collect();
+    assert_eq!(got, [(Action::Alloc, live.ptr())]);
+    t.free(&alloc, live.ptr()).unwrap();
     t.start_history(2, false, Some(&alloc)).unwrap();
     let kept: Vec<Action> = t.history().iter().map(|e| e.action).collect();
-    assert_eq!(kept, [Action::FreeRequested, Action::FreeCompleted]);
+    assert_eq!(
+        kept,
+        [Action::FreeRequested, Action::FreeCompleted],
+        "max 2"
+    );
     t.start_history(2, true, Some(&alloc)).unwrap();
     assert!(t.history().is_empty(), "cleared while kept");
     let a = t.allocate(&alloc, 1000, s1, None).unwrap();

@@ -135,6 +135,7 @@ impl<D: Device> Core<D> {
         policy: &mut P,
         offload: bool,
     ) -> Result<(), AllocError> {
+        self.refuse_during_capture("sleep")?;
         if self.asleep() {
             return match self.unmap_everything() {
                 Err(Stopped::Copies(e)) => Err(e.into()),
@@ -142,7 +143,6 @@ impl<D: Device> Core<D> {
                 Ok(()) => Ok(()),
             };
         }
-        self.refuse_during_capture("sleep")?;
         if self.blocks.iter().any(|(_, b)| !b.is_expandable()) {
             return Err(AllocError::SleepUnsupported);
         }
@@ -181,7 +181,7 @@ impl<D: Device> Core<D> {
     }
 
     /// The error for `what` during a capture, if one is underway.
-    pub(super) fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
+    pub(crate) fn refuse_during_capture(&self, what: &'static str) -> Result<(), AllocError> {
         if self.capturing() {
             return Err(AllocError::DuringCapture { what, requested: 0 });
         }

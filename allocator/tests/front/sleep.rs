@@ -2,7 +2,8 @@
 //! for byte): a sleep gives the tag's pages back (mapped bytes fall by exactly the tag's
 //! reserved bytes) and keeps its addresses; a wake maps them again at the same addresses and
 //! restores the offloaded tags' bytes; other tags and untagged allocations keep working
-//! meanwhile; a sleeping tag refuses allocations, frees and `record_stream`; a wake that cannot
+//! meanwhile; a sleeping tag refuses allocations and `record_stream`, and takes frees at once
+//! (their blocks go back at the wake); a wake that cannot
 //! get memory (a limit, or a fault injected at any of its device calls) leaves the tag asleep
 //! and intact, and the next wake succeeds; a sleep that fails changes nothing; sleep waits for
 //! events, never for the whole device; a capture and the `torch` policy refuse it.
@@ -70,6 +71,7 @@ fn sleep_gives_the_pages_back_and_wake_restores_offloaded_bytes_at_the_same_addr
             .map(|&n| alloc.allocate_tagged(n, s, "weights").unwrap())
             .collect();
         let kv = alloc.allocate_tagged(3 * MIB, s, "kv").unwrap();
+        let kv_gone = alloc.allocate_tagged(MIB, s, "kv").unwrap();
         let plain = alloc.allocate(2 * MIB, s).unwrap();
         for (i, a) in weights.iter().enumerate() {
             fill(&dev, a, i as u64);
@@ -107,10 +109,13 @@ fn sleep_gives_the_pages_back_and_wake_restores_offloaded_bytes_at_the_same_addr
                 ..
             })
         ));
-        let refused = alloc.free_ptr(kv.ptr());
+        // A free while the tag sleeps is taken at once (a deleter cannot wait for the wake);
+        // its block goes back when the tag wakes.
+        let gone = kv_gone.ptr();
+        alloc.free(kv_gone).unwrap();
         assert!(matches!(
-            refused,
-            Err(AllocError::Asleep { what: "free", .. })
+            alloc.free_ptr(gone),
+            Err(AllocError::NotAllocated(_))
         ));
         let refused = alloc.record_stream(kv.ptr(), StreamId(9));
         assert!(matches!(refused, Err(AllocError::Asleep { .. })));
@@ -119,6 +124,15 @@ fn sleep_gives_the_pages_back_and_wake_restores_offloaded_bytes_at_the_same_addr
 
         alloc.wake(&["weights", "kv"], s).unwrap();
         assert!(!alloc.is_asleep("weights") && !alloc.is_asleep("kv"));
+        let kv_stats = alloc
+            .tag_stats()
+            .into_iter()
+            .find(|t| t.tag == "kv")
+            .unwrap();
+        assert_eq!(
+            kv_stats.allocations, 1,
+            "the free made asleep ran at the wake"
+        );
         assert_eq!(
             dev.host_bytes(),
             sizes_sum,

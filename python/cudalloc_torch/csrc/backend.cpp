@@ -392,7 +392,8 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   // torch.cuda.memory._record_memory_history: the library keeps the latest max_entries events
   // of device 0 (alloc, free_requested, free_completed, oom); stack frames are not recorded
   // (the context recorder is not called), and skip_actions leave those actions out of the
-  // snapshot's trace.
+  // snapshot's trace. _record_memory_history(enabled=None) stops and drops the events, as
+  // PyTorch's allocator does.
   void recordHistory(
       bool enabled,
       c10::cuda::CUDACachingAllocator::CreateContextFn /*context_recorder*/,
@@ -409,12 +410,11 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       }
       return;
     }
+    // Disabling drops the events too, as PyTorch's allocator does (dump the snapshot first).
     if (lib.history_enabled() == 1) {
       check(lib.history_stop(), "history_stop");
     }
-    if (clear) {
-      check(lib.history_clear(), "history_clear");
-    }
+    check(lib.history_clear(), "history_clear");
   }
 
   bool isHistoryEnabled() override {
