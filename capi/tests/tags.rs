@@ -4,7 +4,7 @@
 //! under a pushed tag land in it (`tags::allocate` with `tags::current`, as `cudalloc_malloc`
 //! does), a free needs no tag, `json::tag_stats` reports each tag, a sleep and a wake keep the
 //! bytes. On a GPU (ignored elsewhere): the same through the exported functions, with the
-//! error kinds of a refused free and an out-of-memory wake.
+//! error kind of an out-of-memory wake, and a free taken while asleep.
 
 use cudalloc_capi::{
     cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc, cudalloc_release_host_buffers,
@@ -131,14 +131,15 @@ fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device
     let a = tags::allocate(&alloc, 3 << 20, s, tags::current().as_deref()).unwrap();
     assert_eq!(cudalloc_tag_pop(), 0);
     let plain = tags::allocate(&alloc, 1 << 20, s, tags::current().as_deref()).unwrap();
+    let gone = tags::allocate(&alloc, 1 << 20, s, Some("weights")).unwrap();
     let bytes: Vec<u8> = (0..a.size()).map(|i| (i * 7 % 251) as u8).collect();
     dev.write(a.ptr(), &bytes).unwrap();
 
     let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
     assert_eq!(doc.as_array().unwrap().len(), 1, "{doc}");
     assert_eq!(doc[0]["tag"], "weights");
-    assert_eq!(doc[0]["allocations"], 1);
-    assert_eq!(doc[0]["requested_bytes"], 3 << 20);
+    assert_eq!(doc[0]["allocations"], 2);
+    assert_eq!(doc[0]["requested_bytes"], 4 << 20);
     assert_eq!(doc[0]["asleep"], false);
 
     let names = vec!["weights".to_string()];
@@ -146,18 +147,19 @@ fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device
     let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
     assert_eq!(doc[0]["asleep"], true);
     assert_eq!(doc[0]["reserved_bytes"], 0);
-    assert_eq!(doc[0]["offloaded_bytes"], 3 << 20);
+    assert_eq!(doc[0]["offloaded_bytes"], 4 << 20);
     assert_eq!(doc[0]["mapped_while_asleep"], 0);
-    assert!(
-        alloc.free_ptr(a.ptr()).is_err(),
-        "a sleeping tag's free fails"
-    );
+    alloc.free_ptr(gone.ptr()).unwrap();
     tags::wake(&alloc, &names, s).unwrap();
     let mut back = vec![0u8; bytes.len()];
     dev.read(a.ptr(), &mut back).unwrap();
     assert!(back == bytes, "bytes restored");
     let doc: Value = serde_json::from_str(&json::tag_stats(&alloc)).unwrap();
-    assert_eq!(doc[0]["host_buffer_bytes"], 3 << 20);
+    assert_eq!(doc[0]["host_buffer_bytes"], 4 << 20);
+    assert_eq!(
+        doc[0]["allocations"], 1,
+        "the free made asleep ran at the wake"
+    );
     alloc.free_ptr(a.ptr()).unwrap();
     alloc.free_ptr(plain.ptr()).unwrap();
     alloc.release_host_buffers().unwrap();
@@ -166,7 +168,7 @@ fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device
 }
 
 /// The exported functions on device 0 of a GPU: `cudalloc_malloc` under a tag, a sleep that
-/// gives its memory back, a refused free while asleep, an out-of-memory wake under a cap, a
+/// gives its memory back, a free taken while asleep, an out-of-memory wake under a cap, a
 /// wake that restores the bytes once the cap is lifted.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -177,8 +179,9 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     let list = CStrArg::new(&t);
     assert_eq!(cudalloc_tag_push(list), 0);
     let p = cudalloc_malloc(n, 0, std::ptr::null_mut());
+    let gone = cudalloc_malloc(1 << 20, 0, std::ptr::null_mut());
     assert_eq!(cudalloc_tag_pop(), 0);
-    assert!(!p.is_null(), "{}", last_error_message());
+    assert!(!p.is_null() && !gone.is_null(), "{}", last_error_message());
     let dev = CudaDevice::new(0).unwrap();
     let bytes: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 13 % 241) as u8).collect();
     let last = p as u64 + n as u64 - bytes.len() as u64;
@@ -197,12 +200,8 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     assert_eq!(me["asleep"], true);
     assert_eq!(me["reserved_bytes"], 0);
     assert_eq!(me["offloaded_bytes"], n as u64);
-    cudalloc_free(p, n, 0, std::ptr::null_mut());
-    assert!(
-        last_error_message().contains("sleeps"),
-        "{}",
-        last_error_message()
-    );
+    // A free while asleep is taken; its block goes back at the wake.
+    cudalloc_free(gone, 1 << 20, 0, std::ptr::null_mut());
 
     // No room under a tiny cap: out of memory, and the tag stays asleep.
     assert_eq!(cudalloc_set_memory_fraction(1e-6, 0), 0);
@@ -221,6 +220,14 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     assert!(back == bytes, "first MiB restored");
     dev.copy_from_device(last, &mut back).unwrap();
     assert!(back == bytes, "last MiB restored");
+    let stats = tag_stats(0);
+    let me = stats
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tag"] == "capi-weights")
+        .unwrap();
+    assert_eq!(me["allocations"], 1, "the free made asleep ran at the wake");
     cudalloc_free(p, n, 0, std::ptr::null_mut());
     assert_eq!(cudalloc_release_host_buffers(0), 0);
 }
