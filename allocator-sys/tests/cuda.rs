@@ -8,6 +8,7 @@
 //! the error of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
 //! table of call x mode x thread -> ok/900 (run with `-- --ignored --nocapture` to see it).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudalloc_sys::{
@@ -401,6 +402,9 @@ struct Fixture<'a> {
     host: u64,
     spare_host: u64,
     spare_stream: StreamId,
+    /// A shareable page and a descriptor exported from it.
+    shareable_page: PageHandle,
+    exported: OwnedFd,
 }
 
 impl<'a> Fixture<'a> {
@@ -412,7 +416,11 @@ impl<'a> Fixture<'a> {
         dev.map(va, g, mapped_page).unwrap();
         let recorded = dev.create_event().unwrap();
         dev.record_event(recorded, other).unwrap();
+        let shareable_page = dev.create_shareable_page(g).unwrap();
+        let exported = dev.export_page(shareable_page).unwrap();
         Fixture {
+            shareable_page,
+            exported,
             dev,
             g,
             captured,
@@ -468,6 +476,8 @@ impl<'a> Fixture<'a> {
             Call::WaitEvent => dev
                 .wait_event(self.other, self.recorded)
                 .map(|()| Nothing)?,
+            Call::ExportPage => dev.export_page(self.shareable_page).map(|_| Nothing)?,
+            Call::ImportPage => Page(dev.import_page(self.exported.as_fd(), g)?),
         })
     }
 
@@ -489,7 +499,7 @@ impl<'a> Fixture<'a> {
         let _ = dev.release_page(self.spare_page);
         let _ = dev.unmap(self.va, g);
         let _ = dev.unmap(self.va + g, g);
-        for page in [self.mapped_page, self.free_page] {
+        for page in [self.mapped_page, self.free_page, self.shareable_page] {
             dev.release_page(page).unwrap();
         }
         dev.unreserve(self.va, 2 * g).unwrap();
@@ -658,4 +668,53 @@ fn an_event_recorded_in_a_capture_is_refused_until_recorded_again() {
     }
     dev.destroy_event(event).unwrap();
     dev.destroy_stream(stream).unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn export_of_a_plain_page_is_refused() {
+    let (_guard, dev) = gpu();
+    assert!(
+        dev.can_share().unwrap(),
+        "the H200 exports POSIX descriptors"
+    );
+    let g = dev.granularity().unwrap();
+    let page = dev.create_page(g).unwrap();
+    let refused = dev.export_page(page);
+    dev.release_page(page).unwrap();
+    match refused {
+        Err(DeviceError::Driver { code, .. }) => assert_eq!(
+            code,
+            cudalloc_sys::NOT_EXPORTABLE,
+            "the driver's code for an export of a plain page (the sim's NOT_EXPORTABLE)"
+        ),
+        other => panic!("expected a driver error, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_imported_page_maps_the_same_memory_and_outlives_its_exporter() {
+    let (_guard, dev) = gpu();
+    let g = dev.granularity().unwrap();
+    let page = dev.create_shareable_page(g).unwrap();
+    let fd = dev.export_page(page).unwrap();
+    let (a, b) = (dev.reserve(g).unwrap(), dev.reserve(g).unwrap());
+    dev.map(a, g, page).unwrap();
+    dev.set_access(a, g, &[]).unwrap();
+    dev.copy_to_device(a, b"written through the first mapping")
+        .unwrap();
+    let imported = dev.import_page(fd.as_fd(), g).unwrap();
+    drop(fd);
+    dev.unmap(a, g).unwrap();
+    dev.release_page(page).unwrap();
+    dev.map(b, g, imported).unwrap();
+    dev.set_access(b, g, &[]).unwrap();
+    let mut seen = [0u8; 33];
+    dev.copy_from_device(b, &mut seen).unwrap();
+    assert_eq!(&seen, b"written through the first mapping");
+    dev.unmap(b, g).unwrap();
+    dev.release_page(imported).unwrap();
+    dev.unreserve(a, g).unwrap();
+    dev.unreserve(b, g).unwrap();
 }

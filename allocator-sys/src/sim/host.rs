@@ -35,7 +35,7 @@ impl SimDevice {
             let bytes = &data[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.entry(p).or_default(),
-                Target::Page(id) => &mut s.pages.get_mut(&id).expect("routed").data,
+                Target::Page(id) => s.physical.data_mut(s.pages[&id].physical),
             };
             store.write(off, bytes);
         }
@@ -60,7 +60,7 @@ impl SimDevice {
             let dst = &mut out[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.get(&p),
-                Target::Page(id) => Some(&s.pages[&id].data),
+                Target::Page(id) => Some(s.physical.data(s.pages[&id].physical)),
             };
             match store {
                 Some(store) => store.read(off, dst),
