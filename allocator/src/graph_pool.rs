@@ -25,8 +25,17 @@ impl<D: Device> CachingAllocator<D> {
     /// Its configuration is this allocator's, with `torch-expandable`'s rules in place of
     /// `default`'s and no thread caches. Its memory does not count against this allocator's
     /// memory limit.
+    /// It starts with this allocator's map hooks ([`CachingAllocator::set_map_hooks`]); each
+    /// has its own afterwards.
     pub fn graph_pool(&self) -> CachingAllocator<D> {
-        CachingAllocator::on_shared_device(self.shared_device(), self.config().for_graph_pool())
+        let pool = CachingAllocator::on_shared_device(
+            self.shared_device(),
+            self.config().for_graph_pool(),
+        );
+        if let Some(hooks) = self.map_hooks() {
+            pool.set_map_hooks(Some(hooks));
+        }
+        pool
     }
 }
 

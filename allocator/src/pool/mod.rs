@@ -33,11 +33,13 @@ mod pinning;
 mod release;
 mod releasing;
 mod reserved;
+mod shared;
 mod sleep;
 pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
 use crate::error::AllocError;
+use crate::hooks::Hooks;
 use crate::sizes;
 use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
@@ -224,6 +226,8 @@ pub struct Core<D: Device> {
     pub(crate) slumber: Option<sleep::Slumber>,
     /// The stream sleep and wake copy on, made on first use.
     pub(crate) copy_stream: Option<StreamId>,
+    /// Told of every range mapped and before it is unmapped ([`crate::hooks`]).
+    pub(crate) hooks: Hooks,
 }
 
 impl<D: Device> Core<D> {
@@ -264,6 +268,7 @@ impl<D: Device> Core<D> {
             tag: 0,
             slumber: None,
             copy_stream: None,
+            hooks: Hooks::default(),
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();
@@ -629,6 +634,7 @@ impl<D: Device> Core<D> {
                 };
             }
         };
+        self.hooks.mapped(ptr, size);
         self.stats.segment.increase(req.pool, 1);
         self.reserved_grew(req.pool, size);
         if size >= self.cfg.max_split_size {

@@ -30,7 +30,7 @@
 //!   listed in `copies`, inside one buffer of `host_bytes` bytes.
 
 use super::block::BlockId;
-use super::segment::Chunk;
+use super::segment::{Chunk, Mapper};
 use super::{Core, Observer};
 use crate::error::AllocError;
 use cudalloc_sys::{Device, DeviceError, EventHandle, HostPtr, StreamId};
@@ -235,7 +235,12 @@ impl<D: Device> Core<D> {
             let chunks: Vec<(u64, Chunk)> = seg.chunks.iter().map(|(&a, &c)| (a, c)).collect();
             let (mut bytes, mut ops) = (0, 0);
             for (at, c) in chunks {
-                let done = seg.unmap(&self.device, at, c.size);
+                let m = Mapper {
+                    dev: &self.device,
+                    peers: &self.peers,
+                    hooks: &self.hooks,
+                };
+                let done = seg.unmap(&m, at, c.size);
                 if done.range.size == c.size {
                     seg.slept.push((at, c.size));
                     bytes += c.size;
@@ -307,7 +312,12 @@ impl<D: Device> Core<D> {
             let before = seg.stray_bytes();
             let mut failed = None;
             for &(at, size) in &seg.slept.clone() {
-                if let Err(e) = seg.map_exact(&self.device, at, size, &self.peers) {
+                let m = Mapper {
+                    dev: &self.device,
+                    peers: &self.peers,
+                    hooks: &self.hooks,
+                };
+                if let Err(e) = seg.map_exact(&m, at, size) {
                     failed = Some(e);
                     break;
                 }
@@ -330,10 +340,17 @@ impl<D: Device> Core<D> {
             let before = seg.stray_bytes();
             for &(at, size) in &seg.slept.clone() {
                 if seg.chunks.contains_key(&at) {
-                    let done = seg.unmap(&self.device, at, size);
+                    let m = Mapper {
+                        dev: &self.device,
+                        peers: &self.peers,
+                        hooks: &self.hooks,
+                    };
+                    let done = seg.unmap(&m, at, size);
                     if done.range.size != size {
-                        // Still mapped: counted as a stray until a later call unmaps it.
+                        // Still mapped: counted as a stray until a later call unmaps it, and
+                        // withdrawn from the hooks, as no block will use it.
                         if let Some(c) = seg.chunks.remove(&at) {
+                            self.hooks.unmapping(at, c.size);
                             seg.mapped -= c.size;
                             seg.stuck.push((at, c));
                         }
@@ -393,7 +410,12 @@ impl<D: Device> Core<D> {
             let _ = self.device.free_host(host, n);
         }
         for seg in self.segments.iter_mut().flatten() {
-            let _ = seg.unmap(&self.device, seg.va, seg.size);
+            let m = Mapper {
+                dev: &self.device,
+                peers: &self.peers,
+                hooks: &self.hooks,
+            };
+            let _ = seg.unmap(&m, seg.va, seg.size);
             seg.retry_leaked(&self.device);
             let _ = self.device.unreserve(seg.va, seg.size);
         }
