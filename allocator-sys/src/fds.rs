@@ -14,7 +14,7 @@
 //! receiver's room are an error (`MSG_CTRUNC`), and those that did arrive are closed.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 /// The most descriptors one message carries (the kernel's `SCM_MAX_FD` is 253).
@@ -153,4 +153,17 @@ fn recv_some(
         return Err(io::ErrorKind::UnexpectedEof.into());
     }
     Ok(n)
+}
+
+/// A new descriptor (closed on exec) for the file behind `fd`, a descriptor the caller holds
+/// open (one that arrived as a number, through the C ABI); `EBADF` if it is not open.
+pub fn duplicate(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: `F_DUPFD_CLOEXEC` reads no memory; the kernel checks `fd` and, on success, makes
+    // a new descriptor that nothing else in this process owns.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is the fresh descriptor made above; the `OwnedFd` closes it once.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }

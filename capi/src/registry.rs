@@ -58,10 +58,9 @@ impl Dev {
     pub fn open_pool(&self) -> Result<CachingAllocator<CudaDevice>, String> {
         let dev = CudaDevice::new(self.ordinal)
             .map_err(|e| format!("cannot open CUDA device {}: {e}", self.ordinal))?;
-        Ok(CachingAllocator::new(
-            dev,
-            crate::pools::pool_config(&self.config),
-        ))
+        let pool = CachingAllocator::new(dev, crate::pools::pool_config(&self.config));
+        pool.set_map_hooks(self.alloc.map_hooks());
+        Ok(pool)
     }
 }
 
@@ -150,8 +149,11 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
     slot.get_or_init(|| {
         let dev = CudaDevice::new(ordinal)
             .map_err(|e| format!("cannot open CUDA device {ordinal}: {e}"))?;
+        // `try_new` refuses here a key the device cannot honour (`shareable_segments`).
+        let alloc = CachingAllocator::try_new(dev, cfg.clone())
+            .map_err(|e| format!("bad CUDALLOC_CONF for CUDA device {ordinal}: {e}"))?;
         Ok(Dev {
-            alloc: CachingAllocator::new(dev, cfg.clone()),
+            alloc,
             policy: cfg.policy(),
             ordinal,
             config: cfg.clone(),
