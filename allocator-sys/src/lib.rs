@@ -13,6 +13,8 @@
 //! - [`fds`]: moving file descriptors (exported pages) between processes over a Unix socket.
 //! - [`buffer`]: `Buffer<T>`, typed device memory from a pool that cudarc accepts as a
 //!   `CudaSlice<T>`, and cuBLAS handles whose workspaces are such buffers.
+//! - `nccl` (feature `nccl`, off by default): NCCL communicators, buffer registration and the
+//!   collectives of the NCCL example, loaded dynamically.
 //! - `ops` (feature `ops`, off by default): the length-checked kernels (NVRTC) and cuBLAS
 //!   products of the example engine, and the driver pool's counters it compares with.
 
@@ -21,6 +23,8 @@ pub mod cuda;
 pub mod device;
 pub mod fds;
 pub mod ffi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 #[cfg(feature = "ops")]
 pub mod ops;
 pub mod sim;
