@@ -34,13 +34,17 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// One announced range: its bytes, and one registration per communicator of its device (by
+/// the communicator's index).
+type Held = (u64, Vec<(usize, Registration)>);
+
 /// Registers every range its allocator maps with the communicators of the range's device (see
 /// the crate documentation).
 #[derive(Debug)]
 pub struct NcclRegistration {
     comms: Vec<Arc<Communicator>>,
-    /// (device, address) -> (bytes, one registration per communicator of that device).
-    held: Mutex<HashMap<(usize, u64), (u64, Vec<(usize, Registration)>)>>,
+    /// (device, address) -> what is registered there.
+    held: Mutex<HashMap<(usize, u64), Held>>,
     errors: Mutex<Vec<NcclError>>,
 }
 
