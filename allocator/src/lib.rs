@@ -27,6 +27,9 @@
 //! - [`CachingAllocator`]: the thread-safe allocator.
 //! - [`Pool`]: the single-threaded pool underneath (what the replayer drives): a [`policy::Core`]
 //!   and a [`policy::Policy`].
+//! - [`share`]: an allocation shared with another process (`shareable_segments`), and
+//!   [`hooks`]: callbacks when memory is mapped and before it is unmapped (NCCL registration);
+//!   `docs/multi-gpu.md`.
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
 //!
@@ -89,3 +92,8 @@ pub struct IntegrationExamples;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/sleep.md")]
 pub struct SleepExamples;
+
+/// The Rust example of `docs/multi-gpu.md`, compiled and run the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/multi-gpu.md")]
+pub struct MultiGpuExamples;
