@@ -85,6 +85,7 @@ use crate::device::{
 mod driver;
 use driver::{check, check_alloc, driver, driver_error};
 mod share;
+use share::pinned_memory;
 mod stream;
 mod transfer;
 
@@ -97,29 +98,6 @@ fn device_location(ordinal: usize) -> sys::CUmemLocation {
     sys::CUmemLocation {
         type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
         id: ordinal as i32,
-    }
-}
-
-/// Properties of pinned device memory on `ordinal`, without special flags; `shareable` asks for
-/// pages exportable as POSIX file descriptors.
-fn pinned_memory(ordinal: usize, shareable: bool) -> sys::CUmemAllocationProp {
-    use sys::CUmemAllocationHandleType as Handle;
-    let handles = if shareable {
-        Handle::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    } else {
-        Handle::CU_MEM_HANDLE_TYPE_NONE
-    };
-    sys::CUmemAllocationProp {
-        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: handles,
-        location: device_location(ordinal),
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
     }
 }
 

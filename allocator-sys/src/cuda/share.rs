@@ -12,11 +12,34 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use cudarc::driver::sys;
 
 use super::memory::Page;
-use super::{check, check_alloc, pinned_memory, CudaDevice};
+use super::{check, check_alloc, device_location, CudaDevice};
 use crate::device::{DeviceError, DeviceResult, PageHandle};
 
 const POSIX_FD: sys::CUmemAllocationHandleType =
     sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+/// Properties of pinned device memory on `ordinal`, without special flags; `shareable` asks for
+/// pages exportable as POSIX file descriptors.
+pub(super) fn pinned_memory(ordinal: usize, shareable: bool) -> sys::CUmemAllocationProp {
+    use sys::CUmemAllocationHandleType as Handle;
+    let handles = if shareable {
+        Handle::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    } else {
+        Handle::CU_MEM_HANDLE_TYPE_NONE
+    };
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: handles,
+        location: device_location(ordinal),
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
 
 impl CudaDevice {
     /// `can_share`: the device attribute for POSIX file-descriptor handles.

@@ -38,7 +38,10 @@ fn the_helper_holds_exactly_the_announced_ranges() {
         let ranges = alloc.mapped_ranges();
         let bytes: u64 = ranges.iter().map(|r| r.1).sum();
         assert_eq!(reg.registered(), (ranges.len(), bytes), "{policy:?}");
-        assert!(bytes >= (53 << 20), "{policy:?}: both allocations are covered");
+        assert!(
+            bytes >= (53 << 20),
+            "{policy:?}: both allocations are covered"
+        );
         alloc.free(early).unwrap();
         alloc.free(late).unwrap();
         alloc.empty_cache().unwrap();
