@@ -13,9 +13,9 @@
 //!
 //! Invariants (the property test `tests/front/hooks.rs` checks them after every operation):
 //! - every byte of every live allocation lies in a range announced and not withdrawn;
-//! - the announced ranges are exactly the device's mapped, accessible chunks and fixed
-//!   segments of the allocator (no more: a withdrawn range is not used again before it is
-//!   announced again);
+//! - the announced ranges are exactly the chunks and fixed segments the allocator's blocks
+//!   live in, every one mapped and accessible (a withdrawn range is not used again before it
+//!   is announced again);
 //! - a range is withdrawn while it is still mapped (before the unmap).
 //!
 //! When an unmap fails after its range was withdrawn, the range stays mapped and in use, so it

@@ -310,6 +310,8 @@ impl<D: Device> Core<D> {
                 continue;
             };
             let before = seg.stray_bytes();
+            // A chunk a failed wake could not unmap still sits at its address: unmapped first.
+            seg.retry_leaked(&self.device);
             let mut failed = None;
             for &(at, size) in &seg.slept.clone() {
                 let m = Mapper {
