@@ -10,6 +10,9 @@
 //! | `granularity` | `cuMemGetAllocationGranularity` (minimum, pinned memory on this device), cached |
 //! | `reserve` / `unreserve` | `cuMemAddressReserve` (default alignment) / `cuMemAddressFree` |
 //! | `create_page` / `release_page` | `cuMemCreate` (pinned, on this device) / `cuMemRelease` |
+//! | `create_shareable_page` | `cuMemCreate` with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` |
+//! | `can_share` | `cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)` |
+//! | `export_page` / `import_page` | `cuMemExportToShareableHandle` / `cuMemImportFromShareableHandle` (POSIX file descriptor) |
 //! | `map` / `unmap` | `cuMemMap` (offset 0) / `cuMemUnmap` |
 //! | `set_access` | `cuMemSetAccess`, read/write for this device and every peer |
 //! | `create_event` / `destroy_event` | `cuEventCreate` (`CU_EVENT_DISABLE_TIMING`) / `cuEventDestroy_v2` |
@@ -69,6 +72,7 @@
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{sys, CudaContext};
@@ -80,6 +84,8 @@ use crate::device::{
 
 mod driver;
 use driver::{check, check_alloc, driver, driver_error};
+mod share;
+use share::pinned_memory;
 mod stream;
 mod transfer;
 
@@ -95,22 +101,6 @@ fn device_location(ordinal: usize) -> sys::CUmemLocation {
     }
 }
 
-/// Properties of pinned device memory on `ordinal`, without export handles or special flags.
-fn pinned_memory(ordinal: usize) -> sys::CUmemAllocationProp {
-    sys::CUmemAllocationProp {
-        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-        location: device_location(ordinal),
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
-            compressionType: 0,
-            gpuDirectRDMACapable: 0,
-            usage: 0,
-            reserved: [0; 4],
-        },
-    }
-}
-
 /// `va + size`, or InvalidArgument when it overflows.
 fn end_of(call: &'static str, va: u64, size: u64) -> DeviceResult<u64> {
     va.checked_add(size)
@@ -118,7 +108,7 @@ fn end_of(call: &'static str, va: u64, size: u64) -> DeviceResult<u64> {
 }
 
 mod memory;
-use memory::{Mapping, Memory, Page};
+use memory::{Mapping, Memory};
 
 /// A CUDA GPU as a [`Device`]. See the module documentation.
 #[derive(Debug)]
@@ -434,7 +424,7 @@ impl Device for CudaDevice {
             return Ok(g);
         }
         let _bound = self.bind()?;
-        let prop = pinned_memory(self.ordinal);
+        let prop = pinned_memory(self.ordinal, false);
         let minimum = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         let mut g = 0usize;
         // SAFETY: `g` is a valid out-pointer and `prop` a fully initialised property struct.
@@ -481,16 +471,7 @@ impl Device for CudaDevice {
     }
 
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
-        self.check_granular("create_page", 0, size)?;
-        let _bound = self.bind()?;
-        let prop = pinned_memory(self.ordinal);
-        let mut handle: sys::CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` is a valid out-pointer and `prop` a fully initialised property struct.
-        let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
-        check_alloc("cuMemCreate", size, code)?;
-        let page = Page { size, mappings: 0 };
-        self.memory.lock().pages.insert(handle, page);
-        Ok(PageHandle(handle))
+        self.cuda_create_page(size, false)
     }
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
@@ -682,5 +663,17 @@ impl Device for CudaDevice {
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
         self.cuda_wait_event(stream, event)
+    }
+    fn can_share(&self) -> DeviceResult<bool> {
+        self.cuda_can_share()
+    }
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.cuda_create_page(size, true)
+    }
+    fn export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
+        self.cuda_export_page(page)
+    }
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle> {
+        self.cuda_import_page(fd, size)
     }
 }

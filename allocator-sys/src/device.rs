@@ -26,9 +26,26 @@
 //! | `create_page(size) -> page` | `release_page(page)` | the page is not mapped anywhere |
 //! | `map(va, size, page)` | `unmap(va, size)` | `va..va+size` is exactly one mapped page's range |
 //! | `create_event() -> ev` | `destroy_event(ev)` | none |
+//! | `create_shareable_page(size) -> page` | `release_page(page)` | as for `create_page` |
+//! | `import_page(fd, size) -> page` | `release_page(page)` | as for `create_page` |
+//! | `export_page(page) -> fd` | dropping the fd (it closes) | none |
 //!
 //! Releasing something that was not acquired, or releasing it twice, is
 //! [`DeviceError::InvalidArgument`], never undefined behaviour.
+//!
+//! # Sharing pages with another process
+//!
+//! A page made by `create_shareable_page` (physical memory that may be exported as a POSIX file
+//! descriptor; `can_share` says whether the device can make one) can be exported with
+//! `export_page`: the file descriptor, moved to another process (over a Unix socket,
+//! [`crate::fds`]), is imported there with `import_page` as a page of its own, which that
+//! process maps into its own reservation like any page. The physical memory lives while any
+//! page handle to it, in any process, is not released: an importer that keeps its handle
+//! keeps the memory after the exporter released its own. Exporting a page made by
+//! `create_page` fails with the driver's error, [`DeviceError::Driver`] code
+//! [`NOT_EXPORTABLE`]. `import_page` takes the page's size from the exporter (the description
+//! that travels with the descriptor); the descriptor stays the caller's (importing does not
+//! close it). A descriptor must be imported while the exporter still holds the page.
 //!
 //! # Errors
 //!
@@ -86,6 +103,7 @@
 //! Every method takes `&self`; implementations are `Send + Sync` and may be called from any thread.
 
 use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 /// A device virtual address.
 pub type DevicePtr = u64;
@@ -119,6 +137,10 @@ pub const CAPTURE_INVALIDATED: i32 = 901;
 /// stream: `CUDA_ERROR_INVALID_VALUE` (measured on an H200, driver 580, in global mode; not
 /// `CUDA_ERROR_CAPTURED_EVENT`, 907, as its documentation suggests).
 pub const CAPTURED_EVENT: i32 = 1;
+
+/// What the driver answers an export of a page that was not created exportable
+/// (`CUDA_ERROR_INVALID_VALUE`; the GPU test `export_of_a_plain_page_is_refused` checks it).
+pub const NOT_EXPORTABLE: i32 = 1;
 
 /// How a stream capture restricts calls (`CUstreamCaptureMode`); see [`CaptureMode::forbids`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -324,11 +346,15 @@ pub enum Call {
     CloseStream,
     /// [`Device::wait_event`]
     WaitEvent,
+    /// [`Device::export_page`]
+    ExportPage,
+    /// [`Device::import_page`]
+    ImportPage,
 }
 
 impl Call {
     /// Every kind of call, in declaration order.
-    pub const ALL: [Call; 24] = [
+    pub const ALL: [Call; 26] = [
         Call::Malloc,
         Call::Free,
         Call::Reserve,
@@ -353,6 +379,8 @@ impl Call {
         Call::OpenStream,
         Call::CloseStream,
         Call::WaitEvent,
+        Call::ExportPage,
+        Call::ImportPage,
     ];
 
     /// Index into [`Call::ALL`].
@@ -387,6 +415,8 @@ impl Call {
             Call::OpenStream => "open_stream",
             Call::CloseStream => "close_stream",
             Call::WaitEvent => "wait_event",
+            Call::ExportPage => "export_page",
+            Call::ImportPage => "import_page",
         }
     }
 
@@ -490,6 +520,19 @@ pub trait Device: Send + Sync {
     fn close_stream(&self, stream: StreamId) -> DeviceResult<()>;
     /// Makes work submitted to `stream` after this call wait for `event` (no host wait).
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()>;
+
+    /// True if the device can make pages exportable as POSIX file descriptors
+    /// ([`Device::create_shareable_page`]). A plain query, like `granularity`.
+    fn can_share(&self) -> DeviceResult<bool>;
+    /// Creates one physical page of `size` bytes, as [`Device::create_page`] (and counted as
+    /// one), that [`Device::export_page`] can export.
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle>;
+    /// Exports `page` as a POSIX file descriptor another process can import. A page made by
+    /// `create_page` is refused with driver code [`NOT_EXPORTABLE`].
+    fn export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd>;
+    /// Imports the page behind `fd` (from [`Device::export_page`], here or in another process)
+    /// as a page handle of its own, of `size` bytes; release it with `release_page`.
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle>;
 }
 
 impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
@@ -585,5 +628,17 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
         (**self).wait_event(stream, event)
+    }
+    fn can_share(&self) -> DeviceResult<bool> {
+        (**self).can_share()
+    }
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        (**self).create_shareable_page(size)
+    }
+    fn export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
+        (**self).export_page(page)
+    }
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle> {
+        (**self).import_page(fd, size)
     }
 }

@@ -8,6 +8,8 @@
 //! `unsafe fn`s, and the reads and writes through them are safe methods:
 //!
 //! - [`CStrArg`]: a `const char*` that is null or points to a NUL-terminated string.
+//! - [`CArray`], [`CArrayMut`] and [`CCount`]: arrays whose length is a separate argument
+//!   (`arrays`), and [`CIn`]/[`COut`], a pointer to one value.
 //! - [`CBuf`] and [`CBufLen`]: a `char*` output buffer and its length. The two carry the same
 //!   brand lifetime `'id`, so a buffer can only be paired with its own length:
 //!   [`with_c_buffer`] hands out one pair for a Rust byte slice, and a C caller promises in the
@@ -25,6 +27,9 @@
 
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
+
+mod arrays;
+pub use arrays::{with_c_arrays, with_c_arrays_mut, CArray, CArrayMut, CCount, CIn, COut};
 
 /// An invariant lifetime: two values can only share it if they were made together.
 type Brand<'id> = PhantomData<fn(&'id ()) -> &'id ()>;

@@ -10,15 +10,21 @@
 //!   driver-like address assignment, call counters, fault injection, graph capture with the
 //!   driver's rules for which calls a capture refuses, and optional host backing.
 //! - [`wrap`]: adaptors around any device (limit bytes, fail calls, count calls, log calls).
+//! - [`fds`]: moving file descriptors (exported pages) between processes over a Unix socket.
 //! - [`buffer`]: `Buffer<T>`, typed device memory from a pool that cudarc accepts as a
 //!   `CudaSlice<T>`, and cuBLAS handles whose workspaces are such buffers.
+//! - `nccl` (feature `nccl`, off by default): NCCL communicators, buffer registration and the
+//!   collectives of the NCCL example, loaded dynamically.
 //! - `ops` (feature `ops`, off by default): the length-checked kernels (NVRTC) and cuBLAS
 //!   products of the example engine, and the driver pool's counters it compares with.
 
 pub mod buffer;
 pub mod cuda;
 pub mod device;
+pub mod fds;
 pub mod ffi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 #[cfg(feature = "ops")]
 pub mod ops;
 pub mod sim;
@@ -28,6 +34,6 @@ pub use cuda::CudaDevice;
 pub use device::{
     Call, CaptureMode, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr,
     PageHandle, StreamId, CAPTURED_EVENT, CAPTURE_INVALIDATED, CAPTURE_UNSUPPORTED,
-    MALLOC_ALIGNMENT,
+    MALLOC_ALIGNMENT, NOT_EXPORTABLE,
 };
 pub use sim::{SimConfig, SimDevice};

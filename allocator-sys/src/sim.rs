@@ -26,7 +26,8 @@
 //! - Used bytes equal the live segment bytes plus the live page bytes, and never exceed the
 //!   capacity.
 //! - Every mapped range lies inside one reservation, and mapped ranges do not overlap.
-//! - A page is mapped at most once, and a page's recorded mapping agrees with the mapping table.
+//! - A page handle is mapped at most once, and its recorded mapping agrees with the mapping
+//!   table; the physical memory's invariants are the `share` submodule's.
 //! - On every stream, completed work never exceeds submitted work, and every recorded event
 //!   targets work that was submitted.
 //! - The captures' invariants, listed in the `capture` submodule's documentation.
@@ -40,7 +41,8 @@
 //! or `synchronize_event` (which completes the stream up to that event, like a wait).
 //!
 //! Pinned host memory, copies and the streams the device makes are in the `transfer`
-//! submodule's documentation: copies move bytes only with host backing.
+//! submodule's documentation: copies move bytes only with host backing. Exported and imported
+//! pages (two processes on one GPU, simulated on one device) are in the `share` submodule's.
 //!
 //! # Graph capture
 //!
@@ -50,6 +52,7 @@
 //! submodule's documentation.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -75,15 +78,17 @@ use space::{Space, Sparse};
 mod capture;
 use capture::Captures;
 mod host;
+mod share;
 mod transfer;
 pub use transfer::HOST_BASE;
 
-/// A physical page.
+/// A page handle: physical memory (`share::Physical`, which other handles may share after an
+/// export and an import) and where the handle is mapped.
 #[derive(Debug)]
 struct Page {
     size: u64,
     mapped_at: Option<u64>,
-    data: Sparse,
+    physical: u64,
 }
 
 /// A mapped page inside a reservation.
@@ -112,6 +117,8 @@ struct State {
     /// Live reservations: address -> size.
     reservations: BTreeMap<u64, u64>,
     pages: BTreeMap<u64, Page>,
+    /// Physical memory behind the pages, and the descriptors exported from it.
+    physical: share::Memory,
     /// Mapped pages: virtual address -> mapping.
     mappings: BTreeMap<u64, Mapping>,
     /// Events: handle -> (stream, target) of the last record, if any.
@@ -339,7 +346,9 @@ impl SimDevice {
         s.malloc_space.check(&spans.collect(), "malloc region");
         s.va_space.check(&s.reservations, "reserve region");
         let seg_bytes: u64 = s.segments.values().sum();
-        let page_bytes: u64 = s.pages.values().map(|p| p.size).sum();
+        let page_bytes = s
+            .physical
+            .check_invariants(s.pages.values().map(|p| p.physical));
         assert_eq!((s.malloc_bytes, s.page_bytes), (seg_bytes, page_bytes));
         assert!(s.used() <= self.cfg.capacity, "used bytes over capacity");
         let mut prev_end = 0;
@@ -470,37 +479,11 @@ impl Device for SimDevice {
     }
 
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
-        let mut s = self.enter(Call::CreatePage, size)?;
-        self.size_ok(Call::CreatePage, size)?;
-        if !s.fits(size, self.cfg.capacity) {
-            return Err(oom(Call::CreatePage, size));
-        }
-        let id = s.handle();
-        let data = Sparse::default();
-        s.pages.insert(
-            id,
-            Page {
-                size,
-                mapped_at: None,
-                data,
-            },
-        );
-        s.page_bytes += size;
-        Ok(PageHandle(id))
+        self.sim_create_page(size, false)
     }
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
-        let mut s = self.enter(Call::ReleasePage, 0)?;
-        let Some(p) = s.pages.get(&page.0) else {
-            bail!(ReleasePage, "unknown page {}", page.0);
-        };
-        if let Some(va) = p.mapped_at {
-            bail!(ReleasePage, "page {} is still mapped at {va:#x}", page.0);
-        }
-        let size = p.size;
-        s.pages.remove(&page.0);
-        s.page_bytes -= size;
-        Ok(())
+        self.sim_release_page(page)
     }
 
     fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()> {
@@ -694,5 +677,17 @@ impl Device for SimDevice {
     }
     fn wait_event(&self, stream: StreamId, event: EventHandle) -> DeviceResult<()> {
         self.sim_wait_event(stream, event)
+    }
+    fn can_share(&self) -> DeviceResult<bool> {
+        Ok(self.cfg.shareable)
+    }
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.sim_create_page(size, true)
+    }
+    fn export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
+        self.sim_export_page(page)
+    }
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle> {
+        self.sim_import_page(fd, size)
     }
 }

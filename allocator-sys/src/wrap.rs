@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use std::os::fd::{BorrowedFd, OwnedFd};
+
 use crate::device::{
     Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
 };
@@ -125,6 +127,18 @@ impl<D: Device> Limit<D> {
         }
     }
 
+    /// Books a page of `size` bytes, then makes it with `create` on the inner device.
+    fn book_page(
+        &self,
+        size: u64,
+        create: impl FnOnce(&D) -> DeviceResult<PageHandle>,
+    ) -> DeviceResult<PageHandle> {
+        self.book(Call::CreatePage, size)?;
+        let page = self.unbook(create(&self.inner), size)?;
+        self.bytes.lock().pages.insert(page, size);
+        Ok(page)
+    }
+
     /// Gives `size` booked bytes back when the inner call failed.
     fn unbook<T>(&self, result: DeviceResult<T>, size: u64) -> DeviceResult<T> {
         if result.is_err() {
@@ -160,6 +174,13 @@ impl<D: Device> Device for Limit<D> {
         open_stream() -> DeviceResult<StreamId>;
         close_stream(stream: StreamId) -> DeviceResult<()>;
         wait_event(stream: StreamId, event: EventHandle) -> DeviceResult<()>;
+        can_share() -> DeviceResult<bool>;
+        export_page(page: PageHandle) -> DeviceResult<OwnedFd>;
+    }
+
+    /// An imported page is memory another page handle already holds: it is not booked.
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle> {
+        self.inner.import_page(fd, size)
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {
@@ -181,10 +202,11 @@ impl<D: Device> Device for Limit<D> {
     }
 
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
-        self.book(Call::CreatePage, size)?;
-        let page = self.unbook(self.inner.create_page(size), size)?;
-        self.bytes.lock().pages.insert(page, size);
-        Ok(page)
+        self.book_page(size, |d| d.create_page(size))
+    }
+
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.book_page(size, |d| d.create_shareable_page(size))
     }
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
@@ -294,6 +316,8 @@ macro_rules! hooked_bookless {
             open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
             close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;
             wait_event => WaitEvent(stream: StreamId, event: EventHandle) [0] -> DeviceResult<()>;
+            export_page => ExportPage(page: PageHandle) [0] -> DeviceResult<OwnedFd>;
+            import_page => ImportPage(fd: BorrowedFd<'_>, size: u64) [size] -> DeviceResult<PageHandle>;
         }
     };
 }
@@ -303,11 +327,13 @@ impl<D: Device> Device for FailCalls<D> {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
         check_stream(stream: StreamId) -> DeviceResult<()>;
+        can_share() -> DeviceResult<bool>;
     }
     hooked! { check;
         malloc => Malloc(size: u64) [size] -> DeviceResult<DevicePtr>;
         free => Free(ptr: DevicePtr, size: u64) [size] -> DeviceResult<()>;
         create_page => CreatePage(size: u64) [size] -> DeviceResult<PageHandle>;
+        create_shareable_page => CreatePage(size: u64) [size] -> DeviceResult<PageHandle>;
         release_page => ReleasePage(page: PageHandle) [0] -> DeviceResult<()>;
     }
     hooked_bookless!(check);
@@ -375,6 +401,15 @@ impl<D: Device> CountCalls<D> {
     fn add(&self, size: u64) {
         self.bytes.lock().try_add(size, u64::MAX);
     }
+
+    /// Counts a page creation of `size` bytes whose inner call returned `made`.
+    fn count_page(&self, size: u64, made: DeviceResult<PageHandle>) -> DeviceResult<PageHandle> {
+        self.counters.record(Call::CreatePage);
+        let page = made?;
+        self.add(size);
+        self.bytes.lock().pages.insert(page, size);
+        Ok(page)
+    }
 }
 
 impl<D: Device> Device for CountCalls<D> {
@@ -382,6 +417,7 @@ impl<D: Device> Device for CountCalls<D> {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
         check_stream(stream: StreamId) -> DeviceResult<()>;
+        can_share() -> DeviceResult<bool>;
     }
     hooked_bookless!(count);
 
@@ -400,11 +436,11 @@ impl<D: Device> Device for CountCalls<D> {
     }
 
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle> {
-        self.counters.record(Call::CreatePage);
-        let page = self.inner.create_page(size)?;
-        self.add(size);
-        self.bytes.lock().pages.insert(page, size);
-        Ok(page)
+        self.count_page(size, self.inner.create_page(size))
+    }
+
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        self.count_page(size, self.inner.create_shareable_page(size))
     }
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {

@@ -8,6 +8,7 @@
 //! the error of an event recorded in a capture) to the driver; `capture_rules_match_the_sim` prints a
 //! table of call x mode x thread -> ok/900 (run with `-- --ignored --nocapture` to see it).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudalloc_sys::{
@@ -401,6 +402,9 @@ struct Fixture<'a> {
     host: u64,
     spare_host: u64,
     spare_stream: StreamId,
+    /// A shareable page and a descriptor exported from it.
+    shareable_page: PageHandle,
+    exported: OwnedFd,
 }
 
 impl<'a> Fixture<'a> {
@@ -412,7 +416,11 @@ impl<'a> Fixture<'a> {
         dev.map(va, g, mapped_page).unwrap();
         let recorded = dev.create_event().unwrap();
         dev.record_event(recorded, other).unwrap();
+        let shareable_page = dev.create_shareable_page(g).unwrap();
+        let exported = dev.export_page(shareable_page).unwrap();
         Fixture {
+            shareable_page,
+            exported,
             dev,
             g,
             captured,
@@ -468,6 +476,8 @@ impl<'a> Fixture<'a> {
             Call::WaitEvent => dev
                 .wait_event(self.other, self.recorded)
                 .map(|()| Nothing)?,
+            Call::ExportPage => dev.export_page(self.shareable_page).map(|_| Nothing)?,
+            Call::ImportPage => Page(dev.import_page(self.exported.as_fd(), g)?),
         })
     }
 
@@ -489,7 +499,7 @@ impl<'a> Fixture<'a> {
         let _ = dev.release_page(self.spare_page);
         let _ = dev.unmap(self.va, g);
         let _ = dev.unmap(self.va + g, g);
-        for page in [self.mapped_page, self.free_page] {
+        for page in [self.mapped_page, self.free_page, self.shareable_page] {
             dev.release_page(page).unwrap();
         }
         dev.unreserve(self.va, 2 * g).unwrap();

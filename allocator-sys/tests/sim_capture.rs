@@ -10,6 +10,8 @@
 //! - an event recorded on a capturing stream submits no work and is refused by `query_event`
 //!   and `synchronize_event` (code 1, `CAPTURED_EVENT`) until it is recorded again outside a capture.
 
+use std::os::fd::AsFd;
+
 use cudalloc_sys::wrap::{CountCalls, LogCalls};
 use cudalloc_sys::{
     Call, CaptureMode, Device, DeviceError, DevicePtr, EventHandle, PageHandle, SimDevice,
@@ -23,6 +25,8 @@ const OTHER: StreamId = StreamId(0x20);
 /// A device holding one of everything a call can act on, made before the capture begins.
 struct Fixture {
     dev: SimDevice,
+    shareable_page: PageHandle,
+    exported: std::os::fd::OwnedFd,
     segment: DevicePtr,
     spare_va: DevicePtr,
     spare_page: PageHandle,
@@ -53,7 +57,11 @@ fn fixture() -> Fixture {
     let spare_event = dev.create_event().unwrap();
     let (host, spare_host) = (dev.alloc_host(G).unwrap(), dev.alloc_host(G).unwrap());
     let spare_stream = dev.open_stream().unwrap();
+    let shareable_page = dev.create_shareable_page(G).unwrap();
+    let exported = dev.export_page(shareable_page).unwrap();
     Fixture {
+        shareable_page,
+        exported,
         host,
         spare_host,
         spare_stream,
@@ -97,6 +105,8 @@ fn probe(f: &Fixture, call: Call) -> Result<(), DeviceError> {
         Call::OpenStream => dev.open_stream().map(drop),
         Call::CloseStream => dev.close_stream(f.spare_stream),
         Call::WaitEvent => dev.wait_event(OTHER, f.pending),
+        Call::ExportPage => dev.export_page(f.shareable_page).map(drop),
+        Call::ImportPage => dev.import_page(f.exported.as_fd(), G).map(drop),
     }
 }
 

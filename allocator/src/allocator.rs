@@ -90,7 +90,7 @@ pub(crate) struct Group {
 /// One stream shard: a pool behind its own lock, on its own cache lines.
 pub(crate) type Shard<D> = CachePadded<Mutex<Pool<Arc<D>>>>;
 
-fn shard_of(stream: StreamId) -> usize {
+pub(crate) fn shard_of(stream: StreamId) -> usize {
     let h = stream.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (h >> 58) as usize % SHARDS
 }
@@ -139,6 +139,33 @@ impl<D: Device> CachingAllocator<D> {
             cfg,
             tags: Tags::default(),
         }
+    }
+
+    /// An allocator with the given configuration, after checking it against the device: with
+    /// `shareable_segments:True`, a device (or driver) that cannot export pages is refused here,
+    /// with an error naming the key, rather than at the first allocation. [`CachingAllocator::new`]
+    /// does not ask the device; there, such a device fails the first page it is asked for.
+    pub fn try_new(device: D, cfg: Config) -> Result<Self, crate::config::ConfigError> {
+        if cfg.pool().shareable_segments {
+            let n = device.ordinal();
+            let refuse = |why: String| crate::config::ConfigError::new("shareable_segments", why);
+            match device.can_share() {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(refuse(format!(
+                        "device {n} cannot export memory as POSIX file descriptors \
+                         (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0); \
+                         leave the key off"
+                    )))
+                }
+                Err(e) => {
+                    return Err(refuse(format!(
+                        "cannot ask device {n} whether it exports memory: {e}"
+                    )))
+                }
+            }
+        }
+        Ok(Self::new(device, cfg))
     }
 
     /// An allocator configured from `CUDALLOC_CONF` (absent: the `default` policy).

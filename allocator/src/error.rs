@@ -126,6 +126,20 @@ pub enum AllocError {
         /// The element type's name.
         elem_type: &'static str,
     },
+    /// The allocation at `ptr` cannot be shared with another process (`CachingAllocator::share`):
+    /// `why` says why and which config key to set.
+    NotShareable {
+        /// The allocation's address.
+        ptr: u64,
+        /// Why, naming the key to set.
+        why: String,
+    },
+    /// A shared allocation's description cannot be opened (`SharedMapping::open`): `why` says
+    /// what is wrong with it.
+    BadShare {
+        /// What is wrong.
+        why: String,
+    },
 }
 
 impl AllocError {
@@ -250,6 +264,10 @@ impl fmt::Display for AllocError {
                 f,
                 "{len} elements of {elem_type} ({elem_size} bytes each): the size overflows"
             ),
+            AllocError::NotShareable { ptr, why } => {
+                write!(f, "the allocation at {ptr:#x} cannot be shared: {why}")
+            }
+            AllocError::BadShare { why } => write!(f, "cannot open the shared allocation: {why}"),
         }
     }
 }

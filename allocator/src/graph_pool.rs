@@ -28,6 +28,8 @@ impl<D: Device> CachingAllocator<D> {
     /// limit ([`CachingAllocator::set_memory_limit`]), as PyTorch's memory fraction caps its
     /// private pools: the pool starts with this allocator's limit, and the two together hold at
     /// most that many bytes.
+    /// It starts with this allocator's map hooks ([`CachingAllocator::set_map_hooks`]); each
+    /// has its own afterwards.
     pub fn graph_pool(&self) -> CachingAllocator<D> {
         let pool = CachingAllocator::on_shared_device(
             self.shared_device(),
@@ -35,6 +37,9 @@ impl<D: Device> CachingAllocator<D> {
             self.group.clone(),
         );
         pool.set_memory_limit(self.memory_limit());
+        if let Some(hooks) = self.map_hooks() {
+            pool.set_map_hooks(Some(hooks));
+        }
         pool
     }
 }

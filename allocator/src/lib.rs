@@ -27,6 +27,9 @@
 //! - [`CachingAllocator`]: the thread-safe allocator.
 //! - [`Pool`]: the single-threaded pool underneath (what the replayer drives): a [`policy::Core`]
 //!   and a [`policy::Policy`].
+//! - [`share`]: an allocation shared with another process (`shareable_segments`), and
+//!   [`hooks`]: callbacks when memory is mapped and before it is unmapped (NCCL registration);
+//!   `docs/multi-gpu.md`.
 //! - [`record`]: writing a trace of the calls an allocator serves. Reading traces, replaying
 //!   them and the `cudalloc` command are the crates `cudalloc-trace` and `cudalloc-cli`.
 //!
@@ -43,12 +46,14 @@ mod error;
 pub mod fmt;
 mod front_stats;
 mod graph_pool;
+pub mod hooks;
 pub mod interop;
 mod ladder;
 mod live;
 pub mod policy;
 mod pool;
 pub mod record;
+pub mod share;
 pub mod sizes;
 pub mod snapshot;
 pub mod stats;
@@ -64,8 +69,10 @@ pub mod workspace;
 pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, FrontConfig, Policy, PoolConfig};
 pub use error::{AllocError, Invariant, InvariantError};
+pub use hooks::MapHooks;
 pub use ladder::Pool;
 pub use pool::Allocation;
+pub use share::{SharedAllocation, SharedMapping, SharedPage};
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};
 pub use stats::Stats;
 pub use tags::TagStats;
@@ -85,3 +92,8 @@ pub struct IntegrationExamples;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/sleep.md")]
 pub struct SleepExamples;
+
+/// The Rust example of `docs/multi-gpu.md`, compiled and run the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/multi-gpu.md")]
+pub struct MultiGpuExamples;

@@ -11,13 +11,14 @@
 //! stream shards as before.
 //!
 //! Invariants: a tag's name appears once, its pool's `Core::tag` is its number, a new tag's pool
-//! gets the limit, peers and captures the others have, and the tags' lock is never held while a
+//! gets the limit, peers, map hooks and captures the others have, and the tags' lock is never held while a
 //! stream shard's is taken (the tags' lock comes after every shard's in the views that take
 //! them all, and nothing takes a shard under it).
 
 use crate::allocator::CachingAllocator;
 use crate::config::Policy;
 use crate::error::AllocError;
+use crate::hooks::MapHooks;
 use crate::ladder::Pool;
 use crate::live::Entry;
 use crate::pool::{Allocation, Handle};
@@ -41,6 +42,8 @@ pub(crate) struct TagSet<D: Device> {
     limit: Option<Option<u64>>,
     peers: Vec<usize>,
     captures: Vec<CaptureMode>,
+    /// The map hooks set on the allocator.
+    pub(crate) hooks: Option<Arc<dyn MapHooks>>,
 }
 
 /// The tags behind their one lock.
@@ -53,6 +56,7 @@ impl<D: Device> Default for Tags<D> {
             limit: None,
             peers: Vec::new(),
             captures: Vec::new(),
+            hooks: None,
         }))
     }
 }
@@ -129,6 +133,7 @@ impl<D: Device> CachingAllocator<D> {
             pool.set_limit(limit);
         }
         pool.set_peers(set.peers.clone());
+        pool.core.set_hooks(set.hooks.clone());
         for &mode in &set.captures {
             pool.begin_capture(mode);
         }

@@ -352,6 +352,49 @@ size_t cudalloc_tag_stats_json(int device, char *buf, size_t len);
                                              pages stay mapped */
 int cudalloc_last_error_kind(void);
 
+/* Sharing an allocation with another process on the same GPU (CUDA IPC over expandable
+ * segments; docs/multi-gpu.md). The configuration needs "shareable_segments:True" (and an
+ * expandable policy: "default" or "torch-expandable"); a device that cannot export memory as
+ * POSIX file descriptors fails its first call with the config error.
+ *
+ * cudalloc_share describes the live allocation ptr of device: it fills *out and, when
+ * out->num_pages <= capacity, fds[i] (one new descriptor per page, the caller's to send, e.g.
+ * over a Unix socket with SCM_RIGHTS, and to close) and page_sizes[i]. It returns the number of
+ * pages (nothing is exported when it exceeds capacity: call again with room), or -1 (an
+ * allocation of a segment not made shareable: the message names the key to set). The pages may
+ * hold other allocations' bytes too; the descriptors must be imported while the exporter holds
+ * the allocation.
+ *
+ * cudalloc_open_shared, in the importing process, maps those pages on device (the same GPU):
+ * fds and page_sizes hold num_pages entries (they stay the caller's); it returns the allocation's
+ * pointer in this process, or NULL. The memory stays alive while it is open, even after the
+ * exporter freed it or exited. cudalloc_close_shared unmaps it and releases the pages: 0 or -1.
+ */
+typedef struct cudalloc_shared {
+    int device;              /* the exporter's device */
+    unsigned long long segment; /* id of the allocation's segment, stable while it lives */
+    unsigned long long offset;  /* bytes from the first page to the allocation */
+    unsigned long long size;    /* the allocation's bytes */
+    size_t num_pages;        /* pages behind it */
+} cudalloc_shared_t;
+long long cudalloc_share(void *ptr, int device, cudalloc_shared_t *out, int *fds,
+                         unsigned long long *page_sizes, size_t capacity);
+void *cudalloc_open_shared(int device, const cudalloc_shared_t *shared, const int *fds,
+                           const unsigned long long *page_sizes, size_t num_pages);
+int cudalloc_close_shared(void *ptr, int device);
+
+/* Map hooks, for registering the allocator's memory with a library that wants it in advance
+ * (NCCL's ncclCommRegister): mapped(user, device, addr, size) is called after memory is mapped
+ * (or cudaMalloc'd) and before any of it is handed out; unmapping(user, device, addr, size)
+ * before that same range is unmapped, nothing in it in use. Both run under the allocator's
+ * lock: they must not call cudalloc. cudalloc_set_map_hooks sets them on device's allocator and
+ * its private pools and announces every range already mapped; both NULL removes them (every
+ * range is withdrawn first). 0 or -1. */
+typedef void (*cudalloc_map_hook_t)(void *user, int device, unsigned long long addr,
+                                    unsigned long long size);
+int cudalloc_set_map_hooks(int device, cudalloc_map_hook_t mapped, cudalloc_map_hook_t unmapping,
+                           void *user);
+
 #ifdef __cplusplus
 }
 #endif

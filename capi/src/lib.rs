@@ -43,12 +43,17 @@ pub mod memory_snapshot;
 mod pool_api;
 mod pools;
 mod registry;
+mod share_api;
 mod tag_api;
 pub mod tags;
 pub mod trace;
 
-pub use cudalloc_sys::ffi::{with_c_buffer, CBuf, CBufLen, CStrArg};
+pub use cudalloc_sys::ffi::{
+    with_c_arrays, with_c_arrays_mut, with_c_buffer, CArray, CArrayMut, CBuf, CBufLen, CCount, CIn,
+    COut, CStrArg,
+};
 pub use error::last_error_message;
+pub use share_api::{CMapHook, CShared};
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -451,4 +456,60 @@ pub extern "C" fn cudalloc_last_error_kind() -> c_int {
 #[no_mangle]
 pub extern "C" fn cudalloc_last_error() -> *const c_char {
     error::last_error_ptr()
+}
+
+/// Describes the live allocation `ptr` of `device` for another process: fills `*out` and, when
+/// its pages fit in `capacity` entries, `fds` (one new descriptor per page, the caller's to send
+/// and close) and `page_sizes`. Returns the number of pages (nothing exported when it is more
+/// than `capacity`: call again with room for them), or -1 (an allocation of a segment not made
+/// shareable names the config key to set in [`cudalloc_last_error`]).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `share_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_share<'id>(
+    ptr: *mut c_void,
+    device: c_int,
+    out: COut<'_, CShared>,
+    fds: CArrayMut<'id, c_int>,
+    page_sizes: CArrayMut<'id, u64>,
+    capacity: CCount<'id>,
+) -> i64 {
+    share_api::share(ptr, device, out, fds, page_sizes, capacity)
+}
+
+/// Opens on `device` (the exporter's GPU) an allocation another process described with
+/// [`cudalloc_share`]: imports its `num_pages` pages from `fds` (which stay the caller's) and
+/// maps them. Returns the allocation's pointer in this process, or NULL.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `share_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_open_shared<'id>(
+    device: c_int,
+    shared: CIn<'_, CShared>,
+    fds: CArray<'id, c_int>,
+    page_sizes: CArray<'id, u64>,
+    num_pages: CCount<'id>,
+) -> *mut c_void {
+    share_api::open(device, shared, fds, page_sizes, num_pages)
+}
+
+/// Unmaps an allocation [`cudalloc_open_shared`] opened (`ptr`, on `device`) and releases its
+/// pages (the memory goes back to the driver once no process holds it). 0 or -1.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `share_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_close_shared(ptr: *mut c_void, device: c_int) -> c_int {
+    share_api::close(ptr, device)
+}
+
+/// Sets the map hooks of `device`'s allocator and its private pools: `mapped(user, device,
+/// addr, size)` after memory is mapped and before any of it is handed out, `unmapping(...)`
+/// before it is unmapped; the ranges already mapped are announced at once. Both NULL removes
+/// them (withdrawing every range). 0 or -1.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `share_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_set_map_hooks(
+    device: c_int,
+    mapped: Option<CMapHook>,
+    unmapping: Option<CMapHook>,
+    user: *mut c_void,
+) -> c_int {
+    share_api::set_map_hooks(device, mapped, unmapping, user)
 }

@@ -281,6 +281,13 @@ impl<D: Device> Pools<D> {
         }
     }
 
+    /// Sets the map hooks of every pool (`CachingAllocator::set_map_hooks`).
+    pub fn set_map_hooks(&self, hooks: &Option<Arc<dyn cudalloc_core::MapHooks>>) {
+        for pool in self.all() {
+            pool.alloc.set_map_hooks(hooks.clone());
+        }
+    }
+
     /// The uses of pool `id` (0: not in use).
     pub fn use_count(&self, id: PoolId) -> u32 {
         self.active.lock().get(&id).map_or(0, |(_, uses)| *uses)

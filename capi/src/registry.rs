@@ -144,8 +144,11 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
     slot.get_or_init(|| {
         let dev = CudaDevice::new(ordinal)
             .map_err(|e| format!("cannot open CUDA device {ordinal}: {e}"))?;
+        // `try_new` refuses here a key the device cannot honour (`shareable_segments`).
+        let alloc = CachingAllocator::try_new(dev, cfg.clone())
+            .map_err(|e| format!("bad CUDALLOC_CONF for CUDA device {ordinal}: {e}"))?;
         Ok(Dev {
-            alloc: CachingAllocator::new(dev, cfg.clone()),
+            alloc,
             policy: cfg.policy(),
             ordinal,
             pools: Pools::default(),

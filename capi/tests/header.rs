@@ -62,6 +62,14 @@ int main(int argc, char **argv) {
     int stopped = cudalloc_history_stop();
     printf("history %d %d %d %zu %d %d\n", started, on, clash, bytes, stopped,
            cudalloc_history_enabled());
+    cudalloc_shared_t shared;
+    int fds[4];
+    unsigned long long sizes[4];
+    printf("share %lld\n", cudalloc_share(NULL, 0, &shared, fds, sizes, 4));
+    printf("open %d\n", cudalloc_open_shared(0, &shared, fds, sizes, 0) != NULL);
+    printf("close %d\n", cudalloc_close_shared(NULL, 0));
+    printf("hooks %d\n", cudalloc_set_map_hooks(0, NULL, NULL, NULL));
+    printf("shared_layout %zu\n", sizeof(cudalloc_shared_t));
     return 0;
 }
 "#;
@@ -150,6 +158,22 @@ fn the_header_compiles_as_c_and_cxx_and_links() {
         assert!(line("got ").ends_with("nul 1"), "{text}");
         assert_eq!(line("has_key "), "1");
     }
+    // Sharing a NULL pointer, opening nothing and closing what was never opened fail; removing
+    // hooks needs a device.
+    assert_eq!(line("share "), "-1", "{text}");
+    assert_eq!(
+        (line("open "), line("close ")),
+        ("0".into(), "-1".into()),
+        "{text}"
+    );
+    let gpu = line("gpu ") == "1";
+    assert_eq!(line("hooks "), if gpu { "0" } else { "-1" }, "{text}");
+    let shared_layout = std::mem::size_of::<cudalloc_capi::CShared>().to_string();
+    assert_eq!(
+        line("shared_layout "),
+        shared_layout,
+        "cudalloc_shared_t matches CShared"
+    );
     let layout = format!(
         "{} {} {}",
         memory_snapshot::HEADER_BYTES,

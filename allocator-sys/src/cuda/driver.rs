@@ -50,6 +50,8 @@ const SYMBOLS: &[&str] = &[
     "cuMemMap",
     "cuMemUnmap",
     "cuMemSetAccess",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",

@@ -12,6 +12,10 @@ pub struct SimConfig {
     pub host_backing: bool,
     /// The ordinal the device reports.
     pub ordinal: usize,
+    /// Whether the device can make pages exportable as file descriptors
+    /// ([`Device::can_share`](crate::Device::can_share); default `true`). Off, a
+    /// `create_shareable_page` is refused as a driver without the handle type refuses it.
+    pub shareable: bool,
 }
 
 impl Default for SimConfig {
@@ -22,6 +26,7 @@ impl Default for SimConfig {
             granularity: 2 << 20,
             host_backing: false,
             ordinal: 0,
+            shareable: true,
         }
     }
 }
@@ -47,6 +52,12 @@ impl SimConfig {
     /// Turns host backing on or off.
     pub fn host_backing(mut self, on: bool) -> Self {
         self.host_backing = on;
+        self
+    }
+
+    /// Says whether the device can make shareable pages.
+    pub fn shareable(mut self, on: bool) -> Self {
+        self.shareable = on;
         self
     }
 

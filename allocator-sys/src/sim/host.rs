@@ -17,6 +17,19 @@ enum Target {
 type Route = Vec<(Target, u64, usize, usize)>;
 
 impl SimDevice {
+    /// Every range work may use now, by address: each live segment (its exact `malloc` size)
+    /// and each mapped page made accessible (the ranges a host access may touch, with or
+    /// without host backing).
+    pub fn accessible_ranges(&self) -> Vec<(u64, u64)> {
+        let s = self.state.lock();
+        let segments = s.segments.iter().map(|(&p, &n)| (p, n));
+        let pages = s.mappings.iter().filter(|(_, m)| m.accessible);
+        let mut ranges: Vec<(u64, u64)> =
+            segments.chain(pages.map(|(&va, m)| (va, m.size))).collect();
+        ranges.sort_unstable();
+        ranges
+    }
+
     /// Copies `data` to device address `addr` (needs host backing). The range must lie inside
     /// one live segment, or inside consecutive mapped pages that were made accessible.
     pub fn write(&self, addr: DevicePtr, data: &[u8]) -> DeviceResult<()> {
@@ -35,7 +48,7 @@ impl SimDevice {
             let bytes = &data[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.entry(p).or_default(),
-                Target::Page(id) => &mut s.pages.get_mut(&id).expect("routed").data,
+                Target::Page(id) => s.physical.data_mut(s.pages[&id].physical),
             };
             store.write(off, bytes);
         }
@@ -60,7 +73,7 @@ impl SimDevice {
             let dst = &mut out[from..from + n];
             let store = match target {
                 Target::Segment(p) => s.segment_data.get(&p),
-                Target::Page(id) => Some(&s.pages[&id].data),
+                Target::Page(id) => Some(s.physical.data(s.pages[&id].physical)),
             };
             match store {
                 Some(store) => store.read(off, dst),

@@ -1,6 +1,7 @@
 //! [`LogCalls`]: one line per device call, for debugging.
 
 use std::io::Write;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use parking_lot::Mutex;
 
@@ -128,6 +129,12 @@ impl LogValue for PageHandle {
     }
 }
 
+impl LogValue for OwnedFd {
+    fn show(&self) -> String {
+        format!("fd {}", self.as_raw_fd())
+    }
+}
+
 impl LogValue for StreamId {
     fn show(&self) -> String {
         self.to_string()
@@ -145,6 +152,22 @@ impl<D: Device> Device for LogCalls<D> {
         ordinal() -> usize;
         granularity() -> DeviceResult<u64>;
         check_stream(stream: StreamId) -> DeviceResult<()>;
+        can_share() -> DeviceResult<bool>;
+    }
+
+    fn create_shareable_page(&self, size: u64) -> DeviceResult<PageHandle> {
+        let result = self.inner.create_shareable_page(size);
+        self.log(Call::CreatePage, format!("{size}, shareable"), result)
+    }
+
+    fn export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
+        let args = format!("page {}", page.0);
+        self.log(Call::ExportPage, args, self.inner.export_page(page))
+    }
+
+    fn import_page(&self, fd: BorrowedFd<'_>, size: u64) -> DeviceResult<PageHandle> {
+        let args = format!("fd {}, {size}", fd.as_raw_fd());
+        self.log(Call::ImportPage, args, self.inner.import_page(fd, size))
     }
 
     fn malloc(&self, size: u64) -> DeviceResult<DevicePtr> {

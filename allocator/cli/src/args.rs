@@ -30,7 +30,8 @@ pub enum Command {
     /// trace before leftover allocations are freed, with the fragmentation of the pool then,
     /// and the trace's `anomalies` as `replay --json` gives them (and a warning on stderr when
     /// there are any). Exit status: 0, 1 when an allocation failed, 2 on a usage or input error.
-    Stats(StatsArgs),
+    // Boxed: it holds a whole `Config`, far larger than the other variants.
+    Stats(Box<StatsArgs>),
 }
 
 /// Options of `cudalloc replay`.

@@ -21,6 +21,7 @@
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | even integer >= 2 (whole 2 MiB pages) | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on; off under a memory cap) |
+//! | `shareable_segments` | `True`/`False` | create expandable segments' pages exportable as POSIX file descriptors, so that an allocation can be shared with another process (`CachingAllocator::share`; default off; refused with `policy:torch`, and by `CachingAllocator::try_new` on a device that cannot export) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache's small part holds at most (default 2); cached blocks count as allocated, so more is faster but reserves more, and the `default` policy's placement changes (docs/threads.md) |
 //! | `thread_cache_block_mb` | integer >= 1 | largest block a thread cache's small part takes (default 1: the small pool's blocks) |
@@ -206,6 +207,14 @@ impl Config {
         policy.validate()?;
         pool.validate()?;
         front.validate()?;
+        if pool.shareable_segments && !policy.policy().is_expandable() {
+            return Err(ConfigError::new(
+                "shareable_segments",
+                "the `torch` policy allocates segments with cuMemAlloc, whose pages cannot be \
+                 exported; use `policy:default` or `policy:torch-expandable` \
+                 (`expandable_segments:True`)",
+            ));
+        }
         Ok(Config {
             policy,
             pool,

@@ -30,6 +30,11 @@ pub struct PoolConfig {
     /// `per_process_memory_fraction` key; `None`: no cap). A pool applies it when it is made,
     /// as [`crate::Pool::set_memory_fraction`] would.
     pub memory_fraction: Option<f64>,
+    /// Create the pages of expandable segments exportable as POSIX file descriptors, so that
+    /// [`crate::CachingAllocator::share`] can hand an allocation to another process (costs a
+    /// little at each page creation; the `torch` policy, whose segments are `cuMemAlloc`'d,
+    /// refuses it). Key `shareable_segments`.
+    pub shareable_segments: bool,
 }
 
 impl Default for PoolConfig {
@@ -40,6 +45,7 @@ impl Default for PoolConfig {
             roundup_power2_divisions: [0; DIVISION_INTERVALS],
             garbage_collection_threshold: 0.0,
             memory_fraction: None,
+            shareable_segments: false,
         }
     }
 }

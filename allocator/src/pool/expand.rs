@@ -6,12 +6,16 @@
 //! maps the unmapped part and merges it with its free neighbours.
 
 use super::block::{Block, BlockId, NIL};
-use super::segment::{ExpSegment, Range};
+use super::segment::{ExpSegment, Mapper, Range};
 use super::Core;
 use super::Observer;
 use crate::sizes::PoolKind;
+use crate::sync::{IdCounter, Ordering};
 use cudalloc_sys::{Device, DeviceError, StreamId};
 use std::collections::BTreeMap;
+
+/// The next segment's id ([`ExpSegment::id`]): ids are never reused in a process.
+static NEXT_SEGMENT_ID: IdCounter = IdCounter::new(1);
 
 impl<D: Device> Core<D> {
     /// True when the block may take part in growth (free, or unmapped, with nothing pending and
@@ -82,6 +86,8 @@ impl<D: Device> Core<D> {
             Err(e) => return Err(e),
         };
         let seg = ExpSegment {
+            id: NEXT_SEGMENT_ID.fetch_add(1, Ordering::Relaxed),
+            shareable: self.cfg.shareable_segments,
             va,
             size,
             page,
@@ -168,7 +174,12 @@ impl<D: Device> Core<D> {
             .as_mut()
             .expect("block of a released segment");
         let strays = seg.stray_bytes();
-        let done = seg.map(&self.device, addr, size, max_chunk, &self.peers);
+        let m = Mapper {
+            dev: &self.device,
+            peers: &self.peers,
+            hooks: &self.hooks,
+        };
+        let done = seg.map(&m, addr, size, max_chunk);
         self.track_strays(seg_index, strays);
         self.stats.calls.maps += done.undone;
         self.stats.calls.unmaps += done.undone;
@@ -260,7 +271,12 @@ impl<D: Device> Core<D> {
             .as_mut()
             .expect("block of a released segment");
         let strays = seg.stray_bytes();
-        let done = seg.unmap(&self.device, lo, len);
+        let m = Mapper {
+            dev: &self.device,
+            peers: &self.peers,
+            hooks: &self.hooks,
+        };
+        let done = seg.unmap(&m, lo, len);
         self.track_strays(seg_index, strays);
         let id = self.account_unmapped(id, addr, done.range);
         match done.error {

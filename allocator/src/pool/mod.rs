@@ -33,12 +33,14 @@ mod pinning;
 mod release;
 mod releasing;
 mod reserved;
+mod shared;
 mod sleep;
 mod wake;
 pub(crate) use reserved::fraction_limit;
 pub(crate) mod segment;
 
 use crate::error::AllocError;
+use crate::hooks::Hooks;
 use crate::sizes;
 use crate::sizes::PoolKind;
 use crate::stats::{SharedPeak, Stats};
@@ -233,6 +235,8 @@ pub struct Core<D: Device> {
     /// The pinned host buffer (address, bytes) the last offloading sleep copied into, kept
     /// across wakes for the next sleep (`sleep`).
     pub(crate) host_buffer: Option<(cudalloc_sys::HostPtr, u64)>,
+    /// Told of every range mapped and before it is unmapped ([`crate::hooks`]).
+    pub(crate) hooks: Hooks,
 }
 
 impl<D: Device> Core<D> {
@@ -276,6 +280,7 @@ impl<D: Device> Core<D> {
             slumber: None,
             copy_stream: None,
             host_buffer: None,
+            hooks: Hooks::default(),
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();
@@ -641,6 +646,7 @@ impl<D: Device> Core<D> {
                 };
             }
         };
+        self.hooks.mapped(ptr, size);
         self.stats.segment.increase(req.pool, 1);
         self.reserved_grew(req.pool, size);
         if size >= self.cfg.max_split_size {

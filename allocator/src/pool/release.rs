@@ -30,7 +30,9 @@ impl<D: Device> Core<D> {
         if !index.remove(b) {
             return Ok(false);
         }
+        self.hooks.unmapping(b.addr, b.size);
         if let Err(e) = self.device.free(b.addr, b.size) {
+            self.hooks.mapped(b.addr, b.size);
             index.insert(id, b);
             return Err(e);
         }

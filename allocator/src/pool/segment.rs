@@ -6,12 +6,21 @@
 //! one page (2 MiB in the small pool, 20 MiB in the large, as PyTorch does); under `default` a
 //! chunk is any multiple of the device's granularity, so that growing by many pages costs one map.
 //!
+//! A segment made while `shareable_segments` is on creates its pages exportable
+//! (`create_shareable_page`), so that [`crate::CachingAllocator::share`] can export the chunks
+//! behind an allocation; `id` names the segment for as long as it lives, and no other segment
+//! of the process ever has it.
+//!
+//! Every chunk mapped is announced to the pool's map hooks once it is accessible, and withdrawn
+//! before its unmap ([`crate::hooks`]); a `stuck` chunk is not announced.
+//!
 //! Invariants: chunks do not overlap, lie inside `va..va + size` and start and end on page
 //! boundaries; `mapped` is the sum of their sizes. Pages a failed driver call left behind
 //! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, not unmapped)
 //! are outside `chunks` and `mapped`, are retried at every map and unmap, and keep the range
 //! reserved until they are gone.
 
+use crate::hooks::Hooks;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, PageHandle, StreamId};
 use std::collections::BTreeMap;
@@ -25,9 +34,21 @@ pub struct Chunk {
     pub handle: PageHandle,
 }
 
+/// What mapping and unmapping chunks needs besides the segment: the device, the peers given
+/// access to every chunk, and the hooks told of each.
+pub(crate) struct Mapper<'a, D> {
+    pub dev: &'a D,
+    pub peers: &'a [usize],
+    pub hooks: &'a Hooks,
+}
+
 /// A reserved virtual range with chunks mapped into it.
 #[derive(Debug)]
 pub struct ExpSegment {
+    /// The segment's id, unique in the process for as long as it runs.
+    pub id: u64,
+    /// Its pages are created exportable (`shareable_segments`).
+    pub shareable: bool,
     /// First virtual address.
     pub va: u64,
     /// Reserved bytes.
@@ -106,15 +127,14 @@ impl ExpSegment {
     /// the page size. A failed call (out of memory included) undoes the chunks already mapped;
     /// when that rollback fails too, the chunks it could not unmap stay mapped and are in
     /// [`Mapped::range`], for the pool to count.
-    pub fn map<D: Device>(
+    pub(crate) fn map<D: Device>(
         &mut self,
-        dev: &D,
+        m: &Mapper<'_, D>,
         addr: u64,
         size: u64,
         max_chunk: u64,
-        peers: &[usize],
     ) -> Mapped {
-        self.retry_leaked(dev);
+        self.retry_leaked(m.dev);
         let begin = self.page_floor(addr);
         let end = self.page_ceil(addr + size).min(self.va + self.size);
         debug_assert_eq!(begin, addr, "map must start on a page boundary");
@@ -132,7 +152,7 @@ impl ExpSegment {
         while at < end {
             let boundary = self.va + ((at - self.va) / window + 1) * window;
             let len = (end - at).min(boundary - at);
-            match map_chunk(dev, at, len, peers) {
+            match map_chunk(m, at, len, self.shareable) {
                 Ok(handle) => {
                     self.chunks.insert(at, Chunk { size: len, handle });
                     self.mapped += len;
@@ -147,7 +167,7 @@ impl ExpSegment {
                         Left::Mapped(handle) => self.stuck.push((at, Chunk { size: len, handle })),
                     }
                     done.error = Some(failed.error);
-                    self.roll_back(dev, &mut done);
+                    self.roll_back(m, &mut done);
                     break;
                 }
             }
@@ -158,14 +178,13 @@ impl ExpSegment {
     /// Maps one chunk of exactly `size` bytes at `at` (a wake restores the chunks a sleep
     /// unmapped). On failure the chunk is not mapped; what its cleanup could not undo is kept
     /// for the next map or unmap, as in [`ExpSegment::map`].
-    pub fn map_exact<D: Device>(
+    pub(crate) fn map_exact<D: Device>(
         &mut self,
-        dev: &D,
+        m: &Mapper<'_, D>,
         at: u64,
         size: u64,
-        peers: &[usize],
     ) -> Result<(), DeviceError> {
-        match map_chunk(dev, at, size, peers) {
+        match map_chunk(m, at, size, self.shareable) {
             Ok(handle) => {
                 self.chunks.insert(at, Chunk { size, handle });
                 self.mapped += size;
@@ -184,9 +203,9 @@ impl ExpSegment {
 
     /// Unmaps the chunks `done` mapped, after the failure it holds: what could not be unmapped
     /// stays in `done.range`, and a failure of the rollback replaces the error.
-    fn roll_back<D: Device>(&mut self, dev: &D, done: &mut Mapped) {
+    fn roll_back<D: Device>(&mut self, m: &Mapper<'_, D>, done: &mut Mapped) {
         let r = done.range;
-        let undone = self.unmap(dev, r.addr, r.size);
+        let undone = self.unmap(m, r.addr, r.size);
         done.undone = undone.range.ops;
         done.range = Range {
             addr: r.addr + undone.range.size,
@@ -207,7 +226,8 @@ impl ExpSegment {
     /// whose `unmap` failed stays mapped and listed; one whose `unmap` succeeded and whose
     /// `release_page` failed is unmapped (counted in the range) and its page is released again
     /// at the segment's next unmap.
-    pub fn unmap<D: Device>(&mut self, dev: &D, addr: u64, size: u64) -> Unmapped {
+    pub(crate) fn unmap<D: Device>(&mut self, m: &Mapper<'_, D>, addr: u64, size: u64) -> Unmapped {
+        let dev = m.dev;
         self.retry_leaked(dev);
         let inside: Vec<(u64, Chunk)> = self
             .chunks
@@ -225,7 +245,10 @@ impl ExpSegment {
             error: None,
         };
         for (a, c) in &inside {
+            m.hooks.unmapping(*a, c.size);
             if let Err(e) = dev.unmap(*a, c.size) {
+                // Still mapped, and usable: announced again.
+                m.hooks.mapped(*a, c.size);
                 done.error = Some(e);
                 break;
             }
@@ -327,15 +350,22 @@ struct ChunkFailed {
     left: Left,
 }
 
-/// Creates one physical allocation of `len` bytes, maps it at `at` and makes it accessible;
-/// on failure undoes what it did, and says what it could not undo.
+/// Creates one physical allocation of `len` bytes (exportable when `shareable`), maps it at
+/// `at`, makes it accessible and announces it to the hooks; on failure undoes what it did, and
+/// says what it could not undo.
 fn map_chunk<D: Device>(
-    dev: &D,
+    m: &Mapper<'_, D>,
     at: u64,
     len: u64,
-    peers: &[usize],
+    shareable: bool,
 ) -> Result<PageHandle, ChunkFailed> {
-    let handle = dev.create_page(len).map_err(|error| ChunkFailed {
+    let (dev, peers) = (m.dev, m.peers);
+    let created = if shareable {
+        dev.create_shareable_page(len)
+    } else {
+        dev.create_page(len)
+    };
+    let handle = created.map_err(|error| ChunkFailed {
         error,
         left: Left::Nothing,
     })?;
@@ -354,5 +384,6 @@ fn map_chunk<D: Device>(
         };
         return Err(ChunkFailed { error, left });
     }
+    m.hooks.mapped(at, len);
     Ok(handle)
 }

@@ -40,6 +40,7 @@
 //!   are only ever enqueued on the copy stream, so each is ordered after the one before.
 
 use super::block::BlockId;
+use super::segment::Mapper;
 use super::{Core, Observer};
 use crate::error::AllocError;
 use cudalloc_sys::{Device, DeviceError, EventHandle, HostPtr, StreamId};
@@ -438,7 +439,12 @@ impl<D: Device> Core<D> {
     fn unmap_slept(&mut self, i: usize, at: u64, size: u64) -> Result<(), DeviceError> {
         let seg = self.segments[i].as_mut().expect("a range with chunks");
         let before = seg.stray_bytes();
-        let done = seg.unmap(&self.device, at, size);
+        let m = Mapper {
+            dev: &self.device,
+            peers: &self.peers,
+            hooks: &self.hooks,
+        };
+        let done = seg.unmap(&m, at, size);
         let unmapped = done.range.size == size;
         if unmapped {
             seg.slept.push((at, size));
@@ -474,8 +480,13 @@ impl<D: Device> Core<D> {
             return false;
         }
         let _ = self.release_host_buffer();
+        let m = Mapper {
+            dev: &self.device,
+            peers: &self.peers,
+            hooks: &self.hooks,
+        };
         for seg in self.segments.iter_mut().flatten() {
-            let _ = seg.unmap(&self.device, seg.va, seg.size);
+            let _ = seg.unmap(&m, seg.va, seg.size);
             seg.retry_leaked(&self.device);
             let _ = self.device.unreserve(seg.va, seg.size);
         }

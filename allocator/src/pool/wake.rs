@@ -17,6 +17,7 @@
 //! pages a failed call left behind (strays) are released again at the next attempt before it
 //! maps at their addresses.
 
+use super::segment::Mapper;
 use super::sleep::pieces;
 use super::Core;
 use crate::error::AllocError;
@@ -83,7 +84,12 @@ impl<D: Device> Core<D> {
             seg.retry_leaked(&self.device);
             let mut mapped = Ok(());
             for &(at, size) in &seg.slept.clone() {
-                mapped = seg.map_exact(&self.device, at, size, &self.peers);
+                let m = Mapper {
+                    dev: &self.device,
+                    peers: &self.peers,
+                    hooks: &self.hooks,
+                };
+                mapped = seg.map_exact(&m, at, size);
                 if let (Ok(()), Some((host, s))) = (&mapped, from) {
                     mapped = pieces(&copies, at, at + size).try_for_each(|(addr, offset, len)| {
                         self.device
@@ -132,7 +138,12 @@ impl<D: Device> Core<D> {
             let before = seg.stray_bytes();
             for &(at, size) in &seg.slept.clone() {
                 if seg.chunks.contains_key(&at) {
-                    let done = seg.unmap(&self.device, at, size);
+                    let m = Mapper {
+                        dev: &self.device,
+                        peers: &self.peers,
+                        hooks: &self.hooks,
+                    };
+                    let done = seg.unmap(&m, at, size);
                     if done.range.size != size {
                         // Still mapped: a stray until a later call unmaps it.
                         if let Some(c) = seg.chunks.remove(&at) {

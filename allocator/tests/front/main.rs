@@ -24,6 +24,8 @@ mod common;
 
 mod graph_engine;
 mod graph_pool;
+mod hooks;
+mod share;
 mod sleep;
 mod sleep_faults;
 mod sleep_model;
