@@ -425,6 +425,23 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     return on == 1;
   }
 
+  // torch.multiprocessing's CUDA tensor sharing: PyTorch's handle is bytes alone, and
+  // cudalloc's pages travel as file descriptors (cudalloc_share in the C ABI, with the
+  // shareable_segments key), which this backend does not carry yet: a clear error instead.
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void*) override {
+    fail(CUDALLOC_HERE,
+         "sharing a CUDA tensor with another process (torch.multiprocessing) is not supported "
+         "by cudalloc's PyTorch backend yet; the C library shares allocations as file "
+         "descriptors (cudalloc_share, with CUDALLOC_CONF=shareable_segments:True), or run "
+         "the sharing process on PyTorch's own allocator");
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    fail(CUDALLOC_HERE,
+         "opening a CUDA tensor shared by another process (torch.multiprocessing) is not "
+         "supported by cudalloc's PyTorch backend yet");
+  }
+
   std::string name() override {
     return "cudalloc";
   }
