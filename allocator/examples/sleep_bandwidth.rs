@@ -175,9 +175,10 @@ fn run(a: &Args) -> Result<Outcome> {
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let total: u64 = w.iter().map(|x| x.size()).sum();
-    alloc.with_device(|d| fill(d, &w, s))?;
+    // The pinned copies write the allocations (host to device): measure them before filling.
     let (d2h, h2d) =
         alloc.with_device(|d| Ok::<_, String>((pinned(d, &w, true)?, pinned(d, &w, false)?)))?;
+    alloc.with_device(|d| fill(d, &w, s))?;
     let (d2h, h2d) = (gbs(total, d2h), gbs(total, h2d));
     println!(
         "policy {}, {:.2} GiB offloaded in {} allocations",
