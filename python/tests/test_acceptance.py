@@ -81,6 +81,17 @@ class Compare(unittest.TestCase):
         self.assertIn("at most PyTorch's expandable on 1 of 2", lines[2])
 
 
+    def test_repeats_keep_the_first_results_and_the_median_step_time(self):
+        r = run.merge(None, {"ok": True, "losses": [1.0], "step_ms": 5.0})
+        r = run.merge(r, {"ok": True, "losses": [1.0], "step_ms": 9.0})
+        r = run.merge(r, {"ok": True, "losses": [1.0], "step_ms": 6.0})
+        self.assertEqual(r["step_ms_runs"], [5.0, 9.0, 6.0])
+        self.assertEqual(r["step_ms"], 6.0)
+        failed = run.merge(r, {"ok": False, "error": "boom"})
+        self.assertFalse(failed["ok"], "a failed repeat fails the pair")
+        self.assertEqual(failed["step_ms_runs"], [5.0, 9.0, 6.0])
+
+
 class Programs(unittest.TestCase):
     def test_every_program_is_documented(self):
         doc = ast.get_docstring(ast.parse((ACCEPTANCE / "programs.py").read_text()))
