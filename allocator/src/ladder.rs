@@ -24,6 +24,28 @@ use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64};
 use cudalloc_sys::{Device, DeviceError, StreamId};
 
+/// A free [`Pool::try_free`] could not make: why, and the allocation, still allocated, when it
+/// is one (`None` for a handle the pool does not hold).
+#[derive(Debug)]
+pub struct FreeError {
+    /// Why the free failed.
+    pub error: AllocError,
+    /// The allocation, to free again later.
+    pub allocation: Option<Allocation>,
+}
+
+impl std::fmt::Display for FreeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for FreeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 /// A single-threaded caching pool over a device: the core's mechanism under policy `P` (the
 /// built-in policy the config names, unless another is given).
 pub struct Pool<D: Device, P: Policy = Builtin> {
@@ -197,10 +219,28 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.policy.grow(&mut self.core, req)
     }
 
-    /// Frees an allocation. It is consumed even when the pool refuses it (a handle of another
-    /// pool, or one this pool already freed: [`AllocError::NotAllocated`]).
+    /// Frees an allocation. It is consumed even when the free fails; [`Pool::try_free`] gives
+    /// it back then.
     pub fn free(&mut self, a: Allocation) -> Result<(), AllocError> {
         self.free_handle(&a.0)
+    }
+
+    /// Frees an allocation, or gives it back with the error when the pool could not free it (a
+    /// device error while recording the events of the other streams it was used on, a
+    /// sleeping pool), so that the caller can try again. A handle the pool does not hold (of
+    /// another pool, or freed already) is refused and not given back: it is no allocation.
+    pub fn try_free(&mut self, a: Allocation) -> Result<(), FreeError> {
+        match self.free_handle(&a.0) {
+            Ok(()) => Ok(()),
+            Err(error @ AllocError::NotAllocated(_)) => Err(FreeError {
+                error,
+                allocation: None,
+            }),
+            Err(error) => Err(FreeError {
+                error,
+                allocation: Some(a),
+            }),
+        }
     }
 
     /// Frees the allocation `a` is a copy of (the thread-safe front keeps such copies).

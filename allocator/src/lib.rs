@@ -70,7 +70,7 @@ pub use allocator::CachingAllocator;
 pub use config::{Config, ConfigError, FrontConfig, Policy, PoolConfig};
 pub use error::{AllocError, Invariant, InvariantError};
 pub use hooks::MapHooks;
-pub use ladder::Pool;
+pub use ladder::{FreeError, Pool};
 pub use pool::Allocation;
 pub use share::{SharedAllocation, SharedMapping, SharedPage};
 pub use snapshot::{Excess, Fragmentation, PinnedUnit, Snapshot};

@@ -17,7 +17,7 @@ use crate::common::pool;
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::BlockState;
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
-use cudalloc_sys::Call;
+use cudalloc_sys::{Call, StreamId};
 use pool::*;
 use std::collections::BTreeSet;
 use BlockState::Allocated as A;
@@ -469,4 +469,26 @@ fn record_stream_and_free_reject_stale_allocations() {
     );
     free(&mut pool, b);
     check(&sim, &pool);
+}
+
+/// A free whose events cannot be recorded (the other stream it was used on turned out to be of
+/// another device) gives the allocation back with `try_free`, still allocated, for the caller to
+/// free again; `free` would have consumed it.
+#[test]
+fn try_free_gives_back_an_allocation_it_could_not_free() {
+    let (sim, mut pool) = torch();
+    let s2 = StreamId(2);
+    let a = alloc(&mut pool, 4 * MIB, StreamId(1));
+    let ptr = a.ptr();
+    pool.record_stream(&a, s2).unwrap();
+    sim.add_foreign_stream(s2);
+    let e = pool.try_free(a).unwrap_err();
+    let back = e.allocation.expect("the allocation comes back");
+    assert_eq!(back.ptr(), ptr);
+    assert_eq!(pool.stats().allocation.0[0].current, 1, "still allocated");
+    pool.check_invariants().unwrap();
+    assert!(!e.error.to_string().is_empty());
+    // Still refused while the stream is foreign, and given back again.
+    let again = pool.try_free(back).unwrap_err();
+    assert!(again.allocation.is_some());
 }
