@@ -229,17 +229,17 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// device error while recording the events of the other streams it was used on, a
     /// sleeping pool), so that the caller can try again. A handle the pool does not hold (of
     /// another pool, or freed already) is refused and not given back: it is no allocation.
-    pub fn try_free(&mut self, a: Allocation) -> Result<(), FreeError> {
+    pub fn try_free(&mut self, a: Allocation) -> Result<(), Box<FreeError>> {
         match self.free_handle(&a.0) {
             Ok(()) => Ok(()),
-            Err(error @ AllocError::NotAllocated(_)) => Err(FreeError {
+            Err(error @ AllocError::NotAllocated(_)) => Err(Box::new(FreeError {
                 error,
                 allocation: None,
-            }),
-            Err(error) => Err(FreeError {
+            })),
+            Err(error) => Err(Box::new(FreeError {
                 error,
                 allocation: Some(a),
-            }),
+            })),
         }
     }
 
