@@ -11,7 +11,7 @@ use crate::error::{Invariant, InvariantError};
 use crate::ladder::Pool;
 use crate::live::CacheTotals;
 use crate::sizes::PoolKind;
-use crate::snapshot::{Excess, PinnedUnit, Snapshot};
+use crate::snapshot::{Excess, PinnedUnit, SegmentInfo, Snapshot};
 use crate::stats::{Stats, ThreadCacheStats};
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::tags::TagSet;
@@ -128,8 +128,16 @@ impl<D: Device> CachingAllocator<D> {
         let guards: Vec<_> = self.shards.iter().map(|s| s.lock()).collect();
         let tags = self.tags.lock();
         let pools = || every_pool(&guards, &tags);
+        let mut segments: Vec<SegmentInfo> =
+            guards.iter().flat_map(|p| p.snapshot().segments).collect();
+        for t in tags.pools.iter() {
+            segments.extend(t.pool.snapshot().segments.into_iter().map(|s| SegmentInfo {
+                tag: Some(t.name.clone()),
+                ..s
+            }));
+        }
         let mut snap = Snapshot {
-            segments: pools().flat_map(|p| p.snapshot().segments).collect(),
+            segments,
             stats: sum_stats(pools(), self.reserved_peak.peak()),
         };
         snap.segments.sort_by_key(|s| s.addr);

@@ -88,6 +88,9 @@ pub struct SegmentInfo {
     pub stream: StreamId,
     /// A reserved virtual range with pages mapped on demand.
     pub expandable: bool,
+    /// The caller's tag whose pool holds the segment (`CachingAllocator::allocate_tagged`),
+    /// `None` for untagged memory.
+    pub tag: Option<String>,
     /// Blocks, tiling the segment.
     pub blocks: Vec<BlockInfo>,
 }

@@ -154,7 +154,8 @@ size_t cudalloc_device_stats(int device, char *buf, size_t len);
 
 /* Segments and blocks of device as JSON, with the same buffer protocol as cudalloc_stats_json:
  * {"device", "policy", "segments": [{"addr", "size", "mapped", "pool" ("small"|"large"),
- * "stream", "expandable", "blocks": [{"addr", "size", "requested", "state", "stream"}]}]},
+ * "stream", "expandable", "tag" (the tag whose memory it is, or null), "blocks": [{"addr",
+ * "size", "requested", "state", "stream"}]}]},
  * state one of "allocated", "pending_events", "free", "unmapped", "thread_cached" (freed by the
  * caller into a per-thread cache: not allocated, as the stats count it, and not free either, for
  * only that thread's next request of the same size and stream can have it). */

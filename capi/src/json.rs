@@ -168,6 +168,7 @@ pub fn snapshot<D: Device>(alloc: &CachingAllocator<D>, policy: Policy, device: 
                 "pool": seg.pool.name(),
                 "stream": seg.stream.0,
                 "expandable": seg.expandable,
+                "tag": seg.tag,
                 "blocks": blocks,
             })
         })

@@ -30,6 +30,7 @@ impl<D: Device> Core<D> {
                 pool: b.pool,
                 stream: b.stream,
                 expandable,
+                tag: None,
                 blocks: self.chain(id).map(|c| self.block_info(c)).collect(),
             });
         }

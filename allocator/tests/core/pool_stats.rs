@@ -175,6 +175,7 @@ fn fragmentation_of_a_hand_made_snapshot() {
         pool: PoolKind::Small,
         stream: S0,
         expandable: false,
+        tag: None,
         blocks: vec![
             blk(base, MIB, A),
             blk(base + MIB, 512 * KIB, F),
@@ -191,6 +192,7 @@ fn fragmentation_of_a_hand_made_snapshot() {
         pool: PoolKind::Large,
         stream: S0,
         expandable: true,
+        tag: None,
         blocks: vec![
             blk(vbase, 2 * MIB, A),
             blk(vbase + 2 * MIB, 2 * MIB, F),

@@ -455,3 +455,28 @@ fn other_threads_keep_working_while_a_tag_sleeps_and_wakes() {
         check(&alloc, &dev);
     }
 }
+
+/// A snapshot names the tag of each tagged segment, and no tag for the rest.
+#[test]
+fn snapshots_name_the_tag_of_each_segment() {
+    let dev = device(1 << 30);
+    let alloc = front(&dev, Policy::Default);
+    let s = StreamId(3);
+    let w = alloc.allocate_tagged(5 * MIB, s, "weights").unwrap();
+    let k = alloc.allocate_tagged(3 * MIB, s, "kv").unwrap();
+    let p = alloc.allocate(2 * MIB, s).unwrap();
+    let snap = alloc.snapshot();
+    let tag_of = |ptr: u64| {
+        snap.segments
+            .iter()
+            .find(|g| g.addr <= ptr && ptr < g.addr + g.size)
+            .map(|g| g.tag.clone())
+            .expect("a segment holds it")
+    };
+    assert_eq!(tag_of(w.ptr()).as_deref(), Some("weights"));
+    assert_eq!(tag_of(k.ptr()).as_deref(), Some("kv"));
+    assert_eq!(tag_of(p.ptr()), None);
+    for a in [w, k, p] {
+        alloc.free(a).unwrap();
+    }
+}
