@@ -319,8 +319,9 @@ long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long l
  * driver while their addresses stay reserved; the live allocations of the tags also in offload
  * (a list too; NULL or "" for none) are copied to pinned host memory first, on a stream of the
  * allocator's own after the work of every stream that used them, and come back at wake; the
- * others come back uninitialised. While a tag sleeps its allocations, frees and
- * cudalloc_record_stream calls fail. cudalloc_wake maps new pages at the same addresses and
+ * others come back uninitialised. While a tag sleeps its allocations and
+ * cudalloc_record_stream calls fail; a cudalloc_free of its memory is taken at once and the
+ * block goes back to the tag at the wake. cudalloc_wake maps new pages at the same addresses and
  * copies the offloaded bytes back; work submitted afterwards to stream, or to a stream that
  * used the tag, runs after the copies (the host does not wait). Tags are done in list order;
  * a failure stops at the failed tag (those before it are done, those after it are not, it is

@@ -531,9 +531,11 @@ def sleep(tags, offload=(), device=None):
     sleep, in order: their device memory goes back to the driver while their tensors keep their
     addresses; the tensors of the tags also in ``offload`` are first copied to pinned host memory
     (after the work queued on every stream that used them), the others come back uninitialised.
-    Until :func:`wake`, freeing such a tensor, or allocating in the tag, fails. Raises
-    :class:`SleepIncompleteError` when some pages stayed mapped (the tag sleeps anyway), :class:`CudallocError` otherwise (the tags before the failed one sleep, those after
-    it do not). Needs the ``default`` or ``torch-expandable`` policy."""
+    Until :func:`wake`, allocating in the tag fails; a tensor of it freed meanwhile (``del``)
+    is taken at once and its memory goes back to the tag at the wake. Raises
+    :class:`SleepIncompleteError` when some pages stayed mapped (the tag sleeps anyway),
+    :class:`CudallocError` otherwise (the tags before the failed one sleep, those after it do
+    not). Needs the ``default`` or ``torch-expandable`` policy."""
     _check_sleep(
         _device_lib().cudalloc_sleep(current_device(device), _tag_list(tags, "tags"), _tag_list(offload, "offload"))
     )
