@@ -33,6 +33,19 @@ pub(crate) struct TagPool<D: Device> {
     pub deferred: Vec<Entry>,
 }
 
+/// Frees the allocations freed while `t` slept (it is awake). One whose free fails (a device
+/// error recording its other streams' events) stays deferred, for the tag's next free or wake:
+/// its caller was told the free was taken.
+fn free_deferred<D: Device>(t: &mut TagPool<D>) {
+    let mut kept = Vec::new();
+    for e in std::mem::take(&mut t.deferred) {
+        if t.pool.free_handle(&e.alloc).is_err() {
+            kept.push(e);
+        }
+    }
+    t.deferred = kept;
+}
+
 /// Every tag's pool, in the order the tags were first used, and what a new one must inherit:
 /// the limit and peers set on the allocator, the captures underway (kept here, so that making a
 /// pool takes no shard lock).
@@ -199,6 +212,7 @@ impl<D: Device> CachingAllocator<D> {
             t.deferred.push(e);
             return Ok(());
         }
+        free_deferred(t);
         if let Err(err) = t.pool.free_handle(&e.alloc) {
             self.live.insert(e);
             return Err(named(err, &t.name));
@@ -297,16 +311,8 @@ impl<D: Device> CachingAllocator<D> {
         t.pool.wake(stream)?;
         // The frees made while it slept (stream order: after the wake's copies, on the
         // allocations' own streams, as any free).
-        let mut first = Ok(());
-        for e in std::mem::take(&mut t.deferred) {
-            if let Err(err) = t.pool.free_handle(&e.alloc) {
-                self.live.insert(e);
-                if first.is_ok() {
-                    first = Err(named(err, &t.name));
-                }
-            }
-        }
-        first
+        free_deferred(t);
+        Ok(())
     }
 
     /// True while `tag` sleeps.

@@ -322,14 +322,13 @@ impl<D: Device> Pools<D> {
         }
     }
 
+    /// Every pool, active and retired. Both locks are held together (in `acquire`'s order),
+    /// so that a pool moving from retired to active meanwhile is not missed.
     fn all(&self) -> Vec<Shared<D>> {
-        let mut out: Vec<Shared<D>> = self
-            .active
-            .lock()
-            .values()
-            .map(|(p, _)| p.clone())
-            .collect();
-        out.extend(self.retired.lock().iter().map(|(_, p)| p.clone()));
+        let active = self.active.lock();
+        let retired = self.retired.lock();
+        let mut out: Vec<Shared<D>> = active.values().map(|(p, _)| p.clone()).collect();
+        out.extend(retired.iter().map(|(_, p)| p.clone()));
         out
     }
 }

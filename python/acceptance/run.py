@@ -187,12 +187,22 @@ def parent(args):
     return 0 if passed(results, args.programs, args.modes) else 1
 
 
+# The results a repeat must give again (timings and memory figures may differ).
+RESULT_KEYS = ("losses", "checks", "overwritten", "max_abs_diff", "fitted", "largest_batch",
+               "went_on", "uses", "reused_in_pool")
+
+
 def merge(kept, new):
     """A (program, mode)'s result over repeats: the first run's results (a failed run replaces
-    them: the pair failed), every run's ``step_ms`` in ``step_ms_runs`` and their median as
-    ``step_ms``."""
+    them, and so does a run whose results differ from the first's: the pair failed), every
+    run's ``step_ms`` in ``step_ms_runs`` and their median as ``step_ms``."""
+    differs = [k for k in RESULT_KEYS if kept and kept.get("ok") and new.get("ok")
+               and new.get(k) != kept.get(k)]
     if kept is None:
         merged = dict(new)
+    elif differs:
+        merged = dict(new, ok=False, error=f"a repeat gave other results: {', '.join(differs)}",
+                      step_ms_runs=kept.get("step_ms_runs", []))
     elif not new.get("ok"):
         merged = dict(new, step_ms_runs=kept.get("step_ms_runs", []))
     else:

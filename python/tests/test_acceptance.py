@@ -90,6 +90,9 @@ class Compare(unittest.TestCase):
         failed = run.merge(r, {"ok": False, "error": "boom"})
         self.assertFalse(failed["ok"], "a failed repeat fails the pair")
         self.assertEqual(failed["step_ms_runs"], [5.0, 9.0, 6.0])
+        other = run.merge(r, {"ok": True, "losses": [2.0], "step_ms": 6.0})
+        self.assertFalse(other["ok"], "a repeat with other losses fails the pair")
+        self.assertIn("losses", other["error"])
 
 
 class Programs(unittest.TestCase):

@@ -90,7 +90,12 @@ impl MapHooks for NcclRegistration {
                 Err(e) => self.errors.lock().push(e),
             }
         }
-        self.held.lock().insert((device, addr), (size, regs));
+        // A range announced again without its withdrawal (a bug on the allocator's side): the
+        // old registrations go, rather than stay with NCCL for pages that may be gone.
+        let old = self.held.lock().insert((device, addr), (size, regs));
+        if let Some((_, old)) = old {
+            self.deregister(old);
+        }
     }
 
     fn unmapping(&self, device: usize, addr: u64, _size: u64) {

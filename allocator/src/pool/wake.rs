@@ -145,8 +145,10 @@ impl<D: Device> Core<D> {
                     };
                     let done = seg.unmap(&m, at, size);
                     if done.range.size != size {
-                        // Still mapped: a stray until a later call unmaps it.
+                        // Still mapped: a stray until a later call unmaps it. The failed unmap
+                        // announced it again; a stuck chunk is not announced (`segment`).
                         if let Some(c) = seg.chunks.remove(&at) {
+                            self.hooks.unmapping(at, c.size);
                             seg.mapped -= c.size;
                             seg.stuck.push((at, c));
                         }

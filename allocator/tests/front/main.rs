@@ -25,6 +25,7 @@ mod common;
 mod graph_engine;
 mod graph_pool;
 mod hooks;
+mod hooks_wake;
 mod share;
 mod sleep;
 mod sleep_faults;
