@@ -77,7 +77,7 @@ impl<D: Device> Core<D> {
 
     /// The shared counters this pool's bytes count in, the one its limit applies to first (the
     /// group's, else its allocator's).
-    fn counters(&self) -> impl Iterator<Item = &Arc<AtomicU64>> {
+    fn counters(&self) -> impl DoubleEndedIterator<Item = &Arc<AtomicU64>> {
         self.group.iter().chain(self.shared.iter())
     }
 
@@ -101,7 +101,9 @@ impl<D: Device> Core<D> {
     /// Gives back bytes counted by [`Core::claim`].
     pub(crate) fn sub_reserved(&mut self, n: u64) {
         self.reserved -= n;
-        for c in self.counters() {
+        // The allocator's counter first, then the group's (a claim counts them the other way
+        // round): the allocator's never shows more than the group's, whose total the limit caps.
+        for c in self.counters().rev() {
             c.fetch_sub(n, Ordering::AcqRel);
         }
     }
@@ -131,7 +133,7 @@ impl<D: Device> Core<D> {
         } else {
             let n = before - now;
             self.strays -= n;
-            for c in self.counters() {
+            for c in self.counters().rev() {
                 c.fetch_sub(n, Ordering::AcqRel);
             }
             self.reserved_shrank(pool, n);
