@@ -39,6 +39,13 @@ fn tag_stats(device: i32) -> Value {
     serde_json::from_slice(&buf[..n]).unwrap()
 }
 
+/// Tag `name`'s entry in device `device`'s tag statistics.
+fn tag_entry(device: i32, name: &str) -> Value {
+    let stats = tag_stats(device);
+    let entry = stats.as_array().unwrap().iter().find(|t| t["tag"] == name);
+    entry.expect("the tag is listed").clone()
+}
+
 #[test]
 fn tags_nest_on_each_thread_and_bad_tags_are_refused_with_a_reason() {
     let (w, kv) = (c("weights"), c("kv"));
@@ -189,14 +196,7 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     dev.copy_to_device(last, &bytes).unwrap();
 
     assert_eq!(cudalloc_sleep(0, list, list), 0, "{}", last_error_message());
-    let stats = tag_stats(0);
-    let me = stats
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tag"] == "capi-weights")
-        .unwrap()
-        .clone();
+    let me = tag_entry(0, "capi-weights");
     assert_eq!(me["asleep"], true);
     assert_eq!(me["reserved_bytes"], 0);
     assert_eq!(me["offloaded_bytes"], n as u64 + (1 << 20));
@@ -220,13 +220,7 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     assert!(back == bytes, "first MiB restored");
     dev.copy_from_device(last, &mut back).unwrap();
     assert!(back == bytes, "last MiB restored");
-    let stats = tag_stats(0);
-    let me = stats
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tag"] == "capi-weights")
-        .unwrap();
+    let me = tag_entry(0, "capi-weights");
     assert_eq!(me["allocations"], 1, "the free made asleep ran at the wake");
     cudalloc_free(p, n, 0, std::ptr::null_mut());
     assert_eq!(cudalloc_release_host_buffers(0), 0);

@@ -308,3 +308,49 @@ fn a_failed_wait_between_groups_of_copies_leaves_the_rest_mapped_and_loses_nothi
         assert!(incomplete > 0, "{policy:?}: no wait failed between groups");
     }
 }
+
+/// Acquiring calls made so far (the ones a one-shot fault counts).
+fn acquiring(dev: &SimDevice) -> u64 {
+    Call::ALL
+        .iter()
+        .filter(|c| !c.is_release())
+        .map(|&c| dev.calls(c))
+        .sum()
+}
+
+/// A free taken while its tag slept that fails at the wake (the event of the other stream it
+/// was used on cannot be recorded) stays deferred: the wake succeeds, the pointer stays freed
+/// for its caller, and the tag's next free runs it.
+#[test]
+fn a_deferred_free_that_fails_at_the_wake_runs_at_the_tags_next_free() {
+    // A first run counts the acquiring calls of the wake and its deferred free (the last is
+    // that free's event record); the second fails exactly that call.
+    let mut wake_calls = 0;
+    for fail in [false, true] {
+        let dev = device();
+        let alloc = CachingAllocator::new(dev.clone(), Config::for_policy(Policy::TorchExpandable));
+        let (s1, s2) = (StreamId(1), StreamId(2));
+        let a = alloc.allocate_tagged(4 * MIB, s1, "t").unwrap();
+        let b = alloc.allocate_tagged(4 * MIB, s1, "t").unwrap();
+        alloc.record_stream(a.ptr(), s2).unwrap();
+        alloc.sleep(&["t"], &[]).unwrap();
+        let gone = a.ptr();
+        alloc.free(a).unwrap();
+        let before = acquiring(&dev);
+        if fail {
+            dev.fail_call(wake_calls);
+        }
+        alloc.wake(&["t"], s1).unwrap();
+        wake_calls = acquiring(&dev) - before;
+        let held = alloc.tag_stats()[0].allocations;
+        assert_eq!(held, if fail { 2 } else { 1 }, "fail {fail}");
+        assert!(matches!(
+            alloc.free_ptr(gone),
+            Err(AllocError::NotAllocated(_))
+        ));
+        alloc.check_invariants().unwrap();
+        alloc.free(b).unwrap();
+        assert_eq!(alloc.tag_stats()[0].allocations, 0, "fail {fail}");
+        check(&alloc, &dev);
+    }
+}
