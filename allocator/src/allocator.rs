@@ -173,7 +173,7 @@ impl<D: Device> CachingAllocator<D> {
         Ok(Self::new(device, Config::from_env()?))
     }
 
-    fn shard(&self, stream: StreamId) -> MutexGuard<'_, Pool<Arc<D>>> {
+    pub(crate) fn shard(&self, stream: StreamId) -> MutexGuard<'_, Pool<Arc<D>>> {
         self.shards[shard_of(stream)].lock()
     }
 
@@ -361,7 +361,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Returns every block held in thread caches to its pool; returns how many there were.
-    fn flush_thread_caches(&self) -> Result<usize, AllocError> {
+    pub(crate) fn flush_thread_caches(&self) -> Result<usize, AllocError> {
         if self.caches.is_none() {
             return Ok(0);
         }

@@ -140,6 +140,16 @@ pub enum AllocError {
         /// What is wrong.
         why: String,
     },
+    /// [`crate::CachingAllocator::allocate_at`]: the range is not free in this allocator
+    /// (`why` says what holds it), so it cannot be handed out there.
+    NotFree {
+        /// First address asked for.
+        ptr: u64,
+        /// Bytes asked for.
+        size: u64,
+        /// Why not.
+        why: &'static str,
+    },
 }
 
 impl AllocError {
@@ -268,6 +278,11 @@ impl fmt::Display for AllocError {
                 write!(f, "the allocation at {ptr:#x} cannot be shared: {why}")
             }
             AllocError::BadShare { why } => write!(f, "cannot open the shared allocation: {why}"),
+            AllocError::NotFree { ptr, size, why } => write!(
+                f,
+                "cannot hand out {} at {ptr:#x}: {why}",
+                crate::fmt::bytes(*size)
+            ),
         }
     }
 }

@@ -314,7 +314,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// [`AllocError::Asleep`] for `what` while the pool sleeps.
-    fn refuse_asleep(&self, what: &'static str) -> Result<(), AllocError> {
+    pub(crate) fn refuse_asleep(&self, what: &'static str) -> Result<(), AllocError> {
         if self.core.asleep() {
             return Err(AllocError::Asleep { what, tag: None });
         }

@@ -53,6 +53,7 @@ mod live;
 pub mod policy;
 mod pool;
 pub mod record;
+mod restore;
 pub mod share;
 pub mod sizes;
 pub mod snapshot;

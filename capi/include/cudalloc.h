@@ -295,7 +295,11 @@ int cudalloc_capture_end(int device);
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in
  * use, -1 on failure; their addresses (uint64_t, native byte order) are written into buf when
- * they fit in len bytes. cudalloc_device_stats counts the pools' memory with the device's (the
+ * they fit in len bytes. cudalloc_pool_blocks: the same for a checkpoint of the pool, four
+ * uint64_t per allocation (address, block bytes, bytes requested, stream).
+ * cudalloc_pool_allocate_at hands out again one block such a list named, at its address (CUDA
+ * graph trees restore a pool so): the range must lie in one free block of the pool on that
+ * stream; 0, or -1 with nothing handed out. cudalloc_device_stats counts the pools' memory with the device's (the
  * peaks then add up: an upper bound), the pools dropped so far included; cudalloc_stats_json
  * counts the device's own allocator only. */
 int cudalloc_pool_acquire(int device, unsigned long long id0, unsigned long long id1);
@@ -306,6 +310,11 @@ void *cudalloc_pool_malloc(size_t size, int device, cudalloc_stream_t stream,
                            unsigned long long id0, unsigned long long id1);
 long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long long id1,
                              char *buf, size_t len);
+long long cudalloc_pool_blocks(int device, unsigned long long id0, unsigned long long id1,
+                               char *buf, size_t len);
+int cudalloc_pool_allocate_at(int device, unsigned long long id0, unsigned long long id1,
+                              void *ptr, size_t size, size_t requested,
+                              cudalloc_stream_t stream);
 
 /* Tags, sleep and wake. cudalloc_tag_push makes tag the calling thread's tag until the matching
  * cudalloc_tag_pop (tags nest; the innermost applies): that thread's cudalloc_malloc calls

@@ -344,6 +344,41 @@ pub extern "C" fn cudalloc_pool_live<'id>(
     pool_api::live(device, (id0, id1), buf, len)
 }
 
+/// The live allocations of a private pool in use, for a checkpoint of it: four native-endian
+/// `uint64_t`s each (address, block bytes, bytes requested, stream), written into `buf` if they
+/// all fit in `len` bytes (nothing written otherwise). Returns their number, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_blocks<'id>(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    buf: CBuf<'id>,
+    len: CBufLen<'id>,
+) -> i64 {
+    pool_api::blocks(device, (id0, id1), buf, len)
+}
+
+/// Hands out `size` bytes at `ptr` from private pool `(id0, id1)`, in use, for a caller that
+/// asked for `requested` bytes on `stream`: one block of a checkpoint that
+/// [`cudalloc_pool_blocks`] listed, handed out again where it was (CUDA graph trees restoring
+/// a pool). The range must lie in one free block of the pool on that stream. Freed by
+/// [`cudalloc_free`] like any other allocation. 0, or -1 on failure (nothing handed out).
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_pool_allocate_at(
+    device: c_int,
+    id0: u64,
+    id1: u64,
+    ptr: *mut c_void,
+    size: usize,
+    requested: usize,
+    stream: *mut c_void,
+) -> c_int {
+    let range = [ptr as usize as u64, size as u64, requested as u64];
+    pool_api::allocate_at(device, (id0, id1), range, stream)
+}
+
 /// Makes `tag` the calling thread's tag: its [`cudalloc_malloc`] calls allocate in that tag
 /// (which sleeps and wakes as one, [`cudalloc_sleep`]) until the matching [`cudalloc_tag_pop`];
 /// tags nest, the innermost applies. A tag is 1 to 255 bytes of UTF-8 without a comma or a

@@ -96,6 +96,44 @@ pub(crate) fn live<'id>(device_: c_int, id: PoolId, buf: CBuf<'id>, len: CBufLen
     })
 }
 
+pub(crate) fn blocks<'id>(device_: c_int, id: PoolId, buf: CBuf<'id>, len: CBufLen<'id>) -> i64 {
+    guard(-1, || {
+        let dev = device("cudalloc_pool_blocks", device_)?;
+        let blocks = dev
+            .pools
+            .live_blocks(id)
+            .map_err(|e| format!("cudalloc_pool_blocks(device {device_}, {id:?}): {e}"))?;
+        let bytes: Vec<u8> = blocks
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        buf.write_bytes(len, &bytes);
+        Ok(blocks.len() as i64)
+    })
+}
+
+pub(crate) fn allocate_at(
+    device_: c_int,
+    id: PoolId,
+    range: [u64; 3],
+    stream: *mut c_void,
+) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_allocate_at", device_)?;
+        let [ptr, size, requested] = range;
+        dev.pools
+            .allocate_at(id, range, StreamId(stream as usize as u64))
+            .map_err(|e| {
+                format!(
+                    "cudalloc_pool_allocate_at(device {device_}, {id:?}, {ptr:#x}, {size} bytes, \
+                     {requested} requested): {e}"
+                )
+            })?;
+        Ok(OK)
+    })
+}
+
 pub(crate) fn empty_cache(device_: c_int, id: PoolId) -> c_int {
     guard(FAILED, || {
         let dev = device("cudalloc_pool_empty_cache", device_)?;

@@ -208,6 +208,42 @@ impl<D: Device> Pools<D> {
         Err(AllocError::NotAllocated(ptr))
     }
 
+    /// The live blocks of pool `id`: address, block bytes, bytes requested and stream of
+    /// each, for a checkpoint of the pool (CUDA graph trees' `getCheckpointState`).
+    pub fn live_blocks(&self, id: PoolId) -> Result<Vec<[u64; 4]>, String> {
+        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
+        let pool = pool.ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
+        let snap = pool.alloc.snapshot();
+        Ok(snap
+            .segments
+            .iter()
+            .flat_map(|s| s.blocks.iter().map(move |b| (s.stream, b)))
+            .filter(|(_, b)| b.state == BlockState::Allocated)
+            .map(|(stream, b)| [b.addr, b.size, b.requested, stream.0])
+            .collect())
+    }
+
+    /// Hands out `size` bytes at `ptr` from pool `id` (which must be in use) for a caller that
+    /// asked for `requested` on `stream` (`CachingAllocator::allocate_at`): a block of a
+    /// checkpoint handed out again.
+    pub fn allocate_at(
+        &self,
+        id: PoolId,
+        [ptr, size, requested]: [u64; 3],
+        stream: StreamId,
+    ) -> Result<Allocation, String> {
+        let active = self.active.lock();
+        let pool = active
+            .get(&id)
+            .map(|(p, _)| p.clone())
+            .ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
+        let _in_flight = pool.busy.read();
+        drop(active);
+        pool.alloc
+            .allocate_at(ptr, size, requested, stream)
+            .map_err(|e| e.to_string())
+    }
+
     /// The live allocations of pool `id` (addresses), for PyTorch's
     /// `checkPoolLiveAllocations`.
     pub fn live_allocations(&self, id: PoolId) -> Result<Vec<u64>, String> {

@@ -27,6 +27,10 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
 - ``compile_train_eval``: the same on a model trained and evaluated in turns at two batch sizes
   (several paths through one pool, checkpoints restored).
+- ``compile_tree_paths``: CUDA graph trees that branch: after replaying a graph, a different
+  graph is recorded as its child, so the pool is restored to a checkpoint that differs from its
+  state (the outputs of the first recording were freed since); with graph trees' own checks of
+  the pool's live allocations on.
 - ``mem_pool``: ``torch.cuda.MemPool`` with ``use_mem_pool``.
 - ``pool_under_cap``: a ``MemPool``'s memory counts against ``set_per_process_memory_fraction``.
 - ``generate_kv``: greedy generation with a KV cache at batch sizes 1, 4 and 16 (Llama-style).
@@ -388,6 +392,79 @@ def compile_train_eval(quick):
     return {"losses": losses}
 
 
+def _private_pool_live():
+    """Addresses of the allocated blocks of private pools, from ``torch.cuda.memory_snapshot``."""
+    live = set()
+    for seg in torch.cuda.memory_snapshot():
+        if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0):
+            continue
+        addr = seg["address"]
+        for block in seg["blocks"]:
+            if block["state"] == "active_allocated":
+                live.add(addr)
+            addr += block["size"]
+    return live
+
+
+def compile_tree_paths(quick):
+    """CUDA graph trees along two paths from one graph: each step replays (or records) ``head``
+    and then, alternately, ``left`` or ``right`` on its output, so that a new child is recorded
+    after a replay and the pool goes back to a checkpoint it no longer matches. Counts the
+    checkpoint restores and those that changed the pool's live blocks (wrapping PyTorch's
+    ``_cuda_setCheckpointPoolState``), and checks every output against the eager functions, with
+    graph trees' own checks of the pool (``slow_path_cudagraph_asserts``) on."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.triton.slow_path_cudagraph_asserts = True
+    counts = {"restores": 0, "restores_that_changed_the_pool": 0}
+    original = torch._C._cuda_setCheckpointPoolState
+
+    def counted(*args):
+        before = _private_pool_live()
+        original(*args)
+        counts["restores"] += 1
+        counts["restores_that_changed_the_pool"] += int(_private_pool_live() != before)
+
+    torch._C._cuda_setCheckpointPoolState = counted
+    torch.manual_seed(0)
+    dim = 256 if quick else 1024
+    w = [torch.randn(dim, dim, device="cuda") / dim ** 0.5 for _ in range(3)]
+
+    def head(x):
+        return (x @ w[0]).relu() + 1
+
+    def left(a):
+        return (a @ w[1]).sigmoid()
+
+    def right(a):
+        return (a @ w[2]).tanh() * 2
+
+    heads = torch.compile(head, mode="reduce-overhead")
+    branches = {"left": torch.compile(left, mode="reduce-overhead"),
+                "right": torch.compile(right, mode="reduce-overhead")}
+    eager = {"left": left, "right": right}
+    worst, sums = 0.0, []  # the outputs' sums, compared across allocators as losses
+    try:
+        with torch.no_grad():
+            for step in range(12):
+                torch.compiler.cudagraph_mark_step_begin()
+                side = "left" if (step // 2) % 2 == 0 else "right"
+                x = torch.randn(64, dim, device="cuda")
+                out = branches[side](heads(x)).clone()
+                want = eager[side](head(x))
+                worst = max(worst, float((out - want).abs().max()))
+                sums.append(round(float(out.sum()), 2))
+                del out
+        torch.cuda.synchronize()
+    finally:
+        torch._C._cuda_setCheckpointPoolState = original
+    if worst >= 1e-3:
+        raise RuntimeError(f"graph-tree outputs differ from eager: max abs diff {worst:.3g}")
+    if counts["restores_that_changed_the_pool"] == 0:
+        raise RuntimeError(f"no checkpoint restore changed the pool: {counts}")
+    return {**counts, "losses": sums}
+
+
 def mem_pool(quick):
     """``torch.cuda.MemPool`` and ``use_mem_pool``: tensors made in the pool work, the pool counts
     its uses, and memory freed in the pool is reused by the pool."""
@@ -529,6 +606,7 @@ PROGRAMS = {
     "graph_capture": graph_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "compile_train_eval": compile_train_eval,
+    "compile_tree_paths": compile_tree_paths,
     "mem_pool": mem_pool,
     "pool_under_cap": pool_under_cap,
     "generate_kv": generate_kv,

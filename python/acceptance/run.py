@@ -95,17 +95,24 @@ def compare(result, ref):
         return "ref"
     if ref is None or not ref.get("ok"):
         return "no ref"
-    if "losses" in result:
-        a, b = result["losses"], ref.get("losses", [])
-        if len(a) != len(b) or not a:
-            return f"DIFFERENT ({len(a)} results against {len(b)})"
-        if a == b:
-            return "bit-identical"
-        worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
-        return f"{'close' if worst < 1e-3 else 'DIFFERENT'} (max rel diff {worst:.2e})"
     keys = [k for k in ("fitted", "largest_batch", "went_on", "checks", "overwritten",
-                        "max_abs_diff", "uses", "reused_in_pool", "grew_after_warmup_mib") if k in result]
-    return ", ".join(f"{k}={result[k]}" for k in keys) or "-"
+                        "max_abs_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
+                        "restores", "restores_that_changed_the_pool") if k in result]
+    figures = ", ".join(f"{k}={result[k]}" for k in keys)
+    if "losses" not in result:
+        return figures or "-"
+    return ", ".join(v for v in (losses_verdict(result["losses"], ref.get("losses", [])),
+                                 figures) if v)
+
+
+def losses_verdict(a, b):
+    """How a run's losses (or other numeric results) compare with the reference's."""
+    if len(a) != len(b) or not a:
+        return f"DIFFERENT ({len(a)} results against {len(b)})"
+    if a == b:
+        return "bit-identical"
+    worst = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+    return f"{'close' if worst < 1e-3 else 'DIFFERENT'} (max rel diff {worst:.2e})"
 
 
 def step_time(r, ref):
@@ -189,7 +196,7 @@ def parent(args):
 
 # The results a repeat must give again (timings and memory figures may differ).
 RESULT_KEYS = ("losses", "checks", "overwritten", "max_abs_diff", "fitted", "largest_batch",
-               "went_on", "uses", "reused_in_pool")
+               "went_on", "uses", "reused_in_pool", "restores", "restores_that_changed_the_pool")
 
 
 def merge(kept, new):

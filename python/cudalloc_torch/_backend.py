@@ -36,6 +36,8 @@ FUNCTIONS = (
     "cudalloc_pool_use_count",
     "cudalloc_pool_malloc",
     "cudalloc_pool_live",
+    "cudalloc_pool_blocks",
+    "cudalloc_pool_allocate_at",
     "cudalloc_pool_empty_cache",
     "cudalloc_memory_snapshot",
     "cudalloc_capture_begin",
@@ -58,7 +60,7 @@ LOST_ON_FALLBACK = (
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCE = os.path.join(CSRC, "backend.cpp")
 # The headers backend.cpp includes; with it, they make the extension's source.
-HEADERS = ("library.h", "snapshot.h")
+HEADERS = ("library.h", "snapshot.h", "checkpoint.h")
 
 
 class BuildError(RuntimeError):

@@ -43,6 +43,13 @@ class Compare(unittest.TestCase):
         failed = {("p", "torch"): ref, ("p", "c"): {"ok": False, "error": "x"}}
         self.assertFalse(run.passed(failed, ["p"], ["torch", "c"]))
 
+    def test_losses_come_first_then_the_other_results(self):
+        ref = {"ok": True, "losses": [1.0]}
+        got = run.compare({"ok": True, "losses": [1.0], "restores": 3}, ref)
+        self.assertEqual(got, "bit-identical, restores=3")
+        got = run.compare({"ok": True, "losses": [2.0], "restores": 3}, ref)
+        self.assertTrue(got.startswith("DIFFERENT"), got)
+
     def test_a_failed_run_names_its_error(self):
         got = run.compare({"ok": False, "error": "RuntimeError: boom"}, None)
         self.assertEqual(got, "FAILED: RuntimeError: boom")

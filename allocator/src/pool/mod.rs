@@ -25,6 +25,7 @@
 pub(crate) mod block;
 mod capture;
 mod check;
+mod claim;
 pub(crate) mod config;
 mod events;
 mod expand;

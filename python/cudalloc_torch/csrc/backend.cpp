@@ -20,7 +20,8 @@
 //     allocator of the device polls an event, waits or gives memory back.
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
-// translation of the snapshot and history documents; the three make one translation unit.
+// translation of the snapshot and history documents, checkpoint.h the checkpoints of private
+// pools (CUDA graph trees); the four make one translation unit.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -51,6 +52,7 @@
 #include <vector>
 
 #include "library.h"
+#include "checkpoint.h"
 #include "snapshot.h"
 
 namespace cudalloc_torch {
@@ -223,13 +225,6 @@ std::vector<uint64_t> pool_live(c10::DeviceIndex device, const c10::cuda::Mempoo
     live.resize(static_cast<size_t>(n) + 16);  // it may grow before the retry
   }
 }
-
-// A checkpoint of a private pool (getCheckpointState): its live allocations.
-struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
-  c10::DeviceIndex device = 0;
-  c10::cuda::MempoolId_t pool{0, 0};
-  std::vector<uint64_t> live;
-};
 
 void fill(c10::CachingDeviceAllocator::Stat& s, const int64_t*& v) {
   s.current = *v++;
@@ -533,18 +528,11 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     return true;
   }
 
-  // CUDA graph trees (torch.compile(mode="reduce-overhead")) take a checkpoint of a pool after
-  // recording each graph, and restore one when they go back to an earlier point of a path.
-  // A checkpoint here is the pool's live allocations; restoring one is supported when the pool
-  // holds the same live allocations (nothing to change), and refused by name otherwise.
+  // CUDA graph trees (torch.compile(mode="reduce-overhead")): checkpoint.h.
   std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
       c10::DeviceIndex device,
       c10::cuda::MempoolId_t pool) override {
-    auto checkpoint = std::make_shared<PoolCheckpoint>();
-    checkpoint->device = device;
-    checkpoint->pool = pool;
-    checkpoint->live = pool_live(device, pool);
-    return checkpoint;
+    return take_checkpoint(device, pool);
   }
 
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
@@ -554,15 +542,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     if (!checkpoint || checkpoint->device != device) {
       fail(CUDALLOC_HERE, "not a checkpoint of cudalloc's pools on this device");
     }
-    const std::vector<uint64_t> now = pool_live(device, checkpoint->pool);
-    if (now != checkpoint->live) {
-      fail(CUDALLOC_HERE,
-           "cannot restore private pool " + pool_name(checkpoint->pool) + " to a checkpoint of " +
-               std::to_string(checkpoint->live.size()) + " live allocations while it holds " +
-               std::to_string(now.size()) + " others (CUDA graph trees took a path cudalloc "
-               "does not support yet; torch.compile without mode=\"reduce-overhead\" avoids it)");
-    }
-    return {};
+    return restore_checkpoint(*checkpoint);
   }
  private:
   std::mutex history_mutex;
@@ -602,6 +582,8 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_use_count, get("cudalloc_pool_use_count"), "cudalloc_pool_use_count");
   set(lib.pool_malloc, get("cudalloc_pool_malloc"), "cudalloc_pool_malloc");
   set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
+  set(lib.pool_blocks, get("cudalloc_pool_blocks"), "cudalloc_pool_blocks");
+  set(lib.pool_allocate_at, get("cudalloc_pool_allocate_at"), "cudalloc_pool_allocate_at");
   set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");
   set(lib.memory_snapshot, get("cudalloc_memory_snapshot"), "cudalloc_memory_snapshot");
   set(lib.capture_begin, get("cudalloc_capture_begin"), "cudalloc_capture_begin");
