@@ -8,11 +8,12 @@
 #     && cp target/release/cudalloc .gpu/cli/ && strip .gpu/lib/*.so .gpu/cli/cudalloc
 #   python3 -m pip wheel . --no-deps -w .gpu/whl ; cp tools/gpu-accept.sh .gpu/
 #
-# then run `bash .gpu/gpu-accept.sh PROGRAMS MODES` there with `.gpu` carried; the table and the
-# log go to $OUT/acc.
+# then run `bash .gpu/gpu-accept.sh PROGRAMS MODES [run.py options, e.g. --repeat 3 --cpus 2,3]`
+# there with `.gpu` carried; the table and the log go to $OUT/acc.
 cd "$(dirname "$0")/.." || exit 1
 programs=${1:?programs}
 modes=${2:-torch,torch-expandable,cudalloc:default,cudalloc:torch-expandable,cudalloc:torch}
+shift 2 || shift $#
 out=${OUT:-/tmp/gpu-accept}
 mkdir -p "$out"
 start=$(date +%s)
@@ -35,5 +36,5 @@ fi
 export CUDALLOC_CLI=$PWD/.gpu/cli/cudalloc
 left=$(( 570 - ($(date +%s) - start) ))
 timeout "$left" python3 python/acceptance/run.py --lib .gpu/lib/libcudalloc_capi.so --out "$out/acc" \
-  --timeout 150 --programs "$programs" --modes "$modes" 2>&1 | tail -60
+  --timeout 150 --programs "$programs" --modes "$modes" "$@" 2>&1 | tail -60
 echo "elapsed $(( $(date +%s) - start )) s"

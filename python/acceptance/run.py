@@ -32,6 +32,8 @@ MODES = ["torch", "torch-expandable", "cudalloc:default", "cudalloc:torch", "cud
 
 def child(args):
     result = {"program": args.program, "mode": args.mode, "ok": False}
+    if args.cpus:
+        os.sched_setaffinity(0, cpu_list(args.cpus))
     t0 = time.perf_counter()
     try:
         if args.mode.startswith("cudalloc:"):
@@ -61,6 +63,21 @@ def child(args):
     return 0 if result["ok"] else 1
 
 
+def cpu_list(text):
+    """The CPUs of a list like ``2,3`` or ``4-7``; a ValueError names a bad item."""
+    cpus = set()
+    for item in text.split(","):
+        lo, _, hi = item.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"bad CPU list item {item!r} in {text!r}: N or N-M") from None
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU list item {item!r} in {text!r}: N or N-M, N <= M")
+        cpus.update(range(first, last + 1))
+    return cpus
+
+
 def run_child(args, program, mode, log):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--program", program,
            "--mode", mode, "--backend", args.backend]
@@ -68,6 +85,8 @@ def run_child(args, program, mode, log):
         cmd += ["--lib", args.lib]
     if args.quick:
         cmd.append("--quick")
+    if args.cpus:
+        cmd += ["--cpus", args.cpus]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUDALLOC_CONF")}
     if mode == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -246,6 +265,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every program and mode this many times, the modes' order rotated; "
                          "step times are the median over the runs")
+    ap.add_argument("--cpus", default=None,
+                    help="pin every program to these CPUs (e.g. 2,3 or 4-7), so that step times "
+                         "move less from one process to the next")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--program", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -254,6 +276,11 @@ def main():
         return child(args)
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {args.repeat}")
+    if args.cpus:
+        try:
+            cpu_list(args.cpus)
+        except ValueError as e:
+            ap.error(str(e))
     for p in args.programs:
         if p not in PROGRAMS:
             ap.error(f"unknown program {p!r}: one of {', '.join(PROGRAMS)}")

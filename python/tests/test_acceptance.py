@@ -50,6 +50,14 @@ class Compare(unittest.TestCase):
         got = run.compare({"ok": True, "losses": [2.0], "restores": 3}, ref)
         self.assertTrue(got.startswith("DIFFERENT"), got)
 
+    def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
+        self.assertEqual(run.cpu_list("2,3"), {2, 3})
+        self.assertEqual(run.cpu_list("4-6,1"), {1, 4, 5, 6})
+        for bad in ("x", "3-1", "2,", "-1"):
+            with self.assertRaises(ValueError) as e:
+                run.cpu_list(bad)
+            self.assertIn(repr(bad), str(e.exception))
+
     def test_a_failed_run_names_its_error(self):
         got = run.compare({"ok": False, "error": "RuntimeError: boom"}, None)
         self.assertEqual(got, "FAILED: RuntimeError: boom")
