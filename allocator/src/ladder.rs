@@ -4,8 +4,9 @@
 //! (shared by every policy), ask the policy for a cached block ([`Policy::place`]); when there is
 //! none, climb the out-of-memory ladder (PyTorch's garbage collection under a memory limit, then
 //! new memory through [`Policy::grow`], then what [`Policy::release`] gives back, then every
-//! cached block, retrying after each), split what was found when the policy says so
-//! ([`Policy::should_split`]), hand it out and tell the policy ([`Policy::on_alloc`]). A free
+//! cached block, then what [`Policy::release_pinned`] gives back, retrying after each), split
+//! what was found when the policy says so ([`Policy::should_split`]), hand it out and tell the
+//! policy ([`Policy::on_alloc`]). A free
 //! goes back through the core, which tells the policy of the blocks it marked
 //! ([`Policy::on_marked_free`]) and of the ranges it releases
 //! ([`Policy::on_segment_released`]).
@@ -160,7 +161,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// The out-of-memory ladder: new memory, then what the policy releases (oversize cached
-    /// blocks, as PyTorch), then every cached block, then give up with
+    /// blocks, as PyTorch), then every cached block, then what the policy gives back of the
+    /// chunks live blocks keep mapped ([`Policy::release_pinned`]), then give up with
     /// [`AllocError::OutOfMemory`].
     fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
         if self.core.capturing() {
@@ -189,6 +191,12 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.release_cached_blocks()?;
         if let Some(id) = self.alloc_block(req, true)? {
             return Ok(id);
+        }
+        // The last resort: free pages that chunks kept mapped by live blocks hold.
+        if self.policy.release_pinned(&mut self.core, req)? {
+            if let Some(id) = self.alloc_block(req, false)? {
+                return Ok(id);
+            }
         }
         self.core.stats.num_ooms += 1;
         Err(self.core.oom_error(orig, req))

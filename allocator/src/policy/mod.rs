@@ -10,6 +10,7 @@
 //! | [`should_split`](Policy::should_split) | for the block `place` or `grow` returned | only read |
 //! | [`grow`](Policy::grow) | when `place` found nothing and the caller may grow; again after each release rung of the ladder | get device memory (a fixed segment, pages mapped into a range) and return a free block of at least the request, out of the free index; give cached memory back first; `Ok(None)`: out of memory |
 //! | [`release`](Policy::release) | the ladder's second rung, after `grow` ran out of memory | give cached memory back so that a retry may fit; true when it did |
+//! | [`release_pinned`](Policy::release_pinned) | the ladder's last resort, after every cached block went back and a retry still ran out of memory | give back the free pages of chunks live blocks keep mapped ([`Core::repage_pinned`]); true when it did (a last retry follows) |
 //! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; mark the block ([`Core::set_mark`]) |
 //! | [`on_marked_free`](Policy::on_marked_free) | when a marked block returns to its pool, before it merges (the core has cleared the mark) | only read |
 //! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused) | forget what it kept about the range |
@@ -27,7 +28,8 @@
 //! nothing is handed out; [`Core::release_block`] releases only a whole free fixed segment in
 //! the index (otherwise it does nothing and says so). An adaptor that wraps another policy
 //! forwards every hook, the defaulted ones included (`tests/policies/policy_outside.rs`). Rounding, the pools' size classes, the ladder's
-//! garbage collection and its last rung (release everything, retry) are PyTorch's and shared.
+//! garbage collection and its last rung (release everything, retry) are PyTorch's and shared;
+//! the last resort after it (`release_pinned`) is a policy's.
 //!
 //! The three built-in policies are modules that read like their sources: [`torch`] and
 //! `torch_expandable` follow PyTorch's `CUDACachingAllocator`; [`default`] is cudalloc's own
@@ -83,6 +85,18 @@ pub trait Policy {
         req: &Request,
     ) -> Result<bool, DeviceError> {
         torch::release_available_cached_blocks(core, req)
+    }
+
+    /// The ladder's last resort, after every cached block went back and `grow` still ran out
+    /// of memory: give back what chunks kept mapped by live blocks hold free
+    /// ([`Core::repage_pinned`], which waits for the device and moves live bytes); true when
+    /// any was, and `grow` is tried once more. Nothing unless a policy says otherwise.
+    fn release_pinned<D: Device>(
+        &mut self,
+        _core: &mut Core<D>,
+        _req: &Request,
+    ) -> Result<bool, DeviceError> {
+        Ok(false)
     }
 
     /// Block `id` was just handed out.
@@ -221,6 +235,14 @@ impl Policy for Builtin {
         req: &Request,
     ) -> Result<bool, DeviceError> {
         each!(self, p => p.release(core, req))
+    }
+
+    fn release_pinned<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<bool, DeviceError> {
+        each!(self, p => p.release_pinned(core, req))
     }
 
     #[inline]

@@ -291,14 +291,28 @@ impl<D: Device> Core<D> {
         if range.size == 0 {
             return id;
         }
+        debug_assert_eq!(addr, self.blocks[id].addr);
         let pool = self.blocks[id].pool;
+        let id = self.turn_unmapped(id, range.addr, range.size);
+        self.sub_reserved(range.size);
+        self.reserved_shrank(pool, range.size);
+        self.stats.num_device_free += 1;
+        self.stats.calls.unmaps += range.ops;
+        id
+    }
+
+    /// Makes the part `lo..lo + len` of free block `id` (in its free index), whose pages are no
+    /// longer mapped, an unmapped block (merged with unmapped neighbours, in the unmapped index);
+    /// the mapped parts before and after stay free. Blocks only: the caller counts the bytes.
+    /// Returns the unmapped block's id.
+    pub(crate) fn turn_unmapped(&mut self, id: BlockId, lo: u64, len: u64) -> BlockId {
         let removed = self.unindex_free(id);
         debug_assert!(removed);
-        let before = range.addr - addr;
+        let before = lo - self.blocks[id].addr;
         if before > 0 {
             self.split_mapped_front(id, before);
         }
-        let after = self.blocks[id].size - range.size;
+        let after = self.blocks[id].size - len;
         if after > 0 {
             self.split_mapped_back(id, after);
         }
@@ -308,10 +322,6 @@ impl<D: Device> Core<D> {
         let next = self.blocks[id].next;
         self.try_merge(id, next);
         self.index_unmapped(id);
-        self.sub_reserved(range.size);
-        self.reserved_shrank(pool, range.size);
-        self.stats.num_device_free += 1;
-        self.stats.calls.unmaps += range.ops;
         id
     }
 

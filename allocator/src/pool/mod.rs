@@ -33,6 +33,7 @@ pub(crate) mod index;
 mod pinning;
 mod release;
 mod releasing;
+mod repage;
 mod reserved;
 mod shared;
 mod sleep;

@@ -11,6 +11,9 @@
 //! behind an allocation; `id` names the segment for as long as it lives, and no other segment
 //! of the process ever has it.
 //!
+//! A chunk that live blocks keep mapped with free pages beside it can be made again from the
+//! pages they touch, at the same addresses (`repage`, for `pool::repage`).
+//!
 //! Every chunk mapped is announced to the pool's map hooks once it is accessible, and withdrawn
 //! before its unmap ([`crate::hooks`]); a `stuck` chunk is not announced.
 //!
@@ -95,6 +98,17 @@ pub struct Unmapped {
     /// The chunks unmapped, one range from the first.
     pub range: Range,
     /// The failed call that stopped the unmapping early.
+    pub error: Option<DeviceError>,
+}
+
+/// What [`ExpSegment::repage`] did once the chunk was unmapped.
+#[derive(Debug, Default)]
+pub struct Repaged {
+    /// Chunks mapped in its place.
+    pub pages: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The failed call that left a kept page unmapped, if one did.
     pub error: Option<DeviceError>,
 }
 
@@ -199,6 +213,105 @@ impl ExpSegment {
                 Err(failed.error)
             }
         }
+    }
+
+    /// Makes chunk `at` again as one chunk per run of `keep` (address and bytes, page
+    /// boundaries inside it, ascending) and gives the rest of its pages back to the device
+    /// (`pool::repage`). The new chunks are created first: a device without room for them leaves
+    /// the chunk as it was (`Err`, nothing changed), as does an unmap the driver refuses. Then
+    /// the chunk is unmapped and released (a failed release leaves a stray) and each new chunk
+    /// mapped at its address; one that cannot be mapped is tried once more with a physical
+    /// allocation created anew, and when that fails too its addresses stay unmapped and the
+    /// error is in [`Repaged::error`]. Bytes are not copied: the caller copies the live ones out
+    /// before and back after.
+    pub(crate) fn repage<D: Device>(
+        &mut self,
+        m: &Mapper<'_, D>,
+        at: u64,
+        keep: &[(u64, u64)],
+    ) -> Result<Repaged, DeviceError> {
+        self.retry_leaked(m.dev);
+        let old = *self.chunks.get(&at).expect("a mapped chunk");
+        let mut pages = Vec::with_capacity(keep.len());
+        for &(_, len) in keep {
+            match create(m.dev, len, self.shareable) {
+                Ok(h) => pages.push(h),
+                Err(e) => {
+                    self.release_all(m.dev, keep, &pages);
+                    return Err(e);
+                }
+            }
+        }
+        m.hooks.unmapping(at, old.size);
+        if let Err(e) = m.dev.unmap(at, old.size) {
+            m.hooks.mapped(at, old.size);
+            self.release_all(m.dev, keep, &pages);
+            return Err(e);
+        }
+        self.chunks.remove(&at);
+        self.mapped -= old.size;
+        if m.dev.release_page(old.handle).is_err() {
+            self.leaked.push((old.handle, old.size));
+        }
+        let mut done = Repaged::default();
+        for (&(page_at, size), &handle) in keep.iter().zip(&pages) {
+            let attached = attach(m, page_at, size, handle).map(|()| handle);
+            let attached = attached.or_else(|failed| {
+                self.keep_left(page_at, size, failed.left);
+                map_chunk(m, page_at, size, self.shareable)
+            });
+            match attached {
+                Ok(handle) => {
+                    self.chunks.insert(page_at, Chunk { size, handle });
+                    self.mapped += size;
+                    done.pages += 1;
+                    done.bytes += size;
+                }
+                Err(failed) => {
+                    self.keep_left(page_at, size, failed.left);
+                    done.error.get_or_insert(failed.error);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Releases the chunks created for `keep` and never mapped; a failed release leaves a
+    /// stray.
+    fn release_all<D: Device>(&mut self, dev: &D, keep: &[(u64, u64)], pages: &[PageHandle]) {
+        for (&h, &(_, len)) in pages.iter().zip(keep) {
+            if dev.release_page(h).is_err() {
+                self.leaked.push((h, len));
+            }
+        }
+    }
+
+    /// Keeps what a failed map of `size` bytes at `at` left behind, for the next map or unmap.
+    fn keep_left(&mut self, at: u64, size: u64, left: Left) {
+        match left {
+            Left::Nothing => {}
+            Left::Page(handle) => self.leaked.push((handle, size)),
+            Left::Mapped(handle) => self.stuck.push((at, Chunk { size, handle })),
+        }
+    }
+
+    /// The runs of pages inside `lo..hi` (page boundaries) that no chunk covers, ascending, as
+    /// (first address, bytes).
+    pub fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut at = lo;
+        while at < hi {
+            if self.is_mapped(at, self.page) {
+                at += self.page;
+                continue;
+            }
+            match runs.last_mut() {
+                Some((a, n)) if *a + *n == at => *n += self.page,
+                _ => runs.push((at, self.page)),
+            }
+            at += self.page;
+        }
+        runs
     }
 
     /// Unmaps the chunks `done` mapped, after the failure it holds: what could not be unmapped
@@ -359,16 +472,33 @@ fn map_chunk<D: Device>(
     len: u64,
     shareable: bool,
 ) -> Result<PageHandle, ChunkFailed> {
-    let (dev, peers) = (m.dev, m.peers);
-    let created = if shareable {
-        dev.create_shareable_page(len)
-    } else {
-        dev.create_page(len)
-    };
-    let handle = created.map_err(|error| ChunkFailed {
+    let handle = create(m.dev, len, shareable).map_err(|error| ChunkFailed {
         error,
         left: Left::Nothing,
     })?;
+    attach(m, at, len, handle)?;
+    Ok(handle)
+}
+
+/// Creates one physical allocation of `len` bytes, exportable when `shareable`.
+fn create<D: Device>(dev: &D, len: u64, shareable: bool) -> Result<PageHandle, DeviceError> {
+    if shareable {
+        dev.create_shareable_page(len)
+    } else {
+        dev.create_page(len)
+    }
+}
+
+/// Maps physical allocation `handle` of `len` bytes at `at`, makes it accessible and announces
+/// it to the hooks; on failure undoes what it did (the handle released included), and says what
+/// it could not undo.
+fn attach<D: Device>(
+    m: &Mapper<'_, D>,
+    at: u64,
+    len: u64,
+    handle: PageHandle,
+) -> Result<(), ChunkFailed> {
+    let (dev, peers) = (m.dev, m.peers);
     let release = |handle| match dev.release_page(handle) {
         Ok(()) => Left::Nothing,
         Err(_) => Left::Page(handle),
@@ -385,5 +515,5 @@ fn map_chunk<D: Device>(
         return Err(ChunkFailed { error, left });
     }
     m.hooks.mapped(at, len);
-    Ok(handle)
+    Ok(())
 }

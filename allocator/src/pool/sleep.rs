@@ -252,7 +252,7 @@ impl<D: Device> Core<D> {
 
     /// A pinned host buffer of at least `bytes`: the one kept when it is large enough, else a
     /// new one (the one kept freed first).
-    fn host_buffer(&mut self, bytes: u64) -> Result<HostPtr, DeviceError> {
+    pub(super) fn host_buffer(&mut self, bytes: u64) -> Result<HostPtr, DeviceError> {
         match self.host_buffer {
             Some((host, n)) if n >= bytes => Ok(host),
             _ => {

@@ -10,12 +10,13 @@
 //!   reserved bytes), and the device is empty once the pool is dropped;
 //! - each rule of `default` does what it is for: the budget gives back the smallest block that
 //!   covers its excess, a layout plan reserves no more than best fit alone, a split footprint
-//!   uses the block a conversion left;
+//!   uses the block a conversion left; under a memory limit a growth that does not fit makes
+//!   the chunks live blocks keep mapped page by page, keeping every live byte;
 //! - a policy from outside the crate, or an adaptor around one of ours, changes nothing the core
 //!   checks.
 //!
-//! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `async_release.rs`, `plans.rs`,
-//! `split_footprints.rs`, `policy_outside.rs`.
+//! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
+//! `async_release.rs`, `plans.rs`, `split_footprints.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -23,6 +24,7 @@ mod common;
 
 mod async_release;
 mod budget_rules;
+mod capped_repage;
 mod config;
 mod memory_fraction_key;
 mod plans;

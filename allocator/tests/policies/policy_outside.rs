@@ -54,6 +54,14 @@ impl<P: Policy> Policy for Counted<P> {
         self.inner.release(core, req)
     }
 
+    fn release_pinned<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+    ) -> Result<bool, DeviceError> {
+        self.inner.release_pinned(core, req)
+    }
+
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.allocs += 1;
         self.inner.on_alloc(core, id);

@@ -40,6 +40,13 @@
 //! tensor before it, so the last one stays mapped (and unusable by other pools) until that
 //! tensor is freed; a growth whose page ahead or slack does not fit on the device maps only
 //! what it needs (`map_growth`).
+//!
+//! Under a memory limit growth maps the same chunks, and the budget gives back what the limit
+//! needs too. A chunk a live block keeps mapped then holds its free pages: when a growth does
+//! not fit even after every cached chunk went back, the ladder's last resort makes such chunks
+//! again from the pages their live blocks touch and gives their free pages back
+//! (`release_pinned` in the policy's `mod.rs`, `pool::repage`), so a capped pool completes
+//! where single-page chunks would.
 
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
@@ -153,7 +160,7 @@ impl DefaultPolicy {
         let Some(start) = find_budget_block(core, req, page)? else {
             return Ok(None);
         };
-        let window = self.chunk_limit(core, page);
+        let window = self.chunk_limit(page);
         let rules = self.cfg.rules;
         let ahead = if rules.page_ahead {
             page_ahead(core, req, page)
@@ -171,17 +178,14 @@ impl DefaultPolicy {
         })
     }
 
-    /// The largest chunk to map now: `max_chunk_mb`, or single pages once a memory limit is set
-    /// (a capped pool needs every fully free page to be releasable, and its owner asked for
-    /// memory first; without a cap, fewer driver calls matter more).
-    fn chunk_limit<D: Device>(&self, core: &Core<D>, page: u64) -> u64 {
-        if core.limit.is_some() {
-            page
-        } else {
-            // At least a page: a `DefaultConfig` handed to `DefaultPolicy::new` directly is not
-            // validated (a `Config` is).
-            self.cfg.max_chunk.max(page)
-        }
+    /// The largest chunk to map: `max_chunk_mb`, with or without a memory limit. Under a limit
+    /// a chunk that a live block keeps mapped holds its free pages too; when a growth then does
+    /// not fit, the ladder's last resort gives those pages back (`release_pinned`,
+    /// `pool::repage`).
+    fn chunk_limit(&self, page: u64) -> u64 {
+        // At least a page: a `DefaultConfig` handed to `DefaultPolicy::new` directly is not
+        // validated (a `Config` is).
+        self.cfg.max_chunk.max(page)
     }
 
     /// True when free block `id` lies in the footprint the plan places episodes in (left alone

@@ -199,6 +199,19 @@ impl Policy for DefaultPolicy {
         self.budget_allocate(core, req)
     }
 
+    fn release_pinned<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        _req: &Request,
+    ) -> Result<bool, DeviceError> {
+        // Under a memory limit only: growth there maps the same chunks as without one, and
+        // a chunk a live block keeps mapped is what stands between a growth and the limit.
+        if core.limit().is_none() {
+            return Ok(false);
+        }
+        Ok(core.repage_pinned()? > 0)
+    }
+
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.peak_requested = self.peak_requested.max(core.requested_bytes());
         if let Some((k, placed)) = self.pending.take() {
