@@ -21,6 +21,7 @@
 //! | `fragmentation_budget` | 0 <= x <= 1 | `default` policy: cached bytes allowed above the peak live bytes, as a fraction of it |
 //! | `max_chunk_mb` | even integer >= 2 (whole 2 MiB pages) | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob) |
 //! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on; off under a memory cap) |
+//! | `repage_under_cap` | `True`/`False` | `default` policy under a memory cap: when a growth still does not fit at the end of the out-of-memory ladder, make chunks that live blocks keep mapped again from their live pages only, so their free pages go back (waits for the device and moves live bytes through host memory; default: on; turn it off when other threads may launch work on this allocator's memory meanwhile, `pool::repage`) |
 //! | `shareable_segments` | `True`/`False` | create expandable segments' pages exportable as POSIX file descriptors, so that an allocation can be shared with another process (`CachingAllocator::share`; default off; refused with `policy:torch`, and by `CachingAllocator::try_new` on a device that cannot export) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache's small part holds at most (default 2); cached blocks count as allocated, so more is faster but reserves more, and the `default` policy's placement changes (docs/threads.md) |
@@ -37,7 +38,7 @@
 //!
 //! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key; so
 //! is an entry written `key=value` (the error says to write `key:value`), and a key of the
-//! `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`) in
+//! `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`, `repage_under_cap`) in
 //! a string that picks another policy, which would ignore it.
 
 mod parse;
@@ -185,7 +186,12 @@ impl Default for Config {
 
 /// Keys that only the `default` policy reads: a config string that gives one of them and
 /// picks another policy is an error.
-pub const DEFAULT_ONLY_KEYS: [&str; 3] = ["fragmentation_budget", "max_chunk_mb", "layout_plans"];
+pub const DEFAULT_ONLY_KEYS: [&str; 4] = [
+    "fragmentation_budget",
+    "max_chunk_mb",
+    "layout_plans",
+    "repage_under_cap",
+];
 
 impl Config {
     /// The configuration a policy has with no further keys.

@@ -140,6 +140,7 @@ impl Draft {
                 self.default.max_chunk = mb << 20;
             }
             "layout_plans" => self.default.layout_plans = p.boolean(key)?,
+            "repage_under_cap" => self.default.repage_under_cap = p.boolean(key)?,
             "shareable_segments" => self.pool.shareable_segments = p.boolean(key)?,
             "thread_cache" => self.front.thread_cache = Some(p.boolean(key)?),
             "thread_cache_mb" => {

@@ -258,3 +258,17 @@ fn a_failed_call_while_re_making_loses_no_byte() {
         free(&mut pool, live);
     }
 }
+
+#[test]
+fn with_repage_under_cap_off_the_pinned_chunk_stays_and_the_growth_fails() {
+    let (sim, mut pool) = capped_with(Some(24 * MIB), 4 * GIB, ",repage_under_cap:False");
+    let live = pinned_chunk(&sim, &mut pool);
+    match pool.allocate(20 * MIB, S1) {
+        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+        Ok(a) => panic!("20 MiB at {:#x} past the limit without re-paging", a.ptr()),
+    }
+    assert!(holds(&sim, &live, 1));
+    assert_eq!(sim.mapped_bytes(), 20 * MIB, "the chunk stayed as it was");
+    check(&sim, &pool);
+    free(&mut pool, live);
+}

@@ -288,6 +288,13 @@ fn layout_plans_key() {
     let e = Config::parse("layout_plans:sometimes").unwrap_err();
     assert_eq!(e.key, "layout_plans");
     assert!(e.to_string().contains("sometimes"), "{e}");
+    assert!(
+        defaults(&Config::default()).repage_under_cap,
+        "on under `default`"
+    );
+    assert!(!defaults(&Config::parse("repage_under_cap:False").unwrap()).repage_under_cap);
+    let e = Config::parse("policy:torch,repage_under_cap:True").unwrap_err();
+    assert_eq!(e.key, "repage_under_cap");
     // The thread caches' small part takes the small pool's blocks only (1 MiB).
     assert_eq!(Config::default().front().thread_cache_block, 1 << 20);
 }

@@ -62,6 +62,9 @@ pub struct DefaultConfig {
     /// Place a repeated sequence of large allocations by a packing of its last repetition. Key
     /// `layout_plans`.
     pub layout_plans: bool,
+    /// Under a memory cap, make pinned chunks again from their live pages at the end of the
+    /// out-of-memory ladder (`pool::repage`). Key `repage_under_cap`.
+    pub repage_under_cap: bool,
     /// Switches for the policy's other rules, all on unless a measurement turns one off
     /// ([`Rules`]).
     pub rules: Rules,
@@ -73,6 +76,7 @@ impl Default for DefaultConfig {
             fragmentation_budget: DEFAULT_FRAGMENTATION_BUDGET,
             max_chunk: DEFAULT_MAX_CHUNK,
             layout_plans: true,
+            repage_under_cap: true,
             rules: Rules::ALL,
         }
     }
@@ -206,7 +210,7 @@ impl Policy for DefaultPolicy {
     ) -> Result<bool, DeviceError> {
         // Under a memory limit only: growth there maps the same chunks as without one, and
         // a chunk a live block keeps mapped is what stands between a growth and the limit.
-        if core.limit().is_none() {
+        if core.limit().is_none() || !self.cfg.repage_under_cap {
             return Ok(false);
         }
         Ok(core.repage_pinned()? > 0)
