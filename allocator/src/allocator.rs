@@ -110,6 +110,8 @@ impl<D: Device> CachingAllocator<D> {
         let shards = (0..SHARDS)
             .map(|_| {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
+                // The other shards' and thread caches' memory goes back before live bytes move.
+                pool.defer_last_resort = true;
                 pool.share_reserved(reserved.clone());
                 pool.share_group(&group);
                 pool.share_reserved_peak(reserved_peak.clone());
@@ -210,7 +212,20 @@ impl<D: Device> CachingAllocator<D> {
                 // A release that failed leaves its blocks cached (tried again at the next
                 // `empty_cache` or sweep); the request's own outcome is what is returned, an
                 // out-of-memory error when it still does not fit.
-                if !self.release_everything_else(shard_of(stream)) {
+                // Under a limit the other shards' last resorts run too (their pinned chunks
+                // count against the same limit), and the second try has its own, which the
+                // first deferred (`Pool::defer_last_resort`).
+                let own = shard_of(stream);
+                let released = self.release_everything_else(own);
+                let limited = self.memory_limit().is_some();
+                if limited {
+                    for (i, s) in self.shards.iter().enumerate() {
+                        if i != own {
+                            s.lock().last_resort(size, stream);
+                        }
+                    }
+                }
+                if !released && !limited {
                     return Err(e);
                 }
                 self.try_allocate(size, stream, Try::Again)

@@ -52,6 +52,10 @@ impl std::error::Error for FreeError {
 pub struct Pool<D: Device, P: Policy = Builtin> {
     pub(crate) core: Core<D>,
     pub(crate) policy: P,
+    /// The ladder ends before its last resort ([`Policy::release_pinned`]), except in
+    /// [`Pool::allocate_again`]: set by a front that releases other pools' cached memory
+    /// between the two tries, which costs less than moving live bytes.
+    pub(crate) defer_last_resort: bool,
 }
 
 impl<D: Device> Pool<D> {
@@ -86,6 +90,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         Pool {
             core: Core::new(device, cfg),
             policy,
+            defer_last_resort: false,
         }
     }
 
@@ -193,7 +198,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
             return Ok(id);
         }
         // The last resort: free pages that chunks kept mapped by live blocks hold.
-        if self.policy.release_pinned(&mut self.core, req)? {
+        if !self.defer_last_resort && self.policy.release_pinned(&mut self.core, req)? {
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);
             }
@@ -367,6 +372,25 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
     /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
     /// once, not each try).
+    /// The ladder's last resort ([`Policy::release_pinned`]) alone, for a request of `size`
+    /// bytes on `stream` that another pool of the same limit could not fit; true when it gave
+    /// something back. Never during a capture.
+    pub(crate) fn last_resort(&mut self, size: u64, stream: StreamId) -> bool {
+        if self.core.capturing() || self.core.asleep() {
+            return false;
+        }
+        let rounded = self.core.cfg.round_size(size);
+        let req = Request {
+            stream,
+            pool: sizes::PoolKind::for_size(rounded),
+            size: rounded,
+            alloc_size: sizes::segment_size(rounded),
+        };
+        self.policy
+            .release_pinned(&mut self.core, &req)
+            .unwrap_or(false)
+    }
+
     pub(crate) fn allocate_again(
         &mut self,
         size: u64,
@@ -374,7 +398,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
     ) -> Result<Allocation, AllocError> {
         let s = &self.core.stats;
         let counts = (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams);
+        let deferred = std::mem::replace(&mut self.defer_last_resort, false);
         let r = self.allocate(size, stream);
+        self.defer_last_resort = deferred;
         let s = &mut self.core.stats;
         (s.num_ooms, s.num_alloc_retries, s.num_sync_all_streams) = counts;
         if r.is_ok() {

@@ -42,6 +42,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
             });
         }
         // Blocks whose streams' work completed become free first (a poll, no wait).
+        if self.core.deferred_blocks() > 0 {
+            self.core.record_owed(&mut self.policy);
+        }
         self.core.process_events(&mut self.policy)?;
         let (id, pool) = match self.core.take_free_at(ptr, size, stream, PoolKind::Large) {
             Ok(id) => (id, PoolKind::Large),
@@ -57,8 +60,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
             alloc_size: sizes::segment_size(size),
         };
         let split = self.core.blocks[id].size > size;
+        // The policy placed nothing, so it is not told (`on_alloc` would file the block under
+        // whatever its last placement was about to record).
         let id = self.core.alloc_found_block(id, &req, requested, split);
-        self.policy.on_alloc(&mut self.core, id);
         Ok(Allocation(self.core.hand_out(id, requested, stream)))
     }
 }

@@ -37,9 +37,10 @@
 //! Nothing is done during a capture (it waits and frees device memory) or while the pool
 //! sleeps, and the chunks of shareable segments are left alone (a process that imported one
 //! would keep the old physical allocation). The live bytes move while the calling thread waits
-//! in the allocator: work that another thread enqueues meanwhile on memory of this pool would
-//! find its pages unmapped for a moment, as with any allocator that moves memory under live
-//! allocations.
+//! in the allocator: a kernel that another thread launches meanwhile on memory of this pool may
+//! run while its pages are unmapped (a fault) or write bytes that the copy back overwrites, so
+//! a policy uses it only where its owner says one thread launches work at a time (the
+//! `default` policy's `repage_under_cap` key).
 //!
 //! Invariants: those of the core. Afterwards no chunk holds a whole free page of a free block,
 //! but for the chunks left as they were after a failure.
@@ -248,14 +249,26 @@ impl<D: Device> Core<D> {
         Ok((freed, done.error))
     }
 
-    /// Enqueues the copies back into chunk `t`'s kept runs, each tried twice: the bytes are
-    /// lost if it fails.
+    /// Enqueues the copies back into those of chunk `t`'s kept runs that are mapped again,
+    /// each tried twice, all of them whatever fails (a run left unmapped gets none: its bytes
+    /// are lost, and `repage_chunk` returned the error); the first failure is returned.
     fn copy_back(&self, s: Staged, copies: &[Copy], t: &Target) -> Result<(), DeviceError> {
         let dev = &self.device;
-        pieces(copies, t.at, t.at + t.size).try_for_each(|(addr, offset, len)| {
-            let copy = || dev.copy_to_device_async(addr, s.host + offset, len, s.stream);
-            copy().or_else(|_| copy())
-        })
+        let seg = self.segments[t.seg].as_ref().expect("a chunk's segment");
+        let mut first = None;
+        for &(run, len) in t
+            .keep
+            .iter()
+            .filter(|(run, _)| seg.chunks.contains_key(run))
+        {
+            for (addr, offset, n) in pieces(copies, run, run + len) {
+                let copy = || dev.copy_to_device_async(addr, s.host + offset, n, s.stream);
+                if let Err(e) = copy().or_else(|_| copy()) {
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     /// Waits for the copies back, and frees the host buffer when it was made for them.

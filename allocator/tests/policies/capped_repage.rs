@@ -260,15 +260,56 @@ fn a_failed_call_while_re_making_loses_no_byte() {
 }
 
 #[test]
-fn with_repage_under_cap_off_the_pinned_chunk_stays_and_the_growth_fails() {
+fn with_repage_under_cap_off_a_capped_pool_maps_single_pages_and_moves_nothing() {
     let (sim, mut pool) = capped_with(Some(24 * MIB), 4 * GIB, ",repage_under_cap:False");
-    let live = pinned_chunk(&sim, &mut pool);
-    match pool.allocate(20 * MIB, S1) {
-        Err(e) => assert!(e.is_out_of_memory(), "{e}"),
-        Ok(a) => panic!("20 MiB at {:#x} past the limit without re-paging", a.ptr()),
-    }
+    let maps = sim.calls(Call::Map);
+    let big = alloc(&mut pool, 20 * MIB, S0);
+    assert_eq!(sim.calls(Call::Map) - maps, 10, "one page per call");
+    free(&mut pool, big);
+    let live = alloc(&mut pool, 1536 * KIB, S0);
+    fill(&sim, &live, 1);
+    let syncs = pool.stats().num_sync_all_streams;
+    let grown = alloc(&mut pool, 20 * MIB, S1);
     assert!(holds(&sim, &live, 1));
-    assert_eq!(sim.mapped_bytes(), 20 * MIB, "the chunk stayed as it was");
+    assert!(sim.mapped_bytes() <= 24 * MIB);
+    assert!(
+        pool.stats().num_sync_all_streams - syncs <= 1,
+        "at most the last rung's wait, no re-paging"
+    );
     check(&sim, &pool);
+    free(&mut pool, grown);
     free(&mut pool, live);
+}
+
+/// Through `CachingAllocator` (thread caches on, several stream shards): the first try of a
+/// growth past the limit stops before the last resort, the caches and the other shards give
+/// their cached memory back, and the second try re-pages the chunk a live block pins.
+#[test]
+fn a_caching_allocator_re_pages_on_its_second_try() {
+    use cudalloc::CachingAllocator;
+    let sim = Arc::new(SimDevice::new(
+        SimConfig::with_capacity(4 * GIB).host_backing(true),
+    ));
+    let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
+    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    let big = alloc.allocate(20 * MIB, S0).unwrap();
+    let at = big.ptr();
+    alloc.free(big).unwrap();
+    alloc.empty_cache().unwrap();
+    let big = alloc.allocate(20 * MIB, S0).unwrap();
+    assert_eq!(big.ptr(), at);
+    alloc.free(big).unwrap();
+    let live = alloc.allocate(1536 * KIB, S0).unwrap();
+    fill(&sim, &live, 3);
+    alloc.set_memory_limit(Some(sim.mapped_bytes() + 4 * MIB));
+    let grown = alloc.allocate(20 * MIB, S1).unwrap();
+    alloc.check_invariants().unwrap();
+    assert!(
+        holds(&sim, &live, 3),
+        "the live bytes moved with their page"
+    );
+    assert!(alloc.reserved_bytes() <= sim.mapped_bytes());
+    alloc.free(grown).unwrap();
+    alloc.free(live).unwrap();
+    alloc.check_invariants().unwrap();
 }

@@ -14,7 +14,9 @@
 // addresses and sizes (cudalloc_pool_allocate_at hands out a freed block where it was); a block
 // live both now and then, with the same size, request and stream, is left allocated rather
 // than freed and handed out again (the same state, without a free that record_stream could
-// defer); a restore that cannot be done raises, naming the block.
+// defer); a restore that cannot be done raises, naming the block, after freeing the blocks it
+// had handed out (the allocations it freed stay freed: the pool then holds fewer live blocks
+// than either state, and graph trees cannot go on from there).
 
 #pragma once
 
@@ -87,14 +89,21 @@ inline c10::cuda::CUDACachingAllocator::CheckpointDelta restore_checkpoint(
     }
   }
   const c10::Device device(c10::DeviceType::CUDA, checkpoint.device);
+  std::vector<void*> handed_out;  // by this call, freed again if a later block fails
   for (const PoolBlock& b : then) {
     void* p = as_pointer(b[0]);
-    if (!in(now, b) &&
-        lib.pool_allocate_at(checkpoint.device, checkpoint.pool.first, checkpoint.pool.second, p,
-                             static_cast<size_t>(b[1]), static_cast<size_t>(b[2]),
-                             as_pointer(b[3])) != 0) {
-      fail(CUDALLOC_HERE, "cannot restore private pool " + pool_name(checkpoint.pool) +
-                              " to its checkpoint: " + last_error());
+    if (!in(now, b)) {
+      if (lib.pool_allocate_at(checkpoint.device, checkpoint.pool.first, checkpoint.pool.second,
+                               p, static_cast<size_t>(b[1]), static_cast<size_t>(b[2]),
+                               as_pointer(b[3])) != 0) {
+        const std::string why = last_error();
+        for (void* q : handed_out) {
+          free_pointer(q);
+        }
+        fail(CUDALLOC_HERE, "cannot restore private pool " + pool_name(checkpoint.pool) +
+                                " to its checkpoint: " + why);
+      }
+      handed_out.push_back(p);
     }
     delta.dataptrs_allocd.emplace_back(p, p, &free_pointer, device);
   }

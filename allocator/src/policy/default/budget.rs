@@ -160,7 +160,7 @@ impl DefaultPolicy {
         let Some(start) = find_budget_block(core, req, page)? else {
             return Ok(None);
         };
-        let window = self.chunk_limit(page);
+        let window = self.chunk_limit(core, page);
         let rules = self.cfg.rules;
         let ahead = if rules.page_ahead {
             page_ahead(core, req, page)
@@ -181,8 +181,12 @@ impl DefaultPolicy {
     /// The largest chunk to map: `max_chunk_mb`, with or without a memory limit. Under a limit
     /// a chunk that a live block keeps mapped holds its free pages too; when a growth then does
     /// not fit, the ladder's last resort gives those pages back (`release_pinned`,
-    /// `pool::repage`).
-    fn chunk_limit(&self, page: u64) -> u64 {
+    /// `pool::repage`). With that resort turned off (`repage_under_cap:False`), a limited pool
+    /// maps single pages, so that every fully free page can go back without moving bytes.
+    fn chunk_limit<D: Device>(&self, core: &Core<D>, page: u64) -> u64 {
+        if core.limit.is_some() && !self.cfg.repage_under_cap {
+            return page;
+        }
         // At least a page: a `DefaultConfig` handed to `DefaultPolicy::new` directly is not
         // validated (a `Config` is).
         self.cfg.max_chunk.max(page)
