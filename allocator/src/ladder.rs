@@ -146,13 +146,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
                 self.core.poll_releasing();
             }
         }
-        let rounded = self.core.cfg.round_size(size);
-        let req = Request {
-            stream,
-            pool: sizes::PoolKind::for_size(rounded),
-            size: rounded,
-            alloc_size: sizes::segment_size(rounded),
-        };
+        let req = self.request(size, stream);
+        let rounded = req.size;
         let id = match self.policy.place(&mut self.core, &req, may_grow)? {
             Some(id) => id,
             None if may_grow => self.grow(&req, size)?,
@@ -379,16 +374,21 @@ impl<D: Device, P: Policy> Pool<D, P> {
         if self.core.capturing() || self.core.asleep() {
             return false;
         }
+        let req = self.request(size, stream);
+        self.policy
+            .release_pinned(&mut self.core, &req)
+            .unwrap_or(false)
+    }
+
+    /// The request `size` bytes on `stream` make: rounded, in the pool of their rounded size.
+    fn request(&self, size: u64, stream: StreamId) -> Request {
         let rounded = self.core.cfg.round_size(size);
-        let req = Request {
+        Request {
             stream,
             pool: sizes::PoolKind::for_size(rounded),
             size: rounded,
             alloc_size: sizes::segment_size(rounded),
-        };
-        self.policy
-            .release_pinned(&mut self.core, &req)
-            .unwrap_or(false)
+        }
     }
 
     pub(crate) fn allocate_again(
