@@ -43,6 +43,7 @@ use crate::error::AllocError;
 use crate::ladder::Pool;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
+use crate::policy::Policy as _;
 use crate::pool::{Allocation, Handle};
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
@@ -212,12 +213,13 @@ impl<D: Device> CachingAllocator<D> {
                 // A release that failed leaves its blocks cached (tried again at the next
                 // `empty_cache` or sweep); the request's own outcome is what is returned, an
                 // out-of-memory error when it still does not fit.
-                // Under a limit the other shards' last resorts run too (their pinned chunks
-                // count against the same limit), and the second try has its own, which the
-                // first deferred (`Pool::defer_last_resort`).
+                // Under a limit, for a policy with a last resort, the other shards' last
+                // resorts run too (their pinned chunks count against the same limit), and the
+                // second try has its own, which the first deferred (`Pool::defer_last_resort`).
                 let own = shard_of(stream);
                 let released = self.release_everything_else(own);
-                let limited = self.memory_limit().is_some();
+                let limited =
+                    self.memory_limit().is_some() && self.shard(stream).policy().has_last_resort();
                 if limited {
                     for (i, s) in self.shards.iter().enumerate() {
                         if i != own {

@@ -99,6 +99,13 @@ pub trait Policy {
         Ok(false)
     }
 
+    /// True when [`Policy::release_pinned`] may give something back under a memory limit (a
+    /// front then tries a growth past the limit once more after it). False unless a policy
+    /// says otherwise.
+    fn has_last_resort(&self) -> bool {
+        false
+    }
+
     /// Block `id` was just handed out.
     fn on_alloc<D: Device>(&mut self, _core: &mut Core<D>, _id: BlockId) {}
 
@@ -243,6 +250,10 @@ impl Policy for Builtin {
         req: &Request,
     ) -> Result<bool, DeviceError> {
         each!(self, p => p.release_pinned(core, req))
+    }
+
+    fn has_last_resort(&self) -> bool {
+        each!(self, p => p.has_last_resort())
     }
 
     #[inline]

@@ -216,6 +216,10 @@ impl Policy for DefaultPolicy {
         Ok(core.repage_pinned()? > 0)
     }
 
+    fn has_last_resort(&self) -> bool {
+        self.cfg.repage_under_cap
+    }
+
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.peak_requested = self.peak_requested.max(core.requested_bytes());
         if let Some((k, placed)) = self.pending.take() {
