@@ -213,27 +213,38 @@ impl<D: Device> CachingAllocator<D> {
                 // A release that failed leaves its blocks cached (tried again at the next
                 // `empty_cache` or sweep); the request's own outcome is what is returned, an
                 // out-of-memory error when it still does not fit.
-                // Under a limit, for a policy with a last resort, the other shards' last
-                // resorts run too (their pinned chunks count against the same limit), and the
-                // second try has its own, which the first deferred (`Pool::defer_last_resort`).
+                // Under a limit, for a policy with a last resort, every shard's last resort
+                // runs (their pinned chunks count against the same limit), after the thread
+                // caches and the other shards gave their cached memory back; the first try
+                // deferred it (`Pool::defer_last_resort`). A failure there may have lost live
+                // bytes: it is the error returned.
                 let own = shard_of(stream);
-                let released = self.release_everything_else(own);
-                let limited =
-                    self.memory_limit().is_some() && self.shard(stream).policy().has_last_resort();
-                if limited {
-                    for (i, s) in self.shards.iter().enumerate() {
-                        if i != own {
-                            s.lock().last_resort(size, stream);
+                let mut released = self.release_everything_else(own);
+                if matches!(e, AllocError::OutOfMemory { .. }) && self.has_last_resort() {
+                    let mut failed = None;
+                    for s in self.shards.iter() {
+                        match s.lock().last_resort(size, stream) {
+                            Ok(gave) => released |= gave,
+                            Err(x) => failed = failed.or(Some(x)),
                         }
                     }
+                    if let Some(x) = failed {
+                        return Err(x);
+                    }
                 }
-                if !released && !limited {
+                if !released {
                     return Err(e);
                 }
                 self.try_allocate(size, stream, Try::Again)
             }
             other => other,
         }
+    }
+
+    /// True when this allocator has a memory limit and its policy a last resort under it
+    /// ([`crate::policy::Policy::has_last_resort`]).
+    fn has_last_resort(&self) -> bool {
+        self.memory_limit().is_some() && self.shards[0].lock().policy().has_last_resort()
     }
 
     /// A thread-cache miss for `size` bytes: the blocks of exited threads' caches and, for a

@@ -362,22 +362,16 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.count_sync_all_streams();
     }
 
-    /// Tries again a request that ran out of memory here, after the caller released memory
-    /// held elsewhere (the other stream shards of one allocator): part of the same allocation,
-    /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
-    /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
-    /// once, not each try).
     /// The ladder's last resort ([`Policy::release_pinned`]) alone, for a request of `size`
-    /// bytes on `stream` that another pool of the same limit could not fit; true when it gave
-    /// something back. Never during a capture.
-    pub(crate) fn last_resort(&mut self, size: u64, stream: StreamId) -> bool {
+    /// bytes on `stream` that a pool of the same limit could not fit; true when it gave
+    /// something back. Never during a capture or asleep. An error is a driver failure that
+    /// may have lost live bytes (`pool::repage`).
+    pub(crate) fn last_resort(&mut self, size: u64, stream: StreamId) -> Result<bool, AllocError> {
         if self.core.capturing() || self.core.asleep() {
-            return false;
+            return Ok(false);
         }
         let req = self.request(size, stream);
-        self.policy
-            .release_pinned(&mut self.core, &req)
-            .unwrap_or(false)
+        Ok(self.policy.release_pinned(&mut self.core, &req)?)
     }
 
     /// The request `size` bytes on `stream` make: rounded, in the pool of their rounded size.
@@ -391,6 +385,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
         }
     }
 
+    /// Tries again a request that ran out of memory here, after the caller released memory
+    /// held elsewhere (the other stream shards of one allocator): part of the same allocation,
+    /// so it counts no retry, wait or out-of-memory event of its own, and takes back the first
+    /// try's out-of-memory event when it succeeds (PyTorch counts an allocation that failed
+    /// once, not each try).
     pub(crate) fn allocate_again(
         &mut self,
         size: u64,

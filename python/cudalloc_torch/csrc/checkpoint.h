@@ -88,23 +88,29 @@ inline c10::cuda::CUDACachingAllocator::CheckpointDelta restore_checkpoint(
       free_pointer(as_pointer(b[0]));
     }
   }
-  const c10::Device device(c10::DeviceType::CUDA, checkpoint.device);
   std::vector<void*> handed_out;  // by this call, freed again if a later block fails
   for (const PoolBlock& b : then) {
     void* p = as_pointer(b[0]);
-    if (!in(now, b)) {
-      if (lib.pool_allocate_at(checkpoint.device, checkpoint.pool.first, checkpoint.pool.second,
-                               p, static_cast<size_t>(b[1]), static_cast<size_t>(b[2]),
-                               as_pointer(b[3])) != 0) {
-        const std::string why = last_error();
-        for (void* q : handed_out) {
-          free_pointer(q);
-        }
-        fail(CUDALLOC_HERE, "cannot restore private pool " + pool_name(checkpoint.pool) +
-                                " to its checkpoint: " + why);
-      }
-      handed_out.push_back(p);
+    if (in(now, b)) {
+      continue;
     }
+    if (lib.pool_allocate_at(checkpoint.device, checkpoint.pool.first, checkpoint.pool.second, p,
+                             static_cast<size_t>(b[1]), static_cast<size_t>(b[2]),
+                             as_pointer(b[3])) != 0) {
+      const std::string why = last_error();
+      for (void* q : handed_out) {
+        free_pointer(q);
+      }
+      fail(CUDALLOC_HERE, "cannot restore private pool " + pool_name(checkpoint.pool) +
+                              " to its checkpoint: " + why);
+    }
+    handed_out.push_back(p);
+  }
+  // Only once every block is handed out: a DataPtr frees its block when it is dropped, and
+  // one dropped by a failure above would free a block PyTorch's storages still hold.
+  const c10::Device device(c10::DeviceType::CUDA, checkpoint.device);
+  for (const PoolBlock& b : then) {
+    void* p = as_pointer(b[0]);
     delta.dataptrs_allocd.emplace_back(p, p, &free_pointer, device);
   }
   return delta;
