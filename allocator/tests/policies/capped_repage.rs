@@ -281,17 +281,17 @@ fn with_repage_under_cap_off_a_capped_pool_maps_single_pages_and_moves_nothing()
     free(&mut pool, live);
 }
 
-/// Through `CachingAllocator` (thread caches on, several stream shards): the first try of a
-/// growth past the limit stops before the last resort, the caches and the other shards give
-/// their cached memory back, and the second try re-pages the chunk a live block pins.
-#[test]
-fn a_caching_allocator_re_pages_on_its_second_try() {
-    use cudalloc::CachingAllocator;
+type Caching = cudalloc::CachingAllocator<Sim>;
+
+/// A `CachingAllocator` (thread caches on, several stream shards) whose stream-0 shard holds a
+/// 20 MiB chunk that a live 1.5 MiB block (filled with pattern 3) pins, capped 4 MiB above what
+/// is mapped.
+fn caching_pinned() -> (Sim, Caching, Allocation) {
     let sim = Arc::new(SimDevice::new(
         SimConfig::with_capacity(4 * GIB).host_backing(true),
     ));
     let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
-    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    let alloc = Caching::new(sim.clone(), cfg);
     let big = alloc.allocate(20 * MIB, S0).unwrap();
     let at = big.ptr();
     alloc.free(big).unwrap();
@@ -302,6 +302,15 @@ fn a_caching_allocator_re_pages_on_its_second_try() {
     let live = alloc.allocate(1536 * KIB, S0).unwrap();
     fill(&sim, &live, 3);
     alloc.set_memory_limit(Some(sim.mapped_bytes() + 4 * MIB));
+    (sim, alloc, live)
+}
+
+/// Through `CachingAllocator`: the first try of a growth past the limit stops before the last
+/// resort, the caches and the other shards give their cached memory back, and every shard's
+/// last resort re-pages the chunk a live block of another stream's shard pins.
+#[test]
+fn a_caching_allocator_re_pages_on_its_second_try() {
+    let (sim, alloc, live) = caching_pinned();
     let grown = alloc.allocate(20 * MIB, S1).unwrap();
     alloc.check_invariants().unwrap();
     assert!(
@@ -312,4 +321,28 @@ fn a_caching_allocator_re_pages_on_its_second_try() {
     alloc.free(grown).unwrap();
     alloc.free(live).unwrap();
     alloc.check_invariants().unwrap();
+}
+
+/// The same with each driver call failing in turn: the allocation succeeds or fails with a
+/// device error or out of memory (or of address space), never loses the live bytes, and the
+/// invariants hold.
+#[test]
+fn a_caching_allocator_loses_no_byte_when_a_call_of_its_last_resort_fails() {
+    for k in 1..48 {
+        let (sim, alloc, live) = caching_pinned();
+        sim.fail_call(k);
+        let r = alloc.allocate(20 * MIB, S1);
+        sim.clear_faults();
+        alloc.check_invariants().unwrap();
+        assert!(holds(&sim, &live, 3), "k={k}: bytes lost");
+        match r {
+            Ok(a) => alloc.free(a).unwrap(),
+            Err(e) => assert!(
+                matches!(e, AllocError::Device(_)) || e.is_out_of_memory(),
+                "k={k}: {e:?}"
+            ),
+        }
+        alloc.free(live).unwrap();
+        alloc.check_invariants().unwrap();
+    }
 }
