@@ -211,9 +211,7 @@ impl<D: Device> Pools<D> {
     /// The live blocks of pool `id`: address, block bytes, bytes requested and stream of
     /// each, for a checkpoint of the pool (CUDA graph trees' `getCheckpointState`).
     pub fn live_blocks(&self, id: PoolId) -> Result<Vec<[u64; 4]>, String> {
-        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
-        let pool = pool.ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
-        let snap = pool.alloc.snapshot();
+        let snap = self.in_use(id)?.alloc.snapshot();
         Ok(snap
             .segments
             .iter()
@@ -221,6 +219,12 @@ impl<D: Device> Pools<D> {
             .filter(|(_, b)| b.state == BlockState::Allocated)
             .map(|(stream, b)| [b.addr, b.size, b.requested, stream.0])
             .collect())
+    }
+
+    /// Pool `id`, in use (an error names it otherwise).
+    fn in_use(&self, id: PoolId) -> Result<Shared<D>, String> {
+        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
+        pool.ok_or_else(|| format!("no private pool {id:?} in use on this device"))
     }
 
     /// Hands out `size` bytes at `ptr` from pool `id` (which must be in use) for a caller that
@@ -247,16 +251,7 @@ impl<D: Device> Pools<D> {
     /// The live allocations of pool `id` (addresses), for PyTorch's
     /// `checkPoolLiveAllocations`.
     pub fn live_allocations(&self, id: PoolId) -> Result<Vec<u64>, String> {
-        let pool = self.active.lock().get(&id).map(|(p, _)| p.clone());
-        let pool = pool.ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
-        let snap = pool.alloc.snapshot();
-        Ok(snap
-            .segments
-            .iter()
-            .flat_map(|s| &s.blocks)
-            .filter(|b| b.state == BlockState::Allocated)
-            .map(|b| b.addr)
-            .collect())
+        Ok(self.live_blocks(id)?.iter().map(|b| b[0]).collect())
     }
 
     /// Gives the cached memory of retired pools back to the driver (only pool `only`'s, when

@@ -35,7 +35,6 @@ FUNCTIONS = (
     "cudalloc_pool_release",
     "cudalloc_pool_use_count",
     "cudalloc_pool_malloc",
-    "cudalloc_pool_live",
     "cudalloc_pool_blocks",
     "cudalloc_pool_allocate_at",
     "cudalloc_pool_empty_cache",

@@ -185,18 +185,24 @@ fn during_a_capture_the_pinned_chunk_stays_and_the_growth_fails() {
     free(&mut pool, live);
 }
 
+/// A growth of 20 MiB on stream 1 fails out of memory and the chunk `pinned_chunk` made stays
+/// as it was, its live bytes included.
+fn pinned_chunk_stays(sim: &Sim, pool: &mut Pool<Sim>) {
+    let live = pinned_chunk(sim, pool);
+    let r = pool.allocate(20 * MIB, S1);
+    assert!(matches!(r, Err(AllocError::OutOfMemory { .. })), "{r:?}");
+    assert_eq!(sim.mapped_bytes(), 20 * MIB);
+    assert!(holds(sim, &live, 1));
+    check(sim, pool);
+    free(pool, live);
+}
+
 /// Without a limit the device's own capacity ends the ladder as before: the last resort is the
 /// capped mode's.
 #[test]
 fn without_a_limit_a_full_device_does_not_re_page() {
     let (sim, mut pool) = capped(None, 24 * MIB);
-    let live = pinned_chunk(&sim, &mut pool);
-    let r = pool.allocate(20 * MIB, S1);
-    assert!(matches!(r, Err(AllocError::OutOfMemory { .. })), "{r:?}");
-    assert_eq!(sim.mapped_bytes(), 20 * MIB);
-    assert!(holds(&sim, &live, 1));
-    check(&sim, &pool);
-    free(&mut pool, live);
+    pinned_chunk_stays(&sim, &mut pool);
 }
 
 /// A re-made chunk holds only the pages its live blocks touched: once they are freed it goes
@@ -225,13 +231,7 @@ fn a_re_made_chunk_goes_back_once_its_blocks_are_freed() {
 #[test]
 fn chunks_of_shareable_segments_are_not_re_paged() {
     let (sim, mut pool) = capped_with(Some(24 * MIB), 4 * GIB, ",shareable_segments:True");
-    let live = pinned_chunk(&sim, &mut pool);
-    let r = pool.allocate(20 * MIB, S1);
-    assert!(matches!(r, Err(AllocError::OutOfMemory { .. })), "{r:?}");
-    assert_eq!(sim.mapped_bytes(), 20 * MIB);
-    assert!(holds(&sim, &live, 1));
-    check(&sim, &pool);
-    free(&mut pool, live);
+    pinned_chunk_stays(&sim, &mut pool);
 }
 
 /// One failed driver call anywhere in the allocation that re-makes the chunk: the allocation

@@ -209,21 +209,11 @@ void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
 
 // A private pool's live allocations, sorted.
 std::vector<uint64_t> pool_live(c10::DeviceIndex device, const c10::cuda::MempoolId_t& pool) {
-  std::vector<uint64_t> live(16);
-  while (true) {
-    const int64_t n = lib.pool_live(device, pool.first, pool.second,
-                                    reinterpret_cast<char*>(live.data()),
-                                    live.size() * sizeof(uint64_t));
-    if (n < 0) {
-      fail(CUDALLOC_HERE, "pool_live failed: " + last_error());
-    }
-    if (static_cast<size_t>(n) <= live.size()) {
-      live.resize(static_cast<size_t>(n));
-      std::sort(live.begin(), live.end());
-      return live;
-    }
-    live.resize(static_cast<size_t>(n) + 16);  // it may grow before the retry
+  std::vector<uint64_t> live;
+  for (const PoolBlock& b : pool_blocks(device, pool)) {
+    live.push_back(b[0]);  // pool_blocks sorts by address first
   }
+  return live;
 }
 
 void fill(c10::CachingDeviceAllocator::Stat& s, const int64_t*& v) {
@@ -581,7 +571,6 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_release, get("cudalloc_pool_release"), "cudalloc_pool_release");
   set(lib.pool_use_count, get("cudalloc_pool_use_count"), "cudalloc_pool_use_count");
   set(lib.pool_malloc, get("cudalloc_pool_malloc"), "cudalloc_pool_malloc");
-  set(lib.pool_live, get("cudalloc_pool_live"), "cudalloc_pool_live");
   set(lib.pool_blocks, get("cudalloc_pool_blocks"), "cudalloc_pool_blocks");
   set(lib.pool_allocate_at, get("cudalloc_pool_allocate_at"), "cudalloc_pool_allocate_at");
   set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");

@@ -29,7 +29,6 @@ struct Library {
   int (*pool_release)(int, uint64_t, uint64_t) = nullptr;
   int (*pool_use_count)(int, uint64_t, uint64_t) = nullptr;
   void* (*pool_malloc)(size_t, int, void*, uint64_t, uint64_t) = nullptr;
-  int64_t (*pool_live)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int64_t (*pool_blocks)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int (*pool_allocate_at)(int, uint64_t, uint64_t, void*, size_t, size_t, void*) = nullptr;
   int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
