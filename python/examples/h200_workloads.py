@@ -16,9 +16,15 @@ Workloads: ``vit_train``, ``gpt2_generate``, ``fcn_train``; ``roberta_dynamic``,
 ``convnext_train_dynamic``, ``deeplab_infer_dynamic`` (recorded to check the ``default``
 policy's rules on jobs they were not measured on); ``fasterrcnn_infer_dynamic``,
 ``moe_train_dynamic``, ``whisper_generate``, ``lstm_train_varlen``, ``gpt2_checkpoint_train``,
-``kv_serve``, ``unet_infer_dynamic`` (kinds of job none of the others is). When each was
+``kv_serve``, ``unet_infer_dynamic`` (kinds of job none of the others is);
+``moe_top1_capacity_train``, ``moe_top2_capacity_train``, ``moe_fine_grained_train``,
+``moe_infer_dynamic`` (mixture-of-experts routing: expert counts 4 to 64, top-1 to top-6, with
+and without a capacity factor) and ``side_stream_prefetch1``/``2``/``3`` (an input pipeline on
+a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``). When each was
 recorded: ``docs/archive.md``.
 """
+import collections
+import math
 import random
 import sys
 
@@ -344,6 +350,167 @@ def unet_infer_dynamic():
             for _ in range(5):  # a few denoising steps on the same latents
                 x = x - 0.1 * m(x)
     torch.cuda.synchronize()
+
+class _RoutedMoE(torch.nn.Module):
+    """A transformer block whose feed-forward part sends each token to ``top_k`` of ``experts``
+    experts. With ``capacity`` (a capacity factor), each expert takes at most
+    ``ceil(capacity * tokens * top_k / experts)`` tokens into one fixed-size buffer
+    ``[experts, slots, d]`` run as a batched matrix product, and tokens past an expert's slots are
+    dropped (Switch/GShard); without it every routed token is computed expert by expert
+    (dropless), so the sizes change every step. ``shared`` adds an expert every token goes
+    through (DeepSeek-MoE)."""
+
+    def __init__(self, d, heads, experts, top_k, d_ff, capacity=None, shared=False):
+        super().__init__()
+        self.top_k, self.experts, self.capacity = top_k, experts, capacity
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.router = torch.nn.Linear(d, experts)
+        ffn = lambda f: torch.nn.Sequential(torch.nn.Linear(d, f), torch.nn.GELU(), torch.nn.Linear(f, d))
+        self.shared = ffn(4 * d_ff) if shared else None
+        if capacity is None:
+            self.ffns = torch.nn.ModuleList(ffn(d_ff) for _ in range(experts))
+        else:
+            self.w1 = torch.nn.Parameter(torch.randn(experts, d, d_ff) * d ** -0.5)
+            self.w2 = torch.nn.Parameter(torch.randn(experts, d_ff, d) * d_ff ** -0.5)
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        h = self.norm2(x).flatten(0, 1)
+        weights, chosen = torch.topk(self.router(h).softmax(-1), self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        out = self.shared(h).to(h.dtype) if self.shared is not None else torch.zeros_like(h)
+        if self.capacity is None:
+            for e, ffn in enumerate(self.ffns):
+                rows, slot = torch.where(chosen == e)
+                if rows.numel():
+                    out = out.index_add(0, rows, (ffn(h[rows]) * weights[rows, slot, None]).to(out.dtype))
+        else:
+            out = out + self._dispatch(h, chosen.flatten(), weights.flatten())
+        return x + out.view_as(x)
+
+    def _dispatch(self, h, expert, weight):
+        """The capacity path: place, compute all experts at once, combine."""
+        tokens = h.shape[0]
+        slots = math.ceil(self.capacity * tokens * self.top_k / self.experts)
+        onehot = torch.nn.functional.one_hot(expert, self.experts)
+        slot = (onehot.cumsum(0) - 1).gather(1, expert[:, None]).squeeze(1)
+        keep = slot < slots
+        token = torch.arange(tokens, device=h.device).repeat_interleave(self.top_k)[keep]
+        expert, slot = expert[keep], slot[keep]
+        buf = h.new_zeros(self.experts, slots, h.shape[1])
+        buf[expert, slot] = h[token]
+        y = torch.bmm(torch.nn.functional.gelu(torch.bmm(buf, self.w1)), self.w2)
+        return torch.zeros_like(h).index_add(0, token, (y[expert, slot] * weight[keep, None]).to(h.dtype))
+
+def _train_moe(seed, d, heads, blocks, moe, steps, batch, length, vocab=32000):
+    """AdamW steps under bf16 autocast of a language model of ``_RoutedMoE`` blocks built with
+    the keyword arguments ``moe``; batch and length drawn per step."""
+    torch.manual_seed(seed); random.seed(seed)
+    emb, head = torch.nn.Embedding(vocab, d).cuda(), torch.nn.Linear(d, vocab).cuda()
+    layers = torch.nn.ModuleList(_RoutedMoE(d, heads, **moe) for _ in range(blocks)).cuda()
+    opt = torch.optim.AdamW([*emb.parameters(), *head.parameters(), *layers.parameters()], lr=1e-4)
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (random.randint(*batch), random.randint(*length)), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            x = emb(ids)
+            for blk in layers:
+                x = blk(x)
+            loss = torch.nn.functional.cross_entropy(head(x).flatten(0, 1), ids.flatten())
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def moe_top1_capacity_train():
+    """Switch-style: 4 experts, top-1, capacity factor 1.25 (tokens past it dropped)."""
+    _train_moe(21, 1024, 16, 4, dict(experts=4, top_k=1, d_ff=4096, capacity=1.25), 12, (4, 24), (128, 1024))
+
+def moe_top2_capacity_train():
+    """GShard-style: 16 experts, top-2, capacity factor 2.0."""
+    _train_moe(22, 640, 10, 6, dict(experts=16, top_k=2, d_ff=2560, capacity=2.0), 12, (1, 32), (32, 768))
+
+def moe_fine_grained_train():
+    """DeepSeek-style: 64 small experts, top-6, dropless, plus a shared expert."""
+    _train_moe(23, 512, 8, 4, dict(experts=64, top_k=6, d_ff=352, shared=True), 10, (2, 12), (64, 1536))
+
+def moe_infer_dynamic():
+    """fp16 inference of a dropless 32-expert top-4 model on requests of random batch and length."""
+    torch.manual_seed(24); random.seed(24)
+    d, vocab = 1024, 32000
+    emb = torch.nn.Embedding(vocab, d).cuda().half()
+    layers = torch.nn.ModuleList(_RoutedMoE(d, 16, 32, 4, 1024) for _ in range(8)).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(40):
+            x = emb(torch.randint(0, vocab, (random.randint(1, 48), random.randint(16, 1024)), device="cuda"))
+            for blk in layers:
+                x = blk(x)
+    torch.cuda.synchronize()
+
+def _side_stream_train(depth, model, batches, loss_of):
+    """Training fed by a loader on a side stream with ``depth`` batches in flight: each batch
+    (from ``batches``, tuples of pinned host tensors) is copied to the device on the side stream
+    and, for uint8 images, scaled there; the main stream then waits for it and marks its tensors
+    with ``record_stream`` before the step, as prefetching loaders do."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+
+    def load(host):
+        with torch.cuda.stream(side):
+            dev = [t.to("cuda", non_blocking=True) for t in host]
+            if dev[0].dtype == torch.uint8:
+                dev[0] = dev[0].float().div_(255).sub_(0.5)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        return dev, ready
+
+    def step(dev, ready):
+        main.wait_event(ready)
+        for t in dev:
+            t.record_stream(main)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(model, *dev)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+
+    queue = collections.deque()
+    for host in batches:
+        queue.append(load(host))
+        if len(queue) == depth:
+            step(*queue.popleft())
+    while queue:
+        step(*queue.popleft())
+    torch.cuda.synchronize()
+
+def _pinned_images(count, batch, side):
+    for _ in range(count):
+        b, r = random.randint(*batch), 32 * random.randint(*side)
+        yield (torch.randint(0, 256, (b, 3, r, r), dtype=torch.uint8).pin_memory(),
+               torch.randint(0, 1000, (b,)).pin_memory())
+
+def side_stream_prefetch1():
+    """ResNet-50 on uint8 images of random size, one batch in flight."""
+    import torchvision
+    torch.manual_seed(25); random.seed(25)
+    m = torchvision.models.resnet50(weights=None).cuda()
+    _side_stream_train(1, m, _pinned_images(16, (32, 128), (4, 9)),
+                       lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
+
+def side_stream_prefetch2():
+    """A GPT-2-style model (1024 wide, 8 layers) on token batches of random length, two in flight."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(26); random.seed(26)
+    m = GPT2LMHeadModel(GPT2Config(n_layer=8, n_embd=1024, n_head=16)).cuda()
+    ids = ((torch.randint(0, 50000, (random.randint(2, 12), random.randint(64, 1024))).pin_memory(),)
+           for _ in range(16))
+    _side_stream_train(2, m, ids, lambda m, x: m(input_ids=x, labels=x).loss)
+
+def side_stream_prefetch3():
+    """EfficientNet-B0 on uint8 images of random size, three batches in flight."""
+    import torchvision
+    torch.manual_seed(27); random.seed(27)
+    m = torchvision.models.efficientnet_b0(weights=None).cuda()
+    _side_stream_train(3, m, _pinned_images(20, (16, 160), (4, 10)),
+                       lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
+
 
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
              and fn.__module__ == __name__ and name != "main"}
