@@ -10,9 +10,9 @@
 //! here: a block used by other streams reached its pool only after their events completed
 //! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the
 //! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events
-//! instead, and a policy may wait for the oldest ones to bound how many bytes are on their way
-//! back ([`Core::wait_for_oldest_releasing`]: the `default` policy, beyond its budget's slack); each
-//! wait counts in [`crate::stats::Stats::device_waits`]. A policy about to map pages for a
+//! instead; each wait counts in [`crate::stats::Stats::device_waits`]. Nothing else waits: a
+//! policy that must bound the bytes on their way back gives back no more while too many are
+//! (the `default` policy's budget). A policy about to map pages for a
 //! request may first take back a releasing block of the request's own stream
 //! ([`Core::reclaim_releasing`]): stream order puts the queued work before the new use, so
 //! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks started
@@ -157,29 +157,6 @@ impl<D: Device> Core<D> {
         }
     }
 
-    /// Waits for the oldest releasing blocks, one after another, and unmaps them, until `bytes`
-    /// are unmapped or none is left; returns the bytes unmapped. Each wait counts in
-    /// `device_waits`. For a policy that must bound the pages on their way back while the
-    /// device runs behind. Waits for nothing during a capture (`capture`), which forbids it.
-    pub fn wait_for_oldest_releasing(&mut self, bytes: u64) -> Result<u64, DeviceError> {
-        if self.capturing() {
-            return Ok(0);
-        }
-        let before = self.reserved;
-        while self.before_minus(before) < bytes && !self.releasing.is_empty() {
-            let (ev, id) = self.releasing.remove(0);
-            self.stats.device_waits += 1;
-            if let Err(e) = self.device.synchronize_event(ev) {
-                self.record_again(ev, id, &e);
-                self.releasing.insert(0, (ev, id));
-                return Err(e);
-            }
-            // A failed unmap leaves the pages free again (`finish_one`); the wait is over.
-            let _ = self.finish_one(ev, id);
-        }
-        Ok(self.before_minus(before))
-    }
-
     /// Records the event of releasing block `id` again after a query or wait of it failed with
     /// `error` (it may have been recorded into a capture the pool was not told of), unless the
     /// failure came from a capture refusing the call (the event is fine then) or the block's
@@ -190,11 +167,6 @@ impl<D: Device> Core<D> {
         !error.is_capture_unsupported()
             && matches!(self.device.is_capturing(stream), Ok(false))
             && self.device.record_event(ev, stream).is_ok()
-    }
-
-    /// Bytes unmapped since the pool held `before` reserved bytes.
-    fn before_minus(&self, before: u64) -> u64 {
-        before.saturating_sub(self.reserved)
     }
 
     /// Waits for the events of every releasing block and unmaps them: for the synchronizing

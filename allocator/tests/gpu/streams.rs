@@ -1,6 +1,6 @@
 //! Stream-ordered reuse on a real GPU (needs a CUDA GPU; ignored elsewhere).
 //!
-//! A block used on a second stream by work that runs for 50 ms (a host function that sleeps,
+//! A block used on a second stream by work that runs for 500 ms (a host function that sleeps,
 //! enqueued before the use) and then freed must not be handed to a new allocation of the same
 //! size on the first stream before that work ends; it comes back once it has. Data written on
 //! one stream reads back intact from another after the streams are ordered.
@@ -11,6 +11,9 @@ use cudalloc_sys::{CudaDevice, Device};
 use std::time::{Duration, Instant};
 
 const SIZE: u64 = 1 << 20;
+/// How long stream 2's work runs: long enough that the allocations after it are certainly
+/// made before it ends, even while other tests load the GPU (50 ms was not).
+const SLEEP_MS: u32 = 500;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -22,7 +25,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
         let a = alloc.allocate(SIZE, s1).unwrap();
         let start = Instant::now();
         alloc.with_device(|d| {
-            d.sleep_on_stream(s2, 50).unwrap();
+            d.sleep_on_stream(s2, SLEEP_MS).unwrap();
             d.memset_async(a.ptr(), 0xAB, SIZE, s2).unwrap();
         });
         alloc.record_stream(a.ptr(), s2).unwrap();
@@ -31,7 +34,7 @@ fn a_block_used_on_another_stream_waits_for_its_work() {
         let b = alloc.allocate(SIZE, s1).unwrap();
         let early = start.elapsed();
         assert!(
-            early < Duration::from_millis(50),
+            early < Duration::from_millis(SLEEP_MS.into()),
             "{policy:?}: the test itself was too slow ({early:?})"
         );
         assert_ne!(

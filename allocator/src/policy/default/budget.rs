@@ -68,8 +68,8 @@ pub const LARGE_RANGES_PER_DEVICE: u64 = 8;
 pub const SMALL_RANGES_PER_DEVICE: u64 = 64;
 
 /// The plan's footprint keeps its cached pages until the pool passes this many fragmentation
-/// budgets above its base, and pages on their way back are waited for beyond the slack
-/// between it and one budget: a higher value keeps more idle pages mapped for the next episode
+/// budgets above its base, and while more pages than the slack between it and one budget are
+/// on their way back, no more are given back for the budget: a higher value keeps more idle pages mapped for the next episode
 /// (fewer calls, more memory), a lower one gives them back sooner. Measured (`rule_table`'s
 /// all-on row, tuning / held out): 1.5 gives 1.0204 / 1.0430 in memory and 305.8 / 265.8
 /// calls, 2 gives 1.0224 / 1.0414 and 272.9 / 260.6, 3 gives 1.0224 / 1.0469 and 272.9 /
@@ -117,30 +117,32 @@ impl DefaultPolicy {
         };
         let base = self.peak_requested.max(live_after).max(expected);
         let ceiling = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
-        // Pages on their way back to the device (`pool::releasing`) are not counted as kept.
+        // Pages on their way back to the device (`pool::releasing`) are not counted as kept, and
+        // never waited for here. While more of them than the budget's own slack (between one
+        // budget and `FOOTPRINT_BUDGETS`) are on their way (the device runs behind), nothing more
+        // is given back for the budget's sake: the excess stays cached, where the next requests
+        // of its stream find it, until polls see the earlier pages unmapped. A memory limit is
+        // still kept (its excess goes back; the ladder waits when a growth does not fit).
         let going = core.releasing_bytes();
-        let mut excess = (core.reserved - going + need).saturating_sub(ceiling);
+        let hard = ((1.0 + FOOTPRINT_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
+        let piled = going > hard - ceiling;
+        let mut excess = if piled {
+            0
+        } else {
+            (core.reserved - going + need).saturating_sub(ceiling)
+        };
         if let Some(l) = core.limit {
             excess = excess.max((core.total_reserved() - going + need).saturating_sub(l));
         }
-        let hard = ((1.0 + FOOTPRINT_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
         let gives_back = self.cfg.rules.give_back || core.limit.is_some();
         if excess > 0 && gives_back {
             self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
             let over = (core.reserved - core.releasing_bytes() + need).saturating_sub(hard);
-            if over > 0 && self.kept().is_some() {
+            if over > 0 && !piled && self.kept().is_some() {
                 self.release_free_chunks(core, over, true, keep)?;
             }
-        }
-        // Pages on their way back are not waited for, but they may not pile up while the device
-        // runs behind: beyond the budget's own slack, the oldest are waited for (a wait for an
-        // event recorded earlier, not for the device: the work queued after it runs on). A
-        // failed wait is no reason to fail the allocation: the pages stay on their way back.
-        let piled = core.releasing_bytes().saturating_sub(hard - ceiling);
-        if piled > 0 {
-            let _ = core.wait_for_oldest_releasing(piled);
         }
         let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
         if let Some(l) = core.limit {
