@@ -14,6 +14,8 @@ pub enum AllocError {
     /// The device (or the memory limit) could not supply the memory, even after every cached
     /// block that could be released was released.
     OutOfMemory {
+        /// The device's ordinal (so that one rank of a multi-GPU job says which GPU ran out).
+        device: usize,
         /// Bytes asked for.
         requested: u64,
         /// The request after rounding.
@@ -30,6 +32,8 @@ pub enum AllocError {
     /// The device's virtual address space ran out before its memory did: no range could be
     /// reserved for an expandable segment (each stream and pool has its own ranges).
     AddressSpace {
+        /// The device's ordinal.
+        device: usize,
         /// Bytes asked for.
         requested: u64,
         /// Virtual ranges this pool holds.
@@ -173,6 +177,7 @@ impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AllocError::OutOfMemory {
+                device,
                 requested,
                 rounded,
                 reserved,
@@ -182,7 +187,7 @@ impl fmt::Display for AllocError {
             } => {
                 write!(
                     f,
-                    "out of memory: tried to allocate {} ({} rounded); {} reserved, {} allocated, {} free on the device",
+                    "out of memory on device {device}: tried to allocate {} ({} rounded); {} reserved, {} allocated, {} free on the device",
                     crate::fmt::bytes(*requested),
                     crate::fmt::bytes(*rounded),
                     crate::fmt::bytes(*reserved),
@@ -195,13 +200,14 @@ impl fmt::Display for AllocError {
                 Ok(())
             }
             AllocError::AddressSpace {
+                device,
                 requested,
                 ranges,
                 range_bytes,
                 device_free,
             } => write!(
                 f,
-                "out of address space: tried to allocate {} with {} free on the device, but no \
+                "out of address space on device {device}: tried to allocate {} with {} free on the device, but no \
                  virtual range could be reserved; this pool holds {ranges} ranges of {} in all \
                  (each stream has its own)",
                 crate::fmt::bytes(*requested),

@@ -186,9 +186,8 @@ pub struct Stats {
     pub num_sync_all_streams: u64,
     /// Times the pool blocked until the device finished work (a device synchronization, or a
     /// wait for one event): on its synchronizing paths (`empty_cache`, the out-of-memory ladder
-    /// when a growth does not fit, dropping the pool), and when more of the `default` policy's
-    /// pages are on their way back than its budget's slack (a wait for the oldest releases'
-    /// events). Not one of PyTorch's keys.
+    /// when a growth does not fit, dropping the pool); never in an allocation or free that
+    /// fits. Not one of PyTorch's keys.
     pub device_waits: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts

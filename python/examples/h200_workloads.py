@@ -356,9 +356,12 @@ class _RoutedMoE(torch.nn.Module):
     experts. With ``capacity`` (a capacity factor), each expert takes at most
     ``ceil(capacity * tokens * top_k / experts)`` tokens into one fixed-size buffer
     ``[experts, slots, d]`` run as a batched matrix product, and tokens past an expert's slots are
-    dropped (Switch/GShard); without it every routed token is computed expert by expert
-    (dropless), so the sizes change every step. ``shared`` adds an expert every token goes
-    through (DeepSeek-MoE)."""
+    dropped (as in Switch/GShard, simplified: slots go in (token, choice) order, not first
+    choices first); without it every routed token is computed expert by expert (dropless), so
+    the sizes change every step. ``shared`` adds an expert every token goes through
+    (DeepSeek-MoE). The chosen gates are renormalised to sum to 1 (with top-1 every gate is 1,
+    so the router learns nothing through them: these jobs are for their allocations, and the
+    traces were recorded so)."""
 
     def __init__(self, d, heads, experts, top_k, d_ff, capacity=None, shared=False):
         super().__init__()
@@ -450,7 +453,8 @@ def _side_stream_train(depth, model, batches, loss_of):
     """Training fed by a loader on a side stream with ``depth`` batches in flight: each batch
     (from ``batches``, tuples of pinned host tensors) is copied to the device on the side stream
     and, for uint8 images, scaled there; the main stream then waits for it and marks its tensors
-    with ``record_stream`` before the step, as prefetching loaders do."""
+    with ``record_stream`` before the step, as prefetching loaders do. With ``depth`` 1 nothing
+    is fetched ahead: each batch is copied on the side stream just before its step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     side, main = torch.cuda.Stream(), torch.cuda.current_stream()
 

@@ -29,6 +29,14 @@ class Compare(unittest.TestCase):
         self.assertTrue(run.compare({"ok": True, "losses": [1.0, 2.5]}, ref).startswith("DIFFERENT"))
         self.assertEqual(run.compare(ref, ref), "ref")
 
+    def test_more_runs_with_another_output_than_the_reference_differ(self):
+        ref = {"ok": True, "losses": [1.0], "differing_runs": 1}
+        same = {"ok": True, "losses": [1.0], "differing_runs": 1}
+        more = {"ok": True, "losses": [1.0], "differing_runs": 2}
+        self.assertEqual(run.compare(same, ref), "bit-identical, differing_runs=1")
+        self.assertTrue(run.compare(more, ref).startswith("DIFFERENT runs"), run.compare(more, ref))
+        self.assertFalse(run.passed({("p", "torch"): ref, ("p", "c"): more}, ["p"], ["torch", "c"]))
+
     def test_results_of_another_length_differ(self):
         ref = {"ok": True, "losses": [1.0, 2.0]}
         self.assertTrue(run.compare({"ok": True, "losses": [1.0]}, ref).startswith("DIFFERENT"))

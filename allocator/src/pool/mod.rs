@@ -398,6 +398,7 @@ impl<D: Device> Core<D> {
         if self.reserve_failed {
             let ranges = self.segments.iter().flatten();
             return AllocError::AddressSpace {
+                device: self.device.ordinal(),
                 requested: orig,
                 ranges: ranges.clone().count() as u64,
                 range_bytes: ranges.map(|s| s.size).sum(),
@@ -405,6 +406,7 @@ impl<D: Device> Core<D> {
             };
         }
         AllocError::OutOfMemory {
+            device: self.device.ordinal(),
             requested: orig,
             rounded: req.size,
             reserved: self.reserved,

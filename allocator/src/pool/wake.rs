@@ -57,6 +57,7 @@ impl<D: Device> Core<D> {
     /// The out-of-memory error of a wake that needed `bytes`.
     fn wake_oom(&self, bytes: u64) -> AllocError {
         AllocError::OutOfMemory {
+            device: self.device.ordinal(),
             requested: bytes,
             rounded: bytes,
             reserved: self.reserved,

@@ -17,9 +17,10 @@ use crate::common::pool;
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::BlockState;
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
-use cudalloc_sys::{Call, StreamId};
+use cudalloc_sys::{Call, SimConfig, SimDevice, StreamId};
 use pool::*;
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use BlockState::Allocated as A;
 
 // ---- oversize rules -----------------------------------------------------------------------------
@@ -175,6 +176,7 @@ fn oom_ladder_releases_cached_blocks_and_retries() {
     check(&sim, &pool);
     match err {
         AllocError::OutOfMemory {
+            device,
             requested,
             rounded,
             reserved,
@@ -182,6 +184,7 @@ fn oom_ladder_releases_cached_blocks_and_retries() {
             device_free,
             limit,
         } => {
+            assert_eq!(device, 0);
             assert_eq!(requested, 20 * MIB);
             assert_eq!(rounded, 20 * MIB);
             assert_eq!(reserved, 30 * MIB);
@@ -206,11 +209,18 @@ fn oom_ladder_releases_cached_blocks_and_retries() {
 
 #[test]
 fn oom_from_the_device_carries_the_figures() {
-    let (sim, mut pool) = pool_with(Config::for_policy(Policy::Torch), 4 * GIB);
+    // Device 3 of a multi-GPU job: the error says which one ran out.
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB).ordinal(3)));
+    let mut pool = Pool::new(sim.clone(), Config::for_policy(Policy::Torch));
     let a = alloc(&mut pool, 3 * GIB, S0);
     let err = pool.allocate(2 * GIB + 1, S0).unwrap_err();
+    assert!(
+        err.to_string().starts_with("out of memory on device 3:"),
+        "{err}"
+    );
     match err {
         AllocError::OutOfMemory {
+            device: 3,
             requested,
             rounded,
             reserved,

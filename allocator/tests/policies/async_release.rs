@@ -229,12 +229,11 @@ fn under_a_cap_the_ladder_waits_for_releasing_pages_before_emptying_the_cache() 
     check(&sim, &pool);
 }
 
-/// While the device never catches up, no allocation waits for it: once more than the budget's
-/// slack is on its way back, nothing more is given back, and each stream's freed working set
-/// stays cached for its next round instead; reserved bytes stay within the streams' working
-/// sets together (with a wait for the oldest pages instead, it stayed near twice the budget).
-/// Once the device catches up, the next growth gives the excess back. With work completing at
-/// once, the same job stays near twice the budget.
+/// While the device never catches up, no allocation waits for it, and reserved bytes stay
+/// within the streams' working sets together: each stream takes back its own pages on their way
+/// back, or finds them cached (the next test checks the rule that keeps them cached). Once the
+/// device catches up, the next growth gives the excess back. With work completing at once, the
+/// same job stays near twice the budget.
 #[test]
 fn while_the_device_runs_behind_nothing_waits_and_the_pages_on_their_way_back_stay_bounded() {
     for behind in [true, false] {
@@ -286,6 +285,63 @@ fn while_the_device_runs_behind_nothing_waits_and_the_pages_on_their_way_back_st
             check(&sim, &pool);
         }
     }
+}
+
+/// The rule itself, where no stream can take its own pages back: once more than the budget's
+/// slack is on its way back, a growth past the budget gives nothing more back (the pool passes
+/// its budget instead of waiting); once the device has caught up, the next growth does.
+#[test]
+fn past_the_slack_nothing_more_is_given_back_until_the_device_catches_up() {
+    // A 10% budget over 136 MiB live: a slack of 13.6 MiB.
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.1");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    // Four free 32 MiB blocks on stream 0, kept apart by live 2 MiB blocks.
+    let mut live = Vec::new();
+    let mut cached = Vec::new();
+    for _ in 0..4 {
+        cached.push(alloc(&mut pool, 32 * MIB, S0));
+        live.push(alloc(&mut pool, 2 * MIB, S0));
+    }
+    for a in cached {
+        free(&mut pool, a);
+    }
+    // Past the budget by about 50 MiB: two of them start going back.
+    live.push(alloc(&mut pool, 64 * MIB, S1));
+    let going = pool.releasing_bytes();
+    assert_eq!(going, 64 * MIB);
+    let events = sim.calls(Call::RecordEvent);
+    // Past it again, on a third stream, while more than the slack is on its way back.
+    live.push(alloc(&mut pool, 64 * MIB, StreamId(7)));
+    check(&sim, &pool);
+    assert_eq!(
+        pool.releasing_bytes(),
+        going,
+        "gave more back while piled up"
+    );
+    assert_eq!(sim.calls(Call::RecordEvent), events);
+    assert_eq!(
+        pool.stats().device_waits,
+        1,
+        "only past_loading's empty_cache waited"
+    );
+    let passed = pool.reserved();
+    assert!(passed > 136 * MIB * 11 / 10 + 64 * MIB, "{passed}");
+    // Caught up: the next growth unmaps what went back and gives the rest of the excess back.
+    sim.set_auto_complete(true);
+    sim.complete_all();
+    live.push(alloc(&mut pool, 2 * MIB, StreamId(8)));
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert!(
+        pool.reserved() < passed - 64 * MIB,
+        "{} reserved",
+        pool.reserved()
+    );
+    for a in live {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
 }
 
 /// Pages on their way back serve a later request of their own stream before anything is mapped

@@ -16,8 +16,9 @@
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation, the peak a layout plan expects)`, giving cached chunks back when it would not
 //! hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
-//! completed, and `reserved` here leaves out the bytes on their way back; beyond the budget's
-//! slack, `fragmentation_budget` times that base, the oldest of those are waited for): the
+//! completed, and `reserved` here leaves out the bytes on their way back; while more than the
+//! budget's slack, `fragmentation_budget` times that base, is on its way back, nothing more is
+//! given back for the budget, so the bound may be passed while the device runs behind): the
 //! smallest free block at least as large as the excess first, then the largest
 //! first (giving back the largest block for a small excess could unmap hundreds of MiB that a
 //! later growth maps again). The last term counts while a plan places an episode (from the

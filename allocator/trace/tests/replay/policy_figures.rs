@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 26] = [
+const FIGURES: [(&str, u64, u64, u64); 33] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_881_097_216, 381),
     ("llama_train_varlen", 14_895_838_060, 15_143_534_592, 773),
@@ -72,6 +72,44 @@ const FIGURES: [(&str, u64, u64, u64); 26] = [
     ("h200/moe_train_dynamic", 7_817_725_916, 7_973_371_904, 770),
     ("h200/unet_infer_dynamic", 270_608_923, 308_281_344, 395),
     ("h200/whisper_generate", 1_459_084_560, 1_516_240_896, 239),
+    // Mixtures of experts and side-stream input pipelines.
+    (
+        "h200/moe_top1_capacity_train",
+        12_566_917_152,
+        12_952_010_752,
+        630,
+    ),
+    (
+        "h200/moe_top2_capacity_train",
+        20_499_211_324,
+        20_791_164_928,
+        913,
+    ),
+    (
+        "h200/moe_fine_grained_train",
+        6_754_206_732,
+        6_840_909_824,
+        1431,
+    ),
+    ("h200/moe_infer_dynamic", 2_354_838_528, 2_432_696_320, 528),
+    (
+        "h200/side_stream_prefetch1",
+        9_234_713_704,
+        9_395_240_960,
+        655,
+    ),
+    (
+        "h200/side_stream_prefetch2",
+        13_568_973_960,
+        13_799_260_160,
+        584,
+    ),
+    (
+        "h200/side_stream_prefetch3",
+        13_267_355_218,
+        13_488_881_664,
+        676,
+    ),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
