@@ -104,6 +104,14 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE.html")]
     pub plot: Option<PathBuf>,
 
+    /// Write every operation that made driver calls, of every trace under every policy or
+    /// configuration, to a CSV file: the trace, the configuration, the operation's index, alloc
+    /// or free, its bytes and stream, the live and reserved bytes after it, and the mallocs,
+    /// frees, maps and unmaps it made. Shows where a policy's calls go (which phase of a trace,
+    /// which request sizes, pages given back and mapped again).
+    #[arg(long, value_name = "FILE.csv")]
+    pub calls: Option<PathBuf>,
+
     /// Print one JSON object per (trace, policy) per line instead of tables (keys: docs/cli.md;
     /// `completed` and `failure` say whether and where a replay stopped).
     #[arg(long)]

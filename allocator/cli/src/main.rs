@@ -11,6 +11,7 @@
 
 mod args;
 mod bundled;
+mod calls;
 mod error;
 mod json;
 mod plot;

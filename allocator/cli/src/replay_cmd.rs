@@ -5,7 +5,7 @@ use crate::args::{ReplayArgs, Variant, GARBAGE_COLLECTION_KEY};
 use crate::error::CliError;
 use crate::progress::{Progress, LONG_OPS};
 use crate::report::{Report, Run};
-use crate::{bundled, json, plot, summary, table};
+use crate::{bundled, calls, json, plot, summary, table};
 use cudalloc::fmt::bytes;
 use cudalloc::{Config, Policy};
 use cudalloc_trace::replay::{
@@ -27,6 +27,7 @@ struct Plan {
     samples: usize,
     cuda: bool,
     breakdown: bool,
+    calls: bool,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -58,6 +59,9 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         args.traces.clone()
     };
     check_distinct_paths(&paths)?;
+    if let Some(path) = &args.calls {
+        calls::check_path(path, &paths)?;
+    }
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     warn_if_empty(&traces);
@@ -67,6 +71,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         samples: if args.plot.is_some() { PLOT_SAMPLES } else { 0 },
         cuda: args.cuda,
         breakdown: args.breakdown,
+        calls: args.calls.is_some(),
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -82,6 +87,9 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     }
     if let Some(path) = &args.plot {
         write_plot(path, &reports)?;
+    }
+    if let Some(path) = &args.calls {
+        calls::write(path, &reports)?;
     }
     Ok(status(&reports))
 }
@@ -338,23 +346,24 @@ fn check_plot_path(path: &std::path::Path) -> Result<(), CliError> {
             )))
         }
     }
+    check_output(path, "the plot")
+}
+
+/// Refuses an output file (`what`: "the plot") whose folder does not exist or that cannot be
+/// opened for writing; opening it changes nothing (a file this made is removed again), so that
+/// an output that cannot be written is refused before the replays, not after them.
+pub(crate) fn check_output(path: &std::path::Path, what: &str) -> Result<(), CliError> {
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
     };
     if !folder.is_dir() {
         return Err(CliError::msg(format!(
-            "cannot write the plot to {}: there is no folder {}",
+            "cannot write {what} to {}: there is no folder {}",
             path.display(),
             folder.display()
         )));
     }
-    check_writable(path)
-}
-
-/// Opens `path` for writing without changing it (removed again when this made it), so that a
-/// plot that cannot be written is refused before the replays, not after them.
-fn check_writable(path: &std::path::Path) -> Result<(), CliError> {
     let existed = path.exists();
     let opened = std::fs::OpenOptions::new()
         .append(true)
@@ -362,7 +371,7 @@ fn check_writable(path: &std::path::Path) -> Result<(), CliError> {
         .open(path);
     if let Err(e) = opened {
         return Err(CliError::msg(format!(
-            "cannot write the plot to {}: {e}",
+            "cannot write {what} to {}: {e}",
             path.display()
         )));
     }
@@ -395,11 +404,12 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         samples: plan.samples,
         cuda: plan.cuda,
         breakdown: plan.breakdown,
+        calls: plan.calls,
     };
     let mut result = replay(t, &v.cfg, &opts);
     if !plan.cuda && result.failure.is_none() {
         // The first replay's time counts only when it did nothing but replay.
-        let plain = plan.samples == 0 && !plan.breakdown;
+        let plain = plan.samples == 0 && !plan.breakdown && !plan.calls;
         let first = plain.then_some(result.ns_per_event);
         result.ns_per_event = median_ns_per_event(t, &v.cfg, plan.capacity, first);
     }

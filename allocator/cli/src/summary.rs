@@ -194,6 +194,7 @@ mod tests {
                 timeline: Vec::new(),
                 peak_excess: None,
                 peak_pinning: None,
+                calls: Vec::new(),
             },
             min_capacity: min_capacity_mib.map(|m| m * MIB),
         }

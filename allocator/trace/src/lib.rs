@@ -22,6 +22,7 @@
 //!   make on a trace.
 
 pub mod bound;
+pub mod call_log;
 pub mod csv;
 mod gzip;
 mod pickle_scan;

@@ -11,6 +11,7 @@
 //! allocated its largest block in use.
 
 use crate::bound::PAGE;
+use crate::call_log::{CallLog, CallStep};
 use crate::{Op, Trace};
 use cudalloc::config::Config;
 use cudalloc::policy::Policy;
@@ -160,6 +161,8 @@ pub struct ReplayResult {
     pub peak_excess: Option<(usize, Excess)>,
     /// What held the pinned bytes at that moment (when asked for).
     pub peak_pinning: Option<PeakPinning>,
+    /// The operations that made driver calls, in order (when asked for: `calls`).
+    pub calls: Vec<CallStep>,
 }
 
 /// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
@@ -196,6 +199,8 @@ pub struct ReplayOptions {
     pub cuda: bool,
     /// Break the reserved bytes down ([`Excess`]) at their peak.
     pub breakdown: bool,
+    /// Keep every operation that made driver calls ([`crate::call_log`]).
+    pub calls: bool,
 }
 
 /// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
@@ -239,6 +244,7 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
             timeline: Vec::new(),
             peak_excess: None,
             peak_pinning: None,
+            calls: Vec::new(),
         },
     }
 }
@@ -298,12 +304,20 @@ fn replay_in<D: Device, P: Policy>(
     });
     let mut failure = None;
     let mut peak = opts.breakdown.then(Peak::default);
+    let mut calls = opts.calls.then(CallLog::default);
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         if let Some(p) = peak.as_mut() {
             p.before(op, &slots);
         }
-        if let Err(error) = step(pool, &mut slots, &streams, op) {
+        if let Some(c) = calls.as_mut() {
+            c.before(op, &slots, &trace.streams, pool);
+        }
+        let stepped = step(pool, &mut slots, &streams, op);
+        if let Some(c) = calls.as_mut() {
+            c.after(i, op, pool);
+        }
+        if let Err(error) = stepped {
             failure = Some(Failure { op: i, error });
             break;
         }
@@ -341,6 +355,7 @@ fn replay_in<D: Device, P: Policy>(
         timeline,
         peak_excess: peak.as_ref().and_then(|p| p.excess),
         peak_pinning: peak.and_then(|p| p.pinning),
+        calls: calls.map_or_else(Vec::new, |c| c.steps),
     }
 }
 

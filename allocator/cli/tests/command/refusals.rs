@@ -1,7 +1,8 @@
 //! What the `cudalloc` command refuses, with exit status 2 and a message saying what was wrong:
 //! an unknown policy, a bad config key, a bad capacity, a missing or malformed trace, a plot
-//! that would overwrite a trace or cannot be written (refused before any replay), conflicting or
-//! impossible options, inputs given twice, and keys a replay would ignore.
+//! or a calls file that would overwrite a trace or cannot be written (refused before any
+//! replay), conflicting or impossible options, inputs given twice, and keys a replay would
+//! ignore.
 
 use super::run::{bert, cudalloc, json_lines, scratch, stderr, stdout};
 
@@ -70,6 +71,40 @@ fn plot_refuses_to_overwrite_a_trace() {
         before,
         "the trace was overwritten"
     );
+}
+
+/// `--calls` writes a CSV: another name, a trace of the replay (it would be overwritten) and a
+/// missing folder are refused before any replay, and the trace stays as it was.
+#[test]
+fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
+    let dir = scratch("calls-guard");
+    let trace = dir.join("t.csv");
+    std::fs::write(
+        &trace,
+        "action,addr,size,stream,time_us\nalloc,4096,512,0,1\n",
+    )
+    .unwrap();
+    let before = std::fs::read(&trace).unwrap();
+    let t = trace.to_str().unwrap();
+    let missing = dir.join("missing").join("c.csv");
+    let cases: [(&str, &str); 3] = [
+        ("calls.txt", "ending in .csv"),
+        (t, "is a trace this replays"),
+        (missing.to_str().unwrap(), "no folder"),
+    ];
+    for (path, says) in cases {
+        let o = cudalloc(&["replay", "--calls", path, t]);
+        assert_eq!(o.status.code(), Some(2), "{path}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{path}: {}", stderr(&o));
+        assert!(stderr(&o).contains(path), "{path}: {}", stderr(&o));
+        assert!(stdout(&o).is_empty(), "{path}: replayed anyway");
+    }
+    assert_eq!(
+        std::fs::read(&trace).unwrap(),
+        before,
+        "the trace was overwritten"
+    );
+    assert!(!missing.exists());
 }
 
 /// Mistakes in the options are refused before anything is replayed, naming what is wrong.

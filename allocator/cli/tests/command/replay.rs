@@ -442,3 +442,73 @@ fn recorded_ooms_are_counted_not_replayed() {
     let o = cudalloc(&["replay", "--json", "--policy", "torch", &bert()]);
     assert_eq!(json_lines(&o)[0]["recorded_ooms"], 0);
 }
+
+/// `--calls FILE.csv` lists every operation that made driver calls: per trace and
+/// configuration, its rows add up to the replay's own counts, and each row is one operation
+/// with the live and reserved bytes after it.
+#[test]
+fn calls_csv_adds_up_to_each_replays_driver_calls() {
+    let path = super::run::scratch("calls").join("calls.csv");
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--policy",
+        "default",
+        "--config",
+        "policy:torch,max_split_size_mb:64",
+        "--calls",
+        path.to_str().unwrap(),
+        &bert(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("written to"), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some("trace,config,op,action,bytes,stream,live_bytes,reserved_bytes,mallocs,frees,maps,unmaps")
+    );
+    let rows: Vec<Vec<String>> = lines.map(split_csv).collect();
+    for run in json_lines(&o) {
+        let label = run["policy"].as_str().unwrap().to_string();
+        let mine: Vec<&Vec<String>> = rows.iter().filter(|r| r[1] == label).collect();
+        assert!(!mine.is_empty(), "no rows for {label}");
+        for (col, key) in [
+            (8, "device_mallocs"),
+            (9, "device_frees"),
+            (10, "device_maps"),
+            (11, "device_unmaps"),
+        ] {
+            let sum: u64 = mine.iter().map(|r| r[col].parse::<u64>().unwrap()).sum();
+            assert_eq!(sum, run[key].as_u64().unwrap(), "{label}: {key}");
+        }
+        let mut last = None;
+        for r in mine {
+            let op: u64 = r[2].parse().unwrap();
+            assert!(
+                last.is_none_or(|l| op > l),
+                "{label}: operations out of order"
+            );
+            last = Some(op);
+            assert!(r[3] == "alloc" || r[3] == "free", "{r:?}");
+            let calls: u64 = r[8..].iter().map(|c| c.parse::<u64>().unwrap()).sum();
+            assert!(calls > 0, "a row without calls: {r:?}");
+            let (live, reserved): (u64, u64) = (r[6].parse().unwrap(), r[7].parse().unwrap());
+            assert!(live <= reserved, "{r:?}");
+        }
+    }
+}
+
+/// Splits one CSV row, a quoted field (a configuration label with commas) kept whole.
+fn split_csv(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}

@@ -1,0 +1,97 @@
+//! `cudalloc replay --calls FILE.csv`: the operations that made driver calls, one CSV row each
+//! (`cudalloc_trace::call_log`), for every trace under every configuration, in the order the
+//! replays ran. Columns: [`HEADER`].
+
+use crate::error::CliError;
+use crate::replay_cmd::check_output;
+use crate::report::Report;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The CSV's columns.
+pub const HEADER: &str =
+    "trace,config,op,action,bytes,stream,live_bytes,reserved_bytes,mallocs,frees,maps,unmaps";
+
+/// Refuses a path that does not end in `.csv`, that names one of the traces to replay (it
+/// would be overwritten), or that cannot be written; before the replays.
+pub fn check_path(path: &Path, traces: &[PathBuf]) -> Result<(), CliError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
+    let name = name.unwrap_or_default();
+    if !name.ends_with(".csv") || name.len() == ".csv".len() {
+        return Err(CliError::msg(format!(
+            "--calls writes a CSV file; give it a file name ending in .csv, not {}",
+            path.display()
+        )));
+    }
+    let same = |t: &PathBuf| match (path.canonicalize(), t.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if let Some(t) = traces.iter().find(|t| same(t)) {
+        return Err(CliError::msg(format!(
+            "--calls {} is a trace this replays ({}): it would be overwritten",
+            path.display(),
+            t.display()
+        )));
+    }
+    check_output(path, "the driver calls")
+}
+
+/// Writes the calls of every replay in `reports` to `path`, and says where on stderr.
+pub fn write(path: &Path, reports: &[Report]) -> Result<(), CliError> {
+    let fail = |e: std::io::Error| {
+        CliError::msg(format!(
+            "cannot write the driver calls to {}: {e}",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::create(path).map_err(fail)?;
+    let mut out = BufWriter::new(file);
+    let rows = rows(&mut out, reports).map_err(fail)?;
+    out.flush().map_err(fail)?;
+    eprintln!(
+        "driver calls of {rows} operations written to {}",
+        path.display()
+    );
+    Ok(())
+}
+
+/// Writes the header and one row per step; returns the rows written.
+fn rows(out: &mut impl Write, reports: &[Report]) -> std::io::Result<usize> {
+    writeln!(out, "{HEADER}")?;
+    let mut n = 0;
+    for r in reports {
+        for run in &r.runs {
+            for s in &run.result.calls {
+                let action = if s.alloc { "alloc" } else { "free" };
+                let c = s.calls;
+                writeln!(
+                    out,
+                    "{},{},{},{action},{},{},{},{},{},{},{},{}",
+                    quoted(&r.name),
+                    quoted(&run.label),
+                    s.op,
+                    s.bytes,
+                    s.stream,
+                    s.live,
+                    s.reserved,
+                    c.mallocs,
+                    c.frees,
+                    c.maps,
+                    c.unmaps
+                )?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// A CSV field: quoted when it holds a comma or a quote (a configuration label does).
+fn quoted(field: &str) -> String {
+    if field.contains([',', '"']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_string()
+    }
+}

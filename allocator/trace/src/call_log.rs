@@ -1,0 +1,93 @@
+//! Where a replay's driver calls go: the operations that made any, each with what it was, the
+//! live and reserved bytes after it and the calls of each kind it made
+//! ([`ReplayOptions::calls`](crate::replay::ReplayOptions::calls)). For finding which phase of a
+//! trace, which request sizes and which frees cost a policy its calls.
+//!
+//! Invariant: the calls of the steps of one replay add up to the replay's own counts
+//! ([`ReplayResult`](crate::replay::ReplayResult)'s `device_*` fields), less what freeing the
+//! allocations a trace leaves live costs after its last operation (not an operation of the
+//! trace).
+
+use crate::Op;
+use cudalloc::policy::Policy;
+use cudalloc::stats::DriverCalls;
+use cudalloc::{Allocation, Pool};
+use cudalloc_sys::Device;
+
+/// One operation of a replay that made at least one driver call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallStep {
+    /// The operation's index in the trace.
+    pub op: usize,
+    /// True for an allocation, false for a free.
+    pub alloc: bool,
+    /// The bytes the allocation asked for, or that the freed allocation had asked for.
+    pub bytes: u64,
+    /// The index of the stream in the trace's stream list.
+    pub stream: u32,
+    /// Live (requested) bytes after the operation.
+    pub live: u64,
+    /// Reserved bytes after the operation.
+    pub reserved: u64,
+    /// The calls the operation made, by kind.
+    pub calls: DriverCalls,
+}
+
+/// The steps of one replay, kept as it runs.
+#[derive(Default)]
+pub(crate) struct CallLog {
+    pub steps: Vec<CallStep>,
+    /// Calls counted before the current operation.
+    before: DriverCalls,
+    /// The current operation's bytes and stream.
+    what: (u64, u32),
+}
+
+impl CallLog {
+    /// Notes what operation `op` is about to do (a free's bytes are gone once it ran).
+    pub fn before<D: Device, P: Policy>(
+        &mut self,
+        op: &Op,
+        slots: &[Option<Allocation>],
+        streams: &[u64],
+        pool: &Pool<D, P>,
+    ) {
+        self.before = pool.stats().calls;
+        self.what = match *op {
+            Op::Alloc { size, stream, .. } => (size, stream),
+            Op::Free { slot } => match &slots[slot as usize] {
+                Some(a) => (a.size(), stream_index(streams, a.stream().0)),
+                None => (0, 0),
+            },
+        };
+    }
+
+    /// Keeps operation `i` when it made calls.
+    pub fn after<D: Device, P: Policy>(&mut self, i: usize, op: &Op, pool: &Pool<D, P>) {
+        let s = pool.stats();
+        let (now, was) = (s.calls, self.before);
+        let calls = DriverCalls {
+            mallocs: now.mallocs - was.mallocs,
+            frees: now.frees - was.frees,
+            maps: now.maps - was.maps,
+            unmaps: now.unmaps - was.unmaps,
+        };
+        if calls.total() == 0 {
+            return;
+        }
+        self.steps.push(CallStep {
+            op: i,
+            alloc: matches!(op, Op::Alloc { .. }),
+            bytes: self.what.0,
+            stream: self.what.1,
+            live: s.requested_bytes.0[0].current as u64,
+            reserved: s.reserved_bytes.0[0].current as u64,
+            calls,
+        });
+    }
+}
+
+/// The index of stream `id` in the trace's list (0 when it is not there).
+fn stream_index(streams: &[u64], id: u64) -> u32 {
+    streams.iter().position(|&s| s == id).unwrap_or(0) as u32
+}
