@@ -1,6 +1,8 @@
 //! `cudalloc replay --calls FILE.csv`: the operations that made driver calls, one CSV row each
 //! (`cudalloc_trace::call_log`), for every trace under every configuration, in the order the
-//! replays ran. Columns: [`HEADER`].
+//! replays ran. Columns: [`HEADER`]. The file is written once every replay is done (not when
+//! the output is cut short: a closed pipe, a plot that could not be written); an existing file
+//! is overwritten only when it is a calls file of an earlier run.
 
 use crate::error::CliError;
 use crate::replay_cmd::check_output;
@@ -34,7 +36,27 @@ pub fn check_path(path: &Path, traces: &[PathBuf]) -> Result<(), CliError> {
             t.display()
         )));
     }
+    // `--calls` takes a value: `--calls run.csv` with the name forgotten would overwrite the
+    // trace `run.csv`. Only a calls file of an earlier run is overwritten.
+    if path.exists() && !is_calls_file(path) {
+        return Err(CliError::msg(format!(
+            "--calls {} exists and is not a calls file of an earlier run (its first line is \
+             not `{HEADER}`): it would be overwritten; give a new name or remove it",
+            path.display()
+        )));
+    }
     check_output(path, "the driver calls")
+}
+
+/// True when the first line of the file at `path` is [`HEADER`].
+fn is_calls_file(path: &Path) -> bool {
+    use std::io::BufRead;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut first = String::new();
+    let read = std::io::BufReader::new(file).read_line(&mut first);
+    read.is_ok() && first.trim_end() == HEADER
 }
 
 /// Writes the calls of every replay in `reports` to `path`, and says where on stderr.
@@ -87,9 +109,10 @@ fn rows(out: &mut impl Write, reports: &[Report]) -> std::io::Result<usize> {
     Ok(n)
 }
 
-/// A CSV field: quoted when it holds a comma or a quote (a configuration label does).
+/// A CSV field: quoted when it holds a comma, a quote or a line break (a configuration label
+/// holds commas; a trace's name comes from its file's).
 fn quoted(field: &str) -> String {
-    if field.contains([',', '"']) {
+    if field.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {
         field.to_string()

@@ -1,12 +1,16 @@
 //! Where a replay's driver calls go: the operations that made any, each with what it was, the
 //! live and reserved bytes after it and the calls of each kind it made
 //! ([`ReplayOptions::calls`](crate::replay::ReplayOptions::calls)). For finding which phase of a
-//! trace, which request sizes and which frees cost a policy its calls.
+//! trace and which request sizes cost a policy its calls. The built-in policies make their
+//! calls in allocations only (a free makes none; pages a growth gives back are unmapped by the
+//! allocation that finds their stream's work done, on the simulated device the same one), so
+//! every row is an allocation today; a policy that calls the driver in a free gets free rows.
+//! A failed allocation's calls (an out-of-memory ladder) are kept too.
 //!
 //! Invariant: the calls of the steps of one replay add up to the replay's own counts
 //! ([`ReplayResult`](crate::replay::ReplayResult)'s `device_*` fields), less what freeing the
 //! allocations a trace leaves live costs after its last operation (not an operation of the
-//! trace).
+//! trace; nothing under the built-in policies).
 
 use crate::Op;
 use cudalloc::policy::Policy;

@@ -73,8 +73,10 @@ fn plot_refuses_to_overwrite_a_trace() {
     );
 }
 
-/// `--calls` writes a CSV: another name, a trace of the replay (it would be overwritten) and a
-/// missing folder are refused before any replay, and the trace stays as it was.
+/// `--calls` writes a CSV: another name, a trace of the replay (it would be overwritten), an
+/// existing file that is not a calls file (a CSV trace taken as the value, the bundled traces
+/// replayed instead) and a missing folder are refused before any replay, and the trace stays as
+/// it was.
 #[test]
 fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
     let dir = scratch("calls-guard");
@@ -87,13 +89,14 @@ fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
     let before = std::fs::read(&trace).unwrap();
     let t = trace.to_str().unwrap();
     let missing = dir.join("missing").join("c.csv");
-    let cases: [(&str, &str); 3] = [
-        ("calls.txt", "ending in .csv"),
-        (t, "is a trace this replays"),
-        (missing.to_str().unwrap(), "no folder"),
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("calls.txt", &[t], "ending in .csv"),
+        (t, &[t], "is a trace this replays"),
+        (t, &[], "is not a calls file"),
+        (missing.to_str().unwrap(), &[t], "no folder"),
     ];
-    for (path, says) in cases {
-        let o = cudalloc(&["replay", "--calls", path, t]);
+    for (path, traces, says) in cases {
+        let o = cudalloc(&[&["replay", "--calls", path][..], traces].concat());
         assert_eq!(o.status.code(), Some(2), "{path}: {}", stderr(&o));
         assert!(stderr(&o).contains(says), "{path}: {}", stderr(&o));
         assert!(stderr(&o).contains(path), "{path}: {}", stderr(&o));

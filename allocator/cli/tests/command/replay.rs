@@ -445,24 +445,50 @@ fn recorded_ooms_are_counted_not_replayed() {
 
 /// `--calls FILE.csv` lists every operation that made driver calls: per trace and
 /// configuration, its rows add up to the replay's own counts, and each row is one operation
-/// with the live and reserved bytes after it.
+/// with the live and reserved bytes after it. Under a cap the replay fails, and no row comes
+/// after the failed allocation (its own calls, the out-of-memory ladder's, count in the sums);
+/// a second run overwrites the calls file of the first.
 #[test]
 fn calls_csv_adds_up_to_each_replays_driver_calls() {
     let path = super::run::scratch("calls").join("calls.csv");
-    let o = cudalloc(&[
-        "replay",
-        "--json",
-        "--policy",
-        "default",
-        "--config",
-        "policy:torch,max_split_size_mb:64",
-        "--calls",
-        path.to_str().unwrap(),
-        &bert(),
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for capped in [false, true] {
+        calls_checked(&path, capped);
+    }
+}
+
+/// Replays `bert_dynamic` under two configurations (under a 300 MiB cap when `capped`) with
+/// `--calls path` and checks the file against the JSON.
+fn calls_checked(path: &std::path::Path, capped: bool) {
+    let cap: &[&str] = if capped {
+        &["--capacity", "300MiB"]
+    } else {
+        &[]
+    };
+    let o = cudalloc(
+        &[
+            &[
+                "replay",
+                "--json",
+                "--policy",
+                "default",
+                "--config",
+                "policy:torch,max_split_size_mb:64",
+                "--calls",
+                path.to_str().unwrap(),
+                &bert(),
+            ][..],
+            cap,
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(if capped { 1 } else { 0 }),
+        "{}",
+        stderr(&o)
+    );
     assert!(stderr(&o).contains("written to"), "{}", stderr(&o));
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
     let mut lines = text.lines();
     assert_eq!(
         lines.next(),
@@ -471,6 +497,8 @@ fn calls_csv_adds_up_to_each_replays_driver_calls() {
     let rows: Vec<Vec<String>> = lines.map(split_csv).collect();
     for run in json_lines(&o) {
         let label = run["policy"].as_str().unwrap().to_string();
+        let failed = run["failure"]["op"].as_u64();
+        assert_eq!(failed.is_some(), capped, "{label}: {}", run["failure"]);
         let mine: Vec<&Vec<String>> = rows.iter().filter(|r| r[1] == label).collect();
         assert!(!mine.is_empty(), "no rows for {label}");
         for (col, key) in [
@@ -490,6 +518,10 @@ fn calls_csv_adds_up_to_each_replays_driver_calls() {
                 "{label}: operations out of order"
             );
             last = Some(op);
+            assert!(
+                failed.is_none_or(|f| op <= f),
+                "{label}: a row after the failure"
+            );
             assert!(r[3] == "alloc" || r[3] == "free", "{r:?}");
             let calls: u64 = r[8..].iter().map(|c| c.parse::<u64>().unwrap()).sum();
             assert!(calls > 0, "a row without calls: {r:?}");
