@@ -142,10 +142,32 @@ pub fn replay_all(t: &Trace, which: u8) {
     let opts = ReplayOptions {
         capacity: Some(CAPACITY / 2),
         samples: 8,
+        calls: true,
         ..ReplayOptions::default()
     };
     let r = replay(t, &cfg, &opts);
     assert!(r.events <= t.ops.len() as u64);
+    // The call log adds up to the replay's calls, one step per operation, none past a failure.
+    let logged = r.calls.iter().fold([0; 4], |s, c| {
+        let k = c.calls;
+        [
+            s[0] + k.mallocs,
+            s[1] + k.frees,
+            s[2] + k.maps,
+            s[3] + k.unmaps,
+        ]
+    });
+    assert_eq!(
+        logged,
+        [
+            r.device_mallocs,
+            r.device_frees,
+            r.device_maps,
+            r.device_unmaps
+        ]
+    );
+    assert!(r.calls.windows(2).all(|w| w[0].op < w[1].op));
+    assert!(r.calls.iter().all(|c| c.op < r.events as usize));
     if let Some(f) = &r.failure {
         assert!(f.op < t.ops.len());
         let huge = matches!(f.error, AllocError::TooLarge { .. });
