@@ -10,9 +10,9 @@
 #   cp tools/gpu-check.sh .gpu/
 #
 # then run `bash .gpu/gpu-check.sh [PROGRAMS|none] [MODES]` there with `.gpu` carried. Results
-# go to $OUT (tests.txt, one file per example run, acc/); a short summary goes to stdout. Pass
-# `none` (or few programs) to stay under a call's limit: the tests and examples take about 5
-# minutes.
+# go to $OUT (logs.tar.gz: tests.txt and one file per example run; acc/); a short summary goes
+# to stdout, the tests' part again at the end. Pass `none` (or few programs) to stay under a
+# call's limit: the tests and examples take about 3 minutes.
 cd "$(dirname "$0")/.." || exit 1
 programs=${1:-side_stream,graph_capture,compile_reduce_overhead,mem_pool,memory_snapshot,generate_kv,train_autocast}
 modes=${2:-torch,cudalloc:default,cudalloc:torch,cudalloc:torch-expandable}
@@ -43,8 +43,15 @@ run collectives 120 "cudalloc|cuMemAlloc|registered|ok|error" $ex/collectives --
 run sleep_wake_py 180 "identical|back|GB/s|error|Error" env CUDALLOC_LIB=.gpu/lib/libcudalloc_capi.so \
   PYTHONPATH=python python3 python/examples/sleep_wake.py --config large
 echo "examples done after $(( $(date +%s) - start )) s"
-[ "$programs" = none ] && exit 0
+# A call brings back few files and the last 12,000 characters of output: the logs go back as
+# one archive, and the tests' summary is said again at the end, where it is not cut off.
+finish() {
+  (cd "$out" && tar czf logs.tar.gz ./*.txt && rm -f ./*.txt)
+  echo "tests again:"; tar xzOf "$out/logs.tar.gz" ./tests.txt | grep -E "test result|FAILED|panicked" | head -30
+  echo "elapsed $(( $(date +%s) - start )) s"
+}
+if [ "$programs" = none ]; then finish; exit 0; fi
 left=$(( 570 - ($(date +%s) - start) ))
 timeout "$left" python3 python/acceptance/run.py --lib .gpu/lib/libcudalloc_capi.so --out "$out/acc" \
   --timeout 120 --programs "$programs" --modes "$modes" 2>&1 | tail -40
-echo "elapsed $(( $(date +%s) - start )) s"
+finish
