@@ -228,23 +228,26 @@ class _MoE(torch.nn.Module):
                 out.index_add_(0, rows, (expert(h[rows]) * weights[rows, slot, None]).to(out.dtype))
         return x + out.view_as(x)
 
-def moe_train_dynamic():
-    torch.manual_seed(14); random.seed(14)
-    d, vocab = 768, 32000
+def _train_moe(seed, d, block, blocks, steps, batch, length, vocab=32000):
+    """AdamW steps under bf16 autocast of a language model of ``blocks`` blocks made by
+    ``block()``, between an embedding and an output layer of width ``d``; batch and length drawn
+    per step."""
+    torch.manual_seed(seed); random.seed(seed)
     emb, head = torch.nn.Embedding(vocab, d).cuda(), torch.nn.Linear(d, vocab).cuda()
-    blocks = torch.nn.ModuleList(_MoE(d, 8) for _ in range(6)).cuda()
-    params = [*emb.parameters(), *head.parameters(), *blocks.parameters()]
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    for _ in range(10):
-        b = random.randint(2, 16); L = random.randint(64, 512)
-        ids = torch.randint(0, vocab, (b, L), device="cuda")
+    layers = torch.nn.ModuleList(block() for _ in range(blocks)).cuda()
+    opt = torch.optim.AdamW([*emb.parameters(), *head.parameters(), *layers.parameters()], lr=1e-4)
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (random.randint(*batch), random.randint(*length)), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             x = emb(ids)
-            for blk in blocks:
+            for blk in layers:
                 x = blk(x)
             loss = torch.nn.functional.cross_entropy(head(x).flatten(0, 1), ids.flatten())
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
+
+def moe_train_dynamic():
+    _train_moe(14, 768, lambda: _MoE(768, 8), 6, 10, (2, 16), (64, 512))
 
 def whisper_generate():
     from transformers import WhisperConfig, WhisperForConditionalGeneration
@@ -407,34 +410,17 @@ class _RoutedMoE(torch.nn.Module):
         y = torch.bmm(torch.nn.functional.gelu(torch.bmm(buf, self.w1)), self.w2)
         return torch.zeros_like(h).index_add(0, token, (y[expert, slot] * weight[keep, None]).to(h.dtype))
 
-def _train_moe(seed, d, heads, blocks, moe, steps, batch, length, vocab=32000):
-    """AdamW steps under bf16 autocast of a language model of ``_RoutedMoE`` blocks built with
-    the keyword arguments ``moe``; batch and length drawn per step."""
-    torch.manual_seed(seed); random.seed(seed)
-    emb, head = torch.nn.Embedding(vocab, d).cuda(), torch.nn.Linear(d, vocab).cuda()
-    layers = torch.nn.ModuleList(_RoutedMoE(d, heads, **moe) for _ in range(blocks)).cuda()
-    opt = torch.optim.AdamW([*emb.parameters(), *head.parameters(), *layers.parameters()], lr=1e-4)
-    for _ in range(steps):
-        ids = torch.randint(0, vocab, (random.randint(*batch), random.randint(*length)), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            x = emb(ids)
-            for blk in layers:
-                x = blk(x)
-            loss = torch.nn.functional.cross_entropy(head(x).flatten(0, 1), ids.flatten())
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-
 def moe_top1_capacity_train():
     """Switch-style: 4 experts, top-1, capacity factor 1.25 (tokens past it dropped)."""
-    _train_moe(21, 1024, 16, 4, dict(experts=4, top_k=1, d_ff=4096, capacity=1.25), 12, (4, 24), (128, 1024))
+    _train_moe(21, 1024, lambda: _RoutedMoE(1024, 16, 4, 1, 4096, capacity=1.25), 4, 12, (4, 24), (128, 1024))
 
 def moe_top2_capacity_train():
     """GShard-style: 16 experts, top-2, capacity factor 2.0."""
-    _train_moe(22, 640, 10, 6, dict(experts=16, top_k=2, d_ff=2560, capacity=2.0), 12, (1, 32), (32, 768))
+    _train_moe(22, 640, lambda: _RoutedMoE(640, 10, 16, 2, 2560, capacity=2.0), 6, 12, (1, 32), (32, 768))
 
 def moe_fine_grained_train():
     """DeepSeek-style: 64 small experts, top-6, dropless, plus a shared expert."""
-    _train_moe(23, 512, 8, 4, dict(experts=64, top_k=6, d_ff=352, shared=True), 10, (2, 12), (64, 1536))
+    _train_moe(23, 512, lambda: _RoutedMoE(512, 8, 64, 6, 352, shared=True), 4, 10, (2, 12), (64, 1536))
 
 def moe_infer_dynamic():
     """fp16 inference of a dropless 32-expert top-4 model on requests of random batch and length."""
