@@ -26,6 +26,7 @@ mod graph_engine;
 mod graph_pool;
 mod hooks;
 mod hooks_wake;
+mod idle;
 mod restore;
 mod share;
 mod sleep;

@@ -4,6 +4,7 @@
 
 use crate::common::pool;
 
+use cudalloc::stats::StatType;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::Call;
 use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0};
@@ -168,4 +169,29 @@ fn a_free_that_waits_for_other_streams_ends_the_loading() {
         2 * PAGE,
         "no page ahead after a free"
     );
+}
+
+/// The first small-pool growth after a transient peak (an fp32 copy of the weights, freed and
+/// given back) takes at most one budget of that peak beyond its need, not the room the peak
+/// left: the small chunk stays mapped for good under its small blocks, and at 40 MiB it ate
+/// the budget's room for the loading that follows, whose every tensor then mapped exactly its
+/// own pages (`moe_infer_dynamic`: 500 maps for 500 weights).
+#[test]
+fn a_first_small_growth_takes_at_most_one_budget_of_slack() {
+    let (sim, mut pool) = default_with("");
+    let copy = alloc(&mut pool, 200 * MIB, S0);
+    free(&mut pool, copy);
+    pool.empty_cache().unwrap();
+    let _small = alloc(&mut pool, 4 * 1024, S0);
+    let small = pool.stats().reserved_bytes.get(StatType::SmallPool).current as u64;
+    // One budget (2%) of the 200 MiB peak is 4 MiB: two pages at most, with the page needed.
+    assert!(
+        small <= 2 * PAGE,
+        "{small} bytes mapped for one small block"
+    );
+    // The weights that follow still find room for window slack: a map per 40 MiB window,
+    // not one per tensor.
+    let (_weights, maps) = load(&sim, &mut pool, 40, 4 * MIB);
+    assert!(maps <= 8, "{maps} maps for 40 weights of 4 MiB");
+    check(&sim, &pool);
 }

@@ -20,6 +20,9 @@ pub struct Rules {
     pub window_slack: bool,
     /// While nothing was freed yet (loading), a large-pool growth maps one page ahead.
     pub page_ahead: bool,
+    /// A small-pool growth's slack is at most one budget of the peak live bytes or
+    /// `SMALL_SLACK_HELD_MULTIPLE` times what the small pool holds, whichever is more.
+    pub small_slack_cap: bool,
     /// While a plan places an episode, the budget counts the episode's expected peak as reached.
     pub expected_peak: bool,
     /// The cached pages of the plan's footprint are given back only past twice the budget.
@@ -64,6 +67,7 @@ impl Rules {
         give_back_best_fit: true,
         window_slack: true,
         page_ahead: true,
+        small_slack_cap: true,
         expected_peak: true,
         keep_footprint: true,
         split_footprints: true,
@@ -87,6 +91,7 @@ impl Rules {
             ("give_back_best_fit", |r| &mut r.give_back_best_fit),
             ("window_slack", |r| &mut r.window_slack),
             ("page_ahead", |r| &mut r.page_ahead),
+            ("small_slack_cap", |r| &mut r.small_slack_cap),
             ("expected_peak", |r| &mut r.expected_peak),
             ("keep_footprint", |r| &mut r.keep_footprint),
             ("split_footprints", |r| &mut r.split_footprints),
