@@ -305,7 +305,6 @@ impl<D: Device> CachingAllocator<D> {
             self.found_held(shard_of(stream)); // a miss: lets a crowded shard's score decay
         }
         let mut pool = self.shard(stream);
-        let grown = pool.growth_calls();
         let a = match how {
             Try::Cached => match pool.allocate_cached(size, stream)? {
                 Some(a) => a,
@@ -321,11 +320,6 @@ impl<D: Device> CachingAllocator<D> {
         let b = pool.block(a.0.block).expect("allocated block");
         self.live.insert(Entry::live(a.0, b.size, b.pool));
         self.note_watched(stream, &pool);
-        let grew = pool.growth_calls() > grown;
-        drop(pool);
-        if grew {
-            self.sweep_idle(shard_of(stream));
-        }
         Ok(Some(a))
     }
 

@@ -357,31 +357,6 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.release_all_cached(&mut self.policy)
     }
 
-    /// Driver calls that got this pool memory so far (mallocs and maps): the front's test of a
-    /// growth.
-    pub(crate) fn growth_calls(&self) -> u64 {
-        self.core.stats.calls.mallocs + self.core.stats.calls.maps
-    }
-
-    /// Allocations this pool has made so far (the front's test of an idle stream shard).
-    pub(crate) fn allocations(&self) -> u64 {
-        self.core
-            .stats
-            .allocation
-            .get(crate::stats::StatType::All)
-            .allocated as u64
-    }
-
-    /// Gives back, without waiting, the cached memory of a pool whose stream has gone idle,
-    /// when its policy does so ([`Policy::gives_back_idle`], [`Core::give_back_idle`]); the
-    /// bytes started back.
-    pub(crate) fn give_back_idle(&mut self) -> Result<u64, DeviceError> {
-        if !self.policy.gives_back_idle() {
-            return Ok(0);
-        }
-        self.core.give_back_idle(&mut self.policy)
-    }
-
     /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).
     pub(crate) fn count_sync_all_streams(&mut self) {
         self.core.count_sync_all_streams();

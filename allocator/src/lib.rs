@@ -47,7 +47,6 @@ pub mod fmt;
 mod front_stats;
 mod graph_pool;
 pub mod hooks;
-mod idle;
 pub mod interop;
 mod ladder;
 mod live;

@@ -23,18 +23,10 @@
 //!   small-pool request makes its pool grow, the small blocks other threads hold cached on its
 //!   stream go back too. A thread alone is never affected.
 //!
-//! - **Idle streams.** After a pool grew, every other stream shard whose pool made no
-//!   allocation since the last such look (its stream is idle: a finished side stream, the
-//!   stream of a loader that ended) gives its cached memory back without waiting, if its
-//!   policy does so ([`Policy::gives_back_idle`](super::Policy::gives_back_idle): `default`).
-//!   Blocks are reused only by their own stream, so what an idle stream keeps cached serves no
-//!   one; a shard another thread holds is left for the next look.
-//!
-//! Invariant: the thread-cache rules change only where blocks wait (a cache or a pool), never
-//! the blocks handed out or the statistics the callers see; the idle rule changes only how
-//! much memory is reserved.
+//! Invariant: the rules change only where blocks wait (a cache or a pool), never the blocks
+//! handed out or the statistics the callers see.
 
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, CachePadded, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, CachePadded, Ordering};
 
 /// What a shard's crowding score gains each time a thread finds its lock held.
 pub const CROWD_STEP: usize = 8;
@@ -50,8 +42,6 @@ pub const CROWD_MAX: usize = 1024;
 pub struct FrontRules {
     /// Per shard, as of its pool's last operation: the pool watches its large blocks.
     watched: Box<[AtomicBool]>,
-    /// Per shard: its pool's allocation count at the last look for idle shards.
-    seen: Box<[AtomicU64]>,
     /// Per shard: the crowding score.
     crowd: Box<[CachePadded<AtomicUsize>]>,
 }
@@ -61,7 +51,6 @@ impl FrontRules {
     pub fn new(shards: usize) -> FrontRules {
         FrontRules {
             watched: (0..shards).map(|_| AtomicBool::new(false)).collect(),
-            seen: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             crowd: (0..shards)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
@@ -97,12 +86,6 @@ impl FrontRules {
     #[cfg(test)]
     pub fn crowding(&self, i: usize) -> usize {
         self.crowd[i].load(Ordering::Relaxed)
-    }
-
-    /// True when shard `i`, whose pool has made `allocations` so far, made none since the last
-    /// look (the first look compares with zero); remembers the count for the next look.
-    pub fn idle_since_last_look(&self, i: usize, allocations: u64) -> bool {
-        self.seen[i].swap(allocations, Ordering::Relaxed) == allocations
     }
 
     /// True when every thread's large part goes back to its pool before a pool grows.

@@ -48,38 +48,6 @@ impl<D: Device> Core<D> {
         Ok(true)
     }
 
-    /// Starts giving back, without waiting, the cached memory of a pool whose stream has gone
-    /// idle: frees the blocks whose stream events have completed, unmaps the pages whose
-    /// release has completed, and starts giving back the whole chunks of every free block of
-    /// an expandable segment (`releasing`: unmapped once their stream's work before them has
-    /// completed, at a later poll). Returns the bytes started back. Nothing during a capture
-    /// (its queries could invalidate it) or while the pool sleeps.
-    pub(crate) fn give_back_idle<P: Observer>(
-        &mut self,
-        policy: &mut P,
-    ) -> Result<u64, DeviceError> {
-        if self.capturing() || self.asleep() {
-            return Ok(0);
-        }
-        if self.deferred_blocks() > 0 {
-            self.record_owed(policy);
-        }
-        self.process_events(policy)?;
-        self.poll_releasing();
-        let page = self.device.granularity()?;
-        let free: Vec<_> = self
-            .small
-            .all_free_at_least(page)
-            .chain(self.large.all_free_at_least(page))
-            .filter(|&id| self.blocks[id].is_expandable())
-            .collect();
-        let mut going = 0;
-        for id in free {
-            going += self.release_pages(id)?;
-        }
-        Ok(going)
-    }
-
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
     /// pages of expandable segments. Waits for pending stream events and releasing blocks
     /// first, and for the device before it unmaps free pages (work queued on them may still

@@ -26,7 +26,6 @@ mod graph_engine;
 mod graph_pool;
 mod hooks;
 mod hooks_wake;
-mod idle;
 mod restore;
 mod share;
 mod sleep;
