@@ -42,6 +42,10 @@
 //! tensor is freed; a growth whose page ahead or slack does not fit on the device maps only
 //! what it needs (`map_growth`).
 //!
+//! A small-pool growth maps at most one budget of the peak live bytes, or
+//! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
+//! (`small_slack`): a small chunk stays mapped under its small blocks for good.
+//!
 //! Under a memory limit growth maps the same chunks, and the budget gives back what the limit
 //! needs too. A chunk a live block keeps mapped then holds its free pages: when a growth does
 //! not fit even after every cached chunk went back, the ladder's last resort makes such chunks
