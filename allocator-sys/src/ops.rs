@@ -35,7 +35,7 @@ use std::sync::{Arc, OnceLock};
 mod decode;
 pub mod mempool;
 
-pub use decode::DecodeShape;
+pub use decode::{DecodeShape, LINEAR_ROWS};
 
 #[cfg(test)]
 mod tests;
@@ -177,6 +177,7 @@ pub struct Kernels {
     rope_at: CudaFunction,
     store_rows: CudaFunction,
     decode_attention: CudaFunction,
+    linear_rows: CudaFunction,
     add_u32: CudaFunction,
 }
 
@@ -197,6 +198,7 @@ impl Kernels {
             rope_at: f("cudalloc_rope_at_f32")?,
             store_rows: f("cudalloc_store_rows_f32")?,
             decode_attention: f("cudalloc_decode_attention_f32")?,
+            linear_rows: f("cudalloc_linear_rows_f32")?,
             add_u32: f("cudalloc_add_u32")?,
         })
     }

@@ -139,6 +139,14 @@ struct Args {
     /// With --graphs: the order in which the six batch sizes are captured into their pool.
     #[arg(long, value_enum, default_value_t = GraphOrder::Both)]
     graph_order: GraphOrder,
+    /// With --graphs: also time each kind of op of the eager batched step, per batch size
+    /// (events between the ops), and print the table.
+    #[arg(long)]
+    step_profile: bool,
+    /// With --graphs: how the batched step computes its linear layers (eager and captured
+    /// alike).
+    #[arg(long, value_enum, default_value_t = batch::Linear::Rows)]
+    step_linear: batch::Linear,
 }
 
 fn main() -> ExitCode {
@@ -467,13 +475,21 @@ fn bench_graphs(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<b
     let model = Model::new(pool_mem(args, policy, ctx)?, shape, &host)?;
     let steps = args.tokens.saturating_sub(1).max(1);
     println!(
-        "\ngraphs: {} sequences (prompt lengths cycling through {}), {steps} decode steps per batch size, policy {}",
+        "\ngraphs: {} sequences (prompt lengths cycling through {}), {steps} decode steps per batch size, policy {}, linear layers {}",
         lens.len(),
         args.prompts,
-        model.mem.label()
+        model.mem.label(),
+        args.step_linear.name()
     );
     let prompts = prompts(&lens, shape.vocab, args.seed);
-    let ok = graphs::bench(&model, &prompts, steps, &args.graph_order.orders())?;
+    let ok = graphs::bench(
+        &model,
+        &prompts,
+        steps,
+        &args.graph_order.orders(),
+        args.step_profile,
+        args.step_linear,
+    )?;
     let (alloc, stream) = (model.mem.allocator().clone(), model.mem.stream().clone());
     drop(model);
     stream.synchronize()?;

@@ -12,6 +12,25 @@ use super::{launch, mul, need, rows_cfg, shape, stride_cfg, to_u32, Kernels, Ops
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use std::sync::Arc;
 
+/// Most rows [`Kernels::linear_rows`] takes (`LINEAR_ROWS` in `kernels.cu`).
+pub const LINEAR_ROWS: usize = 32;
+/// Most rows of `x` one block of `linear_rows` sums over (`LINEAR_TILE`).
+const LINEAR_TILE: usize = 8;
+/// Outputs per block of `linear_rows` (`LINEAR_OUT`).
+const LINEAR_OUT: usize = 4;
+/// Threads per block of `linear_rows` (at most `THREADS`: its shared memory has room for that).
+const LINEAR_THREADS: u32 = 128;
+
+/// Rows per block of `linear_rows` for `rows` rows: as the kernel chooses its tile.
+fn linear_tile(rows: usize) -> usize {
+    match rows {
+        0..=1 => 1,
+        2 => 2,
+        3..=4 => 4,
+        _ => LINEAR_TILE,
+    }
+}
+
 /// The sizes of a batched decode step's attention: `batch` sequences of `heads` heads of
 /// `head_dim`, caches of `max_len` rows per sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +219,60 @@ impl Kernels {
         // batch*max_len (the length is clamped to max_len), and writes scores[0..batch*heads*
         // max_len) and out[0..batch*dim), all checked above; the arguments above match its
         // parameters in order and type.
+        unsafe { launch(&mut b, cfg) }
+    }
+
+    /// `y[r, o] = (y[r, o] if accumulate) + sum_i x[r, i] w[o, i]` for `r < rows` (at most
+    /// [`LINEAR_ROWS`]), `o < out`: a linear layer of a decode step's batch, `w` `[out, inp]`,
+    /// `x` `[rows, inp]`, `y` `[rows, out]`: one block per 4 outputs and at most 8 rows, its
+    /// threads splitting `inp`, so that a whole row of `w` is read at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_rows<W: DevicePtr<f32>, X: DevicePtr<f32>, Y: DevicePtrMut<f32>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        w: &W,
+        x: &X,
+        y: &mut Y,
+        rows: usize,
+        inp: usize,
+        out: usize,
+        accumulate: bool,
+    ) -> Result<(), OpsError> {
+        if rows > LINEAR_ROWS {
+            return Err(shape(format!(
+                "linear_rows takes at most {LINEAR_ROWS} rows, not {rows}"
+            )));
+        }
+        need("linear weights", w, mul("out x in", out, inp)?)?;
+        need("linear input", x, mul("rows x in", rows, inp)?)?;
+        need("linear output", y, mul("rows x out", rows, out)?)?;
+        if rows == 0 || out == 0 {
+            return Ok(());
+        }
+        let (r32, i32_, o32) = (
+            to_u32("rows", rows)?,
+            to_u32("in", inp)?,
+            to_u32("out", out)?,
+        );
+        let beta: f32 = if accumulate { 1.0 } else { 0.0 };
+        let blocks = rows.div_ceil(linear_tile(rows)) * out.div_ceil(LINEAR_OUT);
+        let mut cfg = rows_cfg(blocks)?;
+        cfg.block_dim.0 = LINEAR_THREADS;
+        let (wp, _w) = w.device_ptr(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (yp, _y) = y.device_ptr_mut(stream);
+        let mut b = stream.launch_builder(&self.linear_rows);
+        b.arg(&wp)
+            .arg(&xp)
+            .arg(&yp)
+            .arg(&r32)
+            .arg(&i32_)
+            .arg(&o32)
+            .arg(&beta);
+        // SAFETY: cudalloc_linear_rows_f32(const float*, const float*, float*, u32, u32, u32,
+        // float) reads w[0..out*in) and x[0..rows*in), and reads and writes y[0..rows*out)
+        // (it reads rows past out or rows as the last one, and writes none of them), all
+        // checked above; the arguments above match its parameters in order and type.
         unsafe { launch(&mut b, cfg) }
     }
 

@@ -206,28 +206,41 @@ extern "C" __global__ void cudalloc_store_rows_f32(const float* src, float* cach
 // Attention of one query per sequence over its cache: for sequence b and head h (one block
 // each, g = b * heads + h), s[j] = q[b, h, :] . k[b, j, h, :] * scale for j <= pos[b] (at most
 // max_len rows), softmax over them (kept in scores[g, :], max_len floats), and
-// out[b, h, :] = sum_j p[j] v[b, j, h, :]. Scores: each warp takes KEYS keys at a time, its lanes
-// across head_dim.
-// Output: with head_dim <= THREADS / 2, THREADS / head_dim groups of threads each sum every
-// groups-th key for all head_dim columns, then the groups' partial sums are added in `red`.
+// out[b, h, :] = sum_j p[j] v[b, j, h, :].
+// A block reads its head's rows of the cache once for the scores and once for the output; what
+// bounds its time is how many of those reads are in flight at once, so both passes issue many
+// independent loads per thread. Where head_dim is a multiple of 4 of at most 4 * 32 floats and
+// every pointer is 16-byte aligned (`vec`), rows are read as float4: scores one key per thread
+// (its head_dim / 4 loads all independent), the output in groups of head_dim / 4 threads, each
+// group summing every groups-th key, 4 keys at a time, then the groups' sums added in `red`.
+// Otherwise the scalar path: scores one key per warp, lanes across head_dim, KEYS keys at a
+// time; the output one column per thread.
 #define KEYS 4
 
-extern "C" __global__ void cudalloc_decode_attention_f32(
-    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
-    u64 max_len, const u32* __restrict__ pos, float scale) {
-    __shared__ float sh[32];
-    __shared__ float red[THREADS];
-    const u64 g = blockIdx.x;
-    if (g >= batch * heads) return;
-    const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
-    u64 len = (u64)pos[b] + 1;
-    if (len > max_len) len = max_len;
-    const float* qr = q + b * dim + h * head_dim;
-    const u64 base = b * max_len * dim + h * head_dim;
-    float* s = scores + g * max_len;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+// Scores of keys [0, len) into s; returns this thread's maximum (NEG_INF if it scored none).
+__device__ float attention_scores(const float* qr, const float* kc, u64 base, u64 dim, u32 head_dim,
+                                  u64 len, float scale, float* s, bool vec, float* qsh) {
     float m = NEG_INF;
+    if (vec) {
+        const u32 d4 = head_dim >> 2;
+        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) qsh[c] = qr[c];
+        __syncthreads();
+        const float4* q4 = reinterpret_cast<const float4*>(qsh);
+        for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
+            const float4* k4 = reinterpret_cast<const float4*>(kc + base + j * dim);
+            float acc = 0.0f;
+#pragma unroll 8
+            for (u32 c = 0; c < d4; ++c) {
+                const float4 kv = k4[c], qv = q4[c];
+                acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+            }
+            const float v = acc * scale;
+            s[j] = v;
+            m = fmaxf(m, v);
+        }
+        return m;
+    }
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     // KEYS keys per warp at a time, so that their loads are in flight together.
     for (u64 j0 = (u64)warp * KEYS; j0 < len; j0 += (u64)warps * KEYS) {
         float dot[KEYS];
@@ -251,6 +264,72 @@ extern "C" __global__ void cudalloc_decode_attention_f32(
             }
         }
     }
+    return m;
+}
+
+// orow[c] = inv * sum_j s[j] v[j, c] for c < head_dim (s holds the softmax's numerators).
+__device__ void attention_output(const float* s, const float* vc, u64 base, u64 dim, u32 head_dim,
+                                 u64 len, float inv, float* orow, bool vec, float4* red) {
+    if (!vec) {
+        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) {
+            float acc = 0.0f;
+#pragma unroll 4
+            for (u64 j = 0; j < len; ++j) acc += s[j] * vc[base + j * dim + c];
+            orow[c] = acc * inv;
+        }
+        return;
+    }
+    const u32 d4 = head_dim >> 2, groups = blockDim.x / d4;
+    const u32 c = threadIdx.x % d4, gi = threadIdx.x / d4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (gi < groups) {
+        const float4* v4 = reinterpret_cast<const float4*>(vc + base) + c;
+        const u64 step = dim >> 2;
+#pragma unroll 4
+        for (u64 j = gi; j < len; j += groups) {
+            const float p = s[j];
+            const float4 v = v4[j * step];
+            acc.x += p * v.x;
+            acc.y += p * v.y;
+            acc.z += p * v.z;
+            acc.w += p * v.w;
+        }
+    }
+    red[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < d4) {
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (u32 k = 0; k < groups; ++k) {
+            const float4 r = red[k * d4 + threadIdx.x];
+            t.x += r.x;
+            t.y += r.y;
+            t.z += r.z;
+            t.w += r.w;
+        }
+        reinterpret_cast<float4*>(orow)[threadIdx.x] =
+            make_float4(t.x * inv, t.y * inv, t.z * inv, t.w * inv);
+    }
+}
+
+extern "C" __global__ void cudalloc_decode_attention_f32(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
+    u64 max_len, const u32* __restrict__ pos, float scale) {
+    __shared__ float sh[32];
+    __shared__ float4 red[THREADS];
+    __shared__ float qsh[4 * 32];
+    const u64 g = blockIdx.x;
+    if (g >= batch * heads) return;
+    const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
+    u64 len = (u64)pos[b] + 1;
+    if (len > max_len) len = max_len;
+    const float* qr = q + b * dim + h * head_dim;
+    const u64 base = b * max_len * dim + h * head_dim;
+    float* s = scores + g * max_len;
+    const u64 ptrs = (u64)q | (u64)kc | (u64)vc | (u64)out;
+    const bool vec = (head_dim & 3) == 0 && head_dim <= 4 * 32 && (ptrs & 15) == 0 &&
+                     blockDim.x <= THREADS && blockDim.x >= head_dim / 4;
+    float m = attention_scores(qr, kc, base, dim, head_dim, len, scale, s, vec, qsh);
     // block_max and block_sum end with __syncthreads: the s[j] written before each are
     // visible to every thread after it.
     m = block_max(m, sh);
@@ -261,31 +340,103 @@ extern "C" __global__ void cudalloc_decode_attention_f32(
         sum += e;
     }
     sum = block_sum(sum, sh);
-    const float inv = 1.0f / sum;
-    float* orow = out + b * dim + h * head_dim;
-    if (2 * head_dim <= blockDim.x) {
-        const u32 groups = blockDim.x / head_dim;
-        const u32 c = threadIdx.x % head_dim, gi = threadIdx.x / head_dim;
-        float acc = 0.0f;
-        if (gi < groups) {
-#pragma unroll 8
-            for (u64 j = gi; j < len; j += groups) acc += s[j] * vc[base + j * dim + c];
-        }
-        red[threadIdx.x] = acc;
-        __syncthreads();
-        if (threadIdx.x < head_dim) {
-            float t = 0.0f;
-            for (u32 k = 0; k < groups; ++k) t += red[k * head_dim + threadIdx.x];
-            orow[threadIdx.x] = t * inv;
-        }
-    } else {
-        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            float acc = 0.0f;
-#pragma unroll 4
-            for (u64 j = 0; j < len; ++j) acc += s[j] * vc[base + j * dim + c];
-            orow[c] = acc * inv;
+    attention_output(s, vc, base, dim, head_dim, len, 1.0f / sum, out + b * dim + h * head_dim,
+                     vec, red);
+}
+
+// y[r, o] = beta * y[r, o] + sum_i x[r, i] w[o, i] for r < rows (at most LINEAR_ROWS) and
+// o < out: a linear layer for a few rows (a decode step's batch), w `[out, in]`, x `[rows, in]`,
+// y `[rows, out]`. A block computes LINEAR_OUT outputs for a tile of rows; its threads split `in` (thread t takes elements t, t + THREADS, ...), so that the loads of a whole row of
+// w are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp,
+// then across the warps in shared memory. blockIdx.x = tile + tiles * (output block), so the
+// blocks that read the same rows of w run together and the later reads come from L2. Rows of w
+// and x are read as float4 where `in` is a multiple of 4 and both pointers are 16-byte aligned,
+// else as floats.
+#define LINEAR_ROWS 32
+#define LINEAR_TILE 8
+#define LINEAR_OUT 4
+
+template <typename V>
+__device__ float dotv(V a, V b);
+template <>
+__device__ float dotv<float>(float a, float b) { return a * b; }
+template <>
+__device__ float dotv<float4>(float4 a, float4 b) {
+    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+// This thread's LINEAR_OUT x TILE sums over its elements of `n` per row (type V).
+template <int TILE, typename V>
+__device__ void linear_sums(const V* w, const V* x, u32 n, u32 o0, u32 out, u32 r0, u32 rows,
+                            float acc[LINEAR_OUT][TILE]) {
+#pragma unroll 2
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
+        V wv[LINEAR_OUT];
+#pragma unroll
+        for (int a = 0; a < LINEAR_OUT; ++a) wv[a] = w[(u64)min(o0 + a, out - 1) * n + i];
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) {
+            const V xv = x[(u64)min(r0 + t, rows - 1) * n + i];
+#pragma unroll
+            for (int a = 0; a < LINEAR_OUT; ++a) acc[a][t] += dotv(wv[a], xv);
         }
     }
+}
+
+// One block's LINEAR_OUT x TILE outputs (see cudalloc_linear_rows_f32).
+template <int TILE>
+__device__ void linear_block(const float* w, const float* x, float* y, u32 rows, u32 in, u32 out,
+                             float beta) {
+    __shared__ float red[THREADS / 32][LINEAR_OUT * TILE];
+    const u32 tiles = (rows + TILE - 1) / TILE;
+    const u32 tile = blockIdx.x % tiles, ob = blockIdx.x / tiles;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const u32 o0 = ob * LINEAR_OUT, r0 = tile * TILE;
+    if (o0 >= out || warps > THREADS / 32) return;
+    float acc[LINEAR_OUT][TILE];
+#pragma unroll
+    for (int a = 0; a < LINEAR_OUT; ++a)
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) acc[a][t] = 0.0f;
+    // Rows past `out` or `rows` read the last one (in bounds) and are never written.
+    if ((in & 3) == 0 && (((u64)w | (u64)x) & 15) == 0) {
+        linear_sums<TILE>(reinterpret_cast<const float4*>(w), reinterpret_cast<const float4*>(x),
+                          in >> 2, o0, out, r0, rows, acc);
+    } else {
+        linear_sums<TILE>(w, x, in, o0, out, r0, rows, acc);
+    }
+    // Each sum added across the warp; lane a * TILE + t keeps sum (a, t) in `red`.
+#pragma unroll
+    for (int a = 0; a < LINEAR_OUT; ++a)
+#pragma unroll
+        for (int t = 0; t < TILE; ++t) {
+            float v = acc[a][t];
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == a * TILE + t) red[warp][lane] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < LINEAR_OUT * TILE) {
+        const u32 a = threadIdx.x / TILE, t = threadIdx.x % TILE;
+        if (o0 + a < out && r0 + t < rows) {
+            float v = 0.0f;
+            for (u32 k = 0; k < warps; ++k) v += red[k][threadIdx.x];
+            float* yp = y + (u64)(r0 + t) * out + o0 + a;
+            *yp = beta == 0.0f ? v : beta * *yp + v;
+        }
+    }
+}
+
+// The tile is the smallest of 1, 2, 4 and LINEAR_TILE rows that holds `rows` (LINEAR_TILE
+// beyond), so a step of few sequences sums no rows it does not have; the launcher's grid counts
+// the same tiles (`linear_tile` in decode.rs).
+extern "C" __global__ void cudalloc_linear_rows_f32(const float* __restrict__ w,
+                                                    const float* __restrict__ x,
+                                                    float* __restrict__ y, u32 rows, u32 in,
+                                                    u32 out, float beta) {
+    if (rows <= 1) linear_block<1>(w, x, y, rows, in, out, beta);
+    else if (rows <= 2) linear_block<2>(w, x, y, rows, in, out, beta);
+    else if (rows <= 4) linear_block<4>(w, x, y, rows, in, out, beta);
+    else linear_block<LINEAR_TILE>(w, x, y, rows, in, out, beta);
 }
 
 // x[0..n) += v (positions after a decode step).

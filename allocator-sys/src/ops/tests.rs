@@ -111,6 +111,7 @@ fn kernels_compile_where_nvrtc_is_present() {
         "cudalloc_rope_at_f32",
         "cudalloc_store_rows_f32",
         "cudalloc_decode_attention_f32",
+        "cudalloc_linear_rows_f32",
         "cudalloc_add_u32",
     ] {
         assert!(

@@ -19,9 +19,10 @@
 //! cache into its slot.
 
 use super::mem::{Mem, PoolMem, Result};
-use super::model::{linear, Model};
+use super::model::{self, Model};
 use cudalloc::CachingAllocator;
-use cudalloc_sys::buffer::cudarc::driver::CudaStream;
+use cudalloc_sys::buffer::cudarc::driver::sys::CUevent_flags;
+use cudalloc_sys::buffer::cudarc::driver::{CudaEvent, CudaStream};
 use cudalloc_sys::buffer::Buffer;
 use cudalloc_sys::ops::{gemm_f32, DecodeShape};
 use cudalloc_sys::CudaDevice;
@@ -46,6 +47,53 @@ pub struct Slots {
     /// What [`Slots::reset`] puts back: the token after each prompt, and its length.
     pub first: Vec<u32>,
     pub start: Vec<u32>,
+    /// How the step computes its linear layers.
+    pub linear: Linear,
+}
+
+/// How the batched step computes its linear layers (`engine --step-linear`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Linear {
+    /// `Kernels::linear_rows`: one block per 4 outputs and 8 sequences, the whole device at work.
+    Rows,
+    /// cuBLAS `Sgemm` (a thin product: few of its tiles, on few SMs).
+    Cublas,
+}
+
+impl Linear {
+    pub fn name(self) -> &'static str {
+        match self {
+            Linear::Rows => "linear_rows",
+            Linear::Cublas => "cuBLAS Sgemm",
+        }
+    }
+}
+
+/// `y[n, out] (+)= x[n, in] w[out, in]^T` for a step of `n` sequences (`nio = [n, in, out]`).
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    model: &Model<PoolMem>,
+    how: Linear,
+    w: &Buffer<f32>,
+    x: &Buffer<f32>,
+    y: &mut Buffer<f32>,
+    nio: [usize; 3],
+    accumulate: bool,
+) -> Result<()> {
+    let [n, i, o] = nio;
+    match how {
+        Linear::Rows => {
+            let st = model.mem.stream();
+            model
+                .kernels()
+                .linear_rows(st, w, x, y, n, i, o, accumulate)?;
+        }
+        Linear::Cublas => {
+            let cfg = model::linear(n, i, o, accumulate);
+            gemm_f32(model.mem.blas(), cfg, w, x, y)?;
+        }
+    }
+    Ok(())
 }
 
 impl Slots {
@@ -64,6 +112,7 @@ impl Slots {
             cache,
             first: vec![0; SLOTS],
             start: vec![0; SLOTS],
+            linear: Linear::Rows,
         })
     }
 
@@ -109,6 +158,54 @@ pub fn prefill(model: &Model<PoolMem>, slots: &mut Slots, prompts: &[Vec<u32>]) 
     Ok(())
 }
 
+/// Events recorded between the ops of eager steps, to time each kind of op
+/// (`engine --graphs --step-profile`). Never used during a capture: an event recorded there
+/// would become a node of the graph.
+#[derive(Default)]
+pub struct Probe {
+    /// Each mark: the op that ended there and the event recorded after it.
+    marks: Vec<(&'static str, CudaEvent)>,
+}
+
+impl Probe {
+    /// Records an event after the op `label` (the first mark of a step only starts the clock).
+    fn mark(&mut self, st: &Arc<CudaStream>, label: &'static str) -> Result<()> {
+        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        self.marks.push((label, st.record_event(timed)?));
+        Ok(())
+    }
+
+    /// Milliseconds per label, summed over the marks so far (the stream must be done with
+    /// them), in the order the labels first ended; the marks are cleared.
+    pub fn take(&mut self) -> Result<Vec<(&'static str, f64)>> {
+        let mut sums: Vec<(&'static str, f64)> = Vec::new();
+        for pair in self.marks.windows(2) {
+            let ((_, start), (label, end)) = (&pair[0], &pair[1]);
+            if *label == START {
+                continue;
+            }
+            let ms = start.elapsed_ms(end)? as f64;
+            match sums.iter_mut().find(|(l, _)| l == label) {
+                Some((_, sum)) => *sum += ms,
+                None => sums.push((label, ms)),
+            }
+        }
+        self.marks.clear();
+        Ok(sums)
+    }
+}
+
+/// The label of the mark that starts each step (not an op).
+const START: &str = "start";
+
+/// Marks `label` on `probe` if there is one.
+fn mark(probe: &mut Option<&mut Probe>, st: &Arc<CudaStream>, label: &'static str) -> Result<()> {
+    match probe {
+        Some(p) => p.mark(st, label),
+        None => Ok(()),
+    }
+}
+
 /// One decode step for the first `batch` sequences of `slots`: reads `ids` and `pos`, appends
 /// to the cache, writes the greedy choice to `ids` and advances `pos`; its buffers come from
 /// `scratch` (see the module docs).
@@ -117,6 +214,17 @@ pub fn decode_step(
     slots: &mut Slots,
     batch: usize,
     scratch: &Arc<CachingAllocator<CudaDevice>>,
+) -> Result<()> {
+    decode_step_probed(model, slots, batch, scratch, None)
+}
+
+/// [`decode_step`], with an event recorded after each op on `probe` when one is given.
+pub fn decode_step_probed(
+    model: &Model<PoolMem>,
+    slots: &mut Slots,
+    batch: usize,
+    scratch: &Arc<CachingAllocator<CudaDevice>>,
+    mut probe: Option<&mut Probe>,
 ) -> Result<()> {
     let (s, st, k, w) = (
         &model.shape,
@@ -129,44 +237,49 @@ pub fn decode_step(
         return Err(format!("batch {n} outside 1..={SLOTS}").into());
     }
     let buf = |len: usize| -> Result<Buffer<f32>> { Ok(scratch.buffer_uninit(len, st)?) };
+    let p = &mut probe;
+    mark(p, st, START)?;
     let mut x = buf(n * d)?;
     k.embedding(st, &w.embed, s.vocab, d, &slots.ids, n, &mut x)?;
+    mark(p, st, "embedding")?;
     for (l, lw) in w.layers.iter().enumerate() {
-        attention(model, slots, l, n, &mut x, &buf)?;
+        attention(model, slots, l, n, &mut x, &buf, p)?;
         // x += W2 (silu(W1 h) * W3 h), h = RMSNorm(x)
         let f = s.ffn;
         let mut hn = buf(n * d)?;
         k.rmsnorm(st, &x, &lw.mlp_norm, &mut hn, n, d, s.eps)?;
+        mark(p, st, "rmsnorm")?;
         let (mut g, mut u) = (buf(n * f)?, buf(n * f)?);
-        gemm_f32(
-            model.mem.blas(),
-            linear(n, d, f, false),
-            &lw.w1,
-            &hn,
-            &mut g,
-        )?;
-        gemm_f32(
-            model.mem.blas(),
-            linear(n, d, f, false),
-            &lw.w3,
-            &hn,
-            &mut u,
-        )?;
+        linear(model, slots.linear, &lw.w1, &hn, &mut g, [n, d, f], false)?;
+        linear(model, slots.linear, &lw.w3, &hn, &mut u, [n, d, f], false)?;
         drop(hn);
+        mark(p, st, "gemm w1, w3")?;
         let mut a = buf(n * f)?;
         k.silu_mul(st, &g, &u, &mut a, n * f)?;
         drop((g, u));
-        gemm_f32(model.mem.blas(), linear(n, f, d, true), &lw.w2, &a, &mut x)?;
+        mark(p, st, "silu_mul")?;
+        linear(model, slots.linear, &lw.w2, &a, &mut x, [n, f, d], true)?;
+        mark(p, st, "gemm w2")?;
     }
     let mut normed = buf(n * d)?;
     k.rmsnorm(st, &x, &w.final_norm, &mut normed, n, d, s.eps)?;
     drop(x);
+    mark(p, st, "rmsnorm")?;
     let mut logits = buf(n * s.vocab)?;
-    let head = linear(n, d, s.vocab, false);
-    gemm_f32(model.mem.blas(), head, &w.lm_head, &normed, &mut logits)?;
+    linear(
+        model,
+        slots.linear,
+        &w.lm_head,
+        &normed,
+        &mut logits,
+        [n, d, s.vocab],
+        false,
+    )?;
     drop(normed);
+    mark(p, st, "gemm lm_head")?;
     k.argmax(st, &logits, n, s.vocab, &mut slots.ids)?;
     k.add_u32(st, &mut slots.pos, n, 1)?;
+    mark(p, st, "argmax, add")?;
     Ok(())
 }
 
@@ -178,18 +291,20 @@ fn attention(
     n: usize,
     x: &mut Buffer<f32>,
     buf: &dyn Fn(usize) -> Result<Buffer<f32>>,
+    p: &mut Option<&mut Probe>,
 ) -> Result<()> {
     let (s, st, k) = (&model.shape, model.mem.stream(), model.kernels());
     let (d, h, hd) = (s.hidden, s.heads, s.head_dim());
     let lw = &model.weights().layers[l];
-    let blas = model.mem.blas();
     let mut hn = buf(n * d)?;
     k.rmsnorm(st, &*x, &lw.attn_norm, &mut hn, n, d, s.eps)?;
+    mark(p, st, "rmsnorm")?;
     let (mut q, mut kn, mut vn) = (buf(n * d)?, buf(n * d)?, buf(n * d)?);
-    gemm_f32(blas, linear(n, d, d, false), &lw.wq, &hn, &mut q)?;
-    gemm_f32(blas, linear(n, d, d, false), &lw.wk, &hn, &mut kn)?;
-    gemm_f32(blas, linear(n, d, d, false), &lw.wv, &hn, &mut vn)?;
+    linear(model, slots.linear, &lw.wq, &hn, &mut q, [n, d, d], false)?;
+    linear(model, slots.linear, &lw.wk, &hn, &mut kn, [n, d, d], false)?;
+    linear(model, slots.linear, &lw.wv, &hn, &mut vn, [n, d, d], false)?;
     drop(hn);
+    mark(p, st, "gemm q, k, v")?;
     k.rope_at(st, &mut q, n, h, hd, &slots.pos, s.theta)?;
     k.rope_at(st, &mut kn, n, h, hd, &slots.pos, s.theta)?;
     let max_len = slots.max_len;
@@ -197,6 +312,7 @@ fn attention(
     k.store_rows(st, &kn, kc, n, d, max_len, &slots.pos)?;
     k.store_rows(st, &vn, vc, n, d, max_len, &slots.pos)?;
     drop((kn, vn));
+    mark(p, st, "rope_at, store_rows")?;
     let mut scores = buf(n * h * max_len)?;
     let mut att = buf(n * d)?;
     let shape = DecodeShape {
@@ -218,6 +334,8 @@ fn attention(
         scale,
     )?;
     drop((q, scores));
-    gemm_f32(blas, linear(n, d, d, true), &lw.wo, &att, x)?;
+    mark(p, st, "decode_attention")?;
+    linear(model, slots.linear, &lw.wo, &att, x, [n, d, d], true)?;
+    mark(p, st, "gemm wo")?;
     Ok(())
 }

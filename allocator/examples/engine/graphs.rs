@@ -18,7 +18,7 @@
 //! [`capture_set`] captures the six into a fresh pool in one order; the report compares the
 //! pool's reserved bytes with those of a pool that captured the largest batch alone.
 
-use super::batch::{decode_step, Slots, BATCHES, SLOTS};
+use super::batch::{decode_step, decode_step_probed, Linear, Probe, Slots, BATCHES, SLOTS};
 use super::mem::{Mem, PoolMem, Result};
 use super::model::{Model, Weights};
 use super::reference;
@@ -289,6 +289,52 @@ pub struct Row {
     pub same: Vec<bool>,
 }
 
+/// `--step-profile`: the device time of each kind of op in the eager step, per batch size
+/// (events between the ops of `steps` steps, after one untimed step), in microseconds per
+/// step, with the sum and the host's wall time per step beside them.
+fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()> {
+    let (st, eager) = (model.mem.stream().clone(), model.mem.allocator().clone());
+    // Per batch size: the milliseconds of each op over all steps, and the host's seconds.
+    type Column = (usize, Vec<(&'static str, f64)>, f64);
+    let mut cols: Vec<Column> = Vec::new();
+    for b in BATCHES {
+        slots.reset(&st)?;
+        decode_step(model, slots, b, &eager)?;
+        st.synchronize()?;
+        let mut probe = Probe::default();
+        let t = Instant::now();
+        for _ in 0..steps {
+            decode_step_probed(model, slots, b, &eager, Some(&mut probe))?;
+        }
+        st.synchronize()?;
+        let wall = t.elapsed().as_secs_f64();
+        cols.push((b, probe.take()?, wall));
+    }
+    let per_step = |ms: f64| format!("{:.0}", ms * 1e3 / steps as f64);
+    println!("\ngraphs: eager step profile, device microseconds per step (events between ops; {steps} steps each)");
+    let head: Vec<String> = cols.iter().map(|(b, _, _)| format!("batch {b}")).collect();
+    println!("| op | {} |", head.join(" | "));
+    println!("| --- |{}", " --- |".repeat(cols.len()));
+    for (label, _) in &cols[0].1 {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|(_, sums, _)| {
+                let ms = sums.iter().find(|(l, _)| l == label).map_or(0.0, |s| s.1);
+                per_step(ms)
+            })
+            .collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    }
+    let sum: Vec<String> = cols
+        .iter()
+        .map(|(_, s, _)| per_step(s.iter().map(|x| x.1).sum()))
+        .collect();
+    println!("| all ops | {} |", sum.join(" | "));
+    let wall: Vec<String> = cols.iter().map(|(_, _, w)| per_step(w * 1e3)).collect();
+    println!("| host wall time | {} |", wall.join(" | "));
+    Ok(())
+}
+
 /// The `--graphs` benchmark: prefill [`SLOTS`] prompts, capture the graphs in each of
 /// `orders` (and the largest batch alone in a pool of its own, for the reference peak),
 /// decode every batch size `steps` steps eagerly and by each set's replay, and print the
@@ -298,9 +344,12 @@ pub fn bench(
     prompts: &[Vec<u32>],
     steps: usize,
     orders: &[Order],
+    step_profile: bool,
+    linear: Linear,
 ) -> Result<bool> {
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let mut slots = Slots::new(model, longest + steps + 1)?;
+    slots.linear = linear;
     let t = Instant::now();
     batch_prefill(model, &mut slots, prompts)?;
     println!(
@@ -312,6 +361,9 @@ pub fn bench(
         slots.max_len,
         model.shape.layers
     );
+    if step_profile {
+        profile(model, &mut slots, steps)?;
+    }
     let alone = {
         let set = capture_set(model, &mut slots, &[SLOTS])?;
         set.captures[0].reserved

@@ -29,12 +29,12 @@ type Alloc = Arc<CachingAllocator<CudaDevice>>;
 
 const MIB: u64 = 1 << 20;
 
-fn allocator(policy: Policy) -> Alloc {
+pub(crate) fn allocator(policy: Policy) -> Alloc {
     let dev = CudaDevice::new(0).expect("a CUDA device");
     Arc::new(CachingAllocator::new(dev, Config::for_policy(policy)))
 }
 
-fn new_stream(a: &Alloc) -> Arc<CudaStream> {
+pub(crate) fn new_stream(a: &Alloc) -> Arc<CudaStream> {
     a.with_device(|d| d.context().new_stream())
         .expect("a stream")
 }
@@ -49,12 +49,12 @@ fn requested(a: &Alloc) -> i64 {
 }
 
 /// Every buffer is back and the pool is consistent.
-fn settled(a: &Alloc) {
+pub(crate) fn settled(a: &Alloc) {
     assert_eq!(allocated(a), 0, "a buffer was not returned");
     a.check_invariants().expect("invariants");
 }
 
-fn data(n: usize, seed: u32) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed | 1;
     (0..n)
         .map(|_| {

@@ -13,10 +13,12 @@
 //! - after each test every buffer is back in the pool, the invariants hold, and once the allocator
 //!   drops the device's free memory is back to its baseline.
 //!
-//! Files: `device.rs`, `streams.rs`, `interop.rs`, `sleep.rs` (tags, sleep and wake), `share.rs`
+//! Files: `device.rs`, `streams.rs`, `interop.rs`, `decode_ops.rs` (the decode step's kernels
+//! against the CPU), `sleep.rs` (tags, sleep and wake), `share.rs`
 //! (an allocation shared with a second process, which the test spawns). Captures run in their own binary
 //! (`gpu_capture`): a global-mode capture refuses calls from every thread of the process.
 
+mod decode_ops;
 mod device;
 mod interop;
 mod share;

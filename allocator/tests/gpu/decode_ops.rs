@@ -1,0 +1,173 @@
+//! The batched decode step's kernels (`cudalloc_sys::ops`, `ops/decode.rs`) against a CPU
+//! computation, on a CUDA GPU: `linear_rows` on its float4 path (`in` a multiple of 4) and its
+//! scalar path, with and without accumulation, for 1 to 32 rows and output counts that no block
+//! divides; `decode_attention` on its float4 path (head_dim 16 and 128) and its scalar path
+//! (head_dim 6), for positions below, at and past the cache's rows (clamped). Shapes the kernels
+//! cannot take are refused before launch.
+
+use super::interop::{allocator, data, new_stream, settled};
+use cudalloc::Policy;
+use cudalloc_sys::ops::{DecodeShape, Kernels, LINEAR_ROWS};
+
+/// Largest |got - want| over the largest |want| (f32 sums against f64 ones).
+fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
+    worst / scale
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_rows_matches_the_cpu() {
+    let a = allocator(Policy::Default);
+    let s = new_stream(&a);
+    let k = Kernels::new(&a.with_device(|d| d.context().clone())).unwrap();
+    // (rows, in, out): float4 rows, odd outputs, in not a multiple of 4, a whole tile and more.
+    let shapes = [
+        (1, 1024, 1024),
+        (2, 100, 50),
+        (3, 64, 97),
+        (4, 66, 7),
+        (8, 96, 64),
+        (9, 128, 33),
+        (17, 130, 33),
+        (LINEAR_ROWS, 256, 1000),
+    ];
+    for (i, &(rows, inp, out)) in shapes.iter().enumerate() {
+        for accumulate in [false, true] {
+            let seed = 2 * i as u32 + accumulate as u32;
+            let (wh, xh, yh) = (
+                data(out * inp, seed + 1),
+                data(rows * inp, seed + 100),
+                data(rows * out, seed + 200),
+            );
+            let w = a.buffer_from(&wh, &s).unwrap();
+            let x = a.buffer_from(&xh, &s).unwrap();
+            let mut y = a.buffer_from(&yh, &s).unwrap();
+            k.linear_rows(&s, &w, &x, &mut y, rows, inp, out, accumulate)
+                .unwrap();
+            let got = s.clone_dtoh(&y).unwrap();
+            let want: Vec<f64> = (0..rows * out)
+                .map(|e| {
+                    let (r, o) = (e / out, e % out);
+                    let dot: f64 = (0..inp)
+                        .map(|t| xh[r * inp + t] as f64 * wh[o * inp + t] as f64)
+                        .sum();
+                    dot + if accumulate { yh[e] as f64 } else { 0.0 }
+                })
+                .collect();
+            let err = rel_err(&got, &want);
+            assert!(
+                err < 1e-5,
+                "rows {rows}, in {inp}, out {out}, accumulate {accumulate}: rel err {err:.2e}"
+            );
+        }
+    }
+    let w = a.buffer::<f32>(64 * 64, &s).unwrap();
+    let x = a.buffer::<f32>(33 * 64, &s).unwrap();
+    let mut y = a.buffer::<f32>(33 * 64, &s).unwrap();
+    let too_many = k.linear_rows(&s, &w, &x, &mut y, 33, 64, 64, false);
+    assert!(too_many.is_err(), "33 rows are refused");
+    let short = k.linear_rows(&s, &w, &x, &mut y, 32, 64, 65, false);
+    assert!(
+        short.is_err(),
+        "weights of 64 x 64 floats are short of 65 outputs"
+    );
+    drop((w, x, y));
+    s.synchronize().unwrap();
+    settled(&a);
+}
+
+/// The CPU's attention of one query per sequence: `[batch, heads, head_dim]`.
+fn attention_cpu(s: DecodeShape, q: &[f32], kc: &[f32], vc: &[f32], pos: &[u32]) -> Vec<f64> {
+    let (hd, dim) = (s.head_dim, s.heads * s.head_dim);
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0.0f64; s.batch * dim];
+    for b in 0..s.batch {
+        let len = (pos[b] as usize + 1).min(s.max_len);
+        for h in 0..s.heads {
+            let row = |c: &[f32], j: usize| {
+                let at = (b * s.max_len + j) * dim + h * hd;
+                c[at..at + hd].iter().map(|v| *v as f64).collect::<Vec<_>>()
+            };
+            let qr = &q[b * dim + h * hd..b * dim + (h + 1) * hd];
+            let scores: Vec<f64> = (0..len)
+                .map(|j| {
+                    let kr = row(kc, j);
+                    qr.iter().zip(&kr).map(|(a, b)| *a as f64 * b).sum::<f64>() * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|v| (v - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for (j, p) in e.iter().enumerate() {
+                for (c, v) in row(vc, j).iter().enumerate() {
+                    out[b * dim + h * hd + c] += p / sum * v;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_attention_matches_the_cpu() {
+    let a = allocator(Policy::Default);
+    let s = new_stream(&a);
+    let k = Kernels::new(&a.with_device(|d| d.context().clone())).unwrap();
+    // head_dim 16 and 128: float4 rows; 6: the scalar path.
+    for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6)].iter().enumerate() {
+        let shape = DecodeShape {
+            batch: 5,
+            heads,
+            head_dim,
+            max_len: 300,
+        };
+        let dim = heads * head_dim;
+        let cache = shape.batch * shape.max_len * dim;
+        // Positions: one row, a few, most, the last row, and past the end (clamped).
+        let pos = [0u32, 7, 257, 299, 1000];
+        let seed = 10 * i as u32;
+        let (qh, kh, vh) = (
+            data(shape.batch * dim, seed + 1),
+            data(cache, seed + 2),
+            data(cache, seed + 3),
+        );
+        let q = a.buffer_from(&qh, &s).unwrap();
+        let kc = a.buffer_from(&kh, &s).unwrap();
+        let vc = a.buffer_from(&vh, &s).unwrap();
+        let p = a.buffer_from(&pos, &s).unwrap();
+        let mut scores = a
+            .buffer::<f32>(shape.batch * heads * shape.max_len, &s)
+            .unwrap();
+        let mut out = a.buffer::<f32>(shape.batch * dim, &s).unwrap();
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        k.decode_attention(&s, shape, &q, &kc, &vc, &mut scores, &mut out, &p, scale)
+            .unwrap();
+        let got = s.clone_dtoh(&out).unwrap();
+        let err = rel_err(&got, &attention_cpu(shape, &qh, &kh, &vh, &pos));
+        assert!(
+            err < 1e-5,
+            "heads {heads}, head_dim {head_dim}: rel err {err:.2e}"
+        );
+        let short = a.buffer::<f32>(shape.batch * dim - 1, &s).unwrap();
+        let refused = k.decode_attention(
+            &s,
+            shape,
+            &short,
+            &kc,
+            &vc,
+            &mut scores,
+            &mut out,
+            &p,
+            scale,
+        );
+        assert!(refused.is_err(), "a short query buffer is refused");
+    }
+    s.synchronize().unwrap();
+    settled(&a);
+}
