@@ -1,7 +1,7 @@
 //! [`SimDevice`]: a deterministic, host-only device for tests, fuzzing and trace replay.
 //!
-//! It follows the [`Device`] contract to the letter and adds test hooks: call counters
-//! ([`CallCounters`]), fault injection ([`FaultPlan`]), simulated streams whose work completes
+//! It follows the [`Device`] contract to the letter and adds test hooks: call counts
+//! ([`SimDevice::calls`]), fault injection ([`FaultPlan`]), simulated streams whose work completes
 //! only when a test says so, introspection of what is outstanding, and optional host backing so
 //! that data written to a segment or a page can be read back. Like a driver, it knows nothing of
 //! the blocks the allocator carves out of its segments and pages.
@@ -51,7 +51,7 @@
 //! 900 and invalidate it, as on the H200. The rules and their invariants are in the `capture`
 //! submodule's documentation.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -60,7 +60,7 @@ use crate::device::{
     Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
     MALLOC_ALIGNMENT,
 };
-use crate::wrap::{CallCounters, FaultPlan};
+use crate::wrap::FaultPlan;
 
 /// Start of the region `malloc` assigns segments from.
 pub const MALLOC_BASE: u64 = 0x7000_0000_0000;
@@ -73,6 +73,8 @@ const CHUNK: u64 = 64 << 10;
 
 mod config;
 pub use config::SimConfig;
+mod ids;
+use ids::{Counts, IdMap, IdSet};
 mod space;
 use space::{Space, Sparse};
 mod capture;
@@ -116,16 +118,17 @@ struct State {
     segment_data: HashMap<u64, Sparse>,
     /// Live reservations: address -> size.
     reservations: BTreeMap<u64, u64>,
-    pages: BTreeMap<u64, Page>,
+    pages: IdMap<u64, Page>,
     /// Physical memory behind the pages, and the descriptors exported from it.
     physical: share::Memory,
     /// Mapped pages: virtual address -> mapping.
     mappings: BTreeMap<u64, Mapping>,
     /// Events: handle -> (stream, target) of the last record, if any.
-    events: HashMap<u64, Option<(StreamId, u64)>>,
-    streams: HashMap<StreamId, Work>,
+    events: IdMap<u64, Option<(StreamId, u64)>>,
+    streams: IdMap<StreamId, Work>,
     /// Streams of another device ([`SimDevice::add_foreign_stream`]).
-    foreign: HashSet<StreamId>,
+    foreign: IdSet<StreamId>,
+    counts: Counts,
     malloc_bytes: u64,
     page_bytes: u64,
     next_handle: u64,
@@ -139,7 +142,6 @@ struct State {
 #[derive(Debug)]
 pub struct SimDevice {
     cfg: SimConfig,
-    counters: CallCounters,
     state: Mutex<State>,
 }
 
@@ -181,13 +183,8 @@ impl SimDevice {
             auto_complete: true,
             ..State::default()
         };
-        let counters = CallCounters::new();
         let state = Mutex::new(state);
-        Self {
-            cfg,
-            counters,
-            state,
-        }
+        Self { cfg, state }
     }
 
     /// The default configuration with `bytes` of capacity.
@@ -203,8 +200,8 @@ impl SimDevice {
     /// Counts `call`, applies the capture rules, then the fault plan, and returns the locked
     /// state.
     fn enter(&self, call: Call, requested: u64) -> DeviceResult<MutexGuard<'_, State>> {
-        self.counters.record(call);
         let mut s = self.state.lock();
+        s.counts.record(call);
         s.captures.check(call)?;
         s.faults.check(call, requested)?;
         Ok(s)
@@ -229,17 +226,17 @@ impl SimDevice {
 
     /// How many calls of kind `call` were made (successful or not).
     pub fn calls(&self, call: Call) -> u64 {
-        self.counters.get(call)
+        self.state.lock().counts.get(call)
     }
 
     /// How many calls were made in all.
     pub fn total_calls(&self) -> u64 {
-        self.counters.total()
+        self.state.lock().counts.total()
     }
 
     /// Sets every call counter back to zero.
     pub fn reset_calls(&self) {
-        self.counters.reset();
+        self.state.lock().counts.reset();
     }
 
     /// The `k`-th acquiring call from now fails (1-based); see [`FaultPlan`].
@@ -521,11 +518,15 @@ impl Device for SimDevice {
 
     fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()> {
         let mut s = self.enter(Call::Unmap, size)?;
-        let page = match s.mappings.get(&va) {
+        let page = match s.mappings.remove(&va) {
             Some(m) if m.size == size => m.page,
-            _ => bail!(Unmap, "no page of {size} bytes is mapped at {va:#x}"),
+            other => {
+                if let Some(m) = other {
+                    s.mappings.insert(va, m); // another size: left mapped
+                }
+                bail!(Unmap, "no page of {size} bytes is mapped at {va:#x}")
+            }
         };
-        s.mappings.remove(&va);
         s.pages.get_mut(&page).expect("mapped page").mapped_at = None;
         Ok(())
     }
@@ -540,6 +541,11 @@ impl Device for SimDevice {
                 "address {va:#x} is misaligned or the range overflows"
             );
         };
+        // The usual range, one whole mapping, in one lookup.
+        if let Some(m) = s.mappings.get_mut(&va).filter(|m| m.size == size) {
+            m.accessible = true;
+            return Ok(());
+        }
         let mut at = va;
         for (&m, info) in s.mappings.range(va..end) {
             if m != at {

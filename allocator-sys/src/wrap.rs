@@ -12,9 +12,9 @@
 //! over the real driver as well as over [`crate::SimDevice`], and cost nothing when unused. This
 //! is the idea behind RMM's resource adaptors, applied at the device boundary.
 //!
-//! The building blocks [`CallCounters`] and [`FaultPlan`] are public so that
-//! [`crate::SimDevice`] shares the exact same counting and fault semantics as [`CountCalls`] and
-//! [`FailCalls`].
+//! The building blocks [`CallCounters`] and [`FaultPlan`] are public; [`crate::SimDevice`]
+//! shares [`FaultPlan`] with [`FailCalls`], so its faults follow the exact same rules, and counts
+//! calls as [`CountCalls`] does (every call of a kind, failed or not), under its own lock.
 //!
 //! Only the [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
 //! are plain queries and are forwarded untouched.

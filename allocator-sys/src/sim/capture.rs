@@ -33,9 +33,9 @@
 //! - An invalidated capture names a call that its mode refuses on some thread.
 //! - Every captured event is a live event.
 
-use std::collections::{HashMap, HashSet};
 use std::thread::{self, ThreadId};
 
+use super::ids::{IdMap, IdSet};
 use super::SimDevice;
 use crate::device::{
     Call, CaptureMode, DeviceError, DeviceResult, StreamId, CAPTURED_EVENT, CAPTURE_INVALIDATED,
@@ -54,9 +54,9 @@ struct Capture {
 /// The captures underway and the captured events; part of the device's locked state.
 #[derive(Debug, Default)]
 pub(super) struct Captures {
-    streams: HashMap<StreamId, Capture>,
+    streams: IdMap<StreamId, Capture>,
     /// Events whose last record was on a capturing stream.
-    events: HashSet<u64>,
+    events: IdSet<u64>,
 }
 
 impl Captures {

@@ -23,11 +23,13 @@
 //! page bytes are the sum of the physical sizes (an import adds none); every export names live
 //! physical memory.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::io::PipeReader;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
+use super::ids::IdMap;
 use super::space::Sparse;
 use super::{oom, Page, SimDevice};
 use crate::device::{Call, DeviceError, DeviceResult, PageHandle, NOT_EXPORTABLE};
@@ -49,7 +51,7 @@ pub(super) struct Physical {
 /// Every physical memory by id, and the descriptors exported from them by inode.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
-    physical: HashMap<u64, Physical>,
+    physical: IdMap<u64, Physical>,
     /// (device, inode) of an exported descriptor -> the kept read end and the physical id.
     exports: HashMap<(u64, u64), (PipeReader, u64)>,
     next: u64,
@@ -142,21 +144,23 @@ impl SimDevice {
     pub(super) fn sim_release_page(&self, page: PageHandle) -> DeviceResult<()> {
         let mut s = self.enter(Call::ReleasePage, 0)?;
         let invalid = |msg: String| Err(DeviceError::invalid(Call::ReleasePage.name(), msg));
-        let Some(p) = s.pages.get(&page.0) else {
+        let Some(p) = s.pages.remove(&page.0) else {
             return invalid(format!("unknown page {}", page.0));
         };
         if let Some(va) = p.mapped_at {
+            s.pages.insert(page.0, p); // still live
             return invalid(format!("page {} is still mapped at {va:#x}", page.0));
         }
-        let id = p.physical;
-        s.pages.remove(&page.0);
-        let m = &mut s.physical;
-        let phys = m.physical.get_mut(&id).expect("live physical memory");
-        phys.handles -= 1;
-        if phys.handles == 0 {
-            let size = phys.size;
-            m.physical.remove(&id);
-            m.exports.retain(|_, (_, of)| *of != id);
+        let Entry::Occupied(mut phys) = s.physical.physical.entry(p.physical) else {
+            unreachable!("a live page's physical memory is live");
+        };
+        phys.get_mut().handles -= 1;
+        if phys.get().handles == 0 {
+            let size = phys.remove().size;
+            let exports = &mut s.physical.exports;
+            if !exports.is_empty() {
+                exports.retain(|_, (_, of)| *of != p.physical);
+            }
             s.page_bytes -= size;
         }
         Ok(())

@@ -1,11 +1,12 @@
-//! What the wrappers share with [`crate::SimDevice`]: counting calls by kind
-//! ([`CallCounters`]) and deciding which upcoming calls fail ([`FaultPlan`]).
+//! Counting calls by kind ([`CallCounters`], for the wrappers) and deciding which upcoming calls
+//! fail ([`FaultPlan`], shared by the wrappers and [`crate::SimDevice`]). The simulated device
+//! counts its calls under its own lock instead, in plain integers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::device::{Call, DeviceError, DeviceResult};
 
-/// One counter per [`Call`] kind; lock-free, shared by [`crate::SimDevice`] and [`CountCalls`](super::CountCalls).
+/// One counter per [`Call`] kind; lock-free, used by [`CountCalls`](super::CountCalls).
 #[derive(Debug, Default)]
 pub struct CallCounters {
     counts: [AtomicU64; Call::ALL.len()],

@@ -342,13 +342,15 @@ impl ExpSegment {
     pub(crate) fn unmap<D: Device>(&mut self, m: &Mapper<'_, D>, addr: u64, size: u64) -> Unmapped {
         let dev = m.dev;
         self.retry_leaked(dev);
-        let inside: Vec<(u64, Chunk)> = self
-            .chunks
-            .range(addr..addr + size)
-            .filter(|(a, c)| **a + c.size <= addr + size)
-            .map(|(a, c)| (*a, *c))
-            .collect();
-        let first = inside.first().map_or(addr, |c| c.0);
+        let end = addr + size;
+        // The next chunk lying entirely inside the range, from `from` on (no list is made: the
+        // chunks after the one unmapped stay as they were).
+        let next_inside = |chunks: &BTreeMap<u64, Chunk>, from: u64| {
+            let mut inside = chunks.range(from..end).filter(|(a, c)| **a + c.size <= end);
+            inside.next().map(|(a, c)| (*a, *c))
+        };
+        let mut next = next_inside(&self.chunks, addr);
+        let first = next.map_or(addr, |c| c.0);
         let mut done = Unmapped {
             range: Range {
                 addr: first,
@@ -357,15 +359,15 @@ impl ExpSegment {
             },
             error: None,
         };
-        for (a, c) in &inside {
-            m.hooks.unmapping(*a, c.size);
-            if let Err(e) = dev.unmap(*a, c.size) {
+        while let Some((a, c)) = next {
+            m.hooks.unmapping(a, c.size);
+            if let Err(e) = dev.unmap(a, c.size) {
                 // Still mapped, and usable: announced again.
-                m.hooks.mapped(*a, c.size);
+                m.hooks.mapped(a, c.size);
                 done.error = Some(e);
                 break;
             }
-            self.chunks.remove(a);
+            self.chunks.remove(&a);
             self.mapped -= c.size;
             done.range.size += c.size;
             done.range.ops += 1;
@@ -374,6 +376,7 @@ impl ExpSegment {
                 done.error = Some(e);
                 break;
             }
+            next = next_inside(&self.chunks, a + c.size);
         }
         done
     }
