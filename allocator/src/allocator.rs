@@ -305,6 +305,7 @@ impl<D: Device> CachingAllocator<D> {
             self.found_held(shard_of(stream)); // a miss: lets a crowded shard's score decay
         }
         let mut pool = self.shard(stream);
+        let before = pool.reserved();
         let a = match how {
             Try::Cached => match pool.allocate_cached(size, stream)? {
                 Some(a) => a,
@@ -320,6 +321,9 @@ impl<D: Device> CachingAllocator<D> {
         let b = pool.block(a.0.block).expect("allocated block");
         self.live.insert(Entry::live(a.0, b.size, b.pool));
         self.note_watched(stream, &pool);
+        let grew = pool.reserved().saturating_sub(before);
+        drop(pool);
+        self.note_idle_clock(shard_of(stream), grew);
         Ok(Some(a))
     }
 

@@ -357,6 +357,23 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.release_all_cached(&mut self.policy)
     }
 
+    /// The front's look at a pool whose stream may have gone idle
+    /// ([`crate::policy::front::FrontRules::idle_after`]): for a policy that gives back idle
+    /// streams' memory ([`Policy::gives_back_idle`]), the bytes it holds cached once its
+    /// completed stream events are processed ([`Core::settle_idle`]); `None` for the others.
+    pub(crate) fn idle_cached(&mut self) -> Result<Option<u64>, DeviceError> {
+        if !self.policy.gives_back_idle() {
+            return Ok(None);
+        }
+        self.core.settle_idle(&mut self.policy).map(Some)
+    }
+
+    /// Gives back, without waiting, the cached memory of a pool whose stream has gone idle
+    /// ([`Core::give_back_idle`]); the bytes started back.
+    pub(crate) fn give_back_idle(&mut self) -> Result<u64, DeviceError> {
+        self.core.give_back_idle()
+    }
+
     /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).
     pub(crate) fn count_sync_all_streams(&mut self) {
         self.core.count_sync_all_streams();

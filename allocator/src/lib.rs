@@ -47,6 +47,7 @@ pub mod fmt;
 mod front_stats;
 mod graph_pool;
 pub mod hooks;
+mod idle;
 pub mod interop;
 mod ladder;
 mod live;

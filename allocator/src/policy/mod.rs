@@ -106,6 +106,15 @@ pub trait Policy {
         false
     }
 
+    /// True when a front with one pool per stream may give back, without waiting, the cached
+    /// memory of a pool whose stream stopped allocating while other pools grew by at least as
+    /// much ([`Core::give_back_idle`]): memory a finished stream keeps serves no other stream.
+    /// False unless a policy says otherwise (PyTorch's rules keep a stream's cache until
+    /// `empty_cache`).
+    fn gives_back_idle(&self) -> bool {
+        false
+    }
+
     /// Block `id` was just handed out.
     fn on_alloc<D: Device>(&mut self, _core: &mut Core<D>, _id: BlockId) {}
 
@@ -254,6 +263,10 @@ impl Policy for Builtin {
 
     fn has_last_resort(&self) -> bool {
         each!(self, p => p.has_last_resort())
+    }
+
+    fn gives_back_idle(&self) -> bool {
+        each!(self, p => p.gives_back_idle())
     }
 
     #[inline]

@@ -48,6 +48,45 @@ impl<D: Device> Core<D> {
         Ok(true)
     }
 
+    /// Returns the blocks whose stream events have completed to the pool (nothing waits) and
+    /// gives back the pages whose release has completed; then the bytes this pool holds cached
+    /// (reserved and not allocated). Nothing is queried during a capture (a query could
+    /// invalidate it) or while the pool sleeps: then only the count.
+    pub(crate) fn settle_idle<P: Observer>(&mut self, policy: &mut P) -> Result<u64, DeviceError> {
+        if !self.capturing() && !self.asleep() {
+            if self.deferred_blocks() > 0 {
+                self.record_owed(policy);
+            }
+            self.process_events(policy)?;
+            self.poll_releasing();
+        }
+        let allocated = self.stats.allocated_bytes.0[0].current.max(0) as u64;
+        Ok(self.reserved.saturating_sub(allocated))
+    }
+
+    /// Starts giving back, without waiting, the cached memory of a pool whose stream has gone
+    /// idle: the whole chunks of every free block of an expandable segment (`releasing`:
+    /// unmapped once their stream's work before them has completed, at a later poll; call
+    /// [`Core::settle_idle`] first). Returns the bytes started back. Nothing during a capture
+    /// or while the pool sleeps.
+    pub(crate) fn give_back_idle(&mut self) -> Result<u64, DeviceError> {
+        if self.capturing() || self.asleep() {
+            return Ok(0);
+        }
+        let page = self.device.granularity()?;
+        let free: Vec<_> = self
+            .small
+            .all_free_at_least(page)
+            .chain(self.large.all_free_at_least(page))
+            .filter(|&id| self.blocks[id].is_expandable())
+            .collect();
+        let mut going = 0;
+        for id in free {
+            going += self.release_pages(id)?;
+        }
+        Ok(going)
+    }
+
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
     /// pages of expandable segments. Waits for pending stream events and releasing blocks
     /// first, and for the device before it unmaps free pages (work queued on them may still

@@ -15,7 +15,8 @@
 //!   the offloaded bytes there, a failed wake or sleep changes nothing, no byte is lost.
 //!
 //! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
-//! `graph_pool.rs` (private pools for CUDA graphs), `graph_engine.rs` (the example engine's
+//! `graph_pool.rs` (private pools for CUDA graphs), `idle.rs` (idle streams give their cache
+//! back), `graph_engine.rs` (the example engine's
 //! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake).
 
 #[path = "../common/mod.rs"]
@@ -26,6 +27,7 @@ mod graph_engine;
 mod graph_pool;
 mod hooks;
 mod hooks_wake;
+mod idle;
 mod restore;
 mod share;
 mod sleep;

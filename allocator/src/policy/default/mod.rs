@@ -224,6 +224,10 @@ impl Policy for DefaultPolicy {
         self.cfg.repage_under_cap
     }
 
+    fn gives_back_idle(&self) -> bool {
+        true
+    }
+
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
         self.peak_requested = self.peak_requested.max(core.requested_bytes());
         if let Some((k, placed)) = self.pending.take() {

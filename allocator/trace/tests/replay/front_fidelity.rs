@@ -126,12 +126,14 @@ fn a_large_block_freed_among_live_ones_of_its_episode_reaches_its_pool() {
 
 /// Peak reserved bytes and driver calls through `CachingAllocator` of the side-stream
 /// pipelines (two streams, a shard each, blocks freed with `record_stream` events pending), as
-/// measured; no more than 1% above them (a rule that gives streams' caches back too eagerly
-/// shows here: one tried made two streams taking turns map again at every step).
+/// measured with the idle-stream rule (which took 4 and 9 calls more on prefetch1 and 3 than
+/// without it, and 8 MiB less on prefetch3); no more than 1% above them (a rule that gives
+/// streams' caches back too eagerly shows here: one tried made two streams taking turns map
+/// again at every step).
 const MULTI_STREAM: [(&str, u64, u64); 3] = [
-    ("side_stream_prefetch1", 9_420_406_784, 474),
+    ("side_stream_prefetch1", 9_420_406_784, 478),
     ("side_stream_prefetch2", 13_839_106_048, 674),
-    ("side_stream_prefetch3", 13_518_241_792, 350),
+    ("side_stream_prefetch3", 13_509_853_184, 359),
 ];
 
 #[test]
