@@ -162,6 +162,9 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<ExitCode> {
     let policy = Policy::parse(&args.policy)?;
+    if !args.graphs && (args.step_profile || args.step_linear != batch::Linear::Rows) {
+        return Err("--step-profile and --step-linear apply to --graphs: add --graphs".into());
+    }
     if args.graphs && args.stream != StreamKind::New {
         return Err(
             "--graphs needs --stream new (the legacy default stream cannot be captured)".into(),

@@ -322,8 +322,11 @@ impl<D: Device> CachingAllocator<D> {
         self.live.insert(Entry::live(a.0, b.size, b.pool));
         self.note_watched(stream, &pool);
         let grew = pool.reserved().saturating_sub(before);
+        self.rules.note_allocation(shard_of(stream), grew);
         drop(pool);
-        self.note_idle_clock(shard_of(stream), grew);
+        if grew > 0 {
+            self.sweep_idle(shard_of(stream));
+        }
         Ok(Some(a))
     }
 

@@ -1,15 +1,20 @@
 //! Idle stream shards give their cached memory back (the front rule "Idle streams" of
 //! [`crate::policy::front`]).
 //!
-//! After a pool grew, [`CachingAllocator`] looks at every other shard whose pool has not
-//! allocated since the pools last grew: its completed stream events are processed and its
-//! pages on their way back polled (`Pool::idle_cached`, nothing waits), and if the pools grew
-//! by at least the bytes it still holds cached since its last allocation (16 times more per
-//! strike: each time it allocated again after such a give-back), it starts giving them back (`Pool::give_back_idle`: pages go back once their stream's work before them has
-//! completed, at a later look or operation).
+//! After a pool grew, [`CachingAllocator`] looks at every other shard whose look is due
+//! ([`FrontRules::idle_look_due`](crate::policy::front::FrontRules::idle_look_due): the pools
+//! grew since its last allocation, and by enough since the last look that found it not idle).
+//! Its completed stream events are processed and its pages on their way back polled
+//! (`Pool::idle_cached`, nothing waits); if the pools grew by at least the bytes it holds
+//! cached since its last allocation (16 times more per strike: each time it allocated again
+//! after such a give-back), it starts giving its free pages back (`Pool::give_back_idle`: they
+//! go back once their stream's work before them has completed, at a later look or operation).
+//! Cached bytes are the pool's reserved bytes less its allocated ones: free blocks, blocks
+//! waiting for other streams' events (which become free), pages on their way back.
 //!
-//! Invariants: no shard lock is waited for (a busy shard is skipped until the next look); a
-//! shard that allocated since the pools last grew is not looked at; nothing is queried or given
+//! Invariants: no shard lock is waited for (a busy shard is skipped until the next look); the
+//! clock of a shard is noted while its lock is held, so a look never sees an allocation's
+//! shard with its earlier clock; nothing is queried or given
 //! back while a capture is underway or the pool sleeps (the pools refuse then), nor for a
 //! policy that keeps its caches; a failed device call leaves the rest cached, for the next look
 //! or `empty_cache`.
@@ -18,17 +23,11 @@ use crate::allocator::CachingAllocator;
 use cudalloc_sys::Device;
 
 impl<D: Device> CachingAllocator<D> {
-    /// After shard `grown` allocated, growing by `bytes`: the idle rule's clock, and when it
-    /// grew, its look at every other shard (see the module docs).
-    pub(crate) fn note_idle_clock(&self, grown: usize, bytes: u64) {
-        if bytes == 0 {
-            self.rules.note_allocation(grown);
-            return;
-        }
-        self.rules.note_growth(bytes);
-        self.rules.note_allocation(grown);
+    /// After shard `grown` grew (its clock already noted, its lock released): the idle rule's
+    /// look at every other shard that is due one (see the module docs).
+    pub(crate) fn sweep_idle(&self, grown: usize) {
         for (i, s) in self.shards.iter().enumerate() {
-            if i == grown || !self.rules.grown_since(i) {
+            if i == grown || !self.rules.idle_look_due(i) {
                 continue;
             }
             let Some(mut pool) = s.try_lock() else {

@@ -317,7 +317,7 @@ extern "C" __global__ void cudalloc_decode_attention_f32(
     u64 max_len, const u32* __restrict__ pos, float scale) {
     __shared__ float sh[32];
     __shared__ float4 red[THREADS];
-    __shared__ float qsh[4 * 32];
+    __shared__ __align__(16) float qsh[4 * 32];
     const u64 g = blockIdx.x;
     if (g >= batch * heads) return;
     const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
@@ -346,8 +346,9 @@ extern "C" __global__ void cudalloc_decode_attention_f32(
 
 // y[r, o] = beta * y[r, o] + sum_i x[r, i] w[o, i] for r < rows (at most LINEAR_ROWS) and
 // o < out: a linear layer for a few rows (a decode step's batch), w `[out, in]`, x `[rows, in]`,
-// y `[rows, out]`. A block computes LINEAR_OUT outputs for a tile of rows; its threads split `in` (thread t takes elements t, t + THREADS, ...), so that the loads of a whole row of
-// w are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp,
+// y `[rows, out]`. A block computes LINEAR_OUT outputs for a tile of rows; its threads split
+// `in` (thread t takes elements t, t + blockDim.x, ...), so that the loads of a whole row of w
+// are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp,
 // then across the warps in shared memory. blockIdx.x = tile + tiles * (output block), so the
 // blocks that read the same rows of w run together and the later reads come from L2. Rows of w
 // and x are read as float4 where `in` is a multiple of 4 and both pointers are 16-byte aligned,

@@ -19,8 +19,9 @@ pub(super) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// A set of device-made integers, hashed by [`IdHasher`].
 pub(super) type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
-/// Fibonacci hashing: the key times 2^64 / phi, whose high bits (the table's tag) and low bits
-/// (its bucket, for consecutive keys a permutation) are both spread.
+/// Fibonacci hashing: the key times 2^64 / phi, rotated by half a word so that the table's
+/// bucket (the low bits) comes from the product's well-spread high bits: keys aligned to a power
+/// of two (stream handles that are host pointers) leave the product's low bits zero.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct IdHasher(u64);
 
@@ -28,7 +29,7 @@ const PHI: u64 = 0x9e37_79b9_7f4a_7c15;
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        self.0.rotate_left(32)
     }
 
     fn write(&mut self, bytes: &[u8]) {

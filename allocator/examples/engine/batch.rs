@@ -160,32 +160,40 @@ pub fn prefill(model: &Model<PoolMem>, slots: &mut Slots, prompts: &[Vec<u32>]) 
 
 /// Events recorded between the ops of eager steps, to time each kind of op
 /// (`engine --graphs --step-profile`). Never used during a capture: an event recorded there
-/// would become a node of the graph.
+/// would become a node of the graph. The events are made once and recorded again at each step.
 #[derive(Default)]
 pub struct Probe {
-    /// Each mark: the op that ended there and the event recorded after it.
-    marks: Vec<(&'static str, CudaEvent)>,
+    /// Each mark of the current steps: the op that ended there and its event's index.
+    marks: Vec<(&'static str, usize)>,
+    /// The events, made as the marks first need them.
+    events: Vec<CudaEvent>,
 }
 
 impl Probe {
     /// Records an event after the op `label` (the first mark of a step only starts the clock).
     fn mark(&mut self, st: &Arc<CudaStream>, label: &'static str) -> Result<()> {
-        let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
-        self.marks.push((label, st.record_event(timed)?));
+        let i = self.marks.len();
+        if i == self.events.len() {
+            let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            self.events.push(st.context().new_event(timed)?);
+        }
+        self.events[i].record(st)?;
+        self.marks.push((label, i));
         Ok(())
     }
 
-    /// Milliseconds per label, summed over the marks so far (the stream must be done with
-    /// them), in the order the labels first ended; the marks are cleared.
+    /// Milliseconds between each mark and the one before, summed per label over the marks so
+    /// far (the stream must be done with them), in the order the labels first ended; the marks
+    /// are cleared, the events kept.
     pub fn take(&mut self) -> Result<Vec<(&'static str, f64)>> {
         let mut sums: Vec<(&'static str, f64)> = Vec::new();
         for pair in self.marks.windows(2) {
-            let ((_, start), (label, end)) = (&pair[0], &pair[1]);
-            if *label == START {
+            let ((_, start), (label, end)) = (pair[0], pair[1]);
+            if label == START {
                 continue;
             }
-            let ms = start.elapsed_ms(end)? as f64;
-            match sums.iter_mut().find(|(l, _)| l == label) {
+            let ms = self.events[start].elapsed_ms(&self.events[end])? as f64;
+            match sums.iter_mut().find(|(l, _)| *l == label) {
                 Some((_, sum)) => *sum += ms,
                 None => sums.push((label, ms)),
             }

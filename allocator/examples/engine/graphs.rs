@@ -289,36 +289,42 @@ pub struct Row {
     pub same: Vec<bool>,
 }
 
-/// `--step-profile`: the device time of each kind of op in the eager step, per batch size
-/// (events between the ops of `steps` steps, after one untimed step), in microseconds per
-/// step, with the sum and the host's wall time per step beside them.
+/// `--step-profile`: per batch size, the time between each kind of op of the eager step and
+/// the op before it (events recorded between the ops of `steps` steps, after one untimed step;
+/// the stream is waited for after each step, as the decode loop does), in microseconds per
+/// step. Where the device keeps up with the host's launches, the time is the launches', not
+/// the op's own work.
 fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()> {
     let (st, eager) = (model.mem.stream().clone(), model.mem.allocator().clone());
-    // Per batch size: the milliseconds of each op over all steps, and the host's seconds.
-    type Column = (usize, Vec<(&'static str, f64)>, f64);
-    let mut cols: Vec<Column> = Vec::new();
+    // Per batch size: the milliseconds of each op over all steps.
+    let mut cols: Vec<(usize, Vec<(&'static str, f64)>)> = Vec::new();
+    let mut probe = Probe::default();
     for b in BATCHES {
         slots.reset(&st)?;
         decode_step(model, slots, b, &eager)?;
         st.synchronize()?;
-        let mut probe = Probe::default();
-        let t = Instant::now();
+        let mut sums: Vec<(&'static str, f64)> = Vec::new();
         for _ in 0..steps {
             decode_step_probed(model, slots, b, &eager, Some(&mut probe))?;
+            st.synchronize()?;
+            for (label, ms) in probe.take()? {
+                match sums.iter_mut().find(|(l, _)| *l == label) {
+                    Some((_, sum)) => *sum += ms,
+                    None => sums.push((label, ms)),
+                }
+            }
         }
-        st.synchronize()?;
-        let wall = t.elapsed().as_secs_f64();
-        cols.push((b, probe.take()?, wall));
+        cols.push((b, sums));
     }
     let per_step = |ms: f64| format!("{:.0}", ms * 1e3 / steps as f64);
-    println!("\ngraphs: eager step profile, device microseconds per step (events between ops; {steps} steps each)");
-    let head: Vec<String> = cols.iter().map(|(b, _, _)| format!("batch {b}")).collect();
+    println!("\ngraphs: eager step profile, microseconds per step between each op and the one before ({steps} steps each)");
+    let head: Vec<String> = cols.iter().map(|(b, _)| format!("batch {b}")).collect();
     println!("| op | {} |", head.join(" | "));
     println!("| --- |{}", " --- |".repeat(cols.len()));
     for (label, _) in &cols[0].1 {
         let cells: Vec<String> = cols
             .iter()
-            .map(|(_, sums, _)| {
+            .map(|(_, sums)| {
                 let ms = sums.iter().find(|(l, _)| l == label).map_or(0.0, |s| s.1);
                 per_step(ms)
             })
@@ -327,11 +333,9 @@ fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()
     }
     let sum: Vec<String> = cols
         .iter()
-        .map(|(_, s, _)| per_step(s.iter().map(|x| x.1).sum()))
+        .map(|(_, s)| per_step(s.iter().map(|x| x.1).sum()))
         .collect();
     println!("| all ops | {} |", sum.join(" | "));
-    let wall: Vec<String> = cols.iter().map(|(_, _, w)| per_step(w * 1e3)).collect();
-    println!("| host wall time | {} |", wall.join(" | "));
     Ok(())
 }
 

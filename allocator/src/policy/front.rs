@@ -30,12 +30,12 @@
 //!   ([`Policy::gives_back_idle`](super::Policy::gives_back_idle): `default`). Idleness is
 //!   measured in bytes grown elsewhere, not in time or in looks, and a shard that allocates
 //!   again after giving its cache back was not idle: the growth it must see next time is 16
-//!   times larger (a strike; [`IDLE_STRIKES_MAX`] at most). Streams taking turns would
-//!   otherwise give each other back in a chain (each regrowth making the next stream look idle:
-//!   16,513 driver calls against 204 for four streams with changing shapes on the simulated
-//!   device); with the strikes a stream is taken for idle once in a warm-up where all streams
-//!   grow, then not again (279 calls against 204 over 200 steps, none more after warm-up). A
-//!   stream served by its thread cache loses only what its pool holds.
+//!   times larger (a strike; [`IDLE_STRIKES_MAX`] at most), so streams taking turns, which
+//!   would otherwise give each other back in a chain (each regrowth making the next stream look
+//!   idle), are each taken for idle at most a few times, in the warm-up where they all grow
+//!   (`docs/threads.md` has the figures). A stream served by its thread cache loses only what
+//!   its pool holds. A shard found not idle is looked at again once the growth since its last
+//!   allocation has doubled or reached its threshold.
 //!   Before the count, the shard's blocks whose stream events have completed return to it
 //!   (`record_stream`: the batches a side stream handed to the main stream), and its pages on
 //!   their way back are polled; a shard another thread holds is left for the next look.
@@ -58,7 +58,7 @@ pub const CROWD_MAX: usize = 1024;
 
 /// Most doublings of the growth an idle shard must see (its strikes: give-backs it allocated
 /// again after).
-pub const IDLE_STRIKES_MAX: u32 = 32;
+pub const IDLE_STRIKES_MAX: u32 = 15;
 
 /// The thread-cache rules of one allocator, with the per-shard state they read.
 pub struct FrontRules {
@@ -68,12 +68,21 @@ pub struct FrontRules {
     crowd: Box<[CachePadded<AtomicUsize>]>,
     /// Bytes the pools together have grown by (each growth's increase of reserved bytes).
     grown: AtomicU64,
-    /// Per shard: `grown` at its pool's last allocation.
-    mark: Box<[AtomicU64]>,
-    /// Per shard: its cache was given back since its pool's last allocation.
-    given: Box<[AtomicBool]>,
-    /// Per shard: how many times it allocated again after its cache was given back.
-    strikes: Box<[AtomicU32]>,
+    /// Per shard: the idle rule's state.
+    idle: Box<[CachePadded<IdleClock>]>,
+}
+
+/// One shard's state for the idle rule.
+#[derive(Default)]
+struct IdleClock {
+    /// `grown` at its pool's last allocation.
+    mark: AtomicU64,
+    /// `grown` from which the next look at it is due (0: at the next growth).
+    due: AtomicU64,
+    /// Its cache was given back since its pool's last allocation.
+    given: AtomicBool,
+    /// How many times it allocated again after its cache was given back.
+    strikes: AtomicU32,
 }
 
 impl FrontRules {
@@ -85,18 +94,26 @@ impl FrontRules {
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             grown: AtomicU64::new(0),
-            mark: (0..shards).map(|_| AtomicU64::new(0)).collect(),
-            given: (0..shards).map(|_| AtomicBool::new(false)).collect(),
-            strikes: (0..shards).map(|_| AtomicU32::new(0)).collect(),
+            idle: (0..shards).map(|_| CachePadded::default()).collect(),
         }
     }
 
-    /// Shard `i`'s pool made an allocation (the idle rule's clock starts again for it; a strike
-    /// if its cache was given back since its last one).
-    pub fn note_allocation(&self, i: usize) {
-        self.mark[i].store(self.grown.load(Ordering::Relaxed), Ordering::Relaxed);
-        if self.given[i].load(Ordering::Relaxed) && self.given[i].swap(false, Ordering::Relaxed) {
-            let s = &self.strikes[i];
+    /// Shard `i`'s pool made an allocation, growing the pools by `grew` bytes: the idle rule's
+    /// clock starts again for it (a strike if its cache was given back since its last one).
+    /// Written only when something changed: one thread allocating on its stream writes nothing
+    /// shared between growths.
+    pub fn note_allocation(&self, i: usize, grew: u64) {
+        let now = match grew {
+            0 => self.grown.load(Ordering::Relaxed),
+            _ => self.grown.fetch_add(grew, Ordering::Relaxed) + grew,
+        };
+        let c = &self.idle[i];
+        if c.mark.load(Ordering::Relaxed) != now {
+            c.mark.store(now, Ordering::Relaxed);
+            c.due.store(0, Ordering::Relaxed);
+        }
+        if c.given.load(Ordering::Relaxed) && c.given.swap(false, Ordering::Relaxed) {
+            let s = &c.strikes;
             s.store(
                 (s.load(Ordering::Relaxed) + 1).min(IDLE_STRIKES_MAX),
                 Ordering::Relaxed,
@@ -104,32 +121,41 @@ impl FrontRules {
         }
     }
 
-    /// Shard `i` started giving its cache back as idle.
-    pub fn note_given_back(&self, i: usize) {
-        self.given[i].store(true, Ordering::Relaxed);
+    /// True when a look at shard `i` is due: the pools grew since its last allocation, and
+    /// enough since the last look that found it not idle.
+    pub fn idle_look_due(&self, i: usize) -> bool {
+        let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
+        now != c.mark.load(Ordering::Relaxed) && now >= c.due.load(Ordering::Relaxed)
     }
 
-    /// A pool grew by `bytes`.
-    pub fn note_growth(&self, bytes: u64) {
-        self.grown.fetch_add(bytes, Ordering::Relaxed);
+    /// The growth shard `i` holding `cached` bytes must see to be idle: `cached`, 16 times more
+    /// per strike.
+    fn idle_threshold(&self, i: usize, cached: u64) -> u64 {
+        let strikes = self.idle[i].strikes.load(Ordering::Relaxed);
+        cached.saturating_mul(1u64 << (4 * strikes.min(IDLE_STRIKES_MAX)))
     }
 
     /// True when shard `i`, holding `cached` bytes cached, is idle: its pool made no allocation
-    /// while the pools together grew by at least `cached` bytes, 16 times more per strike (and
-    /// it holds some).
+    /// while the pools together grew by at least [`FrontRules::idle_threshold`] (and it holds
+    /// some). When not, the next look is due once the growth since its last allocation reaches
+    /// that threshold or twice the present one, whichever is more, so a shard that stays
+    /// below is looked at a logarithmic number of times.
     pub fn idle_after(&self, i: usize, cached: u64) -> bool {
-        let since = self
-            .grown
-            .load(Ordering::Relaxed)
-            .wrapping_sub(self.mark[i].load(Ordering::Relaxed));
-        let strikes = self.strikes[i].load(Ordering::Relaxed);
-        cached > 0 && since >= cached.saturating_mul(1u64 << (4 * strikes))
+        let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
+        let mark = c.mark.load(Ordering::Relaxed);
+        let since = now.wrapping_sub(mark);
+        let need = self.idle_threshold(i, cached);
+        if cached > 0 && since >= need {
+            return true;
+        }
+        let next = mark.saturating_add(need.max(since.saturating_mul(2)).max(1));
+        c.due.store(next, Ordering::Relaxed);
+        false
     }
 
-    /// True when shard `i`'s pool made no allocation since the pools last grew: it has nothing
-    /// new to count for the idle rule unless something grew since.
-    pub fn grown_since(&self, i: usize) -> bool {
-        self.grown.load(Ordering::Relaxed) != self.mark[i].load(Ordering::Relaxed)
+    /// Shard `i` started giving its cache back as idle.
+    pub fn note_given_back(&self, i: usize) {
+        self.idle[i].given.store(true, Ordering::Relaxed);
     }
 
     /// Records whether shard `i`'s pool watches its large blocks, after an operation on it.

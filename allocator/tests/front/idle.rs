@@ -8,11 +8,12 @@
 //! events have completed go back to the device under `default`, without a device wait; a
 //! stream whose pool allocated since keeps its cache; PyTorch's rules (`torch`) keep it; nothing
 //! goes back during a capture; streams taking turns with changing shapes, on one thread or
-//! four, make at most 1.5x the driver calls of the same steps on an allocator each, and after
-//! warm-up no more than those.
+//! four, make at most 1.5x the driver calls of the same steps on an allocator each, and over
+//! the second half of the steps at most 10% more than those.
 
+use cudalloc::config::{DefaultConfig, PolicyConfig};
 use cudalloc::{CachingAllocator, Config, Policy};
-use cudalloc_sys::{CaptureMode, SimConfig, SimDevice, StreamId};
+use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -106,16 +107,22 @@ fn side_streams_of_earlier_repetitions_do_not_pile_up() {
 fn a_stream_that_allocated_since_keeps_its_cache() {
     let (sim, alloc) = alloc_with(Policy::Default);
     let mut held = Vec::new();
-    for _ in 0..3 {
+    for round in 0..3 {
         // The main stream grows by 40 MiB between the side stream's 64 MiB batches: less than
-        // the side stream holds each time.
+        // the side stream holds each time, so the side stream's batch is never given back and
+        // its later batches map nothing.
         held.push(alloc.allocate(40 * MIB, MAIN).unwrap());
+        sim.complete_all();
+        let maps = sim.calls(Call::Map);
         side_batch(&sim, &alloc, SIDE);
+        if round > 0 {
+            assert_eq!(
+                sim.calls(Call::Map),
+                maps,
+                "round {round}: the side stream, busy between the main stream's growths, lost its cache"
+            );
+        }
     }
-    assert!(
-        alloc.reserved_bytes() >= 120 * MIB + 64 * MIB,
-        "the side stream, busy between the main stream's growths, lost its cache"
-    );
     drop(held);
     alloc.check_invariants().unwrap();
 }
@@ -128,17 +135,50 @@ fn under_pytorch_rules_an_idle_stream_keeps_its_cache() {
     assert!(alloc.reserved_bytes() >= 300 * MIB + 64 * MIB);
 }
 
+/// During a capture the look queries no event and unmaps nothing (either could invalidate
+/// the capture on a real device).
 #[test]
 fn nothing_goes_back_during_a_capture() {
     let (sim, alloc) = alloc_with(Policy::Default);
-    side_batch(&sim, &alloc, SIDE);
+    let x = alloc.allocate(64 * MIB, SIDE).unwrap();
+    alloc.record_stream(x.ptr(), MAIN).unwrap();
+    alloc.free(x).unwrap();
+    sim.complete_all();
+    let (queries, unmaps) = (sim.calls(Call::QueryEvent), sim.calls(Call::Unmap));
     alloc.begin_capture(CaptureMode::Global);
     let _held = main_grows(&sim, &alloc);
+    assert_eq!(
+        sim.calls(Call::QueryEvent),
+        queries,
+        "an event was queried during the capture"
+    );
+    assert_eq!(
+        sim.calls(Call::Unmap),
+        unmaps,
+        "a page was unmapped during the capture"
+    );
     alloc.end_capture(CaptureMode::Global).unwrap();
     assert!(
         alloc.reserved_bytes() >= 300 * MIB + 64 * MIB,
         "an idle stream gave back memory during a capture"
     );
+}
+
+/// With the policy's give-back switch off (`rules.give_back`), reserved memory only grows: idle
+/// streams keep their caches too.
+#[test]
+fn with_give_back_off_an_idle_stream_keeps_its_cache() {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(8 * GIB)));
+    sim.set_auto_complete(false);
+    let mut d = DefaultConfig::default();
+    d.rules.give_back = false;
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(d))
+        .unwrap();
+    let alloc = CachingAllocator::new(sim.clone(), cfg);
+    side_batch(&sim, &alloc, SIDE);
+    let _held = main_grows(&sim, &alloc);
+    assert!(alloc.reserved_bytes() >= 300 * MIB + 64 * MIB);
 }
 
 /// One step of stream `s`: allocate blocks of the step's sizes, free them all.
@@ -195,8 +235,8 @@ fn turns_calls(streams: u64, steps: u64, alone: bool) -> (u64, u64) {
     (calls(), calls() - half)
 }
 
-/// Streams taking turns may each be taken for idle once while they all grow (a strike), never
-/// again: over the second half, no more calls than on an allocator each.
+/// Streams taking turns may each be taken for idle while they all grow (a strike), not after:
+/// over the second half, at most 10% more calls than on an allocator each.
 #[test]
 fn streams_taking_turns_with_changing_shapes_do_not_give_each_other_back() {
     for streams in [2, 4] {

@@ -2,8 +2,8 @@
 //! computation, on a CUDA GPU: `linear_rows` on its float4 path (`in` a multiple of 4) and its
 //! scalar path, with and without accumulation, for 1 to 32 rows and output counts that no block
 //! divides; `decode_attention` on its float4 path (head_dim 16 and 128) and its scalar path
-//! (head_dim 6), for positions below, at and past the cache's rows (clamped). Shapes the kernels
-//! cannot take are refused before launch.
+//! (head_dim 6, and 132: past the float4 path's 128), for positions below, at and past the
+//! cache's rows (clamped). Shapes the kernels cannot take are refused before launch.
 
 use super::interop::{allocator, data, new_stream, settled};
 use cudalloc::Policy;
@@ -120,7 +120,7 @@ fn decode_attention_matches_the_cpu() {
     let s = new_stream(&a);
     let k = Kernels::new(&a.with_device(|d| d.context().clone())).unwrap();
     // head_dim 16 and 128: float4 rows; 6: the scalar path.
-    for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6)].iter().enumerate() {
+    for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6), (1, 132)].iter().enumerate() {
         let shape = DecodeShape {
             batch: 5,
             heads,

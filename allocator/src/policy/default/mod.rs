@@ -225,7 +225,7 @@ impl Policy for DefaultPolicy {
     }
 
     fn gives_back_idle(&self) -> bool {
-        true
+        self.cfg.rules.give_back // with it off, reserved memory only grows
     }
 
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {
