@@ -38,7 +38,8 @@ impl<D: Device> CachingAllocator<D> {
                 Ok(None) => return, // every shard has the same policy
                 Err(_) => continue,
             };
-            if self.rules.idle_after(i, cached) && pool.give_back_idle().is_ok_and(|b| b > 0) {
+            // A failed call may have started some pages back before it: that counts too.
+            if self.rules.idle_after(i, cached) && !matches!(pool.give_back_idle(), Ok(0)) {
                 self.rules.note_given_back(i);
             }
         }

@@ -7,7 +7,8 @@
 //! one. Checked: once other streams grew by more than an idle stream holds, its blocks whose
 //! events have completed go back to the device under `default`, without a device wait; a
 //! stream whose pool allocated since keeps its cache; PyTorch's rules (`torch`) keep it; nothing
-//! goes back during a capture; streams taking turns with changing shapes, on one thread or
+//! goes back during a capture, nor with the policy's give-back switch off; a failed release
+//! during a give-back loses nothing; streams taking turns with changing shapes, on one thread or
 //! four, make at most 1.5x the driver calls of the same steps on an allocator each, and over
 //! the second half of the steps at most 10% more than those.
 
@@ -287,4 +288,28 @@ fn four_threads_one_stream_each_do_not_give_each_other_back() {
         together <= alone + alone / 2,
         "four threads: {together} driver calls, {alone} on an allocator each"
     );
+}
+
+/// A release call that fails while an idle stream's pages go back loses nothing: every growth
+/// of the other stream succeeds, the invariants hold, and `empty_cache` gives back the rest.
+#[test]
+fn a_failed_release_during_a_give_back_loses_nothing() {
+    for k in 1..=4 {
+        let (sim, alloc) = alloc_with(Policy::Default);
+        side_batch(&sim, &alloc, SIDE);
+        sim.fail_release(k);
+        let held = main_grows(&sim, &alloc);
+        alloc.check_invariants().unwrap();
+        for a in held {
+            alloc.free(a).unwrap();
+        }
+        sim.complete_all();
+        alloc.empty_cache().unwrap();
+        assert_eq!(
+            alloc.reserved_bytes(),
+            0,
+            "release call {k} failed: bytes kept"
+        );
+        sim.check_invariants();
+    }
 }
