@@ -13,11 +13,11 @@
 //! waiting for other streams' events (which become free), pages on their way back.
 //!
 //! Invariants: no shard lock is waited for (a busy shard is skipped until the next look); the
-//! clock of a shard is noted while its lock is held, so a look never sees an allocation's
-//! shard with its earlier clock; nothing is queried or given
-//! back while a capture is underway or the pool sleeps (the pools refuse then), nor for a
-//! policy that keeps its caches; a failed device call leaves the rest cached, for the next look
-//! or `empty_cache`.
+//! clock of a shard is noted while its lock is held, so a look never sees an allocation's shard
+//! with its earlier clock; nothing is queried or given back while a capture is underway or the
+//! pool sleeps (the pools refuse then), nor for a policy that keeps its caches (graph pools
+//! never run `default`); a failed device call leaves the rest cached, for the next look or
+//! `empty_cache`.
 
 use crate::allocator::CachingAllocator;
 use cudalloc_sys::Device;
