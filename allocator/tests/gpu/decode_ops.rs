@@ -5,9 +5,11 @@
 //! (head_dim 6, and 132: past the float4 path's 128), for positions below, at and past the
 //! cache's rows (clamped). Shapes the kernels cannot take are refused before launch.
 
-use super::interop::{allocator, data, new_stream, settled};
+use super::interop::{allocator, data, new_stream, settled, Alloc};
 use cudalloc::Policy;
+use cudalloc_sys::buffer::cudarc::driver::CudaStream;
 use cudalloc_sys::ops::{DecodeShape, Kernels, LINEAR_ROWS};
+use std::sync::Arc;
 
 /// Largest |got - want| over the largest |want| (f32 sums against f64 ones).
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
@@ -19,12 +21,18 @@ fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     worst / scale
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn linear_rows_matches_the_cpu() {
+/// An allocator, a stream of its device and the kernels loaded there.
+fn setup() -> (Alloc, Arc<CudaStream>, Kernels) {
     let a = allocator(Policy::Default);
     let s = new_stream(&a);
     let k = Kernels::new(&a.with_device(|d| d.context().clone())).unwrap();
+    (a, s, k)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn linear_rows_matches_the_cpu() {
+    let (a, s, k) = setup();
     // (rows, in, out): float4 rows, odd outputs, in not a multiple of 4, a whole tile and more.
     let shapes = [
         (1, 1024, 1024),
@@ -116,10 +124,8 @@ fn attention_cpu(s: DecodeShape, q: &[f32], kc: &[f32], vc: &[f32], pos: &[u32])
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn decode_attention_matches_the_cpu() {
-    let a = allocator(Policy::Default);
-    let s = new_stream(&a);
-    let k = Kernels::new(&a.with_device(|d| d.context().clone())).unwrap();
-    // head_dim 16 and 128: float4 rows; 6: the scalar path.
+    let (a, s, k) = setup();
+    // head_dim 16 and 128: float4 rows; 6 and 132: the scalar path.
     for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6), (1, 132)].iter().enumerate() {
         let shape = DecodeShape {
             batch: 5,

@@ -25,7 +25,7 @@ use cudalloc_sys::ops::{gemm_f32, Kernels};
 use cudalloc_sys::{CudaDevice, Device, StreamId};
 use std::sync::Arc;
 
-type Alloc = Arc<CachingAllocator<CudaDevice>>;
+pub(crate) type Alloc = Arc<CachingAllocator<CudaDevice>>;
 
 const MIB: u64 = 1 << 20;
 
