@@ -228,7 +228,9 @@ RESULT_KEYS = ("losses", "checks", "overwritten", "max_abs_diff", "fitted", "lar
 def merge(kept, new):
     """A (program, mode)'s result over repeats: the first run's results (a failed run replaces
     them, and so does a run whose results differ from the first's: the pair failed), every
-    run's ``step_ms`` in ``step_ms_runs`` and their median as ``step_ms``."""
+    run's ``step_ms`` in ``step_ms_runs`` and their median as ``step_ms``, and the runs that
+    gave another output than their own most common one (``differing_runs``) added up over the
+    repeats, for the mode and for PyTorch's allocator alike."""
     differs = [k for k in RESULT_KEYS if kept and kept.get("ok") and new.get("ok")
                and new.get(k) != kept.get(k)]
     if kept is None:
@@ -240,6 +242,8 @@ def merge(kept, new):
         merged = dict(new, step_ms_runs=kept.get("step_ms_runs", []))
     else:
         merged = kept
+    if kept is not None and merged is kept and "differing_runs" in new:
+        merged["differing_runs"] = kept.get("differing_runs", 0) + new["differing_runs"]
     runs = (kept or {}).get("step_ms_runs", []) + ([new["step_ms"]] if "step_ms" in new else [])
     if runs:
         merged["step_ms_runs"] = runs

@@ -117,6 +117,12 @@ class Compare(unittest.TestCase):
         self.assertFalse(other["ok"], "a repeat with other losses fails the pair")
         self.assertIn("losses", other["error"])
 
+    def test_differing_runs_add_up_over_repeats(self):
+        r = run.merge(None, {"ok": True, "losses": [1.0], "differing_runs": 0})
+        r = run.merge(r, {"ok": True, "losses": [1.0], "differing_runs": 1})
+        r = run.merge(r, {"ok": True, "losses": [1.0], "differing_runs": 2})
+        self.assertEqual(r["differing_runs"], 3)
+
 
 class Programs(unittest.TestCase):
     def test_every_program_is_documented(self):
