@@ -31,6 +31,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{compile_ptx, Ptx};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 mod decode;
 pub mod mempool;
@@ -177,8 +178,11 @@ pub struct Kernels {
     rope_at: CudaFunction,
     store_rows: CudaFunction,
     decode_attention: CudaFunction,
+    attention_part: CudaFunction,
+    attention_merge: CudaFunction,
     linear_rows: CudaFunction,
     add_u32: CudaFunction,
+    spin: CudaFunction,
 }
 
 impl Kernels {
@@ -198,9 +202,28 @@ impl Kernels {
             rope_at: f("cudalloc_rope_at_f32")?,
             store_rows: f("cudalloc_store_rows_f32")?,
             decode_attention: f("cudalloc_decode_attention_f32")?,
+            attention_part: f("cudalloc_attention_part_f32")?,
+            attention_merge: f("cudalloc_attention_merge_f32")?,
             linear_rows: f("cudalloc_linear_rows_f32")?,
             add_u32: f("cudalloc_add_u32")?,
+            spin: f("cudalloc_spin_ns")?,
         })
+    }
+
+    /// Queues one thread that returns once `wait` has passed on the device, so that the work
+    /// queued after it starts no earlier (at most `u64::MAX` nanoseconds).
+    pub fn spin(&self, stream: &Arc<CudaStream>, wait: Duration) -> Result<(), OpsError> {
+        let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
+        let mut b = stream.launch_builder(&self.spin);
+        b.arg(&ns);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: cudalloc_spin_ns(u64) reads the device's timer and touches no memory; the
+        // argument above matches its parameter.
+        unsafe { launch(&mut b, cfg) }
     }
 
     /// `x[..] = value` over all of `x`.

@@ -20,6 +20,10 @@ const LINEAR_TILE: usize = 8;
 const LINEAR_OUT: usize = 4;
 /// Threads per block of `linear_rows` (at most `THREADS`: its shared memory has room for that).
 const LINEAR_THREADS: u32 = 128;
+/// Keys per block of the split attention (`SPLIT_KEYS`).
+const SPLIT_KEYS: usize = 64;
+/// Threads per block of `cudalloc_attention_part_f32` (`SPLIT_THREADS`).
+const SPLIT_THREADS: u32 = 2 * SPLIT_KEYS as u32;
 
 /// Rows per block of `linear_rows` for `rows` rows: as the kernel chooses its tile.
 fn linear_tile(rows: usize) -> usize {
@@ -45,6 +49,28 @@ impl DecodeShape {
     /// Floats of one row (`heads * head_dim`).
     fn dim(&self) -> Result<usize, OpsError> {
         mul("heads x head_dim", self.heads, self.head_dim)
+    }
+
+    /// Floats of the scratch [`Kernels::decode_attention`] needs: the larger of `max_len`
+    /// scores and a split chunk's output and (maximum, sum) per chunk of 64 keys, for each
+    /// sequence and head.
+    pub fn scratch(&self) -> Result<usize, OpsError> {
+        let chunks = self.max_len.div_ceil(SPLIT_KEYS);
+        let per_head = self.max_len.max(mul(
+            "chunks x head_dim",
+            chunks,
+            self.head_dim.saturating_add(2),
+        )?);
+        mul(
+            "batch x heads x scratch",
+            mul("batch x heads", self.batch, self.heads)?,
+            per_head,
+        )
+    }
+
+    /// Whether the split kernels take this shape (float4 rows of at most `SPLIT_KEYS` float4).
+    fn splits(&self) -> bool {
+        self.head_dim.is_multiple_of(4) && self.head_dim <= 4 * SPLIT_KEYS
     }
 
     /// Floats of the cache rows of `batch` sequences.
@@ -150,8 +176,11 @@ impl Kernels {
     /// One query per sequence against its cache: for sequence `b < s.batch` and each head,
     /// softmax over `j <= pos[b]` (at most `s.max_len` rows) of `q[b, h, :] . k[b, j, h, :] *
     /// scale`, then `out[b, h, :] = sum_j p_j v[b, j, h, :]`. `q` and `out` are
-    /// `[batch, heads, head_dim]`, the caches `[batch.., max_len, heads, head_dim]`, `scores`
-    /// scratch of `batch * heads * max_len` floats.
+    /// `[batch, heads, head_dim]`, the caches `[batch.., max_len, heads, head_dim]`, `scratch`
+    /// at least [`DecodeShape::scratch`] floats. Where `head_dim` is a multiple of 4 of at most
+    /// 256 and every buffer starts 16 bytes aligned, the keys are split in chunks of 64, one
+    /// block each, and a second kernel adds the chunks up; otherwise one block per sequence and
+    /// head.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention<Q, K, V, S, O, P>(
         &self,
@@ -160,7 +189,7 @@ impl Kernels {
         q: &Q,
         k: &K,
         v: &V,
-        scores: &mut S,
+        scratch: &mut S,
         out: &mut O,
         pos: &P,
         scale: f32,
@@ -178,17 +207,12 @@ impl Kernels {
         need("attention output", out, rows)?;
         need("key cache", k, s.cache()?)?;
         need("value cache", v, s.cache()?)?;
-        let blocks = mul("batch x heads", s.batch, s.heads)?;
-        need(
-            "attention scores",
-            scores,
-            mul("batch x heads x max_len", blocks, s.max_len)?,
-        )?;
+        need("attention scratch", scratch, s.scratch()?)?;
         need("attention positions", pos, s.batch)?;
         if rows == 0 || s.max_len == 0 {
             return Ok(());
         }
-        let cfg = rows_cfg(blocks)?;
+        let heads = mul("batch x heads", s.batch, s.heads)?;
         let (b64, h32, d32, m64) = (
             s.batch as u64,
             to_u32("heads", s.heads)?,
@@ -198,28 +222,56 @@ impl Kernels {
         let (qp, _q) = q.device_ptr(stream);
         let (kp, _k) = k.device_ptr(stream);
         let (vp, _v) = v.device_ptr(stream);
-        let (sp, _s) = scores.device_ptr_mut(stream);
+        let (sp, _s) = scratch.device_ptr_mut(stream);
         let (op, _o) = out.device_ptr_mut(stream);
         let (pp, _p) = pos.device_ptr(stream);
-        let mut b = stream.launch_builder(&self.decode_attention);
-        b.arg(&qp)
-            .arg(&kp)
-            .arg(&vp)
-            .arg(&sp)
-            .arg(&op)
-            .arg(&b64)
+        if !s.splits() || !(qp | kp | vp | sp | op).is_multiple_of(16) {
+            let mut b = stream.launch_builder(&self.decode_attention);
+            b.arg(&qp).arg(&kp).arg(&vp).arg(&sp).arg(&op);
+            b.arg(&b64)
+                .arg(&h32)
+                .arg(&d32)
+                .arg(&m64)
+                .arg(&pp)
+                .arg(&scale);
+            // SAFETY: cudalloc_decode_attention_f32(const float*, const float*, const float*,
+            // float*, float*, u64, u32, u32, u64, const u32*, float) runs one block per
+            // (sequence, head) below batch*heads; it reads q[0..batch*dim), pos[0..batch) and
+            // cache rows below batch*max_len (the length is clamped to max_len), and writes
+            // scratch[0..batch*heads*max_len) and out[0..batch*dim), all checked above; the
+            // arguments above match its parameters in order and type.
+            return unsafe { launch(&mut b, rows_cfg(heads)?) };
+        }
+        let chunks = s.max_len.div_ceil(SPLIT_KEYS);
+        let c32 = to_u32("chunks", chunks)?;
+        let mut cfg = rows_cfg(mul("batch x heads x chunks", heads, chunks)?)?;
+        cfg.block_dim.0 = SPLIT_THREADS;
+        let mut b = stream.launch_builder(&self.attention_part);
+        b.arg(&qp).arg(&kp).arg(&vp).arg(&sp);
+        b.arg(&b64)
             .arg(&h32)
             .arg(&d32)
             .arg(&m64)
+            .arg(&c32)
             .arg(&pp)
             .arg(&scale);
-        // SAFETY: cudalloc_decode_attention_f32(const float*, const float*, const float*,
-        // float*, float*, u64, u32, u32, u64, const u32*, float) runs one block per (sequence,
-        // head) below batch*heads; it reads q[0..batch*dim), pos[0..batch) and cache rows below
-        // batch*max_len (the length is clamped to max_len), and writes scores[0..batch*heads*
-        // max_len) and out[0..batch*dim), all checked above; the arguments above match its
-        // parameters in order and type.
-        unsafe { launch(&mut b, cfg) }
+        // SAFETY: cudalloc_attention_part_f32(const float*, const float*, const float*, float*,
+        // u64, u32, u32, u64, u32, const u32*, float) runs one block per (sequence, head,
+        // chunk) below batch*heads*chunks with SPLIT_THREADS threads; it reads q[0..batch*dim),
+        // pos[0..batch) and cache rows below batch*max_len (the length is clamped to max_len)
+        // as float4 (head_dim a multiple of 4 of at most 4*SPLIT_KEYS, every pointer 16-byte
+        // aligned: checked above), and writes scratch below blocks*(head_dim+2) <= scratch(),
+        // checked above; the arguments above match its parameters in order and type.
+        unsafe { launch(&mut b, cfg) }?;
+        let mut b = stream.launch_builder(&self.attention_merge);
+        b.arg(&sp).arg(&op);
+        b.arg(&b64).arg(&h32).arg(&d32).arg(&m64).arg(&c32).arg(&pp);
+        // SAFETY: cudalloc_attention_merge_f32(const float*, float*, u64, u32, u32, u64, u32,
+        // const u32*) runs one block per (sequence, head) below batch*heads; it reads the
+        // scratch the launch above wrote (chunks below the clamped length only) and pos[0..
+        // batch), and writes out[0..batch*dim), all checked above; the arguments above match
+        // its parameters in order and type.
+        unsafe { launch(&mut b, rows_cfg(heads)?) }
     }
 
     /// `y[r, o] = (y[r, o] if accumulate) + sum_i x[r, i] w[o, i]` for `r < rows` (at most

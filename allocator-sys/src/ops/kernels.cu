@@ -203,44 +203,43 @@ extern "C" __global__ void cudalloc_store_rows_f32(const float* src, float* cach
     }
 }
 
-// Attention of one query per sequence over its cache: for sequence b and head h (one block
-// each, g = b * heads + h), s[j] = q[b, h, :] . k[b, j, h, :] * scale for j <= pos[b] (at most
-// max_len rows), softmax over them (kept in scores[g, :], max_len floats), and
-// out[b, h, :] = sum_j p[j] v[b, j, h, :].
-// A block reads its head's rows of the cache once for the scores and once for the output; what
-// bounds its time is how many of those reads are in flight at once, so both passes issue many
-// independent loads per thread. Where head_dim is a multiple of 4 of at most 4 * 32 floats and
-// every pointer is 16-byte aligned (`vec`), rows are read as float4: scores one key per thread
-// (its head_dim / 4 loads all independent), the output in groups of head_dim / 4 threads, each
-// group summing every groups-th key, 4 keys at a time, then the groups' sums added in `red`.
-// Otherwise the scalar path: scores one key per warp, lanes across head_dim, KEYS keys at a
-// time; the output one column per thread.
+// Attention of one query per sequence over its cache: for sequence b and head h, s[j] =
+// q[b, h, :] . k[b, j, h, :] * scale for j <= pos[b] (at most max_len rows), softmax over them,
+// and out[b, h, :] = sum_j p[j] v[b, j, h, :]. Two ways, chosen by the launcher:
+//
+// - split (head_dim a multiple of 4, at most 4 * SPLIT_KEYS floats, every pointer 16-byte
+//   aligned): the keys of a (sequence, head) in chunks of SPLIT_KEYS, one block each
+//   (cudalloc_attention_part_f32), so that a long cache is read by many SMs at once; each block
+//   keeps its chunk's maximum score m, the sum l of exp(s - m) and the output o unscaled in
+//   `part`; cudalloc_attention_merge_f32 then rescales the chunks to their common maximum.
+//   Rows are read as float4, every load of a thread issued before its first use.
+// - one block per (sequence, head) otherwise (cudalloc_decode_attention_f32), scores kept in
+//   `scores[g, :]` (max_len floats): one key per warp, lanes across head_dim, KEYS keys at a
+//   time; the output one column per thread.
 #define KEYS 4
+#define SPLIT_KEYS 64
+#define SPLIT_THREADS (2 * SPLIT_KEYS)
 
-// Scores of keys [0, len) into s; returns this thread's maximum (NEG_INF if it scored none).
-__device__ float attention_scores(const float* qr, const float* kc, u64 base, u64 dim, u32 head_dim,
-                                  u64 len, float scale, float* s, bool vec, float* qsh) {
-    float m = NEG_INF;
-    if (vec) {
-        const u32 d4 = head_dim >> 2;
-        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) qsh[c] = qr[c];
-        __syncthreads();
-        const float4* q4 = reinterpret_cast<const float4*>(qsh);
-        for (u64 j = threadIdx.x; j < len; j += blockDim.x) {
-            const float4* k4 = reinterpret_cast<const float4*>(kc + base + j * dim);
-            float acc = 0.0f;
-#pragma unroll 8
-            for (u32 c = 0; c < d4; ++c) {
-                const float4 kv = k4[c], qv = q4[c];
-                acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-            }
-            const float v = acc * scale;
-            s[j] = v;
-            m = fmaxf(m, v);
-        }
-        return m;
-    }
+// The cache length of sequence b: pos[b] + 1, at most max_len.
+__device__ u64 attention_len(const u32* pos, u64 b, u64 max_len) {
+    const u64 len = (u64)pos[b] + 1;
+    return len < max_len ? len : max_len;
+}
+
+extern "C" __global__ void cudalloc_decode_attention_f32(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
+    u64 max_len, const u32* __restrict__ pos, float scale) {
+    __shared__ float sh[32];
+    const u64 g = blockIdx.x;
+    if (g >= batch * heads) return;
+    const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
+    const u64 len = attention_len(pos, b, max_len);
+    const float* qr = q + b * dim + h * head_dim;
+    const u64 base = b * max_len * dim + h * head_dim;
+    float* s = scores + g * max_len;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float m = NEG_INF;
     // KEYS keys per warp at a time, so that their loads are in flight together.
     for (u64 j0 = (u64)warp * KEYS; j0 < len; j0 += (u64)warps * KEYS) {
         float dot[KEYS];
@@ -264,72 +263,6 @@ __device__ float attention_scores(const float* qr, const float* kc, u64 base, u6
             }
         }
     }
-    return m;
-}
-
-// orow[c] = inv * sum_j s[j] v[j, c] for c < head_dim (s holds the softmax's numerators).
-__device__ void attention_output(const float* s, const float* vc, u64 base, u64 dim, u32 head_dim,
-                                 u64 len, float inv, float* orow, bool vec, float4* red) {
-    if (!vec) {
-        for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) {
-            float acc = 0.0f;
-#pragma unroll 4
-            for (u64 j = 0; j < len; ++j) acc += s[j] * vc[base + j * dim + c];
-            orow[c] = acc * inv;
-        }
-        return;
-    }
-    const u32 d4 = head_dim >> 2, groups = blockDim.x / d4;
-    const u32 c = threadIdx.x % d4, gi = threadIdx.x / d4;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (gi < groups) {
-        const float4* v4 = reinterpret_cast<const float4*>(vc + base) + c;
-        const u64 step = dim >> 2;
-#pragma unroll 4
-        for (u64 j = gi; j < len; j += groups) {
-            const float p = s[j];
-            const float4 v = v4[j * step];
-            acc.x += p * v.x;
-            acc.y += p * v.y;
-            acc.z += p * v.z;
-            acc.w += p * v.w;
-        }
-    }
-    red[threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.x < d4) {
-        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (u32 k = 0; k < groups; ++k) {
-            const float4 r = red[k * d4 + threadIdx.x];
-            t.x += r.x;
-            t.y += r.y;
-            t.z += r.z;
-            t.w += r.w;
-        }
-        reinterpret_cast<float4*>(orow)[threadIdx.x] =
-            make_float4(t.x * inv, t.y * inv, t.z * inv, t.w * inv);
-    }
-}
-
-extern "C" __global__ void cudalloc_decode_attention_f32(
-    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
-    float* __restrict__ scores, float* __restrict__ out, u64 batch, u32 heads, u32 head_dim,
-    u64 max_len, const u32* __restrict__ pos, float scale) {
-    __shared__ float sh[32];
-    __shared__ float4 red[THREADS];
-    __shared__ __align__(16) float qsh[4 * 32];
-    const u64 g = blockIdx.x;
-    if (g >= batch * heads) return;
-    const u64 b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
-    u64 len = (u64)pos[b] + 1;
-    if (len > max_len) len = max_len;
-    const float* qr = q + b * dim + h * head_dim;
-    const u64 base = b * max_len * dim + h * head_dim;
-    float* s = scores + g * max_len;
-    const u64 ptrs = (u64)q | (u64)kc | (u64)vc | (u64)out;
-    const bool vec = (head_dim & 3) == 0 && head_dim <= 4 * 32 && (ptrs & 15) == 0 &&
-                     blockDim.x <= THREADS && blockDim.x >= head_dim / 4;
-    float m = attention_scores(qr, kc, base, dim, head_dim, len, scale, s, vec, qsh);
     // block_max and block_sum end with __syncthreads: the s[j] written before each are
     // visible to every thread after it.
     m = block_max(m, sh);
@@ -339,17 +272,118 @@ extern "C" __global__ void cudalloc_decode_attention_f32(
         s[j] = e;
         sum += e;
     }
-    sum = block_sum(sum, sh);
-    attention_output(s, vc, base, dim, head_dim, len, 1.0f / sum, out + b * dim + h * head_dim,
-                     vec, red);
+    const float inv = 1.0f / block_sum(sum, sh);
+    float* orow = out + b * dim + h * head_dim;
+    for (u32 c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        float acc = 0.0f;
+#pragma unroll 4
+        for (u64 j = 0; j < len; ++j) acc += s[j] * vc[base + j * dim + c];
+        orow[c] = acc * inv;
+    }
+}
+
+__device__ float4 fma4(float p, float4 v, float4 acc) {
+    return make_float4(acc.x + p * v.x, acc.y + p * v.y, acc.z + p * v.z, acc.w + p * v.w);
+}
+
+// One chunk of keys (split attention): block x = g * chunks + c for (sequence, head) g and
+// chunk c, keys [c * SPLIT_KEYS, (c + 1) * SPLIT_KEYS) below the sequence's length; a chunk
+// past the length does nothing (the merge does not read it). Writes o (head_dim floats) at
+// part[x * head_dim] and (m, l) at part[blocks * head_dim + 2 * x], blocks = batch * heads *
+// chunks. Two threads per key for the scores (alternate float4 of the row); for the output,
+// groups of head_dim / 4 threads, group k summing keys k, k + groups, ..., then the groups
+// added in `red`. blockDim.x is SPLIT_THREADS.
+extern "C" __global__ void cudalloc_attention_part_f32(
+    const float* __restrict__ q, const float* __restrict__ kc, const float* __restrict__ vc,
+    float* __restrict__ part, u64 batch, u32 heads, u32 head_dim, u64 max_len, u32 chunks,
+    const u32* __restrict__ pos, float scale) {
+    __shared__ float sh[32];
+    __shared__ float s[SPLIT_KEYS];
+    __shared__ float4 red[SPLIT_THREADS];
+    __shared__ float4 q4[SPLIT_KEYS];
+    const u64 blocks = batch * heads * chunks, x = blockIdx.x;
+    if (x >= blocks || blockDim.x != SPLIT_THREADS) return;
+    const u64 g = x / chunks, b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
+    const u64 j0 = (x - g * chunks) * SPLIT_KEYS, len = attention_len(pos, b, max_len);
+    if (j0 >= len) return;
+    const u32 n = len - j0 < SPLIT_KEYS ? (u32)(len - j0) : SPLIT_KEYS, d4 = head_dim >> 2;
+    const float4* qr = reinterpret_cast<const float4*>(q + b * dim + h * head_dim);
+    for (u32 c = threadIdx.x; c < d4; c += blockDim.x) q4[c] = qr[c];
+    __syncthreads();
+    const u64 step = dim >> 2;
+    const float4* k4 = reinterpret_cast<const float4*>(kc + (b * max_len + j0) * dim + h * head_dim);
+    const u32 key = threadIdx.x >> 1;
+    float acc = 0.0f;
+    if (key < n) {
+#pragma unroll 8
+        for (u32 c = threadIdx.x & 1; c < d4; c += 2) {
+            const float4 kv = k4[key * step + c], qv = q4[c];
+            acc += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+        }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    const float v = key < n ? acc * scale : NEG_INF;
+    if ((threadIdx.x & 1) == 0 && key < n) s[key] = v;
+    // block_max and block_sum end with __syncthreads: s is visible to every thread after each.
+    const float m = block_max(v, sh);
+    float e = 0.0f;
+    if (threadIdx.x < n) {
+        e = expf(s[threadIdx.x] - m);
+        s[threadIdx.x] = e;
+    }
+    const float l = block_sum(e, sh);
+    const u32 groups = blockDim.x / d4, c = threadIdx.x % d4, gi = threadIdx.x / d4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (gi < groups) {
+        const float4* v4 = reinterpret_cast<const float4*>(vc + (b * max_len + j0) * dim + h * head_dim) + c;
+#pragma unroll 4
+        for (u32 j = gi; j < n; j += groups) o = fma4(s[j], v4[j * step], o);
+    }
+    red[threadIdx.x] = o;
+    __syncthreads();
+    if (threadIdx.x < d4) {
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (u32 k = 0; k < groups; ++k) t = fma4(1.0f, red[k * d4 + threadIdx.x], t);
+        reinterpret_cast<float4*>(part + x * head_dim)[threadIdx.x] = t;
+    }
+    if (threadIdx.x == 0) {
+        part[blocks * head_dim + 2 * x] = m;
+        part[blocks * head_dim + 2 * x + 1] = l;
+    }
+}
+
+// The chunks of cudalloc_attention_part_f32 added up: one block per (sequence, head) g, out =
+// sum_c o_c exp(m_c - M) / sum_c l_c exp(m_c - M), M the largest m_c, over the chunks that
+// hold keys below the sequence's length.
+extern "C" __global__ void cudalloc_attention_merge_f32(const float* __restrict__ part,
+                                                        float* __restrict__ out, u64 batch,
+                                                        u32 heads, u32 head_dim, u64 max_len,
+                                                        u32 chunks, const u32* __restrict__ pos) {
+    const u64 g = blockIdx.x, blocks = batch * heads * chunks;
+    if (g >= batch * heads) return;
+    const u64 b = g / heads, h = g - b * heads;
+    const u64 used = (attention_len(pos, b, max_len) + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    const float* ml = part + blocks * head_dim + 2 * g * chunks;
+    float mx = NEG_INF;
+    for (u64 c = 0; c < used; ++c) mx = fmaxf(mx, ml[2 * c]);
+    float l = 0.0f;
+    for (u64 c = 0; c < used; ++c) l += ml[2 * c + 1] * expf(ml[2 * c] - mx);
+    const float inv = 1.0f / l;
+    const float* o = part + g * chunks * head_dim;
+    float* orow = out + b * (u64)heads * head_dim + h * head_dim;
+    for (u32 d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float acc = 0.0f;
+        for (u64 c = 0; c < used; ++c) acc += o[c * head_dim + d] * expf(ml[2 * c] - mx);
+        orow[d] = acc * inv;
+    }
 }
 
 // y[r, o] = beta * y[r, o] + sum_i x[r, i] w[o, i] for r < rows (at most LINEAR_ROWS) and
 // o < out: a linear layer for a few rows (a decode step's batch), w `[out, in]`, x `[rows, in]`,
 // y `[rows, out]`. A block computes LINEAR_OUT outputs for a tile of rows; its threads split
 // `in` (thread t takes elements t, t + blockDim.x, ...), so that the loads of a whole row of w
-// are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp,
-// then across the warps in shared memory. blockIdx.x = tile + tiles * (output block), so the
+// are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp (in
+// warp_sums: one sum per lane), then across the warps in shared memory. blockIdx.x = tile + tiles * (output block), so the
 // blocks that read the same rows of w run together and the later reads come from L2. Rows of w
 // and x are read as float4 where `in` is a multiple of 4 and both pointers are 16-byte aligned,
 // else as floats.
@@ -366,10 +400,11 @@ __device__ float dotv<float4>(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-// This thread's LINEAR_OUT x TILE sums over its elements of `n` per row (type V).
+// This thread's LINEAR_OUT x TILE sums over its elements of `n` per row (type V); sum (a, t)
+// in acc[a * TILE + t].
 template <int TILE, typename V>
-__device__ void linear_sums(const V* w, const V* x, u32 n, u32 o0, u32 out, u32 r0, u32 rows,
-                            float acc[LINEAR_OUT][TILE]) {
+__device__ __forceinline__ void linear_sums(const V* w, const V* x, u32 n, u32 o0, u32 out,
+                                            u32 r0, u32 rows, float (&acc)[LINEAR_OUT * TILE]) {
 #pragma unroll 2
     for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
         V wv[LINEAR_OUT];
@@ -379,26 +414,62 @@ __device__ void linear_sums(const V* w, const V* x, u32 n, u32 o0, u32 out, u32 
         for (int t = 0; t < TILE; ++t) {
             const V xv = x[(u64)min(r0 + t, rows - 1) * n + i];
 #pragma unroll
-            for (int a = 0; a < LINEAR_OUT; ++a) acc[a][t] += dotv(wv[a], xv);
+            for (int a = 0; a < LINEAR_OUT; ++a) acc[a * TILE + t] += dotv(wv[a], xv);
         }
     }
+}
+
+// log2 of a power of two, at compile time.
+template <int N>
+struct Log2 {
+    static const int v = 1 + Log2<N / 2>::v;
+};
+template <>
+struct Log2<1> {
+    static const int v = 0;
+};
+
+// N values per lane (N a power of two, at most 32) added across the warp in N - 1 + log2(32 /
+// N) shuffles: in round r a lane keeps half of its values and gives the other half to its
+// partner across bit 16 >> r (the lane with that bit set keeps the upper half), then what is
+// left is added as one value. Lane l returns the sum of value l / (32 / N). Every loop has a
+// constant count, so that it unrolls and `v` stays in registers.
+template <int N>
+__device__ __forceinline__ float warp_sums(float (&v)[N]) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < Log2<N>::v; ++r) {
+        const int half = N >> (r + 1);
+        const bool upper = (lane & (16u >> r)) != 0;
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            if (i < half) {
+                const float give = upper ? v[i] : v[i + half];
+                const float keep = upper ? v[i + half] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, give, 16 >> r);
+            }
+        }
+    }
+    float sum = v[0];
+#pragma unroll
+    for (int r = Log2<N>::v; r < 5; ++r) sum += __shfl_xor_sync(0xffffffffu, sum, 16 >> r);
+    return sum;
 }
 
 // One block's LINEAR_OUT x TILE outputs (see cudalloc_linear_rows_f32).
 template <int TILE>
 __device__ void linear_block(const float* w, const float* x, float* y, u32 rows, u32 in, u32 out,
                              float beta) {
-    __shared__ float red[THREADS / 32][LINEAR_OUT * TILE];
+    constexpr int N = LINEAR_OUT * TILE;
+    __shared__ float red[THREADS / 32][N];
     const u32 tiles = (rows + TILE - 1) / TILE;
     const u32 tile = blockIdx.x % tiles, ob = blockIdx.x / tiles;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const u32 o0 = ob * LINEAR_OUT, r0 = tile * TILE;
     if (o0 >= out || warps > THREADS / 32) return;
-    float acc[LINEAR_OUT][TILE];
+    float acc[N];
 #pragma unroll
-    for (int a = 0; a < LINEAR_OUT; ++a)
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) acc[a][t] = 0.0f;
+    for (int k = 0; k < N; ++k) acc[k] = 0.0f;
     // Rows past `out` or `rows` read the last one (in bounds) and are never written.
     if ((in & 3) == 0 && (((u64)w | (u64)x) & 15) == 0) {
         linear_sums<TILE>(reinterpret_cast<const float4*>(w), reinterpret_cast<const float4*>(x),
@@ -406,23 +477,16 @@ __device__ void linear_block(const float* w, const float* x, float* y, u32 rows,
     } else {
         linear_sums<TILE>(w, x, in, o0, out, r0, rows, acc);
     }
-    // Each sum added across the warp; lane a * TILE + t keeps sum (a, t) in `red`.
-#pragma unroll
-    for (int a = 0; a < LINEAR_OUT; ++a)
-#pragma unroll
-        for (int t = 0; t < TILE; ++t) {
-            float v = acc[a][t];
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == a * TILE + t) red[warp][lane] = v;
-        }
+    const float v = warp_sums<N>(acc);
+    if (lane % (32 / N) == 0) red[warp][lane / (32 / N)] = v;
     __syncthreads();
-    if (threadIdx.x < LINEAR_OUT * TILE) {
+    if (threadIdx.x < N) {
         const u32 a = threadIdx.x / TILE, t = threadIdx.x % TILE;
         if (o0 + a < out && r0 + t < rows) {
-            float v = 0.0f;
-            for (u32 k = 0; k < warps; ++k) v += red[k][threadIdx.x];
+            float sum = 0.0f;
+            for (u32 k = 0; k < warps; ++k) sum += red[k][threadIdx.x];
             float* yp = y + (u64)(r0 + t) * out + o0 + a;
-            *yp = beta == 0.0f ? v : beta * *yp + v;
+            *yp = beta == 0.0f ? sum : beta * *yp + sum;
         }
     }
 }
@@ -443,4 +507,15 @@ extern "C" __global__ void cudalloc_linear_rows_f32(const float* __restrict__ w,
 // x[0..n) += v (positions after a decode step).
 extern "C" __global__ void cudalloc_add_u32(u32* x, u64 n, u32 v) {
     GRID_STRIDE(i, n) x[i] += v;
+}
+
+// One thread that returns once `ns` nanoseconds of the device's global timer have passed: work
+// queued behind it on its stream starts only then (what a profile uses to let the host queue
+// a whole step before the device runs it).
+extern "C" __global__ void cudalloc_spin_ns(u64 ns) {
+    u64 start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
 }

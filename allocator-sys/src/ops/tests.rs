@@ -4,7 +4,7 @@
 //! source of `OpsError`; and, where libnvrtc is on the library path (no GPU needed), that the
 //! kernels compile and hold every entry point `Kernels::new` loads.
 
-use super::{check_gemm, Kernels, OpsError};
+use super::{check_gemm, DecodeShape, Kernels, OpsError};
 use cudarc::cublas::sys::cublasOperation_t as Op;
 use cudarc::cublas::GemmConfig;
 
@@ -111,12 +111,34 @@ fn kernels_compile_where_nvrtc_is_present() {
         "cudalloc_rope_at_f32",
         "cudalloc_store_rows_f32",
         "cudalloc_decode_attention_f32",
+        "cudalloc_attention_part_f32",
+        "cudalloc_attention_merge_f32",
         "cudalloc_linear_rows_f32",
         "cudalloc_add_u32",
+        "cudalloc_spin_ns",
     ] {
         assert!(
             text.contains(&format!(".entry {name}(")),
             "{name} is not in the PTX"
         );
     }
+}
+
+#[test]
+fn attention_scratch_holds_scores_or_chunks_whichever_is_larger() {
+    let shape = |head_dim, max_len| DecodeShape {
+        batch: 2,
+        heads: 3,
+        head_dim,
+        max_len,
+    };
+    // 575 rows: 9 chunks of 64 keys, each head_dim + 2 floats (594 > 575 for head_dim 64).
+    assert_eq!(shape(64, 575).scratch().unwrap(), 6 * 594);
+    assert_eq!(shape(8, 575).scratch().unwrap(), 6 * 575);
+    assert_eq!(shape(64, 0).scratch().unwrap(), 0);
+    let huge = DecodeShape {
+        batch: usize::MAX,
+        ..shape(64, 575)
+    };
+    assert!(huge.scratch().is_err(), "an overflowing size is an error");
 }

@@ -321,14 +321,14 @@ fn attention(
     k.store_rows(st, &vn, vc, n, d, max_len, &slots.pos)?;
     drop((kn, vn));
     mark(p, st, "rope_at, store_rows")?;
-    let mut scores = buf(n * h * max_len)?;
-    let mut att = buf(n * d)?;
     let shape = DecodeShape {
         batch: n,
         heads: h,
         head_dim: hd,
         max_len,
     };
+    let mut scores = buf(shape.scratch()?)?;
+    let mut att = buf(n * d)?;
     let scale = 1.0 / (hd as f32).sqrt();
     k.decode_attention(
         st,

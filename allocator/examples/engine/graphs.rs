@@ -24,11 +24,13 @@ use super::model::{Model, Weights};
 use super::reference;
 use cudalloc::stats::StatType;
 use cudalloc::CachingAllocator;
-use cudalloc_sys::buffer::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudalloc_sys::buffer::cudarc::driver::sys::{
+    CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use cudalloc_sys::buffer::cudarc::driver::CudaGraph;
 use cudalloc_sys::{CaptureMode, CudaDevice};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most warm-up runs before a capture.
 pub const MAX_WARMUPS: usize = 3;
@@ -292,12 +294,107 @@ pub struct Row {
 /// `--step-profile`: per batch size, the time between each kind of op of the eager step and
 /// the op before it (events recorded between the ops of `steps` steps, after one untimed step;
 /// the stream is waited for after each step, as the decode loop does), in microseconds per
-/// step. Where the device keeps up with the host's launches, the time is the launches', not
-/// the op's own work.
+/// step, twice: paced by the host (each op launched when the host gets to it: where the device
+/// keeps up with the launches, an op's time is theirs, not its own work) and paced by the
+/// device (each step queued behind a [`QUEUE_WAIT`] wait on the device, so that the host has
+/// launched the whole step before the device starts it: each op's time on the device,
+/// launch gaps included, as in a graph's replay).
 fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()> {
+    let eager = model.mem.allocator().clone();
+    let st = model.mem.stream();
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (from, to) = (
+        st.context().new_event(timed)?,
+        st.context().new_event(timed)?,
+    );
+    from.record(st)?;
+    model.kernels().spin(st, QUEUE_WAIT)?;
+    to.record(st)?;
+    st.synchronize()?;
+    println!(
+        "\ngraphs: a {} ms wait on the device took {:.2} ms between events",
+        QUEUE_WAIT.as_millis(),
+        from.elapsed_ms(&to)?
+    );
+    for queued in [false, true] {
+        let before = eager.stats();
+        let cols = profile_pass(model, slots, steps, queued)?;
+        let after = eager.stats();
+        let how = if queued {
+            format!(
+                "paced by the device (each step queued behind a {} ms wait)",
+                QUEUE_WAIT.as_millis()
+            )
+        } else {
+            "paced by the host".to_string()
+        };
+        println!("\ngraphs: eager step profile {how}, microseconds per step between each op and the one before ({steps} steps each)");
+        print_profile(&cols, steps);
+        if queued {
+            let mut cells = Vec::new();
+            for b in BATCHES {
+                cells.push(format!(
+                    "{:.0}",
+                    queued_step_ms(model, slots, b, steps)? * 1e3
+                ));
+            }
+            println!(
+                "| whole step, marks only at its ends | {} |",
+                cells.join(" | ")
+            );
+        }
+        println!(
+            "graphs: the step's allocator during this profile: {} driver calls, {} device waits",
+            after.calls.total() - before.calls.total(),
+            after.device_waits - before.device_waits
+        );
+    }
+    Ok(())
+}
+
+/// How long the device waits before each step of the device-paced profile: longer than the
+/// host takes to launch a step.
+const QUEUE_WAIT: Duration = Duration::from_millis(5);
+
+/// Per batch size: the milliseconds of each op over `steps` steps.
+type Profile = Vec<(usize, Vec<(&'static str, f64)>)>;
+
+/// Milliseconds per step of batch `b` on the device over `steps` steps, each queued behind a
+/// [`QUEUE_WAIT`] wait, timed by events at the step's two ends only.
+fn queued_step_ms(
+    model: &Model<PoolMem>,
+    slots: &mut Slots,
+    b: usize,
+    steps: usize,
+) -> Result<f64> {
+    let (st, eager) = (model.mem.stream(), model.mem.allocator());
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (from, to) = (
+        st.context().new_event(timed)?,
+        st.context().new_event(timed)?,
+    );
+    slots.reset(st)?;
+    let mut ms = 0.0;
+    for _ in 0..steps {
+        model.kernels().spin(st, QUEUE_WAIT)?;
+        from.record(st)?;
+        decode_step(model, slots, b, eager)?;
+        to.record(st)?;
+        st.synchronize()?;
+        ms += from.elapsed_ms(&to)? as f64;
+    }
+    Ok(ms / steps as f64)
+}
+
+/// One pass of [`profile`] over every batch size.
+fn profile_pass(
+    model: &Model<PoolMem>,
+    slots: &mut Slots,
+    steps: usize,
+    queued: bool,
+) -> Result<Profile> {
     let (st, eager) = (model.mem.stream().clone(), model.mem.allocator().clone());
-    // Per batch size: the milliseconds of each op over all steps.
-    let mut cols: Vec<(usize, Vec<(&'static str, f64)>)> = Vec::new();
+    let mut cols = Profile::new();
     let mut probe = Probe::default();
     for b in BATCHES {
         slots.reset(&st)?;
@@ -305,6 +402,9 @@ fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()
         st.synchronize()?;
         let mut sums: Vec<(&'static str, f64)> = Vec::new();
         for _ in 0..steps {
+            if queued {
+                model.kernels().spin(&st, QUEUE_WAIT)?;
+            }
             decode_step_probed(model, slots, b, &eager, Some(&mut probe))?;
             st.synchronize()?;
             for (label, ms) in probe.take()? {
@@ -316,8 +416,12 @@ fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()
         }
         cols.push((b, sums));
     }
+    Ok(cols)
+}
+
+/// The table of one profile pass, microseconds per step.
+fn print_profile(cols: &Profile, steps: usize) {
     let per_step = |ms: f64| format!("{:.0}", ms * 1e3 / steps as f64);
-    println!("\ngraphs: eager step profile, microseconds per step between each op and the one before ({steps} steps each)");
     let head: Vec<String> = cols.iter().map(|(b, _)| format!("batch {b}")).collect();
     println!("| op | {} |", head.join(" | "));
     println!("| --- |{}", " --- |".repeat(cols.len()));
@@ -336,7 +440,6 @@ fn profile(model: &Model<PoolMem>, slots: &mut Slots, steps: usize) -> Result<()
         .map(|(_, s)| per_step(s.iter().map(|x| x.1).sum()))
         .collect();
     println!("| all ops | {} |", sum.join(" | "));
-    Ok(())
 }
 
 /// The `--graphs` benchmark: prefill [`SLOTS`] prompts, capture the graphs in each of

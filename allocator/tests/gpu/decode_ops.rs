@@ -29,6 +29,20 @@ fn setup() -> (Alloc, Arc<CudaStream>, Kernels) {
     (a, s, k)
 }
 
+/// The CPU's `y (+)= x w^T` for `[rows, in, out]` (`y` read only when accumulating).
+fn linear_cpu(w: &[f32], x: &[f32], y: &[f32], rio: [usize; 3], accumulate: bool) -> Vec<f64> {
+    let [rows, inp, out] = rio;
+    (0..rows * out)
+        .map(|e| {
+            let (r, o) = (e / out, e % out);
+            let dot: f64 = (0..inp)
+                .map(|t| x[r * inp + t] as f64 * w[o * inp + t] as f64)
+                .sum();
+            dot + if accumulate { y[e] as f64 } else { 0.0 }
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn linear_rows_matches_the_cpu() {
@@ -58,21 +72,28 @@ fn linear_rows_matches_the_cpu() {
             k.linear_rows(&s, &w, &x, &mut y, rows, inp, out, accumulate)
                 .unwrap();
             let got = s.clone_dtoh(&y).unwrap();
-            let want: Vec<f64> = (0..rows * out)
-                .map(|e| {
-                    let (r, o) = (e / out, e % out);
-                    let dot: f64 = (0..inp)
-                        .map(|t| xh[r * inp + t] as f64 * wh[o * inp + t] as f64)
-                        .sum();
-                    dot + if accumulate { yh[e] as f64 } else { 0.0 }
-                })
-                .collect();
+            let want = linear_cpu(&wh, &xh, &yh, [rows, inp, out], accumulate);
             let err = rel_err(&got, &want);
             assert!(
                 err < 1e-5,
                 "rows {rows}, in {inp}, out {out}, accumulate {accumulate}: rel err {err:.2e}"
             );
         }
+    }
+    // An input one float past an aligned start (`in` a multiple of 4): the scalar reads.
+    {
+        let (rows, inp, out) = (6, 64, 9);
+        let (wh, xh) = (data(out * inp, 7), data(rows * inp, 8));
+        let mut padded = vec![0.0f32];
+        padded.extend_from_slice(&xh);
+        let padded = s.clone_htod(&padded).unwrap();
+        let w = a.buffer_from(&wh, &s).unwrap();
+        let mut y = a.buffer::<f32>(rows * out, &s).unwrap();
+        k.linear_rows(&s, &w, &padded.slice(1..), &mut y, rows, inp, out, false)
+            .unwrap();
+        let want = linear_cpu(&wh, &xh, &[], [rows, inp, out], false);
+        let err = rel_err(&s.clone_dtoh(&y).unwrap(), &want);
+        assert!(err < 1e-5, "unaligned input: rel err {err:.2e}");
     }
     let w = a.buffer::<f32>(64 * 64, &s).unwrap();
     let x = a.buffer::<f32>(33 * 64, &s).unwrap();
@@ -125,7 +146,7 @@ fn attention_cpu(s: DecodeShape, q: &[f32], kc: &[f32], vc: &[f32], pos: &[u32])
 #[ignore = "needs a CUDA GPU"]
 fn decode_attention_matches_the_cpu() {
     let (a, s, k) = setup();
-    // head_dim 16 and 128: float4 rows; 6 and 132: the scalar path.
+    // head_dim 16 and 128: the split kernels; 6 and 132: one block per sequence and head.
     for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6), (1, 132)].iter().enumerate() {
         let shape = DecodeShape {
             batch: 5,
@@ -147,19 +168,45 @@ fn decode_attention_matches_the_cpu() {
         let kc = a.buffer_from(&kh, &s).unwrap();
         let vc = a.buffer_from(&vh, &s).unwrap();
         let p = a.buffer_from(&pos, &s).unwrap();
-        let mut scores = a
-            .buffer::<f32>(shape.batch * heads * shape.max_len, &s)
-            .unwrap();
+        let mut scores = a.buffer::<f32>(shape.scratch().unwrap(), &s).unwrap();
         let mut out = a.buffer::<f32>(shape.batch * dim, &s).unwrap();
         let scale = 1.0 / (head_dim as f32).sqrt();
         k.decode_attention(&s, shape, &q, &kc, &vc, &mut scores, &mut out, &p, scale)
             .unwrap();
         let got = s.clone_dtoh(&out).unwrap();
-        let err = rel_err(&got, &attention_cpu(shape, &qh, &kh, &vh, &pos));
+        let want = attention_cpu(shape, &qh, &kh, &vh, &pos);
+        let err = rel_err(&got, &want);
         assert!(
             err < 1e-5,
             "heads {heads}, head_dim {head_dim}: rel err {err:.2e}"
         );
+        // Queries one float past an aligned start: the one-block-per-head kernel whatever
+        // head_dim is.
+        let mut padded = vec![0.0f32];
+        padded.extend_from_slice(&qh);
+        let padded = s.clone_htod(&padded).unwrap();
+        let q_view = padded.slice(1..);
+        k.decode_attention(
+            &s,
+            shape,
+            &q_view,
+            &kc,
+            &vc,
+            &mut scores,
+            &mut out,
+            &p,
+            scale,
+        )
+        .unwrap();
+        let err = rel_err(&s.clone_dtoh(&out).unwrap(), &want);
+        assert!(
+            err < 1e-5,
+            "unaligned queries, heads {heads}, head_dim {head_dim}: rel err {err:.2e}"
+        );
+        let small = a.buffer::<f32>(shape.scratch().unwrap() - 1, &s).unwrap();
+        let mut small = small;
+        let refused = k.decode_attention(&s, shape, &q, &kc, &vc, &mut small, &mut out, &p, scale);
+        assert!(refused.is_err(), "a short scratch buffer is refused");
         let short = a.buffer::<f32>(shape.batch * dim - 1, &s).unwrap();
         let refused = k.decode_attention(
             &s,
