@@ -132,7 +132,18 @@ extern "C" __global__ void cudalloc_silu_mul_f32(const float* a, const float* b,
 }
 
 // out[r] = index of the largest x[r, :] (the first one on ties; NaN never wins; 0 if all are
-// NaN). One block of THREADS threads per row.
+// NaN). One block of THREADS threads per row. Each thread reads its elements in batches whose
+// loads are all issued before the first compare (as float4 where cols is a multiple of 4 and x
+// 16-byte aligned), so that a long row costs a few trips to memory, not one per element.
+#define ARGMAX_BATCH 8
+
+__device__ __forceinline__ void argmax_take(float v, u64 j, float& best, u32& bi) {
+    if (v > best || (v == best && j < bi)) {
+        best = v;
+        bi = (u32)j;
+    }
+}
+
 extern "C" __global__ void cudalloc_argmax_f32(const float* x, u32* out, u64 rows, u32 cols) {
     __shared__ float sv[THREADS];
     __shared__ u32 si[THREADS];
@@ -141,11 +152,36 @@ extern "C" __global__ void cudalloc_argmax_f32(const float* x, u32* out, u64 row
     const float* row = x + r * cols;
     float best = NEG_INF;
     u32 bi = cols;
-    for (u32 j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float v = row[j];
-        if (v > best || (v == best && j < bi)) {
-            best = v;
-            bi = j;
+    const u64 stride = blockDim.x;
+    if ((cols & 3) == 0 && ((u64)x & 15) == 0) {
+        const float4* row4 = reinterpret_cast<const float4*>(row);
+        const u64 n4 = cols >> 2;
+        for (u64 i0 = threadIdx.x; i0 < n4; i0 += ARGMAX_BATCH * stride) {
+            float4 v[ARGMAX_BATCH];
+#pragma unroll
+            for (int k = 0; k < ARGMAX_BATCH; ++k) {
+                const u64 i = i0 + k * stride;
+                v[k] = i < n4 ? row4[i] : make_float4(NEG_INF, NEG_INF, NEG_INF, NEG_INF);
+            }
+#pragma unroll
+            for (int k = 0; k < ARGMAX_BATCH; ++k) {
+                const u64 j = 4 * (i0 + k * stride);
+                argmax_take(v[k].x, j, best, bi);
+                argmax_take(v[k].y, j + 1, best, bi);
+                argmax_take(v[k].z, j + 2, best, bi);
+                argmax_take(v[k].w, j + 3, best, bi);
+            }
+        }
+    } else {
+        for (u64 j0 = threadIdx.x; j0 < cols; j0 += ARGMAX_BATCH * stride) {
+            float v[ARGMAX_BATCH];
+#pragma unroll
+            for (int k = 0; k < ARGMAX_BATCH; ++k) {
+                const u64 j = j0 + k * stride;
+                v[k] = j < cols ? row[j] : NEG_INF;
+            }
+#pragma unroll
+            for (int k = 0; k < ARGMAX_BATCH; ++k) argmax_take(v[k], j0 + k * stride, best, bi);
         }
     }
     sv[threadIdx.x] = best;

@@ -3,7 +3,8 @@
 //! scalar path, with and without accumulation, for 1 to 32 rows and output counts that no block
 //! divides; `decode_attention` on its float4 path (head_dim 16 and 128) and its scalar path
 //! (head_dim 6, and 132: past the float4 path's 128), for positions below, at and past the
-//! cache's rows (clamped). Shapes the kernels cannot take are refused before launch.
+//! cache's rows (clamped); `argmax` over long rows on its float4 and scalar reads, with ties,
+//! NaN and infinities. Shapes the kernels cannot take are refused before launch.
 
 use super::interop::{allocator, data, new_stream, settled, Alloc};
 use cudalloc::Policy;
@@ -220,6 +221,48 @@ fn decode_attention_matches_the_cpu() {
             scale,
         );
         assert!(refused.is_err(), "a short query buffer is refused");
+    }
+    s.synchronize().unwrap();
+    settled(&a);
+}
+
+/// The CPU's argmax of each row: the first largest, NaN never wins, 0 if all are NaN.
+fn argmax_cpu(x: &[f32], cols: usize) -> Vec<u32> {
+    x.chunks(cols)
+        .map(|row| {
+            let mut best: Option<(usize, f32)> = None;
+            for (j, &v) in row.iter().enumerate() {
+                if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                    best = Some((j, v));
+                }
+            }
+            best.map_or(0, |(j, _)| j as u32)
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn argmax_matches_the_cpu() {
+    let (a, s, k) = setup();
+    // 32,000 columns: float4 reads; 32,001: scalar; 3: fewer columns than threads.
+    for (i, &(rows, cols)) in [(5, 32_000), (3, 32_001), (4, 3)].iter().enumerate() {
+        let mut xh = data(rows * cols, 40 + i as u32);
+        // Row 0: a tie for the largest (the first wins); row 1: NaN and +inf; row 2: all NaN.
+        let last = cols - 1;
+        xh[last / 2] = 9.0;
+        xh[last] = 9.0;
+        xh[cols] = f32::NAN;
+        xh[cols + last] = f32::INFINITY;
+        xh[2 * cols..3 * cols].fill(f32::NAN);
+        let x = a.buffer_from(&xh, &s).unwrap();
+        let mut ids = a.buffer::<u32>(rows, &s).unwrap();
+        k.argmax(&s, &x, rows, cols, &mut ids).unwrap();
+        let want = argmax_cpu(&xh, cols);
+        assert_eq!(s.clone_dtoh(&ids).unwrap(), want, "{rows} x {cols}");
+        assert_eq!(want[0], (last / 2) as u32, "the tie's first");
+        assert_eq!(want[1], last as u32, "+inf wins over NaN");
+        assert_eq!(want[2], 0, "all NaN gives 0");
     }
     s.synchronize().unwrap();
     settled(&a);
