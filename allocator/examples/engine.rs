@@ -140,7 +140,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = GraphOrder::Both)]
     graph_order: GraphOrder,
     /// With --graphs: also time each kind of op of the eager batched step, per batch size
-    /// (events between the ops), and print the table.
+    /// (events between the ops), paced by the host and then by the device (each step queued
+    /// behind a wait on the device), and print the two tables.
     #[arg(long)]
     step_profile: bool,
     /// With --graphs: how the batched step computes its linear layers (eager and captured
