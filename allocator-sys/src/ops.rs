@@ -211,7 +211,8 @@ impl Kernels {
     }
 
     /// Queues one thread that returns once `wait` has passed on the device, so that the work
-    /// queued after it starts no earlier (at most `u64::MAX` nanoseconds).
+    /// queued after it starts no earlier: the stream is busy for all of `wait` (a `wait` past
+    /// `u64::MAX` nanoseconds counts as that many).
     pub fn spin(&self, stream: &Arc<CudaStream>, wait: Duration) -> Result<(), OpsError> {
         let ns = u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX);
         let mut b = stream.launch_builder(&self.spin);

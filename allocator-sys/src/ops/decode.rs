@@ -51,16 +51,17 @@ impl DecodeShape {
         mul("heads x head_dim", self.heads, self.head_dim)
     }
 
-    /// Floats of the scratch [`Kernels::decode_attention`] needs: the larger of `max_len`
-    /// scores and a split chunk's output and (maximum, sum) per chunk of 64 keys, for each
-    /// sequence and head.
+    /// Floats of the scratch [`Kernels::decode_attention`] needs, for each sequence and head:
+    /// `max_len` scores, or where the keys may be split in chunks of 64, the larger of that and
+    /// each chunk's output and (maximum, sum).
     pub fn scratch(&self) -> Result<usize, OpsError> {
         let chunks = self.max_len.div_ceil(SPLIT_KEYS);
-        let per_head = self.max_len.max(mul(
-            "chunks x head_dim",
-            chunks,
-            self.head_dim.saturating_add(2),
-        )?);
+        let per_head = if self.splits() {
+            let chunk = self.head_dim.saturating_add(2);
+            self.max_len.max(mul("chunks x head_dim", chunks, chunk)?)
+        } else {
+            self.max_len
+        };
         mul(
             "batch x heads x scratch",
             mul("batch x heads", self.batch, self.heads)?,
@@ -178,9 +179,9 @@ impl Kernels {
     /// scale`, then `out[b, h, :] = sum_j p_j v[b, j, h, :]`. `q` and `out` are
     /// `[batch, heads, head_dim]`, the caches `[batch.., max_len, heads, head_dim]`, `scratch`
     /// at least [`DecodeShape::scratch`] floats. Where `head_dim` is a multiple of 4 of at most
-    /// 256 and every buffer starts 16 bytes aligned, the keys are split in chunks of 64, one
-    /// block each, and a second kernel adds the chunks up; otherwise one block per sequence and
-    /// head.
+    /// 256 and `q`, the caches and `scratch` start 16 bytes aligned, the keys are split in
+    /// chunks of 64, one block each, and a second kernel adds the chunks up; otherwise one
+    /// block per sequence and head.
     #[allow(clippy::too_many_arguments)]
     pub fn decode_attention<Q, K, V, S, O, P>(
         &self,
@@ -225,7 +226,7 @@ impl Kernels {
         let (sp, _s) = scratch.device_ptr_mut(stream);
         let (op, _o) = out.device_ptr_mut(stream);
         let (pp, _p) = pos.device_ptr(stream);
-        if !s.splits() || !(qp | kp | vp | sp | op).is_multiple_of(16) {
+        if !s.splits() || !(qp | kp | vp | sp).is_multiple_of(16) {
             let mut b = stream.launch_builder(&self.decode_attention);
             b.arg(&qp).arg(&kp).arg(&vp).arg(&sp).arg(&op);
             b.arg(&b64)

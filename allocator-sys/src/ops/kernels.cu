@@ -248,7 +248,7 @@ extern "C" __global__ void cudalloc_store_rows_f32(const float* src, float* cach
 //   (cudalloc_attention_part_f32), so that a long cache is read by many SMs at once; each block
 //   keeps its chunk's maximum score m, the sum l of exp(s - m) and the output o unscaled in
 //   `part`; cudalloc_attention_merge_f32 then rescales the chunks to their common maximum.
-//   Rows are read as float4, every load of a thread issued before its first use.
+//   Rows are read as float4, several loads of a thread in flight at once.
 // - one block per (sequence, head) otherwise (cudalloc_decode_attention_f32), scores kept in
 //   `scores[g, :]` (max_len floats): one key per warp, lanes across head_dim, KEYS keys at a
 //   time; the output one column per thread.
@@ -338,7 +338,10 @@ extern "C" __global__ void cudalloc_attention_part_f32(
     __shared__ float4 red[SPLIT_THREADS];
     __shared__ float4 q4[SPLIT_KEYS];
     const u64 blocks = batch * heads * chunks, x = blockIdx.x;
-    if (x >= blocks || blockDim.x != SPLIT_THREADS) return;
+    // The launcher's conditions, kept here too so that no shape reads past q4 or a row.
+    if (x >= blocks || blockDim.x != SPLIT_THREADS || (head_dim & 3) != 0 ||
+        head_dim > 4 * SPLIT_KEYS)
+        return;
     const u64 g = x / chunks, b = g / heads, h = g - b * heads, dim = (u64)heads * head_dim;
     const u64 j0 = (x - g * chunks) * SPLIT_KEYS, len = attention_len(pos, b, max_len);
     if (j0 >= len) return;
@@ -346,8 +349,9 @@ extern "C" __global__ void cudalloc_attention_part_f32(
     const float4* qr = reinterpret_cast<const float4*>(q + b * dim + h * head_dim);
     for (u32 c = threadIdx.x; c < d4; c += blockDim.x) q4[c] = qr[c];
     __syncthreads();
-    const u64 step = dim >> 2;
-    const float4* k4 = reinterpret_cast<const float4*>(kc + (b * max_len + j0) * dim + h * head_dim);
+    // The chunk's first cache row of this head: k4[j * step + c] is float4 c of key j0 + j.
+    const u64 step = dim >> 2, first = (b * max_len + j0) * dim + h * head_dim;
+    const float4* k4 = reinterpret_cast<const float4*>(kc + first);
     const u32 key = threadIdx.x >> 1;
     float acc = 0.0f;
     if (key < n) {
@@ -371,7 +375,7 @@ extern "C" __global__ void cudalloc_attention_part_f32(
     const u32 groups = blockDim.x / d4, c = threadIdx.x % d4, gi = threadIdx.x / d4;
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (gi < groups) {
-        const float4* v4 = reinterpret_cast<const float4*>(vc + (b * max_len + j0) * dim + h * head_dim) + c;
+        const float4* v4 = reinterpret_cast<const float4*>(vc + first) + c;
 #pragma unroll 4
         for (u32 j = gi; j < n; j += groups) o = fma4(s[j], v4[j * step], o);
     }
@@ -419,8 +423,9 @@ extern "C" __global__ void cudalloc_attention_merge_f32(const float* __restrict_
 // y `[rows, out]`. A block computes LINEAR_OUT outputs for a tile of rows; its threads split
 // `in` (thread t takes elements t, t + blockDim.x, ...), so that the loads of a whole row of w
 // are in flight at once; each keeps LINEAR_OUT x LINEAR_TILE sums, added across its warp (in
-// warp_sums: one sum per lane), then across the warps in shared memory. blockIdx.x = tile + tiles * (output block), so the
-// blocks that read the same rows of w run together and the later reads come from L2. Rows of w
+// warp_sums: one sum per lane), then across the warps in shared memory. blockIdx.x = tile +
+// tiles * (output block), so the blocks that read the same rows of w run together and the
+// later reads come from L2. Rows of w
 // and x are read as float4 where `in` is a multiple of 4 and both pointers are 16-byte aligned,
 // else as floats.
 #define LINEAR_ROWS 32

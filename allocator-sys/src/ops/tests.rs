@@ -135,6 +135,9 @@ fn attention_scratch_holds_scores_or_chunks_whichever_is_larger() {
     // 575 rows: 9 chunks of 64 keys, each head_dim + 2 floats (594 > 575 for head_dim 64).
     assert_eq!(shape(64, 575).scratch().unwrap(), 6 * 594);
     assert_eq!(shape(8, 575).scratch().unwrap(), 6 * 575);
+    // Not split (head_dim not a multiple of 4, or past 256): the scores alone.
+    assert_eq!(shape(66, 575).scratch().unwrap(), 6 * 575);
+    assert_eq!(shape(260, 575).scratch().unwrap(), 6 * 575);
     assert_eq!(shape(64, 0).scratch().unwrap(), 0);
     let huge = DecodeShape {
         batch: usize::MAX,

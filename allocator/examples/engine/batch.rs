@@ -327,7 +327,7 @@ fn attention(
         head_dim: hd,
         max_len,
     };
-    let mut scores = buf(shape.scratch()?)?;
+    let mut scratch = buf(shape.scratch()?)?;
     let mut att = buf(n * d)?;
     let scale = 1.0 / (hd as f32).sqrt();
     k.decode_attention(
@@ -336,12 +336,12 @@ fn attention(
         &q,
         &*kc,
         &*vc,
-        &mut scores,
+        &mut scratch,
         &mut att,
         &slots.pos,
         scale,
     )?;
-    drop((q, scores));
+    drop((q, scratch));
     mark(p, st, "decode_attention")?;
     linear(model, slots.linear, &lw.wo, &att, x, [n, d, d], true)?;
     mark(p, st, "gemm wo")?;

@@ -359,8 +359,23 @@ const QUEUE_WAIT: Duration = Duration::from_millis(5);
 /// Per batch size: the milliseconds of each op over `steps` steps.
 type Profile = Vec<(usize, Vec<(&'static str, f64)>)>;
 
-/// Milliseconds per step of batch `b` on the device over `steps` steps, each queued behind a
-/// [`QUEUE_WAIT`] wait, timed by events at the step's two ends only.
+/// An error if the host took [`QUEUE_WAIT`] or longer to launch a step queued at `since`: the
+/// device may then have started it before it was all queued, and the pass would not be paced
+/// by the device.
+fn check_queued(since: Instant) -> Result<()> {
+    let took = since.elapsed();
+    if took >= QUEUE_WAIT {
+        return Err(format!(
+            "the host took {took:?} to launch a step queued behind a {QUEUE_WAIT:?} wait: the profile would not be paced by the device"
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Milliseconds per step of batch `b` on the device over `steps` steps (after one untimed
+/// step), each queued behind a [`QUEUE_WAIT`] wait, timed by events at the step's two ends
+/// only.
 fn queued_step_ms(
     model: &Model<PoolMem>,
     slots: &mut Slots,
@@ -374,12 +389,16 @@ fn queued_step_ms(
         st.context().new_event(timed)?,
     );
     slots.reset(st)?;
+    decode_step(model, slots, b, eager)?;
+    st.synchronize()?;
     let mut ms = 0.0;
     for _ in 0..steps {
         model.kernels().spin(st, QUEUE_WAIT)?;
+        let queued = Instant::now();
         from.record(st)?;
         decode_step(model, slots, b, eager)?;
         to.record(st)?;
+        check_queued(queued)?;
         st.synchronize()?;
         ms += from.elapsed_ms(&to)? as f64;
     }
@@ -405,7 +424,11 @@ fn profile_pass(
             if queued {
                 model.kernels().spin(&st, QUEUE_WAIT)?;
             }
+            let launched = Instant::now();
             decode_step_probed(model, slots, b, &eager, Some(&mut probe))?;
+            if queued {
+                check_queued(launched)?;
+            }
             st.synchronize()?;
             for (label, ms) in probe.take()? {
                 match sums.iter_mut().find(|(l, _)| *l == label) {

@@ -1,9 +1,10 @@
 //! The batched decode step's kernels (`cudalloc_sys::ops`, `ops/decode.rs`) against a CPU
 //! computation, on a CUDA GPU: `linear_rows` on its float4 path (`in` a multiple of 4) and its
 //! scalar path, with and without accumulation, for 1 to 32 rows and output counts that no block
-//! divides; `decode_attention` on its float4 path (head_dim 16 and 128) and its scalar path
-//! (head_dim 6, and 132: past the float4 path's 128), for positions below, at and past the
-//! cache's rows (clamped); `argmax` over long rows on its float4 and scalar reads, with ties,
+//! divides; `decode_attention` split in chunks (head_dim 16, 128 and 132) and one block per
+//! sequence and head (head_dim 6 and 66, not multiples of 4, and 260, past the split's 256;
+//! and queries at an unaligned start), for positions below, at and past the cache's rows
+//! (clamped); `argmax` over long rows on its float4 and scalar reads, with ties,
 //! NaN and infinities. Shapes the kernels cannot take are refused before launch.
 
 use super::interop::{allocator, data, new_stream, settled, Alloc};
@@ -15,10 +16,14 @@ use std::sync::Arc;
 /// Largest |got - want| over the largest |want| (f32 sums against f64 ones).
 fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     let scale = want.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
+    let worst = got.iter().zip(want).fold(0.0f64, |m, (g, w)| {
+        let d = (*g as f64 - w).abs();
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    });
     worst / scale
 }
 
@@ -147,8 +152,10 @@ fn attention_cpu(s: DecodeShape, q: &[f32], kc: &[f32], vc: &[f32], pos: &[u32])
 #[ignore = "needs a CUDA GPU"]
 fn decode_attention_matches_the_cpu() {
     let (a, s, k) = setup();
-    // head_dim 16 and 128: the split kernels; 6 and 132: one block per sequence and head.
-    for (i, &(heads, head_dim)) in [(4, 16), (2, 128), (3, 6), (1, 132)].iter().enumerate() {
+    // head_dim 16, 128 and 132: the split kernels; 6, 66 (not a multiple of 4) and 260 (past
+    // the split's 256): one block per sequence and head.
+    let shapes = [(4, 16), (2, 128), (1, 132), (3, 6), (2, 66), (1, 260)];
+    for (i, &(heads, head_dim)) in shapes.iter().enumerate() {
         let shape = DecodeShape {
             batch: 5,
             heads,
@@ -187,6 +194,7 @@ fn decode_attention_matches_the_cpu() {
         padded.extend_from_slice(&qh);
         let padded = s.clone_htod(&padded).unwrap();
         let q_view = padded.slice(1..);
+        k.fill(&s, &mut out, f32::NAN).unwrap();
         k.decode_attention(
             &s,
             shape,
@@ -204,8 +212,7 @@ fn decode_attention_matches_the_cpu() {
             err < 1e-5,
             "unaligned queries, heads {heads}, head_dim {head_dim}: rel err {err:.2e}"
         );
-        let small = a.buffer::<f32>(shape.scratch().unwrap() - 1, &s).unwrap();
-        let mut small = small;
+        let mut small = a.buffer::<f32>(shape.scratch().unwrap() - 1, &s).unwrap();
         let refused = k.decode_attention(&s, shape, &q, &kc, &vc, &mut small, &mut out, &p, scale);
         assert!(refused.is_err(), "a short scratch buffer is refused");
         let short = a.buffer::<f32>(shape.batch * dim - 1, &s).unwrap();
@@ -246,15 +253,18 @@ fn argmax_cpu(x: &[f32], cols: usize) -> Vec<u32> {
 fn argmax_matches_the_cpu() {
     let (a, s, k) = setup();
     // 32,000 columns: float4 reads; 32,001: scalar; 3: fewer columns than threads.
-    for (i, &(rows, cols)) in [(5, 32_000), (3, 32_001), (4, 3)].iter().enumerate() {
+    for (i, &(rows, cols)) in [(5, 32_000), (4, 32_001), (4, 3)].iter().enumerate() {
         let mut xh = data(rows * cols, 40 + i as u32);
-        // Row 0: a tie for the largest (the first wins); row 1: NaN and +inf; row 2: all NaN.
+        // Row 0: a tie for the largest (the first wins); row 1: NaN and +inf; row 2: all NaN;
+        // the last row: -inf everywhere but one column.
         let last = cols - 1;
         xh[last / 2] = 9.0;
         xh[last] = 9.0;
         xh[cols] = f32::NAN;
         xh[cols + last] = f32::INFINITY;
         xh[2 * cols..3 * cols].fill(f32::NAN);
+        xh[(rows - 1) * cols..].fill(f32::NEG_INFINITY);
+        xh[rows * cols - 2] = -1e30;
         let x = a.buffer_from(&xh, &s).unwrap();
         let mut ids = a.buffer::<u32>(rows, &s).unwrap();
         k.argmax(&s, &x, rows, cols, &mut ids).unwrap();
@@ -263,6 +273,11 @@ fn argmax_matches_the_cpu() {
         assert_eq!(want[0], (last / 2) as u32, "the tie's first");
         assert_eq!(want[1], last as u32, "+inf wins over NaN");
         assert_eq!(want[2], 0, "all NaN gives 0");
+        assert_eq!(
+            want[rows - 1],
+            (cols - 2) as u32,
+            "a finite value beats -inf"
+        );
     }
     s.synchronize().unwrap();
     settled(&a);
