@@ -12,7 +12,8 @@
 //!    round-robin, one token per sequence per step, greedily. Printed per backend: tokens per
 //!    second, peak device memory (the allocator's own counters, the driver pool's counters for
 //!    cudarc, and `cuMemGetInfo` sampled after every token), allocations per token, and the
-//!    allocator's statistics.
+//!    allocator's statistics. With `--against` and `--rounds` (`engine/rounds.rs`), the run is
+//!    repeated for every backend in a rotating order and the medians compared.
 //!
 //! 3. CUDA graphs (`--graphs`): the decode step, batched over 1, 2, 4, 8, 16 or 32 sequences
 //!    with fixed addresses (`engine/batch.rs`), captured into one graph per batch size, the six
@@ -25,6 +26,7 @@
 //! cargo run --release -p cudalloc --example engine -- --check
 //! cargo run --release -p cudalloc --example engine -- --policy torch-expandable --tokens 128
 //! cargo run --release -p cudalloc --example engine -- --graphs --graph-order both
+//! cargo run --release -p cudalloc --example engine -- --against torch --rounds 5
 //! ```
 
 #[path = "engine/batch.rs"]
@@ -37,6 +39,8 @@ mod mem;
 mod model;
 #[path = "engine/reference.rs"]
 mod reference;
+#[path = "engine/rounds.rs"]
+mod rounds;
 
 use clap::{Parser, ValueEnum};
 use cudalloc::{CachingAllocator, Config, Policy};
@@ -94,6 +98,14 @@ struct Args {
     /// cudalloc policy: torch, torch-expandable or default.
     #[arg(long, default_value = "default")]
     policy: String,
+    /// Also run the per-sequence benchmark on cudalloc with these policies (comma-separated)
+    /// in the same process, and report each backend's median over the rounds.
+    #[arg(long, value_delimiter = ',')]
+    against: Vec<String>,
+    /// Runs of every backend of the per-sequence benchmark, in a rotating order (none always
+    /// first); above 1, or with --against, a table of the median tokens/s follows the report.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// More cudalloc configuration on top of the policy (PYTORCH_CUDA_ALLOC_CONF syntax plus
     /// cudalloc's keys, e.g. `max_split_size_mb:128`).
     #[arg(long)]
@@ -441,32 +453,59 @@ fn bench(args: &Args, policy: Policy, ctx: &Arc<CudaContext>) -> Result<()> {
     ctx.synchronize()?;
     mempool::trim(ctx)?;
 
-    let pooled = {
-        let free0 = ctx.mem_get_info()?.0 as u64;
-        let mem = pool_mem(args, policy, ctx)?;
-        let alloc = mem.allocator().clone();
-        let model = Model::new(mem, shape, &host)?;
-        let run = generate(&model, &prompts, args.tokens, free0)?;
-        let stream = model.mem.stream().clone();
-        drop(model);
-        stream.synchronize()?;
-        alloc.empty_cache()?;
-        run
-    };
-    let cudarc = {
-        mempool::trim(ctx)?;
-        let free0 = ctx.mem_get_info()?.0 as u64;
-        let model = Model::new(cudarc_mem(args, ctx)?, shape, &host)?;
-        let run = generate(&model, &prompts, args.tokens, free0)?;
-        let stream = model.mem.stream().clone();
-        drop(model);
-        stream.synchronize()?;
-        mempool::set_release_threshold(ctx, 0)?;
-        mempool::trim(ctx)?;
-        run
-    };
+    let pooled = run_pooled(args, policy, ctx, (shape, &host), &prompts)?;
+    let cudarc = run_cudarc(args, ctx, (shape, &host), &prompts)?;
     report(&pooled, &cudarc);
+    if args.rounds > 1 || !args.against.is_empty() {
+        let mut policies = vec![policy];
+        for p in &args.against {
+            policies.push(Policy::parse(p)?);
+        }
+        rounds::compare(args, &policies, ctx, (shape, &host), &prompts)?;
+    }
     Ok(())
+}
+
+/// The benchmark model's shape and its weights on the host.
+type Host<'a> = (Shape, &'a Weights<Vec<f32>>);
+
+/// One benchmark run on a fresh cudalloc allocator of `policy`, its cache emptied after.
+fn run_pooled(
+    args: &Args,
+    policy: Policy,
+    ctx: &Arc<CudaContext>,
+    (shape, host): Host<'_>,
+    prompts: &[Vec<u32>],
+) -> Result<Run> {
+    let free0 = ctx.mem_get_info()?.0 as u64;
+    let mem = pool_mem(args, policy, ctx)?;
+    let alloc = mem.allocator().clone();
+    let model = Model::new(mem, shape, host)?;
+    let run = generate(&model, prompts, args.tokens, free0)?;
+    let stream = model.mem.stream().clone();
+    drop(model);
+    stream.synchronize()?;
+    alloc.empty_cache()?;
+    Ok(run)
+}
+
+/// One benchmark run on cudarc's allocation, the driver's pool trimmed before and after.
+fn run_cudarc(
+    args: &Args,
+    ctx: &Arc<CudaContext>,
+    (shape, host): Host<'_>,
+    prompts: &[Vec<u32>],
+) -> Result<Run> {
+    mempool::trim(ctx)?;
+    let free0 = ctx.mem_get_info()?.0 as u64;
+    let model = Model::new(cudarc_mem(args, ctx)?, shape, host)?;
+    let run = generate(&model, prompts, args.tokens, free0)?;
+    let stream = model.mem.stream().clone();
+    drop(model);
+    stream.synchronize()?;
+    mempool::set_release_threshold(ctx, 0)?;
+    mempool::trim(ctx)?;
+    Ok(run)
 }
 
 /// The `--graphs` benchmark on the benchmark model, with a fresh cudalloc allocator; true if
