@@ -1,9 +1,12 @@
-//! Two rules of the `default` policy's budget (`policy::default::budget`): it gives back the smallest free
-//! block that covers its excess, not the largest; and a pool that has never freed a block
-//! (loading weights) maps a page ahead in the large pool, which saves driver calls.
+//! Three rules of the `default` policy's budget (`policy::default::budget`): it gives back the smallest free
+//! block that covers its excess, not the largest; a block of many chunks at the end of its
+//! segment's mapped pages gives back only the chunks at its end that the excess needs; and a
+//! pool that has never freed a block (loading weights) maps a page ahead in the large pool,
+//! which saves driver calls.
 
 use crate::common::pool;
 
+use cudalloc::config::{DefaultConfig, PolicyConfig};
 use cudalloc::stats::StatType;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::Call;
@@ -40,6 +43,59 @@ fn the_budget_gives_back_the_smallest_free_block_that_covers_its_excess() {
     let again = alloc(&mut pool, 30 * MIB, S0);
     assert_eq!(again.ptr(), large_ptr, "the 30 MiB block is still mapped");
     check(&sim, &pool);
+}
+
+/// 2 MiB chunks and a 1% budget, with or without `give_back_tail`.
+fn tail_pool(tail: bool) -> (Sim, Pool<Sim>) {
+    let mut d = DefaultConfig {
+        max_chunk: 2 * MIB,
+        fragmentation_budget: 0.01,
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.give_back_tail = tail;
+    let cfg = Config::default().with_policy(PolicyConfig::Default(d));
+    pool_with(cfg.expect("a valid config"), 4 * GIB)
+}
+
+/// A step of a training loop in small: a live 2 MiB block, a `big` tensor after it (freed),
+/// with a live 2 MiB block after that when `fenced`; then a small-pool growth (one page)
+/// passes the budget (1% of the 42 MiB peak) by about 1.6 MiB, and the next step allocates
+/// `big` less 4 MiB again. Returns the unmaps the small growth made and the maps the next
+/// step made.
+fn small_excess(tail: bool, big: u64, fenced: bool) -> (u64, u64) {
+    let (sim, mut pool) = tail_pool(tail);
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let b = alloc(&mut pool, big, S0);
+    let _fence = fenced.then(|| alloc(&mut pool, 2 * MIB, S0));
+    free(&mut pool, b);
+    let unmaps = sim.calls(Call::Unmap);
+    let _s = alloc(&mut pool, 4096, S0);
+    check(&sim, &pool);
+    let unmaps = sim.calls(Call::Unmap) - unmaps;
+    let maps = sim.calls(Call::Map);
+    let _again = alloc(&mut pool, big - 4 * MIB, S0);
+    check(&sim, &pool);
+    (unmaps, sim.calls(Call::Map) - maps)
+}
+
+/// A small excess over the budget, met when little is live, gives back one chunk of the
+/// 40 MiB free block at the end of the mapped pages (20 chunks of 2 MiB), not all 20: the
+/// next step's 36 MiB tensor finds its pages still mapped.
+#[test]
+fn a_small_excess_gives_back_the_tail_of_a_large_block_at_the_mapped_end() {
+    assert_eq!(small_excess(true, 40 * MIB, false), (1, 0));
+    // The whole block: 20 unmaps now, 18 maps for the next step.
+    assert_eq!(small_excess(false, 40 * MIB, false), (20, 18));
+}
+
+/// The guards: a block between blocks in use, and a block of fewer than `TAIL_MIN_CHUNKS`
+/// chunk windows (12: 24 MiB here), go back whole.
+#[test]
+fn a_block_between_live_blocks_or_of_few_chunks_goes_back_whole() {
+    assert_eq!(small_excess(true, 40 * MIB, true), (20, 18));
+    assert_eq!(small_excess(true, 20 * MIB, false), (10, 8));
 }
 
 /// Loads `n` tensors of `size` bytes; returns them and the map calls they took.

@@ -16,6 +16,10 @@ pub struct Rules {
     /// The budget gives back first the smallest free block at least as large as its excess
     /// (off: largest first).
     pub give_back_best_fit: bool,
+    /// A free block of at least `TAIL_MIN_CHUNKS` chunk windows at the end of its segment's
+    /// mapped pages gives back only the chunks at its end that cover the excess, when that
+    /// keeps `TAIL_MIN_HEAD_CHUNKS` windows of it (off: the whole block).
+    pub give_back_tail: bool,
     /// A growth maps up to the end of the chunk window it ends in, while the budget has room.
     pub window_slack: bool,
     /// While nothing was freed yet (loading), a large-pool growth maps one page ahead.
@@ -65,6 +69,7 @@ impl Rules {
     pub const ALL: Rules = Rules {
         give_back: true,
         give_back_best_fit: true,
+        give_back_tail: true,
         window_slack: true,
         page_ahead: true,
         small_slack_cap: true,
@@ -89,6 +94,7 @@ impl Rules {
         vec![
             ("give_back", |r| &mut r.give_back),
             ("give_back_best_fit", |r| &mut r.give_back_best_fit),
+            ("give_back_tail", |r| &mut r.give_back_tail),
             ("window_slack", |r| &mut r.window_slack),
             ("page_ahead", |r| &mut r.page_ahead),
             ("small_slack_cap", |r| &mut r.small_slack_cap),
