@@ -87,7 +87,8 @@ pub struct ReplayArgs {
     pub min_capacity: bool,
 
     /// Replay on GPU 0 through the CUDA driver instead of the simulated device (real mallocs,
-    /// page maps and unmaps; ns/op then includes driver time).
+    /// page maps and unmaps; ns/op then includes driver time). Each stream of the trace but
+    /// the default one runs on a stream the replay opens.
     #[arg(long)]
     pub cuda: bool,
 

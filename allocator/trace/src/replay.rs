@@ -215,41 +215,78 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
         );
     }
     match cudalloc_sys::CudaDevice::new(0) {
-        Ok(dev) => {
-            let counted = Arc::new(CountCalls::new(dev));
-            let mut pool = Pool::new(counted.clone(), cfg.clone());
-            let mut r = replay_in(&mut pool, trace, opts);
-            r.driver_waits = Some(
-                counted.calls(Call::SynchronizeDevice) + counted.calls(Call::SynchronizeEvent),
-            );
-            r
-        }
-        Err(e) => ReplayResult {
-            events: 0,
-            peak_live_bytes: 0,
-            peak_allocated_bytes: 0,
-            peak_reserved_bytes: 0,
-            device_mallocs: 0,
-            device_frees: 0,
-            device_maps: 0,
-            device_unmaps: 0,
-            device_waits: 0,
-            driver_waits: None,
-            ooms: 0,
-            ns_per_event: 0.0,
-            failure: Some(Failure {
-                op: 0,
-                error: e.into(),
-            }),
-            timeline: Vec::new(),
-            peak_excess: None,
-            peak_pinning: None,
-            calls: Vec::new(),
-        },
+        Ok(dev) => replay_cuda(dev, trace, cfg, opts),
+        Err(e) => failed_at_start(e.into()),
     }
 }
 
-/// Replays `trace` under `cfg` on `device`.
+/// Replays `trace` on GPU 0, each stream of the trace on a stream of its own: the handles a
+/// trace recorded belong to the process that recorded it, so every one but the legacy default
+/// stream's (0) is replaced by a stream opened here, and closed once the pool is dropped (its
+/// last events recorded and waited for).
+fn replay_cuda(
+    dev: cudalloc_sys::CudaDevice,
+    trace: &Trace,
+    cfg: &Config,
+    opts: &ReplayOptions,
+) -> ReplayResult {
+    let counted = Arc::new(CountCalls::new(dev));
+    let mut streams = Vec::with_capacity(trace.streams.len());
+    for &s in &trace.streams {
+        match if s == 0 {
+            Ok(StreamId(0))
+        } else {
+            counted.open_stream()
+        } {
+            Ok(id) => streams.push(id),
+            Err(e) => {
+                close_streams(&*counted, &streams);
+                return failed_at_start(e.into());
+            }
+        }
+    }
+    let mut pool = Pool::new(counted.clone(), cfg.clone());
+    let mut r = replay_in(&mut pool, trace, &streams, opts);
+    r.driver_waits =
+        Some(counted.calls(Call::SynchronizeDevice) + counted.calls(Call::SynchronizeEvent));
+    drop(pool);
+    close_streams(&*counted, &streams);
+    r
+}
+
+/// Closes the streams [`replay_cuda`] opened (all but the default stream).
+fn close_streams<D: Device>(device: &D, streams: &[StreamId]) {
+    for &s in streams.iter().filter(|s| s.0 != 0) {
+        let _ = device.close_stream(s);
+    }
+}
+
+/// A replay that failed before its first operation.
+fn failed_at_start(error: AllocError) -> ReplayResult {
+    ReplayResult {
+        events: 0,
+        peak_live_bytes: 0,
+        peak_allocated_bytes: 0,
+        peak_reserved_bytes: 0,
+        device_mallocs: 0,
+        device_frees: 0,
+        device_maps: 0,
+        device_unmaps: 0,
+        device_waits: 0,
+        driver_waits: None,
+        ooms: 0,
+        ns_per_event: 0.0,
+        failure: Some(Failure { op: 0, error }),
+        timeline: Vec::new(),
+        peak_excess: None,
+        peak_pinning: None,
+        calls: Vec::new(),
+    }
+}
+
+/// Replays `trace` under `cfg` on `device`, with the trace's stream handles as the device's
+/// streams: for a simulated device, where any handle is a stream. On a GPU, where they are the
+/// recording process's pointers, use [`replay`] with `cuda`, which opens streams of its own.
 pub fn replay_on<D: Device>(
     device: D,
     trace: &Trace,
@@ -273,19 +310,28 @@ pub fn replay_policy<P: Policy>(
     replay_pool(pool, trace, opts)
 }
 
-/// Replays `trace` on `pool`.
+/// Replays `trace` on `pool`, with the trace's stream handles as its device's streams (see
+/// [`replay_on`]).
 pub fn replay_pool<D: Device, P: Policy>(
     mut pool: Pool<D, P>,
     trace: &Trace,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    replay_in(&mut pool, trace, opts)
+    let streams = trace_streams(trace);
+    replay_in(&mut pool, trace, &streams, opts)
 }
 
-/// Replays `trace` on `pool`, which is left holding what the trace left cached.
+/// The trace's stream handles as the simulated device's streams (any handle is one there).
+fn trace_streams(trace: &Trace) -> Vec<StreamId> {
+    trace.streams.iter().map(|&s| StreamId(s)).collect()
+}
+
+/// Replays `trace` on `pool`, its stream `i` as `streams[i]`; the pool is left holding what
+/// the trace left cached.
 fn replay_in<D: Device, P: Policy>(
     pool: &mut Pool<D, P>,
     trace: &Trace,
+    streams: &[StreamId],
     opts: &ReplayOptions,
 ) -> ReplayResult {
     if let Some(cap) = opts.capacity {
@@ -295,7 +341,6 @@ fn replay_in<D: Device, P: Policy>(
         let limit = pool.limit().map_or(cap, |l| l.min(cap));
         pool.set_limit(Some(limit));
     }
-    let streams: Vec<StreamId> = trace.streams.iter().map(|&s| StreamId(s)).collect();
     let mut slots: Vec<Option<Allocation>> = (0..trace.slots).map(|_| None).collect();
     let mut timeline = (opts.samples > 0).then(|| {
         let mut t = Timeline::new(trace.ops.len(), opts.samples);
@@ -313,7 +358,7 @@ fn replay_in<D: Device, P: Policy>(
         if let Some(c) = calls.as_mut() {
             c.before(op, &slots, &trace.streams, pool);
         }
-        let stepped = step(pool, &mut slots, &streams, op);
+        let stepped = step(pool, &mut slots, streams, op);
         if let Some(c) = calls.as_mut() {
             c.after(i, op, pool);
         }

@@ -381,8 +381,8 @@ impl DefaultPolicy {
                     None => core.release_pages(id),
                 },
             };
-            // Giving back is a saving, not a duty: a block whose event cannot be recorded (its
-            // stream was destroyed) stays cached, and the allocation goes on.
+            // Giving back is a saving, not a duty: a block whose event the device refuses to
+            // record stays cached, and the allocation goes on.
             released += going.unwrap_or(0);
         }
         Ok(released)

@@ -1,6 +1,6 @@
-//! Replays of traces on the simulated device: fidelity to PyTorch's own figures, the figures of
-//! the `default` policy on every bundled trace, the front against a bare pool, caps, resets of the
-//! peaks, and the memory timeline.
+//! Replays of traces on the simulated device (and one through the real driver): fidelity to
+//! PyTorch's own figures, the figures of the `default` policy on every bundled trace, the front
+//! against a bare pool, caps, resets of the peaks, and the memory timeline.
 //!
 //! Invariants checked in this folder: a replay is deterministic (the same trace and policy give the
 //! same figures); `torch` and `torch-expandable` land on PyTorch's recorded peaks and driver
@@ -9,9 +9,11 @@
 //! highest points are the replay's peaks; a policy given as a value replays as the same rules
 //! named by a config.
 //!
-//! Files: `fidelity.rs`, `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`,
-//! `replay_policy.rs`, `reset_peaks.rs`, `timeline.rs`.
+//! Files: `cuda_replay.rs` (through the real driver; needs a CUDA GPU), `fidelity.rs`,
+//! `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`, `replay_policy.rs`,
+//! `reset_peaks.rs`, `timeline.rs`.
 
+mod cuda_replay;
 mod fidelity;
 mod front_fidelity;
 mod memory_fraction_key;
