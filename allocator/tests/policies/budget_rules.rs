@@ -64,7 +64,13 @@ fn tail_pool(tail: bool) -> (Sim, Pool<Sim>) {
 /// `big` less 4 MiB again. Returns the unmaps the small growth made and the maps the next
 /// step made.
 fn small_excess(tail: bool, big: u64, fenced: bool) -> (u64, u64) {
+    small_excess_capped(tail, big, fenced, None)
+}
+
+/// [`small_excess`] with the pool capped at `cap` bytes.
+fn small_excess_capped(tail: bool, big: u64, fenced: bool, cap: Option<u64>) -> (u64, u64) {
     let (sim, mut pool) = tail_pool(tail);
+    pool.set_limit(cap);
     past_loading(&mut pool);
     let _k = alloc(&mut pool, 2 * MIB, S0);
     let b = alloc(&mut pool, big, S0);
@@ -88,6 +94,19 @@ fn a_small_excess_gives_back_the_tail_of_a_large_block_at_the_mapped_end() {
     assert_eq!(small_excess(true, 40 * MIB, false), (1, 0));
     // The whole block: 20 unmaps now, 18 maps for the next step.
     assert_eq!(small_excess(false, 40 * MIB, false), (20, 18));
+}
+
+/// Under a memory cap too: the tail goes back, not the whole block.
+#[test]
+fn under_a_cap_a_small_excess_gives_back_the_tail_too() {
+    assert_eq!(
+        small_excess_capped(true, 40 * MIB, false, Some(GIB)),
+        (1, 0)
+    );
+    assert_eq!(
+        small_excess_capped(false, 40 * MIB, false, Some(GIB)),
+        (20, 18)
+    );
 }
 
 /// The guards: a block between blocks in use, and a block of fewer than `TAIL_MIN_CHUNKS`

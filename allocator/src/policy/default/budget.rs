@@ -24,7 +24,7 @@
 //! later growth maps again). A block of at least [`TAIL_MIN_CHUNKS`] chunk windows whose end
 //! is the end of its segment's mapped pages gives back only its last chunks, as many as the
 //! excess needs, when that leaves at least [`TAIL_MIN_HEAD_CHUNKS`] windows cached
-//! (`tail_start`; not under a memory cap): a small excess, met between steps when little is
+//! (`tail_start`): a small excess, met between steps when little is
 //! live, would otherwise unmap gigabytes that the next step maps again, chunk by chunk. The
 //! last term counts while a plan places an episode (from the first allocation after its first
 //! that matches the plan on, or from its first for a split footprint, while any of its
@@ -293,10 +293,10 @@ impl DefaultPolicy {
     /// block spans at least [`TAIL_MIN_CHUNKS`] chunk windows, ends where its segment's mapped
     /// pages end (its next block is unmapped, or it is the segment's last) and keeps at least
     /// [`TAIL_MIN_HEAD_CHUNKS`] windows before that start; `None` (the whole block goes back)
-    /// otherwise, and under a memory cap. The head stays cached beside the unmapped pages: a
+    /// otherwise. The head stays cached beside the unmapped pages: a
     /// request larger than it can take it and them as one run, mapping only the rest.
     fn tail_start<D: Device>(&self, core: &Core<D>, id: BlockId, want: u64) -> Option<u64> {
-        if !self.cfg.rules.give_back_tail || core.limit.is_some() {
+        if !self.cfg.rules.give_back_tail {
             return None;
         }
         let b = &core.blocks[id];
