@@ -25,6 +25,7 @@
 //! | `begin_capture` / `end_capture` | `cuStreamBeginCapture_v2` / `cuStreamEndCapture`, `cuGraphDestroy` |
 //! | `alloc_host` / `free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
 //! | `copy_to_host_async` / `copy_to_device_async` | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` |
+//! | `copy_device_async` | `cuMemcpyDtoDAsync_v2` |
 //! | `open_stream` / `close_stream` / `wait_event` | `cuStreamCreate` (`CU_STREAM_NON_BLOCKING`) / `cuStreamDestroy_v2` / `cuStreamWaitEvent` |
 //! | `device_count` / `can_access_peer` | `cuDeviceGetCount` / `cuDeviceCanAccessPeer` |
 //! | `enable_peer_access` | `cuCtxEnablePeerAccess` |
@@ -654,6 +655,15 @@ impl Device for CudaDevice {
         s: StreamId,
     ) -> DeviceResult<()> {
         self.cuda_copy_to_device_async(dst, src, n, s)
+    }
+    fn copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.cuda_copy_device_async(dst, src, n, s)
     }
     fn open_stream(&self) -> DeviceResult<StreamId> {
         self.cuda_open_stream()

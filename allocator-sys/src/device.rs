@@ -77,10 +77,12 @@
 //! stream's earlier work and before its later work, and the caller may read or overwrite the
 //! host side only once an event recorded after it completed. The device side must be memory
 //! this device made accessible (a `malloc` result, or pages mapped and made accessible); the
-//! host side must lie inside one `alloc_host` result. `open_stream` makes a stream of the
-//! device's own (the allocator's copy stream), `close_stream` ends one it made, and
-//! `wait_event` makes later work on a stream wait for an event (no host wait). Pinned host
-//! memory is not device memory: a byte limit on the device does not count it.
+//! host side must lie inside one `alloc_host` result. `copy_device_async` enqueues a copy
+//! between two device ranges, both accessible as above and not overlapping, in the same order
+//! on its stream. `open_stream` makes a stream of the device's own (the allocator's copy
+//! stream), `close_stream` ends one it made, and `wait_event` makes later work on a stream wait
+//! for an event (no host wait). Pinned host memory is not device memory: a byte limit on the
+//! device does not count it.
 //!
 //! | acquire | release | precondition of the release |
 //! | --- | --- | --- |
@@ -340,6 +342,8 @@ pub enum Call {
     CopyToHostAsync,
     /// [`Device::copy_to_device_async`]
     CopyToDeviceAsync,
+    /// [`Device::copy_device_async`]
+    CopyDeviceAsync,
     /// [`Device::open_stream`]
     OpenStream,
     /// [`Device::close_stream`]
@@ -354,7 +358,7 @@ pub enum Call {
 
 impl Call {
     /// Every kind of call, in declaration order.
-    pub const ALL: [Call; 26] = [
+    pub const ALL: [Call; 27] = [
         Call::Malloc,
         Call::Free,
         Call::Reserve,
@@ -376,6 +380,7 @@ impl Call {
         Call::FreeHost,
         Call::CopyToHostAsync,
         Call::CopyToDeviceAsync,
+        Call::CopyDeviceAsync,
         Call::OpenStream,
         Call::CloseStream,
         Call::WaitEvent,
@@ -412,6 +417,7 @@ impl Call {
             Call::FreeHost => "free_host",
             Call::CopyToHostAsync => "copy_to_host_async",
             Call::CopyToDeviceAsync => "copy_to_device_async",
+            Call::CopyDeviceAsync => "copy_device_async",
             Call::OpenStream => "open_stream",
             Call::CloseStream => "close_stream",
             Call::WaitEvent => "wait_event",
@@ -510,6 +516,15 @@ pub trait Device: Send + Sync {
         &self,
         dst: DevicePtr,
         src: HostPtr,
+        size: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()>;
+    /// Enqueues on `stream` a copy of `size` bytes from device address `src` to device address
+    /// `dst` (ranges that do not overlap).
+    fn copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
         size: u64,
         stream: StreamId,
     ) -> DeviceResult<()>;
@@ -619,6 +634,15 @@ impl<D: Device + ?Sized> Device for std::sync::Arc<D> {
         s: StreamId,
     ) -> DeviceResult<()> {
         (**self).copy_to_device_async(dst, src, n, s)
+    }
+    fn copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        (**self).copy_device_async(dst, src, n, s)
     }
     fn open_stream(&self) -> DeviceResult<StreamId> {
         (**self).open_stream()

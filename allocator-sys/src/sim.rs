@@ -675,6 +675,15 @@ impl Device for SimDevice {
     ) -> DeviceResult<()> {
         self.sim_copy_to_device_async(dst, src, n, s)
     }
+    fn copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        self.sim_copy_device_async(dst, src, n, s)
+    }
     fn open_stream(&self) -> DeviceResult<StreamId> {
         self.sim_open_stream()
     }

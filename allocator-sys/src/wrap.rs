@@ -171,6 +171,8 @@ impl<D: Device> Device for Limit<D> {
             -> DeviceResult<()>;
         copy_to_device_async(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
             -> DeviceResult<()>;
+        copy_device_async(dst: DevicePtr, src: DevicePtr, size: u64, stream: StreamId)
+            -> DeviceResult<()>;
         open_stream() -> DeviceResult<StreamId>;
         close_stream(stream: StreamId) -> DeviceResult<()>;
         wait_event(stream: StreamId, event: EventHandle) -> DeviceResult<()>;
@@ -312,6 +314,8 @@ macro_rules! hooked_bookless {
             copy_to_host_async => CopyToHostAsync(dst: HostPtr, src: DevicePtr, size: u64, stream: StreamId)
                 [size] -> DeviceResult<()>;
             copy_to_device_async => CopyToDeviceAsync(dst: DevicePtr, src: HostPtr, size: u64, stream: StreamId)
+                [size] -> DeviceResult<()>;
+            copy_device_async => CopyDeviceAsync(dst: DevicePtr, src: DevicePtr, size: u64, stream: StreamId)
                 [size] -> DeviceResult<()>;
             open_stream => OpenStream() [0] -> DeviceResult<StreamId>;
             close_stream => CloseStream(stream: StreamId) [0] -> DeviceResult<()>;

@@ -471,6 +471,9 @@ impl<'a> Fixture<'a> {
             Call::CopyToDeviceAsync => dev
                 .copy_to_device_async(self.segment, self.host, 4096, self.other)
                 .map(|()| Nothing)?,
+            Call::CopyDeviceAsync => dev
+                .copy_device_async(self.segment + 4096, self.segment, 4096, self.other)
+                .map(|()| Nothing)?,
             Call::OpenStream => Stream(dev.open_stream()?),
             Call::CloseStream => dev.close_stream(self.spare_stream).map(|()| Nothing)?,
             Call::WaitEvent => dev

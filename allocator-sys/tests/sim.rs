@@ -596,3 +596,69 @@ fn without_host_backing_copies_check_the_host_side_and_move_nothing() {
     dev.free_host(host, MIB).unwrap();
     assert_eq!(dev.calls(Call::AllocHost), 2);
 }
+
+#[test]
+fn device_copies_move_bytes_between_accessible_ranges() {
+    let dev = backed();
+    let (va, _) = mapped_range(&dev, 2);
+    let seg = dev.malloc(4 * MIB).unwrap();
+    let data: Vec<u8> = (0..3 * MIB as usize).map(|i| (i * 13) as u8).collect();
+    let at = va + G / 2;
+    dev.write(at, &data).unwrap();
+    let s = dev.open_stream().unwrap();
+    // Across two pages into a segment, and back to a page after a fresh one replaced it.
+    dev.copy_device_async(seg + 100, at, 3 * MIB, s).unwrap();
+    let mut back = vec![0u8; data.len()];
+    dev.read(seg + 100, &mut back).unwrap();
+    assert!(back == data);
+    let other = dev.reserve(4 * MIB).unwrap();
+    let page = dev.create_page(4 * MIB).unwrap();
+    dev.map(other, 4 * MIB, page).unwrap();
+    // Mapped but not accessible yet: refused.
+    assert!(is_invalid(dev.copy_device_async(other, seg, MIB, s)));
+    dev.set_access(other, 4 * MIB, &[]).unwrap();
+    dev.copy_device_async(other + 7, seg + 100, 3 * MIB, s)
+        .unwrap();
+    dev.read(other + 7, &mut back).unwrap();
+    assert!(back == data);
+    // Overlapping ranges, ranges past what is mapped and streams of another device: refused.
+    assert!(is_invalid(dev.copy_device_async(seg + 1, seg, 2, s)));
+    assert!(is_invalid(dev.copy_device_async(
+        seg,
+        other + 3 * MIB,
+        2 * MIB,
+        s
+    )));
+    let unmapped = dev.reserve(G).unwrap();
+    assert!(is_invalid(dev.copy_device_async(unmapped, seg, 1, s)));
+    dev.add_foreign_stream(StreamId(77));
+    assert!(is_invalid(dev.copy_device_async(seg, at, 1, StreamId(77))));
+    dev.fail_next();
+    assert!(
+        dev.copy_device_async(seg, at, 1, s).is_err(),
+        "it takes faults"
+    );
+    assert_eq!(dev.calls(Call::CopyDeviceAsync), 8);
+    dev.check_invariants();
+}
+
+#[test]
+fn without_host_backing_device_copies_check_both_ranges_and_move_nothing() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    let (va, _) = mapped_range(&dev, 1);
+    let seg = dev.malloc(MIB).unwrap();
+    dev.copy_device_async(va, seg, MIB, StreamId(1)).unwrap();
+    assert!(is_invalid(dev.copy_device_async(
+        va + G,
+        seg,
+        1,
+        StreamId(1)
+    )));
+    assert!(is_invalid(dev.copy_device_async(
+        va,
+        seg,
+        MIB + 1,
+        StreamId(1)
+    )));
+    assert_eq!(dev.calls(Call::CopyDeviceAsync), 3);
+}

@@ -102,6 +102,7 @@ fn probe(f: &Fixture, call: Call) -> Result<(), DeviceError> {
         Call::FreeHost => dev.free_host(f.spare_host, G),
         Call::CopyToHostAsync => dev.copy_to_host_async(f.host, f.segment, 4096, OTHER),
         Call::CopyToDeviceAsync => dev.copy_to_device_async(f.segment, f.host, 4096, OTHER),
+        Call::CopyDeviceAsync => dev.copy_device_async(f.segment + 4096, f.segment, 4096, OTHER),
         Call::OpenStream => dev.open_stream().map(drop),
         Call::CloseStream => dev.close_stream(f.spare_stream),
         Call::WaitEvent => dev.wait_event(OTHER, f.pending),

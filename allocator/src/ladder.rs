@@ -381,8 +381,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
     /// The ladder's last resort ([`Policy::release_pinned`]) alone, for a request of `size`
     /// bytes on `stream` that a pool of the same limit could not fit; true when it gave
-    /// something back. Never during a capture or asleep. An error is a driver failure that
-    /// may have lost live bytes (`pool::repage`).
+    /// something back. Never during a capture or asleep. An error is a driver failure: one
+    /// that stopped it before any chunk changed, or a kept run left unmapped, its live bytes
+    /// lost (`pool::repage`).
     pub(crate) fn last_resort(&mut self, size: u64, stream: StreamId) -> Result<bool, AllocError> {
         if self.core.capturing() || self.core.asleep() {
             return Ok(false);
@@ -510,6 +511,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
         let _ = self.core.abandon_captures(&mut self.policy);
         let _ = self.core.synchronize_and_free_events(&mut self.policy);
         if self.core.drop_asleep() {
+            self.core.release_scratch();
             self.core.destroy_spare_events();
             self.core.destroy_copy_stream();
             return;
@@ -532,6 +534,7 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             let _ = self.free_handle(&a);
         }
         let _ = self.release_cached_blocks();
+        self.core.release_scratch();
         let _ = self.core.release_host_buffer();
         self.core.destroy_spare_events();
         self.core.destroy_copy_stream();

@@ -1,6 +1,6 @@
 //! What sleep and wake need of a [`CudaDevice`](super::CudaDevice): pinned host memory
 //! (`cuMemHostAlloc` / `cuMemFreeHost`), asynchronous copies (`cuMemcpyDtoHAsync_v2`,
-//! `cuMemcpyHtoDAsync_v2`), a non-blocking stream of the allocator's own (`cuStreamCreate` with
+//! `cuMemcpyHtoDAsync_v2`, and `cuMemcpyDtoDAsync_v2` between device ranges), a non-blocking stream of the allocator's own (`cuStreamCreate` with
 //! `CU_STREAM_NON_BLOCKING`) and a stream waiting for an event (`cuStreamWaitEvent`).
 //!
 //! Invariant: a host buffer is in the memory table's `host` map from its allocation until its
@@ -87,6 +87,25 @@ impl CudaDevice {
         // SAFETY: as in `cuda_copy_to_host_async`, with the host range read instead of written.
         let code = unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n as usize, raw) };
         check("cuMemcpyHtoDAsync_v2", code)
+    }
+
+    pub(super) fn cuda_copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()> {
+        if src < dst.saturating_add(n) && dst < src.saturating_add(n) {
+            let msg = format!("{src:#x} + {n} overlaps {dst:#x}");
+            return Err(DeviceError::invalid("copy_device_async", msg));
+        }
+        let _bound = self.bind()?;
+        let raw = stream.0 as sys::CUstream;
+        // SAFETY: no host memory is touched: the driver checks both device ranges (mapped and
+        // accessible, else an error) and the stream handle.
+        let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n as usize, raw) };
+        check("cuMemcpyDtoDAsync_v2", code)
     }
 
     /// A stream that does not synchronise with the legacy default stream (`open_stream`; the inherent [`CudaDevice::create_stream`] makes a blocking one).

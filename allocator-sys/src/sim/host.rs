@@ -86,10 +86,27 @@ impl SimDevice {
     /// Splits a host access of `len` bytes at `addr` into (target, offset in target, offset in
     /// buffer, length) pieces, or says which address is not accessible.
     fn route(&self, call: &'static str, s: &State, addr: u64, len: usize) -> DeviceResult<Route> {
-        let fail = |msg: String| Err(DeviceError::invalid(call, msg));
         if !self.cfg.host_backing {
-            return fail("the device has no host backing".into());
+            let msg = "the device has no host backing";
+            return Err(DeviceError::invalid(call, msg));
         }
+        Self::route_any(call, s, addr, len)
+    }
+
+    /// Checks that `addr..addr + len` lies inside one live segment or inside consecutive
+    /// accessible mapped pages, with host backing or without (a copy between device ranges).
+    pub(super) fn accessible(
+        call: &'static str,
+        s: &State,
+        addr: u64,
+        len: u64,
+    ) -> DeviceResult<()> {
+        Self::route_any(call, s, addr, len as usize).map(drop)
+    }
+
+    /// [`SimDevice::route`] with host backing or without.
+    fn route_any(call: &'static str, s: &State, addr: u64, len: usize) -> DeviceResult<Route> {
+        let fail = |msg: String| Err(DeviceError::invalid(call, msg));
         let Some(end) = addr.checked_add(len as u64).filter(|_| len > 0) else {
             return if len == 0 {
                 Ok(Vec::new())

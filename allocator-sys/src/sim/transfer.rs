@@ -6,7 +6,8 @@
 //! storage. A copy runs at once when it is enqueued (simulated streams order nothing but
 //! events): with host backing it moves the bytes, reading never-written device bytes as zero;
 //! without it, it checks the host side only and moves nothing, so a device without host
-//! backing (every replay) pays nothing for contents. A stream made by `open_stream` is a
+//! backing (every replay) pays nothing for contents. A copy between two device ranges checks,
+//! with host backing or without, that both are accessible and do not overlap. A stream made by `open_stream` is a
 //! plain simulated stream; `wait_event` checks its arguments and orders nothing, since copies
 //! have already run.
 //!
@@ -135,6 +136,32 @@ impl SimDevice {
         let mut bytes = vec![0u8; n as usize];
         s.transfers.bufs[&base].data.read(src - base, &mut bytes);
         self.write_locked(Call::CopyToDeviceAsync.name(), &mut s, dst, &bytes)
+    }
+
+    pub(super) fn sim_copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        stream: StreamId,
+    ) -> DeviceResult<()> {
+        let call = Call::CopyDeviceAsync;
+        let mut s = self.enter(call, n)?;
+        if s.foreign.contains(&stream) {
+            return Err(invalid(call, format!("{stream} belongs to another device")));
+        }
+        if src < dst.saturating_add(n) && dst < src.saturating_add(n) {
+            let msg = format!("{src:#x} + {n} overlaps {dst:#x}");
+            return Err(invalid(call, msg));
+        }
+        Self::accessible(call.name(), &s, src, n)?;
+        Self::accessible(call.name(), &s, dst, n)?;
+        if !self.cfg.host_backing || n == 0 {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; n as usize];
+        self.read_locked(call.name(), &s, src, &mut bytes)?;
+        self.write_locked(call.name(), &mut s, dst, &bytes)
     }
 
     pub(super) fn sim_open_stream(&self) -> DeviceResult<StreamId> {

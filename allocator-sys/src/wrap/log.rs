@@ -291,6 +291,18 @@ impl<D: Device> Device for LogCalls<D> {
         self.log(Call::CopyToDeviceAsync, args, result)
     }
 
+    fn copy_device_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: u64,
+        s: StreamId,
+    ) -> DeviceResult<()> {
+        let args = format!("{dst:#x}, {src:#x}, {n}, {s}");
+        let result = self.inner.copy_device_async(dst, src, n, s);
+        self.log(Call::CopyDeviceAsync, args, result)
+    }
+
     fn open_stream(&self) -> DeviceResult<StreamId> {
         self.log(Call::OpenStream, String::new(), self.inner.open_stream())
     }

@@ -232,13 +232,16 @@ pub struct Core<D: Device> {
     pub(crate) tag: u32,
     /// What a sleeping pool keeps to wake up (`sleep`); `None` while awake.
     pub(crate) slumber: Option<sleep::Slumber>,
-    /// The stream sleep and wake copy on, made on first use.
+    /// The stream sleep, wake and re-paging copy on, made on first use.
     pub(crate) copy_stream: Option<StreamId>,
     /// The pinned host buffer (address, bytes) the last offloading sleep copied into, kept
     /// across wakes for the next sleep (`sleep`).
     pub(crate) host_buffer: Option<(cudalloc_sys::HostPtr, u64)>,
     /// Told of every range mapped and before it is unmapped ([`crate::hooks`]).
     pub(crate) hooks: Hooks,
+    /// Scratch ranges (address, bytes) of re-paging whose unreserve failed, a page stuck in
+    /// them (`repage`): unreserved again at the next re-paging and when the pool is dropped.
+    pub(crate) scratch_left: Vec<(u64, u64)>,
 }
 
 impl<D: Device> Core<D> {
@@ -283,6 +286,7 @@ impl<D: Device> Core<D> {
             copy_stream: None,
             host_buffer: None,
             hooks: Hooks::default(),
+            scratch_left: Vec::new(),
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();

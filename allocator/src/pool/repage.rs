@@ -8,29 +8,57 @@
 //! bytes of blocks waiting for events), one chunk per run of consecutive kept pages. Every block
 //! keeps its address, and the pages mapped afterwards are those single-page chunks would have
 //! kept. It is a last resort (a policy calls it where a device wait is allowed,
-//! `Policy::release_pinned`): it waits for the device and copies live bytes through host memory.
+//! `Policy::release_pinned`): it waits for the device and copies the live bytes on the device.
 //!
 //! # Order of work
 //!
 //! It waits for the device (no work queued earlier may still use the pages; counted in
-//! `num_sync_all_streams` and `device_waits`), then enqueues on the pool's copy stream the
-//! copies of the allocated blocks' bytes that lie in those chunks into a pinned host buffer (the
-//! one an offloading sleep keeps when it is large enough, else one made for this and freed
-//! after), and waits for them. Then, chunk by chunk: it creates a chunk for each run of kept
-//! pages, unmaps and releases the old chunk, maps the new ones at their addresses and enqueues
-//! the copies back into them. It waits for the copies back before it returns (work enqueued
-//! afterwards on any stream finds the bytes in place), and the free pages become unmapped
-//! blocks.
+//! `num_sync_all_streams` and `device_waits`) and, when allocated blocks lie in the chunks,
+//! reserves a *scratch* range of virtual addresses as large as the largest of those chunks.
+//! Then, chunk by chunk: it creates a physical allocation for each run of kept pages; maps
+//! those whose runs hold allocated blocks into the scratch range (at their offsets in the
+//! chunk) and makes them accessible to this device; enqueues on the pool's copy stream one
+//! device-to-device copy per stretch of allocated blocks, from the chunk to the scratch range;
+//! waits for them (one `device_waits` each chunk); unmaps them from the scratch range; unmaps
+//! and releases the old chunk, and maps the new allocations at their runs' addresses (the
+//! pool's map hooks see the old chunk go and the new ones come, never the scratch range). The
+//! bytes copied are whole blocks (a caller may use its block's rounding); those of blocks
+//! waiting for events are not copied. Then the scratch range is freed and the free pages
+//! become unmapped blocks. No host memory is used.
+//!
+//! The driver calls on the scratch range are not map or unmap operations of the pool's
+//! statistics (`calls.maps`, `calls.unmaps` count chunks): a chunk made again counts one unmap
+//! and one map per kept run, as if the pages had moved in place.
 //!
 //! # Failures
 //!
-//! A chunk whose kept runs cannot be created (the device has no room) or whose unmap the driver
-//! refuses stays as it was, bytes included. The kept runs are created before the old chunk is
-//! released, so for a moment the device holds up to one chunk's kept pages more than the pool
-//! counts against its limit (never more than the device has). A kept run the driver refuses to
-//! map (twice, the second time a physical allocation created anew) stays unmapped and the error
-//! is returned: the bytes of the live blocks in it are lost, as they are when a copy back fails
-//! twice; neither is out of memory, and neither happens but through driver failures.
+//! Each chunk is made again or left as it was; what fails in one does not stop the others.
+//!
+//! - A failed device wait, copy-stream creation or scratch reservation leaves every chunk as
+//!   it was and is returned.
+//! - A chunk whose kept runs cannot be created (the device has no room; this is how out of
+//!   memory shows) stays as it was, bytes included. The runs are created before the old chunk
+//!   is released, so for a moment the device holds up to one chunk's kept pages more than the
+//!   pool counts against its limit (never more than the device has).
+//! - A failed map into the scratch range, grant of access there, copy enqueue or wait for the
+//!   copies leaves the chunk as it was, bytes included: the new allocations are unmapped from
+//!   the scratch range and released (after a failed wait, only once a device-wide wait
+//!   returned, whatever it returns, so that no copy still writes them). So does an unmap of
+//!   the old chunk the driver refuses.
+//! - A new allocation whose unmap from the scratch range fails stays mapped there, kept in its
+//!   segment's stray pages (`stuck`, counted against the limit, unmapped and released at the
+//!   segment's next map or unmap); its chunk stays as it was, and the scratch range, which
+//!   cannot be freed while it is mapped, is freed again at the next re-paging or when the
+//!   pool is dropped.
+//! - Once the old chunk is released, the live bytes are only in the new allocations. One whose
+//!   map at its run's address (or grant of access) fails is mapped again, the same allocation;
+//!   when that fails too its addresses stay unmapped, it is released and its live blocks'
+//!   bytes are lost, and the error is returned. (When the unmap that follows a refused grant
+//!   of access fails as well, it stays mapped there without access, a stray like the above.)
+//!   This is neither out of memory nor possible but through two driver failures in a row.
+//!
+//! A chunk left as it was is not reported (the return value is the bytes given back) and is
+//! tried again at the next re-paging.
 //!
 //! # Conditions
 //!
@@ -38,7 +66,7 @@
 //! sleeps, and the chunks of shareable segments are left alone (a process that imported one
 //! would keep the old physical allocation). The live bytes move while the calling thread waits
 //! in the allocator: a kernel that another thread launches meanwhile on memory of this pool may
-//! run while its pages are unmapped (a fault) or write bytes that the copy back overwrites, so
+//! run while its pages are unmapped (a fault) or write bytes after they were copied (lost), so
 //! a policy uses it only where its owner says one thread launches work at a time (the
 //! `default` policy's `repage_under_cap` key).
 //!
@@ -46,10 +74,9 @@
 //! but for the chunks left as they were after a failure.
 
 use super::block::BlockId;
-use super::segment::Mapper;
-use super::sleep::{pieces, Copy};
+use super::segment::{Chunk, Mapper};
 use super::Core;
-use cudalloc_sys::{Device, DeviceError, HostPtr, StreamId};
+use cudalloc_sys::{Device, DeviceError, PageHandle, StreamId};
 
 /// One chunk to make again from its kept runs.
 #[derive(Debug)]
@@ -72,13 +99,13 @@ struct Plan {
     blocks: Vec<(BlockId, u64, u64)>,
 }
 
-/// Where the live bytes wait while their chunks are made again: the host buffer, the copy
-/// stream, and whether the buffer was made for this (and is freed after).
-#[derive(Clone, Copy)]
-struct Staged {
-    host: HostPtr,
+/// Where live bytes are copied while their chunk is made again: the scratch range (address,
+/// bytes) and the copy stream.
+#[derive(Clone, Copy, Debug)]
+struct Scratch {
+    va: u64,
+    size: u64,
     stream: StreamId,
-    made: bool,
 }
 
 impl<D: Device> Core<D> {
@@ -89,6 +116,7 @@ impl<D: Device> Core<D> {
         if self.capturing() || self.asleep() {
             return Ok(0);
         }
+        self.release_scratch();
         let plan = self.repage_plan();
         if plan.chunks.is_empty() {
             return Ok(0);
@@ -96,25 +124,36 @@ impl<D: Device> Core<D> {
         self.count_sync_all_streams();
         self.stats.device_waits += 1;
         self.device.synchronize_device()?;
-        let copies = self.live_pieces(&plan.chunks);
-        let staged = self.stage_out(&copies)?;
+        let live = self.live_stretches(&plan.chunks);
+        let scratch = if live.is_empty() {
+            None
+        } else {
+            Some(self.open_scratch(&plan.chunks)?)
+        };
         let (mut given, mut error) = (0, None);
         for t in &plan.chunks {
-            let Ok((freed, failed)) = self.repage_chunk(t) else {
+            let Ok((freed, failed)) = self.repage_chunk(t, scratch, &live) else {
                 continue; // left as it was, bytes included
             };
             given += freed;
-            let back = staged.map_or(Ok(()), |s| self.copy_back(s, &copies, t));
-            if let Some(e) = failed.or(back.err()) {
+            if let Some(e) = failed {
                 error.get_or_insert(e);
             }
         }
-        let finished = staged.map_or(Ok(()), |s| self.finish_staging(s));
-        self.unmap_free_runs(&plan.blocks);
-        match error.or(finished.err()) {
-            Some(e) => Err(e),
-            None => Ok(given),
+        if let Some(s) = scratch {
+            self.scratch_left.push((s.va, s.size));
+            self.release_scratch();
         }
+        self.unmap_free_runs(&plan.blocks);
+        error.map_or(Ok(given), Err)
+    }
+
+    /// Frees the scratch ranges left reserved (a page was stuck in them); those still refused
+    /// stay for the next time.
+    pub(crate) fn release_scratch(&mut self) {
+        let dev = &self.device;
+        self.scratch_left
+            .retain(|&(va, n)| dev.unreserve(va, n).is_err());
     }
 
     /// The free blocks with whole pages, and the chunks those pages lie in with the runs of
@@ -179,10 +218,10 @@ impl<D: Device> Core<D> {
         plan
     }
 
-    /// The parts of the allocated blocks lying in `chunks` (sorted by address), in address
-    /// order, with their offsets in a host buffer laid end to end. Whole blocks, not the bytes
-    /// asked for: a caller may use its block's rounding.
-    fn live_pieces(&self, chunks: &[Target]) -> Vec<Copy> {
+    /// The stretches (address, bytes) of allocated blocks lying in `chunks` (sorted by
+    /// address), in address order, each inside one chunk; neighbouring blocks make one stretch.
+    /// Whole blocks, not the bytes asked for: a caller may use its block's rounding.
+    fn live_stretches(&self, chunks: &[Target]) -> Vec<(u64, u64)> {
         let mut live: Vec<(u64, u64)> = self
             .blocks
             .iter()
@@ -190,55 +229,59 @@ impl<D: Device> Core<D> {
             .map(|(_, b)| (b.addr, b.size))
             .collect();
         live.sort_unstable();
-        let mut copies = Vec::new();
-        let mut offset = 0;
+        let mut stretches: Vec<(u64, u64)> = Vec::new();
         for t in chunks {
             let (lo, hi) = (t.at, t.at + t.size);
             let first = live.partition_point(|&(a, n)| a + n <= lo);
+            let mut last = None; // the stretch of this chunk before, by index
             for &(a, n) in live[first..].iter().take_while(|&&(a, _)| a < hi) {
                 let (from, to) = (a.max(lo), (a + n).min(hi));
-                copies.push(Copy {
-                    addr: from,
-                    offset,
-                    len: to - from,
-                });
-                offset += to - from;
+                match last.map(|i: usize| &mut stretches[i]) {
+                    Some((s, len)) if *s + *len == from => *len += to - from,
+                    _ => {
+                        last = Some(stretches.len());
+                        stretches.push((from, to - from));
+                    }
+                }
             }
         }
-        copies
+        stretches
     }
 
-    /// Copies `copies` into the host buffer on the copy stream and waits for them; `None`
-    /// when there is nothing to copy. On failure waits for what was enqueued (best effort).
-    fn stage_out(&mut self, copies: &[Copy]) -> Result<Option<Staged>, DeviceError> {
-        let Some(last) = copies.last() else {
-            return Ok(None);
-        };
-        let made = self
-            .host_buffer
-            .is_none_or(|(_, n)| n < last.offset + last.len);
+    /// The copy stream, and a scratch range as large as the largest of `chunks`.
+    fn open_scratch(&mut self, chunks: &[Target]) -> Result<Scratch, DeviceError> {
         let stream = self.copy_stream()?;
-        let host = self.host_buffer(last.offset + last.len)?;
-        let staged = Staged { host, stream, made };
-        let enqueued = copies.iter().try_for_each(|c| {
-            self.device
-                .copy_to_host_async(host + c.offset, c.addr, c.len, stream)
-        });
-        let waited = self.wait_stream(stream);
-        enqueued.and(waited).map(|()| Some(staged))
+        let size = chunks.iter().map(|t| t.size).max().unwrap_or(0);
+        let va = self.device.reserve(size)?;
+        Ok(Scratch { va, size, stream })
     }
 
-    /// Makes chunk `t` again from its kept runs (`ExpSegment::repage`) and counts it: the bytes
-    /// given back and the error that left a kept run unmapped. `Err`: the chunk is as it was.
-    fn repage_chunk(&mut self, t: &Target) -> Result<(u64, Option<DeviceError>), DeviceError> {
+    /// Makes chunk `t` again from its kept runs, its stretches of `live` copied into them
+    /// through `scratch` (see the module docs), and counts it: the bytes given back and the
+    /// error that left a kept run unmapped. `Err`: the chunk is as it was.
+    fn repage_chunk(
+        &mut self,
+        t: &Target,
+        scratch: Option<Scratch>,
+        live: &[(u64, u64)],
+    ) -> Result<(u64, Option<DeviceError>), DeviceError> {
         let seg = self.segments[t.seg].as_mut().expect("a chunk's segment");
         let (before, pool) = (seg.stray_bytes(), seg.pool);
-        let m = Mapper {
-            dev: &self.device,
-            peers: &self.peers,
-            hooks: &self.hooks,
-        };
-        let done = seg.repage(&m, t.at, &t.keep);
+        let first = live.partition_point(|&(a, _)| a < t.at);
+        let end = live.partition_point(|&(a, _)| a < t.at + t.size);
+        let done = seg.create_runs(&self.device, &t.keep).and_then(|pages| {
+            if first < end {
+                let s = scratch.expect("a scratch range for live bytes");
+                self.move_live(t, &pages, s, &live[first..end])?;
+            }
+            let seg = self.segments[t.seg].as_mut().expect("a chunk's segment");
+            let m = Mapper {
+                dev: &self.device,
+                peers: &self.peers,
+                hooks: &self.hooks,
+            };
+            seg.swap_in(&m, t.at, &t.keep, &pages)
+        });
         self.track_strays(t.seg, before);
         let done = done?;
         let freed = t.size - done.bytes;
@@ -249,35 +292,72 @@ impl<D: Device> Core<D> {
         Ok((freed, done.error))
     }
 
-    /// Enqueues the copies back into those of chunk `t`'s kept runs that are mapped again,
-    /// each tried twice, all of them whatever fails (a run left unmapped gets none: its bytes
-    /// are lost, and `repage_chunk` returned the error); the first failure is returned.
-    fn copy_back(&self, s: Staged, copies: &[Copy], t: &Target) -> Result<(), DeviceError> {
-        let dev = &self.device;
-        let seg = self.segments[t.seg].as_ref().expect("a chunk's segment");
-        let mut first = None;
-        for &(run, len) in t
-            .keep
-            .iter()
-            .filter(|(run, _)| seg.chunks.contains_key(run))
-        {
-            for (addr, offset, n) in pieces(copies, run, run + len) {
-                let copy = || dev.copy_to_device_async(addr, s.host + offset, n, s.stream);
-                if let Err(e) = copy().or_else(|_| copy()) {
-                    first.get_or_insert(e);
-                }
+    /// Copies `live` (stretches inside chunk `t`) into `pages` (one per kept run of `t`)
+    /// through the scratch range, and unmaps them from it again. On failure `pages` are
+    /// released (those stuck in the scratch range kept as strays) and the chunk is as it was.
+    fn move_live(
+        &mut self,
+        t: &Target,
+        pages: &[PageHandle],
+        s: Scratch,
+        live: &[(u64, u64)],
+    ) -> Result<(), DeviceError> {
+        let mut mapped = Vec::new();
+        let staged = self.stage_live(t, pages, s, live, &mut mapped);
+        let waited = self.wait_stream(s.stream);
+        if waited.is_err() {
+            // A copy may still write the pages: they are released only after the device.
+            self.stats.device_waits += 1;
+            let _ = self.device.synchronize_device();
+        }
+        let seg = self.segments[t.seg].as_mut().expect("a chunk's segment");
+        let (mut stuck, mut unmapped) = (Vec::new(), Ok(()));
+        for &(va, len, handle) in &mapped {
+            if let Err(e) = self.device.unmap(va, len) {
+                // Unmapped and released at the segment's next map or unmap.
+                seg.stuck.push((va, Chunk { size: len, handle }));
+                stuck.push(handle);
+                unmapped = unmapped.and(Err(e));
             }
         }
-        first.map_or(Ok(()), Err)
+        let Err(failed) = staged.and(waited).and(unmapped) else {
+            return Ok(());
+        };
+        let (runs, unstuck): (Vec<_>, Vec<_>) = t
+            .keep
+            .iter()
+            .zip(pages)
+            .filter(|(_, h)| !stuck.contains(h))
+            .unzip();
+        seg.release_all(&self.device, &runs, &unstuck);
+        Err(failed)
     }
 
-    /// Waits for the copies back, and frees the host buffer when it was made for them.
-    fn finish_staging(&mut self, s: Staged) -> Result<(), DeviceError> {
-        if s.made {
-            self.release_host_buffer()
-        } else {
-            self.wait_stream(s.stream)
+    /// Maps into the scratch range the pages of `t`'s runs that hold `live` bytes (listing
+    /// each in `mapped` as address, bytes and page), makes them accessible to this device and
+    /// enqueues the copies of `live` into them; stops at the first failure.
+    fn stage_live(
+        &self,
+        t: &Target,
+        pages: &[PageHandle],
+        s: Scratch,
+        live: &[(u64, u64)],
+        mapped: &mut Vec<(u64, u64, PageHandle)>,
+    ) -> Result<(), DeviceError> {
+        let dev = &self.device;
+        for (&(run, len), &handle) in t.keep.iter().zip(pages) {
+            if !live.iter().any(|&(a, _)| run <= a && a < run + len) {
+                continue;
+            }
+            let va = s.va + (run - t.at);
+            dev.map(va, len, handle)?;
+            mapped.push((va, len, handle));
+            dev.set_access(va, len, &[])?;
         }
+        for &(addr, len) in live {
+            dev.copy_device_async(s.va + (addr - t.at), addr, len, s.stream)?;
+        }
+        Ok(())
     }
 
     /// Turns the pages of `blocks` (free block, first and past the last whole page) that no

@@ -12,16 +12,17 @@
 //! of the process ever has it.
 //!
 //! A chunk that live blocks keep mapped with free pages beside it can be made again from the
-//! pages they touch, at the same addresses (`repage`, for `pool::repage`).
+//! pages they touch, at the same addresses (`create_runs` and `swap_in`, for `pool::repage`).
 //!
 //! Every chunk mapped is announced to the pool's map hooks once it is accessible, and withdrawn
 //! before its unmap ([`crate::hooks`]); a `stuck` chunk is not announced.
 //!
 //! Invariants: chunks do not overlap, lie inside `va..va + size` and start and end on page
 //! boundaries; `mapped` is the sum of their sizes. Pages a failed driver call left behind
-//! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, not unmapped)
-//! are outside `chunks` and `mapped`, are retried at every map and unmap, and keep the range
-//! reserved until they are gone.
+//! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, or mapped at a
+//! re-paging's scratch range outside `va..va + size`, not unmapped) are outside `chunks` and
+//! `mapped`, are retried at every map and unmap, and keep the range reserved until they are
+//! gone.
 
 use crate::hooks::Hooks;
 use crate::sizes::PoolKind;
@@ -69,9 +70,10 @@ pub struct ExpSegment {
     /// Pages unmapped (or never mapped) whose release failed, to release again at the next
     /// map or unmap.
     pub leaked: Vec<(PageHandle, u64)>,
-    /// Chunks mapped whose access could not be granted and whose unmap failed too: listed
-    /// neither in `chunks` nor in the pool (no block may use them), unmapped and released again
-    /// at the next map or unmap.
+    /// Chunks mapped whose access could not be granted and whose unmap failed too, and pages
+    /// of this segment mapped at a re-paging's scratch range whose unmap failed
+    /// (`pool::repage`): listed neither in `chunks` nor in the pool (no block may use them),
+    /// unmapped and released again at the next map or unmap.
     pub stuck: Vec<(u64, Chunk)>,
     /// Chunks (address, bytes) a sleep unmapped, to map again at the same addresses when the
     /// pool wakes (`pool::sleep`); empty while it is awake.
@@ -215,37 +217,47 @@ impl ExpSegment {
         }
     }
 
-    /// Makes chunk `at` again as one chunk per run of `keep` (address and bytes, page
-    /// boundaries inside it, ascending) and gives the rest of its pages back to the device
-    /// (`pool::repage`). The new chunks are created first: a device without room for them leaves
-    /// the chunk as it was (`Err`, nothing changed), as does an unmap the driver refuses. Then
-    /// the chunk is unmapped and released (a failed release leaves a stray) and each new chunk
-    /// mapped at its address; one that cannot be mapped is tried once more with a physical
-    /// allocation created anew, and when that fails too its addresses stay unmapped and the
-    /// error is in [`Repaged::error`]. Bytes are not copied: the caller copies the live ones out
-    /// before and back after.
-    pub(crate) fn repage<D: Device>(
+    /// Creates one physical allocation per run of `keep` (address and bytes), for chunk
+    /// re-making (`pool::repage`). A device without room for them all (or any failed call)
+    /// releases those made and returns the error: nothing changed.
+    pub(crate) fn create_runs<D: Device>(
         &mut self,
-        m: &Mapper<'_, D>,
-        at: u64,
+        dev: &D,
         keep: &[(u64, u64)],
-    ) -> Result<Repaged, DeviceError> {
-        self.retry_leaked(m.dev);
-        let old = *self.chunks.get(&at).expect("a mapped chunk");
+    ) -> Result<Vec<PageHandle>, DeviceError> {
+        self.retry_leaked(dev);
         let mut pages = Vec::with_capacity(keep.len());
         for &(_, len) in keep {
-            match create(m.dev, len, self.shareable) {
+            match create(dev, len, self.shareable) {
                 Ok(h) => pages.push(h),
                 Err(e) => {
-                    self.release_all(m.dev, keep, &pages);
+                    self.release_all(dev, keep, &pages);
                     return Err(e);
                 }
             }
         }
+        Ok(pages)
+    }
+
+    /// Puts `pages` (from [`ExpSegment::create_runs`], one per run of `keep`, mapped nowhere,
+    /// holding the bytes the caller copied into them) in place of chunk `at`. An unmap of the
+    /// chunk the driver refuses releases the pages and leaves the chunk as it was (`Err`).
+    /// Otherwise the chunk is released (a failed release leaves a stray) and each page mapped
+    /// at its run's address, tried twice with the same page (a failed map leaves the page
+    /// unmapped, its bytes in it); when both tries fail its addresses stay unmapped, the page
+    /// is released (its bytes are lost) and the error is in [`Repaged::error`].
+    pub(crate) fn swap_in<D: Device>(
+        &mut self,
+        m: &Mapper<'_, D>,
+        at: u64,
+        keep: &[(u64, u64)],
+        pages: &[PageHandle],
+    ) -> Result<Repaged, DeviceError> {
+        let old = *self.chunks.get(&at).expect("a mapped chunk");
         m.hooks.unmapping(at, old.size);
         if let Err(e) = m.dev.unmap(at, old.size) {
             m.hooks.mapped(at, old.size);
-            self.release_all(m.dev, keep, &pages);
+            self.release_all(m.dev, keep, pages);
             return Err(e);
         }
         self.chunks.remove(&at);
@@ -254,21 +266,25 @@ impl ExpSegment {
             self.leaked.push((old.handle, old.size));
         }
         let mut done = Repaged::default();
-        for (&(page_at, size), &handle) in keep.iter().zip(&pages) {
-            let attached = attach(m, page_at, size, handle).map(|()| handle);
-            let attached = attached.or_else(|failed| {
-                self.keep_left(page_at, size, failed.left);
-                map_chunk(m, page_at, size, self.shareable)
-            });
+        for (&(page_at, size), &handle) in keep.iter().zip(pages) {
+            let attached =
+                attach_kept(m, page_at, size, handle).or_else(|failed| match failed.left {
+                    Left::Page(h) => attach_kept(m, page_at, size, h),
+                    _ => Err(failed),
+                });
             match attached {
-                Ok(handle) => {
+                Ok(()) => {
                     self.chunks.insert(page_at, Chunk { size, handle });
                     self.mapped += size;
                     done.pages += 1;
                     done.bytes += size;
                 }
                 Err(failed) => {
-                    self.keep_left(page_at, size, failed.left);
+                    let left = match failed.left {
+                        Left::Page(h) => release(m.dev, h),
+                        left => left,
+                    };
+                    self.keep_left(page_at, size, left);
                     done.error.get_or_insert(failed.error);
                 }
             }
@@ -278,7 +294,12 @@ impl ExpSegment {
 
     /// Releases the chunks created for `keep` and never mapped; a failed release leaves a
     /// stray.
-    fn release_all<D: Device>(&mut self, dev: &D, keep: &[(u64, u64)], pages: &[PageHandle]) {
+    pub(crate) fn release_all<D: Device>(
+        &mut self,
+        dev: &D,
+        keep: &[(u64, u64)],
+        pages: &[PageHandle],
+    ) {
         for (&h, &(_, len)) in pages.iter().zip(keep) {
             if dev.release_page(h).is_err() {
                 self.leaked.push((h, len));
@@ -501,22 +522,43 @@ fn attach<D: Device>(
     len: u64,
     handle: PageHandle,
 ) -> Result<(), ChunkFailed> {
+    attach_kept(m, at, len, handle).map_err(|failed| match failed.left {
+        Left::Page(h) => ChunkFailed {
+            error: failed.error,
+            left: release(m.dev, h),
+        },
+        _ => failed,
+    })
+}
+
+/// [`attach`] that keeps the handle on failure: [`Left::Page`] when it is unmapped again (the
+/// caller's to map again or release), [`Left::Mapped`] when its unmap failed too.
+fn attach_kept<D: Device>(
+    m: &Mapper<'_, D>,
+    at: u64,
+    len: u64,
+    handle: PageHandle,
+) -> Result<(), ChunkFailed> {
     let (dev, peers) = (m.dev, m.peers);
-    let release = |handle| match dev.release_page(handle) {
-        Ok(()) => Left::Nothing,
-        Err(_) => Left::Page(handle),
-    };
     if let Err(error) = dev.map(at, len, handle) {
-        let left = release(handle);
+        let left = Left::Page(handle);
         return Err(ChunkFailed { error, left });
     }
     if let Err(error) = dev.set_access(at, len, peers) {
         let left = match dev.unmap(at, len) {
-            Ok(()) => release(handle),
+            Ok(()) => Left::Page(handle),
             Err(_) => Left::Mapped(handle),
         };
         return Err(ChunkFailed { error, left });
     }
     m.hooks.mapped(at, len);
     Ok(())
+}
+
+/// Releases a page mapped nowhere: [`Left::Nothing`], or [`Left::Page`] when the release fails.
+fn release<D: Device>(dev: &D, handle: PageHandle) -> Left {
+    match dev.release_page(handle) {
+        Ok(()) => Left::Nothing,
+        Err(_) => Left::Page(handle),
+    }
 }

@@ -10,17 +10,20 @@
 //! - a request larger than the card, or a device byte limit, is `OutOfMemory`, and the allocator
 //!   stays usable;
 //! - a sleeping tag's memory is back on the device, and wakes with its bytes at its addresses;
+//! - under a memory limit, re-paging keeps the live blocks' bytes at their addresses;
 //! - after each test every buffer is back in the pool, the invariants hold, and once the allocator
 //!   drops the device's free memory is back to its baseline.
 //!
 //! Files: `device.rs`, `streams.rs`, `interop.rs`, `decode_ops.rs` (the decode step's kernels
-//! against the CPU), `sleep.rs` (tags, sleep and wake), `share.rs`
-//! (an allocation shared with a second process, which the test spawns). Captures run in their own binary
-//! (`gpu_capture`): a global-mode capture refuses calls from every thread of the process.
+//! against the CPU), `sleep.rs` (tags, sleep and wake), `repage.rs` (the capped last resort),
+//! `share.rs` (an allocation shared with a second process, which the test spawns). Captures run
+//! in their own binary (`gpu_capture`): a global-mode capture refuses calls from every thread of
+//! the process.
 
 mod decode_ops;
 mod device;
 mod interop;
+mod repage;
 mod share;
 mod sleep;
 mod streams;

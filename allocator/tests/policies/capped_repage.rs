@@ -3,11 +3,13 @@
 //! after every cached chunk went back, the chunks live blocks keep mapped are made again from
 //! the pages those blocks touch and their free pages go back (not those of shareable segments,
 //! not during a capture, not without a limit). On the simulated device with host backing, so the bytes
-//! of the live blocks are checked across it; the core's invariants hold after every step.
+//! of the live blocks are checked across it, each driver call of it failing in turn; the core's
+//! invariants hold after every step.
 
-use crate::common::pool;
+use crate::common::{assert_device_empty, pool};
 
 use cudalloc::{AllocError, Allocation, Config, Pool};
+use cudalloc_sys::wrap::LogCalls;
 use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
 use pool::{alloc, check, free, past_loading, Sim, GIB, KIB, MIB, S0, S1};
 use std::sync::Arc;
@@ -53,6 +55,45 @@ fn holds(sim: &SimDevice, a: &Allocation, seed: u64) -> bool {
     back == pattern(a.size(), seed)
 }
 
+/// The device calls re-paging makes besides the chunks': map, unmap, copy_device_async,
+/// alloc_host, copy_to_host_async.
+const EXTRA: [Call; 5] = [
+    Call::Map,
+    Call::Unmap,
+    Call::CopyDeviceAsync,
+    Call::AllocHost,
+    Call::CopyToHostAsync,
+];
+
+/// The counts of [`EXTRA`] now.
+fn sim_calls(sim: &SimDevice) -> [u64; 5] {
+    EXTRA.map(|c| sim.calls(c))
+}
+
+/// The counts of [`EXTRA`] since `before`.
+fn delta(sim: &SimDevice, before: &[u64; 5]) -> [u64; 5] {
+    let now = sim_calls(sim);
+    std::array::from_fn(|i| now[i] - before[i])
+}
+
+/// [`check`] where pages may be strays: the device holds the pool's bytes and its strays.
+fn check_held(sim: &SimDevice, pool: &Pool<Sim>) {
+    pool.check_invariants().unwrap();
+    sim.check_invariants();
+    let held = pool.reserved() + pool.excess().stray;
+    assert_eq!(sim.outstanding_bytes(), held, "device vs held");
+}
+
+/// The device holds no virtual range but the pool's segments: every scratch range was freed.
+fn no_scratch_left(sim: &SimDevice, pool: &Pool<Sim>) {
+    let snap = pool.snapshot();
+    let segments = snap.segments.iter().filter(|s| s.expandable);
+    assert_eq!(
+        sim.reserved_va_bytes(),
+        segments.map(|s| s.size).sum::<u64>()
+    );
+}
+
 /// A 20 MiB growth mapped as one chunk, then freed, and a live 1.5 MiB block (large pool)
 /// placed at its start: the chunk keeps 18 MiB of whole free pages mapped.
 fn pinned_chunk(sim: &Sim, pool: &mut Pool<Sim>) -> Allocation {
@@ -78,7 +119,8 @@ fn a_growth_past_the_limit_re_makes_a_pinned_chunk_and_keeps_the_live_bytes() {
     let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
     let live = pinned_chunk(&sim, &mut pool);
     let (syncs, waits) = (pool.stats().num_sync_all_streams, pool.stats().device_waits);
-    let (maps, unmaps) = (sim.calls(Call::Map), sim.calls(Call::Unmap));
+    let calls = pool.stats().calls;
+    let before = sim_calls(&sim);
 
     // 20 MiB more for another stream (its own range) do not fit beside 20 MiB mapped under
     // 24 MiB: the chunk goes, its one live page comes back at its address.
@@ -89,24 +131,29 @@ fn a_growth_past_the_limit_re_makes_a_pinned_chunk_and_keeps_the_live_bytes() {
         "the live bytes moved with their page"
     );
     assert_eq!(sim.mapped_bytes(), 22 * MIB);
-    assert_eq!(sim.calls(Call::Unmap) - unmaps, 1, "the pinned chunk");
+    let s = pool.stats();
+    assert_eq!(s.calls.unmaps - calls.unmaps, 1, "the pinned chunk");
     assert_eq!(
-        sim.calls(Call::Map) - maps,
+        s.calls.maps - calls.maps,
         2,
         "its live page, then the growth"
     );
-    let s = pool.stats();
+    // On the device besides: the live page mapped at the scratch range and unmapped from it,
+    // the scratch range reserved and freed, one copy on the device and none through the host.
+    let d = delta(&sim, &before);
+    assert_eq!((d[0], d[1]), (3, 2), "maps, unmaps");
+    assert_eq!(d[2], 1, "copies on the device");
+    assert_eq!((d[3], d[4]), (0, 0), "no host buffer, no host copy");
+    no_scratch_left(&sim, &pool);
     assert_eq!(
         s.num_sync_all_streams - syncs,
         2,
         "the last rung, then the re-paging"
     );
-    assert!(
-        s.device_waits - waits >= 3,
-        "the device, the copies out and back"
-    );
+    assert!(s.device_waits - waits >= 2, "the device, the copy");
     assert_eq!(s.num_ooms, 0);
-    assert_eq!(pool.host_buffer_bytes(), 0, "the staging buffer is freed");
+    assert_eq!(pool.host_buffer_bytes(), 0);
+    assert_eq!(sim.host_bytes(), 0);
 
     free(&mut pool, grown);
     free(&mut pool, live);
@@ -140,7 +187,8 @@ fn re_paging_keeps_every_page_a_live_block_touches() {
         44 * MIB + PAGE,
         "the two chunks and a small page"
     );
-    let (maps, unmaps) = (sim.calls(Call::Map), sim.calls(Call::Unmap));
+    let calls = pool.stats().calls;
+    let before = sim_calls(&sim);
 
     // 10 MiB more for another stream pass the limit unless the 34 MiB of whole free pages
     // between the 3 MiB block's second page and the 6 MiB block go back.
@@ -153,8 +201,14 @@ fn re_paging_keeps_every_page_a_live_block_touches() {
     // chunk after it, which no free page touches, stays whole), the small page; the growth.
     assert_eq!(sim.mapped_bytes(), 3 * PAGE + 4 * MIB + PAGE + 10 * MIB);
     // One chunk per run of kept pages (0-4 MiB, 38-40 MiB), then the growth.
-    assert_eq!(sim.calls(Call::Unmap) - unmaps, 1);
-    assert_eq!(sim.calls(Call::Map) - maps, 3);
+    let s = pool.stats().calls;
+    assert_eq!(s.unmaps - calls.unmaps, 1);
+    assert_eq!(s.maps - calls.maps, 3);
+    // Both runs hold live bytes: mapped at the scratch range and unmapped from it too; one
+    // copy each.
+    let d = delta(&sim, &before);
+    assert_eq!((d[0], d[1], d[2]), (5, 3, 2), "maps, unmaps, copies");
+    no_scratch_left(&sim, &pool);
     free(&mut pool, grown);
     for a in [first, across].into_iter().chain(small) {
         free(&mut pool, a);
@@ -234,29 +288,161 @@ fn chunks_of_shareable_segments_are_not_re_paged() {
     pinned_chunk_stays(&sim, &mut pool);
 }
 
-/// One failed driver call anywhere in the allocation that re-makes the chunk: the allocation
-/// may fail, but every invariant holds and the live bytes stay; the next try succeeds.
+/// The names of the calls of [`last_resort_calls`] that faults of `kind` count (acquiring or
+/// release calls), in order.
+fn counted(release: bool) -> Vec<&'static str> {
+    let calls = last_resort_calls().into_iter();
+    calls
+        .filter(|c| c.is_release() == release)
+        .map(Call::name)
+        .collect()
+}
+
+/// Each acquiring call of the allocation that re-makes the chunk failing in turn: the
+/// allocation may fail, but every invariant holds, the live bytes stay and no scratch range is
+/// left; a failure while the bytes are copied leaves the chunk as it was, and one of the map at
+/// the chunk's address is tried again with the same page. The next try succeeds.
 #[test]
 fn a_failed_call_while_re_making_loses_no_byte() {
-    for k in 1..64 {
+    let calls = counted(false);
+    // From the copy stream on: the scratch range, the copy and its wait, the live page's map at
+    // its address; then the growth.
+    let from = calls.iter().position(|&c| c == "open_stream").unwrap();
+    assert_eq!(
+        calls[from..from + 11],
+        [
+            "open_stream",
+            "reserve",
+            "create_page",
+            "map",
+            "set_access",
+            "copy_device_async",
+            "create_event",
+            "record_event",
+            "synchronize_event",
+            "map",
+            "set_access"
+        ]
+    );
+    for (i, name) in calls.iter().enumerate() {
+        let k = i as u64 + 1;
         let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
         let live = pinned_chunk(&sim, &mut pool);
         sim.fail_call(k);
         let r = pool.allocate(20 * MIB, S1);
         sim.clear_faults();
         check(&sim, &pool);
-        assert!(holds(&sim, &live, 1), "k={k}: bytes lost");
-        // A chunk whose new pages could not be created stays: out of memory, as before.
+        no_scratch_left(&sim, &pool);
+        assert!(holds(&sim, &live, 1), "{name} (k={k}): bytes lost");
+        if (from..from + 9).contains(&i) {
+            assert_eq!(
+                sim.mapped_bytes(),
+                20 * MIB,
+                "{name} (k={k}): the chunk stays"
+            );
+            assert!(r.is_err(), "{name} (k={k}): nothing was given back");
+        }
+        if (from + 9..from + 11).contains(&i) {
+            assert!(r.is_ok(), "{name} (k={k}): mapped again");
+        }
         if let Err(e) = &r {
             let ok = matches!(e, AllocError::Device(_) | AllocError::OutOfMemory { .. });
-            assert!(ok, "k={k}: {e:?}");
+            assert!(ok, "{name} (k={k}): {e:?}");
         }
         let grown = r.unwrap_or_else(|_| alloc(&mut pool, 20 * MIB, S1));
-        assert!(holds(&sim, &live, 1), "k={k}: bytes lost on the next try");
+        assert!(
+            holds(&sim, &live, 1),
+            "{name} (k={k}): bytes lost on the next try"
+        );
         check(&sim, &pool);
+        no_scratch_left(&sim, &pool);
         free(&mut pool, grown);
         free(&mut pool, live);
     }
+}
+
+/// Each release call of the allocation that re-makes the chunk failing in turn (the unmap from
+/// the scratch range included: its page stays mapped there, the chunk as it was, and the
+/// scratch range is freed once that page is unmapped): the live bytes stay, every invariant
+/// holds, and once the pool is dropped the device holds nothing.
+#[test]
+fn a_failed_release_while_re_making_loses_no_byte_and_leaks_nothing() {
+    let calls = counted(true);
+    assert!(
+        calls.contains(&"unmap") && calls.contains(&"unreserve"),
+        "{calls:?}"
+    );
+    for (i, name) in calls.iter().enumerate() {
+        let k = i as u64 + 1;
+        let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
+        let live = pinned_chunk(&sim, &mut pool);
+        sim.fail_release(k);
+        let r = pool.allocate(20 * MIB, S1);
+        sim.clear_faults();
+        check_held(&sim, &pool);
+        assert!(holds(&sim, &live, 1), "{name} (k={k}): bytes lost");
+        let grown = r.unwrap_or_else(|_| alloc(&mut pool, 20 * MIB, S1));
+        assert!(
+            holds(&sim, &live, 1),
+            "{name} (k={k}): bytes lost on the next try"
+        );
+        check_held(&sim, &pool);
+        free(&mut pool, grown);
+        free(&mut pool, live);
+        drop(pool);
+        assert_device_empty(&sim, &format!("{name} (k={k})"));
+    }
+}
+
+/// The page of the live block stuck at the scratch range (its unmap refused): the chunk stays
+/// as it was, the page counts against the limit, and the next re-paging unmaps it, frees the
+/// scratch range left and makes the chunk again.
+#[test]
+fn a_page_stuck_at_the_scratch_range_goes_at_the_next_re_paging() {
+    let calls = counted(true);
+    let sync = counted(false);
+    assert!(sync.contains(&"synchronize_event"));
+    // The first unmap after the copy's wait is the scratch range's: the releases before the
+    // last resort's are counted from the log of the same steps.
+    let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
+    let live = pinned_chunk(&sim, &mut pool);
+    let all = last_resort_calls();
+    let wait = all
+        .iter()
+        .position(|&c| c == Call::SynchronizeEvent)
+        .unwrap();
+    let k = all[..wait].iter().filter(|c| c.is_release()).count() as u64 + 1;
+    assert_eq!(calls[k as usize - 1], "unmap");
+    let pages = sim.live_pages();
+    sim.fail_release(k);
+    let r = pool.allocate(20 * MIB, S1);
+    sim.clear_faults();
+    assert!(r.is_err(), "{r:?}");
+    check_held(&sim, &pool);
+    assert_eq!(
+        pool.excess().stray,
+        2 * MIB,
+        "the stuck page counts against the limit"
+    );
+    assert!(holds(&sim, &live, 1));
+    assert_eq!(
+        sim.mapped_bytes(),
+        20 * MIB + 2 * MIB,
+        "the chunk and the stuck page"
+    );
+    assert_eq!(sim.live_pages(), pages + 1);
+    let held_va = pool.snapshot().segments.iter().map(|s| s.size).sum::<u64>();
+    assert!(
+        sim.reserved_va_bytes() > held_va,
+        "the scratch range is left"
+    );
+    let grown = alloc(&mut pool, 20 * MIB, S1);
+    check(&sim, &pool);
+    no_scratch_left(&sim, &pool);
+    assert!(holds(&sim, &live, 1));
+    assert_eq!(sim.mapped_bytes(), 22 * MIB);
+    free(&mut pool, grown);
+    free(&mut pool, live);
 }
 
 #[test]
@@ -328,7 +514,7 @@ fn a_caching_allocator_re_pages_on_its_second_try() {
 /// invariants hold.
 #[test]
 fn a_caching_allocator_loses_no_byte_when_a_call_of_its_last_resort_fails() {
-    for k in 1..48 {
+    for k in 1..64 {
         let (sim, alloc, live) = caching_pinned();
         sim.fail_call(k);
         let r = alloc.allocate(20 * MIB, S1);
@@ -345,4 +531,32 @@ fn a_caching_allocator_loses_no_byte_when_a_call_of_its_last_resort_fails() {
         alloc.free(live).unwrap();
         alloc.check_invariants().unwrap();
     }
+}
+
+/// The device calls of the allocation that forces the last resort after [`pinned_chunk`], in
+/// order, read from a call log of the same steps.
+fn last_resort_calls() -> Vec<Call> {
+    let sim = Arc::new(SimDevice::new(
+        SimConfig::with_capacity(4 * GIB).host_backing(true),
+    ));
+    let log = Arc::new(LogCalls::new(sim.clone()));
+    let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
+    let mut pool = Pool::new(log.clone(), cfg);
+    let a = pool.allocate(512, S0).unwrap();
+    pool.free(a).unwrap();
+    pool.empty_cache().unwrap();
+    pool.set_limit(Some(24 * MIB));
+    let big = pool.allocate(20 * MIB, S0).unwrap();
+    pool.free(big).unwrap();
+    let live = pool.allocate(1536 * KIB, S0).unwrap();
+    log.take_lines();
+    let grown = pool.allocate(20 * MIB, S1).unwrap();
+    let calls = log.take_lines().into_iter().map(|line| {
+        let name = line.split('(').next().unwrap_or_default().to_owned();
+        *Call::ALL.iter().find(|c| c.name() == name).expect("a call")
+    });
+    let calls = calls.collect();
+    pool.free(grown).unwrap();
+    pool.free(live).unwrap();
+    calls
 }
