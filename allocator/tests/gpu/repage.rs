@@ -126,7 +126,8 @@ fn a_capped_pool_re_pages_a_pinned_chunk_and_keeps_the_live_bytes() {
 /// Twenty 40 MiB chunks (ten in each of two streams' segments, fewer than the budget's tail
 /// rule gives back), each pinned by a 20 MiB live block with 20 MiB of free pages beside it:
 /// one re-paging makes them all again (400 MiB of live bytes copied on the device) and gives
-/// 400 MiB back. Prints how long the allocation that forced it took.
+/// 400 MiB back, less the growth's window slack. Prints how long the allocation that forced it
+/// took.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn re_paging_twenty_chunks_keeps_400_mib_of_live_bytes() {
@@ -174,10 +175,17 @@ fn re_paging_twenty_chunks_keeps_400_mib_of_live_bytes() {
             20,
             "every pinned chunk"
         );
-        assert_eq!(pool.reserved(), 400 * MIB + 100 * MIB);
         for (k, a) in live.iter().enumerate() {
             assert!(holds(&dev, a, k as u64), "live block {k}");
         }
+        // The live half of each chunk, and the growth, up to the end of its last 40 MiB
+        // window when the budget and the cap leave room (window slack).
+        let reserved = pool.reserved();
+        assert!(
+            (500 * MIB..=540 * MIB).contains(&reserved),
+            "reserved {} MiB",
+            reserved / MIB
+        );
         pool.free(grown).unwrap();
         for a in live {
             pool.free(a).unwrap();
