@@ -1,8 +1,8 @@
-//! What sleep and wake need of a [`CudaDevice`](super::CudaDevice): pinned host memory
-//! (`cuMemHostAlloc` / `cuMemFreeHost`), asynchronous copies (`cuMemcpyDtoHAsync_v2`,
-//! `cuMemcpyHtoDAsync_v2`, and `cuMemcpyDtoDAsync_v2` between device ranges), a non-blocking
-//! stream of the allocator's own (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`) and a stream
-//! waiting for an event (`cuStreamWaitEvent`).
+//! What sleep and wake, and re-paging, need of a [`CudaDevice`](super::CudaDevice): pinned
+//! host memory (`cuMemHostAlloc` / `cuMemFreeHost`), asynchronous copies
+//! (`cuMemcpyDtoHAsync_v2`, `cuMemcpyHtoDAsync_v2`, and `cuMemcpyDtoDAsync_v2` between device
+//! ranges), a non-blocking stream of the allocator's own (`cuStreamCreate` with
+//! `CU_STREAM_NON_BLOCKING`) and a stream waiting for an event (`cuStreamWaitEvent`).
 //!
 //! Invariant: a host buffer is in the memory table's `host` map from its allocation until its
 //! free, and the table's lock is held across every copy's enqueue and every free, so a copy
@@ -104,9 +104,9 @@ impl CudaDevice {
         let _bound = self.bind()?;
         let raw = stream.0 as sys::CUstream;
         // SAFETY: no host memory is touched, so nothing of this process's memory can be
-        // corrupted: a device range that is not mapped and accessible fails the copy on the
-        // device (an error of this or a later call). The stream handle is one the caller got
-        // from this device (the `Device` contract).
+        // corrupted. A device range that is not mapped and accessible (which the `Device`
+        // contract forbids) faults on the device: the context is lost, and this or a later
+        // call returns the error. The stream handle is one the caller got from this device.
         let code = unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, n as usize, raw) };
         check("cuMemcpyDtoDAsync_v2", code)
     }

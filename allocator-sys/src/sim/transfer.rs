@@ -1,5 +1,5 @@
-//! Pinned host memory, copies between it and the device, and the streams a
-//! [`SimDevice`](super::SimDevice) makes: the calls sleep and wake use.
+//! Pinned host memory, copies between it and the device and within the device, and the
+//! streams a [`SimDevice`](super::SimDevice) makes: the calls sleep, wake and re-paging use.
 //!
 //! Pinned host buffers are handed out from [`HOST_BASE`] upwards, each at a fresh address
 //! (never reused, so a stale pointer is always refused), and keep their bytes in sparse host
@@ -7,8 +7,8 @@
 //! events): with host backing it moves the bytes, reading never-written device bytes as zero;
 //! without it, it checks the host side only and moves nothing, so a device without host
 //! backing (every replay) pays nothing for contents. A copy between two device ranges checks,
-//! with host backing or without, that both are accessible and do not overlap. A stream made by `open_stream` is a
-//! plain simulated stream; `wait_event` checks its arguments and orders nothing, since copies
+//! with host backing or without, that both are accessible and do not overlap. A stream made by
+//! `open_stream` is a plain simulated stream; `wait_event` checks its arguments and orders nothing, since copies
 //! have already run.
 //!
 //! Invariants: host buffers do not overlap; a copy touches only one live host buffer and, with

@@ -239,8 +239,9 @@ pub struct Core<D: Device> {
     pub(crate) host_buffer: Option<(cudalloc_sys::HostPtr, u64)>,
     /// Told of every range mapped and before it is unmapped ([`crate::hooks`]).
     pub(crate) hooks: Hooks,
-    /// Scratch ranges (address, bytes) of re-paging whose unreserve failed, a page stuck in
-    /// them (`repage`): unreserved again at the next re-paging and when the pool is dropped.
+    /// Scratch ranges (address, bytes) of re-paging whose unreserve failed (a page stuck in
+    /// them, or the driver refused; `repage`): unreserved again at the next re-paging and when
+    /// the pool is dropped.
     pub(crate) scratch_left: Vec<(u64, u64)>,
 }
 

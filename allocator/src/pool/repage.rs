@@ -14,12 +14,13 @@
 //!
 //! It waits for the device (no work queued earlier may still use the pages; counted in
 //! `num_sync_all_streams` and `device_waits`) and, when allocated blocks lie in the chunks,
-//! reserves a *scratch* range of virtual addresses as large as the largest of those chunks.
+//! reserves a *scratch* range of virtual addresses as large as the largest chunk to make again.
 //! Then, chunk by chunk: it creates a physical allocation for each run of kept pages; maps
 //! those whose runs hold allocated blocks into the scratch range (at their offsets in the
 //! chunk) and makes them accessible to this device; enqueues on the pool's copy stream one
 //! device-to-device copy per stretch of allocated blocks, from the chunk to the scratch range;
-//! waits for them (one `device_waits` each chunk); unmaps them from the scratch range; unmaps
+//! waits for them (one `device_waits` for each chunk whose bytes are copied, and one more for
+//! the device after a failed wait); unmaps them from the scratch range; unmaps
 //! and releases the old chunk, and maps the new allocations at their runs' addresses (the
 //! pool's map hooks see the old chunk go and the new ones come, never the scratch range). The
 //! bytes copied are whole blocks (a caller may use its block's rounding); those of blocks
@@ -50,12 +51,20 @@
 //!   segment's next map or unmap); its chunk stays as it was, and the scratch range, which
 //!   cannot be freed while it is mapped, is freed again at the next re-paging or when the
 //!   pool is dropped.
+//! - A release the driver refuses (of the old chunk once unmapped, or of new allocations given
+//!   up) leaves a stray of the segment (`leaked`, counted against the limit, released again at
+//!   its next map or unmap); the chunk is made again all the same. A scratch range the driver
+//!   refuses to free is kept (`Core::scratch_left`) and freed at the next re-paging or when the
+//!   pool is dropped.
 //! - Once the old chunk is released, the live bytes are only in the new allocations. One whose
 //!   map at its run's address (or grant of access) fails is mapped again, the same allocation;
-//!   when that fails too its addresses stay unmapped, it is released and its live blocks'
-//!   bytes are lost, and the error is returned. (When the unmap that follows a refused grant
-//!   of access fails as well, it stays mapped there without access, a stray like the above.)
-//!   This is neither out of memory nor possible but through two driver failures in a row.
+//!   when that fails too it is released, its live blocks' bytes are lost, the error is
+//!   returned, and a fresh allocation is mapped at the run's addresses, so that the blocks over
+//!   them stay mapped as the core's invariants say (when that fails as well, the addresses
+//!   stay unmapped and so do the invariants not hold there; when the unmap that follows a
+//!   refused grant of access fails, it stays mapped there without access, a stray like the
+//!   above). This is neither out of memory nor possible but through two driver failures in a
+//!   row.
 //!
 //! A chunk left as it was is not reported (the return value is the bytes given back) and is
 //! tried again at the next re-paging.
@@ -70,8 +79,9 @@
 //! a policy uses it only where its owner says one thread launches work at a time (the
 //! `default` policy's `repage_under_cap` key).
 //!
-//! Invariants: those of the core. Afterwards no chunk holds a whole free page of a free block,
-//! but for the chunks left as they were after a failure.
+//! Invariants: those of the core (but after the three failures in a row above). Afterwards no
+//! chunk holds a whole free page of a free block, but for the chunks left as they were after a
+//! failure.
 
 use super::block::BlockId;
 use super::segment::{Chunk, Mapper};

@@ -103,7 +103,7 @@ pub struct Unmapped {
     pub error: Option<DeviceError>,
 }
 
-/// What [`ExpSegment::repage`] did once the chunk was unmapped.
+/// What [`ExpSegment::swap_in`] did once the chunk was unmapped.
 #[derive(Debug, Default)]
 pub struct Repaged {
     /// Chunks mapped in its place.
@@ -244,8 +244,9 @@ impl ExpSegment {
     /// chunk the driver refuses releases the pages and leaves the chunk as it was (`Err`).
     /// Otherwise the chunk is released (a failed release leaves a stray) and each page mapped
     /// at its run's address, tried twice with the same page (a failed map leaves the page
-    /// unmapped, its bytes in it); when both tries fail its addresses stay unmapped, the page
-    /// is released (its bytes are lost) and the error is in [`Repaged::error`].
+    /// unmapped, its bytes in it); when both tries fail the page is released (its bytes are
+    /// lost), the error is in [`Repaged::error`], and a fresh allocation is mapped at the run's
+    /// addresses (left unmapped only when that fails too).
     pub(crate) fn swap_in<D: Device>(
         &mut self,
         m: &Mapper<'_, D>,
@@ -286,14 +287,25 @@ impl ExpSegment {
                     };
                     self.keep_left(page_at, size, left);
                     done.error.get_or_insert(failed.error);
+                    // The bytes are lost; a fresh allocation keeps the addresses mapped, so the
+                    // blocks over them stay as the pool's invariants say.
+                    match map_chunk(m, page_at, size, self.shareable) {
+                        Ok(handle) => {
+                            self.chunks.insert(page_at, Chunk { size, handle });
+                            self.mapped += size;
+                            done.pages += 1;
+                            done.bytes += size;
+                        }
+                        Err(again) => self.keep_left(page_at, size, again.left),
+                    }
                 }
             }
         }
         Ok(done)
     }
 
-    /// Releases the chunks created for `keep` and never mapped; a failed release leaves a
-    /// stray.
+    /// Releases the chunks created for `keep` and not mapped (never, or mapped at a scratch
+    /// range and unmapped again); a failed release leaves a stray.
     pub(crate) fn release_all<D: Device>(
         &mut self,
         dev: &D,

@@ -150,7 +150,11 @@ fn a_growth_past_the_limit_re_makes_a_pinned_chunk_and_keeps_the_live_bytes() {
         2,
         "the last rung, then the re-paging"
     );
-    assert!(s.device_waits - waits >= 2, "the device, the copy");
+    assert_eq!(
+        s.device_waits - waits,
+        3,
+        "the last rung's, then re-paging's: the device, the chunk's copy"
+    );
     assert_eq!(s.num_ooms, 0);
     assert_eq!(pool.host_buffer_bytes(), 0);
     assert_eq!(sim.host_bytes(), 0);
@@ -359,6 +363,37 @@ fn a_failed_call_while_re_making_loses_no_byte() {
         free(&mut pool, grown);
         free(&mut pool, live);
     }
+}
+
+/// The map of the live page at its chunk's address failing twice in a row (the page and its
+/// retry): its bytes are lost, but a fresh allocation keeps its addresses mapped, so every
+/// invariant holds and the pool goes on.
+#[test]
+fn a_live_page_whose_map_fails_twice_is_lost_but_its_addresses_stay_mapped() {
+    let calls = counted(false);
+    let from = calls.iter().position(|&c| c == "open_stream").unwrap();
+    // The 1-based number of the live page's first map at its address.
+    let k = (from + 10) as u64;
+    assert_eq!(calls[from + 9], "map");
+    let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
+    let live = pinned_chunk(&sim, &mut pool);
+    sim.fail_call(k);
+    sim.fail_every(k + 1);
+    let r = pool.allocate(20 * MIB, S1);
+    sim.clear_faults();
+    check(&sim, &pool);
+    no_scratch_left(&sim, &pool);
+    assert!(!holds(&sim, &live, 1), "a fresh page holds other bytes");
+    let grown = r.unwrap_or_else(|_| alloc(&mut pool, 20 * MIB, S1));
+    check(&sim, &pool);
+    fill(&sim, &live, 2);
+    assert!(
+        holds(&sim, &live, 2),
+        "the live block's addresses are usable"
+    );
+    free(&mut pool, grown);
+    free(&mut pool, live);
+    check(&sim, &pool);
 }
 
 /// Each release call of the allocation that re-makes the chunk failing in turn (the unmap from
