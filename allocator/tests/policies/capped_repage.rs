@@ -220,6 +220,54 @@ fn re_paging_keeps_every_page_a_live_block_touches() {
     check(&sim, &pool);
 }
 
+/// Two chunks re-made in one re-paging, the scratch range reused for the second, with a live
+/// block across their boundary and free pages in both: each chunk's part of it lands in that
+/// chunk's new allocation, and every live byte stays.
+#[test]
+fn one_re_paging_re_makes_two_chunks_a_live_block_spans() {
+    let (sim, mut pool) = capped(Some(84 * MIB), 4 * GIB);
+    // Two 40 MiB chunks (two windows).
+    let whole = alloc(&mut pool, 80 * MIB, S0);
+    let base = whole.ptr();
+    free(&mut pool, whole);
+    // 3 MiB at 0, 8 MiB across the windows' boundary (36..44 MiB), 4 MiB at 76 MiB; the gaps
+    // between them freed: 32 MiB of whole free pages in each chunk.
+    let sizes = [3, 33, 8, 32, 4].map(|m| m * MIB);
+    let mut blocks: Vec<Allocation> = sizes.iter().map(|&n| alloc(&mut pool, n, S0)).collect();
+    let offsets: Vec<u64> = blocks.iter().map(|a| a.ptr() - base).collect();
+    assert_eq!(offsets, [0, 3, 36, 44, 76].map(|m| m * MIB));
+    free(&mut pool, blocks.remove(3));
+    free(&mut pool, blocks.remove(1));
+    for (k, a) in blocks.iter().enumerate() {
+        fill(&sim, a, k as u64 + 20);
+    }
+    assert_eq!(sim.mapped_bytes(), 80 * MIB);
+    let calls = pool.stats().calls;
+    let before = sim_calls(&sim);
+
+    // 30 MiB more for another stream pass the limit unless both chunks' free pages go back.
+    let grown = alloc(&mut pool, 30 * MIB, S1);
+    check(&sim, &pool);
+    no_scratch_left(&sim, &pool);
+    for (k, a) in blocks.iter().enumerate() {
+        assert!(holds(&sim, a, k as u64 + 20), "live block {k}");
+    }
+    // Kept: 0-4, 36-40 (first chunk), 40-44, 76-80 MiB (second); then the growth, with its
+    // window's slack where the budget leaves room.
+    let kept = 16 * MIB;
+    assert!((kept + 30 * MIB..=kept + 40 * MIB).contains(&sim.mapped_bytes()));
+    let s = pool.stats().calls;
+    assert_eq!(s.unmaps - calls.unmaps, 2, "both chunks");
+    assert!(s.maps - calls.maps >= 5, "four kept runs, then the growth");
+    // Each kept run holds live bytes: four copies, one per run.
+    assert_eq!(delta(&sim, &before)[2], 4, "copies on the device");
+    free(&mut pool, grown);
+    for a in blocks {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
+}
+
 #[test]
 fn during_a_capture_the_pinned_chunk_stays_and_the_growth_fails() {
     let (sim, mut pool) = capped(Some(24 * MIB), 4 * GIB);
