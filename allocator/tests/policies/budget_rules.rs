@@ -10,7 +10,7 @@ use cudalloc::config::{DefaultConfig, PolicyConfig};
 use cudalloc::stats::StatType;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::Call;
-use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0};
+use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
 
 const PAGE: u64 = 2 * MIB;
 
@@ -47,9 +47,14 @@ fn the_budget_gives_back_the_smallest_free_block_that_covers_its_excess() {
 
 /// 2 MiB chunks and a 1% budget, with or without `give_back_tail`.
 fn tail_pool(tail: bool) -> (Sim, Pool<Sim>) {
+    tail_pool_with(tail, 0.01)
+}
+
+/// 2 MiB chunks and a budget of `budget`, with or without `give_back_tail`.
+fn tail_pool_with(tail: bool, budget: f64) -> (Sim, Pool<Sim>) {
     let mut d = DefaultConfig {
         max_chunk: 2 * MIB,
-        fragmentation_budget: 0.01,
+        fragmentation_budget: budget,
         layout_plans: false,
         ..DefaultConfig::default()
     };
@@ -107,6 +112,29 @@ fn under_a_cap_a_small_excess_gives_back_the_tail_too() {
         small_excess_capped(false, 40 * MIB, false, Some(GIB)),
         (20, 18)
     );
+}
+
+/// A growth that only the cap stops (a budget of 50% leaves room): a 40 MiB free block at the
+/// end of the mapped pages gives back the 8 MiB the cap needs from its tail (4 chunks), not
+/// its 20 chunks. Returns the unmaps the growth made.
+fn cap_excess(tail: bool) -> u64 {
+    let (sim, mut pool) = tail_pool_with(tail, 0.5);
+    pool.set_limit(Some(50 * MIB));
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let b = alloc(&mut pool, 40 * MIB, S0);
+    free(&mut pool, b);
+    let unmaps = sim.calls(Call::Unmap);
+    // Another stream's 16 MiB need their own pages: 58 MiB would pass the 50 MiB cap.
+    let _other = alloc(&mut pool, 16 * MIB, S1);
+    check(&sim, &pool);
+    sim.calls(Call::Unmap) - unmaps
+}
+
+#[test]
+fn what_the_cap_needs_comes_from_the_tail_of_a_large_block() {
+    assert_eq!(cap_excess(true), 4);
+    assert_eq!(cap_excess(false), 20);
 }
 
 /// The guards: a block between blocks in use, and a block of fewer than `TAIL_MIN_CHUNKS`
