@@ -137,12 +137,24 @@ fn what_the_cap_needs_comes_from_the_tail_of_a_large_block() {
     assert_eq!(cap_excess(false), 20);
 }
 
-/// The guards: a block between blocks in use, and a block of fewer than `TAIL_MIN_CHUNKS`
-/// chunk windows (12: 24 MiB here), go back whole.
+/// The guards: a block between blocks in use of fewer than `TAIL_INNER_MIN_CHUNKS` chunk
+/// windows (32: 64 MiB here), and a block at the mapped end of fewer than `TAIL_MIN_CHUNKS`
+/// (12: 24 MiB), go back whole.
 #[test]
 fn a_block_between_live_blocks_or_of_few_chunks_goes_back_whole() {
     assert_eq!(small_excess(true, 40 * MIB, true), (20, 18));
     assert_eq!(small_excess(true, 20 * MIB, false), (10, 8));
+}
+
+/// A free block between blocks in use of at least `TAIL_INNER_MIN_CHUNKS` windows (an 80 MiB
+/// gap, 40 chunks) gives back only the chunk at its end that a small excess needs: the next
+/// step's 76 MiB tensor finds its pages still mapped. Without the rule, all 40 chunks go, and
+/// the next step maps 38 again.
+#[test]
+fn a_small_excess_gives_back_the_tail_of_a_large_gap_between_live_blocks() {
+    assert_eq!(small_excess(true, 80 * MIB, true), (1, 0));
+    assert_eq!(small_excess(false, 80 * MIB, true), (40, 38));
+    assert_eq!(small_excess_capped(true, 80 * MIB, true, Some(GIB)), (1, 0));
 }
 
 /// Loads `n` tensors of `size` bytes; returns them and the map calls they took.

@@ -24,7 +24,8 @@
 //! later growth maps again). A block of at least [`TAIL_MIN_CHUNKS`] chunk windows whose end
 //! is the end of its segment's mapped pages gives back only its last chunks, as many as the
 //! excess needs, when that leaves at least [`TAIL_MIN_HEAD_CHUNKS`] windows cached
-//! (`tail_start`): a small excess, met between steps when little is
+//! (`tail_start`); so does a block of at least [`TAIL_INNER_MIN_CHUNKS`] windows elsewhere
+//! (between blocks in use): a small excess, met between steps when little is
 //! live, would otherwise unmap gigabytes that the next step maps again, chunk by chunk. The
 //! last term counts while a plan places an episode (from the first allocation after its first
 //! that matches the plan on, or from its first for a split footprint, while any of its
@@ -101,8 +102,24 @@ pub const FOOTPRINT_BUDGETS: f64 = 2.0;
 /// 1.139 and `deeplab_infer_dynamic` 1.182 instead of 1.080 (their blocks hold fewer than 8
 /// windows); a head of 8 alone holds, one of 12 or more makes `gpt2_checkpoint_train` call
 /// 900 times. Without the segment end, a head left between blocks in use is cut up by smaller
-/// tensors (blocks of 16 windows, any head: `opt_generate` reserves 1.069 instead of 1.0485).
+/// tensors (blocks of 16 windows, any head: `opt_generate` reserves 1.069 instead of 1.0485);
+/// such a block needs [`TAIL_INNER_MIN_CHUNKS`] windows.
 pub const TAIL_MIN_CHUNKS: u64 = 12;
+
+/// The budget gives back only the last chunks of a free block that does not end where its
+/// segment's mapped pages end (a block in use, or mapped pages, follow it) when it spans at
+/// least this many chunk windows, on the same terms as [`TAIL_MIN_CHUNKS`]. Such a block is
+/// the gap a finished step leaves between what stays live, and the first pass of the budget
+/// (the smallest block that covers the excess) or its second (the largest first) would
+/// otherwise unmap all of it for an excess of a few MiB: `side_stream_prefetch3` gave back a
+/// 3.2 GB gap for a 94 MB excess (76 unmaps) and, under a 1.03x cap, a 10 GB one for the last
+/// 8.6 MB (255 unmaps), which the next step mapped again. The head stays cached between
+/// blocks in use, where smaller tensors may cut it up, so only a block of many windows is
+/// worth it. Measured (replays of the 33 bundled traces): from 24 to 64 only
+/// `side_stream_prefetch3` changes, 550 -> 407 driver calls (1,289 -> 350 under a cap of
+/// 1.03x or 1.10x its peak live bytes); at 12 or 16 `opt_generate` reserves 1.069 times its
+/// live bytes instead of 1.0485.
+pub const TAIL_INNER_MIN_CHUNKS: u64 = 32;
 
 /// The fewest chunk windows the head of a block that gives back only its tail keeps cached
 /// ([`TAIL_MIN_CHUNKS`]): when the excess is most of the block, the head left is a small free
@@ -290,18 +307,24 @@ impl DefaultPolicy {
 
     /// Where giving back `want` bytes of free block `id` starts when only its tail goes back
     /// (`give_back_tail`): the first of the block's last chunks that cover `want`, when the
-    /// block spans at least [`TAIL_MIN_CHUNKS`] chunk windows, ends where its segment's mapped
-    /// pages end (its next block is unmapped, or it is the segment's last) and keeps at least
-    /// [`TAIL_MIN_HEAD_CHUNKS`] windows before that start; `None` (the whole block goes back)
-    /// otherwise. The head stays cached beside the unmapped pages: a
-    /// request larger than it can take it and them as one run, mapping only the rest.
+    /// block spans at least [`TAIL_MIN_CHUNKS`] chunk windows and ends where its segment's
+    /// mapped pages end (its next block is unmapped, or it is the segment's last), or spans at
+    /// least [`TAIL_INNER_MIN_CHUNKS`] windows, and keeps at least [`TAIL_MIN_HEAD_CHUNKS`]
+    /// windows before that start; `None` (the whole block goes back) otherwise. The head stays
+    /// cached beside the unmapped pages: a request larger than it can take it and them as one
+    /// run, mapping only the rest.
     fn tail_start<D: Device>(&self, core: &Core<D>, id: BlockId, want: u64) -> Option<u64> {
         if !self.cfg.rules.give_back_tail {
             return None;
         }
         let b = &core.blocks[id];
         let at_end = b.next == NIL || !core.blocks[b.next].mapped;
-        if !at_end || b.size < TAIL_MIN_CHUNKS.saturating_mul(self.cfg.max_chunk) {
+        let min_chunks = if at_end {
+            TAIL_MIN_CHUNKS
+        } else {
+            TAIL_INNER_MIN_CHUNKS
+        };
+        if b.size < min_chunks.saturating_mul(self.cfg.max_chunk) {
             return None;
         }
         let seg = core.segments[b.segment as usize].as_ref()?;

@@ -17,8 +17,9 @@ pub struct Rules {
     /// (off: largest first).
     pub give_back_best_fit: bool,
     /// A free block of at least `TAIL_MIN_CHUNKS` chunk windows at the end of its segment's
-    /// mapped pages gives back only the chunks at its end that cover the excess, when that
-    /// keeps `TAIL_MIN_HEAD_CHUNKS` windows of it (off: the whole block).
+    /// mapped pages, or of at least `TAIL_INNER_MIN_CHUNKS` elsewhere, gives back only the
+    /// chunks at its end that cover the excess, when that keeps `TAIL_MIN_HEAD_CHUNKS` windows
+    /// of it (off: the whole block).
     pub give_back_tail: bool,
     /// A growth maps up to the end of the chunk window it ends in, while the budget has room.
     pub window_slack: bool,
