@@ -8,8 +8,14 @@ smallest cap `default` completes under); then `default` and `torch-expandable` a
 capped at each factor (rounded up to bytes). Driver calls are `device_maps + device_unmaps +
 device_mallocs + device_frees`.
 
-    python3 tools/capped_table.py [--bin PATH] [--min-capacity] [--json OUT.json]
+    python3 tools/capped_table.py [--bin PATH] [--min-capacity] [--cuda] [--json OUT.json]
         [--compare BEFORE.json] [--shared DIR] [TRACE ...]
+
+With --cuda the capped replays run through the CUDA driver on GPU 0 (`replay --cuda`, one
+replay each, one trace at a time) and the table is allocator time instead: the seconds of
+every allocation and free with their driver calls (`ns_per_event` x `events`), `default`
+against `torch-expandable` at each cap, with the ratio where both complete (issue 32's target:
+at most 1.5). The uncapped replay that gives the peak live bytes stays on the simulated device.
 
 Without traces: traces/*.gz, traces/h200/*.gz and DIR/*.gz (the shared trace set, by default
 /work/shared/traces, when present; by file name, first found wins). --compare prints a before/after table (markdown) against an earlier --json.
@@ -52,7 +58,11 @@ def calls(row):
     return sum(row[k] for k in ("device_maps", "device_unmaps", "device_mallocs", "device_frees"))
 
 
-def measure(binary, trace, min_cap):
+def seconds(row):
+    return row["ns_per_event"] * row["events"] / 1e9
+
+
+def measure(binary, trace, min_cap, cuda=False):
     extra = ["--min-capacity"] if min_cap else []
     base = replay(binary, trace, ["--policy", "default", *extra])["default"]
     live = base["peak_live_bytes"]
@@ -66,9 +76,10 @@ def measure(binary, trace, min_cap):
     for f in FACTORS:
         cap = math.ceil(live * f)
         rows = replay(binary, trace, ["--policy", "default", "--policy", "torch-expandable",
-                                      "--capacity", str(cap)])
+                                      "--capacity", str(cap), *(["--cuda"] if cuda else [])])
         for pol, row in rows.items():
-            out[f"{pol}@{f}"] = {"calls": calls(row), "completed": row["completed"]}
+            out[f"{pol}@{f}"] = {"calls": calls(row), "completed": row["completed"],
+                                 "seconds": seconds(row), "device_waits": row["device_waits"]}
     return out
 
 
@@ -124,6 +135,34 @@ def table(results, before):
     return "\n".join(lines)
 
 
+def time_cell(r, f):
+    d, t = r[f"default@{f}"], r[f"torch-expandable@{f}"]
+    cell = lambda c: (f"{c['calls']:,}, {c['seconds']:.3f} s, {c['device_waits']}"
+                      if c["completed"] else "fails")
+    ratio = d["seconds"] / t["seconds"] if d["completed"] and t["completed"] else None
+    return f" {cell(d)} | {cell(t)} | {'-' if ratio is None else f'{ratio:.2f}'} |", ratio
+
+
+def time_table(results):
+    head = "| trace | cap | `default`: calls, seconds, device waits | `torch-expandable` | time ratio |"
+    lines = [head, "|---|---|---|---|---|"]
+    ratios, done = [], 0
+    for r in results:
+        for f in FACTORS:
+            text, ratio = time_cell(r, f)
+            lines.append(f"| {r['trace']} | {f:.2f}x |{text}")
+            done += r[f"default@{f}"]["completed"]
+            if ratio is not None:
+                ratios.append((ratio, r["trace"], f))
+    within = sum(x <= 1.5 for x, _, _ in ratios)
+    worst = max(ratios, default=None)
+    tail = f", the highest {worst[0]:.2f} ({worst[1]} at {worst[2]:.2f}x)" if worst else ""
+    lines.append("")
+    lines.append(f"`default` completed {done} of {2 * len(results)}; time within 1.5x "
+                 f"`torch-expandable`'s on {within} of the {len(ratios)} where both complete{tail}")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
@@ -132,12 +171,14 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--compare")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cuda", action="store_true")
     ap.add_argument("--shared", default="/work/shared/traces")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
     traces = a.traces or default_traces(a.shared)
-    with ThreadPoolExecutor(a.jobs) as ex:
-        results = list(ex.map(lambda t: measure(a.bin, t, a.min_capacity), traces))
+    jobs = 1 if a.cuda else a.jobs  # timed replays share no device
+    with ThreadPoolExecutor(jobs) as ex:
+        results = list(ex.map(lambda t: measure(a.bin, t, a.min_capacity, a.cuda), traces))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(results, fh, indent=1)
@@ -150,6 +191,9 @@ def main():
     print(summary(results, "after" if before else "now"))
     print()
     print(table(results, before))
+    if a.cuda:
+        print()
+        print(time_table(results))
 
 
 if __name__ == "__main__":
