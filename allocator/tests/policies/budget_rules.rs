@@ -101,17 +101,43 @@ fn a_small_excess_gives_back_the_tail_of_a_large_block_at_the_mapped_end() {
     assert_eq!(small_excess(false, 40 * MIB, false), (20, 18));
 }
 
-/// Under a memory cap too: the tail goes back, not the whole block.
+/// Under a memory cap too: the tail goes back, not the whole block. The cap (43 MiB) is what
+/// the small growth passes here: under a cap the budget itself keeps `CAPPED_BUDGETS` budgets
+/// of cached memory (10% here), which the growth does not pass.
 #[test]
 fn under_a_cap_a_small_excess_gives_back_the_tail_too() {
+    let cap = Some(43 * MIB);
+    assert_eq!(small_excess_capped(true, 40 * MIB, false, cap), (1, 0));
+    assert_eq!(small_excess_capped(false, 40 * MIB, false, cap), (20, 18));
+}
+
+/// Under a generous cap the budget keeps up to `CAPPED_BUDGETS` budgets of cached memory
+/// above its base (10% here): the small growth that passes the plain budget (1%) gives
+/// nothing back, with or without the tail rule, and the next step maps nothing.
+#[test]
+fn under_a_cap_the_budget_keeps_ten_budgets_of_cached_memory() {
+    assert_eq!(small_excess(true, 40 * MIB, false), (1, 0));
     assert_eq!(
         small_excess_capped(true, 40 * MIB, false, Some(GIB)),
-        (1, 0)
+        (0, 0)
     );
     assert_eq!(
         small_excess_capped(false, 40 * MIB, false, Some(GIB)),
-        (20, 18)
+        (0, 0)
     );
+    // Past ten budgets it gives back again: with 40 MiB cached of a 42 MiB peak, another
+    // stream's 8 MiB would make 50 MiB, 3.8 MiB over 46.2: two chunks of the tail go.
+    let (sim, mut pool) = tail_pool(true);
+    pool.set_limit(Some(GIB));
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let b = alloc(&mut pool, 40 * MIB, S0);
+    free(&mut pool, b);
+    let unmaps = sim.calls(Call::Unmap);
+    let _other = alloc(&mut pool, 8 * MIB, S1);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::Unmap) - unmaps, 2);
+    assert_eq!(sim.mapped_bytes(), 46 * MIB);
 }
 
 /// A growth that only the cap stops (a budget of 50% leaves room): a 40 MiB free block at the
@@ -154,7 +180,10 @@ fn a_block_between_live_blocks_or_of_few_chunks_goes_back_whole() {
 fn a_small_excess_gives_back_the_tail_of_a_large_gap_between_live_blocks() {
     assert_eq!(small_excess(true, 80 * MIB, true), (1, 0));
     assert_eq!(small_excess(false, 80 * MIB, true), (40, 38));
-    assert_eq!(small_excess_capped(true, 80 * MIB, true, Some(GIB)), (1, 0));
+    assert_eq!(
+        small_excess_capped(true, 80 * MIB, true, Some(85 * MIB)),
+        (1, 0)
+    );
 }
 
 /// Loads `n` tensors of `size` bytes; returns them and the map calls they took.
