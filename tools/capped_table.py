@@ -14,8 +14,8 @@ device_mallocs + device_frees`.
 With --cuda the capped replays run through the CUDA driver on GPU 0 (`replay --cuda`, one
 replay each, one trace at a time) and the table is allocator time instead: the seconds of
 every allocation and free with their driver calls (`ns_per_event` x `events`), `default`
-against `torch-expandable` at each cap, with the ratio where both complete (issue 32's target:
-at most 1.5). The uncapped replay that gives the peak live bytes stays on the simulated device.
+against `torch-expandable` at each cap, with the ratio where both complete (the target: at
+most 1.5). The uncapped replay that gives the peak live bytes stays on the simulated device.
 
 Without traces: traces/*.gz, traces/h200/*.gz and DIR/*.gz (the shared trace set, by default
 /work/shared/traces, when present; by file name, first found wins). --compare prints a before/after table (markdown) against an earlier --json.
@@ -59,7 +59,7 @@ def calls(row):
 
 
 def seconds(row):
-    return row["ns_per_event"] * row["events"] / 1e9
+    return (row["ns_per_event"] or 0) * row["events"] / 1e9  # null when no event
 
 
 def measure(binary, trace, min_cap, cuda=False):

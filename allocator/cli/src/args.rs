@@ -72,7 +72,8 @@ pub struct ReplayArgs {
     /// configuration) a replay may use the whole device (the simulated H200's 143,771 MiB, or
     /// GPU 0's memory with --cuda); with both, the lower cap holds. Under a cap, any cap, even
     /// the whole device, the `default` policy runs in its capped mode: no layout plans, cached
-    /// memory kept up to ten fragmentation budgets above the peak live bytes (20%) as far as
+    /// memory kept up to ten fragmentation budgets above the peak live bytes (20% at the
+    /// default budget) as far as
     /// the cap allows, and when a growth does not fit, chunks that live blocks keep mapped are
     /// made again from their live pages (repage_under_cap; turned off, it maps one 2 MiB page
     /// per call instead, many more driver calls).

@@ -1,8 +1,10 @@
-//! Three rules of the `default` policy's budget (`policy::default::budget`): it gives back the smallest free
-//! block that covers its excess, not the largest; a block of many chunks at the end of its
-//! segment's mapped pages gives back only the chunks at its end that the excess needs; and a
-//! pool that has never freed a block (loading weights) maps a page ahead in the large pool,
-//! which saves driver calls.
+//! Rules of the `default` policy's budget (`policy::default::budget`): it gives back the
+//! smallest free block that covers its excess, not the largest; a block of many chunks at the
+//! end of its segment's mapped pages, or of more chunks between blocks in use, gives back only
+//! the chunks at its end that the excess needs; under a memory cap it keeps ten budgets of
+//! cached memory, within the cap; a pool that has never freed a block (loading weights) maps a
+//! page ahead in the large pool, which saves driver calls; and a first small-pool growth takes
+//! at most one budget of slack.
 
 use crate::common::pool;
 

@@ -14,7 +14,8 @@
 //!
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
-//! this allocation, the peak a layout plan expects)`, giving cached chunks back when it would not
+//! this allocation, the peak a layout plan expects)` (under a memory limit, [`CAPPED_BUDGETS`]
+//! times `fragmentation_budget`, and the limit), giving cached chunks back when it would not
 //! hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
 //! completed, and `reserved` here leaves out the bytes on their way back; while more than the
 //! budget's slack, `fragmentation_budget` times that base, is on its way back, nothing more is
@@ -52,8 +53,10 @@
 //! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
 //! (`small_slack`): a small chunk stays mapped under its small blocks for good.
 //!
-//! Under a memory limit growth maps the same chunks, and the budget gives back what the limit
-//! needs too. A chunk a live block keeps mapped then holds its free pages: when a growth does
+//! Under a memory limit growth maps the same chunks, the budget is [`CAPPED_BUDGETS`] times
+//! wider (the limit, not the budget, is what a capped pool must stay under, and it has no
+//! layout plans to keep a step's pages mapped), and it gives back what the limit needs too.
+//! A chunk a live block keeps mapped then holds its free pages: when a growth does
 //! not fit even after every cached chunk went back, the ladder's last resort makes such chunks
 //! again from the pages their live blocks touch and gives their free pages back
 //! (`release_pinned` in the policy's `mod.rs`, `pool::repage`), so a capped pool completes
@@ -122,7 +125,8 @@ pub const TAIL_MIN_CHUNKS: u64 = 12;
 pub const TAIL_INNER_MIN_CHUNKS: u64 = 32;
 
 /// Under a memory limit the budget keeps cached memory up to this many fragmentation budgets
-/// above its base (20% at the default 2%), as far as the limit leaves room. The limit, not
+/// above its base (20% at the default 2%), as far as the limit leaves room (the limit's own
+/// terms in `budget_room`). The limit, not
 /// the budget, is then what a capped pool must stay under, and a capped pool has no layout
 /// plans to keep a step's pages mapped between steps: with the plain budget, a pool capped at
 /// 1.10x its peak live bytes gave back and mapped again what the next step used, 2.6 times
@@ -267,15 +271,14 @@ impl DefaultPolicy {
     }
 
     /// The budget's ceiling for this pool: `plain` ((1 + `fragmentation_budget`) x `base`)
-    /// without a memory limit; under one, [`CAPPED_BUDGETS`] budgets above `base`, as far as
-    /// the limit leaves room beside the other pools that share it, and never below `plain`.
+    /// without a memory limit, [`CAPPED_BUDGETS`] budgets above `base` under one (the limit
+    /// itself is kept by `budget_room`'s own terms for it, beside the other pools sharing it).
     fn capped_ceiling<D: Device>(&self, core: &Core<D>, plain: u64, base: u64) -> u64 {
-        let Some(limit) = core.limit else {
+        if core.limit.is_none() {
             return plain;
-        };
+        }
         let wide = ((1.0 + CAPPED_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
-        let others = core.total_reserved().saturating_sub(core.reserved);
-        plain.max(wide.min(limit.saturating_sub(others)))
+        plain.max(wide)
     }
 
     /// The largest chunk to map: `max_chunk_mb`, with or without a memory limit. Under a limit
@@ -376,8 +379,8 @@ impl DefaultPolicy {
 
     /// Unmaps cached chunks until `bytes` are released or none is left: first the smallest free
     /// block of at least `bytes` ([`best_fit_first`]), then the largest first, a block of many
-    /// chunks at the end of its segment's mapped pages giving back only what is still needed
-    /// (`tail_start`); the plan's footprint only when `footprint_too` (a block overlapping a
+    /// chunks (at the end of its segment's mapped pages, or of more chunks elsewhere) giving
+    /// back only what is still needed (`tail_start`); the plan's footprint only when `footprint_too` (a block overlapping a
     /// split footprint gives back the largest part of it outside the footprint), and nothing
     /// overlapping `keep`.
     pub(crate) fn release_free_chunks<D: Device>(

@@ -5,8 +5,9 @@
 //! traces the caches would change most, and check the rule that keeps them close: a large
 //! block freed while its pool records an episode with other allocations live goes back to the
 //! pool (docs/threads.md, *What thread caches cost in memory*). For jobs of two streams (a
-//! shard each), the figures through the front are held as bounds, and two streams taking
-//! turns make no driver call once both have warmed up.
+//! shard each), the figures through the front are held as bounds, with and without a cap
+//! (under one, no wait for the device: neither shard's wider capped budget starves the other),
+//! and two streams taking turns make no driver call once both have warmed up.
 
 use cudalloc::stats::StatType;
 use cudalloc::{Allocation, CachingAllocator, Config, Policy};
@@ -22,7 +23,19 @@ const H200: u64 = 143_771 * MIB;
 /// Peak reserved bytes and driver calls of `trace` replayed through `CachingAllocator` on one
 /// thread under `cfg`.
 fn through_front(trace: &Trace, cfg: &Config) -> (u64, u64) {
+    let (reserved, calls, _) = front_run(trace, cfg, None);
+    (reserved, calls)
+}
+
+/// Peak reserved bytes, driver calls and waits for the device of `trace` replayed through
+/// `CachingAllocator` on one thread under `cfg`, capped at `cap` bytes when given.
+fn front_run(trace: &Trace, cfg: &Config, cap: Option<u64>) -> (u64, u64, u64) {
     let alloc = CachingAllocator::new(SimDevice::new(SimConfig::with_capacity(H200)), cfg.clone());
+    if let Some(cap) = cap {
+        alloc
+            .set_memory_fraction(cap as f64 / H200 as f64)
+            .expect("a fraction in [0, 1]");
+    }
     let mut slots: Vec<Option<Allocation>> = (0..trace.slots).map(|_| None).collect();
     for op in &trace.ops {
         match *op {
@@ -40,6 +53,7 @@ fn through_front(trace: &Trace, cfg: &Config) -> (u64, u64) {
     (
         s.reserved_bytes.get(StatType::All).peak as u64,
         s.calls.total(),
+        s.device_waits,
     )
 }
 
@@ -150,6 +164,38 @@ fn multi_stream_jobs_through_the_front_stay_within_their_figures() {
             calls * 100 <= calls_max * 101,
             "{name}: {calls} driver calls through CachingAllocator, at most {calls_max}"
         );
+    }
+}
+
+/// The side-stream pipelines through the front under caps of 1.03x and 1.10x their peak live
+/// bytes: each stream's shard keeps up to ten budgets of cached memory (the capped budget), and
+/// neither shard's cache makes the other run out of memory: no wait for the device, and no
+/// more than 1% above the driver calls measured (uncapped through the front: 478, 674 and 359).
+const MULTI_STREAM_CAPPED: [(&str, [u64; 2]); 3] = [
+    ("side_stream_prefetch1", [264, 264]),
+    ("side_stream_prefetch2", [380, 353]),
+    ("side_stream_prefetch3", [354, 354]),
+];
+
+#[test]
+fn multi_stream_jobs_under_a_cap_make_no_device_wait() {
+    let cfg = Config::for_policy(Policy::Default);
+    for (name, calls_max) in MULTI_STREAM_CAPPED {
+        let trace = cudalloc_trace::read(&trace_path(name)).expect("bundled trace reads");
+        let live = replay(&trace, &cfg, &ReplayOptions::default()).peak_live_bytes;
+        for (factor, calls_max) in [1.03, 1.10].into_iter().zip(calls_max) {
+            let cap = (live as f64 * factor).ceil() as u64;
+            let (reserved, calls, waits) = front_run(&trace, &cfg, Some(cap));
+            assert!(
+                reserved <= cap,
+                "{name} at {factor}x: {reserved} bytes over the cap"
+            );
+            assert_eq!(waits, 0, "{name} at {factor}x: waits for the device");
+            assert!(
+                calls * 100 <= calls_max * 101,
+                "{name} at {factor}x: {calls} driver calls, at most {calls_max}"
+            );
+        }
     }
 }
 
