@@ -71,12 +71,12 @@ pub struct ReplayArgs {
     /// where a replay fails. Without it (and without per_process_memory_fraction in the
     /// configuration) a replay may use the whole device (the simulated H200's 143,771 MiB, or
     /// GPU 0's memory with --cuda); with both, the lower cap holds. Under a cap, any cap, even
-    /// the whole device, the `default` policy runs in its capped mode: no layout plans, cached
-    /// memory kept up to ten fragmentation budgets above the peak live bytes (20% at the
-    /// default budget) as far as
-    /// the cap allows, and when a growth does not fit, chunks that live blocks keep mapped are
-    /// made again from their live pages (repage_under_cap; turned off, it maps one 2 MiB page
-    /// per call instead, many more driver calls).
+    /// the whole device, the `default` policy runs in its capped mode: cached memory kept up
+    /// to ten fragmentation budgets above the peak live bytes (20% at the default budget) as
+    /// far as the cap allows, no page kept for a layout plan's footprint, no page ahead, and
+    /// when a growth does not fit, chunks that live blocks keep mapped are made again from
+    /// their live pages (repage_under_cap; turned off, it maps one 2 MiB page per call
+    /// instead, many more driver calls).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 

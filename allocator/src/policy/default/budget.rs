@@ -30,7 +30,7 @@
 //! live, would otherwise unmap gigabytes that the next step maps again, chunk by chunk. The
 //! last term counts while a plan places an episode (from the first allocation after its first
 //! that matches the plan on, or from its first for a split footprint, while any of its
-//! allocations is live; not under a memory cap): the live
+//! allocations is live): the live
 //! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
 //! batch larger than any before does not give back, on its way up, pages it will use again
 //! before it ends.
@@ -193,7 +193,7 @@ impl DefaultPolicy {
         let live_after = core.stats.requested_bytes.0[0].current as u64 + size;
         // An episode placed by a plan will reach its planned peak: count it as reached, so that
         // the pages it is about to need are not given back on its way up.
-        let expected = if core.limit.is_none() && self.cfg.rules.expected_peak {
+        let expected = if self.cfg.rules.expected_peak {
             self.plans.expected_peak()
         } else {
             0
@@ -311,8 +311,8 @@ impl DefaultPolicy {
     }
 
     /// True when free block `id` lies in the footprint the plan places episodes in (left alone
-    /// so that the next episode finds its pages mapped; not under a memory cap, where plans are
-    /// off).
+    /// so that the next episode finds its pages mapped; not under a memory cap, where the cap
+    /// may need them and the wider capped budget keeps cached pages anyway).
     fn in_footprint<D: Device>(&self, core: &Core<D>, id: BlockId) -> bool {
         let b = &core.blocks[id];
         core.limit.is_none()

@@ -166,7 +166,7 @@ impl Policy for DefaultPolicy {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let seq = if self.plans_on(core, req) {
+        let seq = if self.plans_on(req) {
             self.episode_index(core, req.stream)
         } else {
             None

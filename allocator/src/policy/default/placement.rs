@@ -138,7 +138,12 @@ impl DefaultPolicy {
             } else {
                 (None, u)
             };
-            let mapped = core.map_block(u, hi - lo, window);
+            // A bare pool's mapping does not refuse a memory limit (`Core::claim`): check it.
+            let mapped = if core.over_limit(hi - lo) {
+                Ok(None)
+            } else {
+                core.map_block(u, hi - lo, window)
+            };
             if let (Some(head), false) = (head, matches!(mapped, Ok(Some(_)))) {
                 // Nothing (or, after a failed rollback, only a part that stays mapped) was
                 // mapped: join the split back, so no two unmapped blocks lie side by side and

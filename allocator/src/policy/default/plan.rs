@@ -223,9 +223,11 @@ pub(super) fn matches(size: u64, planned: u64, scale: f64, smaller: bool) -> boo
 pub const SCALED_ROUNDING: f64 = 1.0 / 512.0;
 
 impl DefaultPolicy {
-    /// True when plans apply to this request.
-    pub(crate) fn plans_on<D: Device>(&self, core: &Core<D>, req: &Request) -> bool {
-        req.pool == PoolKind::Large && self.cfg.layout_plans && core.limit.is_none()
+    /// True when plans apply to this request: the large pool's, with or without a memory cap
+    /// (under one, the plan's footprint keeps no pages the budget would give back:
+    /// `budget::in_footprint`).
+    pub(crate) fn plans_on(&self, req: &Request) -> bool {
+        req.pool == PoolKind::Large && self.cfg.layout_plans
     }
 
     /// The index the next large allocation of `stream` will have in the open episode, after
