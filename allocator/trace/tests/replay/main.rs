@@ -9,10 +9,11 @@
 //! highest points are the replay's peaks; a policy given as a value replays as the same rules
 //! named by a config.
 //!
-//! Files: `cuda_replay.rs` (through the real driver; needs a CUDA GPU), `fidelity.rs`,
+//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; needs a CUDA GPU), `fidelity.rs`,
 //! `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`, `replay_policy.rs`,
 //! `reset_peaks.rs`, `timeline.rs`.
 
+mod capped;
 mod cuda_replay;
 mod fidelity;
 mod front_fidelity;
