@@ -35,8 +35,9 @@
 //! batch larger than any before does not give back, on its way up, pages it will use again
 //! before it ends.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
-//! unmap and map in turn. One exception: the cached pages of the footprint a layout plan places
-//! episodes in (`plan`; two ranges after a split, `footprint`) are given back only once the
+//! unmap and map in turn. One exception (not under a memory cap): the cached pages of the
+//! footprint a layout plan places episodes in (`plan`; two ranges after a split, `footprint`)
+//! are given back only once the
 //! pool would pass twice the budget, so a batch that follows the plan finds the pages of the
 //! last one still mapped. A free block holding a piece of a split footprint may give back the
 //! rest of its pages before that.
@@ -54,8 +55,8 @@
 //! (`small_slack`): a small chunk stays mapped under its small blocks for good.
 //!
 //! Under a memory limit growth maps the same chunks, the budget is [`CAPPED_BUDGETS`] times
-//! wider (the limit, not the budget, is what a capped pool must stay under, and it has no
-//! layout plans to keep a step's pages mapped), and it gives back what the limit needs too.
+//! wider (the limit, not the budget, is what a capped pool must stay under, and no plan's
+//! footprint keeps a step's pages mapped there), and it gives back what the limit needs too.
 //! A chunk a live block keeps mapped then holds its free pages: when a growth does
 //! not fit even after every cached chunk went back, the ladder's last resort makes such chunks
 //! again from the pages their live blocks touch and gives their free pages back
@@ -127,8 +128,9 @@ pub const TAIL_INNER_MIN_CHUNKS: u64 = 32;
 /// Under a memory limit the budget keeps cached memory up to this many fragmentation budgets
 /// above its base (20% at the default 2%), as far as the limit leaves room (the limit's own
 /// terms in `budget_room`). The limit, not
-/// the budget, is then what a capped pool must stay under, and a capped pool has no layout
-/// plans to keep a step's pages mapped between steps: with the plain budget, a pool capped at
+/// the budget, is then what a capped pool must stay under, and no plan's footprint keeps a
+/// step's pages mapped between steps under a cap. Measured before plans ran under a cap (the
+/// figures with them: `docs/policies.md`): with the plain budget, a pool capped at
 /// 1.10x its peak live bytes gave back and mapped again what the next step used, 2.6 times
 /// `torch-expandable`'s driver calls on `vit_infer_dynamic` (102 against 44), 1.8 times on
 /// `moe_train_dynamic`, `gpt2_checkpoint_train` and `llama_infer_dynamic`, and so up to 2.6 times

@@ -1,7 +1,7 @@
 //! Placing an allocation of an episode where the plan puts it (see [`plan`](super::plan)): the
 //! first allocation chooses the footprint ([`footprint`](super::footprint)), each one after it
 //! goes to the footprint's base plus its scaled offset when those bytes are free or unmapped;
-//! the pages missing there are mapped under the budget.
+//! the pages missing there are mapped under the budget and the memory cap.
 //!
 //! Invariants: a planned place is taken only when every block over it is free or unmapped with
 //! nothing pending (never a live block's bytes), and what is mapped for it is what the budget

@@ -5,7 +5,8 @@
 //! again, every size scaled by the batch. Best fit places each repetition alike, and on such a
 //! sequence it can leave a fifth or more of the bytes in holes: on BERT's layers it spans 14
 //! hidden-state widths where 11 are live at most. Once a repetition is over, every lifetime is
-//! known and a tighter packing is cheap to compute. So, under `default` (without a memory cap):
+//! known and a tighter packing is cheap to compute. So, under `default` (with or without a memory
+//! cap):
 //!
 //! - the pool records an *episode*: the large-pool allocations of one stream from one that
 //!   starts it until all of them are freed again (a batch, an iteration); other streams'
@@ -40,7 +41,8 @@
 //! - allocation `i` of the next episode goes to `base + scale x offset[i]` when its size is
 //!   `scale x size[i]` (within rounding, or up to [`SMALLEST_MATCH`] of it smaller) and those bytes
 //!   are free or unmapped; the missing pages
-//!   are mapped under the fragmentation budget like any growth (and never when the caller asked
+//!   are mapped under the fragmentation budget and the memory cap like any growth (and never
+//!   past the cap, nor when the caller asked
 //!   for cached memory only). The first allocation sets the scale, and the base (the
 //!   *footprint*, chosen as `footprint` says: the last one's base when the scaled extent is
 //!   free there, a free block that holds it, or a run of free and unmapped blocks; or split in
@@ -49,7 +51,8 @@
 //!   and the upper piece's for the rest. An allocation whose size does not match ends the plan
 //!   for the episode; one whose bytes are taken falls back to best fit;
 //! - the last footprint (up to the largest extent placed at its base) keeps its cached pages
-//!   when the budget gives memory back, until the pool is past twice the budget
+//!   when the budget gives memory back (not under a memory cap), until the pool is past twice
+//!   the budget
 //!   (`budget::budget_room`), so that the next episode finds them mapped; after a split, so
 //!   does its other piece, until a footprint is placed at a base outside both (`footprint`).
 //!
