@@ -63,7 +63,13 @@ fn on_bert_layers_best_fit_spans_14_units_for_11_live_and_the_packing_11() {
 /// Replays `batches` (steps, bytes per unit) after 100 MiB of weights; checks the pool after
 /// every step and returns its peak reserved bytes and the allocations placed by a plan.
 fn run(cfg: Config, batches: &[(Vec<Step>, u64)]) -> (u64, u64) {
+    run_capped(cfg, batches, None)
+}
+
+/// [`run`] with the pool capped at `cap` bytes.
+fn run_capped(cfg: Config, batches: &[(Vec<Step>, u64)], cap: Option<u64>) -> (u64, u64) {
     let (sim, mut pool) = pool_with(cfg, 16 * GIB);
+    pool.set_limit(cap);
     let weights = pool.allocate(100 * MIB, S0).unwrap();
     for (steps, unit) in batches {
         play(&sim, &mut pool, steps, *unit);
@@ -110,6 +116,35 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
         "best fit reserved {} MiB",
         plain >> 20
     );
+}
+
+/// Under a memory cap plans place the batches too, and what they map for a planned place is
+/// held to the cap like any growth (a bare pool's mapping does not refuse a limit itself): at
+/// a cap just above what the plan reserves uncapped, every batch after the first follows the
+/// plan and the pool never passes the cap; at a cap of 198 MiB, below the 200 MiB the largest
+/// batch needs in whole pages, the pool runs out of memory (without the check, the plan mapped
+/// its place past the cap and the batches "completed" in 200 MiB).
+#[test]
+fn under_a_cap_batches_follow_the_plan_and_the_cap_holds() {
+    let batch = bert_batch(12);
+    let units = [3, 5, 2, 4, 9, 6, 9, 3, 7];
+    let batches: Vec<(Vec<Step>, u64)> = units
+        .iter()
+        .map(|&u| (batch.clone(), u * MIB + 3 * KIB))
+        .collect();
+    let (uncapped, _) = run(with_plans(true), &batches);
+    let per_batch = allocations(&batch);
+    let cap = uncapped + 2 * MIB;
+    let (peak, placed) = run_capped(with_plans(true), &batches, Some(cap));
+    assert!(peak <= cap, "{peak} reserved under a cap of {cap}");
+    assert!(
+        placed >= 7 * per_batch,
+        "every batch after the first should follow the plan: {placed} of {}",
+        8 * per_batch
+    );
+    let tight =
+        std::panic::catch_unwind(|| run_capped(with_plans(true), &batches, Some(198 * MIB)));
+    assert!(tight.is_err(), "completed under 198 MiB: {:?}", tight.ok());
 }
 
 #[test]
