@@ -84,14 +84,21 @@ fn with_plans(on: bool) -> Config {
     Config::parse(&format!("layout_plans:{on}")).unwrap()
 }
 
-#[test]
-fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
+/// Nine BERT batches (12 layers) of changing size, 2 to 9 MiB units (plus 3 KiB) each:
+/// the batch's steps and the batches.
+fn changing_batches() -> (Vec<Step>, Vec<(Vec<Step>, u64)>) {
     let batch = bert_batch(12);
     let units = [3, 5, 2, 4, 9, 6, 9, 3, 7];
-    let batches: Vec<(Vec<Step>, u64)> = units
+    let batches = units
         .iter()
         .map(|&u| (batch.clone(), u * MIB + 3 * KIB))
         .collect();
+    (batch, batches)
+}
+
+#[test]
+fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
+    let (batch, batches) = changing_batches();
     let (plain, none_placed) = run(with_plans(false), &batches);
     let (planned, placed) = run(with_plans(true), &batches);
     assert_eq!(none_placed, 0, "plans off: nothing placed by a plan");
@@ -126,12 +133,7 @@ fn batches_of_changing_size_follow_the_plan_and_reserve_less_than_best_fit() {
 /// its place past the cap and the batches "completed" in 200 MiB).
 #[test]
 fn under_a_cap_batches_follow_the_plan_and_the_cap_holds() {
-    let batch = bert_batch(12);
-    let units = [3, 5, 2, 4, 9, 6, 9, 3, 7];
-    let batches: Vec<(Vec<Step>, u64)> = units
-        .iter()
-        .map(|&u| (batch.clone(), u * MIB + 3 * KIB))
-        .collect();
+    let (batch, batches) = changing_batches();
     let (uncapped, _) = run(with_plans(true), &batches);
     let per_batch = allocations(&batch);
     let cap = uncapped + 2 * MIB;
