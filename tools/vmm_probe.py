@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""What the CUDA driver allows with one physical allocation, on GPU 0 (docs/expandable.md,
+"What the driver allows"): mapping part of it, unmapping part of a mapping, mapping all of it at
+a second virtual range, and what the driver calls of a growth cost. Needs only `libcuda`.
+
+    python3 tools/vmm_probe.py
+"""
+import ctypes as C
+import time
+
+cu = C.CDLL("libcuda.so.1")
+MIB = 1 << 20
+
+
+class Location(C.Structure):
+    _fields_ = [("type", C.c_int), ("id", C.c_int)]
+
+
+class AllocFlags(C.Structure):
+    _fields_ = [("compression_type", C.c_ubyte), ("gpu_direct_rdma_capable", C.c_ubyte),
+                ("usage", C.c_ushort), ("reserved", C.c_ubyte * 4)]
+
+
+class AllocProp(C.Structure):
+    _fields_ = [("type", C.c_int), ("requested_handle_types", C.c_int), ("location", Location),
+                ("win32_metadata", C.c_void_p), ("alloc_flags", AllocFlags)]
+
+
+class AccessDesc(C.Structure):
+    _fields_ = [("location", Location), ("flags", C.c_int)]
+
+
+PINNED, ON_DEVICE, READ_WRITE = 1, 1, 3
+PROP = AllocProp(type=PINNED, location=Location(ON_DEVICE, 0))
+ACCESS = AccessDesc(Location(ON_DEVICE, 0), READ_WRITE)
+
+
+def check(result, what):
+    if result != 0:
+        name = C.c_char_p()
+        cu.cuGetErrorString(result, C.byref(name))
+        raise SystemExit(f"{what}: error {result} ({name.value.decode()})")
+
+
+def init():
+    check(cu.cuInit(0), "cuInit")
+    dev, ctx = C.c_int(), C.c_void_p()
+    check(cu.cuDeviceGet(C.byref(dev), 0), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxRetain(C.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    gran = C.c_size_t()
+    check(cu.cuMemGetAllocationGranularity(C.byref(gran), C.byref(PROP), 0), "granularity")
+    return gran.value
+
+
+def free_bytes():
+    free, total = C.c_size_t(), C.c_size_t()
+    check(cu.cuMemGetInfo_v2(C.byref(free), C.byref(total)), "cuMemGetInfo")
+    return free.value
+
+
+def reserve(size):
+    va = C.c_uint64()
+    check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(size), C.c_size_t(0), C.c_uint64(0),
+                                 C.c_ulonglong(0)), "cuMemAddressReserve")
+    return va.value
+
+
+def create(size):
+    handle = C.c_ulonglong()
+    check(cu.cuMemCreate(C.byref(handle), C.c_size_t(size), C.byref(PROP), C.c_ulonglong(0)),
+          "cuMemCreate")
+    return handle.value
+
+
+def try_map(va, size, offset, handle):
+    return cu.cuMemMap(C.c_uint64(va), C.c_size_t(size), C.c_size_t(offset),
+                       C.c_ulonglong(handle), C.c_ulonglong(0))
+
+
+def map_rw(va, size, handle):
+    check(try_map(va, size, 0, handle), "cuMemMap")
+    check(cu.cuMemSetAccess(C.c_uint64(va), C.c_size_t(size), C.byref(ACCESS), C.c_size_t(1)),
+          "cuMemSetAccess")
+
+
+def unmap(va, size):
+    check(cu.cuMemUnmap(C.c_uint64(va), C.c_size_t(size)), "cuMemUnmap")
+
+
+def release(handle):
+    check(cu.cuMemRelease(C.c_ulonglong(handle)), "cuMemRelease")
+
+
+def write_page(va, page, value):
+    data = (C.c_ubyte * page)(*([value] * page))
+    check(cu.cuMemcpyHtoD_v2(C.c_uint64(va), data, C.c_size_t(page)), "cuMemcpyHtoD")
+
+
+def page_holds(va, page, value):
+    out = (C.c_ubyte * page)()
+    check(cu.cuMemcpyDtoH_v2(out, C.c_uint64(va), C.c_size_t(page)), "cuMemcpyDtoH")
+    return all(b == value for b in bytes(out))
+
+
+def probe_aliasing(page):
+    chunk = 20 * page
+    start = free_bytes()
+    handle = create(chunk)
+    first = reserve(chunk)
+    map_rw(first, chunk, handle)
+    print(f"a {chunk // MIB} MiB allocation mapped: {(start - free_bytes()) // MIB} MiB taken")
+    print("map part of it by offset:", try_map(reserve(chunk), 15 * page, 5 * page, handle))
+    print("map its first pages only:", try_map(reserve(chunk), 15 * page, 0, handle))
+    print("unmap part of its mapping:",
+          cu.cuMemUnmap(C.c_uint64(first + 5 * page), C.c_size_t(15 * page)))
+    before = free_bytes()
+    second = reserve(chunk)
+    map_rw(second, chunk, handle)
+    print(f"all of it mapped at a second range: {(before - free_bytes()) // MIB} MiB more taken")
+    write_page(second + 8 * page, page, 7)
+    print("a write through the second range read through the first:",
+          page_holds(first + 8 * page, page, 7))
+    unmap(first, chunk)
+    release(handle)
+    print(f"first range unmapped, handle released: {(start - free_bytes()) // MIB} MiB still "
+          f"taken, bytes kept: {page_holds(second + 8 * page, page, 7)}")
+    unmap(second, chunk)
+    print(f"second range unmapped: {(start - free_bytes()) // MIB} MiB still taken")
+
+
+def mean_us(fn, n=200):
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def probe_costs(page):
+    chunk = 20 * page
+    at = reserve(chunk)
+
+    def growth(size):
+        handle = create(size)
+        map_rw(at, size, handle)
+        unmap(at, size)
+        release(handle)
+
+    for size in (page, 10 * page, chunk):
+        us = mean_us(lambda: growth(size))
+        print(f"create + map + access + unmap + release of {size // MIB} MiB: {us:.1f} us")
+    held = create(chunk)
+    map_rw(reserve(chunk), chunk, held)
+
+    def second_mapping():
+        map_rw(at, chunk, held)
+        unmap(at, chunk)
+
+    us = mean_us(second_mapping)
+    print(f"map + access + unmap of an allocation already mapped ({chunk // MIB} MiB): {us:.1f} us")
+
+
+def main():
+    page = init()
+    print(f"granularity {page // MIB} MiB")
+    probe_aliasing(page)
+    probe_costs(page)
+
+
+if __name__ == "__main__":
+    main()
