@@ -8,14 +8,17 @@ smallest cap `default` completes under); then `default` and `torch-expandable` a
 capped at each factor (rounded up to bytes). Driver calls are `device_maps + device_unmaps +
 device_mallocs + device_frees`.
 
-    python3 tools/capped_table.py [--bin PATH] [--min-capacity] [--cuda] [--json OUT.json]
-        [--compare BEFORE.json] [--shared DIR] [TRACE ...]
+    python3 tools/capped_table.py [--bin PATH] [--min-capacity] [--cuda [--repeat N]]
+        [--json OUT.json] [--compare BEFORE.json] [--shared DIR] [TRACE ...]
 
 With --cuda the capped replays run through the CUDA driver on GPU 0 (`replay --cuda`, one
-replay each, one trace at a time) and the table is allocator time instead: the seconds of
-every allocation and free with their driver calls (`ns_per_event` x `events`), `default`
-against `torch-expandable` at each cap, with the ratio where both complete (the target: at
-most 1.5). The uncapped replay that gives the peak live bytes stays on the simulated device.
+trace at a time) and the table is allocator time instead: the seconds of every allocation and
+free with their driver calls (`ns_per_event` x `events`), `default` against `torch-expandable`
+at each cap, with the ratio where both complete (the target: at most 1.5). --repeat N replays
+each (trace, cap) N times and keeps the median seconds of each policy (the runs are in the
+JSON as `seconds_runs`): one run of a few milliseconds of host work moves by half from one
+run to the next. The uncapped replay that gives the peak live bytes stays on the simulated
+device.
 
 Without traces: traces/*.gz, traces/h200/*.gz and DIR/*.gz (the shared trace set, by default
 /work/shared/traces, when present; by file name, first found wins). --compare prints a before/after table (markdown) against an earlier --json.
@@ -26,6 +29,7 @@ import glob
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +66,21 @@ def seconds(row):
     return (row["ns_per_event"] or 0) * row["events"] / 1e9  # null when no event
 
 
-def measure(binary, trace, min_cap, cuda=False):
+def capped(binary, trace, cap, cuda, repeat):
+    """Each policy's row under `cap`, with the median seconds of `repeat` replays (`seconds`)
+    and every run's (`seconds_runs`)."""
+    args = ["--policy", "default", "--policy", "torch-expandable", "--capacity", str(cap)]
+    runs = [replay(binary, trace, args + (["--cuda"] if cuda else [])) for _ in range(repeat)]
+    out = {}
+    for pol, row in runs[0].items():
+        times = [seconds(run[pol]) for run in runs]
+        out[pol] = {"calls": calls(row), "completed": row["completed"],
+                    "seconds": statistics.median(times), "seconds_runs": times,
+                    "device_waits": row["device_waits"]}
+    return out
+
+
+def measure(binary, trace, min_cap, cuda=False, repeat=1):
     extra = ["--min-capacity"] if min_cap else []
     base = replay(binary, trace, ["--policy", "default", *extra])["default"]
     live = base["peak_live_bytes"]
@@ -74,12 +92,8 @@ def measure(binary, trace, min_cap, cuda=False):
         "min_capacity": (base["min_capacity_bytes"] or 0) / live if min_cap else None,
     }
     for f in FACTORS:
-        cap = math.ceil(live * f)
-        rows = replay(binary, trace, ["--policy", "default", "--policy", "torch-expandable",
-                                      "--capacity", str(cap), *(["--cuda"] if cuda else [])])
-        for pol, row in rows.items():
-            out[f"{pol}@{f}"] = {"calls": calls(row), "completed": row["completed"],
-                                 "seconds": seconds(row), "device_waits": row["device_waits"]}
+        for pol, row in capped(binary, trace, math.ceil(live * f), cuda, repeat).items():
+            out[f"{pol}@{f}"] = row
     return out
 
 
@@ -172,13 +186,17 @@ def main():
     ap.add_argument("--compare")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--shared", default="/work/shared/traces")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
+    if a.repeat < 1:
+        ap.error(f"--repeat must be at least 1, not {a.repeat}")
     traces = a.traces or default_traces(a.shared)
     jobs = 1 if a.cuda else a.jobs  # timed replays share no device
     with ThreadPoolExecutor(jobs) as ex:
-        results = list(ex.map(lambda t: measure(a.bin, t, a.min_capacity, a.cuda), traces))
+        results = list(ex.map(lambda t: measure(a.bin, t, a.min_capacity, a.cuda, a.repeat),
+                              traces))
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(results, fh, indent=1)
