@@ -117,6 +117,22 @@ class Compare(unittest.TestCase):
         self.assertFalse(other["ok"], "a repeat with other losses fails the pair")
         self.assertIn("losses", other["error"])
 
+    def test_repeats_hold_losses_to_the_tolerance_of_the_comparison_with_pytorch(self):
+        # Seen on the H200: train_autocast's losses moved in the sixth digit from one repeat to
+        # the next under PyTorch's own allocator as under cudalloc's.
+        first = [10.975967407226562, 10.974181175231934]
+        again = [10.975967407226562, 10.974197387695312]
+        r = run.merge(None, {"ok": True, "losses": first})
+        r = run.merge(r, {"ok": True, "losses": again})
+        self.assertTrue(r["ok"], r.get("error"))
+        self.assertEqual(r["losses"], first, "the first run's losses are kept")
+        off = run.merge(r, {"ok": True, "losses": [10.975967407226562, 11.0]})
+        self.assertFalse(off["ok"], "losses beyond the tolerance fail the pair")
+        shorter = run.merge(r, {"ok": True, "losses": first[:1]})
+        self.assertFalse(shorter["ok"], "fewer losses fail the pair")
+        checks = run.merge(run.merge(None, {"ok": True, "checks": 3}), {"ok": True, "checks": 4})
+        self.assertFalse(checks["ok"], "other results must repeat exactly")
+
     def test_differing_runs_add_up_over_repeats(self):
         r = run.merge(None, {"ok": True, "losses": [1.0], "differing_runs": 0})
         r = run.merge(r, {"ok": True, "losses": [1.0], "differing_runs": 1})
