@@ -16,8 +16,9 @@ trace at a time) and the table is allocator time instead: the seconds of every a
 free with their driver calls (`ns_per_event` x `events`), `default` against `torch-expandable`
 at each cap, with the ratio where both complete (the target: at most 1.5). --repeat N replays
 each (trace, cap) N times and keeps the median seconds of each policy (the runs are in the
-JSON as `seconds_runs`): one run of a few milliseconds of host work moves by half from one
-run to the next. The uncapped replay that gives the peak live bytes stays on the simulated
+JSON as `seconds_runs`; calls, completion and device waits must be the same in every run): one
+run's milliseconds to tens of milliseconds of host work move by up to half from one run to the
+next. The uncapped replay that gives the peak live bytes stays on the simulated
 device.
 
 Without traces: traces/*.gz, traces/h200/*.gz and DIR/*.gz (the shared trace set, by default
@@ -63,7 +64,7 @@ def calls(row):
 
 
 def seconds(row):
-    return (row["ns_per_event"] or 0) * row["events"] / 1e9  # null when no event
+    return (row["ns_per_event"] or 0) * row["events"] / 1e9  # ns_per_event is null without events
 
 
 def capped(binary, trace, cap, cuda, repeat):
@@ -73,6 +74,14 @@ def capped(binary, trace, cap, cuda, repeat):
     runs = [replay(binary, trace, args + (["--cuda"] if cuda else [])) for _ in range(repeat)]
     out = {}
     for pol, row in runs[0].items():
+        for run in runs[1:]:
+            again = run[pol]
+            if (calls(again), again["completed"], again["device_waits"]) != (
+                    calls(row), row["completed"], row["device_waits"]):
+                sys.exit(f"{trace} under {pol} capped at {cap} bytes: a repeat made other calls, "
+                         f"completion or device waits ({calls(row)}, {row['completed']}, "
+                         f"{row['device_waits']} then {calls(again)}, {again['completed']}, "
+                         f"{again['device_waits']})")
         times = [seconds(run[pol]) for run in runs]
         out[pol] = {"calls": calls(row), "completed": row["completed"],
                     "seconds": statistics.median(times), "seconds_runs": times,
@@ -192,6 +201,8 @@ def main():
     a = ap.parse_args()
     if a.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {a.repeat}")
+    if a.repeat > 1 and not a.cuda:
+        ap.error("--repeat is for --cuda: a replay on the simulated device gives the same figures")
     traces = a.traces or default_traces(a.shared)
     jobs = 1 if a.cuda else a.jobs  # timed replays share no device
     with ThreadPoolExecutor(jobs) as ex:

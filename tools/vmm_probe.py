@@ -44,6 +44,9 @@ def check(result, what):
 
 def init():
     check(cu.cuInit(0), "cuInit")
+    version = C.c_int()
+    check(cu.cuDriverGetVersion(C.byref(version)), "cuDriverGetVersion")
+    print(f"CUDA driver API {version.value // 1000}.{version.value % 1000 // 10}")
     dev, ctx = C.c_int(), C.c_void_p()
     check(cu.cuDeviceGet(C.byref(dev), 0), "cuDeviceGet")
     check(cu.cuDevicePrimaryCtxRetain(C.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
@@ -53,17 +56,31 @@ def init():
     return gran.value
 
 
+def mib(n):
+    return f"{n / MIB:.2f} MiB"
+
+
 def free_bytes():
     free, total = C.c_size_t(), C.c_size_t()
     check(cu.cuMemGetInfo_v2(C.byref(free), C.byref(total)), "cuMemGetInfo")
     return free.value
 
 
+RESERVED = []
+
+
 def reserve(size):
     va = C.c_uint64()
     check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(size), C.c_size_t(0), C.c_uint64(0),
                                  C.c_ulonglong(0)), "cuMemAddressReserve")
+    RESERVED.append((va.value, size))
     return va.value
+
+
+def free_ranges():
+    for va, size in RESERVED:
+        check(cu.cuMemAddressFree(C.c_uint64(va), C.c_size_t(size)), "cuMemAddressFree")
+    RESERVED.clear()
 
 
 def create(size):
@@ -74,12 +91,18 @@ def create(size):
 
 
 def try_map(va, size, offset, handle):
-    return cu.cuMemMap(C.c_uint64(va), C.c_size_t(size), C.c_size_t(offset),
-                       C.c_ulonglong(handle), C.c_ulonglong(0))
+    """The driver's answer to mapping `size` bytes of `handle` from `offset` at `va`; a map
+    that succeeds is undone at once."""
+    result = cu.cuMemMap(C.c_uint64(va), C.c_size_t(size), C.c_size_t(offset),
+                         C.c_ulonglong(handle), C.c_ulonglong(0))
+    if result == 0:
+        unmap(va, size)
+    return result
 
 
 def map_rw(va, size, handle):
-    check(try_map(va, size, 0, handle), "cuMemMap")
+    check(cu.cuMemMap(C.c_uint64(va), C.c_size_t(size), C.c_size_t(0), C.c_ulonglong(handle),
+                      C.c_ulonglong(0)), "cuMemMap")
     check(cu.cuMemSetAccess(C.c_uint64(va), C.c_size_t(size), C.byref(ACCESS), C.c_size_t(1)),
           "cuMemSetAccess")
 
@@ -109,7 +132,7 @@ def probe_aliasing(page):
     handle = create(chunk)
     first = reserve(chunk)
     map_rw(first, chunk, handle)
-    print(f"a {chunk // MIB} MiB allocation mapped: {(start - free_bytes()) // MIB} MiB taken")
+    print(f"a {mib(chunk)} allocation mapped: {mib(start - free_bytes())} taken")
     print("map part of it by offset:", try_map(reserve(chunk), 15 * page, 5 * page, handle))
     print("map its first pages only:", try_map(reserve(chunk), 15 * page, 0, handle))
     print("unmap part of its mapping:",
@@ -117,16 +140,16 @@ def probe_aliasing(page):
     before = free_bytes()
     second = reserve(chunk)
     map_rw(second, chunk, handle)
-    print(f"all of it mapped at a second range: {(before - free_bytes()) // MIB} MiB more taken")
+    print(f"all of it mapped at a second range: {mib(before - free_bytes())} more taken")
     write_page(second + 8 * page, page, 7)
     print("a write through the second range read through the first:",
           page_holds(first + 8 * page, page, 7))
     unmap(first, chunk)
     release(handle)
-    print(f"first range unmapped, handle released: {(start - free_bytes()) // MIB} MiB still "
-          f"taken, bytes kept: {page_holds(second + 8 * page, page, 7)}")
+    print(f"first range unmapped, handle released: {mib(start - free_bytes())} still taken, "
+          f"bytes kept: {page_holds(second + 8 * page, page, 7)}")
     unmap(second, chunk)
-    print(f"second range unmapped: {(start - free_bytes()) // MIB} MiB still taken")
+    print(f"second range unmapped: {mib(start - free_bytes())} still taken")
 
 
 def mean_us(fn, n=200):
@@ -150,7 +173,8 @@ def probe_costs(page):
         us = mean_us(lambda: growth(size))
         print(f"create + map + access + unmap + release of {size // MIB} MiB: {us:.1f} us")
     held = create(chunk)
-    map_rw(reserve(chunk), chunk, held)
+    home = reserve(chunk)
+    map_rw(home, chunk, held)
 
     def second_mapping():
         map_rw(at, chunk, held)
@@ -158,6 +182,8 @@ def probe_costs(page):
 
     us = mean_us(second_mapping)
     print(f"map + access + unmap of an allocation already mapped ({chunk // MIB} MiB): {us:.1f} us")
+    unmap(home, chunk)
+    release(held)
 
 
 def main():
@@ -165,6 +191,7 @@ def main():
     print(f"granularity {page // MIB} MiB")
     probe_aliasing(page)
     probe_costs(page)
+    free_ranges()
 
 
 if __name__ == "__main__":

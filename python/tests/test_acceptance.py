@@ -126,12 +126,22 @@ class Compare(unittest.TestCase):
         r = run.merge(r, {"ok": True, "losses": again})
         self.assertTrue(r["ok"], r.get("error"))
         self.assertEqual(r["losses"], first, "the first run's losses are kept")
+        self.assertEqual(r["repeat_rel_diff"], abs(again[1] - first[1]) / first[1])
+        empty = run.merge(run.merge(None, {"ok": True, "losses": []}), {"ok": True, "losses": []})
+        self.assertTrue(empty["ok"], "two runs without losses agree")
         off = run.merge(r, {"ok": True, "losses": [10.975967407226562, 11.0]})
         self.assertFalse(off["ok"], "losses beyond the tolerance fail the pair")
         shorter = run.merge(r, {"ok": True, "losses": first[:1]})
         self.assertFalse(shorter["ok"], "fewer losses fail the pair")
         checks = run.merge(run.merge(None, {"ok": True, "checks": 3}), {"ok": True, "checks": 4})
         self.assertFalse(checks["ok"], "other results must repeat exactly")
+
+    def test_repeats_keep_the_largest_difference_a_program_reported(self):
+        r = run.merge(None, {"ok": True, "overwritten": 0, "max_abs_diff": 1e-6})
+        r = run.merge(r, {"ok": True, "overwritten": 0, "max_abs_diff": 4e-6})
+        r = run.merge(r, {"ok": True, "overwritten": 0, "max_abs_diff": 2e-6})
+        self.assertTrue(r["ok"], r.get("error"))
+        self.assertEqual(r["max_abs_diff"], 4e-6)
 
     def test_differing_runs_add_up_over_repeats(self):
         r = run.merge(None, {"ok": True, "losses": [1.0], "differing_runs": 0})
