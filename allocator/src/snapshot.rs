@@ -143,6 +143,11 @@ pub struct Excess {
     /// Free bytes that cannot go back while a live or pending block shares their chunk or
     /// segment.
     pub pinned: u64,
+    /// The part of `pinned` in whole device pages of expandable segments that no block in use
+    /// touches: chunks of one page each would give these back (`max_chunk_mb` trades them
+    /// against driver calls). The rest of `pinned` lies in pages that blocks in use touch, or in
+    /// `cudaMalloc` segments, where no chunk size gives it back.
+    pub pinned_pages: u64,
     /// Pages unmapped whose release failed, held until a later call releases them (0 unless
     /// a driver call failed).
     pub stray: u64,
@@ -176,6 +181,7 @@ impl std::ops::AddAssign for Excess {
         self.pending += o.pending;
         self.releasable += o.releasable;
         self.pinned += o.pinned;
+        self.pinned_pages += o.pinned_pages;
         self.stray += o.stray;
     }
 }

@@ -96,8 +96,10 @@ pub struct ReplayArgs {
 
     /// Also say where the reserved bytes are at their peak: what live allocations asked for,
     /// rounding, blocks waiting for other streams, free memory the pool could give back, and
-    /// free memory pinned by live blocks in the same chunk or segment; and which chunks or
-    /// segments pin the most, beside which blocks (and the operation that allocated them).
+    /// free memory pinned by live blocks in the same chunk or segment (and how much of it lies in
+    /// whole pages that no live block touches, which smaller chunks would give back); and which
+    /// chunks or segments pin the most, beside which blocks (and the operation that allocated
+    /// them).
     #[arg(long)]
     pub breakdown: bool,
 

@@ -64,6 +64,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
             "pending_bytes": e.pending,
             "releasable_bytes": e.releasable,
             "pinned_bytes": e.pinned,
+            "pinned_page_bytes": e.pinned_pages,
         });
         if let Some(p) = &r.peak_pinning {
             v["peak_breakdown"]["pinned_units"] = json!(p.units);

@@ -40,7 +40,7 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
         if let Some((op, e)) = run.result.peak_excess {
             writeln!(
                 out,
-                "{}: at peak reserved (op {}{}): {} = live {} + rounding {} + pending {} + releasable {} + pinned {}",
+                "{}: at peak reserved (op {}{}): {} = live {} + rounding {} + pending {} + releasable {} + pinned {} ({} of it in whole pages)",
                 run.label,
                 thousands(op as u64),
                 r.place_of(op).map_or(String::new(), |p| format!(", {p}")),
@@ -49,7 +49,8 @@ fn report_breakdowns(out: &mut impl Write, r: &Report) -> io::Result<()> {
                 bytes(e.rounding),
                 bytes(e.pending),
                 bytes(e.releasable),
-                bytes(e.pinned)
+                bytes(e.pinned),
+                bytes(e.pinned_pages)
             )?;
         }
         if let Some(p) = &run.result.peak_pinning {

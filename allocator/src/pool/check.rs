@@ -62,9 +62,23 @@ impl<D: Device> Core<D> {
                 let whole = self.releasable_bytes(b);
                 e.releasable += whole;
                 e.pinned += b.size - whole;
+                e.pinned_pages += self.whole_page_bytes(b).saturating_sub(whole);
             }
         }
         e
+    }
+
+    /// Bytes of the whole device pages free block `b` covers (0 outside expandable segments);
+    /// the chunks it covers entirely are among them.
+    fn whole_page_bytes(&self, b: &Block) -> u64 {
+        if b.segment == NO_SEGMENT {
+            return 0;
+        }
+        let seg = self.segments[b.segment as usize]
+            .as_ref()
+            .expect("live segment");
+        seg.page_floor(b.end())
+            .saturating_sub(seg.page_ceil(b.addr))
     }
 
     /// Bytes of free block `b` that could be given back without touching another block.

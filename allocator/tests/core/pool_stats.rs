@@ -352,6 +352,50 @@ fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
 }
 
 #[test]
+fn excess_counts_the_whole_pages_of_pinned_bytes_apart() {
+    let (sim, mut pool) = pool_with(
+        Config::parse("policy:default,max_chunk_mb:8").unwrap(),
+        4 * GIB,
+    );
+    past_loading(&mut pool);
+    // `a` maps the chunk at 0..4 MiB (no slack: the budget leaves no room); `b` starts in its
+    // last page and maps 4..8 and 8..16 MiB. With `a` gone, 0..3 MiB is free but pinned by `b`'s
+    // first bytes: 2 MiB of it a whole page (which a chunk per page would give back), 1 MiB in
+    // the page `b` touches.
+    let a = alloc(&mut pool, 3 * MIB, S0);
+    let b = alloc(&mut pool, 13 * MIB, S0);
+    assert_eq!(b.ptr() - a.ptr(), 3 * MIB);
+    free(&mut pool, a);
+    check(&sim, &pool);
+    let e = pool.excess();
+    assert_eq!(
+        (e.releasable, e.pinned, e.pinned_pages),
+        (0, 3 * MIB, 2 * MIB),
+        "{e:?}"
+    );
+    assert_adds_up(&e);
+    free(&mut pool, b);
+    let e = pool.excess();
+    assert_eq!(
+        (e.releasable, e.pinned, e.pinned_pages),
+        (16 * MIB, 0, 0),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn excess_of_malloc_segments_has_no_pinned_pages() {
+    let (sim, mut pool) = torch();
+    let a = alloc(&mut pool, 4 * MIB, S0);
+    let _b = alloc(&mut pool, 4 * MIB, S0);
+    free(&mut pool, a);
+    check(&sim, &pool);
+    let e = pool.excess();
+    // One 20 MiB segment: 16 MiB free beside `_b`, none of it in pages a policy could unmap.
+    assert_eq!((e.pinned, e.pinned_pages), (16 * MIB, 0), "{e:?}");
+}
+
+#[test]
 fn pinning_names_the_chunks_a_live_block_shares_with_free_bytes() {
     let (sim, mut pool) = default_with_page_chunks();
     // As above: after `a` goes, the chunks at 8..10 MiB (1 MiB free beside `b`) and 18..20 MiB

@@ -276,6 +276,10 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
         part("reserved_bytes")
     );
     assert_eq!(b["reserved_bytes"], v["peak_reserved_bytes"]);
+    // Of the pinned bytes, those in whole pages that no block in use touches.
+    let pages = part("pinned_page_bytes");
+    assert!(pages > 0 && pages < part("pinned_bytes"), "{b}");
+    assert_eq!(pages % (2 << 20), 0, "whole 2 MiB pages: {b}");
     // bert_dynamic under `default`: the peak comes when a small allocation between batches
     // maps a page while the layout plan's footprints keep their cached pages (releasable):
     // 245 MiB live and 346 MiB releasable.
@@ -317,7 +321,7 @@ fn breakdown_says_where_the_peak_reserved_bytes_are() {
     assert!(
         text.contains(
             "default: at peak reserved (op 8,375, line 12492): 610.00 MiB = live 245.38 MiB"
-        ),
+        ) && text.contains(" of it in whole pages)\n"),
         "{text}"
     );
 }

@@ -186,6 +186,11 @@ fn the_breakdown_at_the_peak_adds_up_on_every_bundled_trace() {
             let (op, e) = r.peak_excess.expect("a breakdown was asked for");
             let parts = e.live + e.rounding + e.pending + e.releasable + e.pinned;
             assert_eq!(parts, e.reserved, "{name} {policy:?}: {e:?}");
+            // Whole pages only where pages can go back alone: in expandable segments.
+            assert!(e.pinned_pages <= e.pinned, "{name} {policy:?}: {e:?}");
+            if policy == Policy::Torch {
+                assert_eq!(e.pinned_pages, 0, "{name}: cudaMalloc segments only");
+            }
             assert_eq!(
                 e.reserved, r.peak_reserved_bytes,
                 "{name} {policy:?} at op {op}"
