@@ -16,7 +16,8 @@ trace at a time) and the table is allocator time instead: the seconds of every a
 free with their driver calls (`ns_per_event` x `events`), `default` against `torch-expandable`
 at each cap, with the ratio where both complete (the target: at most 1.5). --repeat N replays
 each (trace, cap) N times and keeps the median seconds of each policy (the runs are in the
-JSON as `seconds_runs`; calls, completion and device waits must be the same in every run): one
+JSON as `seconds_runs`; calls, completion and device waits are the first run's, and a warning,
+with `repeats_differ` in the JSON, says when the runs disagree on them): one
 run's milliseconds to tens of milliseconds of host work move by up to half from one run to the
 next. The uncapped replay that gives the peak live bytes stays on the simulated
 device.
@@ -74,18 +75,18 @@ def capped(binary, trace, cap, cuda, repeat):
     runs = [replay(binary, trace, args + (["--cuda"] if cuda else [])) for _ in range(repeat)]
     out = {}
     for pol, row in runs[0].items():
-        for run in runs[1:]:
-            again = run[pol]
-            if (calls(again), again["completed"], again["device_waits"]) != (
-                    calls(row), row["completed"], row["device_waits"]):
-                sys.exit(f"{trace} under {pol} capped at {cap} bytes: a repeat made other calls, "
-                         f"completion or device waits ({calls(row)}, {row['completed']}, "
-                         f"{row['device_waits']} then {calls(again)}, {again['completed']}, "
-                         f"{again['device_waits']})")
+        figures = [(calls(run[pol]), run[pol]["completed"], run[pol]["device_waits"])
+                   for run in runs]
+        if len(set(figures)) > 1:
+            # On the real driver a release's timing may in principle change what a replay does.
+            print(f"warning: {os.path.basename(trace)} under {pol} capped at {cap} bytes: the "
+                  f"repeats differ in (calls, completed, device waits): {figures}; the first "
+                  f"run's are kept", file=sys.stderr)
         times = [seconds(run[pol]) for run in runs]
         out[pol] = {"calls": calls(row), "completed": row["completed"],
                     "seconds": statistics.median(times), "seconds_runs": times,
-                    "device_waits": row["device_waits"]}
+                    "device_waits": row["device_waits"],
+                    "repeats_differ": len(set(figures)) > 1}
     return out
 
 

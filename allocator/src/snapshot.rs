@@ -143,10 +143,12 @@ pub struct Excess {
     /// Free bytes that cannot go back while a live or pending block shares their chunk or
     /// segment.
     pub pinned: u64,
-    /// The part of `pinned` in whole device pages of expandable segments that no block in use
-    /// touches: chunks of one page each would give these back (`max_chunk_mb` trades them
-    /// against driver calls). The rest of `pinned` lies in pages that blocks in use touch, or in
-    /// `cudaMalloc` segments, where no chunk size gives it back.
+    /// The part of `pinned` in whole device pages (the device's granularity, 2 MiB on the H200)
+    /// of expandable segments that no block in use touches: chunks of one page each would give
+    /// these back (`max_chunk_mb` trades them against driver calls under `default`;
+    /// `torch-expandable` maps 20 MiB units in its large pool). The rest of `pinned` lies in
+    /// pages that blocks in use touch, or in `cudaMalloc` segments, where no chunk size gives it
+    /// back.
     pub pinned_pages: u64,
     /// Pages unmapped whose release failed, held until a later call releases them (0 unless
     /// a driver call failed).

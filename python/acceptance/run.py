@@ -226,7 +226,7 @@ def parent(args):
 
 
 # The results a repeat must give again (timings and memory figures may differ). `max_abs_diff`
-# is not among them: the programs that report it fail a run whose difference passes their own
+# is not among them: the programs that report it fail a run whose difference exceeds their own
 # bound, and the merged result keeps the largest over the repeats.
 RESULT_KEYS = ("losses", "checks", "overwritten", "fitted", "largest_batch", "went_on", "uses",
                "reused_in_pool", "restores", "restores_that_changed_the_pool")
@@ -239,7 +239,8 @@ def merge(kept, new):
     gave another output than their own most common one (``differing_runs``) added up over the
     repeats, for the mode and for PyTorch's allocator alike. A repeat whose losses are close to
     the first's (``same_result``) keeps the first's, and the largest relative difference seen is
-    ``repeat_rel_diff``; ``max_abs_diff`` is the largest over the repeats."""
+    ``repeat_rel_diff`` (absent while every repeat gave the same losses); ``max_abs_diff`` is the
+    largest over the repeats."""
     differs = [k for k in RESULT_KEYS if kept and kept.get("ok") and new.get("ok")
                and not same_result(k, new.get(k), kept.get(k))]
     if kept is None:
@@ -251,7 +252,7 @@ def merge(kept, new):
         merged = dict(new, step_ms_runs=kept.get("step_ms_runs", []))
     else:
         merged = kept
-    if kept is not None and merged is kept:
+    if kept is not None and merged is kept and kept.get("ok") and new.get("ok"):
         if "differing_runs" in new:
             merged["differing_runs"] = kept.get("differing_runs", 0) + new["differing_runs"]
         if "max_abs_diff" in new:

@@ -136,6 +136,14 @@ class Compare(unittest.TestCase):
         checks = run.merge(run.merge(None, {"ok": True, "checks": 3}), {"ok": True, "checks": 4})
         self.assertFalse(checks["ok"], "other results must repeat exactly")
 
+    def test_a_failed_first_run_stays_failed_whatever_the_repeats_give(self):
+        failed = run.merge(None, {"ok": False, "error": "boom"})
+        for again in ({"ok": True, "losses": [1.0], "step_ms": 5.0},
+                      {"ok": True, "losses": []}, {"ok": True, "max_abs_diff": 1e-6}):
+            r = run.merge(failed, again)
+            self.assertFalse(r["ok"], again)
+            self.assertNotIn("repeat_rel_diff", r)
+
     def test_repeats_keep_the_largest_difference_a_program_reported(self):
         r = run.merge(None, {"ok": True, "overwritten": 0, "max_abs_diff": 1e-6})
         r = run.merge(r, {"ok": True, "overwritten": 0, "max_abs_diff": 4e-6})

@@ -62,23 +62,28 @@ impl<D: Device> Core<D> {
                 let whole = self.releasable_bytes(b);
                 e.releasable += whole;
                 e.pinned += b.size - whole;
-                e.pinned_pages += self.whole_page_bytes(b).saturating_sub(whole);
+                if b.is_expandable() {
+                    let pages = self.whole_page_bytes(b);
+                    debug_assert!(whole <= pages, "whole chunks lie in whole pages");
+                    e.pinned_pages += pages.saturating_sub(whole);
+                }
             }
         }
         e
     }
 
-    /// Bytes of the whole device pages free block `b` covers (0 outside expandable segments);
-    /// the chunks it covers entirely are among them.
+    /// Bytes of the whole device pages (the device's granularity, not the segment's map unit:
+    /// 20 MiB in `torch-expandable`'s large pool) free block `b` covers, counted from its
+    /// segment's start (`b` lies in an expandable segment). The chunks it covers entirely are
+    /// among them (a chunk is whole map units, and a map unit whole device pages).
     fn whole_page_bytes(&self, b: &Block) -> u64 {
-        if b.segment == NO_SEGMENT {
-            return 0;
-        }
         let seg = self.segments[b.segment as usize]
             .as_ref()
             .expect("live segment");
-        seg.page_floor(b.end())
-            .saturating_sub(seg.page_ceil(b.addr))
+        let page = self.device.granularity().unwrap_or(seg.page).min(seg.page);
+        let first = seg.va + (b.addr - seg.va).div_ceil(page) * page;
+        let end = seg.va + (b.end() - seg.va) / page * page;
+        end.saturating_sub(first)
     }
 
     /// Bytes of free block `b` that could be given back without touching another block.

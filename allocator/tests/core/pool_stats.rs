@@ -384,6 +384,44 @@ fn excess_counts_the_whole_pages_of_pinned_bytes_apart() {
 }
 
 #[test]
+fn excess_counts_whole_pages_beside_a_whole_chunk_as_pinned_pages() {
+    let (sim, mut pool) = pool_with(
+        Config::parse("policy:default,max_chunk_mb:8").unwrap(),
+        4 * GIB,
+    );
+    past_loading(&mut pool);
+    // `a` maps the chunks 0..8 and 8..12 MiB; `b` (11..13 MiB) starts in the last page of the
+    // second and maps 12..14. With `a` gone, 0..11 MiB is free: the first chunk whole
+    // (releasable), and 8..11 MiB pinned by `b`, 2 MiB of it the page 8..10; 13..14 MiB, the
+    // rest of `b`'s last page, is pinned too.
+    let a = alloc(&mut pool, 11 * MIB, S0);
+    let b = alloc(&mut pool, 2 * MIB, S0);
+    assert_eq!(b.ptr() - a.ptr(), 11 * MIB);
+    free(&mut pool, a);
+    check(&sim, &pool);
+    let e = pool.excess();
+    assert_eq!(
+        (e.releasable, e.pinned, e.pinned_pages),
+        (8 * MIB, 4 * MIB, 2 * MIB),
+        "{e:?}"
+    );
+    assert_adds_up(&e);
+    free(&mut pool, b);
+}
+
+#[test]
+fn excess_counts_device_pages_inside_torch_expandables_20_mib_units() {
+    let (sim, mut pool) = pool_with(Config::parse("policy:torch-expandable").unwrap(), 4 * GIB);
+    // A 20 MiB unit holding a 3 MiB block: 17 MiB free beside it, pinned; 16 MiB of it whole
+    // 2 MiB pages (4..20 MiB), which a chunk per device page would give back.
+    let a = alloc(&mut pool, 3 * MIB, S0);
+    check(&sim, &pool);
+    let e = pool.excess();
+    assert_eq!((e.pinned, e.pinned_pages), (17 * MIB, 16 * MIB), "{e:?}");
+    free(&mut pool, a);
+}
+
+#[test]
 fn excess_of_malloc_segments_has_no_pinned_pages() {
     let (sim, mut pool) = torch();
     let a = alloc(&mut pool, 4 * MIB, S0);
