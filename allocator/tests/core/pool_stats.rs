@@ -7,7 +7,7 @@
 use crate::common::pool;
 use cudalloc::sizes::PoolKind;
 use cudalloc::snapshot::{BlockInfo, BlockState, Excess, PinnedUnit, SegmentInfo};
-use cudalloc::{Config, Pool, Snapshot, Stats};
+use cudalloc::{Allocation, Config, Pool, Snapshot, Stats};
 use cudalloc_sys::Device;
 use pool::*;
 use std::collections::{BTreeSet, HashMap};
@@ -336,44 +336,28 @@ fn excess_pins_a_chunk_that_reaches_past_the_free_block() {
     let (sim, mut pool) = default_with_page_chunks();
     // 9 MiB maps five 2 MiB chunks; the 10 MiB after it starts in the fifth and ends in the
     // tenth, which keeps 1 MiB free at its end.
-    let a = alloc(&mut pool, 9 * MIB, S0);
-    let b = alloc(&mut pool, 10 * MIB, S0);
-    assert_eq!(b.ptr() - a.ptr(), 9 * MIB);
-    free(&mut pool, a);
-    check(&sim, &pool);
-    let e = pool.excess();
+    let (e, _b) = excess_after_freeing_the_first(&sim, &mut pool, 9 * MIB, 10 * MIB);
     // Free: 0..9 MiB (chunks 0..8 whole, 8..10 shared with b) and 19..20 MiB (shared with b).
     assert_eq!(
         (e.live, e.releasable, e.pinned),
         (10 * MIB, 8 * MIB, 2 * MIB),
         "{e:?}"
     );
-    assert_adds_up(&e);
 }
 
 #[test]
 fn excess_counts_the_whole_pages_of_pinned_bytes_apart() {
-    let (sim, mut pool) = pool_with(
-        Config::parse("policy:default,max_chunk_mb:8").unwrap(),
-        4 * GIB,
-    );
-    past_loading(&mut pool);
+    let (sim, mut pool) = default_with_8_mib_chunks();
     // `a` maps the chunk at 0..4 MiB (no slack: the budget leaves no room); `b` starts in its
     // last page and maps 4..8 and 8..16 MiB. With `a` gone, 0..3 MiB is free but pinned by `b`'s
     // first bytes: 2 MiB of it a whole page (which a chunk per page would give back), 1 MiB in
     // the page `b` touches.
-    let a = alloc(&mut pool, 3 * MIB, S0);
-    let b = alloc(&mut pool, 13 * MIB, S0);
-    assert_eq!(b.ptr() - a.ptr(), 3 * MIB);
-    free(&mut pool, a);
-    check(&sim, &pool);
-    let e = pool.excess();
+    let (e, b) = excess_after_freeing_the_first(&sim, &mut pool, 3 * MIB, 13 * MIB);
     assert_eq!(
         (e.releasable, e.pinned, e.pinned_pages),
         (0, 3 * MIB, 2 * MIB),
         "{e:?}"
     );
-    assert_adds_up(&e);
     free(&mut pool, b);
     let e = pool.excess();
     assert_eq!(
@@ -385,27 +369,17 @@ fn excess_counts_the_whole_pages_of_pinned_bytes_apart() {
 
 #[test]
 fn excess_counts_whole_pages_beside_a_whole_chunk_as_pinned_pages() {
-    let (sim, mut pool) = pool_with(
-        Config::parse("policy:default,max_chunk_mb:8").unwrap(),
-        4 * GIB,
-    );
-    past_loading(&mut pool);
+    let (sim, mut pool) = default_with_8_mib_chunks();
     // `a` maps the chunks 0..8 and 8..12 MiB; `b` (11..13 MiB) starts in the last page of the
     // second and maps 12..14. With `a` gone, 0..11 MiB is free: the first chunk whole
     // (releasable), and 8..11 MiB pinned by `b`, 2 MiB of it the page 8..10; 13..14 MiB, the
     // rest of `b`'s last page, is pinned too.
-    let a = alloc(&mut pool, 11 * MIB, S0);
-    let b = alloc(&mut pool, 2 * MIB, S0);
-    assert_eq!(b.ptr() - a.ptr(), 11 * MIB);
-    free(&mut pool, a);
-    check(&sim, &pool);
-    let e = pool.excess();
+    let (e, b) = excess_after_freeing_the_first(&sim, &mut pool, 11 * MIB, 2 * MIB);
     assert_eq!(
         (e.releasable, e.pinned, e.pinned_pages),
         (8 * MIB, 4 * MIB, 2 * MIB),
         "{e:?}"
     );
-    assert_adds_up(&e);
     free(&mut pool, b);
 }
 
@@ -511,6 +485,33 @@ fn pinning_counts_a_block_waiting_for_another_stream_as_a_holder() {
 }
 
 /// A `default` pool whose chunks are single 2 MiB pages.
+/// Allocates `first` then `second` bytes (the second right after the first), frees the first,
+/// and returns the breakdown then, with the second allocation.
+fn excess_after_freeing_the_first(
+    sim: &Sim,
+    pool: &mut Pool<Sim>,
+    first: u64,
+    second: u64,
+) -> (Excess, Allocation) {
+    let a = alloc(pool, first, S0);
+    let b = alloc(pool, second, S0);
+    assert_eq!(b.ptr() - a.ptr(), first);
+    free(pool, a);
+    check(sim, pool);
+    let e = pool.excess();
+    assert_adds_up(&e);
+    (e, b)
+}
+
+fn default_with_8_mib_chunks() -> (Sim, Pool<Sim>) {
+    let (sim, mut pool) = pool_with(
+        Config::parse("policy:default,max_chunk_mb:8").unwrap(),
+        4 * GIB,
+    );
+    past_loading(&mut pool);
+    (sim, pool)
+}
+
 fn default_with_page_chunks() -> (Sim, Pool<Sim>) {
     let (sim, mut pool) = pool_with(
         Config::parse("policy:default,max_chunk_mb:2").unwrap(),
