@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """What the CUDA driver allows with one physical allocation, on GPU 0 (docs/expandable.md,
 "What the driver allows"): mapping part of it, unmapping part of a mapping, mapping all of it at
-a second virtual range, and what the driver calls of a growth cost. Needs only `libcuda`.
+a second virtual range, and what the driver calls of a growth cost; then a chunk made of one
+physical allocation per page with one access call over them all: whether one unmap covers
+several of its pages, whether its last pages can go back alone, and what each call costs.
+Needs only `libcuda`.
 
     python3 tools/vmm_probe.py
 """
@@ -186,11 +189,105 @@ def probe_costs(page):
     release(held)
 
 
+def set_access(va, size):
+    check(cu.cuMemSetAccess(C.c_uint64(va), C.c_size_t(size), C.byref(ACCESS), C.c_size_t(1)),
+          "cuMemSetAccess")
+
+
+def map_pages(at, handles, page):
+    for i, h in enumerate(handles):
+        check(cu.cuMemMap(C.c_uint64(at + i * page), C.c_size_t(page), C.c_size_t(0),
+                          C.c_ulonglong(h), C.c_ulonglong(0)), "cuMemMap")
+
+
+def probe_paged_chunk(page):
+    """A chunk of `n` pages, each its own physical allocation, with one access call."""
+    n = 20
+    chunk = n * page
+    at = reserve(chunk)
+    start = free_bytes()
+    handles = [create(page) for _ in range(n)]
+    map_pages(at, handles, page)
+    set_access(at, chunk)
+    write_page(at, page, 3)
+    write_page(at + (n - 1) * page, page, 4)
+    print(f"{n} pages mapped side by side, one access call over them: readable "
+          f"{page_holds(at, page, 3) and page_holds(at + (n - 1) * page, page, 4)}")
+    tail = 5
+    result = cu.cuMemUnmap(C.c_uint64(at + (n - tail) * page), C.c_size_t(tail * page))
+    print(f"one unmap over its last {tail} pages: {result}")
+    if result == 0:
+        for h in handles[n - tail:]:
+            release(h)
+        print(f"  released: {mib(start - free_bytes())} still taken; first page kept: "
+              f"{page_holds(at, page, 3)}")
+        handles = handles[:n - tail]
+        n -= tail
+    print("one unmap over the rest:", cu.cuMemUnmap(C.c_uint64(at), C.c_size_t(n * page)))
+    for h in handles:
+        release(h)
+
+    def paged():
+        hs = [create(page) for _ in range(20)]
+        map_pages(at, hs, page)
+        set_access(at, chunk)
+        unmap(at, chunk)
+        for h in hs:
+            release(h)
+
+    def whole():
+        h = create(chunk)
+        map_rw(at, chunk, h)
+        unmap(at, chunk)
+        release(h)
+
+    for name, fn in (("one allocation", whole), ("one allocation per page", paged)):
+        print(f"{chunk // MIB} MiB as {name}, mapped, made accessible, unmapped and released: "
+              f"{mean_us(fn, 100):.1f} us")
+    for _ in range(5):
+        print(f"per call, one {chunk // MIB} MiB allocation: " + ", ".join(
+            f"{k} {v:.1f} us" for k, v in whole_costs(at, chunk).items()))
+        print("per call, one allocation per page: " + ", ".join(f"{k} {v:.1f} us" for k, v in call_costs(at, page).items()))
+
+
+def call_costs(at, page, n=20):
+    """The cost of each driver call of one paged chunk of `n` pages at `at`."""
+    chunk = n * page
+    calls = {}
+    hs = []
+    calls["create (per page)"] = mean_us(lambda: hs.append(create(page)), n)
+    t = time.perf_counter()
+    map_pages(at, hs, page)
+    calls["map (per page)"] = (time.perf_counter() - t) / n * 1e6
+    calls["access (whole chunk)"] = mean_us(lambda: set_access(at, chunk), 1)
+    calls["unmap (whole chunk)"] = mean_us(lambda: unmap(at, chunk), 1)
+    t = time.perf_counter()
+    for h in hs:
+        release(h)
+    calls["release (per page)"] = (time.perf_counter() - t) / n * 1e6
+    return calls
+
+
+def whole_costs(at, size):
+    """The cost of each driver call of one chunk of `size` bytes, one allocation, at `at`."""
+    calls = {}
+    hs = []
+    calls["create"] = mean_us(lambda: hs.append(create(size)), 1)
+    calls["map"] = mean_us(lambda: check(cu.cuMemMap(C.c_uint64(at), C.c_size_t(size),
+                                                     C.c_size_t(0), C.c_ulonglong(hs[0]),
+                                                     C.c_ulonglong(0)), "cuMemMap"), 1)
+    calls["access"] = mean_us(lambda: set_access(at, size), 1)
+    calls["unmap"] = mean_us(lambda: unmap(at, size), 1)
+    calls["release"] = mean_us(lambda: release(hs[0]), 1)
+    return calls
+
+
 def main():
     page = init()
     print(f"granularity {page // MIB} MiB")
     probe_aliasing(page)
     probe_costs(page)
+    probe_paged_chunk(page)
     free_ranges()
 
 
