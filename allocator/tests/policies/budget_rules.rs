@@ -3,8 +3,9 @@
 //! end of its segment's mapped pages, or of more chunks between blocks in use, gives back only
 //! the chunks at its end that the excess needs; under a memory cap it keeps ten budgets of
 //! cached memory, within the cap; a pool that has never freed a block (loading weights) maps a
-//! page ahead in the large pool, which saves driver calls; and a first small-pool growth takes
-//! at most one budget of slack.
+//! page ahead in the large pool, which saves driver calls; a first small-pool growth takes at
+//! most one budget of slack; and a small-pool growth may pass the budget by a page
+//! (`small_overshoot`) rather than give cached chunks back.
 
 use crate::common::pool;
 
@@ -52,8 +53,15 @@ fn tail_pool(tail: bool) -> (Sim, Pool<Sim>) {
     tail_pool_with(tail, 0.01)
 }
 
-/// 2 MiB chunks and a budget of `budget`, with or without `give_back_tail`.
+/// 2 MiB chunks and a budget of `budget`, with or without `give_back_tail`; `small_overshoot`
+/// off, since the excess these tests give back is a small-pool growth's, which that rule lets
+/// pass by up to a page ([`small_overshoot`] has it on).
 fn tail_pool_with(tail: bool, budget: f64) -> (Sim, Pool<Sim>) {
+    overshoot_pool(tail, budget, false)
+}
+
+/// [`tail_pool_with`], `small_overshoot` on or off.
+fn overshoot_pool(tail: bool, budget: f64, overshoot: bool) -> (Sim, Pool<Sim>) {
     let mut d = DefaultConfig {
         max_chunk: 2 * MIB,
         fragmentation_budget: budget,
@@ -61,6 +69,7 @@ fn tail_pool_with(tail: bool, budget: f64) -> (Sim, Pool<Sim>) {
         ..DefaultConfig::default()
     };
     d.rules.give_back_tail = tail;
+    d.rules.small_overshoot = overshoot;
     let cfg = Config::default().with_policy(PolicyConfig::Default(d));
     pool_with(cfg.expect("a valid config"), 4 * GIB)
 }
@@ -76,7 +85,16 @@ fn small_excess(tail: bool, big: u64, fenced: bool) -> (u64, u64) {
 
 /// [`small_excess`] with the pool capped at `cap` bytes.
 fn small_excess_capped(tail: bool, big: u64, fenced: bool, cap: Option<u64>) -> (u64, u64) {
-    let (sim, mut pool) = tail_pool(tail);
+    small_excess_in(tail_pool(tail), big, fenced, cap)
+}
+
+/// [`small_excess_capped`] in the pool given.
+fn small_excess_in(
+    (sim, mut pool): (Sim, Pool<Sim>),
+    big: u64,
+    fenced: bool,
+    cap: Option<u64>,
+) -> (u64, u64) {
     pool.set_limit(cap);
     past_loading(&mut pool);
     let _k = alloc(&mut pool, 2 * MIB, S0);
@@ -91,6 +109,34 @@ fn small_excess_capped(tail: bool, big: u64, fenced: bool, cap: Option<u64>) -> 
     let _again = alloc(&mut pool, big - 4 * MIB, S0);
     check(&sim, &pool);
     (unmaps, sim.calls(Call::Map) - maps)
+}
+
+/// With `small_overshoot` the same small-pool growth (one page, 1.6 MiB past the budget) gives
+/// nothing back, whether the free block is at the mapped end or between live blocks, with or
+/// without the tail rule, and the next step maps nothing; the pool then holds one page more
+/// than the budget's ceiling, not more.
+#[test]
+fn small_overshoot_lets_a_small_growth_pass_the_budget_by_a_page() {
+    for (tail, fenced) in [(true, false), (false, false), (false, true)] {
+        let pool = overshoot_pool(tail, 0.01, true);
+        assert_eq!(small_excess_in(pool, 40 * MIB, fenced, None), (0, 0));
+    }
+    let (sim, mut pool) = overshoot_pool(false, 0.01, true);
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let b = alloc(&mut pool, 40 * MIB, S0);
+    free(&mut pool, b);
+    let _s = alloc(&mut pool, 4096, S0);
+    check(&sim, &pool);
+    let ceiling = (42.0 * MIB as f64 * 1.01) as u64;
+    assert!(sim.mapped_bytes() > ceiling && sim.mapped_bytes() <= ceiling + PAGE);
+    // Another stream's large-pool growth past the budget still gives back: the 40 MiB block
+    // goes whole.
+    let unmaps = sim.calls(Call::Unmap);
+    let _l = alloc(&mut pool, 6 * MIB, S1);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::Unmap) - unmaps, 20);
+    assert!(sim.mapped_bytes() <= ceiling);
 }
 
 /// A small excess over the budget, met when little is live, gives back one chunk of the

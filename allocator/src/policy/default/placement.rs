@@ -36,7 +36,7 @@ impl DefaultPolicy {
             Some((_, n)) => {
                 // Giving memory back (never these bytes) may change the blocks around the
                 // target: find it again.
-                self.budget_room(core, req.size, n, Some((at, at + req.size)))?;
+                self.budget_room(core, req, n, Some((at, at + req.size)))?;
                 asked = n;
                 match self.plan_target(core, k, req) {
                     Some(t) => t,

@@ -28,6 +28,9 @@ pub struct Rules {
     /// A small-pool growth's slack is at most one budget of the peak live bytes or
     /// `SMALL_SLACK_HELD_MULTIPLE` times what the small pool holds, whichever is more.
     pub small_slack_cap: bool,
+    /// A small-pool growth may pass the budget's ceiling by up to one page rather than give
+    /// cached chunks back for it.
+    pub small_overshoot: bool,
     /// While a plan places an episode, the budget counts the episode's expected peak as reached.
     pub expected_peak: bool,
     /// The cached pages of the plan's footprint are given back only past twice the budget.
@@ -74,6 +77,7 @@ impl Rules {
         window_slack: true,
         page_ahead: true,
         small_slack_cap: true,
+        small_overshoot: true,
         expected_peak: true,
         keep_footprint: true,
         split_footprints: true,
@@ -99,6 +103,7 @@ impl Rules {
             ("window_slack", |r| &mut r.window_slack),
             ("page_ahead", |r| &mut r.page_ahead),
             ("small_slack_cap", |r| &mut r.small_slack_cap),
+            ("small_overshoot", |r| &mut r.small_overshoot),
             ("expected_peak", |r| &mut r.expected_peak),
             ("keep_footprint", |r| &mut r.keep_footprint),
             ("split_footprints", |r| &mut r.split_footprints),
