@@ -216,19 +216,21 @@ def probe_paged_chunk(page):
     tail = 5
     result = cu.cuMemUnmap(C.c_uint64(at + (n - tail) * page), C.c_size_t(tail * page))
     print(f"one unmap over its last {tail} pages: {result}")
+    kept = n
     if result == 0:
         for h in handles[n - tail:]:
             release(h)
         print(f"  released: {mib(start - free_bytes())} still taken; first page kept: "
               f"{page_holds(at, page, 3)}")
         handles = handles[:n - tail]
-        n -= tail
-    print("one unmap over the rest:", cu.cuMemUnmap(C.c_uint64(at), C.c_size_t(n * page)))
+        kept = n - tail
+    unmap(at, kept * page)
+    print(f"one unmap over the other {kept}: 0")
     for h in handles:
         release(h)
 
     def paged():
-        hs = [create(page) for _ in range(20)]
+        hs = [create(page) for _ in range(n)]
         map_pages(at, hs, page)
         set_access(at, chunk)
         unmap(at, chunk)
@@ -245,9 +247,12 @@ def probe_paged_chunk(page):
         print(f"{chunk // MIB} MiB as {name}, mapped, made accessible, unmapped and released: "
               f"{mean_us(fn, 100):.1f} us")
     for _ in range(5):
-        print(f"per call, one {chunk // MIB} MiB allocation: " + ", ".join(
-            f"{k} {v:.1f} us" for k, v in whole_costs(at, chunk).items()))
-        print("per call, one allocation per page: " + ", ".join(f"{k} {v:.1f} us" for k, v in call_costs(at, page).items()))
+        costs = whole_costs(at, chunk)
+        print(f"one timed call each, one {chunk // MIB} MiB allocation: "
+              + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
+        costs = call_costs(at, page)
+        print("one timed call each (per page: the mean over the pages), one allocation per page: "
+              + ", ".join(f"{k} {v:.1f} us" for k, v in costs.items()))
 
 
 def call_costs(at, page, n=20):

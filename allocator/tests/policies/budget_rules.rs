@@ -111,16 +111,24 @@ fn small_excess_in(
     (unmaps, sim.calls(Call::Map) - maps)
 }
 
-/// With `small_overshoot` the same small-pool growth (one page, 1.6 MiB past the budget) gives
-/// nothing back, whether the free block is at the mapped end or between live blocks, with or
-/// without the tail rule, and the next step maps nothing; the pool then holds one page more
-/// than the budget's ceiling, not more.
+/// With `small_overshoot` the same small-pool growth (one page, 1.6 MiB past the budget's
+/// ceiling) gives nothing back, whether the free block is at the mapped end or between live
+/// blocks, with or without the tail rule, and the next step maps nothing; the pool then holds
+/// more than the ceiling, by at most a page. A large-pool growth that passes the ceiling by as
+/// little still gives back, and so does a small one that would pass a memory cap.
 #[test]
-fn small_overshoot_lets_a_small_growth_pass_the_budget_by_a_page() {
+fn small_overshoot_lets_a_small_growth_pass_the_ceiling_by_a_page() {
     for (tail, fenced) in [(true, false), (false, false), (false, true)] {
         let pool = overshoot_pool(tail, 0.01, true);
         assert_eq!(small_excess_in(pool, 40 * MIB, fenced, None), (0, 0));
     }
+    // Under a cap of 43 MiB the growth would pass the cap: the tail goes back as without the
+    // rule.
+    let pool = overshoot_pool(true, 0.01, true);
+    assert_eq!(
+        small_excess_in(pool, 40 * MIB, false, Some(43 * MIB)),
+        (1, 0)
+    );
     let (sim, mut pool) = overshoot_pool(false, 0.01, true);
     past_loading(&mut pool);
     let _k = alloc(&mut pool, 2 * MIB, S0);
@@ -130,10 +138,15 @@ fn small_overshoot_lets_a_small_growth_pass_the_budget_by_a_page() {
     check(&sim, &pool);
     let ceiling = (42.0 * MIB as f64 * 1.01) as u64;
     assert!(sim.mapped_bytes() > ceiling && sim.mapped_bytes() <= ceiling + PAGE);
-    // Another stream's large-pool growth past the budget still gives back: the 40 MiB block
-    // goes whole.
+    // In the same state, another stream's large-pool growth of one page, as far past the
+    // ceiling as the small one was, gives back: the 40 MiB block goes whole.
+    let (sim, mut pool) = overshoot_pool(false, 0.01, true);
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let b = alloc(&mut pool, 40 * MIB, S0);
+    free(&mut pool, b);
     let unmaps = sim.calls(Call::Unmap);
-    let _l = alloc(&mut pool, 6 * MIB, S1);
+    let _l = alloc(&mut pool, 2 * MIB, S1);
     check(&sim, &pool);
     assert_eq!(sim.calls(Call::Unmap) - unmaps, 20);
     assert!(sim.mapped_bytes() <= ceiling);
@@ -161,7 +174,9 @@ fn under_a_cap_a_small_excess_gives_back_the_tail_too() {
 
 /// Under a generous cap the budget keeps up to `CAPPED_BUDGETS` budgets of cached memory
 /// above its base (10% here): the small growth that passes the plain budget (1%) gives
-/// nothing back, with or without the tail rule, and the next step maps nothing.
+/// nothing back, with or without the tail rule, and the next step maps nothing (the pools of
+/// [`tail_pool`] have `small_overshoot` off: without a cap it gives back, as the first
+/// assertion shows).
 #[test]
 fn under_a_cap_the_budget_keeps_ten_budgets_of_cached_memory() {
     assert_eq!(small_excess(true, 40 * MIB, false), (1, 0));
