@@ -225,7 +225,7 @@ def probe_paged_chunk(page):
         handles = handles[:n - tail]
         kept = n - tail
     unmap(at, kept * page)
-    print(f"one unmap over the other {kept}: 0")
+    print(f"one unmap over the other {kept}: 0" if kept < n else f"one unmap over all {n}: 0")
     for h in handles:
         release(h)
 

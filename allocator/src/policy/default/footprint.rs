@@ -21,8 +21,8 @@
 //! the cut and leaves the rest of the free block idle (the two constants' docs say what other
 //! thresholds measure).
 //!
-//! The footprints' cached pages are spared by the budget up to twice its bytes
-//! (`budget::budget_room`): the last footprint's range, and the other piece of the last split
+//! The footprints' cached pages are spared by the budget up to twice its bytes (or its ceiling
+//! plus a page for a small-pool growth, when that is more: `budget::budget_room`): the last footprint's range, and the other piece of the last split
 //! (or, after a split, the previous footprint, while episodes move between its two pieces).
 //! The second range stays kept while footprints are placed at the last base or inside it, even in
 //! one piece: later splits find the free block still mapped (forgetting it there cost
