@@ -130,10 +130,7 @@ fn small_overshoot_lets_a_small_growth_pass_the_ceiling_by_a_page() {
         (1, 0)
     );
     let (sim, mut pool) = overshoot_pool(false, 0.01, true);
-    past_loading(&mut pool);
-    let _k = alloc(&mut pool, 2 * MIB, S0);
-    let b = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, b);
+    let _k = keep_and_free(&mut pool, 40 * MIB);
     let _s = alloc(&mut pool, 4096, S0);
     check(&sim, &pool);
     let ceiling = (42.0 * MIB as f64 * 1.01) as u64;
@@ -141,15 +138,22 @@ fn small_overshoot_lets_a_small_growth_pass_the_ceiling_by_a_page() {
     // In the same state, another stream's large-pool growth of one page, as far past the
     // ceiling as the small one was, gives back: the 40 MiB block goes whole.
     let (sim, mut pool) = overshoot_pool(false, 0.01, true);
-    past_loading(&mut pool);
-    let _k = alloc(&mut pool, 2 * MIB, S0);
-    let b = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, b);
+    let _k = keep_and_free(&mut pool, 40 * MIB);
     let unmaps = sim.calls(Call::Unmap);
     let _l = alloc(&mut pool, 2 * MIB, S1);
     check(&sim, &pool);
     assert_eq!(sim.calls(Call::Unmap) - unmaps, 20);
     assert!(sim.mapped_bytes() <= ceiling);
+}
+
+/// Past loading: a live 2 MiB block, then a `big` one after it, freed (a free block at the end
+/// of the mapped pages); returns the live block.
+fn keep_and_free(pool: &mut Pool<Sim>, big: u64) -> Allocation {
+    past_loading(pool);
+    let k = alloc(pool, 2 * MIB, S0);
+    let b = alloc(pool, big, S0);
+    free(pool, b);
+    k
 }
 
 /// A small excess over the budget, met when little is live, gives back one chunk of the
@@ -192,10 +196,7 @@ fn under_a_cap_the_budget_keeps_ten_budgets_of_cached_memory() {
     // stream's 8 MiB would make 50 MiB, 3.8 MiB over 46.2: two chunks of the tail go.
     let (sim, mut pool) = tail_pool(true);
     pool.set_limit(Some(GIB));
-    past_loading(&mut pool);
-    let _k = alloc(&mut pool, 2 * MIB, S0);
-    let b = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, b);
+    let _k = keep_and_free(&mut pool, 40 * MIB);
     let unmaps = sim.calls(Call::Unmap);
     let _other = alloc(&mut pool, 8 * MIB, S1);
     check(&sim, &pool);
@@ -209,10 +210,7 @@ fn under_a_cap_the_budget_keeps_ten_budgets_of_cached_memory() {
 fn cap_excess(tail: bool) -> u64 {
     let (sim, mut pool) = tail_pool_with(tail, 0.5);
     pool.set_limit(Some(50 * MIB));
-    past_loading(&mut pool);
-    let _k = alloc(&mut pool, 2 * MIB, S0);
-    let b = alloc(&mut pool, 40 * MIB, S0);
-    free(&mut pool, b);
+    let _k = keep_and_free(&mut pool, 40 * MIB);
     let unmaps = sim.calls(Call::Unmap);
     // Another stream's 16 MiB need their own pages: 58 MiB would pass the 50 MiB cap.
     let _other = alloc(&mut pool, 16 * MIB, S1);
