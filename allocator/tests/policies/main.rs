@@ -26,6 +26,7 @@ mod async_release;
 mod budget_rules;
 mod capped_repage;
 mod config;
+mod giant_ranges;
 mod memory_fraction_key;
 mod plans;
 mod policy_outside;

@@ -57,7 +57,9 @@
 //! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
 //! (`small_slack`): a small chunk stays mapped under its small blocks for good.
 //!
-//! Under a memory limit growth maps the same chunks, the budget is [`CAPPED_BUDGETS`] times
+//! Under a memory limit growth maps the same chunks (but a giant request that finds no cached
+//! block gets a range of its own, `giant`, and ordinary growth never maps there), the budget
+//! is [`CAPPED_BUDGETS`] times
 //! wider (the limit, not the budget, is what a capped pool must stay under, and no plan's
 //! footprint keeps a step's pages mapped there), and it gives back what the limit needs too.
 //! A chunk a live block keeps mapped then holds its free pages: when a growth does
@@ -254,7 +256,7 @@ impl DefaultPolicy {
         page: u64,
         room: u64,
     ) -> Result<Option<BlockId>, DeviceError> {
-        let Some(start) = find_budget_block(core, req, page)? else {
+        let Some(start) = self.find_budget_block(core, req, page)? else {
             return Ok(None);
         };
         let window = self.chunk_limit(core, page);
@@ -544,24 +546,32 @@ fn with_ahead<D: Device>(core: &Core<D>, id: BlockId, want: u64, ahead: u64) -> 
     (want + ahead).min(core.blocks[id].size)
 }
 
-fn find_budget_block<D: Device>(
-    core: &mut Core<D>,
-    req: &Request,
-    page: u64,
-) -> Result<Option<BlockId>, DeviceError> {
-    if let Some(c) = core.room_in_ranges(req.stream, req.pool, req.size) {
-        return Ok(Some(c));
+/// A block to grow from for `req`: the lowest run of free and unmapped blocks with room for it
+/// in its stream's ranges of its pool (giant ranges excepted: `giant`), else a new range.
+impl DefaultPolicy {
+    fn find_budget_block<D: Device>(
+        &self,
+        core: &mut Core<D>,
+        req: &Request,
+        page: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let found = core
+            .runs_in_ranges(req.stream, req.pool)
+            .find(|&c| !self.is_giant(core.blocks[c].segment) && core.has_room(c, req.size));
+        if let Some(c) = found {
+            return Ok(Some(c));
+        }
+        let (_, total) = core.device.mem_info()?;
+        if req.size > total {
+            // More than the device holds: out of memory, whatever the address space.
+            return Ok(None);
+        }
+        let range = match req.pool {
+            PoolKind::Small => total / SMALL_RANGES_PER_DEVICE,
+            PoolKind::Large => total / LARGE_RANGES_PER_DEVICE,
+        };
+        core.new_segment(req.stream, req.pool, page, range.max(req.size))
     }
-    let (_, total) = core.device.mem_info()?;
-    if req.size > total {
-        // More than the device holds: out of memory, whatever the address space.
-        return Ok(None);
-    }
-    let range = match req.pool {
-        PoolKind::Small => total / SMALL_RANGES_PER_DEVICE,
-        PoolKind::Large => total / LARGE_RANGES_PER_DEVICE,
-    };
-    core.new_segment(req.stream, req.pool, page, range.max(req.size))
 }
 
 /// Moves the smallest block of `free` (sorted largest first) of at least `bytes` to the front,

@@ -3,16 +3,18 @@
 //! - grow (`budget`): expandable ranges per stream and pool, pages of the device's
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
-//!   was freed yet (loading);
+//!   was freed yet (loading); under a memory cap, a giant request on a range of its own,
+//!   mapped as one chunk (`giant`);
 //! - place (`plan`, `placement`, `footprint`, `packing`, `search`): a repeated sequence of large
 //!   allocations goes where a packing of its last repetition put it; everything else by
-//!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]);
+//!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]), over the blocks
+//!   of giant ranges only for a giant request that nearly fills one;
 //! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
 //! - on alloc and free: the peak requested bytes (the budget's base) and the episode being
 //!   recorded for the next plan (a block of the episode carries its number as its mark).
 //!
 //! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
-//! (`plan::Plans`), and the most bytes ever requested at once. Invariants: those of
+//! (`plan::Plans`), the most bytes ever requested at once, and the giant ranges. Invariants: those of
 //! `plan` and `footprint`; a block carries a mark iff it is a live allocation of the open
 //! episode or of one closed since (then the mark is below the open episode's first number).
 //!
@@ -22,6 +24,7 @@
 
 mod budget;
 mod footprint;
+mod giant;
 mod lifetime;
 mod packing;
 mod placement;
@@ -42,6 +45,7 @@ use crate::error::ConfigError;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
+pub use giant::GIANT_MIN_CHUNKS;
 use plan::{Placement, Plans};
 pub use rules::Rules;
 
@@ -118,6 +122,8 @@ pub struct DefaultPolicy {
     /// The episode index of the request being placed and whether the plan placed it, until
     /// the allocation is handed out ([`Policy::on_alloc`]).
     pending: Option<(usize, bool)>,
+    /// The segment index of each giant range (`giant`).
+    pub(crate) giant: Vec<u32>,
 }
 
 impl DefaultPolicy {
@@ -128,6 +134,7 @@ impl DefaultPolicy {
             plans: Plans::default(),
             peak_requested: 0,
             pending: None,
+            giant: Vec::new(),
         }
     }
 
@@ -180,7 +187,7 @@ impl Policy for DefaultPolicy {
             None => None,
         };
         self.pending = seq.map(|k| (k, planned.is_some()));
-        Ok(planned.or_else(|| torch::get_free_block(core, req, true)))
+        Ok(planned.or_else(|| self.best_fit(core, req)))
     }
 
     fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
@@ -200,9 +207,12 @@ impl Policy for DefaultPolicy {
             && core.releasing_bytes() > 0
             && core.reclaim_releasing(req.stream, req.pool, fits).is_some()
         {
-            if let Some(id) = torch::get_free_block(core, req, true) {
+            if let Some(id) = self.best_fit(core, req) {
                 return Ok(Some(id));
             }
+        }
+        if let Some(grown) = self.giant_grow(core, req)? {
+            return Ok(grown);
         }
         self.budget_allocate(core, req)
     }
@@ -243,6 +253,7 @@ impl Policy for DefaultPolicy {
         // A later segment may get this index and these addresses: the plan's kept ranges in
         // this one must not spare its pages.
         self.plans.forget_segment(segment);
+        self.giant.retain(|&s| s != segment);
     }
 
     /// A layout plan places large blocks, or the episode being recorded has two or more

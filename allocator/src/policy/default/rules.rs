@@ -63,6 +63,9 @@ pub struct Rules {
     /// (`Core::reclaim_releasing`); off: it maps new pages. A replay cannot weigh it: on the
     /// simulated device a release completes at once.
     pub take_back_releasing: bool,
+    /// Under a memory cap, a large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows
+    /// that finds no cached block grows on a range of its own, mapped as one chunk (`giant`).
+    pub giant_ranges: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -92,6 +95,7 @@ impl Rules {
         smaller_matches: true,
         nested_episodes: true,
         take_back_releasing: true,
+        giant_ranges: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -124,6 +128,7 @@ impl Rules {
             ("smaller_matches", |r| &mut r.smaller_matches),
             ("nested_episodes", |r| &mut r.nested_episodes),
             ("take_back_releasing", |r| &mut r.take_back_releasing),
+            ("giant_ranges", |r| &mut r.giant_ranges),
         ]
     }
 
