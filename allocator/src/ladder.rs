@@ -224,7 +224,13 @@ impl<D: Device, P: Policy> Pool<D, P> {
         }
         self.core.reserve_failed = false;
         self.core.capture_refused = false;
-        self.policy.grow(&mut self.core, req)
+        let grown = self.policy.grow(&mut self.core, req);
+        // Ranges the policy released itself: now that its call returned, before any index is
+        // reused.
+        for segment in self.core.take_released_ranges() {
+            self.policy.on_segment_released(segment);
+        }
+        grown
     }
 
     /// Frees an allocation. It is consumed even when the free fails; [`Pool::try_free`] gives

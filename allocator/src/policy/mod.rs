@@ -13,7 +13,7 @@
 //! | [`release_pinned`](Policy::release_pinned) | the ladder's last resort, after every cached block went back and a retry still ran out of memory | give back the free pages of chunks live blocks keep mapped ([`Core::repage_pinned`]); true when it did (a last retry follows) |
 //! | [`on_alloc`](Policy::on_alloc) | after the block is handed out (allocated, split, counted) | read the core; mark the block ([`Core::set_mark`]) |
 //! | [`on_marked_free`](Policy::on_marked_free) | when a marked block returns to its pool, before it merges (the core has cleared the mark) | only read |
-//! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused) | forget what it kept about the range |
+//! | [`on_segment_released`](Policy::on_segment_released) | when an expandable range goes back to the device (its index may be reused); for a range the policy released itself during `grow` ([`Core::release_empty_range`]), once `grow` returned | forget what it kept about the range |
 //! | [`watches_large_blocks`](Policy::watches_large_blocks) | by the thread-safe front, after each operation on the pool | say that every large free must reach the pool (no thread cache) |
 //!
 //! What the core keeps whatever a policy does (its invariants, [`Core::check_invariants`]): blocks

@@ -362,6 +362,23 @@ impl<D: Device> Core<D> {
         self.insert_free(bid);
     }
 
+    /// Releases the range whose single block, unmapped, is `id`, for a policy's `grow` (as
+    /// `release_expandable_segment` does, pages whose release failed keeping it): its index is
+    /// queued, and the pool tells its policy (adaptors included) once `grow` returns
+    /// ([`Core::take_released_ranges`]); the policy must not reserve a range after releasing
+    /// one in the same call, or the index may be reused before it is told.
+    pub fn release_empty_range(&mut self, id: BlockId) -> Result<(), DeviceError> {
+        let mut queue = ReleasedRanges(Vec::new());
+        let released = self.release_expandable_segment(&mut queue, id);
+        self.released_ranges.extend(queue.0);
+        released
+    }
+
+    /// The ranges released by [`Core::release_empty_range`] since the last call.
+    pub(crate) fn take_released_ranges(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.released_ranges)
+    }
+
     /// Frees a segment whose single block is unmapped. A segment holding pages whose release
     /// failed after their unmap keeps its range until they are released (a later call tries
     /// them again).
@@ -393,5 +410,18 @@ impl<D: Device> Core<D> {
         let removed = self.index(b.pool).remove_unmapped(&b);
         debug_assert!(removed);
         Ok(())
+    }
+}
+
+/// Collects the indices of the ranges released for [`Core::release_empty_range`].
+struct ReleasedRanges(Vec<u32>);
+
+impl Observer for ReleasedRanges {
+    fn marked_free<D: Device>(&mut self, _core: &Core<D>, _id: BlockId, _mark: u64) {
+        // Releasing a range frees no block.
+    }
+
+    fn segment_released(&mut self, segment: u32) {
+        self.0.push(segment);
     }
 }

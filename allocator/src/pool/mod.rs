@@ -243,6 +243,9 @@ pub struct Core<D: Device> {
     /// them, or the driver refused; `repage`): unreserved again at the next re-paging and when
     /// the pool is dropped.
     pub(crate) scratch_left: Vec<(u64, u64)>,
+    /// Ranges a policy released during its current call ([`Core::release_empty_range`]), which
+    /// the pool tells the policy of once the call returns.
+    pub(crate) released_ranges: Vec<u32>,
 }
 
 impl<D: Device> Core<D> {
@@ -288,6 +291,7 @@ impl<D: Device> Core<D> {
             host_buffer: None,
             hooks: Hooks::default(),
             scratch_left: Vec::new(),
+            released_ranges: Vec::new(),
         };
         // A failure is kept for the first allocation to report.
         let _ = core.apply_fraction();

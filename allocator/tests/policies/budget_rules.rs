@@ -60,9 +60,7 @@ fn tail_pool_with(tail: bool, budget: f64) -> (Sim, Pool<Sim>) {
     overshoot_pool(tail, budget, false)
 }
 
-/// [`tail_pool_with`], `small_overshoot` on or off. `giant_ranges` is off: with 2 MiB chunks a
-/// request of 16 MiB or more is giant under a cap and would grow on a range of its own, one
-/// chunk, whose tail cannot go back alone (`giant_ranges.rs` tests that rule).
+/// [`tail_pool_with`], `small_overshoot` on or off.
 fn overshoot_pool(tail: bool, budget: f64, overshoot: bool) -> (Sim, Pool<Sim>) {
     let mut d = DefaultConfig {
         max_chunk: 2 * MIB,
@@ -72,7 +70,6 @@ fn overshoot_pool(tail: bool, budget: f64, overshoot: bool) -> (Sim, Pool<Sim>) 
     };
     d.rules.give_back_tail = tail;
     d.rules.small_overshoot = overshoot;
-    d.rules.giant_ranges = false;
     let cfg = Config::default().with_policy(PolicyConfig::Default(d));
     pool_with(cfg.expect("a valid config"), 4 * GIB)
 }

@@ -1,46 +1,54 @@
 //! Giant ranges of the `default` policy (`policy::default::giant`): under a memory cap, a
-//! large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows that finds no cached block
-//! grows on a virtual range of its own, mapped as one chunk; a free block there serves only a
-//! giant request that leaves at most one window unused; ordinary growth never maps there; an
-//! empty giant range serves the next giant growth that fits and the others are released (not
-//! during a capture). Without a cap, or with the rule off, giant requests grow in the shared
-//! range, window by window. The core's invariants hold after every step.
+//! large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` that
+//! finds no cached block grows on a virtual range of its own, mapped as one chunk; a free block
+//! there serves only a giant request that leaves at most one window unused, whole; ordinary
+//! growth and a layout plan's footprint never go there; an empty giant range serves the next
+//! giant growth that fits (the smallest) and the others are released (not during a capture),
+//! their indices forgotten. Without a cap, with the rule or `repage_under_cap` off, giant
+//! requests grow in the shared range, window by window. The core's invariants hold after every
+//! step.
 
-use crate::common::pool;
+use crate::common::{pool, steps};
 
-use cudalloc::policy::default::{DefaultConfig, Rules, GIANT_MIN_CHUNKS};
+use cudalloc::policy::default::{DefaultConfig, GIANT_MIN_BYTES, GIANT_MIN_CHUNKS};
 use cudalloc::policy::PolicyConfig;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
-use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0};
+use pool::{alloc, block_size, check, free, past_loading, Sim, GIB, MIB, S0};
 use std::sync::Arc;
+use steps::{bert_batch, play};
 
 /// The default chunk window.
 const WINDOW: u64 = 40 * MIB;
 /// The smallest giant request at the default window.
 const GIANT: u64 = GIANT_MIN_CHUNKS * WINDOW;
+const _: () = assert!(GIANT >= GIANT_MIN_BYTES);
 
-/// A `default` pool (no layout plans, `rules` as given) past its loading on a 16 GiB device,
-/// capped at `limit` bytes. Its fragmentation budget is the widest (100%): what it caches is
-/// bounded by the limit alone.
-fn pool_ruled(limit: Option<u64>, rules: Rules) -> (Sim, Pool<Sim>) {
-    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
-    let policy = PolicyConfig::Default(DefaultConfig {
+/// The `default` policy as the tests here use it: no layout plans, the widest fragmentation
+/// budget (100%: what it caches is bounded by the limit alone), every rule on.
+fn wide() -> DefaultConfig {
+    DefaultConfig {
         fragmentation_budget: 1.0,
         layout_plans: false,
-        rules,
         ..DefaultConfig::default()
-    });
-    let cfg = Config::default().with_policy(policy).unwrap();
+    }
+}
+
+/// A pool of `policy` past its loading on a 16 GiB device, capped at `limit` bytes.
+fn pool_of(limit: Option<u64>, policy: DefaultConfig) -> (Sim, Pool<Sim>) {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(policy))
+        .unwrap();
     let mut pool = Pool::new(sim.clone(), cfg);
     past_loading(&mut pool);
     pool.set_limit(limit);
     (sim, pool)
 }
 
-/// [`pool_ruled`] with every rule on.
+/// A pool of [`wide`] (see [`pool_of`]).
 fn capped(limit: Option<u64>) -> (Sim, Pool<Sim>) {
-    pool_ruled(limit, Rules::ALL)
+    pool_of(limit, wide())
 }
 
 /// The (first address, bytes) of the expandable range holding `a`.
@@ -85,19 +93,42 @@ fn under_a_cap_a_giant_growth_is_one_chunk_on_a_range_of_its_own() {
 }
 
 #[test]
-fn without_a_cap_or_with_the_rule_off_a_giant_growth_maps_windows() {
-    let mut off = Rules::ALL;
-    off.giant_ranges = false;
-    for (limit, rules) in [(None, Rules::ALL), (Some(8 * GIB), off)] {
-        let (sim, mut pool) = pool_ruled(limit, rules);
+fn without_a_cap_or_with_the_rule_or_repage_off_a_giant_growth_maps_windows() {
+    let mut off = wide();
+    off.rules.giant_ranges = false;
+    let mut no_repage = wide();
+    no_repage.repage_under_cap = false;
+    let cases = [
+        (None, wide()),
+        (Some(8 * GIB), off),
+        (Some(8 * GIB), no_repage),
+    ];
+    for (i, (limit, policy)) in cases.into_iter().enumerate() {
+        let (sim, mut pool) = pool_of(limit, policy);
         let small = alloc(&mut pool, 100 * MIB, S0);
         let (big, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, GIANT + 30 * MIB, S0));
-        assert!(maps >= 8, "{limit:?}: {maps} maps");
-        assert_eq!(range_of(&pool, &big), range_of(&pool, &small), "{limit:?}");
+        assert!(maps >= 8, "case {i}: {maps} maps");
+        assert_eq!(range_of(&pool, &big), range_of(&pool, &small), "case {i}");
         free(&mut pool, big);
         free(&mut pool, small);
         check(&sim, &pool);
     }
+}
+
+/// With 2 MiB chunks a request is giant from 320 MiB on, not from eight chunks (16 MiB).
+#[test]
+fn with_small_chunks_a_giant_request_is_still_320_mib() {
+    let mut small_chunks = wide();
+    small_chunks.max_chunk = 2 * MIB;
+    let (sim, mut pool) = pool_of(Some(8 * GIB), small_chunks);
+    let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 100 * MIB, S0));
+    assert_eq!(maps, 50, "2 MiB chunks");
+    let (b, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, GIANT_MIN_BYTES, S0));
+    assert_eq!(maps, 1, "a range of its own");
+    assert_ne!(range_of(&pool, &a), range_of(&pool, &b));
+    free(&mut pool, a);
+    free(&mut pool, b);
+    check(&sim, &pool);
 }
 
 #[test]
@@ -114,10 +145,76 @@ fn a_giant_block_serves_only_a_giant_request_that_nearly_fills_it() {
         free(&mut pool, a);
         check(&sim, &pool);
     }
-    // A giant request within one window of it takes it, with no driver call.
-    let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 370 * MIB, S0));
+    // A giant request that leaves one window of it takes it whole, with no driver call; one
+    // that would leave more grows elsewhere.
+    let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 360 * MIB, S0));
     assert_eq!((a.ptr(), maps), (giant_at, 0));
+    assert_eq!(block_size(&pool, &a), 400 * MIB, "not split");
     free(&mut pool, a);
+    let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 360 * MIB - 512, S0));
+    assert!(maps >= 1 && range_of(&pool, &a).0 != giant_at);
+    free(&mut pool, a);
+    check(&sim, &pool);
+}
+
+/// A giant range released (by `empty_cache` here) leaves the list: a shared range that gets its
+/// index later serves its cached blocks to any request.
+#[test]
+fn a_released_giant_range_is_forgotten() {
+    let (sim, mut pool) = capped(Some(8 * GIB));
+    let big = alloc(&mut pool, 400 * MIB, S0);
+    free(&mut pool, big);
+    pool.empty_cache().unwrap();
+    assert!(pool.snapshot().segments.is_empty());
+    let a = alloc(&mut pool, 100 * MIB, S0);
+    let at = a.ptr();
+    free(&mut pool, a);
+    let (b, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 100 * MIB, S0));
+    assert_eq!(
+        (b.ptr(), maps),
+        (at, 0),
+        "the cached block of the shared range"
+    );
+    free(&mut pool, b);
+    check(&sim, &pool);
+}
+
+/// A plan's footprint never goes to a giant range: while a cached giant block is the smallest
+/// free block that holds it, the episodes go by best fit (the giant block stays whole); once
+/// that block is taken again, the plan places them again.
+#[test]
+fn a_plan_places_its_episodes_outside_giant_ranges() {
+    let mut planned = wide();
+    planned.layout_plans = true;
+    let (sim, mut pool) = pool_of(Some(8 * GIB), planned);
+    let weights = alloc(&mut pool, 100 * MIB, S0);
+    for _ in 0..3 {
+        play(&sim, &mut pool, &bert_batch(12), 20 * MIB);
+    }
+    let big = alloc(&mut pool, 400 * MIB, S0);
+    let giant = range_of(&pool, &big);
+    free(&mut pool, big);
+    let placed = pool.policy().planned_allocations();
+    for _ in 0..3 {
+        play(&sim, &mut pool, &bert_batch(12), 30 * MIB);
+        let snap = pool.snapshot();
+        let seg = snap.segments.iter().find(|s| s.addr == giant.0);
+        assert!(
+            seg.is_some_and(|s| s.blocks.len() == 1),
+            "the giant block stays whole"
+        );
+    }
+    assert_eq!(pool.policy().planned_allocations(), placed, "best fit");
+    let big = alloc(&mut pool, 400 * MIB, S0);
+    assert_eq!(range_of(&pool, &big), giant);
+    for _ in 0..3 {
+        play(&sim, &mut pool, &bert_batch(12), 30 * MIB);
+    }
+    let episode = bert_batch(12).len() as u64 / 2;
+    let now = pool.policy().planned_allocations() - placed;
+    assert!(now >= 2 * episode, "placed {now} of {}", 3 * episode);
+    free(&mut pool, big);
+    free(&mut pool, weights);
     check(&sim, &pool);
 }
 
@@ -155,6 +252,25 @@ fn an_empty_giant_range_serves_the_next_giant_growth_and_the_others_go() {
     let ranges: u64 = snap.segments.iter().map(|s| s.size).sum();
     assert_eq!(sim.reserved_va_bytes(), ranges, "no range outside the pool");
     free(&mut pool, d);
+    check(&sim, &pool);
+}
+
+/// Of two empty giant ranges that hold a growth, the smaller serves it; the other is released.
+#[test]
+fn the_smallest_empty_giant_range_serves_and_the_other_goes() {
+    let (sim, mut pool) = capped(Some(2 * GIB));
+    let a = alloc(&mut pool, 400 * MIB, S0);
+    let b = alloc(&mut pool, 700 * MIB, S0);
+    let small = range_of(&pool, &a);
+    free(&mut pool, a);
+    free(&mut pool, b);
+    // Under 400 MiB the cap gives both chunks back for a 350 MiB growth.
+    pool.set_limit(Some(400 * MIB));
+    let c = alloc(&mut pool, 350 * MIB, S0);
+    assert_eq!((c.ptr(), range_of(&pool, &c)), (small.0, small));
+    assert!(!holds_range(&pool, 720 * MIB));
+    assert_eq!(sim.mapped_bytes(), 350 * MIB);
+    free(&mut pool, c);
     check(&sim, &pool);
 }
 

@@ -1,12 +1,13 @@
 //! Policies written outside the crate, through the public `Policy` trait and `Core` operations:
 //! an adaptor that counts the hooks of the policy it wraps (in the style of RMM's resource
-//! adaptors) changes nothing the pool does, and a first-fit policy of its own keeps every
-//! invariant the core checks.
+//! adaptors) changes nothing the pool does and hears of every range released, those the policy
+//! it wraps releases itself included, and a first-fit policy of its own keeps every invariant
+//! the core checks.
 
 use crate::common::pool;
 
 use cudalloc::policy::BlockId;
-use cudalloc::policy::{torch, Policy, Torch, TorchExpandable};
+use cudalloc::policy::{torch, DefaultConfig, DefaultPolicy, Policy, Torch, TorchExpandable};
 use cudalloc::policy::{Core, Request};
 use cudalloc::{Config, Pool};
 use cudalloc_sys::{Device, DeviceError, SimConfig, SimDevice};
@@ -20,6 +21,8 @@ struct Counted<P> {
     places: u64,
     grows: u64,
     allocs: u64,
+    /// The ranges the pool said went back to the device.
+    released: Vec<u32>,
 }
 
 impl<P: Policy> Policy for Counted<P> {
@@ -72,6 +75,7 @@ impl<P: Policy> Policy for Counted<P> {
     }
 
     fn on_segment_released(&mut self, segment: u32) {
+        self.released.push(segment);
         self.inner.on_segment_released(segment);
     }
 
@@ -165,6 +169,37 @@ fn an_adaptor_around_torch_changes_nothing_and_sees_every_request() {
     let c = counted.policy();
     assert_eq!((c.places, c.allocs), (400, 400));
     assert_eq!(c.grows, counted.stats().num_device_alloc);
+}
+
+/// `default` releases an empty giant range itself (`policy::default::giant`) during a growth;
+/// the pool tells the adaptor around it once the growth returns.
+#[test]
+fn an_adaptor_hears_of_a_range_the_policy_it_wraps_released() {
+    let cfg = Config::for_policy(cudalloc::Policy::Default);
+    let policy = Counted {
+        inner: DefaultPolicy::new(DefaultConfig {
+            fragmentation_budget: 1.0,
+            layout_plans: false,
+            ..DefaultConfig::default()
+        }),
+        places: 0,
+        grows: 0,
+        allocs: 0,
+        released: Vec::new(),
+    };
+    let mut pool = Pool::with_policy(sim(), cfg.pool().clone(), policy).unwrap();
+    pool.set_limit(Some(GIB));
+    // A 400 MiB giant range, emptied by the cap for a 700 MiB one, which it cannot hold: the
+    // growth releases it.
+    let a = pool.allocate(400 * MIB, S0).unwrap();
+    pool.free(a).unwrap();
+    assert!(pool.policy().released.is_empty());
+    let b = pool.allocate(700 * MIB, S0).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(snap.segments.len(), 1, "{:?}", snap.segments);
+    assert_eq!(pool.policy().released.len(), 1);
+    pool.free(b).unwrap();
+    pool.check_invariants().unwrap();
 }
 
 #[test]

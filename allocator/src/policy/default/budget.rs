@@ -282,6 +282,32 @@ impl DefaultPolicy {
         })
     }
 
+    /// A block to grow from for `req`: the lowest run of free and unmapped blocks with room for
+    /// it in its stream's ranges of its pool (giant ranges excepted: `giant`), else a new range.
+    fn find_budget_block<D: Device>(
+        &self,
+        core: &mut Core<D>,
+        req: &Request,
+        page: u64,
+    ) -> Result<Option<BlockId>, DeviceError> {
+        let found = core
+            .runs_in_ranges(req.stream, req.pool)
+            .find(|&c| !self.is_giant(core.blocks[c].segment) && core.has_room(c, req.size));
+        if let Some(c) = found {
+            return Ok(Some(c));
+        }
+        let (_, total) = core.device.mem_info()?;
+        if req.size > total {
+            // More than the device holds: out of memory, whatever the address space.
+            return Ok(None);
+        }
+        let range = match req.pool {
+            PoolKind::Small => total / SMALL_RANGES_PER_DEVICE,
+            PoolKind::Large => total / LARGE_RANGES_PER_DEVICE,
+        };
+        core.new_segment(req.stream, req.pool, page, range.max(req.size))
+    }
+
     /// How far past the budget's ceiling a growth for `req` may go before cached chunks are
     /// given back for it: one page for a small-pool request (`small_overshoot`), else nothing.
     /// A small growth needs a page or two, and the smallest cached block that covers so small
@@ -544,34 +570,6 @@ fn page_ahead<D: Device>(core: &Core<D>, req: &Request, page: u64) -> u64 {
 /// `want` bytes of unmapped block `id` and `ahead` more, as far as the block goes.
 fn with_ahead<D: Device>(core: &Core<D>, id: BlockId, want: u64, ahead: u64) -> u64 {
     (want + ahead).min(core.blocks[id].size)
-}
-
-/// A block to grow from for `req`: the lowest run of free and unmapped blocks with room for it
-/// in its stream's ranges of its pool (giant ranges excepted: `giant`), else a new range.
-impl DefaultPolicy {
-    fn find_budget_block<D: Device>(
-        &self,
-        core: &mut Core<D>,
-        req: &Request,
-        page: u64,
-    ) -> Result<Option<BlockId>, DeviceError> {
-        let found = core
-            .runs_in_ranges(req.stream, req.pool)
-            .find(|&c| !self.is_giant(core.blocks[c].segment) && core.has_room(c, req.size));
-        if let Some(c) = found {
-            return Ok(Some(c));
-        }
-        let (_, total) = core.device.mem_info()?;
-        if req.size > total {
-            // More than the device holds: out of memory, whatever the address space.
-            return Ok(None);
-        }
-        let range = match req.pool {
-            PoolKind::Small => total / SMALL_RANGES_PER_DEVICE,
-            PoolKind::Large => total / LARGE_RANGES_PER_DEVICE,
-        };
-        core.new_segment(req.stream, req.pool, page, range.max(req.size))
-    }
 }
 
 /// Moves the smallest block of `free` (sorted largest first) of at least `bytes` to the front,

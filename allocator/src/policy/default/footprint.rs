@@ -29,7 +29,15 @@
 //! `bert_dynamic` 55 calls), at the price of idle kept pages up to twice the budget. Both are
 //! forgotten when their segment is released.
 //!
-//! Invariants: the two pieces of a split footprint lie in one segment, do not overlap, and
+//! A footprint never lies in a giant range (`giant`: under a memory cap, a range that holds one
+//! tensor): the places above leave them out, and when the smallest free block that holds the
+//! footprint is a giant range's, the episode has no footprint and goes by best fit (rather than
+//! grow the shared range beside a cached giant block: through `CachingAllocator`, on
+//! `side_stream_prefetch3` capped at 1.10x its peak live bytes, that growth left the other
+//! stream's shard no room, 929 driver calls and 14 device waits against 357 and none).
+//!
+//! Invariants: a footprint lies in no giant range; the two pieces of a split footprint lie in
+//! one segment, do not overlap, and
 //! together hold every planned allocation at its scaled offset (the lower piece the offsets
 //! below the cut, the upper piece the rest, each from its own base); [`Kept::ranges`] are
 //! address ranges of one segment.
@@ -153,6 +161,11 @@ impl DefaultPolicy {
         plan: &Plan,
     ) -> Option<Placed> {
         let bytes = spanned(plan.extent, scale);
+        if self.giant_fits_best(core, stream, bytes) {
+            // Under a cap a cached giant block holds it best: the episode goes by best fit
+            // rather than grow the shared range for it (`giant`).
+            return None;
+        }
         let single = self.single_footprint(core, stream, bytes);
         let single_need = single
             .as_ref()
@@ -160,7 +173,7 @@ impl DefaultPolicy {
             .map_or(u64::MAX, |(_, n)| n);
         if single_need > 0 && self.cfg.rules.split_footprints {
             let saves = (SPLIT_MIN_SAVED_SHARE * bytes as f64) as u64;
-            if let Some((need, split)) = split_footprint(core, stream, scale, plan) {
+            if let Some((need, split)) = split_footprint(core, stream, scale, plan, &self.giant) {
                 if need.saturating_add(saves) <= single_need {
                     return Some(split);
                 }
@@ -177,14 +190,16 @@ impl DefaultPolicy {
         stream: StreamId,
         bytes: u64,
     ) -> Option<Placed> {
+        // Never in a giant range (`giant`): it holds one tensor.
         let fit = core
             .large
             .at_least(stream.0, bytes)
-            .next()
             .map(|(_, id)| id)
+            .find(|&id| !self.is_giant(core.blocks[id].segment))
             .filter(|_| self.cfg.rules.footprint_in_free_block);
         let last = self
             .last_footprint(core, stream, bytes)
+            .filter(|&(_, _, segment)| !self.is_giant(segment))
             .filter(|_| self.cfg.rules.reuse_last_footprint);
         if let Some((from, base, segment)) = last {
             let cached = unmapped_bytes(core, from, base, bytes).is_some_and(|(_, n)| n == 0);
@@ -197,7 +212,10 @@ impl DefaultPolicy {
                 });
             }
         }
-        let id = fit.or_else(|| core.room_in_ranges(stream, PoolKind::Large, bytes))?;
+        let id = fit.or_else(|| {
+            core.runs_in_ranges(stream, PoolKind::Large)
+                .find(|&c| !self.is_giant(core.blocks[c].segment) && core.has_room(c, bytes))
+        })?;
         let b = &core.blocks[id];
         b.is_expandable().then_some(Placed {
             from: id,
@@ -205,6 +223,12 @@ impl DefaultPolicy {
             segment: b.segment,
             split: None,
         })
+    }
+
+    /// True when the smallest free block of `stream` that holds `bytes` lies in a giant range.
+    fn giant_fits_best<D: Device>(&self, core: &Core<D>, stream: StreamId, bytes: u64) -> bool {
+        let best = core.large.at_least(stream.0, bytes).next();
+        best.is_some_and(|(_, id)| self.is_giant(core.blocks[id].segment))
     }
 
     /// The last footprint, when its first `bytes` are all free or unmapped again.
@@ -263,16 +287,21 @@ impl DefaultPolicy {
 }
 
 /// The best split of the footprint, with the bytes of pages it needs mapped: for each
-/// clean cut and each side, that side at the start of the largest free block (when it holds at
-/// least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the other in the lowest run of free and
-/// unmapped blocks of the same segment clear of it; the one needing the fewest new pages.
+/// clean cut and each side, that side at the start of the largest free block outside the giant
+/// ranges `giant` (when it holds at least [`SPLIT_MIN_CACHED_SHARE`] of the footprint) and the
+/// other in the lowest run of free and unmapped blocks of the same segment clear of it; the one
+/// needing the fewest new pages.
 fn split_footprint<D: Device>(
     core: &Core<D>,
     stream: StreamId,
     scale: f64,
     plan: &Plan,
+    giant: &[u32],
 ) -> Option<(u64, Placed)> {
-    let (largest, hole) = core.large.below(stream.0, u64::MAX).next()?;
+    let (largest, hole) = core
+        .large
+        .below(stream.0, u64::MAX)
+        .find(|&(_, id)| !giant.contains(&core.blocks[id].segment))?;
     let h = &core.blocks[hole];
     if !h.is_expandable() {
         return None;

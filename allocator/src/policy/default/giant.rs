@@ -1,49 +1,65 @@
 //! Giant growths under a memory cap: a large-pool request of at least [`GIANT_MIN_CHUNKS`]
-//! chunk windows that finds no cached block it may take gets a virtual range of its own
-//! (`giant_ranges` in [`Rules`](super::Rules)).
+//! chunk windows (and [`GIANT_MIN_BYTES`]) that finds no cached block it may take gets a
+//! virtual range of its own (`giant_ranges` in [`Rules`](super::Rules)).
 //!
 //! Its pages are mapped as one chunk: one map operation where the shared range would take a
 //! chunk per window (eight or more), and one unmap when the budget or the cap gives the block
 //! back, where a block in the shared range gives back window by window. A free block of a
 //! giant range serves only a giant request that leaves at most one chunk window of it unused,
-//! so that the range keeps holding one tensor, and ordinary growth never maps pages in a giant
-//! range. A giant range whose pages all went back serves the next giant growth of its stream
-//! that fits in it; the others are released then (outside a capture), so the address space held
-//! by empty giant ranges never outgrows what the job had mapped in them at once. Ranges are
-//! reserved in whole chunk windows, so a range serves later requests up to a window larger
-//! than the one that made it; only the request's pages are mapped.
+//! and is handed out whole (never split: a rest in the chunk would stay mapped while the tensor
+//! lives, and only the ladder's last resort, which copies the whole chunk, could give it back),
+//! so the range holds one tensor. Ordinary growth and a layout plan's footprint never go to a
+//! giant range. Ranges are reserved in whole chunk windows, so a range serves later requests up
+//! to a window larger than the one that made it; only the request's pages are mapped. A giant
+//! range whose pages all went back serves the next giant growth of its stream that fits in it
+//! (the smallest such); after that growth the stream's other empty giant ranges are released
+//! (not during a capture), so empty giant ranges pile up only between two giant growths of a
+//! stream.
 //!
-//! Only under a memory cap: there, every byte mapped in a window that a live tensor pins is a
-//! byte the cap lacks, and a giant tensor in the shared range is given back and mapped again
-//! window by window. Without a cap, ranges of their own cost memory on the bundled traces
-//! (`docs/archive.md`, "Giant tensors on ranges of their own"). The ranges made under a cap
-//! keep their rules when the cap is lifted.
+//! Only under a memory cap, and only while `repage_under_cap` is on: there, every byte mapped
+//! in a window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
+//! range is given back and mapped again window by window; with `repage_under_cap` off the
+//! policy promises single-page chunks, each of which can go back without moving bytes. Without
+//! a cap, ranges of their own cost memory on the bundled traces (`docs/archive.md`, "Giant
+//! tensors on ranges of their own"). Ranges made under a cap keep their rules when the cap is
+//! lifted.
 //!
 //! Invariant: `DefaultPolicy::giant` lists the segment index of every giant range the pool
-//! holds, and no other (an index leaves it when its segment is released, before it can be
-//! reused).
+//! holds, and no other: an index leaves it when the pool reports its segment released
+//! (`Policy::on_segment_released`; for the ranges this module releases, once the policy's call
+//! has returned, `Core::release_empty_range`), before the index can be reused.
 
 use super::DefaultPolicy;
 use crate::policy::torch;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
-use cudalloc_sys::{Device, DeviceError};
+use cudalloc_sys::{Device, DeviceError, StreamId};
 
 /// A large-pool request of at least this many chunk windows (`max_chunk_mb`; 320 MiB at the
-/// default 40 MiB) grows on a range of its own under a memory cap. Measured (replays,
-/// `tools/capped_table.py --min-capacity` over the 34 traces, against the policy without
-/// giant ranges): see `docs/policies.md`, "Giant ranges".
+/// default 40 MiB), and of at least [`GIANT_MIN_BYTES`], grows on a range of its own under a
+/// memory cap. Measured (`tools/capped_table.py --min-capacity`, 34 traces): at 8, within 3x
+/// `segment_alloc` on 26 of 32 traces at a cap of 1.03x the peak live bytes and 30 of 34 at
+/// 1.10x (25 and 27 without giant ranges), no new device wait. Measured with an earlier version
+/// (blocks of giant ranges split, footprints free to go there): at 4, 27 and 29, with new
+/// device waits (`deberta_dynamic` 8); at 6 and 12, 27 and 29, and 27 and 30; at 8, 27 and 30.
 pub const GIANT_MIN_CHUNKS: u64 = 8;
+
+/// The least a giant request is, whatever `max_chunk_mb`: with small chunks (chosen so that
+/// pages go back without moving bytes) eight windows are a few MiB, and tensors of that size
+/// on ranges of their own would mean a reservation each.
+pub const GIANT_MIN_BYTES: u64 = 320 << 20;
 
 impl DefaultPolicy {
     /// The smallest giant request, in bytes.
     fn giant_min(&self) -> u64 {
-        GIANT_MIN_CHUNKS.saturating_mul(self.cfg.max_chunk)
+        GIANT_MIN_CHUNKS
+            .saturating_mul(self.cfg.max_chunk)
+            .max(GIANT_MIN_BYTES)
     }
 
     /// True when `segment` is a giant range.
-    pub(crate) fn is_giant(&self, segment: u32) -> bool {
+    pub(super) fn is_giant(&self, segment: u32) -> bool {
         self.giant.contains(&segment)
     }
 
@@ -57,7 +73,7 @@ impl DefaultPolicy {
 
     /// PyTorch's best fit ([`torch::get_free_block`]) over the blocks `req` may take: a block
     /// of a giant range it may not take is set aside while the search goes on, then put back.
-    pub(crate) fn best_fit<D: Device>(&self, core: &mut Core<D>, req: &Request) -> Option<BlockId> {
+    pub(super) fn best_fit<D: Device>(&self, core: &mut Core<D>, req: &Request) -> Option<BlockId> {
         if self.giant.is_empty() || req.pool != PoolKind::Large {
             return torch::get_free_block(core, req, true);
         }
@@ -75,16 +91,17 @@ impl DefaultPolicy {
     }
 
     /// A giant growth for `req` (see the module docs): `Ok(None)` when `req` does not grow on a
-    /// range of its own (not giant, no memory cap, the rule off, or the cap leaves no room for
-    /// its pages: ordinary growth then has its try), else what the growth gave (`Some(None)`:
-    /// the device is out of memory).
-    pub(crate) fn giant_grow<D: Device>(
+    /// range of its own (not giant, no memory cap, the rule or `repage_under_cap` off, or the
+    /// cap leaves no room for its pages: ordinary growth then has its try), else what the growth
+    /// gave (`Some(None)`: the device is out of memory).
+    pub(super) fn giant_grow<D: Device>(
         &mut self,
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<Option<BlockId>>, DeviceError> {
-        let giant = self.cfg.rules.giant_ranges && req.pool == PoolKind::Large;
-        if !giant || core.limit().is_none() || req.size < self.giant_min() {
+        let rules = self.cfg.rules.giant_ranges && self.cfg.repage_under_cap;
+        let giant = rules && req.pool == PoolKind::Large && req.size >= self.giant_min();
+        if !giant || core.limit().is_none() {
             return Ok(None);
         }
         let page = core.device.granularity()?;
@@ -93,7 +110,32 @@ impl DefaultPolicy {
         if core.over_limit(need) {
             return Ok(None);
         }
-        let start = match self.empty_giant_range(core, req, need)? {
+        let grown = self.grow_in_giant_range(core, req, need, page)?;
+        if !core.capturing() {
+            for id in self.empty_giant_ranges(core, req.stream) {
+                // A saving, not a duty: a range the driver will not release stays reserved.
+                let _ = core.release_empty_range(id);
+            }
+        }
+        Ok(grown)
+    }
+
+    /// Maps `need` bytes for `req` as one chunk at the start of the smallest empty giant range
+    /// of its stream that holds them, or of a new one: `Ok(None)` when no range could be
+    /// reserved (address space), `Some(None)` when the device is out of memory.
+    fn grow_in_giant_range<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        req: &Request,
+        need: u64,
+        page: u64,
+    ) -> Result<Option<Option<BlockId>>, DeviceError> {
+        let empty = self
+            .empty_giant_ranges(core, req.stream)
+            .into_iter()
+            .filter(|&id| core.blocks[id].size >= need)
+            .min_by_key(|&id| core.blocks[id].size);
+        let start = match empty {
             Some(id) => id,
             None => {
                 let window = self.cfg.max_chunk.max(page);
@@ -111,33 +153,14 @@ impl DefaultPolicy {
         Ok(Some(mapped))
     }
 
-    /// The smallest giant range of `req`'s stream with no page mapped and room for `need`
-    /// bytes, as its one unmapped block; the other empty giant ranges of the stream are
-    /// released (not during a capture).
-    fn empty_giant_range<D: Device>(
-        &mut self,
-        core: &mut Core<D>,
-        req: &Request,
-        need: u64,
-    ) -> Result<Option<BlockId>, DeviceError> {
-        let empty: Vec<BlockId> = core
-            .large
-            .unmapped_of(req.stream.0)
+    /// The giant ranges of `stream` with no page mapped, each as its one unmapped block.
+    fn empty_giant_ranges<D: Device>(&self, core: &Core<D>, stream: StreamId) -> Vec<BlockId> {
+        core.large
+            .unmapped_of(stream.0)
             .filter(|&id| {
                 let b = &core.blocks[id];
                 self.is_giant(b.segment) && !b.is_split() && core.allocatable(id)
             })
-            .collect();
-        let chosen = empty
-            .iter()
-            .copied()
-            .filter(|&id| core.blocks[id].size >= need)
-            .min_by_key(|&id| core.blocks[id].size);
-        if !core.capturing() {
-            for &id in empty.iter().filter(|&&id| Some(id) != chosen) {
-                core.release_expandable_segment(self, id)?;
-            }
-        }
-        Ok(chosen)
+            .collect()
     }
 }

@@ -9,14 +9,16 @@
 //!   allocations goes where a packing of its last repetition put it; everything else by
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]), over the blocks
 //!   of giant ranges only for a giant request that nearly fills one;
-//! - split: PyTorch's rule for expandable segments ([`torch::should_split`]);
+//! - split: PyTorch's rule for expandable segments ([`torch::should_split`]), never in a giant
+//!   range;
 //! - on alloc and free: the peak requested bytes (the budget's base) and the episode being
 //!   recorded for the next plan (a block of the episode carries its number as its mark).
 //!
 //! State ([`DefaultPolicy`]): its settings ([`DefaultConfig`]), the episodes and plan
-//! (`plan::Plans`), the most bytes ever requested at once, and the giant ranges. Invariants: those of
-//! `plan` and `footprint`; a block carries a mark iff it is a live allocation of the open
-//! episode or of one closed since (then the mark is below the open episode's first number).
+//! (`plan::Plans`), the most bytes ever requested at once, and the giant ranges. Invariants:
+//! those of `plan`, `footprint` and `giant`; a block carries a mark iff it is a live
+//! allocation of the open episode or of one closed since (then the mark is below the open
+//! episode's first number).
 //!
 //! The figures the constants of these files quote from `rule_table` ("tuning / held out") are
 //! over the tuning set and the 22 held-out traces `traces/split.json` listed when they were
@@ -45,7 +47,7 @@ use crate::error::ConfigError;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
-pub use giant::GIANT_MIN_CHUNKS;
+pub use giant::{GIANT_MIN_BYTES, GIANT_MIN_CHUNKS};
 use plan::{Placement, Plans};
 pub use rules::Rules;
 
@@ -123,7 +125,7 @@ pub struct DefaultPolicy {
     /// the allocation is handed out ([`Policy::on_alloc`]).
     pending: Option<(usize, bool)>,
     /// The segment index of each giant range (`giant`).
-    pub(crate) giant: Vec<u32>,
+    giant: Vec<u32>,
 }
 
 impl DefaultPolicy {
@@ -191,7 +193,8 @@ impl Policy for DefaultPolicy {
     }
 
     fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
-        torch::should_split(core, id, size, true)
+        // A block of a giant range is handed out whole (`giant`).
+        torch::should_split(core, id, size, true) && !self.is_giant(core.blocks[id].segment)
     }
 
     fn grow<D: Device>(

@@ -64,7 +64,8 @@ pub struct Rules {
     /// simulated device a release completes at once.
     pub take_back_releasing: bool,
     /// Under a memory cap, a large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows
-    /// that finds no cached block grows on a range of its own, mapped as one chunk (`giant`).
+    /// and `GIANT_MIN_BYTES` that finds no cached block grows on a range of its own, mapped as
+    /// one chunk (`giant`).
     pub giant_ranges: bool,
 }
 
