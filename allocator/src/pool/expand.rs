@@ -99,7 +99,11 @@ impl<D: Device> Core<D> {
             stuck: Vec::new(),
             slept: Vec::new(),
         };
-        let index = match self.segments.iter().position(Option::is_none) {
+        // An index a policy released during this call stays unused until the pool told it.
+        let free = |(i, s): &(usize, &Option<ExpSegment>)| {
+            s.is_none() && !self.released_ranges.contains(&(*i as u32))
+        };
+        let index = match self.segments.iter().enumerate().find(free).map(|(i, _)| i) {
             Some(i) => {
                 self.segments[i] = Some(seg);
                 i
@@ -364,9 +368,8 @@ impl<D: Device> Core<D> {
 
     /// Releases the range whose single block, unmapped, is `id`, for a policy's `grow` (as
     /// `release_expandable_segment` does, pages whose release failed keeping it): its index is
-    /// queued, and the pool tells its policy (adaptors included) once `grow` returns
-    /// ([`Core::take_released_ranges`]); the policy must not reserve a range after releasing
-    /// one in the same call, or the index may be reused before it is told.
+    /// queued, and the pool tells its policy (adaptors included) once the policy's next `grow`
+    /// returns ([`Core::take_released_ranges`]); until then no new range gets the index.
     pub fn release_empty_range(&mut self, id: BlockId) -> Result<(), DeviceError> {
         let mut queue = ReleasedRanges(Vec::new());
         let released = self.release_expandable_segment(&mut queue, id);

@@ -24,7 +24,7 @@
 //! the sum of the sizes of releasing blocks. Its bytes stay reserved (and count against the
 //! memory limit) until they are unmapped.
 
-use super::block::{BlockId, NIL};
+use super::block::{Block, BlockId, NIL};
 use super::segment::Range;
 use super::Core;
 use crate::sizes::PoolKind;
@@ -99,8 +99,8 @@ impl<D: Device> Core<D> {
         id
     }
 
-    /// Takes back the smallest releasing block of `stream` and size class `pool` whose size
-    /// `fits`, before its pages are unmapped: the work its stream queued before the release
+    /// Takes back the smallest releasing block of `stream` and size class `pool` that `fits`,
+    /// before its pages are unmapped: the work its stream queued before the release
     /// comes before any use of the block on that same stream, so it needs no wait. The block is
     /// free again (merged with its free neighbours, in its index); returns it, or `None` when
     /// no such block is releasing. For a policy about to map pages for a request of that
@@ -109,14 +109,14 @@ impl<D: Device> Core<D> {
         &mut self,
         stream: StreamId,
         pool: PoolKind,
-        fits: impl Fn(u64) -> bool,
+        fits: impl Fn(&Block) -> bool,
     ) -> Option<BlockId> {
         let (i, _) = self
             .releasing
             .iter()
             .enumerate()
             .map(|(i, &(_, id))| (i, &self.blocks[id]))
-            .filter(|(_, b)| b.stream == stream && b.pool == pool && fits(b.size))
+            .filter(|(_, b)| b.stream == stream && b.pool == pool && fits(b))
             .min_by_key(|(_, b)| b.size)?;
         let (ev, id) = self.releasing.remove(i);
         // The event may not have completed: it is recorded again before its next use.

@@ -16,7 +16,7 @@
 //!   checks.
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
-//! `async_release.rs`, `plans.rs`, `split_footprints.rs`, `policy_outside.rs`.
+//! `giant_ranges.rs`, `async_release.rs`, `plans.rs`, `split_footprints.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]

@@ -59,8 +59,8 @@
 //!
 //! Under a memory limit growth maps the same chunks (but a giant request that finds no cached
 //! block gets a range of its own, `giant`, and ordinary growth never maps there), the budget
-//! is [`CAPPED_BUDGETS`] times
-//! wider (the limit, not the budget, is what a capped pool must stay under, and no plan's
+//! is [`CAPPED_BUDGETS`] times wider (the limit, not the budget, is what a capped pool must
+//! stay under, and no plan's
 //! footprint keeps a step's pages mapped there), and it gives back what the limit needs too.
 //! A chunk a live block keeps mapped then holds its free pages: when a growth does
 //! not fit even after every cached chunk went back, the ladder's last resort makes such chunks

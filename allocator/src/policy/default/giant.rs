@@ -14,7 +14,7 @@
 //! range whose pages all went back serves the next giant growth of its stream that fits in it
 //! (the smallest such); after that growth the stream's other empty giant ranges are released
 //! (not during a capture), so empty giant ranges pile up only between two giant growths of a
-//! stream.
+//! stream, or once the cap is lifted (address space only: `empty_cache` releases them).
 //!
 //! Only under a memory cap, and only while `repage_under_cap` is on: there, every byte mapped
 //! in a window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
@@ -31,7 +31,7 @@
 
 use super::DefaultPolicy;
 use crate::policy::torch;
-use crate::pool::block::BlockId;
+use crate::pool::block::{Block, BlockId};
 use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
@@ -66,7 +66,12 @@ impl DefaultPolicy {
     /// Whether free block `id` may serve `req`: any block outside giant ranges, and a block of
     /// one only for a giant request that leaves at most one chunk window of it unused.
     fn may_take<D: Device>(&self, core: &Core<D>, id: BlockId, req: &Request) -> bool {
-        let b = &core.blocks[id];
+        self.may_serve(&core.blocks[id], req)
+    }
+
+    /// [`DefaultPolicy::may_take`] for the block itself (also a releasing one, which a growth
+    /// may take back).
+    pub(super) fn may_serve(&self, b: &Block, req: &Request) -> bool {
         let waste = b.size - req.size.min(b.size);
         !self.is_giant(b.segment) || (req.size >= self.giant_min() && waste <= self.cfg.max_chunk)
     }
@@ -111,6 +116,11 @@ impl DefaultPolicy {
             return Ok(None);
         }
         let grown = self.grow_in_giant_range(core, req, need, page)?;
+        if grown.is_none() {
+            // No range could be reserved: ordinary growth has its try, and its own failure
+            // says what it ran out of.
+            core.reserve_failed = false;
+        }
         if !core.capturing() {
             for id in self.empty_giant_ranges(core, req.stream) {
                 // A saving, not a duty: a range the driver will not release stays reserved.

@@ -44,7 +44,7 @@ pub(crate) use footprint::Kept;
 
 use super::{torch, Policy};
 use crate::error::ConfigError;
-use crate::pool::block::BlockId;
+use crate::pool::block::{Block, BlockId};
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
 pub use giant::{GIANT_MIN_BYTES, GIANT_MIN_CHUNKS};
@@ -205,7 +205,7 @@ impl Policy for DefaultPolicy {
         // Pages of this stream still on their way back (the device runs behind) serve the
         // request before new pages are mapped: stream order makes them safe without a wait.
         let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
-        let fits = |size| torch::serves(req, size, mss, rounding);
+        let fits = |b: &Block| torch::serves(req, b.size, mss, rounding) && self.may_serve(b, req);
         if self.cfg.rules.take_back_releasing
             && core.releasing_bytes() > 0
             && core.reclaim_releasing(req.stream, req.pool, fits).is_some()

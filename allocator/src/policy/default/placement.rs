@@ -28,10 +28,8 @@ impl DefaultPolicy {
         let Some((from, at)) = self.plan_target(core, k, req) else {
             return Ok(Placement::BestFit);
         };
-        if self.is_giant(core.blocks[from].segment) {
-            // A giant range holds one tensor (`giant`): the plan's places are elsewhere.
-            return Ok(Placement::BestFit);
-        }
+        // A footprint never lies in a giant range (`footprint`), so no planned place does.
+        debug_assert!(!self.is_giant(core.blocks[from].segment));
         let mut asked = 0;
         let (from, at) = match unmapped_bytes(core, from, at, req.size) {
             None => return Ok(Placement::BestFit),

@@ -63,9 +63,9 @@ pub struct Rules {
     /// (`Core::reclaim_releasing`); off: it maps new pages. A replay cannot weigh it: on the
     /// simulated device a release completes at once.
     pub take_back_releasing: bool,
-    /// Under a memory cap, a large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows
-    /// and `GIANT_MIN_BYTES` that finds no cached block grows on a range of its own, mapped as
-    /// one chunk (`giant`).
+    /// Under a memory cap (and with `repage_under_cap` on), a large-pool request of at least
+    /// `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` that finds no cached block grows
+    /// on a range of its own, mapped as one chunk (`giant`).
     pub giant_ranges: bool,
 }
 
