@@ -14,7 +14,7 @@ use cudalloc::policy::default::{DefaultConfig, GIANT_MIN_BYTES, GIANT_MIN_CHUNKS
 use cudalloc::policy::PolicyConfig;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
-use pool::{alloc, block_size, check, free, past_loading, Sim, GIB, MIB, S0};
+use pool::{alloc, block_size, check, free, past_loading, Sim, GIB, MIB, S0, S1};
 use std::sync::Arc;
 use steps::{bert_batch, play};
 
@@ -304,5 +304,43 @@ fn during_a_capture_an_empty_giant_range_is_kept() {
     for x in [s, c, d] {
         free(&mut pool, x);
     }
+    check(&sim, &pool);
+}
+
+/// A growth that first takes back its stream's pages on their way back takes back only a
+/// block it may use: a 100 MiB request takes back the shared range's 600 MiB block, not the
+/// smaller giant one (which best fit would then refuse, and new pages be mapped).
+#[test]
+fn a_growth_takes_back_only_a_releasing_block_it_may_use() {
+    let (sim, mut pool) = pool_of(
+        Some(8 * GIB),
+        DefaultConfig {
+            fragmentation_budget: 0.02,
+            ..wide()
+        },
+    );
+    let a1 = alloc(&mut pool, 300 * MIB, S0);
+    let a2 = alloc(&mut pool, 300 * MIB, S0);
+    let g = alloc(&mut pool, 400 * MIB, S0);
+    let shared = range_of(&pool, &a1);
+    assert_ne!(range_of(&pool, &g), shared);
+    for a in [a1, a2, g] {
+        free(&mut pool, a);
+    }
+    sim.set_auto_complete(false);
+    // Another stream's 900 MiB passes the capped budget (1.2 x 1,000 MiB) by 700 MiB: both
+    // cached blocks start going back, and stay on their way.
+    let other = alloc(&mut pool, 900 * MIB, S1);
+    assert_eq!(pool.releasing_bytes(), 1000 * MIB);
+    let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 100 * MIB, S0));
+    assert_eq!((range_of(&pool, &a), maps), (shared, 0));
+    assert_eq!(
+        pool.releasing_bytes(),
+        400 * MIB,
+        "the giant block still on its way"
+    );
+    sim.complete_all();
+    free(&mut pool, a);
+    free(&mut pool, other);
     check(&sim, &pool);
 }
