@@ -14,7 +14,8 @@
 //! range whose pages all went back serves the next giant growth of its stream that fits in it
 //! (the smallest such); after that growth the stream's other empty giant ranges are released
 //! (not during a capture), so empty giant ranges pile up only between two giant growths of a
-//! stream, or once the cap is lifted (address space only: `empty_cache` releases them).
+//! stream that go ahead, during a capture, or once the cap is lifted (address space only:
+//! `empty_cache` releases them).
 //!
 //! Only under a memory cap, and only while `repage_under_cap` is on: there, every byte mapped
 //! in a window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
