@@ -5,8 +5,8 @@
 //! growth and a layout plan's footprint never go there; an empty giant range serves the next
 //! giant growth that fits (the smallest) and the others are released (not during a capture),
 //! their indices forgotten. Without a cap, with the rule or `repage_under_cap` off, giant
-//! requests grow in the shared range, window by window. The core's invariants hold after every
-//! step.
+//! requests grow in the shared range, window by window, as they do when a giant range cannot be
+//! reserved. The core's invariants hold after every step.
 
 use crate::common::{pool, steps};
 
@@ -342,5 +342,21 @@ fn a_growth_takes_back_only_a_releasing_block_it_may_use() {
     sim.complete_all();
     free(&mut pool, a);
     free(&mut pool, other);
+    check(&sim, &pool);
+}
+
+/// A giant range that cannot be reserved (address space) leaves the request to ordinary
+/// growth, in the shared range, within the same allocation.
+#[test]
+fn a_giant_range_that_cannot_be_reserved_falls_back_to_the_shared_range() {
+    let (sim, mut pool) = capped(Some(8 * GIB));
+    let small = alloc(&mut pool, 100 * MIB, S0);
+    sim.fail_next(); // the range's reservation
+    let (big, reserves) = calls_in(&sim, Call::Reserve, || alloc(&mut pool, GIANT, S0));
+    assert_eq!(reserves, 1, "one reservation tried, none more");
+    assert_eq!(range_of(&pool, &big), range_of(&pool, &small));
+    for a in [small, big] {
+        free(&mut pool, a);
+    }
     check(&sim, &pool);
 }
