@@ -1,16 +1,21 @@
 //! Giant ranges of the `default` policy (`policy::default::giant`): under a memory cap, a
-//! large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` that
-//! finds no cached block grows on a virtual range of its own, mapped as one chunk; a free block
-//! there serves only a giant request that leaves at most one window unused, whole; ordinary
-//! growth and a layout plan's footprint never go there; an empty giant range serves the next
-//! giant growth that fits (the smallest) and the others are released (not during a capture),
-//! their indices forgotten. Without a cap, with the rule or `repage_under_cap` off, giant
-//! requests grow in the shared range, window by window, as they do when a giant range cannot be
-//! reserved. The core's invariants hold after every step.
+//! large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` (without
+//! one, `GIANT_UNCAPPED_MIN_CHUNKS` and `GIANT_UNCAPPED_MIN_BYTES`) that finds no cached block
+//! grows on a virtual range of its own, mapped as one chunk; a free block there serves only a
+//! giant request that leaves at most one window unused, whole, and the budget gives it back
+//! before any other free block; ordinary growth and a layout plan's footprint never go there; an
+//! empty giant range serves the next giant growth that fits (the smallest) and the others are
+//! released (not during a capture), their indices forgotten. Below the threshold, with the rule
+//! off or, under a cap, `repage_under_cap` off, giant requests grow in the shared range, window
+//! by window, as they do when a giant range cannot be reserved. The core's invariants hold after
+//! every step.
 
 use crate::common::{pool, steps};
 
-use cudalloc::policy::default::{DefaultConfig, GIANT_MIN_BYTES, GIANT_MIN_CHUNKS};
+use cudalloc::policy::default::{
+    DefaultConfig, GIANT_MIN_BYTES, GIANT_MIN_CHUNKS, GIANT_UNCAPPED_MIN_BYTES,
+    GIANT_UNCAPPED_MIN_CHUNKS,
+};
 use cudalloc::policy::PolicyConfig;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
@@ -23,6 +28,9 @@ const WINDOW: u64 = 40 * MIB;
 /// The smallest giant request at the default window.
 const GIANT: u64 = GIANT_MIN_CHUNKS * WINDOW;
 const _: () = assert!(GIANT >= GIANT_MIN_BYTES);
+/// The smallest giant request without a cap, at the default window.
+const UNCAPPED_GIANT: u64 = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW;
+const _: () = assert!(UNCAPPED_GIANT >= GIANT_UNCAPPED_MIN_BYTES);
 
 /// The `default` policy as the tests here use it: no layout plans, the widest fragmentation
 /// budget (100%: what it caches is bounded by the limit alone), every rule on.
@@ -93,7 +101,72 @@ fn under_a_cap_a_giant_growth_is_one_chunk_on_a_range_of_its_own() {
 }
 
 #[test]
-fn without_a_cap_or_with_the_rule_or_repage_off_a_giant_growth_maps_windows() {
+fn without_a_cap_a_giant_growth_is_one_chunk_from_the_uncapped_size_on() {
+    let mut off = DefaultConfig::default();
+    off.rules.giant_ranges_uncapped = false;
+    // (rules, request, on a range of its own)
+    let cases = [
+        (DefaultConfig::default(), UNCAPPED_GIANT, true),
+        (DefaultConfig::default(), UNCAPPED_GIANT - WINDOW, false),
+        (off, UNCAPPED_GIANT, false),
+    ];
+    for (i, (policy, size, own)) in cases.into_iter().enumerate() {
+        let (sim, mut pool) = pool_of(None, policy);
+        let small = alloc(&mut pool, 100 * MIB, S0);
+        let (big, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, size, S0));
+        let apart = range_of(&pool, &big) != range_of(&pool, &small);
+        assert_eq!(apart, own, "case {i}");
+        if own {
+            assert_eq!(maps, 1, "case {i}: one chunk");
+        } else {
+            assert!(maps >= 15, "case {i}: {maps} maps, one per window");
+        }
+        free(&mut pool, big);
+        free(&mut pool, small);
+        check(&sim, &pool);
+    }
+}
+
+/// The budget gives back a free giant block before the smallest free block that covers its
+/// excess: one unmap, and only a request that nearly fills it could reuse it.
+#[test]
+fn the_budget_gives_back_a_giant_block_first() {
+    for first in [true, false] {
+        let mut policy = DefaultConfig {
+            layout_plans: false,
+            ..DefaultConfig::default()
+        };
+        policy.rules.give_back_giant_first = first;
+        let (sim, mut pool) = pool_of(None, policy);
+        let live = alloc(&mut pool, GIB, S0);
+        let a = alloc(&mut pool, 100 * MIB, S0);
+        let g = alloc(&mut pool, UNCAPPED_GIANT + 60 * MIB, S0);
+        assert_ne!(range_of(&pool, &g), range_of(&pool, &live));
+        free(&mut pool, a);
+        free(&mut pool, g);
+        // Another stream's 80 MiB passes the 2% budget by less than 100 MiB.
+        let before = pool.reserved();
+        let other = alloc(&mut pool, 80 * MIB, S1);
+        let given_back = before + block_size(&pool, &other) - pool.reserved();
+        let giant = UNCAPPED_GIANT + 60 * MIB;
+        // Without the rule, the 100 MiB block (with its window's slack) goes.
+        assert_eq!(given_back >= giant, first, "{given_back} bytes given back");
+        assert!(
+            given_back <= giant + WINDOW,
+            "{given_back} bytes given back"
+        );
+        let (a, maps_a) = calls_in(&sim, Call::Map, || alloc(&mut pool, 100 * MIB, S0));
+        assert_eq!(maps_a == 0, first, "the 100 MiB block cached");
+        let g = alloc(&mut pool, giant, S0);
+        for x in [live, a, g, other] {
+            free(&mut pool, x);
+        }
+        check(&sim, &pool);
+    }
+}
+
+#[test]
+fn below_the_threshold_or_with_the_rule_off_a_giant_growth_maps_windows() {
     let mut off = wide();
     off.rules.giant_ranges = false;
     let mut no_repage = wide();
@@ -315,7 +388,7 @@ fn a_growth_takes_back_only_a_releasing_block_it_may_use() {
     let (sim, mut pool) = pool_of(
         Some(8 * GIB),
         DefaultConfig {
-            fragmentation_budget: 0.02,
+            fragmentation_budget: 0.0,
             ..wide()
         },
     );
@@ -328,8 +401,9 @@ fn a_growth_takes_back_only_a_releasing_block_it_may_use() {
         free(&mut pool, a);
     }
     sim.set_auto_complete(false);
-    // Another stream's 900 MiB passes the capped budget (1.2 x 1,000 MiB) by 700 MiB: both
-    // cached blocks start going back, and stay on their way.
+    // Another stream's 900 MiB passes the budget (no slack: 1,000 MiB) by 900 MiB: both cached
+    // blocks start going back (the giant one first, then all of the 600 MiB one, whose tail
+    // would leave less than four windows), and stay on their way.
     let other = alloc(&mut pool, 900 * MIB, S1);
     assert_eq!(pool.releasing_bytes(), 1000 * MIB);
     let (a, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 100 * MIB, S0));

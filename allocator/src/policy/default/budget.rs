@@ -469,6 +469,11 @@ impl DefaultPolicy {
         if self.cfg.rules.give_back_best_fit {
             best_fit_first(&mut free, bytes);
         }
+        if self.cfg.rules.give_back_giant_first {
+            // A giant block goes back in one unmap and serves only a request that nearly fills
+            // it (`giant`): the cheapest bytes to give back, and the least likely to be reused.
+            free.sort_by_key(|&(_, id)| !self.is_giant(core.blocks[id].segment));
+        }
         let mut released = 0;
         for (_, id) in free {
             if released >= bytes {

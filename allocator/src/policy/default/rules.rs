@@ -67,6 +67,12 @@ pub struct Rules {
     /// `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` that finds no cached block grows
     /// on a range of its own, mapped as one chunk (`giant`).
     pub giant_ranges: bool,
+    /// Without a memory cap, a large-pool request of at least `GIANT_UNCAPPED_MIN_CHUNKS`
+    /// chunk windows and `GIANT_UNCAPPED_MIN_BYTES` that finds no cached block grows on a range
+    /// of its own, mapped as one chunk (`giant`).
+    pub giant_ranges_uncapped: bool,
+    /// The budget gives back the free blocks of giant ranges before any other (`giant`).
+    pub give_back_giant_first: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -97,6 +103,8 @@ impl Rules {
         nested_episodes: true,
         take_back_releasing: true,
         giant_ranges: true,
+        giant_ranges_uncapped: true,
+        give_back_giant_first: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -130,6 +138,8 @@ impl Rules {
             ("nested_episodes", |r| &mut r.nested_episodes),
             ("take_back_releasing", |r| &mut r.take_back_releasing),
             ("giant_ranges", |r| &mut r.giant_ranges),
+            ("giant_ranges_uncapped", |r| &mut r.giant_ranges_uncapped),
+            ("give_back_giant_first", |r| &mut r.give_back_giant_first),
         ]
     }
 
