@@ -21,10 +21,11 @@
 //! budget's slack, `fragmentation_budget` times that base, is on its way back, nothing more is
 //! given back for the budget, so the bound may be passed while the device runs behind; and a
 //! small-pool growth may pass the budget's ceiling, never the limit, by up to one page,
-//! `overshoot`, rather than give back a large cached block for a small excess): the
-//! smallest free block at least as large as the excess first, then the largest
-//! first (giving back the largest block for a small excess could unmap hundreds of MiB that a
-//! later growth maps again). A block of at least [`TAIL_MIN_CHUNKS`] chunk windows whose end
+//! `overshoot`, rather than give back a large cached block for a small excess): the free
+//! blocks of giant ranges first (one unmap each, and only a request that nearly fills one can
+//! use it: `giant`), then the smallest free block at least as large as the excess, then the
+//! largest first (giving back the largest block for a small excess could unmap hundreds of MiB
+//! that a later growth maps again). A block of at least [`TAIL_MIN_CHUNKS`] chunk windows whose end
 //! is the end of its segment's mapped pages gives back only its last chunks, as many as the
 //! excess needs, when that leaves at least [`TAIL_MIN_HEAD_CHUNKS`] windows cached
 //! (`tail_start`); so does a block of at least [`TAIL_INNER_MIN_CHUNKS`] windows elsewhere
@@ -57,8 +58,9 @@
 //! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
 //! (`small_slack`): a small chunk stays mapped under its small blocks for good.
 //!
-//! Under a memory limit growth maps the same chunks (but a giant request that finds no cached
-//! block gets a range of its own, `giant`, and ordinary growth never maps there), the budget
+//! Under a memory limit growth maps the same chunks (a giant request that finds no cached
+//! block gets a range of its own, `giant`, from a lower size than without a limit; ordinary
+//! growth never maps there), the budget
 //! is [`CAPPED_BUDGETS`] times wider (the limit, not the budget, is what a capped pool must
 //! stay under, and no plan's
 //! footprint keeps a step's pages mapped there), and it gives back what the limit needs too.
@@ -436,8 +438,9 @@ impl DefaultPolicy {
         start.filter(|&s| s - b.addr >= head)
     }
 
-    /// Unmaps cached chunks until `bytes` are released or none is left: first the smallest free
-    /// block of at least `bytes` ([`best_fit_first`]), then the largest first, a block of many
+    /// Unmaps cached chunks until `bytes` are released or none is left: first the free blocks of
+    /// giant ranges, then the smallest free block of at least `bytes` ([`best_fit_first`]),
+    /// then the largest first, a block of many
     /// chunks (at the end of its segment's mapped pages, or of more chunks elsewhere) giving
     /// back only what is still needed (`tail_start`); the plan's footprint only when `footprint_too` (a block overlapping a
     /// split footprint gives back the largest part of it outside the footprint), and nothing
