@@ -17,7 +17,7 @@ use cudalloc::policy::default::{
     GIANT_UNCAPPED_MIN_CHUNKS,
 };
 use cudalloc::policy::PolicyConfig;
-use cudalloc::{Allocation, Config, Pool};
+use cudalloc::{AllocError, Allocation, Config, Pool};
 use cudalloc_sys::{Call, CaptureMode, SimConfig, SimDevice, StreamId};
 use pool::{alloc, block_size, check, free, past_loading, Sim, GIB, MIB, S0, S1};
 use std::sync::Arc;
@@ -432,5 +432,19 @@ fn a_giant_range_that_cannot_be_reserved_falls_back_to_the_shared_range() {
     for a in [small, big] {
         free(&mut pool, a);
     }
+    check(&sim, &pool);
+}
+
+/// When a giant range cannot be reserved and ordinary growth then finds no memory either, the
+/// error says out of memory: the failed reservation is not reported as address space.
+#[test]
+fn a_failed_giant_reservation_then_no_memory_is_out_of_memory() {
+    let (sim, mut pool) = pool_of(None, DefaultConfig::default());
+    let small = alloc(&mut pool, 100 * MIB, S0);
+    sim.fail_every(1); // every acquiring call: the range's reservation, then the maps
+    let r = pool.allocate(UNCAPPED_GIANT + 60 * MIB, S0);
+    sim.clear_faults();
+    assert!(matches!(r, Err(AllocError::OutOfMemory { .. })), "{r:?}");
+    free(&mut pool, small);
     check(&sim, &pool);
 }
