@@ -8,7 +8,8 @@
 //! so address space lasts for thousands of streams instead of about 400; pages are
 //! the device's granularity (2 MiB on the H200) in both pools, and a growth maps its pages in
 //! chunks of up to `max_chunk_mb` (40 MiB by default), one map operation each, aligned to
-//! multiples of that size inside the segment. Larger chunks mean fewer driver calls; smaller
+//! multiples of that size inside the segment (a giant request that finds no cached block is
+//! mapped as one chunk on a range of its own instead: `giant`). Larger chunks mean fewer driver calls; smaller
 //! ones mean that a free range in the middle of a segment more often covers whole chunks, which
 //! can then be unmapped: `max_chunk_mb` is the knob that trades memory against driver calls.
 //!
@@ -22,9 +23,9 @@
 //! given back for the budget, so the bound may be passed while the device runs behind; and a
 //! small-pool growth may pass the budget's ceiling, never the limit, by up to one page,
 //! `overshoot`, rather than give back a large cached block for a small excess): the free
-//! blocks of giant ranges first (one unmap each, and only a request that nearly fills one can
-//! use it: `giant`), then the smallest free block at least as large as the excess, then the
-//! largest first (giving back the largest block for a small excess could unmap hundreds of MiB
+//! blocks of giant ranges first, largest first (one unmap each, and only a request that nearly
+//! fills one can use it: `giant`), then the smallest free block at least as large as what they
+//! leave of the excess, then the largest first (giving back the largest block for a small excess could unmap hundreds of MiB
 //! that a later growth maps again). A block of at least [`TAIL_MIN_CHUNKS`] chunk windows whose end
 //! is the end of its segment's mapped pages gives back only its last chunks, as many as the
 //! excess needs, when that leaves at least [`TAIL_MIN_HEAD_CHUNKS`] windows cached
@@ -438,9 +439,8 @@ impl DefaultPolicy {
         start.filter(|&s| s - b.addr >= head)
     }
 
-    /// Unmaps cached chunks until `bytes` are released or none is left: first the free blocks of
-    /// giant ranges, then the smallest free block of at least `bytes` ([`best_fit_first`]),
-    /// then the largest first, a block of many
+    /// Unmaps cached chunks until `bytes` are released or none is left, in the order of
+    /// [`DefaultPolicy::give_back_order`] (giant blocks, then best fit, then the largest first), a block of many
     /// chunks (at the end of its segment's mapped pages, or of more chunks elsewhere) giving
     /// back only what is still needed (`tail_start`); the plan's footprint only when `footprint_too` (a block overlapping a
     /// split footprint gives back the largest part of it outside the footprint), and nothing
@@ -469,14 +469,7 @@ impl DefaultPolicy {
             .map(|id| (core.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
-        if self.cfg.rules.give_back_best_fit {
-            best_fit_first(&mut free, bytes);
-        }
-        if self.cfg.rules.give_back_giant_first {
-            // A giant block goes back in one unmap and serves only a request that nearly fills
-            // it (`giant`): the cheapest bytes to give back, and the least likely to be reused.
-            free.sort_by_key(|&(_, id)| !self.is_giant(core.blocks[id].segment));
-        }
+        let free = self.give_back_order(core, free, bytes);
         let mut released = 0;
         for (_, id) in free {
             if released >= bytes {
@@ -510,6 +503,37 @@ impl DefaultPolicy {
             released += going.unwrap_or(0);
         }
         Ok(released)
+    }
+}
+
+impl DefaultPolicy {
+    /// The order in which free blocks (`free`, largest first) go back for an excess of `bytes`:
+    /// the blocks of giant ranges first, largest first (`give_back_giant_first`: one unmap each,
+    /// whatever its size, to give back and to map again, and only a request that nearly fills
+    /// one can use it: `giant`), then the others, the smallest that covers what the giant
+    /// blocks leave of the excess first (`give_back_best_fit`, [`best_fit_first`]: a block of
+    /// many chunks given back for a small excess is mapped again chunk by chunk), then the
+    /// largest first. Measured (33 bundled traces and `llama_generate`, no cap): best fit among
+    /// the giant blocks too made `lstm_train_varlen` 303 driver calls instead of 289.
+    fn give_back_order<D: Device>(
+        &self,
+        core: &Core<D>,
+        free: Vec<(u64, BlockId)>,
+        bytes: u64,
+    ) -> Vec<(u64, BlockId)> {
+        let best_fit = self.cfg.rules.give_back_best_fit;
+        let (mut giant, mut rest): (Vec<_>, Vec<_>) = if self.cfg.rules.give_back_giant_first {
+            free.into_iter()
+                .partition(|&(_, id)| self.is_giant(core.blocks[id].segment))
+        } else {
+            (Vec::new(), free)
+        };
+        let left = bytes.saturating_sub(giant.iter().map(|&(size, _)| size).sum());
+        if best_fit && left > 0 {
+            best_fit_first(&mut rest, left);
+        }
+        giant.append(&mut rest);
+        giant
     }
 }
 

@@ -29,8 +29,7 @@
 //! `bert_dynamic` 55 calls), at the price of idle kept pages up to twice the budget. Both are
 //! forgotten when their segment is released.
 //!
-//! A footprint never lies in a giant range (`giant`: under a memory cap, a range that holds one
-//! tensor): the places above leave them out, and when the smallest free block that holds the
+//! A footprint never lies in a giant range (`giant`: a range that holds one tensor): the places above leave them out, and when the smallest free block that holds the
 //! footprint is a giant range's, the episode has no footprint and goes by best fit (rather than
 //! grow the shared range beside a cached giant block: through `CachingAllocator`, on
 //! `side_stream_prefetch3` capped at 1.10x its peak live bytes, that growth left the other
@@ -162,7 +161,7 @@ impl DefaultPolicy {
     ) -> Option<Placed> {
         let bytes = spanned(plan.extent, scale);
         if self.giant_fits_best(core, stream, bytes) {
-            // Under a cap a cached giant block holds it best: the episode goes by best fit
+            // A cached giant block holds it best: the episode goes by best fit
             // rather than grow the shared range for it (`giant`), even where the last footprint
             // is cached (measured: through `CachingAllocator`, `side_stream_prefetch3` at 1.10x
             // then waits for the device again).

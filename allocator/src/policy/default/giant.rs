@@ -5,7 +5,7 @@
 //! [`Rules`](super::Rules)).
 //!
 //! Its pages are mapped as one chunk: one map operation where the shared range would take a
-//! chunk per window (eight or more), and one unmap when the budget or the cap gives the block
+//! chunk per window (eight or more under a cap, sixteen or more without), and one unmap when the budget or the cap gives the block
 //! back, where a block in the shared range gives back window by window. A free block of a
 //! giant range serves only a giant request (of the capped size or more) that leaves at most one
 //! chunk window of it unused, and is handed out whole (never split: a rest in the chunk would
@@ -18,8 +18,13 @@
 //! pages are mapped. A giant range whose pages all went back serves the next giant growth of
 //! its stream that fits in it (the smallest such); after that growth the stream's other empty
 //! giant ranges are released (not during a capture), so empty giant ranges pile up only
-//! between two giant growths of a stream that go ahead, or during a capture (address space
-//! only: `empty_cache` releases them).
+//! between two giant growths of a stream that go ahead, during a capture, or when the stream
+//! makes no more giant growths (a range made under a cap for 320-640 MiB, the cap then lifted;
+//! address space only: `empty_cache` releases them).
+//!
+//! A cap set on a pool with `repage_under_cap` off stops blocks of giant ranges made before it
+//! from serving requests (that pool promises single-page chunks); the budget and the cap give
+//! them back like any cached block.
 //!
 //! Under a memory cap, only while `repage_under_cap` is on: there, every byte mapped in a
 //! window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
@@ -60,7 +65,7 @@ pub const GIANT_MIN_BYTES: u64 = 320 << 20;
 /// the default 40 MiB), and of at least [`GIANT_UNCAPPED_MIN_BYTES`], grows on a range of its
 /// own. Measured (replays of the 29 held-out traces without a cap, giant blocks given back
 /// first; against 1.0346 reserved / live as a geometric mean, 11,488 driver calls, 12 traces
-/// above 3x `segment_alloc`): at 16, 1.0340, 10,396 calls and 11 traces, none more than 1%
+/// above 3x `segment_alloc`): at 16, 1.0340, 10,395 calls and 11 traces, none more than 1%
 /// worse; at 14, 1.0346, 10,330 and 10; at 8, 10 and 12, `fasterrcnn_infer_dynamic` reserves
 /// 1.072 instead of 1.051 (and at 10 `moe_top2_capacity_train` 1.027 instead of 1.017); at 20,
 /// `lstm_train_varlen` 1.033 instead of 1.021; at 24, 1.0345 and 10,890 calls, 12 traces.
@@ -100,16 +105,25 @@ impl DefaultPolicy {
     }
 
     /// Whether free block `id` may serve `req`: any block outside giant ranges, and a block of
-    /// one only for a giant request that leaves at most one chunk window of it unused.
+    /// one only for a giant request that leaves at most one chunk window of it unused, and not
+    /// under a memory cap with `repage_under_cap` off (a range made before the cap was set: such
+    /// a pool promises single-page chunks, whose free pages can all go back).
     fn may_take<D: Device>(&self, core: &Core<D>, id: BlockId, req: &Request) -> bool {
-        self.may_serve(&core.blocks[id], req)
+        self.may_serve(&core.blocks[id], req, self.giant_blocks_serve(core))
+    }
+
+    /// Whether blocks of giant ranges may serve requests in `core` at all (see
+    /// [`DefaultPolicy::may_take`]).
+    pub(super) fn giant_blocks_serve<D: Device>(&self, core: &Core<D>) -> bool {
+        core.limit().is_none() || self.cfg.repage_under_cap
     }
 
     /// [`DefaultPolicy::may_take`] for the block itself (also a releasing one, which a growth
-    /// may take back).
-    pub(super) fn may_serve(&self, b: &Block, req: &Request) -> bool {
+    /// may take back), with [`DefaultPolicy::giant_blocks_serve`] as `giant_serve`.
+    pub(super) fn may_serve(&self, b: &Block, req: &Request, giant_serve: bool) -> bool {
         let waste = b.size - req.size.min(b.size);
-        !self.is_giant(b.segment) || (req.size >= self.giant_min() && waste <= self.cfg.max_chunk)
+        let giant_fits = req.size >= self.giant_min() && waste <= self.cfg.max_chunk;
+        !self.is_giant(b.segment) || (giant_serve && giant_fits)
     }
 
     /// PyTorch's best fit ([`torch::get_free_block`]) over the blocks `req` may take: a block

@@ -208,7 +208,10 @@ impl Policy for DefaultPolicy {
         // Pages of this stream still on their way back (the device runs behind) serve the
         // request before new pages are mapped: stream order makes them safe without a wait.
         let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
-        let fits = |b: &Block| torch::serves(req, b.size, mss, rounding) && self.may_serve(b, req);
+        let giant_serve = self.giant_blocks_serve(core);
+        let fits = |b: &Block| {
+            torch::serves(req, b.size, mss, rounding) && self.may_serve(b, req, giant_serve)
+        };
         if self.cfg.rules.take_back_releasing
             && core.releasing_bytes() > 0
             && core.reclaim_releasing(req.stream, req.pool, fits).is_some()

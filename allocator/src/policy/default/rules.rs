@@ -71,7 +71,8 @@ pub struct Rules {
     /// chunk windows and `GIANT_UNCAPPED_MIN_BYTES` that finds no cached block grows on a range
     /// of its own, mapped as one chunk (`giant`).
     pub giant_ranges_uncapped: bool,
-    /// The budget gives back the free blocks of giant ranges before any other (`giant`).
+    /// The budget gives back the free blocks of giant ranges before any other, largest first
+    /// (`giant`).
     pub give_back_giant_first: bool,
 }
 
