@@ -2,8 +2,9 @@
 //! large-pool request of at least `GIANT_MIN_CHUNKS` chunk windows and `GIANT_MIN_BYTES` (without
 //! one, `GIANT_UNCAPPED_MIN_CHUNKS` and `GIANT_UNCAPPED_MIN_BYTES`) that finds no cached block
 //! grows on a virtual range of its own, mapped as one chunk; a free block there serves only a
-//! giant request that leaves at most one window unused, whole, and the budget gives it back
-//! before any other free block; ordinary growth and a layout plan's footprint never go there; an
+//! giant request that leaves at most one window unused, whole (not after a cap is set with
+//! `repage_under_cap` off), and the budget gives the giant blocks back before any other free
+//! block, largest first, then the best fit for what they left; ordinary growth and a layout plan's footprint never go there; an
 //! empty giant range serves the next giant growth that fits (the smallest) and the others are
 //! released (not during a capture), their indices forgotten. Below the threshold, with the rule
 //! off or, under a cap, `repage_under_cap` off, giant requests grow in the shared range, window
@@ -502,4 +503,39 @@ fn after_a_cap_with_repage_off_a_giant_block_serves_no_request() {
         free(&mut pool, a);
         check(&sim, &pool);
     }
+}
+
+/// After the giant blocks, best fit picks among the other blocks the smallest that covers what
+/// the giant blocks left of the excess, not of the whole excess.
+#[test]
+fn after_the_giant_blocks_best_fit_covers_what_they_left() {
+    let policy = DefaultConfig {
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    let (sim, mut pool) = pool_of(None, policy);
+    // Below the uncapped giant size, in the shared range: 1,200 MiB live, then a 100 MiB and a
+    // 600 MiB block between blocks in use; a 700 MiB giant block on a range of its own.
+    let live = [0, 1].map(|_| alloc(&mut pool, 600 * MIB, S0));
+    let a = alloc(&mut pool, 100 * MIB, S0);
+    let sep1 = alloc(&mut pool, 10 * MIB, S0);
+    let b = alloc(&mut pool, 600 * MIB, S0);
+    let sep2 = alloc(&mut pool, 10 * MIB, S0);
+    let g = alloc(&mut pool, UNCAPPED_GIANT + 60 * MIB, S0);
+    assert_eq!(range_of(&pool, &a), range_of(&pool, &b));
+    assert_ne!(range_of(&pool, &g), range_of(&pool, &b));
+    for x in [a, b, g] {
+        free(&mut pool, x);
+    }
+    // Another stream's 800 MiB passes the 2% budget by about 750 MiB: the giant block goes,
+    // then the smallest block that covers the rest (100 MiB), not the largest (600 MiB), which
+    // best fit against the whole excess would have left first in line.
+    let other = alloc(&mut pool, 800 * MIB, S1);
+    let (b, maps) = calls_in(&sim, Call::Map, || alloc(&mut pool, 600 * MIB, S0));
+    assert_eq!(maps, 0, "the 600 MiB block stayed cached");
+    let [l0, l1] = live;
+    for x in [l0, l1, sep1, b, sep2, other] {
+        free(&mut pool, x);
+    }
+    check(&sim, &pool);
 }

@@ -177,6 +177,9 @@ pub const LOADING_PAGES_AHEAD: u64 = 1;
 /// of its figure without the cap. With `small_overshoot` the cap changes no trace by 1%.
 pub const SMALL_SLACK_HELD_MULTIPLE: u64 = 16;
 
+/// Free blocks as (size, id), in the order they are to go back.
+type FreeList = Vec<(u64, BlockId)>;
+
 impl DefaultPolicy {
     /// Gets memory for a request under the `default` policy; `Ok(None)` is out of memory.
     pub(crate) fn budget_allocate<D: Device>(
@@ -440,7 +443,8 @@ impl DefaultPolicy {
     }
 
     /// Unmaps cached chunks until `bytes` are released or none is left, in the order of
-    /// [`DefaultPolicy::give_back_order`] (giant blocks, then best fit, then the largest first), a block of many
+    /// [`DefaultPolicy::giant_part`] (giant blocks, then best fit for what they left, then the
+    /// largest first), a block of many
     /// chunks (at the end of its segment's mapped pages, or of more chunks elsewhere) giving
     /// back only what is still needed (`tail_start`); the plan's footprint only when `footprint_too` (a block overlapping a
     /// split footprint gives back the largest part of it outside the footprint), and nothing
@@ -469,8 +473,24 @@ impl DefaultPolicy {
             .map(|id| (core.blocks[id].size, id))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
-        let free = self.give_back_order(core, free, bytes);
-        let mut released = 0;
+        let (giant, mut rest) = self.giant_part(core, free);
+        let released = self.give_back_blocks(core, giant, bytes, 0, footprint_too)?;
+        if self.cfg.rules.give_back_best_fit && released < bytes {
+            best_fit_first(&mut rest, bytes - released);
+        }
+        self.give_back_blocks(core, rest, bytes, released, footprint_too)
+    }
+
+    /// Gives back the blocks of `free`, in its order, until `released` (bytes given back so far)
+    /// reaches `bytes`; returns the new total (see [`DefaultPolicy::release_free_chunks`]).
+    fn give_back_blocks<D: Device>(
+        &self,
+        core: &mut Core<D>,
+        free: Vec<(u64, BlockId)>,
+        bytes: u64,
+        mut released: u64,
+        footprint_too: bool,
+    ) -> Result<u64, DeviceError> {
         for (_, id) in free {
             if released >= bytes {
                 break;
@@ -507,33 +527,21 @@ impl DefaultPolicy {
 }
 
 impl DefaultPolicy {
-    /// The order in which free blocks (`free`, largest first) go back for an excess of `bytes`:
-    /// the blocks of giant ranges first, largest first (`give_back_giant_first`: one unmap each,
-    /// whatever its size, to give back and to map again, and only a request that nearly fills
-    /// one can use it: `giant`), then the others, the smallest that covers what the giant
-    /// blocks leave of the excess first (`give_back_best_fit`, [`best_fit_first`]: a block of
-    /// many chunks given back for a small excess is mapped again chunk by chunk), then the
+    /// The free blocks (`free`, largest first) split into those of giant ranges, which go back
+    /// first, largest first (`give_back_giant_first`: one unmap each, whatever its size, to
+    /// give back and to map again, and only a request that nearly fills one can use it:
+    /// `giant`), and the others, which go back after them, the smallest that covers what the
+    /// giant blocks left of the excess first (`give_back_best_fit`, [`best_fit_first`]: a block
+    /// of many chunks given back for a small excess is mapped again chunk by chunk), then the
     /// largest first. Measured (33 bundled traces and `llama_generate`, no cap): best fit among
-    /// the giant blocks too made `lstm_train_varlen` 303 driver calls instead of 289.
-    fn give_back_order<D: Device>(
-        &self,
-        core: &Core<D>,
-        free: Vec<(u64, BlockId)>,
-        bytes: u64,
-    ) -> Vec<(u64, BlockId)> {
-        let best_fit = self.cfg.rules.give_back_best_fit;
-        let (mut giant, mut rest): (Vec<_>, Vec<_>) = if self.cfg.rules.give_back_giant_first {
-            free.into_iter()
-                .partition(|&(_, id)| self.is_giant(core.blocks[id].segment))
-        } else {
-            (Vec::new(), free)
-        };
-        let left = bytes.saturating_sub(giant.iter().map(|&(size, _)| size).sum());
-        if best_fit && left > 0 {
-            best_fit_first(&mut rest, left);
+    /// the giant blocks too made `lstm_train_varlen` 303 driver calls instead of 289. With the
+    /// rule off, every block is among the others.
+    fn giant_part<D: Device>(&self, core: &Core<D>, free: FreeList) -> (FreeList, FreeList) {
+        if !self.cfg.rules.give_back_giant_first {
+            return (Vec::new(), free);
         }
-        giant.append(&mut rest);
-        giant
+        free.into_iter()
+            .partition(|&(_, id)| self.is_giant(core.blocks[id].segment))
     }
 }
 

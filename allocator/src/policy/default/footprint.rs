@@ -226,10 +226,12 @@ impl DefaultPolicy {
         })
     }
 
-    /// True when the smallest free block of `stream` that holds `bytes` lies in a giant range.
+    /// True when the smallest free block of `stream` that holds `bytes` lies in a giant range
+    /// whose blocks may serve (`giant`: not under a cap with `repage_under_cap` off).
     fn giant_fits_best<D: Device>(&self, core: &Core<D>, stream: StreamId, bytes: u64) -> bool {
         let best = core.large.at_least(stream.0, bytes).next();
-        best.is_some_and(|(_, id)| self.is_giant(core.blocks[id].segment))
+        let giant = best.is_some_and(|(_, id)| self.is_giant(core.blocks[id].segment));
+        giant && self.giant_blocks_serve(core)
     }
 
     /// The last footprint, when its first `bytes` are all free or unmapped again.

@@ -23,8 +23,10 @@
 //! address space only: `empty_cache` releases them).
 //!
 //! A cap set on a pool with `repage_under_cap` off stops blocks of giant ranges made before it
-//! from serving requests (that pool promises single-page chunks); the budget and the cap give
-//! them back like any cached block.
+//! from serving requests of the pool (that pool promises single-page chunks); the budget and
+//! the cap give them back like any cached block. A block that `CachingAllocator` holds in a
+//! thread cache is not the pool's: it serves the next request of its size on that thread
+//! without asking the policy, as it did before the cap.
 //!
 //! Under a memory cap, only while `repage_under_cap` is on: there, every byte mapped in a
 //! window that a live tensor pins is a byte the cap lacks, and a giant tensor in the shared
