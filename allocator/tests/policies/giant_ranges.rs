@@ -60,6 +60,24 @@ fn capped(limit: Option<u64>) -> (Sim, Pool<Sim>) {
     pool_of(limit, wide())
 }
 
+/// A pool of the plain `default` policy (2% budget) without layout plans, no cap.
+fn plain() -> (Sim, Pool<Sim>) {
+    let policy = DefaultConfig {
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    pool_of(None, policy)
+}
+
+/// Allocates `size` bytes on `stream`; returns the allocation and the bytes the budget gave
+/// back for it.
+fn given_back_for(pool: &mut Pool<Sim>, size: u64, stream: StreamId) -> (Allocation, u64) {
+    let before = pool.reserved();
+    let a = alloc(pool, size, stream);
+    let given_back = before + block_size(pool, &a) - pool.reserved();
+    (a, given_back)
+}
+
 /// The (first address, bytes) of the expandable range holding `a`.
 fn range_of(pool: &Pool<Sim>, a: &Allocation) -> (u64, u64) {
     let snap = pool.snapshot();
@@ -146,9 +164,7 @@ fn the_budget_gives_back_a_giant_block_first() {
         free(&mut pool, a);
         free(&mut pool, g);
         // Another stream's 80 MiB passes the 2% budget by less than 100 MiB.
-        let before = pool.reserved();
-        let other = alloc(&mut pool, 80 * MIB, S1);
-        let given_back = before + block_size(&pool, &other) - pool.reserved();
+        let (other, given_back) = given_back_for(&mut pool, 80 * MIB, S1);
         let giant = UNCAPPED_GIANT + 60 * MIB;
         // Without the rule, the 100 MiB block (with its window's slack) goes.
         assert_eq!(given_back >= giant, first, "{given_back} bytes given back");
@@ -455,11 +471,7 @@ fn a_failed_giant_reservation_then_no_memory_is_out_of_memory() {
 /// map again.
 #[test]
 fn giant_blocks_go_back_largest_first() {
-    let policy = DefaultConfig {
-        layout_plans: false,
-        ..DefaultConfig::default()
-    };
-    let (sim, mut pool) = pool_of(None, policy);
+    let (sim, mut pool) = plain();
     let live = alloc(&mut pool, GIB, S0);
     let g1 = alloc(&mut pool, UNCAPPED_GIANT + 60 * MIB, S0);
     let g2 = alloc(&mut pool, 2 * UNCAPPED_GIANT, S0);
@@ -467,9 +479,7 @@ fn giant_blocks_go_back_largest_first() {
     free(&mut pool, g1);
     free(&mut pool, g2);
     // Another stream's 80 MiB passes the 2% budget by less than the smaller giant block.
-    let before = pool.reserved();
-    let other = alloc(&mut pool, 80 * MIB, S1);
-    let given_back = before + block_size(&pool, &other) - pool.reserved();
+    let (other, given_back) = given_back_for(&mut pool, 80 * MIB, S1);
     assert!(
         given_back >= big && given_back <= big + WINDOW,
         "{given_back} bytes"
@@ -509,11 +519,7 @@ fn after_a_cap_with_repage_off_a_giant_block_serves_no_request() {
 /// the giant blocks left of the excess, not of the whole excess.
 #[test]
 fn after_the_giant_blocks_best_fit_covers_what_they_left() {
-    let policy = DefaultConfig {
-        layout_plans: false,
-        ..DefaultConfig::default()
-    };
-    let (sim, mut pool) = pool_of(None, policy);
+    let (sim, mut pool) = plain();
     // Below the uncapped giant size, in the shared range: 1,200 MiB live, then a 100 MiB and a
     // 600 MiB block between blocks in use; a 700 MiB giant block on a range of its own.
     let live = [0, 1].map(|_| alloc(&mut pool, 600 * MIB, S0));
