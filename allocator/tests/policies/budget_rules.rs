@@ -291,15 +291,42 @@ fn a_pool_that_has_freed_nothing_maps_a_page_ahead() {
 }
 
 #[test]
-fn no_page_ahead_in_the_small_pool_or_under_a_memory_cap() {
+fn no_page_ahead_in_the_small_pool() {
     let (sim, mut pool) = default_with("");
     let _small = alloc(&mut pool, 4096, S0);
     assert_eq!(sim.mapped_bytes(), PAGE, "one small-pool page");
+    check(&sim, &pool);
+}
 
+/// Under a memory cap a loading growth maps its page ahead only where the page lets a next
+/// tensor of the same size fit without a call, and only where the cap leaves room for it.
+#[test]
+fn under_a_memory_cap_the_page_ahead_goes_only_where_it_saves_a_call_and_fits() {
     let (sim, mut pool) = default_with("");
-    pool.set_memory_fraction(0.5).unwrap();
+    pool.set_limit(Some(5 * PAGE));
+    let maps = sim.calls(Call::Map);
     let _a = alloc(&mut pool, 3 * MIB, S0);
-    assert_eq!(sim.mapped_bytes(), 2 * PAGE, "the pages 3 MiB needs");
+    assert_eq!(
+        sim.mapped_bytes(),
+        3 * PAGE,
+        "the pages 3 MiB needs and one ahead"
+    );
+    let _b = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(
+        sim.calls(Call::Map) - maps,
+        1,
+        "the second fits without a call"
+    );
+    // The third needs two pages more, the last the cap allows: no page ahead past it.
+    let _c = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(sim.mapped_bytes(), 5 * PAGE, "every page the cap allows");
+    check(&sim, &pool);
+
+    // 4 MiB tensors fill their pages: a page ahead would not hold the next one.
+    let (sim, mut pool) = default_with("");
+    pool.set_limit(Some(64 * PAGE));
+    let _d = alloc(&mut pool, 4 * MIB, S0);
+    assert_eq!(sim.mapped_bytes(), 2 * PAGE, "only the pages 4 MiB needs");
     check(&sim, &pool);
 }
 
