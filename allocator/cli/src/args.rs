@@ -74,10 +74,12 @@ pub struct ReplayArgs {
     /// the whole device, the `default` policy runs in its capped mode: cached memory kept up
     /// to ten fragmentation budgets above the peak live bytes (20% at the default budget) as
     /// far as the cap allows, no page kept for a layout plan's footprint, a page ahead while
-    /// loading only where it saves a call and the cap leaves room for it, a large request of eight chunks and 320 MiB or more that finds no cached block gets a
-    /// range of its own mapped as one chunk, and when a growth does not fit, chunks that live
-    /// blocks keep mapped are made again from their live pages (repage_under_cap; turned off,
-    /// it maps one 2 MiB page per call instead, many more driver calls).
+    /// loading only where it lets a next tensor of the same size fit without a call and leaves
+    /// a page of the cap free, a large request of eight chunks and 320 MiB or more that finds
+    /// no cached block gets a range of its own mapped as one chunk, and when a growth does not
+    /// fit, chunks that live blocks keep mapped are made again from their live pages
+    /// (repage_under_cap; turned off, it maps one 2 MiB page per call instead, many more driver
+    /// calls).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 

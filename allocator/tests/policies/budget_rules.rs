@@ -13,7 +13,7 @@ use cudalloc::config::{DefaultConfig, PolicyConfig};
 use cudalloc::stats::StatType;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::Call;
-use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
+use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, KIB, MIB, S0, S1};
 
 const PAGE: u64 = 2 * MIB;
 
@@ -299,7 +299,8 @@ fn no_page_ahead_in_the_small_pool() {
 }
 
 /// Under a memory cap a loading growth maps its page ahead only where the page lets a next
-/// tensor of the same size fit without a call, and only where the cap leaves room for it.
+/// tensor of the same size fit without a call, and only where the cap leaves a page free after
+/// it.
 #[test]
 fn under_a_memory_cap_the_page_ahead_goes_only_where_it_saves_a_call_and_fits() {
     let (sim, mut pool) = default_with("");
@@ -327,6 +328,49 @@ fn under_a_memory_cap_the_page_ahead_goes_only_where_it_saves_a_call_and_fits() 
     pool.set_limit(Some(64 * PAGE));
     let _d = alloc(&mut pool, 4 * MIB, S0);
     assert_eq!(sim.mapped_bytes(), 2 * PAGE, "only the pages 4 MiB needs");
+
+    // A growth from a free block: 3.5 MiB over the 0 MiB left after 4 MiB is a fresh run,
+    // but after 3 MiB (3 MiB free in the pages mapped) it maps only one page for its last
+    // 0.5 MiB, and that page's free 1.5 MiB with the page ahead hold 3.5 MiB again.
+    let (sim, mut pool) = default_with("");
+    pool.set_limit(Some(64 * PAGE));
+    let _e = alloc(&mut pool, 3 * MIB, S0);
+    let _f = alloc(&mut pool, 7 * MIB / 2, S0);
+    assert_eq!(
+        sim.mapped_bytes(),
+        5 * PAGE,
+        "three pages, then one needed and one ahead"
+    );
+    check(&sim, &pool);
+}
+
+/// Under a cap the page ahead never takes the cap's last page, which another pool's growth
+/// (here the small pool's) would need.
+#[test]
+fn under_a_memory_cap_the_page_ahead_leaves_the_last_page_free() {
+    let (sim, mut pool) = default_with("");
+    pool.set_limit(Some(3 * PAGE));
+    let _a = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(
+        sim.mapped_bytes(),
+        2 * PAGE,
+        "no page ahead into the last page"
+    );
+    let unmaps = sim.calls(Call::Unmap);
+    let _small = alloc(&mut pool, 4 * KIB, S0);
+    assert_eq!(sim.mapped_bytes(), 3 * PAGE);
+    assert_eq!(sim.calls(Call::Unmap), unmaps, "nothing given back for it");
+    check(&sim, &pool);
+}
+
+/// With single-page chunks (`repage_under_cap:False` under a cap) the page ahead would be a map
+/// call of its own, which saves nothing: none is mapped.
+#[test]
+fn single_page_chunks_under_a_cap_map_no_page_ahead() {
+    let (sim, mut pool) = default_with(",repage_under_cap:False");
+    pool.set_limit(Some(64 * PAGE));
+    let _a = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(sim.mapped_bytes(), 2 * PAGE, "only the pages 3 MiB needs");
     check(&sim, &pool);
 }
 

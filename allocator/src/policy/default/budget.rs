@@ -51,10 +51,11 @@
 //! free into any shard or thread cache counts), a large-pool growth maps one page more than
 //! it needs, so the next tensor often fits without a driver call; the ceiling above may then
 //! be passed by that page, per pool. Under a memory cap only where it lets a next tensor of
-//! the same size fit without a driver call, and only where the cap leaves room for it. The
-//! page shares a chunk with the tensor before it, so the last one stays mapped (and unusable
-//! by other pools) until that tensor is freed; a growth whose page ahead or slack does not fit
-//! on the device or under the cap maps only what it needs (`map_growth`).
+//! the same size fit without a driver call, chunks are more than a page, and the cap leaves a
+//! page free after it. The page shares a chunk with the tensor before it, so the last one
+//! stays mapped (and unusable by other pools) until that tensor is freed; a growth whose page
+//! ahead or slack does not fit on the device or under the cap maps only what it needs
+//! (`map_growth`).
 //!
 //! A small-pool growth maps at most one budget of the peak live bytes, or
 //! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
@@ -275,7 +276,7 @@ impl DefaultPolicy {
         };
         core.map_run(start, req.size, |core, id, want| {
             let ahead = if rules.page_ahead {
-                page_ahead(core, req, want, page)
+                page_ahead(core, req, want, page, window)
             } else {
                 0
             };
@@ -599,26 +600,42 @@ fn map_growth<D: Device>(
 /// what is left mapped when loading ends is at most a page per pool. None in the small pool,
 /// whose pages hold many small blocks anyway.
 ///
-/// Under a memory cap, only where the page and what the growth leaves free of its last page
-/// (`want`, the bytes it maps for the request) hold the request's size again: a next tensor of
-/// the same size then fits without a call. Elsewhere the page saves nothing and stays mapped
-/// beside the last tensor, and near a tight cap that page costs calls later (`t5_generate`,
-/// whose 4 MiB weights need two pages each: 171 -> 177 at 1.03x its peak live bytes with a
-/// page ahead for every growth). Measured on the 34 traces at caps of 1.03x and 1.10x: driver
-/// calls 5,548 -> 5,492 and 5,105 -> 5,049, `resnet_infer_dynamic` within 3x `segment_alloc`
-/// at both (78 -> 74, 77 -> 73), no trace more calls or device waits, min capacity unchanged.
-/// Without a cap the same condition costs memory on small jobs (`vit_infer_dynamic` 1.038 ->
-/// 1.086), so there the page is mapped at every loading growth.
-fn page_ahead<D: Device>(core: &Core<D>, req: &Request, want: u64, page: u64) -> u64 {
+/// Under a memory cap, only where three things hold:
+/// - the page and what the growth leaves free of its last page (`want` is the bytes it maps
+///   for the request) hold the request's size again, so a next tensor of the same size fits
+///   without a call. Where it would not, the page still serves the next growth, but it stays
+///   mapped beside the last tensor, and near a tight cap that costs calls later: a page ahead
+///   at every loading growth took `t5_generate` (4 MiB weights, two pages each) from 171 to
+///   177 calls and `resnet_infer_dynamic` from 74 to 78 at 1.03x its peak live bytes, for 9
+///   fewer calls over the 34 traces at 1.10x;
+/// - chunks are more than a page (`window`): with single-page chunks (`repage_under_cap`
+///   off) the page is a map call of its own, which saves nothing and which the budget may
+///   give back before the next growth maps it again;
+/// - the cap leaves a page free after it, so that it does not take the last page another
+///   pool or stream would grow into (which would send that growth down the out-of-memory
+///   ladder).
+///
+/// Measured on the 34 traces at caps of 1.03x and 1.10x: driver calls 5,548 -> 5,492 and
+/// 5,105 -> 5,049, `resnet_infer_dynamic` within 3x `segment_alloc` at both (78 -> 74, 77 ->
+/// 73), no trace more calls or device waits, min capacity unchanged. Without a cap the first
+/// condition costs memory on small jobs (`vit_infer_dynamic` 1.038 -> 1.086), so there the
+/// page is mapped at every loading growth.
+fn page_ahead<D: Device>(core: &Core<D>, req: &Request, want: u64, page: u64, window: u64) -> u64 {
     if !core.nothing_freed() || req.pool != PoolKind::Large {
         return 0;
     }
     let ahead = LOADING_PAGES_AHEAD * page;
-    let left = want.div_ceil(page) * page - want;
-    if core.limit.is_some() && left + ahead < req.size {
-        return 0;
+    let Some(limit) = core.limit else {
+        return ahead;
+    };
+    let mapped = want.div_ceil(page) * page;
+    let holds_next = mapped - want + ahead >= req.size;
+    let spare = limit.saturating_sub(core.total_reserved()) >= mapped + ahead + page;
+    if holds_next && window > page && spare {
+        ahead
+    } else {
+        0
     }
-    ahead
 }
 
 /// `want` bytes of unmapped block `id` and `ahead` more, as far as the block goes.

@@ -24,7 +24,8 @@ pub struct Rules {
     /// A growth maps up to the end of the chunk window it ends in, while the budget has room.
     pub window_slack: bool,
     /// While nothing was freed yet (loading), a large-pool growth maps one page ahead (under a
-    /// memory cap only where a next tensor of the same size then fits without a call).
+    /// memory cap only where a next tensor of the same size then fits without a call, a page
+    /// of the cap stays free and chunks are more than a page).
     pub page_ahead: bool,
     /// A small-pool growth's slack is at most one budget of the peak live bytes or
     /// `SMALL_SLACK_HELD_MULTIPLE` times what the small pool holds, whichever is more.
