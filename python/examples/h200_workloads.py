@@ -20,8 +20,11 @@ policy's rules on jobs they were not measured on); ``fasterrcnn_infer_dynamic``,
 ``moe_top1_capacity_train``, ``moe_top2_capacity_train``, ``moe_fine_grained_train``,
 ``moe_infer_dynamic`` (mixture-of-experts routing: expert counts 4 to 64, top-1 to top-6, with
 and without a capacity factor) and ``side_stream_prefetch1``/``2``/``3`` (an input pipeline on
-a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``). When each was
-recorded: ``docs/archive.md``.
+a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``);
+``beam_search_generate``, ``diffusion_train``, ``gnn_train_dynamic``, ``clip_train``,
+``rl_generate_train``, ``long_context_train`` and ``speculative_decode`` (a third set of kinds
+none of the others is, recorded after the rules were set). When each was recorded:
+``docs/archive.md``.
 """
 import collections
 import math
@@ -500,6 +503,127 @@ def side_stream_prefetch3():
     m = torchvision.models.efficientnet_b0(weights=None).cuda()
     _side_stream_train(3, m, _pinned_images(20, (16, 160), (4, 10)),
                        lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y))
+
+
+def beam_search_generate():
+    """Beam search (4 beams): each step reorders the key-value cache by the surviving beams."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(22); random.seed(22)
+    m = GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=1024, n_head=16)).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(8):
+            b = random.randint(1, 8); L = random.randint(16, 384); new = random.randint(16, 64)
+            ids = torch.randint(0, 50000, (b, L), device="cuda")
+            m.generate(ids, attention_mask=torch.ones_like(ids), num_beams=4, max_new_tokens=new,
+                       min_new_tokens=new, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+
+def diffusion_train():
+    """A denoising U-Net trained on latents of random batch and resolution, a noise level per sample."""
+    torch.manual_seed(23); random.seed(23)
+    m = _UNet(c=96).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    for _ in range(16):
+        b = random.randint(2, 16); r = 16 * random.randint(3, 8)
+        x0 = torch.randn(b, 4, r, r, device="cuda"); noise = torch.randn_like(x0)
+        t = torch.rand(b, 1, 1, 1, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.mse_loss(m(t.sqrt() * x0 + (1 - t).sqrt() * noise), noise)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def gnn_train_dynamic():
+    """A 3-layer graph network on random graphs of changing size: each layer gathers messages
+    along the edges and sums them into the nodes (``index_add_``); node classification."""
+    torch.manual_seed(24); random.seed(24)
+    d, classes = 256, 40
+    inp, head = torch.nn.Linear(128, d).cuda(), torch.nn.Linear(d, classes).cuda()
+    layers = torch.nn.ModuleList(torch.nn.Linear(2 * d, d) for _ in range(3)).cuda()
+    opt = torch.optim.AdamW([*inp.parameters(), *head.parameters(), *layers.parameters()], lr=1e-3)
+    for _ in range(20):
+        n = random.randint(20_000, 300_000); e = n * random.randint(4, 12)
+        src = torch.randint(0, n, (e,), device="cuda"); dst = torch.randint(0, n, (e,), device="cuda")
+        h = inp(torch.randn(n, 128, device="cuda"))
+        deg = torch.zeros(n, device="cuda").index_add_(0, dst, torch.ones(e, device="cuda")).clamp_(min=1)
+        for lin in layers:
+            agg = torch.zeros_like(h).index_add_(0, dst, h[src]) / deg.unsqueeze(1)
+            h = torch.relu(lin(torch.cat([h, agg], dim=1)))
+        loss = torch.nn.functional.cross_entropy(head(h), torch.randint(0, classes, (n,), device="cuda"))
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def clip_train():
+    """Contrastive image-text training (CLIP's ViT-B/32 and text towers) at changing batch sizes."""
+    from transformers import CLIPConfig, CLIPModel
+    torch.manual_seed(25); random.seed(25)
+    m = CLIPModel(CLIPConfig()).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    for _ in range(10):
+        b = random.choice([64, 128, 192, 256]); L = random.randint(16, 77)
+        ids = torch.randint(0, 49408, (b, L), device="cuda")
+        px = torch.randn(b, 3, 224, 224, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(input_ids=ids, pixel_values=px, return_loss=True).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def rl_generate_train():
+    """Rounds of sampled completions (no gradients, a key-value cache) followed by training on
+    them with a reward per sequence, on one model, as RL fine-tuning loops alternate."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(26); random.seed(26)
+    m = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-5)
+    for _ in range(5):
+        b = random.randint(8, 32); L = random.randint(32, 256); new = random.randint(32, 128)
+        ids = torch.randint(0, 50000, (b, L), device="cuda")
+        m.eval()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            seqs = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                              do_sample=True, top_k=50, pad_token_id=0)
+        m.train()
+        reward = torch.randn(seqs.shape[0], device="cuda")
+        for s, r in zip(seqs.split(8), reward.split(8)):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logp = torch.log_softmax(m(input_ids=s).logits[:, L - 1:-1].float(), -1)
+                loss = -(logp.gather(-1, s[:, L:].unsqueeze(-1)).squeeze(-1).sum(1) * r).mean()
+            loss.backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+def long_context_train():
+    """A Llama-style model trained on one or two long sequences a step (2k-16k tokens), with
+    activation checkpointing."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(27); random.seed(27)
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=16384)
+    m = LlamaForCausalLM(cfg).cuda()
+    m.gradient_checkpointing_enable()
+    m.config.use_cache = False
+    _train_lm(m, 8, (1, 2), (2048, 16384), 32000, torch.bfloat16)
+
+def speculative_decode():
+    """Speculative decoding: a 2-layer draft proposes 4 tokens (its own ``generate``), the
+    24-layer target checks them in one forward over the sequence, and the agreeing prefix and
+    the target's next token are kept."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(28); random.seed(28)
+    target = GPT2LMHeadModel(GPT2Config(n_layer=24, n_embd=1024, n_head=16)).cuda().half().eval()
+    draft = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=1024, n_head=16)).cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(6):
+            b = random.randint(1, 8)
+            seq = torch.randint(0, 50000, (b, random.randint(16, 256)), device="cuda")
+            goal = seq.shape[1] + random.randint(32, 96)
+            while seq.shape[1] < goal:
+                n = seq.shape[1]
+                prop = draft.generate(seq, attention_mask=torch.ones_like(seq), max_new_tokens=4,
+                                      min_new_tokens=4, do_sample=False, pad_token_id=0)
+                best = target(input_ids=prop).logits[:, n - 1:-1].argmax(-1)
+                agree = int((best == prop[:, n:]).all(0).int().cumprod(0).sum())
+                seq = torch.cat([prop[:, :n + agree], best[:, agree:agree + 1]], dim=1)
+    torch.cuda.synchronize()
 
 
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 33] = [
+const FIGURES: [(&str, u64, u64, u64); 40] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -110,6 +110,28 @@ const FIGURES: [(&str, u64, u64, u64); 33] = [
         13_488_881_664,
         407,
     ),
+    (
+        "h200/beam_search_generate",
+        2_262_135_039,
+        2_376_073_216,
+        245,
+    ),
+    ("h200/clip_train", 12_014_531_992, 12_255_756_288, 436),
+    ("h200/diffusion_train", 1_754_414_104, 1_809_842_176, 168),
+    (
+        "h200/gnn_train_dynamic",
+        15_899_761_380,
+        16_290_676_736,
+        551,
+    ),
+    (
+        "h200/long_context_train",
+        15_429_972_296,
+        15_724_445_696,
+        505,
+    ),
+    ("h200/rl_generate_train", 5_002_128_260, 5_096_079_360, 674),
+    ("h200/speculative_decode", 1_522_219_008, 1_553_989_632, 271),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
