@@ -38,8 +38,10 @@
 //! Each stream has a count of submitted and of completed work. `record_event` submits one unit
 //! and remembers it as the event's target; the event is complete once the stream's completed
 //! count reaches the target. With auto-complete on (the default) work completes at once; with it
-//! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`]
-//! or `synchronize_event` (which completes the stream up to that event, like a wait).
+//! off, work completes only through [`SimDevice::complete_stream`], [`SimDevice::complete_all`],
+//! [`SimDevice::complete_stream_to`] (up to a mark of [`SimDevice::submitted_work`]: a device
+//! that runs behind the host) or `synchronize_event` (which completes the stream up to that
+//! event, like a wait).
 //!
 //! Pinned host memory, copies and the streams the device makes are in the `transfer`
 //! submodule's documentation: copies move bytes only with host backing. Exported and imported

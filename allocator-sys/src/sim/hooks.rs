@@ -3,7 +3,8 @@
 //! the invariants the parent module lists.
 //!
 //! Invariant: the hooks only read the device's state, but for the faults they arm, the streams
-//! they mark foreign, the work they complete and the counters they reset.
+//! they mark foreign, the work they complete (never past the work submitted) and the counters
+//! they reset.
 
 use super::SimDevice;
 use crate::device::{Call, StreamId};
@@ -74,6 +75,22 @@ impl SimDevice {
     pub fn complete_all(&self) {
         for work in self.state.lock().streams.values_mut() {
             work.completed = work.submitted;
+        }
+    }
+
+    /// The work submitted so far on each stream that has any, as marks for
+    /// [`SimDevice::complete_stream_to`] (a device that runs behind completes up to an earlier
+    /// mark).
+    pub fn submitted_work(&self) -> Vec<(StreamId, u64)> {
+        let s = self.state.lock();
+        s.streams.iter().map(|(&id, w)| (id, w.submitted)).collect()
+    }
+
+    /// Completes the work of `stream` up to `mark` (a count [`SimDevice::submitted_work`]
+    /// returned); never un-completes work, nor completes work not yet submitted.
+    pub fn complete_stream_to(&self, stream: StreamId, mark: u64) {
+        if let Some(work) = self.state.lock().streams.get_mut(&stream) {
+            work.completed = work.completed.max(mark.min(work.submitted));
         }
     }
 

@@ -97,6 +97,15 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub cuda: bool,
 
+    /// Replay as if the GPU ran N operations behind the host, as it does in a program that
+    /// queues kernels without waiting for them: work the allocator queues on a stream during
+    /// one operation (the event a release of pages waits for) completes N operations later, so
+    /// pages given back stay held until then. The simulated device only (not with --cuda, nor
+    /// with --min-capacity, whose probes run with the device keeping up). Without it the device
+    /// keeps up, and a release completes at once.
+    #[arg(long, value_name = "N")]
+    pub device_lag: Option<u64>,
+
     /// Also say where the reserved bytes are at their peak: what live allocations asked for,
     /// rounding, blocks waiting for other streams, free memory the pool could give back, and
     /// free memory pinned by live blocks in the same chunk or segment (and how much of it lies in

@@ -28,6 +28,7 @@ struct Plan {
     cuda: bool,
     breakdown: bool,
     calls: bool,
+    device_lag: Option<u64>,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -47,6 +48,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         }
     }
     check_capacity(args)?;
+    check_device_lag(args)?;
     if let Some(path) = &args.plot {
         check_plot_path(path)?;
     }
@@ -72,6 +74,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         cuda: args.cuda,
         breakdown: args.breakdown,
         calls: args.calls.is_some(),
+        device_lag: args.device_lag,
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -309,6 +312,24 @@ fn check_cuda() -> Result<(), CliError> {
 
 /// Refuses a cap the simulated device could never reach (it has an H200's memory); through
 /// the driver the device itself says what it has.
+/// Refuses --device-lag where it cannot hold: through the driver (the GPU's own pace decides
+/// there) and with --min-capacity (whose probes run with the device keeping up).
+fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
+    let Some(lag) = args.device_lag else {
+        return Ok(());
+    };
+    let with = if args.cuda {
+        "--cuda (the GPU runs at its own pace there)"
+    } else if args.min_capacity {
+        "--min-capacity (its probes run with the device keeping up)"
+    } else {
+        return Ok(());
+    };
+    Err(CliError::msg(format!(
+        "--device-lag {lag} cannot be used with {with}"
+    )))
+}
+
 fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
     match args.capacity {
         Some(c) if !args.cuda && c > DEVICE_CAPACITY => Err(CliError::msg(format!(
@@ -405,13 +426,14 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         cuda: plan.cuda,
         breakdown: plan.breakdown,
         calls: plan.calls,
+        device_lag: plan.device_lag,
     };
     let mut result = replay(t, &v.cfg, &opts);
     if !plan.cuda && result.failure.is_none() {
         // The first replay's time counts only when it did nothing but replay.
         let plain = plan.samples == 0 && !plan.breakdown && !plan.calls;
         let first = plain.then_some(result.ns_per_event);
-        result.ns_per_event = median_ns_per_event(t, &v.cfg, plan.capacity, first);
+        result.ns_per_event = median_ns_per_event(t, &v.cfg, plan, first);
     }
     progress.step();
     let min_capacity = if plan.min_capacity {
@@ -439,9 +461,10 @@ const TIMED_FOR: Duration = Duration::from_millis(100);
 /// heap, and a few milliseconds of replays of a short trace land inside whatever else the
 /// machine does at the time (docs/policies.md, *Replay speed*). Its figures (bytes, calls) are
 /// the same every time.
-fn median_ns_per_event(t: &Trace, cfg: &Config, capacity: Option<u64>, first: Option<f64>) -> f64 {
+fn median_ns_per_event(t: &Trace, cfg: &Config, plan: &Plan, first: Option<f64>) -> f64 {
     let opts = ReplayOptions {
-        capacity,
+        capacity: plan.capacity,
+        device_lag: plan.device_lag,
         ..ReplayOptions::default()
     };
     let start = Instant::now();

@@ -201,11 +201,20 @@ pub struct ReplayOptions {
     pub breakdown: bool,
     /// Keep every operation that made driver calls ([`crate::call_log`]).
     pub calls: bool,
+    /// Replay as if the device ran this many operations behind the host (simulated device
+    /// only; `None` or 0: the device keeps up, as it does by default): work a pool queues on a
+    /// stream during operation `i` (the event a release waits for) completes when operation
+    /// `i + n` starts, so pages given back during a growth are still held while it maps new
+    /// ones ([`Lagging`]).
+    pub device_lag: Option<u64>,
 }
 
 /// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
 /// (a missing GPU is a failure at operation 0).
 pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
+    if let Some(lag) = opts.device_lag.filter(|&n| n > 0 && !opts.cuda) {
+        return replay_lagging(trace, cfg, opts, lag);
+    }
     if !opts.cuda {
         return replay_on(
             SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
@@ -246,7 +255,7 @@ fn replay_cuda(
         }
     }
     let mut pool = Pool::new(counted.clone(), cfg.clone());
-    let mut r = replay_in(&mut pool, trace, &streams, opts);
+    let mut r = replay_in(&mut pool, trace, &streams, opts, |_| {});
     r.driver_waits =
         Some(counted.calls(Call::SynchronizeDevice) + counted.calls(Call::SynchronizeEvent));
     drop(pool);
@@ -296,6 +305,54 @@ pub fn replay_on<D: Device>(
     replay_pool(Pool::new(device, cfg.clone()), trace, opts)
 }
 
+/// Replays `trace` on a simulated device that runs `lag` operations behind the host
+/// ([`ReplayOptions::device_lag`]); what is still queued at the end completes before the pool
+/// is dropped.
+fn replay_lagging(trace: &Trace, cfg: &Config, opts: &ReplayOptions, lag: u64) -> ReplayResult {
+    let device = Arc::new(SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)));
+    device.set_auto_complete(false);
+    let mut pool = Pool::new(device.clone(), cfg.clone());
+    let mut lagging = Lagging::new(device.clone(), lag);
+    let r = replay_in(&mut pool, trace, &trace_streams(trace), opts, |_| {
+        lagging.tick()
+    });
+    device.complete_all();
+    r
+}
+
+/// A simulated device running behind: before each operation it completes the work that was
+/// submitted `lag` operations earlier (marks of [`SimDevice::submitted_work`], one per
+/// operation, the oldest first).
+pub struct Lagging {
+    device: Arc<SimDevice>,
+    lag: usize,
+    marks: std::collections::VecDeque<Vec<(StreamId, u64)>>,
+}
+
+impl Lagging {
+    /// `device` (auto-complete off) running `lag` operations behind (at least 1).
+    pub fn new(device: Arc<SimDevice>, lag: u64) -> Lagging {
+        Lagging {
+            device,
+            lag: usize::try_from(lag.max(1)).unwrap_or(usize::MAX),
+            marks: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Called before each operation: the work submitted up to `lag` operations ago completes.
+    pub fn tick(&mut self) {
+        self.marks.push_back(self.device.submitted_work());
+        while self.marks.len() >= self.lag {
+            let Some(mark) = self.marks.pop_front() else {
+                break;
+            };
+            for (stream, upto) in mark {
+                self.device.complete_stream_to(stream, upto);
+            }
+        }
+    }
+}
+
 /// Replays `trace` on the simulated device under `policy`, a policy of any crate (with `cfg`'s
 /// rounding, size classes and cap), as [`replay`] replays the built-in ones.
 pub fn replay_policy<P: Policy>(
@@ -318,7 +375,7 @@ pub fn replay_pool<D: Device, P: Policy>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     let streams = trace_streams(trace);
-    replay_in(&mut pool, trace, &streams, opts)
+    replay_in(&mut pool, trace, &streams, opts, |_| {})
 }
 
 /// The trace's stream handles as the simulated device's streams (any handle is one there).
@@ -333,6 +390,7 @@ fn replay_in<D: Device, P: Policy>(
     trace: &Trace,
     streams: &[StreamId],
     opts: &ReplayOptions,
+    mut before_op: impl FnMut(usize),
 ) -> ReplayResult {
     if let Some(cap) = opts.capacity {
         // The lower of this cap and the one the config's memory fraction sets (tried again
@@ -352,6 +410,7 @@ fn replay_in<D: Device, P: Policy>(
     let mut calls = opts.calls.then(CallLog::default);
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
+        before_op(i);
         if let Some(p) = peak.as_mut() {
             p.before(op, &slots);
         }

@@ -114,7 +114,7 @@ fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
 #[test]
 fn conflicting_or_impossible_options_exit_2_naming_them() {
     let plot = scratch("no-folder").join("missing").join("p.html");
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 8] = [
         (
             vec!["replay", "--policy", "torch", "--policy", "torch"],
             "`torch` is asked for twice",
@@ -126,6 +126,14 @@ fn conflicting_or_impossible_options_exit_2_naming_them() {
         (
             vec!["replay", "--plot", plot.to_str().unwrap()],
             "no folder",
+        ),
+        (
+            vec!["replay", "--device-lag", "4", "--cuda"],
+            "--device-lag 4 cannot be used with --cuda",
+        ),
+        (
+            vec!["replay", "--device-lag", "4", "--min-capacity"],
+            "--device-lag 4 cannot be used with --min-capacity",
         ),
         (vec!["replay", "--config", ""], "empty config string"),
         (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),

@@ -9,12 +9,14 @@
 //! highest points are the replay's peaks; a policy given as a value replays as the same rules
 //! named by a config.
 //!
-//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; needs a CUDA GPU), `fidelity.rs`,
+//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; needs a CUDA GPU),
+//! `device_lag.rs` (a device that runs behind), `fidelity.rs`,
 //! `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`, `replay_policy.rs`,
 //! `reset_peaks.rs`, `timeline.rs`.
 
 mod capped;
 mod cuda_replay;
+mod device_lag;
 mod fidelity;
 mod front_fidelity;
 mod memory_fraction_key;
