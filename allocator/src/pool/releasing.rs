@@ -118,6 +118,32 @@ impl<D: Device> Core<D> {
             .map(|(i, &(_, id))| (i, &self.blocks[id]))
             .filter(|(_, b)| b.stream == stream && b.pool == pool && fits(b))
             .min_by_key(|(_, b)| b.size)?;
+        Some(self.take_back(i))
+    }
+
+    /// The releasing blocks, in the order they started releasing (a policy tells by them which
+    /// of its releases the device has not caught up with).
+    pub fn releasing_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.releasing.iter().map(|&(_, id)| id)
+    }
+
+    /// Takes back releasing block `id` before its pages are unmapped, as
+    /// [`Core::reclaim_releasing`] takes back the block it picks: the block is free again, in
+    /// the free index of its own stream (whose queued work comes before any use there); false
+    /// when `id` is not releasing.
+    pub fn reclaim_releasing_block(&mut self, id: BlockId) -> bool {
+        match self.releasing.iter().position(|&(_, r)| r == id) {
+            Some(i) => {
+                self.take_back(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes back the releasing block at `i` of `Core::releasing`: free, merged with its free
+    /// neighbours and in its index again.
+    fn take_back(&mut self, i: usize) -> BlockId {
         let (ev, id) = self.releasing.remove(i);
         // The event may not have completed: it is recorded again before its next use.
         self.spare_events.push(ev);
@@ -128,7 +154,7 @@ impl<D: Device> Core<D> {
             self.try_merge(id, side);
         }
         self.insert_free(id);
-        Some(id)
+        id
     }
 
     /// Bytes of releasing blocks: reserved still, on their way back to the device.

@@ -1,17 +1,29 @@
 //! Asynchronous release (`pool::releasing`): the `default` policy's budget gives pages back
 //! without waiting for the device. Run with `SimDevice::set_auto_complete(false)`, so that a
-//! stream's work completes only when the test says.
+//! stream's work completes only when the test says, and with `keep_while_behind` off (the
+//! release goes on while the device runs behind).
 
 use crate::common::pool;
 
+use cudalloc::config::PolicyConfig;
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::StreamId;
 use cudalloc_sys::{Call, SimDevice};
 use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
 
+/// `default` with `extra` keys and without `keep_while_behind`: these tests are about the
+/// release itself, which that rule takes back while the device runs behind, as it does here
+/// (`keep_while_behind.rs` has the rule's tests).
 fn default_with(extra: &str) -> (Sim, Pool<Sim>) {
     let cfg = Config::parse(&format!("policy:default,layout_plans:false{extra}")).unwrap();
+    let PolicyConfig::Default(mut d) = cfg.policy_config().clone() else {
+        unreachable!("a default config");
+    };
+    d.rules.keep_while_behind = false;
+    let cfg = cfg
+        .with_policy(PolicyConfig::Default(d))
+        .expect("a valid config");
     pool_with(cfg, 4 * GIB)
 }
 

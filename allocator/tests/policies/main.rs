@@ -16,7 +16,8 @@
 //!   checks.
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
-//! `giant_ranges.rs`, `async_release.rs`, `plans.rs`, `split_footprints.rs`, `policy_outside.rs`.
+//! `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`, `plans.rs`, `split_footprints.rs`,
+//! `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -27,6 +28,7 @@ mod budget_rules;
 mod capped_repage;
 mod config;
 mod giant_ranges;
+mod keep_while_behind;
 mod memory_fraction_key;
 mod plans;
 mod policy_outside;

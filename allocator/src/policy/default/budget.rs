@@ -38,6 +38,15 @@
 //! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
 //! batch larger than any before does not give back, on its way up, pages it will use again
 //! before it ends.
+//! Without a memory cap, pages given back for a growth that are still on their way back once
+//! polled (their stream's queued work had not completed: the device runs behind the host, as
+//! it does in a program that queues kernels without waiting) are taken back into the cache at
+//! once (`keep_while_behind`): the device holds them either way, and the growth maps its own
+//! beside them, so given back they only raise the pool's footprint until the device catches up,
+//! while cached they serve the next requests of their stream. Until a give-back completes at
+//! once the policy is *behind* (`DefaultPolicy::behind`): no giant range is made and giant
+//! blocks serve any request (`giant`). Under a cap the pages go back as above: the cap needs
+//! them, and the out-of-memory ladder waits for them.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception (not under a memory cap): the cached pages of the
 //! footprint a layout plan places episodes in (`plan`; two ranges after a split, `footprint`)
@@ -241,12 +250,16 @@ impl DefaultPolicy {
         }
         let gives_back = self.cfg.rules.give_back || core.limit.is_some();
         if excess > 0 && gives_back {
-            self.release_free_chunks(core, excess, false, keep)?;
+            let before: Vec<BlockId> = core.releasing_blocks().collect();
+            let mut released = self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
             let over = (core.reserved - core.releasing_bytes() + need).saturating_sub(hard);
             if over > 0 && !piled && self.kept().is_some() {
-                self.release_free_chunks(core, over, true, keep)?;
+                released += self.release_free_chunks(core, over, true, keep)?;
+            }
+            if released > 0 && self.cfg.rules.keep_while_behind && core.limit.is_none() {
+                self.keep_what_the_device_holds(core, &before);
             }
         }
         let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
@@ -254,6 +267,26 @@ impl DefaultPolicy {
             room = room.min(l.saturating_sub(core.total_reserved() + need));
         }
         Ok(room)
+    }
+
+    /// After a give-back without a cap (`keep_while_behind`): the blocks it started releasing
+    /// that are still releasing (their stream's queued work had not completed when they were
+    /// polled) are taken back into the cache, and the policy is behind while there were any.
+    /// Pages the device still holds are held by the pool either way, and the growth maps its
+    /// own beside them: given back, they would be of use to no request until the device caught
+    /// up (the growth's footprint is theirs plus its own), while cached they serve the next
+    /// requests of their stream. Blocks in `before` were releasing before the give-back. (A
+    /// block finished and discarded during it could lend its id to one the give-back started:
+    /// that one stays releasing.)
+    fn keep_what_the_device_holds<D: Device>(&mut self, core: &mut Core<D>, before: &[BlockId]) {
+        let held: Vec<BlockId> = core
+            .releasing_blocks()
+            .filter(|id| !before.contains(id))
+            .collect();
+        self.behind = !held.is_empty();
+        for id in held {
+            core.reclaim_releasing_block(id);
+        }
     }
 
     /// Finds room and maps the missing pages as one chunk per unmapped block touched.

@@ -10,7 +10,11 @@
 //! giant range serves only a giant request (of the capped size or more) that leaves at most one
 //! chunk window of it unused, and is handed out whole (never split: a rest in the chunk would
 //! stay mapped while the tensor lives, and only the ladder's last resort, which copies the
-//! whole chunk, could give it back), so the range holds one tensor. The budget gives back the
+//! whole chunk, could give it back), so the range holds one tensor. While the policy is behind
+//! (`keep_while_behind`, `budget`: without a cap, a give-back the device had not caught up with)
+//! no giant range is made, and a giant block serves any request by best fit and is split like
+//! any block: a giant tensor whose size changes with every step would otherwise get a new range
+//! each step while the old ones are held by the device. The budget gives back the
 //! free blocks of giant ranges before any other (`give_back_giant_first`): one unmap each, and
 //! only a request that nearly fills one can reuse it. Ordinary growth and a layout plan's
 //! footprint never go to a giant range. Ranges are reserved in whole chunk windows, so a range
@@ -91,6 +95,9 @@ impl DefaultPolicy {
     /// uncapped size without a cap.
     fn giant_growth_min<D: Device>(&self, core: &Core<D>) -> Option<u64> {
         let rules = self.cfg.rules;
+        if self.behind {
+            return None;
+        }
         if core.limit().is_some() {
             (rules.giant_ranges && self.cfg.repage_under_cap).then(|| self.giant_min())
         } else {
@@ -125,7 +132,7 @@ impl DefaultPolicy {
     pub(super) fn may_serve(&self, b: &Block, req: &Request, giant_serve: bool) -> bool {
         let waste = b.size - req.size.min(b.size);
         let giant_fits = req.size >= self.giant_min() && waste <= self.cfg.max_chunk;
-        !self.is_giant(b.segment) || (giant_serve && giant_fits)
+        !self.is_giant(b.segment) || (giant_serve && (giant_fits || self.behind))
     }
 
     /// PyTorch's best fit ([`torch::get_free_block`]) over the blocks `req` may take: a block

@@ -129,6 +129,10 @@ pub struct DefaultPolicy {
     pending: Option<(usize, bool)>,
     /// The segment index of each giant range (`giant`).
     giant: Vec<u32>,
+    /// The last give-back without a cap left pages the device had not caught up with
+    /// (`keep_while_behind`, `budget`): no giant range is made meanwhile, and giant blocks
+    /// serve any request (`giant`).
+    pub(crate) behind: bool,
 }
 
 impl DefaultPolicy {
@@ -140,6 +144,7 @@ impl DefaultPolicy {
             peak_requested: 0,
             pending: None,
             giant: Vec::new(),
+            behind: false,
         }
     }
 
@@ -178,6 +183,8 @@ impl Policy for DefaultPolicy {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
+        // Behind is a state of the uncapped mode only (`keep_while_behind`).
+        self.behind &= core.limit().is_none();
         let seq = if self.plans_on(req) {
             self.episode_index(core, req.stream)
         } else {
@@ -196,8 +203,9 @@ impl Policy for DefaultPolicy {
     }
 
     fn should_split<D: Device>(&self, core: &Core<D>, id: BlockId, size: u64) -> bool {
-        // A block of a giant range is handed out whole (`giant`).
-        torch::should_split(core, id, size, true) && !self.is_giant(core.blocks[id].segment)
+        // A block of a giant range is handed out whole (`giant`), but while behind.
+        torch::should_split(core, id, size, true)
+            && (self.behind || !self.is_giant(core.blocks[id].segment))
     }
 
     fn grow<D: Device>(

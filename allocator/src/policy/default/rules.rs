@@ -76,6 +76,12 @@ pub struct Rules {
     /// The budget gives back the free blocks of giant ranges before any other, largest first
     /// (`giant`).
     pub give_back_giant_first: bool,
+    /// Without a memory cap, pages the budget gave back for a growth that the device has not
+    /// caught up with (their stream's work still queued) are taken back into the cache, and
+    /// until a give-back completes at once the policy is *behind*: no giant range is made and
+    /// giant blocks serve any request by best fit (`behind`). A replay cannot weigh it unless
+    /// its device runs behind (`cudalloc replay --device-lag`).
+    pub keep_while_behind: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -108,6 +114,7 @@ impl Rules {
         giant_ranges: true,
         giant_ranges_uncapped: true,
         give_back_giant_first: true,
+        keep_while_behind: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -143,6 +150,7 @@ impl Rules {
             ("giant_ranges", |r| &mut r.giant_ranges),
             ("giant_ranges_uncapped", |r| &mut r.giant_ranges_uncapped),
             ("give_back_giant_first", |r| &mut r.give_back_giant_first),
+            ("keep_while_behind", |r| &mut r.keep_while_behind),
         ]
     }
 

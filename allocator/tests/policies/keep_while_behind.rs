@@ -1,0 +1,158 @@
+//! `keep_while_behind` (`policy::default::budget`): without a memory cap, pages the budget gives
+//! back for a growth that the device has not caught up with (their stream's work still queued)
+//! are taken back into the cache, where the next requests of their stream find them, and until a
+//! give-back completes at once the policy is *behind*: no giant range is made, and giant blocks
+//! serve any request by best fit. Run with `SimDevice::set_auto_complete(false)`, so that work
+//! completes only when the test says. The core's invariants hold after every step.
+
+use crate::common::pool;
+
+use cudalloc::policy::default::{DefaultConfig, GIANT_UNCAPPED_MIN_CHUNKS};
+use cudalloc::policy::PolicyConfig;
+use cudalloc::snapshot::BlockState;
+use cudalloc::{Config, Pool};
+use cudalloc_sys::{Call, SimConfig, SimDevice};
+use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0};
+use std::sync::Arc;
+
+/// The default chunk window.
+const WINDOW: u64 = 40 * MIB;
+
+/// A pool of `default` (no layout plans; `keep_while_behind` as `keep`, and `max_chunk`,
+/// `budget` as given) past its loading on a 16 GiB device whose work completes only when told.
+fn lagging(keep: bool, max_chunk: u64, budget: f64) -> (Sim, Pool<Sim>) {
+    let mut d = DefaultConfig {
+        max_chunk,
+        fragmentation_budget: budget,
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.keep_while_behind = keep;
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(d))
+        .unwrap();
+    let mut pool = Pool::new(sim.clone(), cfg);
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    (sim, pool)
+}
+
+/// The free blocks of the pool, as (address, size).
+fn free_blocks(pool: &Pool<Sim>) -> Vec<(u64, u64)> {
+    let snap = pool.snapshot();
+    let blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+    blocks
+        .filter(|b| b.state == BlockState::Free)
+        .map(|b| (b.addr, b.size))
+        .collect()
+}
+
+/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block (2 MiB chunks, a 75% budget);
+/// a 34 MiB growth then passes the budget by 4 MiB, and the 6 MiB block is the one the budget
+/// gives back (`async_release.rs`, rule off: its pages then stay on their way back until the
+/// device catches up). With the rule, they stay cached and serve the next 6 MiB request.
+#[test]
+fn pages_the_device_still_holds_stay_cached_and_serve_the_next_request() {
+    for keep in [true, false] {
+        let (sim, mut pool) = lagging(keep, 2 * MIB, 0.75);
+        let large = alloc(&mut pool, 30 * MIB, S0);
+        let k1 = alloc(&mut pool, 2 * MIB, S0);
+        let small = alloc(&mut pool, 6 * MIB, S0);
+        let k2 = alloc(&mut pool, 2 * MIB, S0);
+        let small_ptr = small.ptr();
+        free(&mut pool, large);
+        free(&mut pool, small);
+        let unmaps = sim.calls(Call::Unmap);
+        let grown = alloc(&mut pool, 34 * MIB, S0);
+        check(&sim, &pool);
+        assert_eq!(
+            sim.calls(Call::Unmap),
+            unmaps,
+            "keep {keep}: unmapped too soon"
+        );
+        let cached = free_blocks(&pool).contains(&(small_ptr, 6 * MIB));
+        assert_eq!(cached, keep, "keep {keep}: {:?}", free_blocks(&pool));
+        assert_eq!(pool.releasing_bytes(), if keep { 0 } else { 6 * MIB });
+        let again = alloc(&mut pool, 6 * MIB, S0);
+        assert_eq!(again.ptr() == small_ptr, keep, "keep {keep}");
+        check(&sim, &pool);
+        sim.complete_all();
+        for a in [grown, again, k1, k2] {
+            free(&mut pool, a);
+        }
+        pool.empty_cache().unwrap();
+        check(&sim, &pool);
+        assert_eq!(sim.mapped_bytes(), 0);
+    }
+}
+
+/// With the device keeping up, the rule changes nothing: the pages go at once.
+#[test]
+fn with_the_device_keeping_up_the_budget_gives_back_as_before() {
+    let (sim, mut pool) = lagging(true, 2 * MIB, 0.75);
+    sim.set_auto_complete(true);
+    let large = alloc(&mut pool, 30 * MIB, S0);
+    let _k1 = alloc(&mut pool, 2 * MIB, S0);
+    let small = alloc(&mut pool, 6 * MIB, S0);
+    let _k2 = alloc(&mut pool, 2 * MIB, S0);
+    free(&mut pool, large);
+    free(&mut pool, small);
+    let unmaps = sim.calls(Call::Unmap);
+    let _grown = alloc(&mut pool, 34 * MIB, S0);
+    check(&sim, &pool);
+    assert_eq!(
+        sim.calls(Call::Unmap) - unmaps,
+        3,
+        "the 6 MiB block's chunks"
+    );
+    assert_eq!(pool.releasing_bytes(), 0);
+}
+
+/// A giant block (a range of its own) is given back for a growth the device is behind on, and
+/// taken back: behind, a smaller request takes that block by best fit (split), and a giant
+/// request grows in the shared range, window by window. Without the rule the block stays on its
+/// way back, the smaller request maps new pages, and the giant one gets a range of its own.
+#[test]
+fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
+    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
+    for keep in [true, false] {
+        let (sim, mut pool) = lagging(keep, WINDOW, 0.02);
+        let g = alloc(&mut pool, giant, S0);
+        let g_ptr = g.ptr();
+        free(&mut pool, g);
+        // Beside the cached giant block the budget (2% of its size) has no room: the giant block
+        // goes back, and the device has not caught up with it.
+        let x = alloc(&mut pool, 5 * WINDOW, S0);
+        check(&sim, &pool);
+        let maps = sim.calls(Call::Map);
+        let y = alloc(&mut pool, 3 * WINDOW, S0);
+        check(&sim, &pool);
+        assert_eq!(
+            y.ptr() == g_ptr,
+            keep,
+            "keep {keep}: the giant block serves"
+        );
+        assert_eq!(
+            sim.calls(Call::Map) == maps,
+            keep,
+            "keep {keep}: no map for it"
+        );
+        let maps = sim.calls(Call::Map);
+        let z = alloc(&mut pool, giant + 2 * WINDOW, S0);
+        check(&sim, &pool);
+        let z_maps = sim.calls(Call::Map) - maps;
+        assert_eq!(
+            z_maps > 1,
+            keep,
+            "keep {keep}: {z_maps} maps for the giant request"
+        );
+        sim.complete_all();
+        for a in [x, y, z] {
+            free(&mut pool, a);
+        }
+        pool.empty_cache().unwrap();
+        check(&sim, &pool);
+        assert_eq!(sim.mapped_bytes(), 0);
+    }
+}
