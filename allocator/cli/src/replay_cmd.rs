@@ -310,8 +310,6 @@ fn check_cuda() -> Result<(), CliError> {
         .map_err(|e| CliError::msg(format!("--cuda: {e}")))
 }
 
-/// Refuses a cap the simulated device could never reach (it has an H200's memory); through
-/// the driver the device itself says what it has.
 /// Refuses --device-lag where it cannot hold: through the driver (the GPU's own pace decides
 /// there) and with --min-capacity (whose probes run with the device keeping up).
 fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
@@ -330,6 +328,8 @@ fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
     )))
 }
 
+/// Refuses a cap the simulated device could never reach (it has an H200's memory); through
+/// the driver the device itself says what it has.
 fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
     match args.capacity {
         Some(c) if !args.cuda && c > DEVICE_CAPACITY => Err(CliError::msg(format!(

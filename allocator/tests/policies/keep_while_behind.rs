@@ -156,3 +156,41 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
         assert_eq!(sim.mapped_bytes(), 0);
     }
 }
+
+/// Behind ends with the first give-back that completes at once (the device caught up): giant
+/// ranges are made again.
+#[test]
+fn a_give_back_that_completes_at_once_ends_behind() {
+    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
+    let (sim, mut pool) = lagging(true, WINDOW, 0.02);
+    let g = alloc(&mut pool, giant, S0);
+    free(&mut pool, g);
+    // Behind: the giant block given back for this growth is taken back.
+    let x = alloc(&mut pool, 5 * WINDOW, S0);
+    assert_eq!(pool.releasing_bytes(), 0);
+    // The device catches up; the next growth past the budget gives back at once.
+    sim.set_auto_complete(true);
+    sim.complete_all();
+    let unmaps = sim.calls(Call::Unmap);
+    let y = alloc(&mut pool, giant + 4 * WINDOW, S0);
+    check(&sim, &pool);
+    assert!(
+        sim.calls(Call::Unmap) > unmaps,
+        "the budget gave back at once"
+    );
+    free(&mut pool, y);
+    let maps = sim.calls(Call::Map);
+    let z = alloc(&mut pool, giant + 8 * WINDOW, S0);
+    check(&sim, &pool);
+    assert_eq!(
+        sim.calls(Call::Map) - maps,
+        1,
+        "a giant range again: one chunk"
+    );
+    for a in [x, z] {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+}

@@ -202,7 +202,8 @@ pub struct ReplayOptions {
     /// Keep every operation that made driver calls ([`crate::call_log`]).
     pub calls: bool,
     /// Replay as if the device ran this many operations behind the host (simulated device
-    /// only; `None` or 0: the device keeps up, as it does by default): work a pool queues on a
+    /// only, and [`replay`] only: `replay_on`, `replay_pool` and `replay_policy` run with the
+    /// device they are given; `None` or 0: the device keeps up, as it does by default): work a pool queues on a
     /// stream during operation `i` (the event a release waits for) completes when operation
     /// `i + n` starts, so pages given back during a growth are still held while it maps new
     /// ones ([`Lagging`]).

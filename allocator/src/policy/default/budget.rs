@@ -45,7 +45,9 @@
 //! beside them, so given back they only raise the pool's footprint until the device catches up,
 //! while cached they serve the next requests of their stream. Until a give-back completes at
 //! once the policy is *behind* (`DefaultPolicy::behind`): no giant range is made and giant
-//! blocks serve any request (`giant`). Under a cap the pages go back as above: the cap needs
+//! blocks serve any request (`giant`). A device that stays behind at every growth never lets a
+//! give-back complete at once, so there the budget gives nothing back without a cap and memory
+//! grows to the job's high-water mark; one completes after the host waited for the device. Under a cap the pages go back as above: the cap needs
 //! them, and the out-of-memory ladder waits for them.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception (not under a memory cap): the cached pages of the
@@ -250,7 +252,7 @@ impl DefaultPolicy {
         }
         let gives_back = self.cfg.rules.give_back || core.limit.is_some();
         if excess > 0 && gives_back {
-            let before: Vec<BlockId> = core.releasing_blocks().collect();
+            let before = releasing_now(core);
             let mut released = self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
@@ -275,13 +277,19 @@ impl DefaultPolicy {
     /// Pages the device still holds are held by the pool either way, and the growth maps its
     /// own beside them: given back, they would be of use to no request until the device caught
     /// up (the growth's footprint is theirs plus its own), while cached they serve the next
-    /// requests of their stream. Blocks in `before` were releasing before the give-back. (A
-    /// block finished and discarded during it could lend its id to one the give-back started:
-    /// that one stays releasing.)
-    fn keep_what_the_device_holds<D: Device>(&mut self, core: &mut Core<D>, before: &[BlockId]) {
-        let held: Vec<BlockId> = core
-            .releasing_blocks()
-            .filter(|id| !before.contains(id))
+    /// requests of their stream. Blocks in `before` (id and address, [`releasing_now`]) were
+    /// releasing before the give-back; one of them whose unmap failed during it is free and
+    /// mapped again, and a block the give-back started there with its id would stay
+    /// releasing.
+    fn keep_what_the_device_holds<D: Device>(
+        &mut self,
+        core: &mut Core<D>,
+        before: &[(BlockId, u64)],
+    ) {
+        let held: Vec<BlockId> = releasing_now(core)
+            .into_iter()
+            .filter(|b| !before.contains(b))
+            .map(|(id, _)| id)
             .collect();
         self.behind = !held.is_empty();
         for id in held {
@@ -578,6 +586,15 @@ impl DefaultPolicy {
         free.into_iter()
             .partition(|&(_, id)| self.is_giant(core.blocks[id].segment))
     }
+}
+
+/// The releasing blocks as (id, address): a block that finished releasing during a give-back
+/// can lend its id to one the give-back started, but not its address (its pages are unmapped
+/// then, and a release starts only on mapped pages), unless its unmap failed.
+fn releasing_now<D: Device>(core: &Core<D>) -> Vec<(BlockId, u64)> {
+    core.releasing_blocks()
+        .map(|id| (id, core.blocks[id].addr))
+        .collect()
 }
 
 /// `want` bytes from the start of unmapped block `id`, extended to the end of the chunk

@@ -14,7 +14,10 @@
 //! (`keep_while_behind`, `budget`: without a cap, a give-back the device had not caught up with)
 //! no giant range is made, and a giant block serves any request by best fit and is split like
 //! any block: a giant tensor whose size changes with every step would otherwise get a new range
-//! each step while the old ones are held by the device. The budget gives back the
+//! each step while the old ones are held by the device. A range split then may hold several
+//! blocks; once the policy is no longer behind, its free pieces serve only giant requests that
+//! nearly fill them, and a piece beside a live block in the range's one chunk goes back only
+//! with that block (or by the last resort under a cap). The budget gives back the
 //! free blocks of giant ranges before any other (`give_back_giant_first`): one unmap each, and
 //! only a request that nearly fills one can reuse it. Ordinary growth and a layout plan's
 //! footprint never go to a giant range. Ranges are reserved in whole chunk windows, so a range
@@ -22,8 +25,8 @@
 //! pages are mapped. A giant range whose pages all went back serves the next giant growth of
 //! its stream that fits in it (the smallest such); after that growth the stream's other empty
 //! giant ranges are released (not during a capture), so empty giant ranges pile up only
-//! between two giant growths of a stream that go ahead, during a capture, or when the stream
-//! makes no more giant growths (a range made under a cap for 320-640 MiB, the cap then lifted;
+//! between two giant growths of a stream that go ahead, during a capture, while the policy is
+//! behind (no giant growth then), or when the stream makes no more giant growths (a range made under a cap for 320-640 MiB, the cap then lifted;
 //! address space only: `empty_cache` releases them).
 //!
 //! A cap set on a pool with `repage_under_cap` off stops blocks of giant ranges made before it
@@ -170,7 +173,9 @@ impl DefaultPolicy {
         let page = core.device.granularity()?;
         let need = req.size.div_ceil(page) * page;
         self.budget_room(core, req, need, None)?;
-        if core.over_limit(need) {
+        // A give-back that found the device behind (`keep_while_behind`) leaves ordinary growth
+        // to serve the request, as every growth after it while behind.
+        if core.over_limit(need) || self.behind {
             return Ok(None);
         }
         let grown = self.grow_in_giant_range(core, req, need, page)?;
