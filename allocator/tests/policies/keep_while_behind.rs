@@ -10,7 +10,7 @@ use crate::common::pool;
 use cudalloc::policy::default::{DefaultConfig, GIANT_UNCAPPED_MIN_CHUNKS};
 use cudalloc::policy::PolicyConfig;
 use cudalloc::snapshot::BlockState;
-use cudalloc::{Config, Pool};
+use cudalloc::{Allocation, Config, Pool};
 use cudalloc_sys::{Call, SimConfig, SimDevice};
 use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0};
 use std::sync::Arc;
@@ -48,21 +48,28 @@ fn free_blocks(pool: &Pool<Sim>) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block (2 MiB chunks, a 75% budget);
+/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block (2 MiB chunks, a 75% budget):
 /// a 34 MiB growth then passes the budget by 4 MiB, and the 6 MiB block is the one the budget
-/// gives back (`async_release.rs`, rule off: its pages then stay on their way back until the
-/// device catches up). With the rule, they stay cached and serve the next 6 MiB request.
+/// gives back. Returns the 6 MiB block's address and the live blocks.
+fn layout_with_excess(pool: &mut Pool<Sim>) -> (u64, [Allocation; 2]) {
+    let large = alloc(pool, 30 * MIB, S0);
+    let k1 = alloc(pool, 2 * MIB, S0);
+    let small = alloc(pool, 6 * MIB, S0);
+    let k2 = alloc(pool, 2 * MIB, S0);
+    let small_ptr = small.ptr();
+    free(pool, large);
+    free(pool, small);
+    (small_ptr, [k1, k2])
+}
+
+/// [`layout_with_excess`] (`async_release.rs` has it with the rule off: the 6 MiB block's pages
+/// then stay on their way back until the device catches up). With the rule, they stay cached and
+/// serve the next 6 MiB request.
 #[test]
 fn pages_the_device_still_holds_stay_cached_and_serve_the_next_request() {
     for keep in [true, false] {
         let (sim, mut pool) = lagging(keep, 2 * MIB, 0.75);
-        let large = alloc(&mut pool, 30 * MIB, S0);
-        let k1 = alloc(&mut pool, 2 * MIB, S0);
-        let small = alloc(&mut pool, 6 * MIB, S0);
-        let k2 = alloc(&mut pool, 2 * MIB, S0);
-        let small_ptr = small.ptr();
-        free(&mut pool, large);
-        free(&mut pool, small);
+        let (small_ptr, [k1, k2]) = layout_with_excess(&mut pool);
         let unmaps = sim.calls(Call::Unmap);
         let grown = alloc(&mut pool, 34 * MIB, S0);
         check(&sim, &pool);
@@ -92,12 +99,7 @@ fn pages_the_device_still_holds_stay_cached_and_serve_the_next_request() {
 fn with_the_device_keeping_up_the_budget_gives_back_as_before() {
     let (sim, mut pool) = lagging(true, 2 * MIB, 0.75);
     sim.set_auto_complete(true);
-    let large = alloc(&mut pool, 30 * MIB, S0);
-    let _k1 = alloc(&mut pool, 2 * MIB, S0);
-    let small = alloc(&mut pool, 6 * MIB, S0);
-    let _k2 = alloc(&mut pool, 2 * MIB, S0);
-    free(&mut pool, large);
-    free(&mut pool, small);
+    let (_small, _keep) = layout_with_excess(&mut pool);
     let unmaps = sim.calls(Call::Unmap);
     let _grown = alloc(&mut pool, 34 * MIB, S0);
     check(&sim, &pool);
