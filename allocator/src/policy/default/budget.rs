@@ -47,8 +47,9 @@
 //! once the policy is *behind* (`DefaultPolicy::behind`): no giant range is made and giant
 //! blocks serve any request (`giant`). A device that stays behind at every growth never lets a
 //! give-back complete at once, so there the budget gives nothing back without a cap and memory
-//! grows to the job's high-water mark; one completes after the host waited for the device. Under a cap the pages go back as above: the cap needs
-//! them, and the out-of-memory ladder waits for them.
+//! grows to the job's high-water mark; one completes after the host waited for the device.
+//! Under a cap the pages go back as above: the cap needs them, and the out-of-memory ladder
+//! waits for them.
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception (not under a memory cap): the cached pages of the
 //! footprint a layout plan places episodes in (`plan`; two ranges after a split, `footprint`)

@@ -26,8 +26,9 @@
 //! its stream that fits in it (the smallest such); after that growth the stream's other empty
 //! giant ranges are released (not during a capture), so empty giant ranges pile up only
 //! between two giant growths of a stream that go ahead, during a capture, while the policy is
-//! behind (no giant growth then), or when the stream makes no more giant growths (a range made under a cap for 320-640 MiB, the cap then lifted;
-//! address space only: `empty_cache` releases them).
+//! behind (no giant growth then), or when the stream makes no more giant growths (a range made
+//! under a cap for 320-640 MiB, the cap then lifted; address space only: `empty_cache` releases
+//! them).
 //!
 //! A cap set on a pool with `repage_under_cap` off stops blocks of giant ranges made before it
 //! from serving requests of the pool (that pool promises single-page chunks); the budget and
