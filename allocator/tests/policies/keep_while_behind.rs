@@ -2,8 +2,9 @@
 //! back for a growth that the device has not caught up with (their stream's work still queued)
 //! are taken back into the cache, where the next requests of their stream find them, and until a
 //! give-back completes at once the policy is *behind*: no giant range is made, and giant blocks
-//! serve any request by best fit. Run with `SimDevice::set_auto_complete(false)`, so that work
-//! completes only when the test says. The core's invariants hold after every step.
+//! serve any request by best fit; a give-back that completes at once, or a cap, ends that. Run
+//! with `SimDevice::set_auto_complete(false)`, so that work completes only when the test says.
+//! The core's invariants hold after every step.
 
 use crate::common::pool;
 
@@ -190,6 +191,30 @@ fn a_give_back_that_completes_at_once_ends_behind() {
         "a giant range again: one chunk"
     );
     for a in [x, z] {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+}
+
+/// Behind is a state of the uncapped mode: a cap set while behind ends it, and a capped giant
+/// request (eight windows) gets a range of its own again.
+#[test]
+fn a_cap_ends_behind() {
+    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
+    let (sim, mut pool) = lagging(true, WINDOW, 0.02);
+    let g = alloc(&mut pool, giant, S0);
+    free(&mut pool, g);
+    let x = alloc(&mut pool, 5 * WINDOW, S0);
+    assert_eq!(pool.releasing_bytes(), 0, "behind: the giant block was taken back");
+    pool.set_limit(Some(8 * GIB));
+    let maps = sim.calls(Call::Map);
+    let y = alloc(&mut pool, giant + 8 * WINDOW, S0);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::Map) - maps, 1, "a giant range under the cap: one chunk");
+    sim.complete_all();
+    for a in [x, y] {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
