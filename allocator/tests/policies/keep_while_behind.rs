@@ -207,12 +207,20 @@ fn a_cap_ends_behind() {
     let g = alloc(&mut pool, giant, S0);
     free(&mut pool, g);
     let x = alloc(&mut pool, 5 * WINDOW, S0);
-    assert_eq!(pool.releasing_bytes(), 0, "behind: the giant block was taken back");
+    assert_eq!(
+        pool.releasing_bytes(),
+        0,
+        "behind: the giant block was taken back"
+    );
     pool.set_limit(Some(8 * GIB));
     let maps = sim.calls(Call::Map);
     let y = alloc(&mut pool, giant + 8 * WINDOW, S0);
     check(&sim, &pool);
-    assert_eq!(sim.calls(Call::Map) - maps, 1, "a giant range under the cap: one chunk");
+    assert_eq!(
+        sim.calls(Call::Map) - maps,
+        1,
+        "a giant range under the cap: one chunk"
+    );
     sim.complete_all();
     for a in [x, y] {
         free(&mut pool, a);
