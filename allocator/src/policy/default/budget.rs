@@ -38,18 +38,8 @@
 //! bytes when the episode started plus the plan's live peak at the episode's scale, so that a
 //! batch larger than any before does not give back, on its way up, pages it will use again
 //! before it ends.
-//! Without a memory cap, pages given back for a growth that are still on their way back once
-//! polled (their stream's queued work had not completed: the device runs behind the host, as
-//! it does in a program that queues kernels without waiting) are taken back into the cache at
-//! once (`keep_while_behind`): the device holds them either way, and the growth maps its own
-//! beside them, so given back they only raise the pool's footprint until the device catches up,
-//! while cached they serve the next requests of their stream. Until a give-back completes at
-//! once the policy is *behind* (`DefaultPolicy::behind`): no giant range is made and giant
-//! blocks serve any request (`giant`). A device that stays behind at every growth never lets a
-//! give-back complete at once, so there the budget gives nothing back without a cap and memory
-//! grows to the job's high-water mark; one completes after the host waited for the device.
-//! Under a cap the pages go back as above: the cap needs them, and the out-of-memory ladder
-//! waits for them.
+//! Without a memory cap, pages given back for a growth that the device has not caught up with
+//! are taken back into the cache (`keep_while_behind`, `behind`).
 //! Cached memory below the budget is kept, so a loop that frees and allocates again does not
 //! unmap and map in turn. One exception (not under a memory cap): the cached pages of the
 //! footprint a layout plan places episodes in (`plan`; two ranges after a split, `footprint`)
@@ -253,7 +243,7 @@ impl DefaultPolicy {
         }
         let gives_back = self.cfg.rules.give_back || core.limit.is_some();
         if excess > 0 && gives_back {
-            let before = releasing_now(core);
+            let before = super::behind::releasing_now(core);
             let mut released = self.release_free_chunks(core, excess, false, keep)?;
             // The plan's footprint keeps its cached pages (the next episode will need them)
             // until the pool is past twice the budget; then they go too.
@@ -270,32 +260,6 @@ impl DefaultPolicy {
             room = room.min(l.saturating_sub(core.total_reserved() + need));
         }
         Ok(room)
-    }
-
-    /// After a give-back without a cap (`keep_while_behind`): the blocks it started releasing
-    /// that are still releasing (their stream's queued work had not completed when they were
-    /// polled) are taken back into the cache, and the policy is behind while there were any.
-    /// Pages the device still holds are held by the pool either way, and the growth maps its
-    /// own beside them: given back, they would be of use to no request until the device caught
-    /// up (the growth's footprint is theirs plus its own), while cached they serve the next
-    /// requests of their stream. Blocks in `before` (id and address, [`releasing_now`]) were
-    /// releasing before the give-back; one of them whose unmap failed during it is free and
-    /// mapped again, and a block the give-back started there with its id would stay
-    /// releasing.
-    fn keep_what_the_device_holds<D: Device>(
-        &mut self,
-        core: &mut Core<D>,
-        before: &[(BlockId, u64)],
-    ) {
-        let held: Vec<BlockId> = releasing_now(core)
-            .into_iter()
-            .filter(|b| !before.contains(b))
-            .map(|(id, _)| id)
-            .collect();
-        self.behind = !held.is_empty();
-        for id in held {
-            core.reclaim_releasing_block(id);
-        }
     }
 
     /// Finds room and maps the missing pages as one chunk per unmapped block touched.
@@ -587,15 +551,6 @@ impl DefaultPolicy {
         free.into_iter()
             .partition(|&(_, id)| self.is_giant(core.blocks[id].segment))
     }
-}
-
-/// The releasing blocks as (id, address): a block that finished releasing during a give-back
-/// can lend its id to one the give-back started, but not its address (its pages are unmapped
-/// then, and a release starts only on mapped pages), unless its unmap failed.
-fn releasing_now<D: Device>(core: &Core<D>) -> Vec<(BlockId, u64)> {
-    core.releasing_blocks()
-        .map(|id| (id, core.blocks[id].addr))
-        .collect()
 }
 
 /// `want` bytes from the start of unmapped block `id`, extended to the end of the chunk

@@ -11,7 +11,7 @@
 //! chunk window of it unused, and is handed out whole (never split: a rest in the chunk would
 //! stay mapped while the tensor lives, and only the ladder's last resort, which copies the
 //! whole chunk, could give it back), so the range holds one tensor. While the policy is behind
-//! (`keep_while_behind`, `budget`: without a cap, a give-back the device had not caught up with)
+//! (`keep_while_behind`, `behind`: without a cap, a give-back the device had not caught up with)
 //! no giant range is made, and a giant block serves any request by best fit and is split like
 //! any block: a giant tensor whose size changes with every step would otherwise get a new range
 //! each step while the old ones are held by the device. A range split then may hold several
