@@ -118,7 +118,7 @@ fn with_the_device_keeping_up_the_budget_gives_back_as_before() {
 /// way back, the smaller request maps new pages, and the giant one gets a range of its own.
 #[test]
 fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
-    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
+    let giant = GIANT;
     for keep in [true, false] {
         let (sim, mut pool) = lagging(keep, WINDOW, 0.02);
         let g = alloc(&mut pool, giant, S0);
@@ -160,51 +160,15 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
     }
 }
 
-/// Behind ends with the first give-back that completes at once (the device caught up): giant
-/// ranges are made again.
-#[test]
-fn a_give_back_that_completes_at_once_ends_behind() {
-    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
-    let (sim, mut pool) = lagging(true, WINDOW, 0.02);
-    let g = alloc(&mut pool, giant, S0);
-    free(&mut pool, g);
-    // Behind: the giant block given back for this growth is taken back.
-    let x = alloc(&mut pool, 5 * WINDOW, S0);
-    assert_eq!(pool.releasing_bytes(), 0);
-    // The device catches up; the next growth past the budget gives back at once.
-    sim.set_auto_complete(true);
-    sim.complete_all();
-    let unmaps = sim.calls(Call::Unmap);
-    let y = alloc(&mut pool, giant + 4 * WINDOW, S0);
-    check(&sim, &pool);
-    assert!(
-        sim.calls(Call::Unmap) > unmaps,
-        "the budget gave back at once"
-    );
-    free(&mut pool, y);
-    let maps = sim.calls(Call::Map);
-    let z = alloc(&mut pool, giant + 8 * WINDOW, S0);
-    check(&sim, &pool);
-    assert_eq!(
-        sim.calls(Call::Map) - maps,
-        1,
-        "a giant range again: one chunk"
-    );
-    for a in [x, z] {
-        free(&mut pool, a);
-    }
-    pool.empty_cache().unwrap();
-    check(&sim, &pool);
-    assert_eq!(sim.mapped_bytes(), 0);
-}
+/// A giant request past the uncapped threshold.
+const GIANT: u64 = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
 
-/// Behind is a state of the uncapped mode: a cap set while behind ends it, and a capped giant
-/// request (eight windows) gets a range of its own again.
-#[test]
-fn a_cap_ends_behind() {
-    let giant = GIANT_UNCAPPED_MIN_CHUNKS * WINDOW + 60 * MIB;
+/// A pool of the rule on 40 MiB windows and a 2% budget, made behind: a [`GIANT`] block freed,
+/// then a growth beside it that the budget has no room for gives it back, to a device that has
+/// not caught up, and takes it back. Returns the device, the pool and that growth's allocation.
+fn made_behind() -> (Sim, Pool<Sim>, Allocation) {
     let (sim, mut pool) = lagging(true, WINDOW, 0.02);
-    let g = alloc(&mut pool, giant, S0);
+    let g = alloc(&mut pool, GIANT, S0);
     free(&mut pool, g);
     let x = alloc(&mut pool, 5 * WINDOW, S0);
     assert_eq!(
@@ -212,20 +176,60 @@ fn a_cap_ends_behind() {
         0,
         "behind: the giant block was taken back"
     );
+    (sim, pool, x)
+}
+
+/// Frees `live`, lets the device catch up and empties the cache: nothing stays mapped.
+fn finish(sim: &Sim, mut pool: Pool<Sim>, live: impl IntoIterator<Item = Allocation>) {
+    sim.complete_all();
+    for a in live {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+}
+
+/// Behind ends with the first give-back that completes at once (the device caught up): giant
+/// ranges are made again.
+#[test]
+fn a_give_back_that_completes_at_once_ends_behind() {
+    let (sim, mut pool, x) = made_behind();
+    // The device catches up; the next growth past the budget gives back at once.
+    sim.set_auto_complete(true);
+    sim.complete_all();
+    let unmaps = sim.calls(Call::Unmap);
+    let y = alloc(&mut pool, GIANT + 4 * WINDOW, S0);
+    check(&sim, &pool);
+    assert!(
+        sim.calls(Call::Unmap) > unmaps,
+        "the budget gave back at once"
+    );
+    free(&mut pool, y);
+    let maps = sim.calls(Call::Map);
+    let z = alloc(&mut pool, GIANT + 8 * WINDOW, S0);
+    check(&sim, &pool);
+    assert_eq!(
+        sim.calls(Call::Map) - maps,
+        1,
+        "a giant range again: one chunk"
+    );
+    finish(&sim, pool, [x, z]);
+}
+
+/// Behind is a state of the uncapped mode: a cap set while behind ends it, and a capped giant
+/// request (eight windows) gets a range of its own again.
+#[test]
+fn a_cap_ends_behind() {
+    let (sim, mut pool, x) = made_behind();
     pool.set_limit(Some(8 * GIB));
     let maps = sim.calls(Call::Map);
-    let y = alloc(&mut pool, giant + 8 * WINDOW, S0);
+    let y = alloc(&mut pool, GIANT + 8 * WINDOW, S0);
     check(&sim, &pool);
     assert_eq!(
         sim.calls(Call::Map) - maps,
         1,
         "a giant range under the cap: one chunk"
     );
-    sim.complete_all();
-    for a in [x, y] {
-        free(&mut pool, a);
-    }
-    pool.empty_cache().unwrap();
-    check(&sim, &pool);
-    assert_eq!(sim.mapped_bytes(), 0);
+    finish(&sim, pool, [x, y]);
 }
