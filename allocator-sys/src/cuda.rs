@@ -54,8 +54,9 @@
 //!
 //! The driver does not reliably reject stale handles (destroying an event twice is undefined
 //! behaviour), so the device records what it handed out: allocations with their sizes,
-//! reservations, pages with their mapping counts, mappings, events and streams. Releasing anything
-//! else, a size that does not match, a release whose precondition does not hold, or a map outside
+//! reservations, pages with their mapping counts, mappings, events and streams (a page released
+//! while mapped stays in its table, taking no more calls, until its last unmap, when the driver
+//! frees its memory). Releasing anything else, a size that does not match, a release whose precondition does not hold, or a map outside
 //! a reservation or over an existing mapping is [`DeviceError::InvalidArgument`] before the driver
 //! is called. The memory tables' lock is held across each release's driver call, and a new
 //! handle enters its table only after the driver gave it, so table and driver agree; events sit
@@ -346,7 +347,7 @@ impl CudaDevice {
     /// InvalidArgument unless `va..va + size` may receive `page` as a new mapping.
     fn check_map(mem: &Memory, va: u64, size: u64, page: PageHandle) -> DeviceResult<()> {
         let end = end_of("map", va, size)?;
-        let problem = match mem.pages.get(&page.0) {
+        let problem = match mem.pages.get(&page.0).filter(|p| !p.released) {
             None => Some(format!("unknown page {:#x}", page.0)),
             Some(p) if p.size != size => Some(format!("page has {} bytes, not {size}", p.size)),
             _ if !mem.reserved(va, end) => Some(format!("{va:#x}+{size} is not reserved")),
@@ -477,18 +478,21 @@ impl Device for CudaDevice {
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
         let mut mem = self.memory.lock();
-        match mem.pages.get(&page.0) {
-            Some(p) if p.mappings == 0 => {}
-            Some(_) => return Err(DeviceError::invalid("release_page", "the page is mapped")),
-            None => {
-                let message = format!("unknown page {:#x}", page.0);
-                return Err(DeviceError::invalid("release_page", message));
-            }
-        }
+        let Some(mapped) = mem.pages.get(&page.0).filter(|p| !p.released).map(|p| p.mappings > 0)
+        else {
+            let message = format!("unknown page {:#x}", page.0);
+            return Err(DeviceError::invalid("release_page", message));
+        };
         let _bound = self.bind()?;
-        // SAFETY: the handle came from `cuMemCreate` and was not released (it is in the table).
+        // SAFETY: the handle came from `cuMemCreate` and was not released (it is in the table,
+        // not marked released). A mapped handle may be released: its memory stays until its
+        // last mapping is unmapped.
         check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
-        mem.pages.remove(&page.0);
+        if mapped {
+            mem.pages.get_mut(&page.0).expect("checked").released = true;
+        } else {
+            mem.pages.remove(&page.0);
+        }
         Ok(())
     }
 
@@ -521,6 +525,9 @@ impl Device for CudaDevice {
         mem.mappings.remove(&va);
         if let Some(p) = mem.pages.get_mut(&mapping.page) {
             p.mappings -= 1;
+            if p.released && p.mappings == 0 {
+                mem.pages.remove(&mapping.page);
+            }
         }
         Ok(())
     }

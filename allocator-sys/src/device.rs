@@ -15,7 +15,8 @@
 //!   `create_page`, `map`, `unmap` and `set_access` take sizes and addresses that are multiples of
 //!   it; anything else is [`DeviceError::InvalidArgument`].
 //! - A reserved range holds no memory until a physical page is created and mapped into it, and is
-//!   not readable or writable until `set_access` was called on the mapped range.
+//!   not readable or writable until `set_access` was called on the mapped range. A page may be
+//!   mapped at several addresses at once: each is the same memory.
 //!
 //! # Calls and their pairs
 //!
@@ -23,7 +24,7 @@
 //! | --- | --- | --- |
 //! | `malloc(size) -> ptr` | `free(ptr, size)` | `ptr` came from `malloc` with that `size` |
 //! | `reserve(size) -> va` | `unreserve(va, size)` | nothing is mapped inside it any more |
-//! | `create_page(size) -> page` | `release_page(page)` | the page is not mapped anywhere |
+//! | `create_page(size) -> page` | `release_page(page)` | none (a page still mapped keeps its memory until its last unmap) |
 //! | `map(va, size, page)` | `unmap(va, size)` | `va..va+size` is exactly one mapped page's range |
 //! | `create_event() -> ev` | `destroy_event(ev)` | none |
 //! | `create_shareable_page(size) -> page` | `release_page(page)` | as for `create_page` |
@@ -462,9 +463,11 @@ pub trait Device: Send + Sync {
     fn unreserve(&self, va: DevicePtr, size: u64) -> DeviceResult<()>;
     /// Creates one physical page of `size` bytes (a multiple of the granularity).
     fn create_page(&self, size: u64) -> DeviceResult<PageHandle>;
-    /// Releases a physical page that is not mapped.
+    /// Releases a physical page: the handle takes no more calls, and the memory goes once the
+    /// page is mapped nowhere (at once, or at its last unmap, as `cuMemRelease`).
     fn release_page(&self, page: PageHandle) -> DeviceResult<()>;
-    /// Maps `page` (of exactly `size` bytes) at `va` inside a reservation.
+    /// Maps `page` (of exactly `size` bytes) at `va` inside a reservation; a page may be mapped
+    /// at several addresses, each the same memory.
     fn map(&self, va: DevicePtr, size: u64, page: PageHandle) -> DeviceResult<()>;
     /// Unmaps the page mapped at exactly `va..va + size`.
     fn unmap(&self, va: DevicePtr, size: u64) -> DeviceResult<()>;

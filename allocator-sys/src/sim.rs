@@ -27,8 +27,10 @@
 //! - Used bytes equal the live segment bytes plus the live page bytes, and never exceed the
 //!   capacity.
 //! - Every mapped range lies inside one reservation, and mapped ranges do not overlap.
-//! - A page handle is mapped at most once, and its recorded mapping agrees with the mapping
-//!   table; the physical memory's invariants are the `share` submodule's.
+//! - A page's recorded mappings agree with the mapping table (a page may be mapped at several
+//!   addresses, as with `cuMemMap`); a released page is live only while it is still mapped
+//!   (its memory goes at its last unmap, as with `cuMemRelease`); the physical memory's
+//!   invariants are the `share` submodule's.
 //! - On every stream, completed work never exceeds submitted work, and every recorded event
 //!   targets work that was submitted.
 //! - The captures' invariants, listed in the `capture` submodule's documentation.
@@ -93,8 +95,12 @@ pub use transfer::HOST_BASE;
 #[derive(Debug)]
 struct Page {
     size: u64,
-    mapped_at: Option<u64>,
+    /// The addresses it is mapped at.
+    mapped_at: Vec<u64>,
     physical: u64,
+    /// Released while still mapped: the handle is gone (no call takes it), and the page with
+    /// its memory goes at its last unmap.
+    released: bool,
 }
 
 /// A mapped page inside a reservation.
@@ -342,14 +348,11 @@ impl Device for SimDevice {
         if !self.aligned(va) {
             bail!(Map, "address {va:#x} is not aligned to the granularity");
         }
-        let Some(p) = s.pages.get(&page.0) else {
+        let Some(p) = s.pages.get(&page.0).filter(|p| !p.released) else {
             bail!(Map, "unknown page {}", page.0);
         };
         if p.size != size {
             bail!(Map, "page {} has {} bytes, not {size}", page.0, p.size);
-        }
-        if let Some(at) = p.mapped_at {
-            bail!(Map, "page {} is already mapped at {at:#x}", page.0);
         }
         if s.reservation_of(va, size).is_none() {
             bail!(Map, "{va:#x} + {size} is not inside one reservation");
@@ -357,7 +360,7 @@ impl Device for SimDevice {
         if s.any_mapped(va, size) {
             bail!(Map, "{va:#x} + {size} is already mapped");
         }
-        s.pages.get_mut(&page.0).expect("checked").mapped_at = Some(va);
+        s.pages.get_mut(&page.0).expect("checked").mapped_at.push(va);
         let (page, accessible) = (page.0, false);
         s.mappings.insert(
             va,
@@ -381,7 +384,11 @@ impl Device for SimDevice {
                 bail!(Unmap, "no page of {size} bytes is mapped at {va:#x}")
             }
         };
-        s.pages.get_mut(&page).expect("mapped page").mapped_at = None;
+        let p = s.pages.get_mut(&page).expect("mapped page");
+        p.mapped_at.retain(|&at| at != va);
+        if p.released && p.mapped_at.is_empty() {
+            s.drop_page(page);
+        }
         Ok(())
     }
 

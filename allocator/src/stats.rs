@@ -189,6 +189,11 @@ pub struct Stats {
     /// when a growth does not fit, dropping the pool); never in an allocation or free that
     /// fits. Not one of PyTorch's keys.
     pub device_waits: u64,
+    /// Pages moved from a releasing block to a growth of its stream (`pool::moving`), each one
+    /// map operation in `calls.maps` and, once its old addresses are unmapped, one unmap in
+    /// `calls.unmaps`: pages the growth did not have to create while the device was behind.
+    /// Not one of PyTorch's keys.
+    pub pages_moved: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
     /// those).
@@ -265,6 +270,7 @@ impl Stats {
         self.num_ooms += s.num_ooms;
         self.num_sync_all_streams += s.num_sync_all_streams;
         self.device_waits += s.device_waits;
+        self.pages_moved += s.pages_moved;
         self.num_device_alloc += s.num_device_alloc;
         self.num_device_free += s.num_device_free;
         self.calls.mallocs += s.calls.mallocs;

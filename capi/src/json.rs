@@ -8,7 +8,8 @@
 //! - `"policy"`: the policy's name;
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
-//! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total;
+//! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits and the
+//!   pages moved (`Stats::pages_moved`);
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
@@ -66,6 +67,7 @@ pub fn stats<D: Device>(
             "unmaps": calls.unmaps,
             "total": calls.total(),
             "device_waits": snap.stats.device_waits,
+            "pages_moved": snap.stats.pages_moved,
         }),
     );
     let tc = snap.stats.thread_cache;

@@ -7,6 +7,20 @@ use std::collections::{BTreeMap, HashMap};
 pub(super) struct Page {
     pub(super) size: u64,
     pub(super) mappings: usize,
+    /// Released while still mapped (`cuMemRelease`): the handle takes no more calls, and the
+    /// entry goes at the page's last unmap.
+    pub(super) released: bool,
+}
+
+impl Page {
+    /// A page just created or imported: mapped nowhere.
+    pub(super) fn new(size: u64) -> Page {
+        Page {
+            size,
+            mappings: 0,
+            released: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -68,14 +68,14 @@ impl CudaDevice {
         self.memory
             .lock()
             .pages
-            .insert(handle, Page { size, mappings: 0 });
+            .insert(handle, Page::new(size));
         Ok(PageHandle(handle))
     }
 
     /// `export_page`: the page as a file descriptor this process owns.
     pub(super) fn cuda_export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
         let mem = self.memory.lock();
-        if !mem.pages.contains_key(&page.0) {
+        if !mem.pages.get(&page.0).is_some_and(|p| !p.released) {
             let message = format!("unknown page {:#x}", page.0);
             return Err(DeviceError::invalid("export_page", message));
         }
@@ -114,7 +114,7 @@ impl CudaDevice {
         self.memory
             .lock()
             .pages
-            .insert(handle, Page { size, mappings: 0 });
+            .insert(handle, Page::new(size));
         Ok(PageHandle(handle))
     }
 }

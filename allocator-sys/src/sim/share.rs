@@ -31,7 +31,7 @@ use std::os::unix::fs::MetadataExt;
 
 use super::ids::IdMap;
 use super::space::Sparse;
-use super::{oom, Page, SimDevice};
+use super::{oom, Page, SimDevice, State};
 use crate::device::{Call, DeviceError, DeviceResult, PageHandle, NOT_EXPORTABLE};
 
 /// `CUDA_ERROR_NOT_SUPPORTED`.
@@ -106,6 +106,26 @@ fn driver(call: Call, code: i32, message: &str) -> DeviceError {
     }
 }
 
+impl State {
+    /// Removes page `id` (released, mapped nowhere); its physical memory goes with its last
+    /// page, and the descriptors exported from it with the memory.
+    pub(super) fn drop_page(&mut self, id: u64) {
+        let p = self.pages.remove(&id).expect("a live page");
+        let Entry::Occupied(mut phys) = self.physical.physical.entry(p.physical) else {
+            unreachable!("a live page's physical memory is live");
+        };
+        phys.get_mut().handles -= 1;
+        if phys.get().handles == 0 {
+            let size = phys.remove().size;
+            let exports = &mut self.physical.exports;
+            if !exports.is_empty() {
+                exports.retain(|_, (_, of)| *of != p.physical);
+            }
+            self.page_bytes -= size;
+        }
+    }
+}
+
 impl SimDevice {
     /// `create_page` (`shareable`: `create_shareable_page`).
     pub(super) fn sim_create_page(&self, size: u64, shareable: bool) -> DeviceResult<PageHandle> {
@@ -133,35 +153,27 @@ impl SimDevice {
         let id = s.handle();
         let page = Page {
             size,
-            mapped_at: None,
+            mapped_at: Vec::new(),
             physical,
+            released: false,
         };
         s.pages.insert(id, page);
         Ok(PageHandle(id))
     }
 
-    /// `release_page`: the physical memory goes when its last handle does.
+    /// `release_page`: the handle goes now; the page goes at once when it is mapped nowhere,
+    /// else at its last unmap (as `cuMemRelease`), and the physical memory when its last
+    /// page does.
     pub(super) fn sim_release_page(&self, page: PageHandle) -> DeviceResult<()> {
         let mut s = self.enter(Call::ReleasePage, 0)?;
-        let invalid = |msg: String| Err(DeviceError::invalid(Call::ReleasePage.name(), msg));
-        let Some(p) = s.pages.remove(&page.0) else {
-            return invalid(format!("unknown page {}", page.0));
+        let Some(p) = s.pages.get_mut(&page.0).filter(|p| !p.released) else {
+            let msg = format!("unknown page {}", page.0);
+            return Err(DeviceError::invalid(Call::ReleasePage.name(), msg));
         };
-        if let Some(va) = p.mapped_at {
-            s.pages.insert(page.0, p); // still live
-            return invalid(format!("page {} is still mapped at {va:#x}", page.0));
-        }
-        let Entry::Occupied(mut phys) = s.physical.physical.entry(p.physical) else {
-            unreachable!("a live page's physical memory is live");
-        };
-        phys.get_mut().handles -= 1;
-        if phys.get().handles == 0 {
-            let size = phys.remove().size;
-            let exports = &mut s.physical.exports;
-            if !exports.is_empty() {
-                exports.retain(|_, (_, of)| *of != p.physical);
-            }
-            s.page_bytes -= size;
+        if p.mapped_at.is_empty() {
+            s.drop_page(page.0);
+        } else {
+            p.released = true;
         }
         Ok(())
     }
@@ -169,7 +181,7 @@ impl SimDevice {
     /// `export_page`: a pipe's write end, known by its inode.
     pub(super) fn sim_export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
         let mut s = self.enter(Call::ExportPage, 0)?;
-        let Some(p) = s.pages.get(&page.0) else {
+        let Some(p) = s.pages.get(&page.0).filter(|p| !p.released) else {
             let msg = format!("unknown page {}", page.0);
             return Err(DeviceError::invalid(Call::ExportPage.name(), msg));
         };
@@ -214,8 +226,9 @@ impl SimDevice {
         let handle = s.handle();
         let page = Page {
             size,
-            mapped_at: None,
+            mapped_at: Vec::new(),
             physical: id,
+            released: false,
         };
         s.pages.insert(handle, page);
         Ok(PageHandle(handle))

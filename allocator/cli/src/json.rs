@@ -43,6 +43,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_maps": r.device_maps,
         "device_unmaps": r.device_unmaps,
         "device_waits": r.device_waits,
+        "pages_moved": r.pages_moved,
         "driver_waits": r.driver_waits,
         "ooms": r.ooms,
         "ns_per_event": (r.events > 0).then(|| (r.ns_per_event * 10.0).round() / 10.0),

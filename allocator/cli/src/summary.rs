@@ -187,6 +187,7 @@ mod tests {
                 device_maps: maps,
                 device_unmaps: 1,
                 device_waits: 0,
+                pages_moved: 0,
                 driver_waits: None,
                 ooms: 0,
                 ns_per_event: 0.0,

@@ -58,6 +58,9 @@ pub struct Block {
     /// Free, out of the index, its pages to be unmapped once its stream's earlier work has
     /// completed (`pool::releasing`).
     pub releasing: bool,
+    /// Releasing, and its pages moved to another block (`pool::moving`): its addresses stay
+    /// mapped to them until its event completes, then are unmapped; the pages stay.
+    pub moved: bool,
     /// False for a slot of the [`Arena`] whose block was removed.
     live: bool,
 }
@@ -82,6 +85,7 @@ impl Block {
             mark: NO_MARK,
             serial: 0,
             releasing: false,
+            moved: false,
             live: true,
         }
     }

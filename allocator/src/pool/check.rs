@@ -52,7 +52,7 @@ impl<D: Device> Core<D> {
         if self.asleep() {
             return e; // its blocks hold no pages
         }
-        for (_, b) in self.blocks.iter().filter(|(_, b)| b.mapped) {
+        for (_, b) in self.blocks.iter().filter(|(_, b)| b.mapped && !b.moved) {
             if b.allocated {
                 e.live += b.requested;
                 e.rounding += b.size - b.requested;
@@ -201,6 +201,12 @@ impl<D: Device> Core<D> {
         let mut unmapped = 0;
         for (_, b) in self.blocks.iter() {
             let idle = !b.allocated && !b.waits() && !b.releasing;
+            if b.moved && !b.releasing {
+                return Err(InvariantError::new(
+                    Invariant::Index,
+                    format!("moved block {:#x} is not releasing", b.addr),
+                ));
+            }
             if b.releasing && (b.allocated || !b.mapped || !b.is_expandable()) {
                 return Err(InvariantError::new(
                     Invariant::Index,
@@ -256,7 +262,8 @@ impl<D: Device> Core<D> {
                 InvariantError::new(Invariant::Mapping, "block of a released segment")
             })?;
             let slept = self.asleep() && self.slept_covers(id);
-            if !(seg.is_mapped(b.addr, b.size) || slept) {
+            let moved = b.moved && seg.moved_covers(b.addr, b.size);
+            if !(seg.is_mapped(b.addr, b.size) || slept || moved) {
                 return Err(InvariantError::new(
                     Invariant::Mapping,
                     format!("mapped block {:#x}+{} is not fully mapped", b.addr, b.size),

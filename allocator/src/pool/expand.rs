@@ -98,6 +98,7 @@ impl<D: Device> Core<D> {
             leaked: Vec::new(),
             stuck: Vec::new(),
             slept: Vec::new(),
+            moved: BTreeMap::new(),
         };
         // An index a policy released during this call stays unused until the pool told it.
         let free = |(i, s): &(usize, &Option<ExpSegment>)| {
@@ -204,7 +205,7 @@ impl<D: Device> Core<D> {
     /// Turns the part `range` of unmapped block `id` that was just mapped into a free block,
     /// merged with free neighbours and in the free index (the parts before and after it stay
     /// unmapped); returns its id.
-    fn account_mapped(&mut self, mut id: BlockId, range: Range) -> BlockId {
+    pub(super) fn account_mapped(&mut self, mut id: BlockId, range: Range) -> BlockId {
         let pool = self.blocks[id].pool;
         let before = range.addr - self.blocks[id].addr;
         if before > 0 {

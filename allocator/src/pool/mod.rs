@@ -32,6 +32,7 @@ mod expand;
 pub(crate) mod index;
 mod pinning;
 mod release;
+mod moving;
 mod releasing;
 mod repage;
 mod reserved;

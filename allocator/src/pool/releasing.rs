@@ -116,22 +116,27 @@ impl<D: Device> Core<D> {
             .iter()
             .enumerate()
             .map(|(i, &(_, id))| (i, &self.blocks[id]))
-            .filter(|(_, b)| b.stream == stream && b.pool == pool && fits(b))
+            .filter(|(_, b)| !b.moved && b.stream == stream && b.pool == pool && fits(b))
             .min_by_key(|(_, b)| b.size)?;
         Some(self.take_back(i))
     }
 
-    /// The releasing blocks, in the order they started releasing (a policy tells by them which
-    /// of its releases the device has not caught up with).
+    /// The releasing blocks that are not moved (`moving`), in the order they started releasing
+    /// (a policy tells by them which of its releases the device has not caught up with).
     pub fn releasing_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.releasing.iter().map(|&(_, id)| id)
+        let unmoved = |&&(_, id): &&(EventHandle, BlockId)| !self.blocks[id].moved;
+        self.releasing.iter().filter(unmoved).map(|&(_, id)| id)
     }
 
     /// Takes back releasing block `id` before its pages are unmapped, as
     /// [`Core::reclaim_releasing`] takes back the block it picks: the block is free again, in
     /// the free index of its own stream (whose queued work comes before any use there); false
-    /// when `id` is not releasing.
+    /// when `id` is not releasing, or moved (`moving`: its addresses map pages other blocks
+    /// hold).
     pub fn reclaim_releasing_block(&mut self, id: BlockId) -> bool {
+        if self.blocks.get(id).is_none_or(|b| b.moved) {
+            return false;
+        }
         match self.releasing.iter().position(|&(_, r)| r == id) {
             Some(i) => {
                 self.take_back(i);
@@ -145,6 +150,7 @@ impl<D: Device> Core<D> {
     /// neighbours and in its index again.
     fn take_back(&mut self, i: usize) -> BlockId {
         let (ev, id) = self.releasing.remove(i);
+        debug_assert!(!self.blocks[id].moved, "a moved block is never taken back");
         // The event may not have completed: it is recorded again before its next use.
         self.spare_events.push(ev);
         let b = &mut self.blocks[id];
@@ -164,12 +170,21 @@ impl<D: Device> Core<D> {
 
     /// Unmaps the releasing blocks whose events have completed; never waits. A failure fails
     /// no allocation: an event that cannot be queried is recorded again on the block's stream
-    /// (tried again at the next poll), and pages whose unmap failed are free again.
+    /// (tried again at the next poll), pages whose unmap failed are free again, and a moved
+    /// block whose unmap failed stays releasing (tried again at the next poll).
     pub(crate) fn poll_releasing(&mut self) {
         let mut i = 0;
         while i < self.releasing.len() {
             let (ev, id) = self.releasing[i];
             match self.device.query_event(ev) {
+                Ok(true) if self.blocks[id].moved => {
+                    if self.finish_moved(id).is_ok() {
+                        self.releasing.remove(i);
+                        self.spare_events.push(ev);
+                    } else {
+                        i += 1; // tried again at the next poll
+                    }
+                }
                 Ok(true) => {
                     self.releasing.remove(i);
                     let _ = self.finish_one(ev, id);
@@ -207,6 +222,12 @@ impl<D: Device> Core<D> {
                     return Err(e);
                 }
                 self.device.synchronize_event(ev)?;
+            }
+            if self.blocks[id].moved {
+                self.finish_moved(id)?;
+                self.releasing.pop();
+                self.spare_events.push(ev);
+                continue;
             }
             self.releasing.pop();
             self.finish_one(ev, id)?;

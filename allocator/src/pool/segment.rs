@@ -17,8 +17,12 @@
 //! Every chunk mapped is announced to the pool's map hooks once it is accessible, and withdrawn
 //! before its unmap ([`crate::hooks`]); a `stuck` chunk is not announced.
 //!
-//! Invariants: chunks do not overlap, lie inside `va..va + size` and start and end on page
-//! boundaries; `mapped` is the sum of their sizes. Pages a failed driver call left behind
+//! A chunk's page may move to another segment (`pool::moving`): it leaves `chunks` (and
+//! `mapped`) for the one it moves to, and its addresses here stay mapped, in `moved`, until they
+//! are unmapped; the page is released by the chunk that holds it, never through `moved`.
+//!
+//! Invariants: chunks and moved ranges do not overlap, lie inside `va..va + size` and start and
+//! end on page boundaries; `mapped` is the sum of the chunks' sizes. Pages a failed driver call left behind
 //! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, or mapped at a
 //! re-paging's scratch range outside `va..va + size`, not unmapped) are outside `chunks` and
 //! `mapped`, are retried at every map and unmap, and keep the range reserved until they are
@@ -78,6 +82,10 @@ pub struct ExpSegment {
     /// Chunks (address, bytes) a sleep unmapped, to map again at the same addresses when the
     /// pool wakes (`pool::sleep`); empty while it is awake.
     pub slept: Vec<(u64, u64)>,
+    /// Addresses (first address, bytes) still mapped to pages moved out of `chunks` to another
+    /// segment's (`pool::moving`): unmapped, never released, once the work queued on them
+    /// before has completed.
+    pub moved: BTreeMap<u64, u64>,
 }
 
 /// What [`ExpSegment::map`] did.
@@ -412,6 +420,90 @@ impl ExpSegment {
             next = next_inside(&self.chunks, a + c.size);
         }
         done
+    }
+
+    /// Moves the chunk at `at` out of `chunks` (its page is the caller's to map elsewhere with
+    /// [`ExpSegment::map_moved`]); its addresses stay mapped, in `moved`.
+    pub(crate) fn move_out(&mut self, at: u64) -> Chunk {
+        let c = self.chunks.remove(&at).expect("a chunk starts there");
+        self.mapped -= c.size;
+        self.moved.insert(at, c.size);
+        c
+    }
+
+    /// Undoes [`ExpSegment::move_out`] of chunk `c` at `at`, whose page could not be mapped
+    /// elsewhere.
+    pub(crate) fn move_back(&mut self, at: u64, c: Chunk) {
+        self.moved.remove(&at);
+        self.chunks.insert(at, c);
+        self.mapped += c.size;
+    }
+
+    /// Maps chunk `c`, moved out of a segment, at `at` (its page is mapped there too until
+    /// that segment unmaps it). On failure the error, and whether the page is unmapped here
+    /// again (to move back); when its unmap failed too it is kept as [`ExpSegment::stuck`].
+    pub(crate) fn map_moved<D: Device>(
+        &mut self,
+        m: &Mapper<'_, D>,
+        at: u64,
+        c: Chunk,
+    ) -> Result<(), (DeviceError, bool)> {
+        self.retry_leaked(m.dev);
+        match attach_kept(m, at, c.size, c.handle) {
+            Ok(()) => {
+                self.chunks.insert(at, c);
+                self.mapped += c.size;
+                Ok(())
+            }
+            Err(ChunkFailed {
+                error,
+                left: Left::Mapped(handle),
+            }) => {
+                let size = c.size;
+                self.stuck.push((at, Chunk { size, handle }));
+                Err((error, false))
+            }
+            Err(failed) => Err((failed.error, true)),
+        }
+    }
+
+    /// Unmaps the moved ranges inside `addr..addr + size` (never releasing a page: each is
+    /// held by the chunk it moved to), in address order; stops at the first failure, which
+    /// leaves the rest in `moved`. Returns the unmaps made and that failure.
+    pub(crate) fn unmap_moved<D: Device>(
+        &mut self,
+        m: &Mapper<'_, D>,
+        addr: u64,
+        size: u64,
+    ) -> (u64, Option<DeviceError>) {
+        let inside: Vec<(u64, u64)> = self
+            .moved
+            .range(addr..addr + size)
+            .map(|(&a, &n)| (a, n))
+            .collect();
+        let mut ops = 0;
+        for (a, n) in inside {
+            m.hooks.unmapping(a, n);
+            if let Err(e) = m.dev.unmap(a, n) {
+                m.hooks.mapped(a, n); // still mapped
+                return (ops, Some(e));
+            }
+            self.moved.remove(&a);
+            ops += 1;
+        }
+        (ops, None)
+    }
+
+    /// True when moved ranges cover every byte of `addr..addr + size`.
+    pub fn moved_covers(&self, addr: u64, size: u64) -> bool {
+        let mut at = addr;
+        for (&a, &n) in self.moved.range(addr..addr + size) {
+            if a != at {
+                return false;
+            }
+            at = a + n;
+        }
+        at >= addr + size
     }
 
     /// Unmaps and releases again what a failed call left behind ([`ExpSegment::stuck`],

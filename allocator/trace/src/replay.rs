@@ -143,6 +143,9 @@ pub struct ReplayResult {
     /// Times the pool waited for the device (`Stats::device_waits`): only at the trace's
     /// `empty_cache` and the out-of-memory ladder's last rung.
     pub device_waits: u64,
+    /// Pages a growth took from a releasing block of its stream (`Stats::pages_moved`): only
+    /// when the device runs behind (`device_lag`).
+    pub pages_moved: u64,
     /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
     /// a call-counting wrapper around the driver saw while the trace's allocations and frees
     /// ran, the frees of what the trace left live included (not the pool's drop afterwards);
@@ -283,6 +286,7 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         device_maps: 0,
         device_unmaps: 0,
         device_waits: 0,
+        pages_moved: 0,
         driver_waits: None,
         ooms: 0,
         ns_per_event: 0.0,
@@ -453,6 +457,7 @@ fn replay_in<D: Device, P: Policy>(
         device_maps: s.calls.maps,
         device_unmaps: s.calls.unmaps,
         device_waits: s.device_waits,
+        pages_moved: s.pages_moved,
         driver_waits: None,
         ooms: s.num_ooms,
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,

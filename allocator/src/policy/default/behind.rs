@@ -19,7 +19,7 @@
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::Core;
-use cudalloc_sys::Device;
+use cudalloc_sys::{Device, DeviceError, StreamId};
 
 impl DefaultPolicy {
     /// After a give-back without a cap (`keep_while_behind`): the blocks it started releasing
@@ -32,10 +32,13 @@ impl DefaultPolicy {
     /// releasing before the give-back; one of them whose unmap failed during it is free and
     /// mapped again, and a block the give-back started there with its id would stay
     /// releasing.
+    /// With `move_pages`, those of `stream` (the growth's) stay releasing: the growth maps
+    /// their pages at its own addresses ([`map_pages`]).
     pub(super) fn keep_what_the_device_holds<D: Device>(
         &mut self,
         core: &mut Core<D>,
         before: &[(BlockId, u64)],
+        stream: StreamId,
     ) {
         let held: Vec<BlockId> = releasing_now(core)
             .into_iter()
@@ -43,9 +46,29 @@ impl DefaultPolicy {
             .map(|(id, _)| id)
             .collect();
         self.behind = !held.is_empty();
+        let moving = self.cfg.rules.move_pages;
         for id in held {
-            core.reclaim_releasing_block(id);
+            if !(moving && core.blocks[id].stream == stream) {
+                core.reclaim_releasing_block(id);
+            }
         }
+    }
+}
+
+/// Maps the first `size` bytes of unmapped block `id` in chunks of at most `window`
+/// ([`Core::map_block`]), with `moving` ([`super::rules::Rules::move_pages`]) mapping the
+/// pages of releasing blocks of its stream there first ([`Core::map_block_moving`]).
+pub(super) fn map_pages<D: Device>(
+    core: &mut Core<D>,
+    moving: bool,
+    id: BlockId,
+    size: u64,
+    window: u64,
+) -> Result<Option<BlockId>, DeviceError> {
+    if moving && core.releasing_bytes() > 0 {
+        core.map_block_moving(id, size, window)
+    } else {
+        core.map_block(id, size, window)
     }
 }
 

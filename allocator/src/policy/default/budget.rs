@@ -252,7 +252,7 @@ impl DefaultPolicy {
                 released += self.release_free_chunks(core, over, true, keep)?;
             }
             if released > 0 && self.cfg.rules.keep_while_behind && core.limit.is_none() {
-                self.keep_what_the_device_holds(core, &before);
+                self.keep_what_the_device_holds(core, &before, req.stream);
             }
         }
         let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
@@ -292,7 +292,7 @@ impl DefaultPolicy {
                 want
             };
             let extended = slack.max(with_ahead(core, id, want, ahead));
-            map_growth(core, id, want, extended, page, window)
+            map_growth(core, rules.move_pages, id, want, extended, [page, window])
         })
     }
 
@@ -579,17 +579,17 @@ fn with_slack<D: Device>(core: &Core<D>, id: BlockId, want: u64, window: u64, ro
 /// last 100 MiB, where 3 maps would do).
 fn map_growth<D: Device>(
     core: &mut Core<D>,
+    moving: bool,
     id: BlockId,
     want: u64,
     extended: u64,
-    page: u64,
-    window: u64,
+    [page, window]: [u64; 2],
 ) -> Result<Option<BlockId>, DeviceError> {
     for size in [extended, want] {
         if core.over_limit(size.div_ceil(page) * page) {
             continue;
         }
-        if let Some(mapped) = core.map_block(id, size, window)? {
+        if let Some(mapped) = super::behind::map_pages(core, moving, id, size, window)? {
             return Ok(Some(mapped));
         }
         if size == want {

@@ -221,8 +221,9 @@ impl DefaultPolicy {
                 id
             }
         };
+        let moving = self.cfg.rules.move_pages;
         let mapped = core.map_run(start, req.size, |core, id, want| {
-            core.map_block(id, want, need)
+            super::behind::map_pages(core, moving, id, want, need)
         })?;
         Ok(Some(mapped))
     }

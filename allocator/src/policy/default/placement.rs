@@ -147,7 +147,7 @@ impl DefaultPolicy {
             let mapped = if core.over_limit(hi - lo) {
                 Ok(None)
             } else {
-                core.map_block(u, hi - lo, window)
+                super::behind::map_pages(core, self.cfg.rules.move_pages, u, hi - lo, window)
             };
             if let (Some(head), false) = (head, matches!(mapped, Ok(Some(_)))) {
                 // Nothing (or, after a failed rollback, only a part that stays mapped) was

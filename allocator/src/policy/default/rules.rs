@@ -82,6 +82,12 @@ pub struct Rules {
     /// giant blocks serve any request by best fit (`behind`). A replay cannot weigh it unless
     /// its device runs behind (`cudalloc replay --device-lag`).
     pub keep_while_behind: bool,
+    /// A growth maps the pages of its stream's releasing blocks at its own addresses before it
+    /// creates pages (`Core::map_block_moving`), and without a cap the pages a give-back
+    /// left on their way back for a growth of their own stream stay releasing for it to take
+    /// (`keep_while_behind` takes back only those of other streams). A replay cannot weigh it
+    /// unless its device runs behind (`cudalloc replay --device-lag`).
+    pub move_pages: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -115,6 +121,7 @@ impl Rules {
         giant_ranges_uncapped: true,
         give_back_giant_first: true,
         keep_while_behind: true,
+        move_pages: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -151,6 +158,7 @@ impl Rules {
             ("giant_ranges_uncapped", |r| &mut r.giant_ranges_uncapped),
             ("give_back_giant_first", |r| &mut r.give_back_giant_first),
             ("keep_while_behind", |r| &mut r.keep_while_behind),
+            ("move_pages", |r| &mut r.move_pages),
         ]
     }
 
