@@ -478,7 +478,11 @@ impl Device for CudaDevice {
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
         let mut mem = self.memory.lock();
-        let Some(mapped) = mem.pages.get(&page.0).filter(|p| !p.released).map(|p| p.mappings > 0)
+        let Some(mapped) = mem
+            .pages
+            .get(&page.0)
+            .filter(|p| !p.released)
+            .map(|p| p.mappings > 0)
         else {
             let message = format!("unknown page {:#x}", page.0);
             return Err(DeviceError::invalid("release_page", message));

@@ -360,7 +360,11 @@ impl Device for SimDevice {
         if s.any_mapped(va, size) {
             bail!(Map, "{va:#x} + {size} is already mapped");
         }
-        s.pages.get_mut(&page.0).expect("checked").mapped_at.push(va);
+        s.pages
+            .get_mut(&page.0)
+            .expect("checked")
+            .mapped_at
+            .push(va);
         let (page, accessible) = (page.0, false);
         s.mappings.insert(
             va,

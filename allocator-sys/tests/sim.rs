@@ -262,7 +262,10 @@ fn a_page_released_while_mapped_lives_until_its_last_unmap() {
     let used = || dev.mem_info().map(|(free, total)| total - free).unwrap();
     dev.release_page(p).unwrap();
     assert!(is_invalid(dev.release_page(p)), "the handle is gone");
-    assert!(is_invalid(dev.map(a, G, p)), "a released handle maps nothing");
+    assert!(
+        is_invalid(dev.map(a, G, p)),
+        "a released handle maps nothing"
+    );
     dev.check_invariants();
     dev.unmap(a, G).unwrap();
     assert_eq!(used(), G, "still mapped at b");

@@ -65,17 +65,14 @@ impl CudaDevice {
         // SAFETY: `handle` is a valid out-pointer and `prop` a fully initialised property struct.
         let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
         check_alloc("cuMemCreate", size, code)?;
-        self.memory
-            .lock()
-            .pages
-            .insert(handle, Page::new(size));
+        self.memory.lock().pages.insert(handle, Page::new(size));
         Ok(PageHandle(handle))
     }
 
     /// `export_page`: the page as a file descriptor this process owns.
     pub(super) fn cuda_export_page(&self, page: PageHandle) -> DeviceResult<OwnedFd> {
         let mem = self.memory.lock();
-        if !mem.pages.get(&page.0).is_some_and(|p| !p.released) {
+        if mem.pages.get(&page.0).is_none_or(|p| p.released) {
             let message = format!("unknown page {:#x}", page.0);
             return Err(DeviceError::invalid("export_page", message));
         }
@@ -111,10 +108,7 @@ impl CudaDevice {
         // whole call (borrowed), which the driver reads and does not close.
         let code = unsafe { sys::cuMemImportFromShareableHandle(&mut handle, os_handle, POSIX_FD) };
         check("cuMemImportFromShareableHandle", code)?;
-        self.memory
-            .lock()
-            .pages
-            .insert(handle, Page::new(size));
+        self.memory.lock().pages.insert(handle, Page::new(size));
         Ok(PageHandle(handle))
     }
 }

@@ -164,7 +164,10 @@ impl<D: Device> Core<D> {
         let mut ops = 0;
         let mut error = None;
         while out < bytes {
-            let chunk = self.segments[from].as_mut().expect("live").move_out(start + out);
+            let chunk = self.segments[from]
+                .as_mut()
+                .expect("live")
+                .move_out(start + out);
             let m = Mapper {
                 dev: &self.device,
                 peers: &self.peers,
@@ -231,13 +234,15 @@ impl<D: Device> Core<D> {
         let b = &mut self.blocks[id];
         b.next = rid;
         b.size = keep;
-        let recorded = self.take_event().and_then(|ev| match self.device.record_event(ev, stream) {
-            Ok(()) => Ok(ev),
-            Err(e) => {
-                self.spare_events.push(ev);
-                Err(e)
-            }
-        });
+        let recorded =
+            self.take_event()
+                .and_then(|ev| match self.device.record_event(ev, stream) {
+                    Ok(()) => Ok(ev),
+                    Err(e) => {
+                        self.spare_events.push(ev);
+                        Err(e)
+                    }
+                });
         match recorded {
             Ok(ev) => self.releasing.push((ev, rid)),
             Err(_) => {

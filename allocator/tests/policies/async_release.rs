@@ -12,15 +12,16 @@ use cudalloc_sys::StreamId;
 use cudalloc_sys::{Call, SimDevice};
 use pool::{alloc, check, free, past_loading, pool_with, Sim, GIB, MIB, S0, S1};
 
-/// `default` with `extra` keys and without `keep_while_behind`: these tests are about the
-/// release itself, which that rule takes back while the device runs behind, as it does here
-/// (`keep_while_behind.rs` has the rule's tests).
+/// `default` with `extra` keys and without `keep_while_behind` and `move_pages`: these tests
+/// are about the release itself, which those rules take back or move while the device runs
+/// behind, as it does here (`keep_while_behind.rs` and `move_pages.rs` have the rules' tests).
 fn default_with(extra: &str) -> (Sim, Pool<Sim>) {
     let cfg = Config::parse(&format!("policy:default,layout_plans:false{extra}")).unwrap();
     let PolicyConfig::Default(mut d) = cfg.policy_config().clone() else {
         unreachable!("a default config");
     };
     d.rules.keep_while_behind = false;
+    d.rules.move_pages = false;
     let cfg = cfg
         .with_policy(PolicyConfig::Default(d))
         .expect("a valid config");

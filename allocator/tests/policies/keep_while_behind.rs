@@ -19,8 +19,8 @@ use std::sync::Arc;
 /// The default chunk window.
 const WINDOW: u64 = 40 * MIB;
 
-/// A pool of `default` (no layout plans; `keep_while_behind` as `keep`, and `max_chunk`,
-/// `budget` as given) past its loading on a 16 GiB device whose work completes only when told.
+/// A pool of `default` (no layout plans, no `move_pages`, whose tests are `move_pages.rs`;
+/// `keep_while_behind` as `keep`, and `max_chunk`, `budget` as given) past its loading on a 16 GiB device whose work completes only when told.
 fn lagging(keep: bool, max_chunk: u64, budget: f64) -> (Sim, Pool<Sim>) {
     let mut d = DefaultConfig {
         max_chunk,
@@ -29,6 +29,7 @@ fn lagging(keep: bool, max_chunk: u64, budget: f64) -> (Sim, Pool<Sim>) {
         ..DefaultConfig::default()
     };
     d.rules.keep_while_behind = keep;
+    d.rules.move_pages = false;
     let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
     let cfg = Config::default()
         .with_policy(PolicyConfig::Default(d))

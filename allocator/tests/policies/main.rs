@@ -30,6 +30,7 @@ mod config;
 mod giant_ranges;
 mod keep_while_behind;
 mod memory_fraction_key;
+mod move_pages;
 mod plans;
 mod policy_outside;
 mod split_footprints;

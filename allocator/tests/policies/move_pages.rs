@@ -1,0 +1,208 @@
+//! `move_pages` (`pool::moving`, `policy::default::behind`): a growth maps the pages of its
+//! stream's releasing blocks at its own addresses before it creates pages, so that pages a
+//! give-back left on their way back (the device runs behind) are not held twice; the old
+//! addresses are unmapped, the pages kept, once the device catches up. Pages of another stream
+//! never move, nor any during a capture. Run with `SimDevice::set_auto_complete(false)`, so that
+//! work completes only when the test says. The core's invariants, and the device's, hold after
+//! every step.
+
+use crate::common::pool;
+
+use cudalloc::policy::default::DefaultConfig;
+use cudalloc::policy::PolicyConfig;
+use cudalloc::snapshot::BlockState;
+use cudalloc::{Allocation, Config, Pool};
+use cudalloc_sys::{Call, CaptureMode, Device, SimConfig, SimDevice, StreamId};
+use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0, S1};
+use std::sync::Arc;
+
+/// A stream that can be captured (not a legacy default stream).
+const CAP: StreamId = StreamId(5);
+
+/// A pool of `default` (no layout plans; `move_pages` as `moving`, 2 MiB chunks and `budget`)
+/// past its loading on a 16 GiB device whose work completes only when told.
+fn lagging(moving: bool, budget: f64) -> (Sim, Pool<Sim>) {
+    let mut d = DefaultConfig {
+        max_chunk: 2 * MIB,
+        fragmentation_budget: budget,
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.move_pages = moving;
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(d))
+        .unwrap();
+    let mut pool = Pool::new(sim.clone(), cfg);
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    (sim, pool)
+}
+
+/// Bytes of physical memory the device holds.
+fn used(sim: &Sim) -> u64 {
+    let (free, total) = sim.mem_info().unwrap();
+    total - free
+}
+
+/// A 30 MiB and a 6 MiB free block, each before a live 2 MiB block, the second pair on
+/// `stream` (a 75% budget): a 34 MiB growth on stream 0 then passes the budget by 4 MiB, and
+/// the 6 MiB block is the one the budget gives back. Returns the live blocks.
+fn layout_with_excess(pool: &mut Pool<Sim>, stream: StreamId) -> [Allocation; 2] {
+    let large = alloc(pool, 30 * MIB, S0);
+    let k1 = alloc(pool, 2 * MIB, S0);
+    let small = alloc(pool, 6 * MIB, stream);
+    let k2 = alloc(pool, 2 * MIB, stream);
+    free(pool, large);
+    free(pool, small);
+    [k1, k2]
+}
+
+/// Lets the device catch up, polls (a small allocation), frees `live` and empties the cache:
+/// nothing stays mapped.
+fn finish(sim: &Sim, mut pool: Pool<Sim>, live: impl IntoIterator<Item = Allocation>) {
+    sim.complete_all();
+    let poll = alloc(&mut pool, 512, S0);
+    check(sim, &pool);
+    for a in live.into_iter().chain([poll]) {
+        free(&mut pool, a);
+    }
+    pool.empty_cache().unwrap();
+    check(sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+    assert_eq!(used(sim), 0);
+}
+
+/// The 6 MiB block the budget gives back for a 34 MiB growth of its own stream, with the device
+/// behind: its 3 pages become the growth's first 6 MiB (14 pages created, not 17), and the
+/// device holds 28 MiB more, not 34. Its old addresses stay mapped to them until the device
+/// catches up; then they are unmapped and no page is released.
+#[test]
+fn a_growth_maps_the_pages_its_give_back_left_on_their_way_back() {
+    for moving in [true, false] {
+        let (sim, mut pool) = lagging(moving, 0.75);
+        let live = layout_with_excess(&mut pool, S0);
+        let (pages, before) = (sim.calls(Call::CreatePage), used(&sim));
+        let grown = alloc(&mut pool, 34 * MIB, S0);
+        check(&sim, &pool);
+        let created = sim.calls(Call::CreatePage) - pages;
+        assert_eq!(created, if moving { 14 } else { 17 }, "moving {moving}");
+        assert_eq!(pool.stats().pages_moved, if moving { 3 } else { 0 });
+        let grew = used(&sim) - before;
+        assert_eq!(grew, if moving { 28 * MIB } else { 34 * MIB });
+        assert_eq!(pool.releasing_bytes(), 0, "moving {moving}");
+        // Moved: the old addresses still map the pages until the device catches up.
+        let doubled = if moving { 6 * MIB } else { 0 };
+        assert_eq!(sim.mapped_bytes(), pool.reserved() + doubled);
+        if moving {
+            sim.complete_all();
+            let (unmaps, releases) = (sim.calls(Call::Unmap), sim.calls(Call::ReleasePage));
+            let poll = alloc(&mut pool, 512, S0);
+            check(&sim, &pool);
+            assert_eq!(sim.calls(Call::Unmap) - unmaps, 3, "the old addresses");
+            assert_eq!(sim.calls(Call::ReleasePage), releases, "the pages stay");
+            assert_eq!(sim.mapped_bytes(), pool.reserved());
+            free(&mut pool, poll);
+        }
+        finish(&sim, pool, live.into_iter().chain([grown]));
+    }
+}
+
+/// Pages of another stream's give-back do not move (its queued work is not ordered before the
+/// growth's uses): the growth creates its 17 pages, and the 6 MiB block is cached again
+/// (`keep_while_behind`).
+#[test]
+fn pages_of_another_stream_do_not_move() {
+    let (sim, mut pool) = lagging(true, 0.75);
+    let live = layout_with_excess(&mut pool, S1);
+    let pages = sim.calls(Call::CreatePage);
+    let grown = alloc(&mut pool, 34 * MIB, S0);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::CreatePage) - pages, 17);
+    assert_eq!(pool.stats().pages_moved, 0);
+    assert_eq!(pool.releasing_bytes(), 0, "taken back into the cache");
+    finish(&sim, pool, live.into_iter().chain([grown]));
+}
+
+/// A 40 MiB free block of the small pool (forty 1 MiB blocks freed, one kept after them) given
+/// back whole for a 20 MiB growth of the large pool (a 2% budget) with the device behind: the
+/// growth takes its first 10 pages, and the rest (20 MiB) stays on its way back with an event
+/// of its own, to be unmapped and released once the device catches up. All on `stream`.
+/// Returns the device, the pool and the live blocks.
+fn partly_moved(stream: StreamId) -> (Sim, Pool<Sim>, [Allocation; 2]) {
+    let (sim, mut pool) = lagging(true, 0.02);
+    let small: Vec<Allocation> = (0..40).map(|_| alloc(&mut pool, MIB, stream)).collect();
+    let k = alloc(&mut pool, MIB, stream);
+    for a in small {
+        free(&mut pool, a);
+    }
+    let pages = sim.calls(Call::CreatePage);
+    let grown = alloc(&mut pool, 20 * MIB, stream);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::CreatePage), pages, "no page created");
+    assert_eq!(pool.stats().pages_moved, 10);
+    assert_eq!(pool.releasing_bytes(), 20 * MIB);
+    (sim, pool, [k, grown])
+}
+
+#[test]
+fn the_rest_of_a_partly_moved_block_stays_on_its_way_back() {
+    let (sim, mut pool, live) = partly_moved(S0);
+    let releasing: Vec<u64> = pool
+        .snapshot()
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == BlockState::Releasing)
+        .map(|b| b.size)
+        .collect();
+    assert_eq!(releasing, [20 * MIB, 20 * MIB], "the moved part, the rest");
+    sim.complete_all();
+    let releases = sim.calls(Call::ReleasePage);
+    let poll = alloc(&mut pool, 512, S0);
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert_eq!(
+        sim.calls(Call::ReleasePage) - releases,
+        10,
+        "the rest's pages"
+    );
+    assert_eq!(sim.mapped_bytes(), pool.reserved());
+    free(&mut pool, poll);
+    finish(&sim, pool, live);
+}
+
+/// During a capture no page moves (a graph may be launched on another stream): the growth
+/// creates its pages, and the releasing rest of [`partly_moved`] stays as it was.
+#[test]
+fn no_page_moves_during_a_capture() {
+    let (sim, mut pool, live) = partly_moved(CAP);
+    let pages = sim.calls(Call::CreatePage);
+    pool.begin_capture(CaptureMode::Global);
+    sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+    let captured = alloc(&mut pool, 20 * MIB, CAP);
+    sim.end_capture(CAP).expect("no call the capture forbids");
+    pool.end_capture(CaptureMode::Global).unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::CreatePage) - pages, 10);
+    assert_eq!(pool.stats().pages_moved, 10, "as before the capture");
+    assert_eq!(pool.releasing_bytes(), 20 * MIB);
+    finish(&sim, pool, live.into_iter().chain([captured]));
+}
+
+/// `empty_cache` and dropping the pool wait for moved blocks as for releasing ones: their old
+/// addresses are unmapped, and the device ends empty.
+#[test]
+fn empty_cache_and_drop_unmap_the_old_addresses() {
+    let (sim, mut pool, [k, grown]) = partly_moved(S0);
+    free(&mut pool, grown);
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert_eq!(sim.mapped_bytes(), pool.reserved());
+    finish(&sim, pool, [k]);
+    let (sim, pool, _live) = partly_moved(S0);
+    drop(pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+    assert_eq!(used(&sim), 0);
+}
