@@ -4,7 +4,8 @@
 //! order (`prev`/`next`) that tiles the segment exactly. A block is in exactly one state:
 //! allocated (handed out, or waiting for stream events), free (mapped, in its pool's free index),
 //! releasing (expandable segments only: free, in no index, its pages unmapped once the work its
-//! stream queued before has completed: `pool::releasing`) or unmapped (expandable segments
+//! stream queued before has completed: `pool::releasing`; or *moved*, its pages another block's
+//! now and only its addresses left to unmap: `pool::moving`) or unmapped (expandable segments
 //! only: addresses with no page behind them, in the pool's unmapped index). Blocks are referred to by [`BlockId`], an index into the [`Arena`]; ids of
 //! released blocks are reused.
 

@@ -159,6 +159,21 @@ impl<D: Device> Core<D> {
                 ),
             ));
         }
+        let releasing: u64 = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.releasing && !b.moved)
+            .map(|(_, b)| b.size)
+            .sum();
+        if releasing != self.releasing_bytes {
+            return Err(InvariantError::new(
+                Invariant::Reserved,
+                format!(
+                    "releasing_bytes {} != the releasing blocks' {releasing} (moved ones aside)",
+                    self.releasing_bytes
+                ),
+            ));
+        }
         self.check_pinning()?;
         self.check_captures()?;
         let counted = self.blocks.len();

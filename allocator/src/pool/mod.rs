@@ -13,7 +13,8 @@
 //! Invariants (all checked by [`Core::check_invariants`]):
 //! - the blocks of a segment tile it exactly, in address order through `prev`/`next`;
 //! - no two neighbouring blocks are both free and mapped (they would have been merged), except
-//!   while one of them waits for stream events or is being released (`releasing`);
+//!   while one of them waits for stream events or is being released (`releasing`; its pages
+//!   may have moved to another block, `moving`);
 //! - a block is in its pool's free index iff it is free and mapped, in the unmapped index iff it
 //!   is unmapped;
 //! - a free or unmapped block carries no policy mark ([`block::NO_MARK`]);

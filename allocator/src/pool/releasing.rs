@@ -18,10 +18,13 @@
 //! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks started
 //! releasing.
 //!
+//! A growth may take the pages of a releasing block of its own stream instead (`moving`): the
+//! block is *moved* then, its addresses left to unmap once its event completes.
+//!
 //! Invariants: a releasing block is free (not allocated, no events pending), mapped, in an
-//! expandable segment, in no index, covers whole chunks of its segment, never merges with a
-//! neighbour, and appears once in `Core::releasing` with its event; `Core::releasing_bytes` is
-//! the sum of the sizes of releasing blocks. Its bytes stay reserved (and count against the
+//! expandable segment, in no index, covers whole chunks of its segment (or, moved, whole moved
+//! ranges), never merges with a neighbour, and appears once in `Core::releasing` with its event;
+//! `Core::releasing_bytes` is the sum of the sizes of releasing blocks that are not moved. Its bytes stay reserved (and count against the
 //! memory limit) until they are unmapped.
 
 use super::block::{Block, BlockId, NIL};

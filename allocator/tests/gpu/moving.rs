@@ -16,7 +16,8 @@ const ATTEMPTS: usize = 3;
 
 fn read(dev: &CudaDevice, ptr: u64, len: u64) -> Vec<u8> {
     let mut out = vec![0u8; len as usize];
-    dev.copy_from_device(ptr, &mut out).expect("copy from device");
+    dev.copy_from_device(ptr, &mut out)
+        .expect("copy from device");
     out
 }
 
@@ -41,7 +42,10 @@ fn a_page_mapped_twice_is_one_memory_until_its_last_unmap() {
     dev.copy_to_device(a, &data).unwrap();
     dev.map(b, g, page).unwrap();
     dev.set_access(b, g, &[]).unwrap();
-    assert!(read(&dev, b, g) == data, "the second address shows the bytes");
+    assert!(
+        read(&dev, b, g) == data,
+        "the second address shows the bytes"
+    );
     dev.release_page(page).unwrap();
     assert!(dev.release_page(page).is_err(), "the handle is gone");
     dev.unmap(a, g).unwrap();
@@ -92,11 +96,15 @@ fn move_while_busy() -> bool {
     assert_eq!(pool.stats().pages_moved, 3, "the 6 MiB block's pages moved");
     assert_eq!(pool.releasing_bytes(), 0);
     pool.check_invariants().unwrap();
-    dev.memset_async(grown.ptr(), 0x22, grown.size(), s).unwrap();
+    dev.memset_async(grown.ptr(), 0x22, grown.size(), s)
+        .unwrap();
     dev.synchronize_event(done).unwrap();
     dev.synchronize_device().unwrap();
     let back = read(&dev, grown.ptr(), grown.size());
-    assert!(back.iter().all(|&x| x == 0x22), "stream order kept the bytes");
+    assert!(
+        back.iter().all(|&x| x == 0x22),
+        "stream order kept the bytes"
+    );
     finish(&dev, pool, [k1, k2, grown]);
     true
 }
@@ -120,7 +128,13 @@ fn a_growth_takes_the_pages_its_stream_still_queues_for_and_the_bytes_stay_right
     let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let baseline = free_bytes(&CudaDevice::new(0).unwrap());
     let checked = (0..ATTEMPTS).any(|_| move_while_busy());
-    assert!(checked, "the stream's work ended first in each of {ATTEMPTS} attempts");
+    assert!(
+        checked,
+        "the stream's work ended first in each of {ATTEMPTS} attempts"
+    );
     let after = free_bytes(&CudaDevice::new(0).unwrap());
-    assert!(after + 4 * MIB >= baseline, "{after} free against {baseline}");
+    assert!(
+        after + 4 * MIB >= baseline,
+        "{after} free against {baseline}"
+    );
 }
