@@ -83,6 +83,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             label: label.to_string(),
             result,
             min_capacity: None,
+            device_lag: 0,
         };
         let runs = vec![
             run("torch", replay(&trace, &torch_rules, &opts)),

@@ -20,7 +20,7 @@ use std::io::{self, Write};
 /// events (frees of addresses not live, allocations of live ones);
 /// `allocations_before_history` the allocations a snapshot's reader put first for memory live
 /// before its history began; `recorded_ooms` the trace's `oom` events (allocations that failed
-/// when it was recorded; not replayed).
+/// when it was recorded; not replayed); `device_lag` the lag of `--device-lag` (0 without it).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
@@ -38,6 +38,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "min_capacity_bytes": run.min_capacity,
+        "device_lag": run.device_lag,
         "device_mallocs": r.device_mallocs,
         "device_frees": r.device_frees,
         "device_maps": r.device_maps,

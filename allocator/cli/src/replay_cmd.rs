@@ -445,6 +445,7 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         label: v.label.clone(),
         result,
         min_capacity,
+        device_lag: plan.device_lag.unwrap_or(0),
     }
 }
 

@@ -18,6 +18,8 @@ pub struct Run {
     pub result: ReplayResult,
     /// The smallest cap the replay completes under, when asked for and found.
     pub min_capacity: Option<u64>,
+    /// The device's lag in operations (`--device-lag`; 0: it keeps up).
+    pub device_lag: u64,
 }
 
 /// A trace and its replays.

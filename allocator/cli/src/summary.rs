@@ -198,6 +198,7 @@ mod tests {
                 calls: Vec::new(),
             },
             min_capacity: min_capacity_mib.map(|m| m * MIB),
+            device_lag: 0,
         }
     }
 

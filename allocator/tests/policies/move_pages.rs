@@ -206,3 +206,24 @@ fn empty_cache_and_drop_unmap_the_old_addresses() {
     assert_eq!(sim.mapped_bytes(), 0);
     assert_eq!(used(&sim), 0);
 }
+
+/// A pool put to sleep with a moved block (and the releasing rest of it) holds no page on the
+/// device, and wakes with its live blocks' chunks mapped at their addresses again.
+#[test]
+fn a_pool_sleeps_and_wakes_with_a_moved_block() {
+    let (sim, mut pool, live) = partly_moved(S0);
+    let reserved = pool.reserved();
+    pool.sleep(false).unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+    assert_eq!(used(&sim), 0);
+    pool.wake(S0).unwrap();
+    check(&sim, &pool);
+    assert!(
+        pool.reserved() <= reserved,
+        "{} > {reserved}",
+        pool.reserved()
+    );
+    assert_eq!(sim.mapped_bytes(), pool.reserved());
+    finish(&sim, pool, live);
+}

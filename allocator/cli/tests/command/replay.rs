@@ -8,7 +8,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 25] = [
+const KEYS: [&str; 27] = [
     "trace",
     "policy",
     "completed",
@@ -19,11 +19,13 @@ const KEYS: [&str; 25] = [
     "peak_allocated_bytes",
     "peak_reserved_bytes",
     "min_capacity_bytes",
+    "device_lag",
     "device_mallocs",
     "device_frees",
     "device_maps",
     "device_unmaps",
     "device_waits",
+    "pages_moved",
     "driver_waits",
     "ooms",
     "ns_per_event",
@@ -547,4 +549,27 @@ fn split_csv(line: &str) -> Vec<String> {
     }
     fields.push(field);
     fields
+}
+
+/// `--device-lag` is named in the JSON rows, and behind, `default` moves pages (the bundled
+/// BERT trace moves 7 at a lag of 10); without a lag the row says 0 and none moves.
+#[test]
+fn json_rows_name_the_lag_and_count_the_pages_moved() {
+    for (lag, moves) in [("0", false), ("10", true)] {
+        let args = [
+            "replay",
+            "--json",
+            "--policy",
+            "default",
+            "--device-lag",
+            lag,
+            &bert(),
+        ];
+        let o = cudalloc(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v = &json_lines(&o)[0];
+        assert_eq!(v["device_lag"].as_u64(), Some(lag.parse().unwrap()));
+        let moved = v["pages_moved"].as_u64().unwrap();
+        assert_eq!(moved > 0, moves, "lag {lag}: {moved} pages moved");
+    }
 }
