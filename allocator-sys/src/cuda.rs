@@ -56,13 +56,14 @@
 //! behaviour), so the device records what it handed out: allocations with their sizes,
 //! reservations, pages with their mapping counts, mappings, events and streams (a page released
 //! while mapped stays in its table, taking no more calls, until its last unmap, when the driver
-//! frees its memory). Releasing anything else, a size that does not match, a release whose precondition does not hold, or a map outside
-//! a reservation or over an existing mapping is [`DeviceError::InvalidArgument`] before the driver
-//! is called. The memory tables' lock is held across each release's driver call, and a new
-//! handle enters its table only after the driver gave it, so table and driver agree; events sit
-//! behind a read-write lock whose readers (`record_event`, `query_event`, `synchronize_event`)
-//! do not queue behind a waiting writer, so a `synchronize_event` blocks only `create_event` and
-//! `destroy_event` for its wait, not other queries.
+//! frees its memory). Releasing anything else, a size that does not match, a release whose
+//! precondition does not hold, or a map outside a reservation or over an existing mapping is
+//! [`DeviceError::InvalidArgument`] before the driver is called. The memory tables' lock is held
+//! across each release's driver call, and a new handle enters its table only after the driver gave
+//! it, so table and driver agree; events sit behind a read-write lock whose readers
+//! (`record_event`, `query_event`, `synchronize_event`) do not queue behind a waiting writer, so a
+//! `synchronize_event` blocks only `create_event` and `destroy_event` for its wait, not other
+//! queries.
 //!
 //! Dropping a `CudaDevice` releases nothing it handed out; the driver reclaims it when the
 //! primary context's last user goes away.
@@ -478,25 +479,16 @@ impl Device for CudaDevice {
 
     fn release_page(&self, page: PageHandle) -> DeviceResult<()> {
         let mut mem = self.memory.lock();
-        let Some(mapped) = mem
-            .pages
-            .get(&page.0)
-            .filter(|p| !p.released)
-            .map(|p| p.mappings > 0)
-        else {
+        if mem.pages.get(&page.0).is_none_or(|p| p.released) {
             let message = format!("unknown page {:#x}", page.0);
             return Err(DeviceError::invalid("release_page", message));
-        };
+        }
         let _bound = self.bind()?;
         // SAFETY: the handle came from `cuMemCreate` and was not released (it is in the table,
         // not marked released). A mapped handle may be released: its memory stays until its
         // last mapping is unmapped.
         check("cuMemRelease", unsafe { sys::cuMemRelease(page.0) })?;
-        if mapped {
-            mem.pages.get_mut(&page.0).expect("checked").released = true;
-        } else {
-            mem.pages.remove(&page.0);
-        }
+        mem.page_released(page.0);
         Ok(())
     }
 

@@ -70,9 +70,10 @@ macro_rules! forward {
 }
 
 /// Caps the physical bytes outstanding on the inner device (malloc sizes plus page sizes, minus
-/// frees and releases). A request over the limit is [`DeviceError::OutOfMemory`] and never
-/// reaches the inner device. The limit may be changed at any time; lowering it below what is
-/// outstanding only makes later requests fail.
+/// frees and releases; a page released while still mapped leaves the count at its release, though
+/// the driver frees it only at its last unmap). A request over the limit is
+/// [`DeviceError::OutOfMemory`] and never reaches the inner device. The limit may be changed at any
+/// time; lowering it below what is outstanding only makes later requests fail.
 #[derive(Debug)]
 pub struct Limit<D> {
     inner: D,

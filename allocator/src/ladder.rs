@@ -183,7 +183,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
         // Pages on their way back may be what the growth needs (under a cap, or on a full
         // device): wait for them (counted in `device_waits`) before giving back every cached
         // block. A failed wait leaves it to the last rung.
-        if !self.core.releasing.is_empty() && self.core.finish_releasing().is_ok() {
+        // (Moved blocks alone free nothing: their pages are other blocks' now.)
+        if self.core.releasing_bytes() > 0 && self.core.finish_releasing().is_ok() {
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);
             }

@@ -35,6 +35,10 @@ pub enum BlockState {
     /// Free pages of an expandable segment on their way back to the device: unmapped once the
     /// work their stream queued before has completed; no request gets them meanwhile.
     Releasing,
+    /// Addresses of an expandable segment whose pages moved to another block (`pool::moving`):
+    /// still mapped to them until the work their stream queued before has completed, then
+    /// unmapped. No memory of their own: the block the pages moved to counts it.
+    Moved,
     /// Freed by its caller into a thread cache: not allocated (as the statistics count it), nor
     /// free for any request but its thread's next one of the same size and stream. Only a
     /// `CachingAllocator`'s snapshot shows it.
@@ -50,6 +54,7 @@ impl BlockState {
             BlockState::Free => "free",
             BlockState::Unmapped => "unmapped",
             BlockState::Releasing => "releasing",
+            BlockState::Moved => "moved",
             BlockState::ThreadCached => "thread_cached",
         }
     }

@@ -196,7 +196,7 @@ pub struct Stats {
     pub pages_moved: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
-    /// those).
+    /// those; a growth that takes moved pages and maps new ones too counts two).
     pub num_device_alloc: u64,
     /// Device frees as PyTorch counts them: `free` calls, or for expandable policies unmapping
     /// steps (one per block given back, whatever number of chunks: `calls.unmaps`).

@@ -35,8 +35,9 @@ pub const LARGE: i32 = 1;
 /// Segment flag: part of an expandable segment (PyTorch's `is_expandable`).
 pub const EXPANDABLE: i32 = 2;
 
-/// A block's state as the C ABI numbers it (`CUDALLOC_BLOCK_*`). Unmapped addresses are never
-/// blocks of this document (0 is no state, also given to a state this ABI does not number yet).
+/// A block's state as the C ABI numbers it (`CUDALLOC_BLOCK_*`). Unmapped and moved addresses are
+/// never blocks of this document (0 is no state, also given to a state this ABI does not number
+/// yet).
 pub fn state_code(state: BlockState) -> i32 {
     match state {
         BlockState::Allocated => 1,
@@ -97,7 +98,9 @@ impl Document {
         if seg.expandable {
             flags |= EXPANDABLE;
         }
-        for run in seg.blocks.split(|b| b.state == BlockState::Unmapped) {
+        // Moved addresses hold no memory of their own (the block their pages moved to does).
+        let bare = |b: &BlockInfo| matches!(b.state, BlockState::Unmapped | BlockState::Moved);
+        for run in seg.blocks.split(bare) {
             if let Some(first) = run.first() {
                 self.segments.push(Segment {
                     address: first.addr,

@@ -36,8 +36,13 @@ pub(super) struct Memory {
     pub(super) mallocs: HashMap<u64, u64>,
     /// Reservation start -> size.
     pub(super) reservations: BTreeMap<u64, u64>,
-    /// Page handle -> size and how often it is mapped.
+    /// Page handle -> size and how often it is mapped. A page released while mapped stays,
+    /// under a key of its own once the driver hands its handle's value out again
+    /// ([`Memory::add_page`]).
     pub(super) pages: HashMap<u64, Page>,
+    /// The last key given to a released page whose handle's value came back (counting down
+    /// from `u64::MAX`, never a handle the driver gives).
+    pub(super) moved_keys: u64,
     /// Mapping start -> size and page.
     pub(super) mappings: BTreeMap<u64, Mapping>,
     /// Pinned host buffer start -> size (`alloc_host`).
@@ -45,6 +50,32 @@ pub(super) struct Memory {
 }
 
 impl Memory {
+    /// Page `handle` was released: it leaves the table, or stays (marked) while it is mapped.
+    pub(super) fn page_released(&mut self, handle: u64) {
+        match self.pages.get_mut(&handle) {
+            Some(p) if p.mappings > 0 => p.released = true,
+            _ => {
+                self.pages.remove(&handle);
+            }
+        }
+    }
+
+    /// Enters page `handle` of `size` bytes, just created or imported. A page released while
+    /// still mapped may have had the same value (the driver may hand it out again once
+    /// released): that one moves to a key of its own, with its mappings.
+    pub(super) fn add_page(&mut self, handle: u64, size: u64) {
+        if let Some(old) = self.pages.remove(&handle) {
+            debug_assert!(old.released, "a live page's handle given out again");
+            self.moved_keys = self.moved_keys.wrapping_sub(1);
+            let key = self.moved_keys;
+            self.pages.insert(key, old);
+            for m in self.mappings.values_mut().filter(|m| m.page == handle) {
+                m.page = key;
+            }
+        }
+        self.pages.insert(handle, Page::new(size));
+    }
+
     /// True if `ptr..ptr + len` lies inside one pinned host buffer.
     pub(super) fn in_host_buffer(&self, ptr: u64, len: u64) -> bool {
         let before = self.host.range(..=ptr).next_back();

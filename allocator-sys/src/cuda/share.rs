@@ -11,7 +11,6 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
-use super::memory::Page;
 use super::{check, check_alloc, device_location, CudaDevice};
 use crate::device::{DeviceError, DeviceResult, PageHandle};
 
@@ -65,7 +64,7 @@ impl CudaDevice {
         // SAFETY: `handle` is a valid out-pointer and `prop` a fully initialised property struct.
         let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
         check_alloc("cuMemCreate", size, code)?;
-        self.memory.lock().pages.insert(handle, Page::new(size));
+        self.memory.lock().add_page(handle, size);
         Ok(PageHandle(handle))
     }
 
@@ -108,7 +107,7 @@ impl CudaDevice {
         // whole call (borrowed), which the driver reads and does not close.
         let code = unsafe { sys::cuMemImportFromShareableHandle(&mut handle, os_handle, POSIX_FD) };
         check("cuMemImportFromShareableHandle", code)?;
-        self.memory.lock().pages.insert(handle, Page::new(size));
+        self.memory.lock().add_page(handle, size);
         Ok(PageHandle(handle))
     }
 }

@@ -9,7 +9,8 @@
 //! `import_page` finds the physical memory by the descriptor's inode and makes another handle
 //! to it, so that a write through one handle's mapping reads back through the other's. The
 //! physical memory is freed (its bytes leave the capacity's count) when its last handle is
-//! released, and its exports are forgotten: importing one of them afterwards is refused, as the
+//! released and mapped nowhere (a page released while mapped lives until its last unmap), and
+//! its exports are forgotten: importing one of them afterwards is refused, as the
 //! driver refuses a descriptor of memory that no longer exists.
 //!
 //! Errors, as the driver gives them: exporting a page not made shareable is driver code

@@ -118,6 +118,8 @@ impl<D: Device> Core<D> {
             BlockState::Allocated
         } else if b.waits() {
             BlockState::PendingEvents
+        } else if b.moved {
+            BlockState::Moved
         } else if b.releasing {
             BlockState::Releasing
         } else if b.mapped {
@@ -142,6 +144,7 @@ impl<D: Device> Core<D> {
         check_no_overlap(&snap.segments)?;
         self.check_indexes()?;
         self.check_expandable_mapping()?;
+        self.check_moved()?;
         let (got, want) = (snap.recorded(), snap.recompute());
         if got != want {
             return Err(InvariantError::new(
@@ -277,12 +280,38 @@ impl<D: Device> Core<D> {
                 InvariantError::new(Invariant::Mapping, "block of a released segment")
             })?;
             let slept = self.asleep() && self.slept_covers(id);
-            let moved = b.moved && seg.moved_covers(b.addr, b.size);
-            if !(seg.is_mapped(b.addr, b.size) || slept || moved) {
+            // A moved block's addresses are in `moved`, all of them or (after a failed unmap)
+            // those still mapped: `check_moved` checks where every moved range lies.
+            if !(seg.is_mapped(b.addr, b.size) || slept || b.moved) {
                 return Err(InvariantError::new(
                     Invariant::Mapping,
                     format!("mapped block {:#x}+{} is not fully mapped", b.addr, b.size),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every moved range of a segment lies inside a moved block of that segment (no address
+    /// stays mapped to a page another block holds once its block is done).
+    fn check_moved(&self) -> Result<(), InvariantError> {
+        let moved: Vec<(u32, u64, u64)> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.moved)
+            .map(|(_, b)| (b.segment, b.addr, b.end()))
+            .collect();
+        for (i, seg) in self.segments.iter().enumerate() {
+            let Some(seg) = seg else { continue };
+            for (&a, &n) in &seg.moved {
+                let inside =
+                    |&(s, lo, hi): &(u32, u64, u64)| s as usize == i && lo <= a && a + n <= hi;
+                if !moved.iter().any(inside) {
+                    return Err(InvariantError::new(
+                        Invariant::Mapping,
+                        format!("moved range {a:#x}+{n} lies in no moved block"),
+                    ));
+                }
             }
         }
         Ok(())

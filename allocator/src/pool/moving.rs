@@ -18,10 +18,12 @@
 //! rest stays releasing with an event of its own, recorded at the split (or, when that record
 //! fails, is free again: its stream's order makes it safe to use).
 //!
-//! Invariants: a moved block is releasing, in an expandable segment, and exactly covered by
-//! its segment's `moved` ranges; it is never taken back into the cache, and its bytes count in
-//! neither `Core::releasing_bytes` nor its segment's `mapped` bytes (the chunks its pages moved
-//! to count them).
+//! Invariants: a moved block is releasing and in an expandable segment; its addresses still
+//! mapped are its segment's `moved` ranges inside it (all of them until a failed unmap left
+//! some unmapped: the unmap is tried again at the next poll), and every `moved` range lies in a
+//! moved block. It is never taken back into the cache, and its bytes count in neither
+//! `Core::releasing_bytes` nor its segment's `mapped` bytes (the chunks its pages moved to
+//! count them).
 
 use super::block::{Block, BlockId};
 use super::segment::{Mapper, Range};
@@ -78,9 +80,17 @@ impl<D: Device> Core<D> {
         }
     }
 
+    /// Bytes of the first `size` bytes of unmapped block `id` that [`Core::map_block_moving`]
+    /// would map with moved pages (they need no new memory: a memory limit's check leaves them
+    /// out).
+    pub fn movable_bytes(&self, id: BlockId, size: u64) -> u64 {
+        self.movable(id, size).iter().map(|&(_, n)| n).sum()
+    }
+
     /// The releasing blocks whose pages a growth at unmapped block `id` may take, as (block,
     /// bytes from its start: whole chunks), newest release first, at most `size` bytes in all
-    /// rounded up to the segment's pages; none during a capture.
+    /// rounded up to the segment's pages; none during a capture (one the pool was told of, or
+    /// one the device reports on the block's stream).
     fn movable(&self, id: BlockId, size: u64) -> Vec<(BlockId, u64)> {
         let b = &self.blocks[id];
         let target = self.segments[b.segment as usize]
@@ -88,7 +98,10 @@ impl<D: Device> Core<D> {
             .expect("block of a released segment");
         let mut left = target.page_ceil(b.addr + size) - b.addr;
         let mut out = Vec::new();
-        if self.capturing() {
+        if self.releasing.is_empty()
+            || self.capturing()
+            || !matches!(self.device.is_capturing(b.stream), Ok(false))
+        {
             return out;
         }
         for &(_, d) in self.releasing.iter().rev() {
@@ -120,9 +133,9 @@ impl<D: Device> Core<D> {
         out
     }
 
-    /// Maps the first bytes of each donor's chunks (`movable`) end to end from `addr`, in
-    /// order, into segment `to` (the one holding `addr`); stops at the first failure. Returns the range mapped (`ops`: pages moved) and
-    /// the failure.
+    /// Maps the first bytes of each donor's chunks (`movable`) end to end from `addr`, in order,
+    /// into segment `to` (the one holding `addr`); stops at the first failure. Returns the range
+    /// mapped (`ops`: pages moved) and the failure.
     fn move_pages(
         &mut self,
         donors: &[(BlockId, u64)],
@@ -175,7 +188,10 @@ impl<D: Device> Core<D> {
             };
             let seg = self.segments[to].as_mut().expect("live");
             let strays = seg.stray_bytes();
-            match seg.map_moved(&m, at + placed, chunk) {
+            let mapped = seg.map_moved(&m, at + placed, chunk);
+            // `map_moved` retries the segment's strays, and a failure may leave one.
+            self.track_strays(to, strays);
+            match mapped {
                 Ok(()) => {
                     placed += chunk.size;
                     out += chunk.size;
@@ -192,7 +208,6 @@ impl<D: Device> Core<D> {
                         self.sub_reserved(chunk.size);
                         self.reserved_shrank(pool, chunk.size);
                     }
-                    self.track_strays(to, strays);
                     error = Some(e);
                     break;
                 }

@@ -24,8 +24,8 @@
 //! Invariants: a releasing block is free (not allocated, no events pending), mapped, in an
 //! expandable segment, in no index, covers whole chunks of its segment (or, moved, whole moved
 //! ranges), never merges with a neighbour, and appears once in `Core::releasing` with its event;
-//! `Core::releasing_bytes` is the sum of the sizes of releasing blocks that are not moved. Its bytes stay reserved (and count against the
-//! memory limit) until they are unmapped.
+//! `Core::releasing_bytes` is the sum of the sizes of releasing blocks that are not moved. Its
+//! bytes stay reserved (and count against the memory limit) until they are unmapped.
 
 use super::block::{Block, BlockId, NIL};
 use super::segment::Range;

@@ -21,12 +21,11 @@
 //! `mapped`) for the one it moves to, and its addresses here stay mapped, in `moved`, until they
 //! are unmapped; the page is released by the chunk that holds it, never through `moved`.
 //!
-//! Invariants: chunks and moved ranges do not overlap, lie inside `va..va + size` and start and
-//! end on page boundaries; `mapped` is the sum of the chunks' sizes. Pages a failed driver call left behind
-//! (`leaked`: created or unmapped, not released; `stuck`: mapped without access, or mapped at a
-//! re-paging's scratch range outside `va..va + size`, not unmapped) are outside `chunks` and
-//! `mapped`, are retried at every map and unmap, and keep the range reserved until they are
-//! gone.
+//! Invariants: chunks and moved ranges do not overlap, lie inside `va..va + size` and start and end
+//! on page boundaries; `mapped` is the sum of the chunks' sizes. Pages a failed driver call left
+//! behind (`leaked`: created or unmapped, not released; `stuck`: mapped without access, or mapped
+//! at a re-paging's scratch range outside `va..va + size`, not unmapped) are outside `chunks` and
+//! `mapped`, are retried at every map and unmap, and keep the range reserved until they are gone.
 
 use crate::hooks::Hooks;
 use crate::sizes::PoolKind;
@@ -492,18 +491,6 @@ impl ExpSegment {
             ops += 1;
         }
         (ops, None)
-    }
-
-    /// True when moved ranges cover every byte of `addr..addr + size`.
-    pub fn moved_covers(&self, addr: u64, size: u64) -> bool {
-        let mut at = addr;
-        for (&a, &n) in self.moved.range(addr..addr + size) {
-            if a != at {
-                return false;
-            }
-            at = a + n;
-        }
-        at >= addr + size
     }
 
     /// Unmaps and releases again what a failed call left behind ([`ExpSegment::stuck`],

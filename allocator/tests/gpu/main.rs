@@ -17,10 +17,10 @@
 //!   drops the device's free memory is back to its baseline.
 //!
 //! Files: `device.rs`, `streams.rs`, `interop.rs`, `decode_ops.rs` (the decode step's kernels
-//! against the CPU), `sleep.rs` (tags, sleep and wake), `repage.rs` (the capped last resort), `moving.rs` (page moving),
-//! `share.rs` (an allocation shared with a second process, which the test spawns). Captures run
-//! in their own binary (`gpu_capture`): a global-mode capture refuses calls from every thread of
-//! the process.
+//! against the CPU), `sleep.rs` (tags, sleep and wake), `repage.rs` (the capped last resort),
+//! `moving.rs` (page moving), `share.rs` (an allocation shared with a second process, which the
+//! test spawns). Captures run in their own binary (`gpu_capture`): a global-mode capture refuses
+//! calls from every thread of the process.
 
 mod decode_ops;
 mod device;

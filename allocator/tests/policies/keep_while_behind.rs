@@ -20,7 +20,8 @@ use std::sync::Arc;
 const WINDOW: u64 = 40 * MIB;
 
 /// A pool of `default` (no layout plans, no `move_pages`, whose tests are `move_pages.rs`;
-/// `keep_while_behind` as `keep`, and `max_chunk`, `budget` as given) past its loading on a 16 GiB device whose work completes only when told.
+/// `keep_while_behind` as `keep`, and `max_chunk`, `budget` as given) past its loading on a 16 GiB
+/// device whose work completes only when told.
 fn lagging(keep: bool, max_chunk: u64, budget: f64) -> (Sim, Pool<Sim>) {
     let mut d = DefaultConfig {
         max_chunk,

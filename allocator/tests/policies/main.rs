@@ -13,11 +13,14 @@
 //!   uses the block a conversion left; under a memory limit a growth that does not fit makes
 //!   the chunks live blocks keep mapped page by page, keeping every live byte;
 //! - a policy from outside the crate, or an adaptor around one of ours, changes nothing the core
-//!   checks.
+//!   checks;
+//! - while the device runs behind, a growth takes its own stream's pages on their way back
+//!   (never another stream's, none during a capture), and their old addresses go once the
+//!   device catches up.
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
-//! `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`, `plans.rs`, `split_footprints.rs`,
-//! `policy_outside.rs`.
+//! `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`, `move_pages.rs`, `plans.rs`,
+//! `split_footprints.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]

@@ -148,15 +148,16 @@ fn partly_moved(stream: StreamId) -> (Sim, Pool<Sim>, [Allocation; 2]) {
 #[test]
 fn the_rest_of_a_partly_moved_block_stays_on_its_way_back() {
     let (sim, mut pool, live) = partly_moved(S0);
-    let releasing: Vec<u64> = pool
-        .snapshot()
-        .segments
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.state == BlockState::Releasing)
-        .map(|b| b.size)
-        .collect();
-    assert_eq!(releasing, [20 * MIB, 20 * MIB], "the moved part, the rest");
+    let in_state = |state| -> Vec<u64> {
+        let snap = pool.snapshot();
+        let blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+        blocks
+            .filter(|b| b.state == state)
+            .map(|b| b.size)
+            .collect()
+    };
+    assert_eq!(in_state(BlockState::Moved), [20 * MIB], "the moved part");
+    assert_eq!(in_state(BlockState::Releasing), [20 * MIB], "the rest");
     sim.complete_all();
     let releases = sim.calls(Call::ReleasePage);
     let poll = alloc(&mut pool, 512, S0);
@@ -226,4 +227,25 @@ fn a_pool_sleeps_and_wakes_with_a_moved_block() {
     );
     assert_eq!(sim.mapped_bytes(), pool.reserved());
     finish(&sim, pool, live);
+}
+
+/// Under a cap of 70 MiB the 34 MiB growth of [`layout_with_excess`] (40 MiB reserved) gives
+/// back the 6 MiB block for the cap, and the device is behind: with the rule the growth takes
+/// its pages and fits (68 MiB), with no wait; without it, it does not fit until the ladder
+/// waits for them.
+#[test]
+fn under_a_cap_a_growth_takes_the_pages_instead_of_waiting() {
+    for moving in [true, false] {
+        let (sim, mut pool) = lagging(moving, 0.75);
+        pool.set_limit(Some(70 * MIB));
+        let live = layout_with_excess(&mut pool, S0);
+        let waits = || sim.calls(Call::SynchronizeEvent) + sim.calls(Call::SynchronizeDevice);
+        let before = waits();
+        let grown = alloc(&mut pool, 34 * MIB, S0);
+        check(&sim, &pool);
+        assert_eq!(waits() == before, moving, "moving {moving}: waits");
+        assert_eq!(pool.stats().pages_moved, if moving { 3 } else { 0 });
+        assert!(pool.reserved() <= 70 * MIB);
+        finish(&sim, pool, live.into_iter().chain([grown]));
+    }
 }

@@ -55,6 +55,18 @@ impl DefaultPolicy {
     }
 }
 
+/// True when mapping the first `size` bytes of unmapped block `id` would pass the memory
+/// limit, the pages `moving` would take from releasing blocks left out (they are reserved
+/// already: [`Core::movable_bytes`]).
+pub(super) fn over_limit<D: Device>(core: &Core<D>, moving: bool, id: BlockId, size: u64) -> bool {
+    let moved = if moving && core.limit().is_some() {
+        core.movable_bytes(id, size)
+    } else {
+        0
+    };
+    core.over_limit(size.saturating_sub(moved))
+}
+
 /// Maps the first `size` bytes of unmapped block `id` in chunks of at most `window`
 /// ([`Core::map_block`]), with `moving` ([`super::rules::Rules::move_pages`]) mapping the
 /// pages of releasing blocks of its stream there first ([`Core::map_block_moving`]).

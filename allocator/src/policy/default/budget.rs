@@ -586,7 +586,7 @@ fn map_growth<D: Device>(
     [page, window]: [u64; 2],
 ) -> Result<Option<BlockId>, DeviceError> {
     for size in [extended, want] {
-        if core.over_limit(size.div_ceil(page) * page) {
+        if super::behind::over_limit(core, moving, id, size.div_ceil(page) * page) {
             continue;
         }
         if let Some(mapped) = super::behind::map_pages(core, moving, id, size, window)? {

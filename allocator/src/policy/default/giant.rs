@@ -4,31 +4,31 @@
 //! virtual range of its own (`giant_ranges` and `giant_ranges_uncapped` in
 //! [`Rules`](super::Rules)).
 //!
-//! Its pages are mapped as one chunk: one map operation where the shared range would take a
-//! chunk per window (eight or more under a cap, sixteen or more without), and one unmap when the budget or the cap gives the block
-//! back, where a block in the shared range gives back window by window. A free block of a
-//! giant range serves only a giant request (of the capped size or more) that leaves at most one
-//! chunk window of it unused, and is handed out whole (never split: a rest in the chunk would
-//! stay mapped while the tensor lives, and only the ladder's last resort, which copies the
-//! whole chunk, could give it back), so the range holds one tensor. While the policy is behind
-//! (`keep_while_behind`, `behind`: without a cap, a give-back the device had not caught up with)
-//! no giant range is made, and a giant block serves any request by best fit and is split like
-//! any block: a giant tensor whose size changes with every step would otherwise get a new range
-//! each step while the old ones are held by the device. A range split then may hold several
-//! blocks; once the policy is no longer behind, its free pieces serve only giant requests that
-//! nearly fill them, and a piece beside a live block in the range's one chunk goes back only
-//! with that block (or by the last resort under a cap). The budget gives back the
-//! free blocks of giant ranges before any other (`give_back_giant_first`): one unmap each, and
-//! only a request that nearly fills one can reuse it. Ordinary growth and a layout plan's
-//! footprint never go to a giant range. Ranges are reserved in whole chunk windows, so a range
-//! serves later requests up to a window larger than the one that made it; only the request's
-//! pages are mapped. A giant range whose pages all went back serves the next giant growth of
-//! its stream that fits in it (the smallest such); after that growth the stream's other empty
-//! giant ranges are released (not during a capture), so empty giant ranges pile up only
-//! between two giant growths of a stream that go ahead, during a capture, while the policy is
-//! behind (no giant growth then), or when the stream makes no more giant growths (a range made
-//! under a cap for 320-640 MiB, the cap then lifted; address space only: `empty_cache` releases
-//! them).
+//! Its pages are mapped as one chunk (after the pages a growth takes from releasing blocks of its
+//! stream, `move_pages`, when the device runs behind): one map operation where the shared range
+//! would take a chunk per window (eight or more under a cap, sixteen or more without), and one
+//! unmap when the budget or the cap gives the block back, where a block in the shared range gives
+//! back window by window. A free block of a giant range serves only a giant request (of the capped
+//! size or more) that leaves at most one chunk window of it unused, and is handed out whole (never
+//! split: a rest in the chunk would stay mapped while the tensor lives, and only the ladder's last
+//! resort, which copies the whole chunk, could give it back), so the range holds one tensor. While
+//! the policy is behind (`keep_while_behind`, `behind`: without a cap, a give-back the device had
+//! not caught up with) no giant range is made, and a giant block serves any request by best fit and
+//! is split like any block: a giant tensor whose size changes with every step would otherwise get a
+//! new range each step while the old ones are held by the device. A range split then may hold
+//! several blocks; once the policy is no longer behind, its free pieces serve only giant requests
+//! that nearly fill them, and a piece beside a live block in the range's one chunk goes back only
+//! with that block (or by the last resort under a cap). The budget gives back the free blocks of
+//! giant ranges before any other (`give_back_giant_first`): one unmap each, and only a request that
+//! nearly fills one can reuse it. Ordinary growth and a layout plan's footprint never go to a giant
+//! range. Ranges are reserved in whole chunk windows, so a range serves later requests up to a
+//! window larger than the one that made it; only the request's pages are mapped. A giant range
+//! whose pages all went back serves the next giant growth of its stream that fits in it (the
+//! smallest such); after that growth the stream's other empty giant ranges are released (not during
+//! a capture), so empty giant ranges pile up only between two giant growths of a stream that go
+//! ahead, during a capture, while the policy is behind (no giant growth then), or when the stream
+//! makes no more giant growths (a range made under a cap for 320-640 MiB, the cap then lifted;
+//! address space only: `empty_cache` releases them).
 //!
 //! A cap set on a pool with `repage_under_cap` off stops blocks of giant ranges made before it
 //! from serving requests of the pool (that pool promises single-page chunks); the budget and

@@ -144,10 +144,11 @@ impl DefaultPolicy {
                 (None, u)
             };
             // A bare pool's mapping does not refuse a memory limit (`Core::claim`): check it.
-            let mapped = if core.over_limit(hi - lo) {
+            let moving = self.cfg.rules.move_pages;
+            let mapped = if super::behind::over_limit(core, moving, u, hi - lo) {
                 Ok(None)
             } else {
-                super::behind::map_pages(core, self.cfg.rules.move_pages, u, hi - lo, window)
+                super::behind::map_pages(core, moving, u, hi - lo, window)
             };
             if let (Some(head), false) = (head, matches!(mapped, Ok(Some(_)))) {
                 // Nothing (or, after a failed rollback, only a part that stays mapped) was
