@@ -249,3 +249,33 @@ fn under_a_cap_a_growth_takes_the_pages_instead_of_waiting() {
         finish(&sim, pool, live.into_iter().chain([grown]));
     }
 }
+
+/// An unmap of moved addresses that fails (the third of the block's ten) leaves the block moved,
+/// with the addresses not yet unmapped still mapped and the invariants holding, and is tried
+/// again at the next poll; no page is released for it.
+#[test]
+fn a_failed_unmap_of_moved_addresses_is_tried_again() {
+    let (sim, mut pool, live) = partly_moved(S0);
+    sim.complete_all();
+    let releases = sim.calls(Call::ReleasePage);
+    sim.fail_release(3);
+    let first = alloc(&mut pool, 512, S0);
+    check(&sim, &pool);
+    sim.clear_faults();
+    let moved = |pool: &Pool<Sim>| {
+        let snap = pool.snapshot();
+        let mut blocks = snap.segments.iter().flat_map(|s| s.blocks.iter());
+        blocks.any(|b| b.state == BlockState::Moved)
+    };
+    assert!(moved(&pool), "still moved after the failed unmap");
+    let second = alloc(&mut pool, 512, S0);
+    check(&sim, &pool);
+    assert!(!moved(&pool), "unmapped at the next poll");
+    assert_eq!(sim.mapped_bytes(), pool.reserved());
+    // The rest's 10 pages only: the moved addresses' pages stay with the growth.
+    assert_eq!(sim.calls(Call::ReleasePage) - releases, 10);
+    for a in [first, second] {
+        free(&mut pool, a);
+    }
+    finish(&sim, pool, live);
+}
