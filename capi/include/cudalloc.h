@@ -156,9 +156,11 @@ size_t cudalloc_device_stats(int device, char *buf, size_t len);
  * {"device", "policy", "segments": [{"addr", "size", "mapped", "pool" ("small"|"large"),
  * "stream", "expandable", "tag" (the tag whose memory it is, or null), "blocks": [{"addr",
  * "size", "requested", "state", "stream"}]}]},
- * state one of "allocated", "pending_events", "free", "unmapped", "thread_cached" (freed by the
- * caller into a per-thread cache: not allocated, as the stats count it, and not free either, for
- * only that thread's next request of the same size and stream can have it). */
+ * state one of "allocated", "pending_events", "free", "unmapped", "releasing" (free pages on
+ * their way back to the device), "moved" (addresses whose pages moved to a growth of their
+ * stream, unmapped once the device catches up; no memory of their own), "thread_cached" (freed
+ * by the caller into a per-thread cache: not allocated, as the stats count it, and not free
+ * either, for only that thread's next request of the same size and stream can have it). */
 size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
 
 /* Segments and blocks of device in the shape of PyTorch's memory snapshot
@@ -172,8 +174,9 @@ size_t cudalloc_snapshot_json(int device, char *buf, size_t len);
  * cudalloc_segment, then header.blocks cudalloc_block; segments in address order, each
  * segment's blocks (block_count of them from index first_block) tiling it in address order.
  * As in PyTorch's snapshot a segment holds only memory backed by the device: an expandable
- * segment is reported as one segment per run of mapped pages (its unmapped addresses are in no
- * segment), so total_size adds up to the reserved bytes. PyTorch's block states: allocated
+ * segment is reported as one segment per run of mapped pages (its unmapped addresses, and its
+ * moved ones, whose pages another block holds, are in no segment), so total_size adds up to the
+ * reserved bytes. PyTorch's block states: allocated
  * ("active_allocated"), pending events ("active_pending_free"), the others ("inactive"). */
 #define CUDALLOC_SEGMENT_LARGE 1      /* flags: the large pool (else the small one) */
 #define CUDALLOC_SEGMENT_EXPANDABLE 2 /* flags: part of an expandable segment */

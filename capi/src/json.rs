@@ -24,7 +24,7 @@
 //! Snapshot: `{"device", "policy", "segments": [...]}`, each segment with `addr`, `size`,
 //! `mapped`, `pool` (`small`/`large`), `stream`, `expandable` and `blocks`, each block with
 //! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`,
-//! `thread_cached`) and `stream`.
+//! `releasing`, `moved`, `thread_cached`) and `stream`.
 
 use cudalloc_core::{CachingAllocator, Policy};
 use cudalloc_sys::Device;

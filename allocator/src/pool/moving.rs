@@ -45,10 +45,20 @@ impl<D: Device> Core<D> {
     ) -> Result<Option<BlockId>, DeviceError> {
         let donors = self.movable(id, size);
         let total: u64 = donors.iter().map(|&(_, n)| n).sum();
+        let addr = self.blocks[id].addr;
+        let seg = self.segments[self.blocks[id].segment as usize].as_ref();
+        let len = seg
+            .expect("block of a released segment")
+            .page_ceil(addr + size)
+            - addr;
+        // The policy checked the limit with the moves it expected (`movable_bytes`); a capture
+        // that began since may have taken them away.
+        if self.over_limit(len.saturating_sub(total)) {
+            return Ok(None);
+        }
         if total == 0 {
             return self.map_block(id, size, max_chunk);
         }
-        let addr = self.blocks[id].addr;
         if total < size {
             // The new pages first: when they do not fit, nothing changed.
             self.split_unmapped_tail(id, total);

@@ -218,7 +218,12 @@ impl<D: Device> Core<D> {
     /// recorded again and waited for once more; the error of a second failure is returned and
     /// the block stays releasing.
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
-        while let Some(&(ev, id)) = self.releasing.last() {
+        // A moved block whose unmap fails stays (it holds no memory of its own) and the rest go
+        // on; its error is returned at the end.
+        let (mut i, mut moved_failed) = (self.releasing.len(), None);
+        while i > 0 {
+            i -= 1;
+            let (ev, id) = self.releasing[i];
             self.stats.device_waits += 1;
             if let Err(e) = self.device.synchronize_event(ev) {
                 if !self.record_again(ev, id, &e) {
@@ -226,16 +231,17 @@ impl<D: Device> Core<D> {
                 }
                 self.device.synchronize_event(ev)?;
             }
-            if self.blocks[id].moved {
-                self.finish_moved(id)?;
-                self.releasing.pop();
+            self.releasing.remove(i);
+            if !self.blocks[id].moved {
+                self.finish_one(ev, id)?;
+            } else if let Err(e) = self.finish_moved(id) {
+                self.releasing.insert(i, (ev, id));
+                moved_failed = Some(e);
+            } else {
                 self.spare_events.push(ev);
-                continue;
             }
-            self.releasing.pop();
-            self.finish_one(ev, id)?;
         }
-        Ok(())
+        moved_failed.map_or(Ok(()), Err)
     }
 
     /// Unmaps releasing block `id`, whose event `ev` has completed. After a failed driver call,

@@ -2,6 +2,8 @@
 //! most of `policies`); each uses a part of them.
 #![allow(dead_code)]
 
+use cudalloc::policy::default::DefaultConfig;
+use cudalloc::policy::PolicyConfig;
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, Config, Policy, Pool};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
@@ -19,6 +21,20 @@ pub type Sim = Arc<SimDevice>;
 pub fn pool_with(cfg: Config, capacity: u64) -> (Sim, Pool<Sim>) {
     let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(capacity)));
     let pool = Pool::new(sim.clone(), cfg);
+    (sim, pool)
+}
+
+/// A pool of `default` as `d` says, past its loading ([`past_loading`]), on a 16 GiB device
+/// whose work completes only when the test says (`SimDevice::set_auto_complete(false)`): a
+/// device that runs behind.
+pub fn behind(d: DefaultConfig) -> (Sim, Pool<Sim>) {
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(d))
+        .unwrap();
+    let mut pool = Pool::new(sim.clone(), cfg);
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
     (sim, pool)
 }
 

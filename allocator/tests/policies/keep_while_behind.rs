@@ -9,12 +9,10 @@
 use crate::common::pool;
 
 use cudalloc::policy::default::{DefaultConfig, GIANT_UNCAPPED_MIN_CHUNKS};
-use cudalloc::policy::PolicyConfig;
 use cudalloc::snapshot::BlockState;
-use cudalloc::{Allocation, Config, Pool};
-use cudalloc_sys::{Call, SimConfig, SimDevice};
-use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0};
-use std::sync::Arc;
+use cudalloc::{Allocation, Pool};
+use cudalloc_sys::Call;
+use pool::{alloc, check, free, Sim, GIB, MIB, S0};
 
 /// The default chunk window.
 const WINDOW: u64 = 40 * MIB;
@@ -31,14 +29,7 @@ fn lagging(keep: bool, max_chunk: u64, budget: f64) -> (Sim, Pool<Sim>) {
     };
     d.rules.keep_while_behind = keep;
     d.rules.move_pages = false;
-    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
-    let cfg = Config::default()
-        .with_policy(PolicyConfig::Default(d))
-        .unwrap();
-    let mut pool = Pool::new(sim.clone(), cfg);
-    past_loading(&mut pool);
-    sim.set_auto_complete(false);
-    (sim, pool)
+    pool::behind(d)
 }
 
 /// The free blocks of the pool, as (address, size).

@@ -9,12 +9,10 @@
 use crate::common::pool;
 
 use cudalloc::policy::default::DefaultConfig;
-use cudalloc::policy::PolicyConfig;
 use cudalloc::snapshot::BlockState;
-use cudalloc::{Allocation, Config, Pool};
-use cudalloc_sys::{Call, CaptureMode, Device, SimConfig, SimDevice, StreamId};
-use pool::{alloc, check, free, past_loading, Sim, GIB, MIB, S0, S1};
-use std::sync::Arc;
+use cudalloc::{Allocation, Pool};
+use cudalloc_sys::{Call, CaptureMode, Device, StreamId};
+use pool::{alloc, check, free, Sim, MIB, S0, S1};
 
 /// A stream that can be captured (not a legacy default stream).
 const CAP: StreamId = StreamId(5);
@@ -29,14 +27,7 @@ fn lagging(moving: bool, budget: f64) -> (Sim, Pool<Sim>) {
         ..DefaultConfig::default()
     };
     d.rules.move_pages = moving;
-    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(16 * GIB)));
-    let cfg = Config::default()
-        .with_policy(PolicyConfig::Default(d))
-        .unwrap();
-    let mut pool = Pool::new(sim.clone(), cfg);
-    past_loading(&mut pool);
-    sim.set_auto_complete(false);
-    (sim, pool)
+    pool::behind(d)
 }
 
 /// Bytes of physical memory the device holds.
