@@ -23,7 +23,8 @@ pub enum Command {
     /// Exit status: 0 when every replay completed, 1 when one failed (out of memory under
     /// --capacity, or beyond the simulated device), 2 on a usage or input error (--cuda without
     /// a GPU included: nothing is replayed then).
-    Replay(ReplayArgs),
+    // Boxed, as `Stats`: its options are far larger than a pointer.
+    Replay(Box<ReplayArgs>),
     /// Replay one trace and print PyTorch-style memory statistics as JSON.
     ///
     /// The statistics are `torch.cuda.memory_stats()`'s keys, sorted, taken at the end of the
@@ -128,6 +129,12 @@ pub struct ReplayArgs {
     /// which request sizes, pages given back and mapped again).
     #[arg(long, value_name = "FILE.csv")]
     pub calls: Option<PathBuf>,
+
+    /// A split of the trace set (a JSON object of parts, each an array of trace paths or names,
+    /// e.g. traces/split.json): after the summary, one summary per part of the traces replayed,
+    /// and one of those in no part; with --json, each line names the trace's part (split_part).
+    #[arg(long, value_name = "FILE.json")]
+    pub split: Option<PathBuf>,
 
     /// Print one JSON object per (trace, policy) per line instead of tables (keys: docs/cli.md;
     /// `completed` and `failure` say whether and where a replay stopped).
@@ -455,7 +462,7 @@ mod tests {
     fn replay_args(args: &[&str]) -> ReplayArgs {
         let argv = ["cudalloc", "replay"].iter().chain(args);
         match Cli::try_parse_from(argv).expect("valid arguments").command {
-            Command::Replay(r) => r,
+            Command::Replay(r) => *r,
             other => panic!("{other:?}"),
         }
     }

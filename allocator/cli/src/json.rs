@@ -110,10 +110,19 @@ fn pinned_by(report: &Report, p: &PeakPinning) -> Value {
         .collect()
 }
 
-/// Writes the lines of one trace.
-pub fn write_lines(out: &mut impl Write, report: &Report) -> io::Result<()> {
+/// Writes the lines of one trace; with `--split`, each with `split_part`: the part of the split
+/// the trace is in (`part`: `Some(None)` for none, written as `null`).
+pub fn write_lines(
+    out: &mut impl Write,
+    report: &Report,
+    part: Option<Option<&str>>,
+) -> io::Result<()> {
     for run in &report.runs {
-        writeln!(out, "{}", object(report, run))?;
+        let mut v = object(report, run);
+        if let (Some(part), Value::Object(map)) = (part, &mut v) {
+            map.insert("split_part".into(), json!(part));
+        }
+        writeln!(out, "{v}")?;
     }
     Ok(())
 }

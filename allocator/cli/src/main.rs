@@ -17,6 +17,7 @@ mod json;
 mod plot;
 mod progress;
 mod replay_cmd;
+mod split;
 mod stats_cmd;
 mod summary;
 

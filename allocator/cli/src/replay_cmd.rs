@@ -5,6 +5,7 @@ use crate::args::{ReplayArgs, Variant, GARBAGE_COLLECTION_KEY};
 use crate::error::CliError;
 use crate::progress::{Progress, LONG_OPS};
 use crate::report::{Report, Run};
+use crate::split::Split;
 use crate::{bundled, calls, json, plot, summary, table};
 use cudalloc::fmt::bytes;
 use cudalloc::{Config, Policy};
@@ -64,6 +65,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     if let Some(path) = &args.calls {
         calls::check_path(path, &paths)?;
     }
+    let split = args.split.as_deref().map(Split::read).transpose()?;
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     warn_if_empty(&traces);
@@ -80,7 +82,15 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let steps = (traces.len() * variants.len()) as u64;
     let progress = Progress::new(steps, args.min_capacity || long);
     let mut reports = Vec::with_capacity(traces.len());
-    let printed = replay_and_print(&traces, &variants, &plan, args, &progress, &mut reports);
+    let printed = replay_and_print(
+        &traces,
+        &variants,
+        &plan,
+        args,
+        &progress,
+        &mut reports,
+        split.as_ref(),
+    );
     progress.finish();
     match printed {
         // The reader stopped reading (a pipe closed): no more replays, and the status says
@@ -98,7 +108,8 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
 }
 
 /// Replays each trace under every configuration and prints its report as it completes (each
-/// report is kept in `reports` before it is printed), then the summary.
+/// report is kept in `reports` before it is printed), then the summary, and with a split one
+/// summary per part.
 fn replay_and_print(
     traces: &[Trace],
     variants: &[Variant],
@@ -106,15 +117,20 @@ fn replay_and_print(
     args: &ReplayArgs,
     progress: &Progress,
     reports: &mut Vec<Report>,
+    split: Option<&Split>,
 ) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     for t in traces {
         reports.push(replay_trace(t, variants, plan, progress));
         let report = reports.last().expect("just pushed");
-        progress.suspend(|| print_report(&mut out, report, args))?;
+        progress.suspend(|| print_report(&mut out, report, args, split))?;
     }
+    // One trace under one configuration: its report says it all.
     if !args.json && (variants.len() > 1 || reports.len() > 1) {
         summary::write(&mut out, reports)?;
+        if let Some(split) = split {
+            split.write_summaries(&mut out, reports)?;
+        }
     }
     Ok(out.flush()?)
 }
@@ -150,9 +166,14 @@ pub fn read_all(paths: &[PathBuf], device: Option<usize>) -> Result<Vec<Trace>, 
     read
 }
 
-fn print_report(out: &mut impl Write, report: &Report, args: &ReplayArgs) -> Result<(), CliError> {
+fn print_report(
+    out: &mut impl Write,
+    report: &Report,
+    args: &ReplayArgs,
+    split: Option<&Split>,
+) -> Result<(), CliError> {
     if args.json {
-        json::write_lines(out, report)?;
+        json::write_lines(out, report, split.map(|s| s.part_of(&report.name)))?;
         table::report_failures(&mut std::io::stderr(), report)?;
     } else {
         table::write_report(out, report, args.capacity)?;

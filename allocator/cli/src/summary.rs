@@ -1,5 +1,6 @@
-//! The last table of `cudalloc replay`: each policy (a name or a config string) over all the
-//! traces replayed, as one point of the memory / driver-call frontier.
+//! The summary of `cudalloc replay`: each policy (a name or a config string) over all the
+//! traces replayed, as one point of the memory / driver-call frontier; with `--split`, the same
+//! again over each part of the trace set (`split`).
 //!
 //! Per policy: the geometric mean and the worst of peak reserved / peak live, the geometric
 //! mean of min capacity / peak live (with `--min-capacity`), the driver calls of all the traces
@@ -15,6 +16,7 @@
 
 use crate::report::Report;
 use crate::table::{ratio, thousands, write_table};
+use std::borrow::Borrow;
 use std::io::{self, Write};
 
 /// Driver calls allowed per `segment_alloc` event of the recorded job.
@@ -50,13 +52,13 @@ pub struct Point {
 }
 
 /// The figures of configuration `i` (in the order of every report's runs).
-pub fn point(reports: &[Report], i: usize) -> Point {
+pub fn point<R: Borrow<Report>>(reports: &[R], i: usize) -> Point {
     let mut p = Point {
         traces: reports.len(),
         ..Point::default()
     };
     let (mut ratios, mut caps) = (Vec::new(), Vec::new());
-    for r in reports {
+    for r in reports.iter().map(Borrow::borrow) {
         let Some(run) = r.runs.get(i).filter(|run| run.result.failure.is_none()) else {
             continue;
         };
@@ -90,13 +92,28 @@ pub fn point(reports: &[Report], i: usize) -> Point {
 
 /// Writes the summary table (nothing when there are no reports).
 pub fn write(out: &mut impl Write, reports: &[Report]) -> io::Result<()> {
-    let Some(first) = reports.first() else {
+    write_titled(out, "", reports)
+}
+
+/// Writes the summary table of `reports`, its first line naming them `title` when not empty
+/// (`split`: one part of a trace set).
+pub fn write_titled<R: Borrow<Report>>(
+    out: &mut impl Write,
+    title: &str,
+    reports: &[R],
+) -> io::Result<()> {
+    let Some(first) = reports.first().map(Borrow::borrow) else {
         return Ok(());
+    };
+    let of = if title.is_empty() {
+        String::new()
+    } else {
+        format!(" of {title}")
     };
     writeln!(
         out,
-        "summary over {} trace(s) (geo. mean: geometric mean; within calls: at most {} x the \
-         trace's segment_alloc events; within {}: peak reserved at most that x peak live):",
+        "summary over {} trace(s){of} (geo. mean: geometric mean; within calls: at most {} x \
+         the trace's segment_alloc events; within {}: peak reserved at most that x peak live):",
         reports.len(),
         CALLS_PER_SEGMENT_ALLOC,
         RESERVED_PER_LIVE

@@ -7,7 +7,7 @@
 //! says which policy it runs.
 //!
 //! Files: `replay.rs`, `refusals.rs`, `review.rs`, `new_user.rs`, `memory_fraction_key.rs`,
-//! `progress.rs`; `run.rs` holds helpers of the first two.
+//! `progress.rs`, `split.rs`; `run.rs` holds helpers of the first two.
 
 #[allow(dead_code)]
 mod run;
@@ -18,3 +18,4 @@ mod progress;
 mod refusals;
 mod replay;
 mod review;
+mod split;
