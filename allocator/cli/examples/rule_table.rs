@@ -16,6 +16,7 @@
 
 use cudalloc::policy::default::{DefaultConfig, DefaultPolicy, Rules};
 use cudalloc::{Config, Policy};
+use cudalloc_cli::split::Split;
 use cudalloc_trace::replay::{replay_policy, ReplayOptions};
 use std::collections::HashSet;
 use std::error::Error;
@@ -66,17 +67,14 @@ fn variants() -> Vec<Variant> {
     out
 }
 
-/// File names (`x.trace.csv.gz`) that `traces/split.json` lists as held out.
-fn held_out() -> Result<HashSet<String>, Box<dyn Error>> {
+/// `traces/split.json`: which traces are held out (its part `held_out`).
+fn split() -> Result<Split, Box<dyn Error>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/split.json");
-    let split: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-    let list = split["held_out"]
-        .as_array()
-        .ok_or("split.json: no held_out list")?;
-    Ok(list
-        .iter()
-        .filter_map(|v| Some(file_name(Path::new(v.as_str()?))))
-        .collect())
+    let split = Split::read(&path)?;
+    if !split.parts().any(|p| p == "held_out") {
+        return Err("traces/split.json: no held_out part".into());
+    }
+    Ok(split)
 }
 
 fn file_name(p: &Path) -> String {
@@ -280,11 +278,11 @@ fn print_rows(
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let held_names = held_out()?;
+    let split = split()?;
     let paths = traces()?;
     let held: Vec<bool> = paths
         .iter()
-        .map(|p| held_names.contains(&file_name(p)))
+        .map(|p| split.part_of(&file_name(p)) == Some("held_out"))
         .collect();
     let names: Vec<String> = paths
         .iter()

@@ -17,13 +17,12 @@ mod json;
 mod plot;
 mod progress;
 mod replay_cmd;
-mod split;
 mod stats_cmd;
 mod summary;
 
 use args::{Cli, Command};
 use clap::Parser;
-use cudalloc_cli::{report, table};
+use cudalloc_cli::{report, split, table};
 use error::CliError;
 use std::process::ExitCode;
 

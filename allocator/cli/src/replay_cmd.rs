@@ -65,7 +65,8 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     if let Some(path) = &args.calls {
         calls::check_path(path, &paths)?;
     }
-    let split = args.split.as_deref().map(Split::read).transpose()?;
+    let split = args.split.as_deref().map(Split::read).transpose();
+    let split = split.map_err(CliError::msg)?;
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     warn_if_empty(&traces);
@@ -129,7 +130,7 @@ fn replay_and_print(
     if !args.json && (variants.len() > 1 || reports.len() > 1) {
         summary::write(&mut out, reports)?;
         if let Some(split) = split {
-            split.write_summaries(&mut out, reports)?;
+            summary::write_parts(&mut out, split, reports)?;
         }
     }
     Ok(out.flush()?)

@@ -1,22 +1,20 @@
-//! `cudalloc replay --split FILE.json`: the summary once more for each part of a split trace set
-//! (`traces/split.json`: the traces a policy was tuned on, and those held out), so that a
-//! configuration that only fits the traces it was tuned on shows.
+//! A split trace set (`traces/split.json`: the traces a policy was tuned on, and those held
+//! out), read for `cudalloc replay --split FILE.json` (the summary once more for each part, so
+//! that a configuration that only fits the traces it was tuned on shows) and for
+//! `examples/rule_table.rs`.
 //!
-//! The file is a JSON object; each key whose value is an array is a part, named by the key
-//! (summed up in the order of the names), and every other key (a description) is ignored. An entry names a trace by
-//! its path or file name, and may say more after a space (`"llama_generate (shared set)"`): a
-//! trace belongs to the part whose entry has its *stem*, the file name up to its first dot
-//! (`traces/h200/kv_serve.trace.csv.gz` and `kv_serve.trace.csv` are both `kv_serve`; a trace's
-//! name may be a path with spaces, an entry's first word is its path). A key whose value is not
-//! an array (a string, say) is no part, even if it names traces.
+//! The file is a JSON object; each key whose value is an array is a part, named by the key, and
+//! every other key (a description) is ignored: a key whose value is a string is no part, even if
+//! it names a trace. An entry names a trace by its path or file name, and may say more after a
+//! space (`"llama_generate (shared set)"`): a trace belongs to the part whose entry has its
+//! *stem*, the file name up to its first dot (`traces/h200/kv_serve.trace.csv.gz` and
+//! `kv_serve.trace.csv` are both `kv_serve`; of an entry the first word counts, of a trace's
+//! name, which may be a path with spaces, all of it).
+//!
 //! Invariants: the parts are sorted by name, each has at least one entry, and no stem is in two
-//! parts. Traces replayed that no part names are summed up last.
+//! parts.
 
-use crate::error::CliError;
-use crate::report::Report;
-use crate::summary;
 use serde_json::Value;
-use std::io::{self, Write};
 use std::path::Path;
 
 /// The parts of a split trace set, in the order of their names.
@@ -27,15 +25,10 @@ pub struct Split {
 
 impl Split {
     /// Reads a split file; an error names the file and what is wrong in it.
-    pub fn read(path: &Path) -> Result<Split, CliError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            CliError::msg(format!(
-                "cannot read the split file {}: {e}",
-                path.display()
-            ))
-        })?;
-        Split::parse(&text)
-            .map_err(|e| CliError::msg(format!("split file {}: {e}", path.display())))
+    pub fn read(path: &Path) -> Result<Split, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the split file {}: {e}", path.display()))?;
+        Split::parse(&text).map_err(|e| format!("split file {}: {e}", path.display()))
     }
 
     /// Parses a split file's text (see the module docs).
@@ -82,28 +75,9 @@ impl Split {
             .map(|(part, _)| part.as_str())
     }
 
-    /// Writes the summary of each part's reports (parts none of `reports` is in are left out),
-    /// then of the reports in no part.
-    pub fn write_summaries(&self, out: &mut impl Write, reports: &[Report]) -> io::Result<()> {
-        for (part, _) in &self.parts {
-            let of: Vec<&Report> = reports
-                .iter()
-                .filter(|r| self.part_of(&r.name) == Some(part.as_str()))
-                .collect();
-            if !of.is_empty() {
-                writeln!(out)?;
-                summary::write_titled(out, &format!("split part `{part}`"), &of)?;
-            }
-        }
-        let rest: Vec<&Report> = reports
-            .iter()
-            .filter(|r| self.part_of(&r.name).is_none())
-            .collect();
-        if !rest.is_empty() {
-            writeln!(out)?;
-            summary::write_titled(out, "the traces no part names", &rest)?;
-        }
-        Ok(())
+    /// The parts' names, in order.
+    pub fn parts(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().map(|(name, _)| name.as_str())
     }
 }
 

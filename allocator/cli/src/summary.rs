@@ -15,6 +15,7 @@
 //! first): its `segment_alloc` events leave out the segments made before the history.
 
 use crate::report::Report;
+use crate::split::Split;
 use crate::table::{ratio, thousands, write_table};
 use std::borrow::Borrow;
 use std::io::{self, Write};
@@ -137,6 +138,30 @@ pub fn write_titled<R: Borrow<Report>>(
         "both",
     ];
     write_table(out, &headers, &rows)
+}
+
+/// Writes the summary of each part of `split` over the reports it names (parts none of them is
+/// in are left out), then over the reports no part names.
+pub fn write_parts(out: &mut impl Write, split: &Split, reports: &[Report]) -> io::Result<()> {
+    for part in split.parts() {
+        let of: Vec<&Report> = reports
+            .iter()
+            .filter(|r| split.part_of(&r.name) == Some(part))
+            .collect();
+        if !of.is_empty() {
+            writeln!(out)?;
+            write_titled(out, &format!("split part `{part}`"), &of)?;
+        }
+    }
+    let rest: Vec<&Report> = reports
+        .iter()
+        .filter(|r| split.part_of(&r.name).is_none())
+        .collect();
+    if !rest.is_empty() {
+        writeln!(out)?;
+        write_titled(out, "the traces no part names", &rest)?;
+    }
+    Ok(())
 }
 
 fn row(label: &str, p: &Point) -> Vec<String> {
