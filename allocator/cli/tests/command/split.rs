@@ -7,20 +7,19 @@ fn split_file() -> String {
     bundled("split.json")
 }
 
+/// `cudalloc replay --policy default --split traces/split.json` with `more` (flags, traces).
+fn replay_split(more: &[&str]) -> std::process::Output {
+    let split = split_file();
+    let mut args = vec!["replay", "--policy", "default", "--split", &split];
+    args.extend_from_slice(more);
+    cudalloc(&args)
+}
+
 #[test]
 fn each_part_of_the_bundled_split_gets_a_summary_of_its_own() {
     let held = bundled("h200/lstm_train_varlen.trace.csv.gz");
     let own = csv_trace("split-parts", "mine.trace.csv", "alloc,4096,2097152,0,0\n");
-    let o = cudalloc(&[
-        "replay",
-        "--policy",
-        "default",
-        "--split",
-        &split_file(),
-        &bert(),
-        &held,
-        own.to_str().unwrap(),
-    ]);
+    let o = replay_split(&[&bert(), &held, own.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let whole = out
@@ -52,14 +51,7 @@ fn each_part_of_the_bundled_split_gets_a_summary_of_its_own() {
 
 #[test]
 fn one_trace_under_one_policy_gets_no_summary_of_a_part() {
-    let o = cudalloc(&[
-        "replay",
-        "--policy",
-        "default",
-        "--split",
-        &split_file(),
-        &bert(),
-    ]);
+    let o = replay_split(&[&bert()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(!stdout(&o).contains("summary over"), "{}", stdout(&o));
 }
@@ -67,16 +59,7 @@ fn one_trace_under_one_policy_gets_no_summary_of_a_part() {
 #[test]
 fn json_lines_name_the_part_of_their_trace() {
     let own = csv_trace("split-json", "mine.trace.csv", "alloc,4096,2097152,0,0\n");
-    let o = cudalloc(&[
-        "replay",
-        "--json",
-        "--policy",
-        "default",
-        "--split",
-        &split_file(),
-        &bert(),
-        own.to_str().unwrap(),
-    ]);
+    let o = replay_split(&["--json", &bert(), own.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let parts: Vec<_> = json_lines(&o)
         .iter()
