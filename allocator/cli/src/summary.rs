@@ -1,6 +1,6 @@
 //! The summary of `cudalloc replay`: each policy (a name or a config string) over all the
 //! traces replayed, as one point of the memory / driver-call frontier; with `--split`, the same
-//! again over each part of the trace set (`split`).
+//! again over each part of the trace set (`split`), then over the traces no part names.
 //!
 //! Per policy: the geometric mean and the worst of peak reserved / peak live, the geometric
 //! mean of min capacity / peak live (with `--min-capacity`), the driver calls of all the traces
