@@ -13,8 +13,9 @@ device_mallocs + device_frees`.
 
 With --cuda the capped replays run through the CUDA driver on GPU 0 (`replay --cuda`, one
 trace at a time) and the table is allocator time instead: the seconds of every allocation and
-free with their driver calls (`ns_per_event` x `events`), `default` against `torch-expandable`
-at each cap, with the ratio where both complete (the target: at most 1.5). --repeat N replays
+free with their driver calls (`ns_per_event` x `events`; in brackets the part spent inside the
+driver, from `driver_time`), `default` against `torch-expandable` at each cap, with the ratio
+where both complete (the target: at most 1.5). --repeat N replays
 each (trace, cap) N times and keeps the median seconds of each policy (the runs are in the
 JSON as `seconds_runs`; calls, completion and device waits are the first run's, and a warning,
 with `repeats_differ` in the JSON, says when the runs disagree on them): one
@@ -68,6 +69,12 @@ def seconds(row):
     return (row["ns_per_event"] or 0) * row["events"] / 1e9  # ns_per_event is null without events
 
 
+def driver_seconds(row):
+    """Seconds spent inside driver calls (`driver_time`, with --cuda), or None."""
+    kinds = row.get("driver_time")
+    return None if kinds is None else sum(k["ns"] for k in kinds.values()) / 1e9
+
+
 def capped(binary, trace, cap, cuda, repeat):
     """Each policy's row under `cap`, with the median seconds of `repeat` replays (`seconds`)
     and every run's (`seconds_runs`)."""
@@ -83,8 +90,11 @@ def capped(binary, trace, cap, cuda, repeat):
                   f"repeats differ in (calls, completed, device waits): {figures}; the first "
                   f"run's are kept", file=sys.stderr)
         times = [seconds(run[pol]) for run in runs]
+        driver = [driver_seconds(run[pol]) for run in runs]
         out[pol] = {"calls": calls(row), "completed": row["completed"],
                     "seconds": statistics.median(times), "seconds_runs": times,
+                    "driver_seconds": None if None in driver else statistics.median(driver),
+                    "driver_time": row.get("driver_time"),
                     "device_waits": row["device_waits"],
                     "repeats_differ": len(set(figures)) > 1}
     return out
@@ -161,8 +171,12 @@ def table(results, before):
 
 def time_cell(r, f):
     d, t = r[f"default@{f}"], r[f"torch-expandable@{f}"]
-    cell = lambda c: (f"{c['calls']:,}, {c['seconds']:.3f} s, {c['device_waits']}"
-                      if c["completed"] else "fails")
+    def cell(c):
+        if not c["completed"]:
+            return "fails"
+        driver = c.get("driver_seconds")
+        inside = "" if driver is None else f" ({driver:.3f} s in the driver)"
+        return f"{c['calls']:,}, {c['seconds']:.3f} s{inside}, {c['device_waits']}"
     ratio = d["seconds"] / t["seconds"] if d["completed"] and t["completed"] else None
     return f" {cell(d)} | {cell(t)} | {'-' if ratio is None else f'{ratio:.2f}'} |", ratio
 

@@ -1,4 +1,5 @@
-//! Adaptors around any [`Device`]: a byte limit, injected faults, call counters and a call log.
+//! Adaptors around any [`Device`]: a byte limit, injected faults, call counters, call times and a
+//! call log.
 //!
 //! # Why wrappers and not flags in the pool
 //!
@@ -458,6 +459,8 @@ impl<D: Device> Device for CountCalls<D> {
     }
 }
 
-// After the macros, which it uses.
+// After the macros, which they use.
 mod log;
+mod time;
 pub use log::LogCalls;
+pub use time::{CallTime, TimeCalls};

@@ -20,7 +20,8 @@ use std::io::{self, Write};
 /// events (frees of addresses not live, allocations of live ones);
 /// `allocations_before_history` the allocations a snapshot's reader put first for memory live
 /// before its history began; `recorded_ooms` the trace's `oom` events (allocations that failed
-/// when it was recorded; not replayed); `device_lag` the lag of `--device-lag` (0 without it).
+/// when it was recorded; not replayed); `device_lag` the lag of `--device-lag` (0 without it);
+/// `driver_time` each kind of driver call's count and time with `--cuda`.
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
@@ -46,6 +47,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_waits": r.device_waits,
         "pages_moved": r.pages_moved,
         "driver_waits": r.driver_waits,
+        "driver_time": driver_time(r),
         "ooms": r.ooms,
         "ns_per_event": (r.events > 0).then(|| (r.ns_per_event * 10.0).round() / 10.0),
         "trace_lines": report.events,
@@ -74,6 +76,20 @@ pub fn object(report: &Report, run: &Run) -> Value {
         }
     }
     v
+}
+
+/// With `--cuda`, `{kind: {calls, ns}}` for each kind of driver call the replay made (the
+/// `Call` names: `create_page`, `map`, `set_access`, `unmap`, `release_page`, ...); `null` on
+/// the simulated device.
+fn driver_time(r: &cudalloc_trace::replay::ReplayResult) -> Value {
+    if r.driver_waits.is_none() {
+        return Value::Null;
+    }
+    let kinds = r.driver_time.iter().map(|(call, t)| {
+        let time = json!({"calls": t.calls, "ns": t.ns});
+        (call.name().to_string(), time)
+    });
+    Value::Object(kinds.collect())
 }
 
 /// The trace's odd events: `unmatched_frees`, `double_allocs`, `mismatched_frees` and

@@ -18,7 +18,7 @@ use cudalloc::policy::Policy;
 use cudalloc::snapshot::{Excess, PinnedUnit};
 use cudalloc::AllocError;
 use cudalloc::{Allocation, Pool};
-use cudalloc_sys::wrap::CountCalls;
+use cudalloc_sys::wrap::{CallTime, TimeCalls};
 use cudalloc_sys::{Call, Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -151,6 +151,11 @@ pub struct ReplayResult {
     /// ran, the frees of what the trace left live included (not the pool's drop afterwards);
     /// `None` on the simulated device.
     pub driver_waits: Option<u64>,
+    /// With `--cuda`: the driver calls of each kind made over the same span as
+    /// [`driver_waits`](Self::driver_waits) and the wall time spent in them, kinds called at least
+    /// once in [`Call::ALL`]'s order (one map is `cuMemCreate`, `cuMemMap` and `cuMemSetAccess`:
+    /// [`Call::CreatePage`], [`Call::Map`], [`Call::SetAccess`]); empty on the simulated device.
+    pub driver_time: Vec<(Call, CallTime)>,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Wall time per operation.
@@ -243,7 +248,7 @@ fn replay_cuda(
     cfg: &Config,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    let counted = Arc::new(CountCalls::new(dev));
+    let counted = Arc::new(TimeCalls::new(dev));
     let mut streams = Vec::with_capacity(trace.streams.len());
     for &s in &trace.streams {
         match if s == 0 {
@@ -259,12 +264,35 @@ fn replay_cuda(
         }
     }
     let mut pool = Pool::new(counted.clone(), cfg.clone());
+    let before = counted.times();
     let mut r = replay_in(&mut pool, trace, &streams, opts, |_| {});
-    r.driver_waits =
-        Some(counted.calls(Call::SynchronizeDevice) + counted.calls(Call::SynchronizeEvent));
+    r.driver_time = since(&before, counted.times());
+    let waits = r
+        .driver_time
+        .iter()
+        .filter(|(c, _)| matches!(c, Call::SynchronizeDevice | Call::SynchronizeEvent));
+    r.driver_waits = Some(waits.map(|(_, t)| t.calls).sum());
     drop(pool);
     close_streams(&*counted, &streams);
     r
+}
+
+/// The calls and time of each kind in `now` less those in `before`, kinds with calls left.
+fn since(before: &[(Call, CallTime)], now: Vec<(Call, CallTime)>) -> Vec<(Call, CallTime)> {
+    now.into_iter()
+        .map(|(c, t)| {
+            let b = before
+                .iter()
+                .find(|(k, _)| *k == c)
+                .map_or(CallTime::default(), |x| x.1);
+            let left = CallTime {
+                calls: t.calls - b.calls,
+                ns: t.ns - b.ns,
+            };
+            (c, left)
+        })
+        .filter(|(_, t)| t.calls > 0)
+        .collect()
 }
 
 /// Closes the streams [`replay_cuda`] opened (all but the default stream).
@@ -288,6 +316,7 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         device_waits: 0,
         pages_moved: 0,
         driver_waits: None,
+        driver_time: Vec::new(),
         ooms: 0,
         ns_per_event: 0.0,
         failure: Some(Failure { op: 0, error }),
@@ -459,6 +488,7 @@ fn replay_in<D: Device, P: Policy>(
         device_waits: s.device_waits,
         pages_moved: s.pages_moved,
         driver_waits: None,
+        driver_time: Vec::new(),
         ooms: s.num_ooms,
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,

@@ -8,7 +8,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 27] = [
+const KEYS: [&str; 28] = [
     "trace",
     "policy",
     "completed",
@@ -27,6 +27,7 @@ const KEYS: [&str; 27] = [
     "device_waits",
     "pages_moved",
     "driver_waits",
+    "driver_time",
     "ooms",
     "ns_per_event",
     "trace_lines",
@@ -59,6 +60,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         assert_eq!(v["completed"], true);
         assert!(v["failure"].is_null());
         assert!(v["driver_waits"].is_null(), "counted only with --cuda");
+        assert!(v["driver_time"].is_null(), "timed only with --cuda");
         assert_eq!(v["anomalies"]["unmatched_frees"], 0);
         assert_eq!(v["anomalies"]["double_allocs"], 0);
         assert_eq!(v["anomalies"]["mismatched_frees"], 0);

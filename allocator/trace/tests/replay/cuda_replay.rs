@@ -3,6 +3,7 @@
 //! replay runs each stream of the trace on a stream it opens, never on those handles.
 
 use cudalloc::{Config, Policy};
+use cudalloc_sys::Call;
 use cudalloc_trace::replay::{replay, ReplayOptions};
 use std::path::PathBuf;
 
@@ -33,5 +34,17 @@ fn a_trace_of_several_streams_replays_on_the_gpu() {
         if policy == Policy::Default {
             assert_eq!(gpu.driver_waits, Some(0), "{policy:?}");
         }
+        // The driver's time per kind of call: as many maps and mallocs as the pool counted,
+        // each taking some time, and no more time in the driver than in the whole replay.
+        let calls = |kind| {
+            let t = gpu.driver_time.iter().find(|(c, _)| *c == kind);
+            t.map_or(0, |(_, t)| t.calls)
+        };
+        assert_eq!(calls(Call::Map), gpu.device_maps, "{policy:?}");
+        assert_eq!(calls(Call::Malloc), gpu.device_mallocs, "{policy:?}");
+        assert!(gpu.driver_time.iter().all(|(_, t)| t.ns > 0), "{policy:?}");
+        let driver_ns: u64 = gpu.driver_time.iter().map(|(_, t)| t.ns).sum();
+        let replay_ns = gpu.ns_per_event * gpu.events as f64;
+        assert!((driver_ns as f64) < replay_ns, "{policy:?}: {driver_ns} ns");
     }
 }
