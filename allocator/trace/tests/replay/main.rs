@@ -9,7 +9,9 @@
 //! highest points are the replay's peaks; a policy given as a value replays as the same rules
 //! named by a config.
 //!
-//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; needs a CUDA GPU),
+//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; its test is
+//! #[ignore = "needs a CUDA GPU"], said here too so that the GPU staging, which looks for that
+//! mark in this file, stages this binary),
 //! `device_lag.rs` (a device that runs behind), `fidelity.rs`,
 //! `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`, `replay_policy.rs`,
 //! `reset_peaks.rs`, `timeline.rs`.
