@@ -17,7 +17,8 @@ free with their driver calls (`ns_per_event` x `events`; in brackets the part sp
 driver, from `driver_time`), `default` against `torch-expandable` at each cap, with the ratio
 where both complete (the target: at most 1.5). --repeat N replays
 each (trace, cap) N times and keeps the median seconds of each policy (the runs are in the
-JSON as `seconds_runs`; calls, completion and device waits are the first run's, and a warning,
+JSON as `seconds_runs`; calls, completion and device waits are the first run's, the driver's
+part (`driver_seconds`, `driver_time`) that of the run with the median time, and a warning,
 with `repeats_differ` in the JSON, says when the runs disagree on them): one
 run's milliseconds to tens of milliseconds of host work move by up to half from one run to the
 next. The uncapped replay that gives the peak live bytes stays on the simulated
@@ -90,11 +91,13 @@ def capped(binary, trace, cap, cuda, repeat):
                   f"repeats differ in (calls, completed, device waits): {figures}; the first "
                   f"run's are kept", file=sys.stderr)
         times = [seconds(run[pol]) for run in runs]
-        driver = [driver_seconds(run[pol]) for run in runs]
+        # The driver's part of the run whose time is the median (the lower middle one for an
+        # even count), so that it is a part of a time the row shows.
+        middle = runs[times.index(statistics.median_low(times))][pol]
         out[pol] = {"calls": calls(row), "completed": row["completed"],
                     "seconds": statistics.median(times), "seconds_runs": times,
-                    "driver_seconds": None if None in driver else statistics.median(driver),
-                    "driver_time": row.get("driver_time"),
+                    "driver_seconds": driver_seconds(middle),
+                    "driver_time": middle.get("driver_time"),
                     "device_waits": row["device_waits"],
                     "repeats_differ": len(set(figures)) > 1}
     return out
@@ -182,7 +185,8 @@ def time_cell(r, f):
 
 
 def time_table(results):
-    head = "| trace | cap | `default`: calls, seconds, device waits | `torch-expandable` | time ratio |"
+    head = ("| trace | cap | `default`: calls, seconds (in the driver), device waits "
+            "| `torch-expandable` | time ratio |")
     lines = [head, "|---|---|---|---|---|"]
     ratios, done = [], 0
     for r in results:

@@ -3,7 +3,8 @@
 //! The caching allocator never calls the driver directly; it calls a [`Device`]. Two
 //! implementations exist: [`crate::CudaDevice`] (the CUDA driver through cudarc) and
 //! [`crate::SimDevice`] (host only, deterministic). Wrappers in [`crate::wrap`] add behaviour for
-//! tests and debugging (a byte limit, failing calls, call counting) around any device.
+//! tests and debugging (a byte limit, failing calls, call counting, call timing, a call log)
+//! around any device.
 //!
 //! # Addresses and sizes
 //!

@@ -17,8 +17,8 @@
 //! shares [`FaultPlan`] with [`FailCalls`], so its faults follow the exact same rules, and counts
 //! calls as [`CountCalls`] does (every call of a kind, failed or not), under its own lock.
 //!
-//! Only the [`Call`] kinds are counted, failed or logged; `ordinal` and `granularity`
-//! are plain queries and are forwarded untouched.
+//! Only the [`Call`] kinds are counted, timed, failed or logged; `ordinal`, `granularity`,
+//! `check_stream` and `can_share` are plain queries and are forwarded untouched.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

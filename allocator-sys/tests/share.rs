@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use cudalloc_sys::fds::{recv_fds, send_fds, MAX_FDS};
-use cudalloc_sys::wrap::{CountCalls, FailCalls, Limit};
+use cudalloc_sys::wrap::{CountCalls, FailCalls, Limit, TimeCalls};
 use cudalloc_sys::{Call, Device, DeviceError, PageHandle, SimConfig, SimDevice, NOT_EXPORTABLE};
 
 const G: u64 = 2 << 20;
@@ -213,6 +213,18 @@ fn wrappers_count_fail_and_book_the_sharing_calls() {
     counted.release_page(imported).unwrap();
     counted.release_page(page).unwrap();
     assert_eq!(counted.outstanding_bytes(), 0);
+
+    // A shareable page is timed as a `create_page`; an export and an import once each.
+    let timed = TimeCalls::new(backed());
+    let page = timed.create_shareable_page(G).unwrap();
+    let fd = timed.export_page(page).unwrap();
+    let imported = timed.import_page(fd.as_fd(), G).unwrap();
+    let calls = |kind| timed.time(kind).calls;
+    assert_eq!(calls(Call::CreatePage), 1);
+    assert_eq!((calls(Call::ExportPage), calls(Call::ImportPage)), (1, 1));
+    timed.release_page(imported).unwrap();
+    timed.release_page(page).unwrap();
+    assert_eq!(calls(Call::ReleasePage), 2);
 
     let limited = Limit::new(backed(), G);
     let page = limited.create_shareable_page(G).unwrap();

@@ -67,6 +67,11 @@ impl<D: Device> TimeCalls<D> {
         &self.inner
     }
 
+    /// Unwraps the device.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
     /// Times `f`, a call of kind `call` on the inner device.
     fn timed<T>(&self, call: Call, f: impl FnOnce(&D) -> T) -> T {
         let start = Instant::now();

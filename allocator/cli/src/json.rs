@@ -82,10 +82,10 @@ pub fn object(report: &Report, run: &Run) -> Value {
 /// `Call` names: `create_page`, `map`, `set_access`, `unmap`, `release_page`, ...); `null` on
 /// the simulated device.
 fn driver_time(r: &cudalloc_trace::replay::ReplayResult) -> Value {
-    if r.driver_waits.is_none() {
+    let Some(kinds) = &r.driver_time else {
         return Value::Null;
-    }
-    let kinds = r.driver_time.iter().map(|(call, t)| {
+    };
+    let kinds = kinds.iter().map(|(call, t)| {
         let time = json!({"calls": t.calls, "ns": t.ns});
         (call.name().to_string(), time)
     });

@@ -231,7 +231,7 @@ mod tests {
                 device_waits: 0,
                 pages_moved: 0,
                 driver_waits: None,
-                driver_time: Vec::new(),
+                driver_time: None,
                 ooms: 0,
                 ns_per_event: 0.0,
                 failure: None,

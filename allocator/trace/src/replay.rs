@@ -147,15 +147,16 @@ pub struct ReplayResult {
     /// when the device runs behind (`device_lag`).
     pub pages_moved: u64,
     /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
-    /// a call-counting wrapper around the driver saw while the trace's allocations and frees
-    /// ran, the frees of what the trace left live included (not the pool's drop afterwards);
+    /// a timing wrapper around the driver saw while the trace's operations ran (the span
+    /// `ns_per_event` times: not the frees of what the trace left live, nor the pool's drop);
     /// `None` on the simulated device.
     pub driver_waits: Option<u64>,
     /// With `--cuda`: the driver calls of each kind made over the same span as
     /// [`driver_waits`](Self::driver_waits) and the wall time spent in them, kinds called at least
     /// once in [`Call::ALL`]'s order (one map is `cuMemCreate`, `cuMemMap` and `cuMemSetAccess`:
-    /// [`Call::CreatePage`], [`Call::Map`], [`Call::SetAccess`]); empty on the simulated device.
-    pub driver_time: Vec<(Call, CallTime)>,
+    /// [`Call::CreatePage`], [`Call::Map`], [`Call::SetAccess`]), so that `ns_per_event` x
+    /// `events` less their time is the allocator's own work; `None` on the simulated device.
+    pub driver_time: Option<Vec<(Call, CallTime)>>,
     /// Allocations that failed with out-of-memory.
     pub ooms: u64,
     /// Wall time per operation.
@@ -248,36 +249,41 @@ fn replay_cuda(
     cfg: &Config,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    let counted = Arc::new(TimeCalls::new(dev));
+    let timed = Arc::new(TimeCalls::new(dev));
     let mut streams = Vec::with_capacity(trace.streams.len());
     for &s in &trace.streams {
         match if s == 0 {
             Ok(StreamId(0))
         } else {
-            counted.open_stream()
+            timed.open_stream()
         } {
             Ok(id) => streams.push(id),
             Err(e) => {
-                close_streams(&*counted, &streams);
+                close_streams(&*timed, &streams);
                 return failed_at_start(e.into());
             }
         }
     }
-    let mut pool = Pool::new(counted.clone(), cfg.clone());
-    let before = counted.times();
-    let mut r = replay_in(&mut pool, trace, &streams, opts, |_| {});
-    r.driver_time = since(&before, counted.times());
-    let waits = r
-        .driver_time
+    let mut pool = Pool::new(timed.clone(), cfg.clone());
+    let (mut first, mut last) = (Vec::new(), Vec::new());
+    let span = Span {
+        start: || first = timed.times(),
+        end: || last = timed.times(),
+    };
+    let mut r = replay_in(&mut pool, trace, &streams, opts, span, |_| {});
+    let kinds = since(&first, last);
+    let waits = kinds
         .iter()
         .filter(|(c, _)| matches!(c, Call::SynchronizeDevice | Call::SynchronizeEvent));
     r.driver_waits = Some(waits.map(|(_, t)| t.calls).sum());
+    r.driver_time = Some(kinds);
     drop(pool);
-    close_streams(&*counted, &streams);
+    close_streams(&*timed, &streams);
     r
 }
 
-/// The calls and time of each kind in `now` less those in `before`, kinds with calls left.
+/// The calls and time of each kind in `now` less those in `before`, kinds with calls left (the
+/// wrapper's counts only grow, so `now` holds at least `before`'s of each kind).
 fn since(before: &[(Call, CallTime)], now: Vec<(Call, CallTime)>) -> Vec<(Call, CallTime)> {
     now.into_iter()
         .map(|(c, t)| {
@@ -316,7 +322,7 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         device_waits: 0,
         pages_moved: 0,
         driver_waits: None,
-        driver_time: Vec::new(),
+        driver_time: None,
         ooms: 0,
         ns_per_event: 0.0,
         failure: Some(Failure { op: 0, error }),
@@ -347,9 +353,14 @@ fn replay_lagging(trace: &Trace, cfg: &Config, opts: &ReplayOptions, lag: u64) -
     device.set_auto_complete(false);
     let mut pool = Pool::new(device.clone(), cfg.clone());
     let mut lagging = Lagging::new(device.clone(), lag);
-    let r = replay_in(&mut pool, trace, &trace_streams(trace), opts, |_| {
-        lagging.tick()
-    });
+    let r = replay_in(
+        &mut pool,
+        trace,
+        &trace_streams(trace),
+        opts,
+        Span::NONE,
+        |_| lagging.tick(),
+    );
     device.complete_all();
     r
 }
@@ -409,7 +420,26 @@ pub fn replay_pool<D: Device, P: Policy>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     let streams = trace_streams(trace);
-    replay_in(&mut pool, trace, &streams, opts, |_| {})
+    replay_in(&mut pool, trace, &streams, opts, Span::NONE, |_| {})
+}
+
+/// What to do at the two ends of the span a replay times (`ns_per_event`): `start` just before
+/// its first operation, `end` just after its last (before the frees of what the trace left
+/// live).
+struct Span<S: FnOnce(), E: FnOnce()> {
+    start: S,
+    end: E,
+}
+
+/// Nothing, at either end of a [`Span`].
+fn nothing() {}
+
+impl Span<fn(), fn()> {
+    /// Nothing at either end.
+    const NONE: Self = Span {
+        start: nothing,
+        end: nothing,
+    };
 }
 
 /// The trace's stream handles as the simulated device's streams (any handle is one there).
@@ -424,6 +454,7 @@ fn replay_in<D: Device, P: Policy>(
     trace: &Trace,
     streams: &[StreamId],
     opts: &ReplayOptions,
+    span: Span<impl FnOnce(), impl FnOnce()>,
     mut before_op: impl FnMut(usize),
 ) -> ReplayResult {
     if let Some(cap) = opts.capacity {
@@ -442,6 +473,7 @@ fn replay_in<D: Device, P: Policy>(
     let mut failure = None;
     let mut peak = opts.breakdown.then(Peak::default);
     let mut calls = opts.calls.then(CallLog::default);
+    (span.start)();
     let start = Instant::now();
     for (i, op) in trace.ops.iter().enumerate() {
         before_op(i);
@@ -467,6 +499,7 @@ fn replay_in<D: Device, P: Policy>(
         }
     }
     let elapsed = start.elapsed();
+    (span.end)();
     let done = failure.as_ref().map_or(trace.ops.len(), |f| f.op + 1);
     // The last point: the figures after the last operation, before what is still live is
     // freed below (a trace that ends with memory live does not end at zero).
@@ -488,7 +521,7 @@ fn replay_in<D: Device, P: Policy>(
         device_waits: s.device_waits,
         pages_moved: s.pages_moved,
         driver_waits: None,
-        driver_time: Vec::new(),
+        driver_time: None,
         ooms: s.num_ooms,
         ns_per_event: elapsed.as_nanos() as f64 / done.max(1) as f64,
         failure,

@@ -56,7 +56,8 @@ pub fn pack(lifetimes: &[Lifetime]) -> Plan {
 
 /// Most steps the search for a packing within the live peak takes, however much work
 /// the evaluation is given: about a millisecond (the search may take time exponential in
-/// the allocations to find that there is none). A bound on time, not a tuned figure.
+/// the allocations to find that there is none). A bound on time, not a tuned figure. Inside a
+/// pool an evaluation's own bound (`plan::MAX_EVALUATION_WORK`, a quarter of this) is the lower.
 pub const MAX_SEARCH_WORK: u64 = 1 << 18;
 
 /// [`pack`], keeping only packings that span at most `bound` bytes (an order is given up as
