@@ -60,7 +60,7 @@ const CAPPED_FIGURES: [Capped; 40] = [
     ("side_stream_prefetch1", Some((257, 0)), Some((252, 0))),
     ("side_stream_prefetch2", Some((268, 0)), Some((266, 0))),
     ("side_stream_prefetch3", Some((341, 0)), Some((340, 0))),
-    ("speculative_decode", Some((160, 0)), Some((115, 0))),
+    ("speculative_decode", Some((110, 0)), Some((43, 0))),
     ("t5_generate", Some((171, 33)), Some((147, 23))),
     ("unet_infer_dynamic", None, Some((246, 36))),
     ("vit_infer_dynamic", Some((57, 5)), Some((43, 0))),

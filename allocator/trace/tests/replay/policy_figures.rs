@@ -130,8 +130,8 @@ const FIGURES: [(&str, u64, u64, u64); 40] = [
         15_724_445_696,
         505,
     ),
-    ("h200/rl_generate_train", 5_002_128_260, 5_096_079_360, 674),
-    ("h200/speculative_decode", 1_522_219_008, 1_553_989_632, 271),
+    ("h200/rl_generate_train", 5_002_128_260, 5_102_370_816, 661),
+    ("h200/speculative_decode", 1_522_219_008, 1_553_989_632, 199),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
