@@ -37,6 +37,9 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``serve_loop``: rounds of requests of varied shapes; reserved memory must stop growing after
   the first round.
 - ``train_autocast``: GPT-2 training with AdamW under bf16 autocast.
+- ``train_near_cap``: GPT-2 training whose sequence length changes every step, without a cap and
+  then under caps of 1.10x and 1.03x its live peak (``capped.py``): the steps each cap lets
+  complete, their step time and device waits, and the capped losses held to the uncapped ones.
 """
 
 import collections
@@ -45,6 +48,8 @@ import statistics
 import time
 
 import torch
+
+from capped import train_near_cap
 
 MiB = 1 << 20
 
@@ -623,4 +628,5 @@ PROGRAMS = {
     "generate_kv": generate_kv,
     "serve_loop": serve_loop,
     "train_autocast": train_autocast,
+    "train_near_cap": train_near_cap,
 }
