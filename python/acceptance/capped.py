@@ -64,6 +64,7 @@ def _training(cfg, batch, lengths, cap):
     torch.cuda.reset_peak_memory_stats()
     syncs = torch.cuda.memory_stats().get("num_sync_all_streams", 0)
     losses, times = [], []
+    model = opt = ids = loss = None
     try:
         torch.manual_seed(0)
         model = GPT2LMHeadModel(cfg).cuda()
@@ -73,17 +74,16 @@ def _training(cfg, batch, lengths, cap):
             ids = torch.randint(0, cfg.vocab_size, (batch, length), device="cuda")
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            try:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = model(ids, labels=ids).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                torch.cuda.synchronize()
-            except torch.OutOfMemoryError:
-                break
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(float(loss))
+    except torch.OutOfMemoryError:
+        pass  # the run ends at its first out-of-memory error, even one while loading the model
     finally:
         model = opt = ids = loss = None
         gc.collect()

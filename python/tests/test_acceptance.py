@@ -158,6 +158,13 @@ class Compare(unittest.TestCase):
         self.assertEqual(r["differing_runs"], 3)
 
 
+    def test_capped_figures_are_shown_not_judged(self):
+        ref = {"ok": True, "losses": [1.0], "steps_1.10x": "16/16", "steps_1.03x": "3/16"}
+        got = run.compare({"ok": True, "losses": [1.0], "steps_1.10x": "16/16",
+                           "steps_1.03x": "16/16", "syncs_1.03x": 2}, ref)
+        self.assertEqual(got, "bit-identical, steps_1.10x=16/16, steps_1.03x=16/16, syncs_1.03x=2")
+
+
 class Programs(unittest.TestCase):
     def test_every_program_is_documented(self):
         doc = ast.get_docstring(ast.parse((ACCEPTANCE / "programs.py").read_text()))
