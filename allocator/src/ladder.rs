@@ -262,12 +262,15 @@ impl<D: Device, P: Policy> Pool<D, P> {
     pub(crate) fn free_handle(&mut self, a: &Handle) -> Result<(), AllocError> {
         self.refuse_asleep("free")?;
         let core = &mut self.core;
-        let b = core
+        let found = core
             .blocks
             .get(a.block)
             .filter(|b| b.allocated && b.addr == a.ptr && b.event_count == 0)
-            .filter(|b| b.serial == a.serial)
-            .ok_or(AllocError::NotAllocated(a.ptr))?;
+            .filter(|b| b.serial == a.serial);
+        // Not `ok_or`: an error made and dropped on every free costs its drop glue.
+        let Some(b) = found else {
+            return Err(AllocError::NotAllocated(a.ptr));
+        };
         let (pool, size) = (b.pool, b.size);
         if !b.stream_uses.is_empty() {
             if core.capturing() {

@@ -252,19 +252,17 @@ impl Bins {
     }
 
     /// Entries with a key at or after `k`, in order.
-    fn from(&self, k: u128) -> impl Iterator<Item = &(u128, BlockId)> + '_ {
-        let b = bin_of(size_of(k));
-        let first = self
+    fn from(&self, k: u128) -> From<'_> {
+        let bin = bin_of(size_of(k));
+        let at = self
             .bins
-            .get(b)
-            .map_or(&[][..], |bin| &bin[bin.partition_point(|e| e.0 < k)..]);
-        let mut next = b + 1;
-        let rest = std::iter::from_fn(move || {
-            let n = self.next_used(next)?;
-            next = n + 1;
-            Some(&self.bins[n])
-        });
-        first.iter().chain(rest.flatten())
+            .get(bin)
+            .map_or(0, |entries| entries.partition_point(|e| e.0 < k));
+        From {
+            bins: self,
+            bin,
+            at,
+        }
     }
 
     /// Entries with a key before `k`, last first.
@@ -283,6 +281,30 @@ impl Bins {
 
     fn values(&self) -> impl Iterator<Item = &BlockId> + '_ {
         self.bins.iter().flatten().map(|e| &e.1)
+    }
+}
+
+/// [`Bins::from`]'s entries: entry `at` of bin `bin`, then on through the non-empty bins (a
+/// plain cursor: a best fit reads one or two entries, and chained iterators cost more to set
+/// up than that).
+struct From<'a> {
+    bins: &'a Bins,
+    bin: usize,
+    at: usize,
+}
+
+impl<'a> Iterator for From<'a> {
+    type Item = &'a (u128, BlockId);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(e) = self.bins.bins.get(self.bin).and_then(|b| b.get(self.at)) {
+                self.at += 1;
+                return Some(e);
+            }
+            self.bin = self.bins.next_used(self.bin + 1)?;
+            self.at = 0;
+        }
     }
 }
 
