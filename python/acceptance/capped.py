@@ -72,15 +72,8 @@ def _training(cfg, batch, lengths, cap):
         for step, length in enumerate(lengths):
             torch.manual_seed(100 + step)
             ids = torch.randint(0, cfg.vocab_size, (batch, length), device="cuda")
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            loss, seconds = timed_step(model, opt, ids)
+            times.append(seconds)
             losses.append(float(loss))
     except torch.OutOfMemoryError:
         pass  # the run ends at its first out-of-memory error, even one while loading the model
@@ -94,6 +87,20 @@ def _training(cfg, batch, lengths, cap):
             "step_ms": 1000 * statistics.median(times[3:]) if len(times) > 3 else None,
             "live_peak": torch.cuda.max_memory_allocated(),
             "syncs": stats.get("num_sync_all_streams", 0) - syncs}
+
+
+def timed_step(model, opt, ids):
+    """One training step of a language model on `ids` (its own labels) under bf16 autocast,
+    timed from an idle device to the end of its work: the loss (detached) and the seconds."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return loss.detach(), time.perf_counter() - t0
 
 
 def _check_losses(capped, free, factor):

@@ -49,7 +49,7 @@ import time
 
 import torch
 
-from capped import train_near_cap
+from capped import timed_step, train_near_cap
 
 MiB = 1 << 20
 
@@ -137,12 +137,7 @@ def oom_batch_search(quick):
     while batch >= 1:
         try:
             ids = torch.randint(0, cfg.vocab_size, (batch, length), device="cuda")
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
+            loss, _ = timed_step(model, opt, ids)
             tried.append(batch)
             return {"largest_batch": batch, "tried": tried, "cap_bytes": _cap(fraction)}
         except torch.OutOfMemoryError:
@@ -599,16 +594,9 @@ def train_autocast(quick):
     for step in range(8 if quick else 24):
         torch.manual_seed(100 + step)
         ids = torch.randint(0, cfg.vocab_size, (8, 256 + 64 * (step % 3)), device="cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.detach())
+        loss, seconds = timed_step(model, opt, ids)
+        times.append(seconds)
+        losses.append(loss)
     return {"losses": [float(v) for v in losses], "step_ms": 1000 * statistics.median(times[3:])}
 
 
