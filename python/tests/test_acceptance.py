@@ -165,6 +165,17 @@ class Compare(unittest.TestCase):
         self.assertEqual(got, "bit-identical, steps_1.10x=16/16, steps_1.03x=16/16, syncs_1.03x=2")
 
 
+class NearCap(unittest.TestCase):
+    def test_capped_losses_must_be_the_uncapped_ones(self):
+        import capped
+
+        capped._check_losses([2.5, 2.4], [2.5, 2.4, 2.3], 1.03)  # fewer steps, the same losses
+        capped._check_losses([2.5 * (1 + 1e-4)], [2.5], 1.03)  # within the tolerance
+        for bad in ([2.6], [float("nan")], [float("inf")]):
+            with self.assertRaises(RuntimeError, msg=bad):
+                capped._check_losses(bad, [2.5], 1.03)
+
+
 class Programs(unittest.TestCase):
     def test_every_program_is_documented(self):
         doc = ast.get_docstring(ast.parse((ACCEPTANCE / "programs.py").read_text()))

@@ -252,13 +252,13 @@ impl Bins {
     }
 
     /// Entries with a key at or after `k`, in order.
-    fn from(&self, k: u128) -> From<'_> {
+    fn from(&self, k: u128) -> Onward<'_> {
         let bin = bin_of(size_of(k));
         let at = self
             .bins
             .get(bin)
             .map_or(0, |entries| entries.partition_point(|e| e.0 < k));
-        From {
+        Onward {
             bins: self,
             bin,
             at,
@@ -287,13 +287,13 @@ impl Bins {
 /// [`Bins::from`]'s entries: entry `at` of bin `bin`, then on through the non-empty bins (a
 /// plain cursor: a best fit reads one or two entries, and chained iterators cost more to set
 /// up than that).
-struct From<'a> {
+struct Onward<'a> {
     bins: &'a Bins,
     bin: usize,
     at: usize,
 }
 
-impl<'a> Iterator for From<'a> {
+impl<'a> Iterator for Onward<'a> {
     type Item = &'a (u128, BlockId);
 
     fn next(&mut self) -> Option<Self::Item> {
