@@ -60,6 +60,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
 
 use crate::device::{
     Call, Device, DeviceError, DevicePtr, DeviceResult, EventHandle, HostPtr, PageHandle, StreamId,
@@ -95,8 +96,8 @@ pub use transfer::HOST_BASE;
 #[derive(Debug)]
 struct Page {
     size: u64,
-    /// The addresses it is mapped at.
-    mapped_at: Vec<u64>,
+    /// The addresses it is mapped at (one, unless a page moved: no allocation then).
+    mapped_at: SmallVec<[u64; 2]>,
     physical: u64,
     /// Released while still mapped: the handle is gone (no call takes it), and the page with
     /// its memory goes at its last unmap.
@@ -389,7 +390,7 @@ impl Device for SimDevice {
             }
         };
         let p = s.pages.get_mut(&page).expect("mapped page");
-        p.mapped_at.retain(|&at| at != va);
+        p.mapped_at.retain(|at| *at != va);
         if p.released && p.mapped_at.is_empty() {
             s.drop_page(page);
         }

@@ -34,6 +34,7 @@ use super::ids::IdMap;
 use super::space::Sparse;
 use super::{oom, Page, SimDevice, State};
 use crate::device::{Call, DeviceError, DeviceResult, PageHandle, NOT_EXPORTABLE};
+use smallvec::SmallVec;
 
 /// `CUDA_ERROR_NOT_SUPPORTED`.
 const NOT_SUPPORTED: i32 = 801;
@@ -154,7 +155,7 @@ impl SimDevice {
         let id = s.handle();
         let page = Page {
             size,
-            mapped_at: Vec::new(),
+            mapped_at: SmallVec::new(),
             physical,
             released: false,
         };
@@ -227,7 +228,7 @@ impl SimDevice {
         let handle = s.handle();
         let page = Page {
             size,
-            mapped_at: Vec::new(),
+            mapped_at: SmallVec::new(),
             physical: id,
             released: false,
         };

@@ -56,6 +56,7 @@ use crate::pool::block::{Block, BlockId};
 use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
+use smallvec::SmallVec;
 
 /// A large-pool request of at least this many chunk windows (`max_chunk_mb`; 320 MiB at the
 /// default 40 MiB), and of at least [`GIANT_MIN_BYTES`], grows on a range of its own under a
@@ -145,7 +146,7 @@ impl DefaultPolicy {
         if self.giant.is_empty() || req.pool != PoolKind::Large {
             return torch::get_free_block(core, req, true);
         }
-        let mut aside = Vec::new();
+        let mut aside: SmallVec<[BlockId; 8]> = SmallVec::new();
         let found = loop {
             match torch::get_free_block(core, req, true) {
                 Some(id) if !self.may_take(core, id, req) => aside.push(id),

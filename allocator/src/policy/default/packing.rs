@@ -276,15 +276,46 @@ fn timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
     at
 }
 
-/// [`timeline`] by sorting.
+/// [`timeline`] for any ticks: events in (tick, free before allocation, index) order. Ticks below
+/// twice the allocations are counted into place (a stable counting sort: every free is placed
+/// before every allocation, each in index order); later ones (allocations still live, at
+/// `u32::MAX`) are sorted and follow.
 fn sorted_timeline(lifetimes: &[Lifetime]) -> Vec<(bool, usize)> {
-    let mut events: Vec<(u32, bool, usize)> = lifetimes
-        .iter()
-        .enumerate()
-        .flat_map(|(i, t)| [(t.start, true, i), (t.end, false, i)])
-        .collect();
-    events.sort_unstable();
-    events.into_iter().map(|(_, alloc, i)| (alloc, i)).collect()
+    let ticks = 2 * lifetimes.len();
+    let events = || {
+        let frees = lifetimes.iter().enumerate().map(|(i, t)| (t.end, false, i));
+        frees.chain(
+            lifetimes
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.start, true, i)),
+        )
+    };
+    // `next[tick]`: where the next event of `tick` goes, once the counts are summed.
+    let mut next = vec![0usize; ticks + 1];
+    let mut late = Vec::new();
+    for (tick, alloc, i) in events() {
+        match next
+            .get_mut(tick as usize + 1)
+            .filter(|_| (tick as usize) < ticks)
+        {
+            Some(n) => *n += 1,
+            None => late.push((tick, alloc, i)),
+        }
+    }
+    for k in 1..next.len() {
+        next[k] += next[k - 1];
+    }
+    let counted = next[ticks];
+    let mut out = vec![(false, 0); counted];
+    for (tick, alloc, i) in events().filter(|e| (e.0 as usize) < ticks) {
+        let at = &mut next[tick as usize];
+        out[*at] = (alloc, i);
+        *at += 1;
+    }
+    late.sort_unstable();
+    out.extend(late.into_iter().map(|(_, alloc, i)| (alloc, i)));
+    out
 }
 
 /// Bytes best fit spans placing the allocations in order in an empty range (lowest address
@@ -521,6 +552,26 @@ pub(super) mod tests {
             clock += 1;
         }
         v
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_counted_timeline_is_the_sorted_one(raw in proptest::collection::vec((0u32..40, 0u32..44), 0..20)) {
+            // Shared ticks, ticks past twice the allocations and allocations still live.
+            let lifetimes: Vec<Lifetime> = raw
+                .iter()
+                .map(|&(s, e)| t(1, s, if e >= 40 { u32::MAX - (e - 40) } else { s.max(e) }))
+                .collect();
+            let mut sorted: Vec<(u32, bool, usize)> = lifetimes
+                .iter()
+                .enumerate()
+                .flat_map(|(i, t)| [(t.start, true, i), (t.end, false, i)])
+                .collect();
+            sorted.sort_unstable();
+            let want: Vec<(bool, usize)> = sorted.into_iter().map(|(_, a, i)| (a, i)).collect();
+            proptest::prop_assert_eq!(sorted_timeline(&lifetimes), want.clone());
+            proptest::prop_assert_eq!(timeline(&lifetimes), want);
+        }
     }
 
     proptest::proptest! {
