@@ -78,6 +78,9 @@ pub struct CachingAllocator<D: Device> {
     pub(crate) cfg: Config,
     /// The pools of the caller's tags (`tags`).
     pub(crate) tags: Tags<D>,
+    /// A graph pool's (`graph_pool`): out of memory, nothing cached is given back (the ladder
+    /// of every shard and tag pool stops after growth, and no other pool is emptied).
+    pub(crate) keeps_memory: bool,
 }
 
 /// What an allocator and its graph pools count together: the bytes they hold, which the
@@ -99,12 +102,17 @@ pub(crate) fn shard_of(stream: StreamId) -> usize {
 impl<D: Device> CachingAllocator<D> {
     /// An allocator with the given configuration.
     pub fn new(device: D, cfg: Config) -> Self {
-        Self::on_shared_device(Arc::new(device), cfg, Group::default())
+        Self::on_shared_device(Arc::new(device), cfg, Group::default(), false)
     }
 
     /// An allocator over a device another allocator also uses, counting in `group` with it
     /// (`graph_pool`).
-    pub(crate) fn on_shared_device(device: Arc<D>, cfg: Config, group: Group) -> Self {
+    pub(crate) fn on_shared_device(
+        device: Arc<D>,
+        cfg: Config,
+        group: Group,
+        keeps_memory: bool,
+    ) -> Self {
         let reserved = Arc::new(AtomicU64::new(0));
         let reserved_peak = Arc::new(SharedPeak::default());
         let unfreed = Arc::new(AtomicBool::new(true));
@@ -113,6 +121,7 @@ impl<D: Device> CachingAllocator<D> {
                 let mut pool = Pool::new(device.clone(), cfg.clone());
                 // The other shards' and thread caches' memory goes back before live bytes move.
                 pool.defer_last_resort = true;
+                pool.keeps_memory = keeps_memory;
                 pool.share_reserved(reserved.clone());
                 pool.share_group(&group);
                 pool.share_reserved_peak(reserved_peak.clone());
@@ -141,6 +150,7 @@ impl<D: Device> CachingAllocator<D> {
             caches,
             cfg,
             tags: Tags::default(),
+            keeps_memory,
         }
     }
 
@@ -209,7 +219,7 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         match self.try_allocate(size, stream, Try::Grow) {
-            Err(e) if e.is_out_of_memory() => {
+            Err(e) if e.is_out_of_memory() && !self.keeps_memory => {
                 // A release that failed leaves its blocks cached (tried again at the next
                 // `empty_cache` or sweep); the request's own outcome is what is returned, an
                 // out-of-memory error when it still does not fit.
@@ -383,6 +393,9 @@ impl<D: Device> CachingAllocator<D> {
     /// anything was released. A release that fails does not stop the others (what it could not
     /// release stays cached).
     pub(crate) fn release_everything_else(&self, except: usize) -> bool {
+        if self.keeps_memory {
+            return false;
+        }
         let before = self.reserved.load(Ordering::Relaxed);
         let flushed = self.flush_thread_caches().unwrap_or(0);
         for (i, s) in self.shards.iter().enumerate() {

@@ -6,8 +6,12 @@
 //! the next replay would overwrite it; if its pages were given back, the replay would write to
 //! unmapped addresses. A graph pool is an allocator of its own over the same device: what is
 //! allocated from it is only ever handed out by it, however it is freed, and it gives nothing
-//! back while it lives when the allocator it comes from runs the `default` policy (it follows
-//! `torch-expandable`'s rules then: growth by pages, no budget). Several graphs captured one
+//! back while it lives: no budget (where the allocator it comes from runs the `default`
+//! policy, it follows `torch-expandable`'s rules: growth by pages) and, out of memory, no rung
+//! of the ladder but growth (an allocation that does not fit fails, the blocks it holds free
+//! stay; PyTorch's allocator, with its default settings, keeps a private pool in use whole
+//! too). Only its `empty_cache`,
+//! called once its graphs are gone, gives memory back. Several graphs captured one
 //! after another, and replayed one at a time, may share one pool; dropping the pool (after its
 //! graphs) gives its memory back.
 //!
@@ -35,6 +39,7 @@ impl<D: Device> CachingAllocator<D> {
             self.shared_device(),
             self.config().for_graph_pool(),
             self.group.clone(),
+            true,
         );
         pool.set_memory_limit(self.memory_limit());
         if let Some(hooks) = self.map_hooks() {

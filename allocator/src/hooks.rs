@@ -14,8 +14,8 @@
 //! Invariants (the property test `tests/front/hooks.rs` checks them after every operation):
 //! - every byte of every live allocation lies in a range announced and not withdrawn;
 //! - the announced ranges are exactly the chunks and fixed segments the allocator's blocks
-//!   live in, every one mapped and accessible (a withdrawn range is not used again before it
-//!   is announced again);
+//!   live in, and the old addresses of moved pages until they are unmapped, every one mapped
+//!   and accessible (a withdrawn range is not used again before it is announced again);
 //! - a range is withdrawn while it is still mapped (before the unmap).
 //!
 //! When an unmap fails after its range was withdrawn, the range stays mapped and in use, so it
@@ -101,8 +101,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Every range announced to the map hooks and not withdrawn, by address: the chunks mapped
-    /// into expandable segments and the fixed segments, of every pool (a graph pool's are its
-    /// own).
+    /// into expandable segments, the addresses of moved pages not yet unmapped and the fixed
+    /// segments, of every pool (a graph pool's are its own).
     pub fn mapped_ranges(&self) -> Vec<(u64, u64)> {
         let mut ranges: Vec<(u64, u64)> = Vec::new();
         for s in self.shards.iter() {

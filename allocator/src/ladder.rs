@@ -56,6 +56,10 @@ pub struct Pool<D: Device, P: Policy = Builtin> {
     /// [`Pool::allocate_again`]: set by a front that releases other pools' cached memory
     /// between the two tries, which costs less than moving live bytes.
     pub(crate) defer_last_resort: bool,
+    /// A graph pool's (`CachingAllocator::graph_pool`): its out-of-memory ladder stops after
+    /// growth, as during a capture, since the replays of its graphs write the blocks it holds
+    /// free; only `empty_cache` gives its memory back.
+    pub(crate) keeps_memory: bool,
 }
 
 impl<D: Device> Pool<D> {
@@ -91,6 +95,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
             core: Core::new(device, cfg),
             policy,
             defer_last_resort: false,
+            keeps_memory: false,
         }
     }
 
@@ -163,10 +168,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
     /// The out-of-memory ladder: new memory, then what the policy releases (oversize cached
     /// blocks, as PyTorch), then every cached block, then what the policy gives back of the
     /// chunks live blocks keep mapped ([`Policy::release_pinned`]), then give up with
-    /// [`AllocError::OutOfMemory`].
+    /// [`AllocError::OutOfMemory`]. During a capture, and in a pool that keeps its memory, only
+    /// the first rung.
     fn grow(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
-        if self.core.capturing() {
-            return self.grow_in_capture(req, orig);
+        if self.core.capturing() || self.keeps_memory {
+            return self.grow_only(req, orig);
         }
         if self.core.limit.is_some() && self.core.cfg.garbage_collection_threshold > 0.0 {
             crate::policy::torch::garbage_collect_cached_blocks(&mut self.core)?;
@@ -203,9 +209,9 @@ impl<D: Device, P: Policy> Pool<D, P> {
         Err(self.core.oom_error(orig, req))
     }
 
-    /// The ladder during a capture (`capture`): growth only, since its other rungs free
-    /// segments or wait for the device.
-    fn grow_in_capture(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
+    /// The ladder during a capture (`capture`) and in a pool that keeps its memory: growth
+    /// only, since its other rungs free segments or wait for the device.
+    fn grow_only(&mut self, req: &Request, orig: u64) -> Result<BlockId, AllocError> {
         if let Some(id) = self.alloc_block(req, false)? {
             return Ok(id);
         }
@@ -273,7 +279,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
         };
         let (pool, size) = (b.pool, b.size);
         if !b.stream_uses.is_empty() {
-            if core.capturing() {
+            if core.capturing() || core.used_in_capture(a.block) {
                 core.defer_events(a.block);
             } else {
                 core.insert_events(a.block)?;

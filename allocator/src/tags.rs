@@ -146,6 +146,7 @@ impl<D: Device> CachingAllocator<D> {
             pool.set_limit(limit);
         }
         pool.set_peers(set.peers.clone());
+        pool.keeps_memory = self.keeps_memory;
         pool.core.set_hooks(set.hooks.clone());
         for &mode in &set.captures {
             pool.begin_capture(mode);
@@ -283,8 +284,8 @@ impl<D: Device> CachingAllocator<D> {
     /// and work submitted after the call to `stream`, or to a stream that used the tag's memory,
     /// ordered after the copies (the host does not wait for them: synchronize `stream` before
     /// reading the bytes from the host). The tag keeps its host buffer for its next sleep. A tag that cannot
-    /// get its memory, even after every cached block of the allocator went back to the device,
-    /// fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
+    /// get its memory, even after every cached block of the allocator went back to the device
+    /// (none does in a graph pool: it keeps its memory), fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
     /// awake); waking it again once memory was freed succeeds. An awake or unknown tag is left
     /// as it is. Every stream that used the tag's memory must still exist at the wake (it is
     /// made to wait for the copies). Allocations freed while the tag slept are freed now.

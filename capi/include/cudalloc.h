@@ -293,7 +293,9 @@ int cudalloc_capture_end(int device);
  * write them): cudalloc_empty_cache leaves it alone. The memory of a pool out of use goes back
  * to the driver at cudalloc_empty_cache, at cudalloc_pool_empty_cache of that pool, or when the
  * device's cudalloc_malloc runs out of memory (then it retries once), never inside a release,
- * a free or a pool allocation. All 0 or -1.
+ * a free or a pool allocation (a pool allocation that does not fit fails, giving nothing back).
+ * cudalloc_pool_empty_cache on a device the library has not opened does nothing (nor opens
+ * it; an ordinal no device has is still an error once the devices are counted). All 0 or -1.
  * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in

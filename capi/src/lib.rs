@@ -300,7 +300,8 @@ pub extern "C" fn cudalloc_pool_release(device: c_int, id0: u64, id1: u64) -> c_
 
 /// Gives the memory of private pool `(id0, id1)` back to the driver if the pool is out of use
 /// (a pool in use keeps its memory: a graph's replays write its freed blocks); waits for the
-/// device. 0, or -1 on failure.
+/// device. A device the library has not opened holds no pool: nothing is done, and it is not
+/// opened. 0, or -1 on failure.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_pool_empty_cache(device: c_int, id0: u64, id1: u64) -> c_int {
@@ -418,8 +419,9 @@ pub extern "C" fn cudalloc_tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -
 /// Puts the tags of the comma-separated list `tags` to sleep on `device`, in order: their
 /// pages go back to the driver, their addresses stay reserved; the live allocations of the tags
 /// also in `offload` (a list too; NULL or "": none) are first copied to pinned host memory and
-/// come back at wake, the others come back uninitialised. Allocations, frees and
-/// `cudalloc_record_stream` of a sleeping tag fail until it wakes. 0, or -1 on failure: the
+/// come back at wake, the others come back uninitialised. Allocations and
+/// `cudalloc_record_stream` of a sleeping tag fail until it wakes; a free of its memory is taken
+/// at once, and the block goes back to the tag at the wake. 0, or -1 on failure: the
 /// tags before the failed one sleep, those after it do not, and the failed one is unchanged,
 /// except for [`CUDALLOC_ERROR_SLEEP_INCOMPLETE`] (see [`cudalloc_last_error_kind`]), after
 /// which it sleeps with some pages still mapped (calling this again retries them).

@@ -136,7 +136,12 @@ pub(crate) fn allocate_at(
 
 pub(crate) fn empty_cache(device_: c_int, id: PoolId) -> c_int {
     guard(FAILED, || {
-        let dev = device("cudalloc_pool_empty_cache", device_)?;
+        // A device not opened yet holds no pool, and is not opened for this.
+        let name = "cudalloc_pool_empty_cache";
+        let Some(dev) = registry::device_if_made(device_).map_err(|e| format!("{name}: {e}"))?
+        else {
+            return Ok(OK);
+        };
         dev.pools
             .empty_retired(Some(id))
             .map_err(|e| format!("cudalloc_pool_empty_cache(device {device_}, {id:?}): {e}"))?;

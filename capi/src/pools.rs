@@ -507,7 +507,8 @@ mod tests {
             .with_owner(ptr, |p| p.record_stream(ptr, StreamId(9)))
             .unwrap();
         pools.with_owner(ptr, |p| p.free_ptr(ptr)).unwrap();
-        sim.fail_next();
+        // The end asks stream 9's capture status, then makes the event: that fails.
+        sim.fail_call(2);
         assert!(pools.end_capture(&device).is_err(), "the injected fault");
         assert!(pools.end_capture(&device).is_err(), "ended already");
         pools.release(GRAPH).unwrap();

@@ -17,6 +17,15 @@
 //!   ends all the same and the blocks stay deferred, *owed*: the next allocation outside a
 //!   capture records them (`Core::record_owed`).
 //!
+//! The driver is asked too ([`Core::used_in_capture`]): a block freed while one of the streams
+//! that used it is being captured is deferred even when the caller has not told of that
+//! capture (yet: PyTorch's extension tells at the capture's first allocation, and a free may
+//! come before it), and an owed block's events wait while one of its streams is captured. An
+//! event recorded into a capture could never be queried, and every later allocation polling
+//! it would fail. A stream whose status the driver does not give counts as not captured: the
+//! event's record then says what is wrong with it (a block kept deferred on that ground could
+//! stay so for good, asking again at every allocation).
+//!
 //! The caller's word is the rule, for all streams of the pool: in the global capture mode a
 //! forbidden call from any thread invalidates the capture, and an event recorded on a stream
 //! being captured (in any mode) cannot be queried afterwards, so no event is recorded or
@@ -103,17 +112,35 @@ impl<D: Device> Core<D> {
         let _ = self.record_deferred(policy);
     }
 
-    /// Records the events of the blocks freed during captures, now that none is underway.
+    /// Records the events of the blocks freed during captures, now that none the caller told
+    /// of is underway; a block one of whose streams the driver says is captured stays deferred.
     fn record_deferred<P: Observer>(&mut self, policy: &mut P) -> Result<(), AllocError> {
-        while let Some(&id) = self.deferred.last() {
-            self.insert_events(id)?;
-            self.deferred.pop();
+        let mut captured = Vec::new();
+        let mut recorded = Ok(());
+        while let Some(id) = self.deferred.pop() {
+            if self.used_in_capture(id) {
+                captured.push(id);
+                continue;
+            }
+            if let Err(e) = self.insert_events(id) {
+                self.deferred.push(id); // still owed
+                recorded = Err(e.into());
+                break;
+            }
             if self.blocks[id].event_count == 0 {
                 // No stream left to wait for (cannot happen: a deferred block has uses).
                 self.free_block(policy, id);
             }
         }
-        Ok(())
+        self.deferred.extend(captured.into_iter().rev());
+        recorded
+    }
+
+    /// Whether the driver says a stream that used block `id` (`record_stream`) is being
+    /// captured now (see the module docs).
+    pub(crate) fn used_in_capture(&self, id: BlockId) -> bool {
+        let captured = |s| matches!(self.device.is_capturing(s), Ok(true));
+        self.blocks[id].stream_uses.iter().any(|&s| captured(s))
     }
 
     /// True while a capture the caller told of is underway.

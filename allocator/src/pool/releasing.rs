@@ -32,6 +32,7 @@ use super::segment::Range;
 use super::Core;
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, EventHandle, StreamId};
+use smallvec::SmallVec;
 
 impl<D: Device> Core<D> {
     /// Starts giving back the whole chunks of free block `id` ([`Core::release_pages_in`] over
@@ -175,28 +176,46 @@ impl<D: Device> Core<D> {
     /// no allocation: an event that cannot be queried is recorded again on the block's stream
     /// (tried again at the next poll), pages whose unmap failed are free again, and a moved
     /// block whose unmap failed stays releasing (tried again at the next poll).
+    ///
+    /// A block waits while a moved block of its stream that started releasing before it still
+    /// does: its pages may be mapped at that block's addresses too, and giving them back first
+    /// would count as returned memory the device still holds there. In stream order the moved
+    /// block's event completes first anyway; only one recorded again comes later.
     pub(crate) fn poll_releasing(&mut self) {
+        let mut moved_ahead: SmallVec<[StreamId; 4]> = SmallVec::new();
         let mut i = 0;
         while i < self.releasing.len() {
             let (ev, id) = self.releasing[i];
-            match self.device.query_event(ev) {
-                Ok(true) if self.blocks[id].moved => {
-                    if self.finish_moved(id).is_ok() {
+            let (moved, stream) = (self.blocks[id].moved, self.blocks[id].stream);
+            if !moved && moved_ahead.contains(&stream) {
+                i += 1;
+                continue;
+            }
+            let finished = match self.device.query_event(ev) {
+                Ok(true) if moved => {
+                    let done = self.finish_moved(id).is_ok();
+                    if done {
                         self.releasing.remove(i);
                         self.spare_events.push(ev);
-                    } else {
-                        i += 1; // tried again at the next poll
                     }
+                    done // else tried again at the next poll
                 }
                 Ok(true) => {
                     self.releasing.remove(i);
                     let _ = self.finish_one(ev, id);
+                    true
                 }
-                Ok(false) => i += 1,
+                Ok(false) => false,
                 Err(e) => {
                     self.record_again(ev, id, &e);
-                    i += 1;
+                    false
                 }
+            };
+            if !finished {
+                if moved {
+                    moved_ahead.push(stream);
+                }
+                i += 1;
             }
         }
     }
@@ -213,17 +232,22 @@ impl<D: Device> Core<D> {
             && self.device.record_event(ev, stream).is_ok()
     }
 
-    /// Waits for the events of every releasing block and unmaps them: for the synchronizing
-    /// paths only (each wait counted in `device_waits`). An event that cannot be waited for is
-    /// recorded again and waited for once more; the error of a second failure is returned and
-    /// the block stays releasing.
+    /// Waits for the events of every releasing block and unmaps them, in the order they started
+    /// releasing: for the synchronizing paths only (each wait counted in `device_waits`). An
+    /// event that cannot be waited for is recorded again and waited for once more; the error of
+    /// a second failure is returned and the block stays releasing. A moved block whose unmap
+    /// fails stays (it holds no memory of its own), and so do the later blocks of its stream
+    /// (see [`Core::poll_releasing`]); the rest go on, and its error is returned at the end.
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
-        // A moved block whose unmap fails stays (it holds no memory of its own) and the rest go
-        // on; its error is returned at the end.
-        let (mut i, mut moved_failed) = (self.releasing.len(), None);
-        while i > 0 {
-            i -= 1;
+        let mut moved_failed: SmallVec<[StreamId; 4]> = SmallVec::new();
+        let (mut i, mut error) = (0, None);
+        while i < self.releasing.len() {
             let (ev, id) = self.releasing[i];
+            let (moved, stream) = (self.blocks[id].moved, self.blocks[id].stream);
+            if moved_failed.contains(&stream) {
+                i += 1;
+                continue;
+            }
             self.stats.device_waits += 1;
             if let Err(e) = self.device.synchronize_event(ev) {
                 if !self.record_again(ev, id, &e) {
@@ -231,17 +255,19 @@ impl<D: Device> Core<D> {
                 }
                 self.device.synchronize_event(ev)?;
             }
-            self.releasing.remove(i);
-            if !self.blocks[id].moved {
+            if !moved {
+                self.releasing.remove(i);
                 self.finish_one(ev, id)?;
             } else if let Err(e) = self.finish_moved(id) {
-                self.releasing.insert(i, (ev, id));
-                moved_failed = Some(e);
+                moved_failed.push(stream);
+                error = Some(e);
+                i += 1;
             } else {
+                self.releasing.remove(i);
                 self.spare_events.push(ev);
             }
         }
-        moved_failed.map_or(Ok(()), Err)
+        error.map_or(Ok(()), Err)
     }
 
     /// Unmaps releasing block `id`, whose event `ev` has completed. After a failed driver call,

@@ -23,11 +23,14 @@ const KEY_OFF: &str = "its segment's pages were not created exportable; set the 
     `shareable_segments:True` (before the memory is allocated)";
 
 impl<D: Device> Core<D> {
-    /// Every range announced to the hooks, by address: the chunks of the expandable segments and
-    /// the fixed segments.
+    /// Every range announced to the hooks, by address: the chunks of the expandable segments,
+    /// the addresses of pages moved out of them that are still mapped (`moving`) and the fixed
+    /// segments.
     pub fn mapped_ranges(&self) -> Vec<(u64, u64)> {
-        let chunks = self.segments.iter().flatten().flat_map(|s| s.chunks.iter());
-        let mut ranges: Vec<(u64, u64)> = chunks.map(|(&a, c)| (a, c.size)).collect();
+        let segments = self.segments.iter().flatten();
+        let chunks = segments.clone().flat_map(|s| s.chunks.iter());
+        let moved = segments.flat_map(|s| s.moved.iter().map(|(&a, &size)| (a, size)));
+        let mut ranges: Vec<(u64, u64)> = chunks.map(|(&a, c)| (a, c.size)).chain(moved).collect();
         for (id, b) in self.blocks.iter() {
             if !b.is_expandable() && b.prev == NIL {
                 ranges.push((b.addr, self.fixed_segment_bytes(id)));

@@ -354,10 +354,11 @@ fn a_failed_record_event_keeps_the_block_allocated() {
         let a = h.live.pop().expect("one allocation");
         h.pool.record_stream(&a, StreamId(1)).unwrap();
         h.pool.record_stream(&a, StreamId(2)).unwrap();
-        // Free needs create_event, record_event (stream 1), create_event, record_event (stream
-        // 2); a failed attempt keeps its events for the next one. Fail: the first create_event;
-        // the first record_event; then (with one spare event) the second record_event.
-        for j in [1, 2, 3] {
+        // Free asks the capture status of streams 1 and 2, then needs create_event,
+        // record_event (stream 1), create_event, record_event (stream 2); a failed attempt
+        // keeps its events for the next one. Fail: the first create_event; the first
+        // record_event; then (with one spare event) the second record_event.
+        for j in [3, 4, 5] {
             sim.fail_call(j);
             let r = h.pool.free(a.duplicate());
             assert!(

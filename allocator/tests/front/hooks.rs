@@ -312,3 +312,57 @@ proptest! {
         run(policy, &ops);
     }
 }
+
+/// Hooks replaced while pages moved to a growth are still mapped at their old addresses (the
+/// device runs behind): the old hooks hear those addresses withdrawn, the new ones hear them
+/// announced, so that the later unmap withdraws from the new hooks only what they were told of.
+#[test]
+fn hooks_replaced_while_moved_pages_are_mapped_hear_of_them() {
+    use cudalloc::config::{DefaultConfig, PolicyConfig};
+    use cudalloc::FrontConfig;
+    let dev = Arc::new(SimDevice::new(SimConfig::with_capacity(16 << 30)));
+    let mut d = DefaultConfig {
+        max_chunk: 2 * MIB,
+        fragmentation_budget: 0.75,
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.move_pages = true;
+    let front = FrontConfig {
+        thread_cache: Some(false),
+        ..FrontConfig::default()
+    };
+    let cfg = Config::default()
+        .with_policy(PolicyConfig::Default(d))
+        .unwrap();
+    let alloc = CachingAllocator::new(dev.clone(), cfg.with_front(front).unwrap());
+    let s = StreamId(0);
+    let loaded = alloc.allocate(512, s).unwrap();
+    alloc.free(loaded).unwrap();
+    alloc.empty_cache().unwrap();
+    dev.set_auto_complete(false);
+    let old = Recorder::new(&dev);
+    alloc.set_map_hooks(Some(old.clone()));
+    let large = alloc.allocate(30 * MIB, s).unwrap();
+    let kept = alloc.allocate(2 * MIB, s).unwrap();
+    let small = alloc.allocate(6 * MIB, s).unwrap();
+    let kept2 = alloc.allocate(2 * MIB, s).unwrap();
+    alloc.free(large).unwrap();
+    alloc.free(small).unwrap();
+    let grown = alloc.allocate(34 * MIB, s).unwrap();
+    assert!(alloc.stats().pages_moved > 0, "the growth moved pages");
+    let mapped: u64 = alloc.mapped_ranges().iter().map(|r| r.1).sum();
+    assert_eq!(mapped, dev.mapped_bytes(), "every mapped range listed");
+    let new = Recorder::new(&dev);
+    alloc.set_map_hooks(Some(new.clone()));
+    assert_eq!(old.ranges(), Vec::new(), "all withdrawn from the old hooks");
+    dev.complete_all();
+    let poll = alloc.allocate(512, s).unwrap();
+    for a in [kept, kept2, grown, poll] {
+        alloc.free(a).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    assert_eq!(new.errors.lock().unwrap().clone(), Vec::<String>::new());
+    assert_eq!(old.errors.lock().unwrap().clone(), Vec::<String>::new());
+    assert_eq!(new.ranges(), Vec::new(), "all withdrawn at the end");
+}

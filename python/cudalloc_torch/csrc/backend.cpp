@@ -302,12 +302,16 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   // out of use go back (pools in use keep theirs). Nothing is released while an allocation
   // route is active (a capture or use_mem_pool is underway), since releasing memory waits for
   // the device, which a capture forbids. MemPool's destructor passes its pool: that pool's
-  // memory goes back if it is out of use; from a destructor, a failure is reported, not thrown.
+  // memory goes back if it is out of use, on whichever device it is (every device is asked, as
+  // PyTorch's allocator asks each; one the library has not opened is left alone); from a
+  // destructor, a failure is reported, not thrown.
   void emptyCache(c10::cuda::MempoolId_t pool) override {
     if (pool.first != 0 || pool.second != 0) {
-      const int device = c10::cuda::current_device();
-      if (lib.pool_empty_cache(device, pool.first, pool.second) != 0) {
-        report("pool_empty_cache failed: " + last_error());
+      const int n = c10::cuda::device_count();
+      for (int d = 0; d < n; ++d) {
+        if (lib.pool_empty_cache(d, pool.first, pool.second) != 0) {
+          report("pool_empty_cache failed: " + last_error());
+        }
       }
       return;
     }
