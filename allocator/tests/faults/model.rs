@@ -395,15 +395,12 @@ fn model_smoke_every_op() {
     }
 }
 
-/// A sequence the model once failed (device outstanding bytes above the reserved ones): a page
-/// moved from a releasing block to a growth of the same stream (its old addresses still
-/// mapped), the query of the moved block's event failed and the event was recorded again, so
-/// the growth's own release completed first and gave the page back while the old addresses
-/// still held it. A release now waits for a moved block of its stream ahead of it.
-#[test]
-fn a_release_waits_for_a_moved_block_whose_event_was_recorded_again() {
+/// A page moved from a releasing block to a growth of the same stream (its old addresses still
+/// mapped), then the query of the moved block's event fails and the event is recorded again:
+/// the growth's own release now completes before the moved block's.
+fn moved_then_recorded_again() -> Vec<Op> {
     use Op::*;
-    let ops = [
+    vec![
         Alloc { size: 1, stream: 0 },
         Free { pick: 0 },
         Alloc { size: 1, stream: 1 },
@@ -422,7 +419,15 @@ fn a_release_waits_for_a_moved_block_whose_event_was_recorded_again() {
         CompleteAll,
         FailNext,
         Alloc { size: 1, stream: 0 },
-    ];
+    ]
+}
+
+/// A sequence the model once failed (device outstanding bytes above the reserved ones): the
+/// growth's release completed first and gave the moved page back while the moved block's
+/// addresses still held it. A release now waits for a moved block of its stream ahead of it.
+#[test]
+fn a_release_waits_for_a_moved_block_whose_event_was_recorded_again() {
+    let ops = moved_then_recorded_again();
     run(Config::for_policy(Policy::Default), 4 * GIB, &ops);
 }
 
@@ -432,27 +437,7 @@ fn a_release_waits_for_a_moved_block_whose_event_was_recorded_again() {
 /// be, so that once `empty_cache` succeeds the device holds no page the pool does not count.
 #[test]
 fn empty_cache_unmaps_a_moved_block_before_the_later_releases_of_its_stream() {
-    use Op::*;
-    let ops = [
-        Alloc { size: 1, stream: 0 },
-        Free { pick: 0 },
-        Alloc { size: 1, stream: 1 },
-        Alloc { size: 1, stream: 0 },
-        Free { pick: 0 },
-        Complete { stream: 0 },
-        Free { pick: 0 },
-        Alloc {
-            size: 6291457,
-            stream: 1,
-        },
-        Free { pick: 0 },
-        Limit(Some(109051904)),
-        Alloc { size: 1, stream: 2 },
-        Alloc { size: 1, stream: 0 },
-        CompleteAll,
-        FailNext,
-        Alloc { size: 1, stream: 0 },
-    ];
+    let ops = moved_then_recorded_again();
     for k in 1..=8 {
         let mut m = Model::new(Config::for_policy(Policy::Default), 4 * GIB);
         for op in &ops {

@@ -170,66 +170,79 @@ fn the_memory_limit_caps_an_allocator_and_its_graph_pools_together() {
     }
 }
 
-/// Out of memory, a graph pool gives nothing back: the blocks it holds free are a graph's
-/// intermediates, which its replays write (PyTorch's allocator keeps a private pool in use
-/// whole too). The allocation that does not fit fails; the free block keeps its pages, and
-/// serves the pool again.
-#[test]
-fn out_of_memory_a_graph_pool_keeps_the_blocks_it_holds_free() {
+/// Unmaps and segment frees the device has seen.
+fn gives_back(sim: &SimDevice) -> u64 {
+    sim.calls(cudalloc_sys::Call::Free) + sim.calls(cudalloc_sys::Call::Unmap)
+}
+
+/// Runs `oom` on a graph pool under a 1 GiB limit after two 300 MiB intermediates of a capture,
+/// on two streams, the first freed within it (`setup` makes more first): `oom` must fail out of
+/// memory and give nothing back. Then `after` runs on the pool with the first block's address.
+fn out_of_memory_in_a_graph_pool(
+    setup: impl Fn(&CachingAllocator<Arc<SimDevice>>),
+    oom: impl Fn(
+        &CachingAllocator<Arc<SimDevice>>,
+    ) -> Result<cudalloc::Allocation, cudalloc::AllocError>,
+    after: impl Fn(&CachingAllocator<Arc<SimDevice>>, u64, &str),
+) {
     for policy in ["policy:default", "policy:torch", "policy:torch-expandable"] {
         let (sim, eager) = allocator(policy);
         eager.set_memory_limit(Some(GIB));
         let pool = eager.graph_pool();
-        // Two intermediates of a capture, on two streams; the first freed within it.
         let first = pool.allocate(300 * MIB, CAP).unwrap();
         let kept = pool.allocate(300 * MIB, StreamId(6)).unwrap();
+        setup(&pool);
         let at = first.ptr();
         pool.free(first).unwrap();
-        let held = pool.reserved_bytes();
-        let frees = sim.calls(cudalloc_sys::Call::Free) + sim.calls(cudalloc_sys::Call::Unmap);
-        let e = pool.allocate(600 * MIB, CAP).unwrap_err();
+        let (held, calls) = (pool.reserved_bytes(), gives_back(&sim));
+        let e = oom(&pool).unwrap_err();
         assert!(e.is_out_of_memory(), "{policy}: {e}");
         assert_eq!(pool.reserved_bytes(), held, "{policy}: nothing given back");
         assert_eq!(
-            sim.calls(cudalloc_sys::Call::Free) + sim.calls(cudalloc_sys::Call::Unmap),
-            frees,
-            "{policy}: no page unmapped, no segment freed"
+            gives_back(&sim),
+            calls,
+            "{policy}: no unmap, no segment freed"
         );
-        let again = pool.allocate(300 * MIB, CAP).unwrap();
-        assert_eq!(again.ptr(), at, "{policy}: the free block serves the pool");
-        pool.free(again).unwrap();
+        after(&pool, at, policy);
         pool.free(kept).unwrap();
         pool.check_invariants().unwrap();
-        // Once its graphs are gone, the pool's own empty_cache gives its memory back.
-        pool.empty_cache().unwrap();
-        assert_eq!(pool.reserved_bytes(), 0, "{policy}");
     }
+}
+
+/// Out of memory, a graph pool gives nothing back: the blocks it holds free are a graph's
+/// intermediates, which its replays write (PyTorch's allocator keeps a private pool in use
+/// whole too). The allocation that does not fit fails; the free block keeps its pages, and
+/// serves the pool again; once its graphs are gone, the pool's own `empty_cache` gives its
+/// memory back.
+#[test]
+fn out_of_memory_a_graph_pool_keeps_the_blocks_it_holds_free() {
+    out_of_memory_in_a_graph_pool(
+        |_| {},
+        |pool| pool.allocate(600 * MIB, CAP),
+        |pool, at, policy| {
+            let again = pool.allocate(300 * MIB, CAP).unwrap();
+            assert_eq!(again.ptr(), at, "{policy}: the free block serves the pool");
+            pool.free(again).unwrap();
+        },
+    );
+    let (_sim, eager) = allocator("policy:torch-expandable");
+    let pool = eager.graph_pool();
+    let a = pool.allocate(300 * MIB, CAP).unwrap();
+    pool.free(a).unwrap();
+    pool.empty_cache().unwrap();
+    assert_eq!(pool.reserved_bytes(), 0);
 }
 
 /// A graph pool's tagged allocation that runs out of memory gives nothing back either: not the
 /// free blocks of the pool's shards, not those of its tags.
 #[test]
 fn a_graph_pools_tagged_allocation_out_of_memory_keeps_its_free_blocks() {
-    for policy in ["policy:default", "policy:torch", "policy:torch-expandable"] {
-        let (sim, eager) = allocator(policy);
-        eager.set_memory_limit(Some(GIB));
-        let pool = eager.graph_pool();
-        let first = pool.allocate(300 * MIB, CAP).unwrap();
-        let kept = pool.allocate(300 * MIB, StreamId(6)).unwrap();
-        let tagged = pool.allocate_tagged(100 * MIB, CAP, "t").unwrap();
-        pool.free(first).unwrap();
-        pool.free(tagged).unwrap();
-        let held = pool.reserved_bytes();
-        let frees = sim.calls(cudalloc_sys::Call::Free) + sim.calls(cudalloc_sys::Call::Unmap);
-        let e = pool.allocate_tagged(700 * MIB, CAP, "t").unwrap_err();
-        assert!(e.is_out_of_memory(), "{policy}: {e}");
-        assert_eq!(pool.reserved_bytes(), held, "{policy}: nothing given back");
-        assert_eq!(
-            sim.calls(cudalloc_sys::Call::Free) + sim.calls(cudalloc_sys::Call::Unmap),
-            frees,
-            "{policy}"
-        );
-        pool.free(kept).unwrap();
-        pool.check_invariants().unwrap();
-    }
+    out_of_memory_in_a_graph_pool(
+        |pool| {
+            let tagged = pool.allocate_tagged(100 * MIB, CAP, "t").unwrap();
+            pool.free(tagged).unwrap();
+        },
+        |pool| pool.allocate_tagged(700 * MIB, CAP, "t"),
+        |_, _, _| {},
+    );
 }
