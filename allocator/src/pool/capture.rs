@@ -20,9 +20,9 @@
 //! The driver is asked too ([`Core::used_in_capture`]): a block freed while one of the streams
 //! that used it is being captured is deferred even when the caller has not told of that
 //! capture (yet: PyTorch's extension tells at the capture's first allocation, and a free may
-//! come before it), and an owed block's events wait while one of its streams is captured. An
-//! event recorded into a capture could never be queried, and every later allocation polling
-//! it would fail. A stream whose status the driver does not give counts as not captured: the
+//! come before it), and an owed block's events wait while one of its streams is captured. No
+//! query answers an event recorded into a capture (polling one, the pool records it again
+//! once the stream is no longer captured: `events`). A stream whose status the driver does not give counts as not captured: the
 //! event's record then says what is wrong with it (a block kept deferred on that ground could
 //! stay so for good, asking again at every allocation).
 //!

@@ -75,7 +75,11 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
-    /// Returns blocks whose events have all completed to their pools.
+    /// Returns blocks whose events have all completed to their pools. An event that cannot be
+    /// queried is recorded again on its stream (a later point of it: the block only waits
+    /// longer), unless the stream is being captured; the query's error is returned only when
+    /// that fails too, so that an event recorded into a graph (which no query answers) does
+    /// not fail every allocation after it.
     pub(crate) fn process_events<P: Observer>(
         &mut self,
         policy: &mut P,
@@ -86,7 +90,12 @@ impl<D: Device> Core<D> {
         let streams: Vec<StreamId> = self.pending.keys().copied().collect();
         for s in streams {
             while let Some(&(ev, id)) = self.pending[&s].front() {
-                if !self.device.query_event(ev)? {
+                let done = match self.device.query_event(ev) {
+                    Ok(done) => done,
+                    Err(e) if self.record_event_again(ev, s, &e) => false,
+                    Err(e) => return Err(e),
+                };
+                if !done {
                     break;
                 }
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
@@ -97,6 +106,20 @@ impl<D: Device> Core<D> {
             }
         }
         Ok(())
+    }
+
+    /// Records event `ev` again on `stream` after its query or wait failed with `error`: not
+    /// when a capture refused the call (the event is fine then), nor while `stream` is being
+    /// captured (the record would join the graph). True when it was recorded again.
+    pub(super) fn record_event_again(
+        &self,
+        ev: EventHandle,
+        stream: StreamId,
+        error: &DeviceError,
+    ) -> bool {
+        !error.is_capture_unsupported()
+            && matches!(self.device.is_capturing(stream), Ok(false))
+            && self.device.record_event(ev, stream).is_ok()
     }
 
     fn event_done<P: Observer>(&mut self, policy: &mut P, ev: EventHandle, id: BlockId) {
@@ -140,7 +163,12 @@ impl<D: Device> Core<D> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
                 self.stats.device_waits += 1;
-                self.device.synchronize_event(ev)?;
+                if let Err(e) = self.device.synchronize_event(ev) {
+                    if !self.record_event_again(ev, s, &e) {
+                        return Err(e);
+                    }
+                    self.device.synchronize_event(ev)?;
+                }
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
                 self.event_done(policy, ev, id);
             }

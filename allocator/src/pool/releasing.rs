@@ -226,10 +226,7 @@ impl<D: Device> Core<D> {
     /// stream is being captured now (the new record would join the graph too). True when it
     /// was recorded again.
     fn record_again(&mut self, ev: EventHandle, id: BlockId, error: &DeviceError) -> bool {
-        let stream = self.blocks[id].stream;
-        !error.is_capture_unsupported()
-            && matches!(self.device.is_capturing(stream), Ok(false))
-            && self.device.record_event(ev, stream).is_ok()
+        self.record_event_again(ev, self.blocks[id].stream, error)
     }
 
     /// Waits for the events of every releasing block and unmaps them, in the order they started

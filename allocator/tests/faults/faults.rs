@@ -377,6 +377,43 @@ fn a_failed_record_event_keeps_the_block_allocated() {
     }
 }
 
+/// An event that cannot be queried fails no allocation (it could be one that no query will
+/// ever answer, recorded into a graph): it is recorded again on its stream, and the block it
+/// holds back returns once that completes.
+#[test]
+fn a_failed_event_query_is_recorded_again_and_fails_no_allocation() {
+    for policy in Policy::ALL {
+        let sim = new_sim();
+        sim.set_auto_complete(false);
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        let (s0, s1) = (StreamId(0), StreamId(1));
+        let a = pool.allocate(4 * MIB, s0).unwrap();
+        let at = a.ptr();
+        pool.record_stream(&a, s1).unwrap();
+        pool.free(a).unwrap();
+        assert_eq!(pool.pending_events(), 1, "{policy:?}");
+        // The allocation's first acquiring call is the event's query.
+        sim.fail_next();
+        let b = pool.allocate(512, s0).unwrap();
+        sim.clear_faults();
+        assert_eq!(pool.pending_events(), 1, "{policy:?}: still waiting");
+        pool.check_invariants().unwrap();
+        sim.complete_all();
+        let c = pool.allocate(4 * MIB, s0).unwrap();
+        assert_eq!(
+            c.ptr(),
+            at,
+            "{policy:?}: back once the event recorded again completed"
+        );
+        assert_eq!(pool.pending_events(), 0, "{policy:?}");
+        pool.free(b).unwrap();
+        pool.free(c).unwrap();
+        pool.empty_cache().unwrap();
+        pool.check_invariants().unwrap();
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}");
+    }
+}
+
 #[test]
 fn a_capped_device_runs_out_of_memory_cleanly() {
     for policy in Policy::ALL {
