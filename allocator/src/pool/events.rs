@@ -76,10 +76,10 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns blocks whose events have all completed to their pools. An event that cannot be
-    /// queried is recorded again on its stream (a later point of it: the block only waits
-    /// longer), unless the stream is being captured; the query's error is returned only when
-    /// that fails too, so that an event recorded into a graph (which no query answers) does
-    /// not fail every allocation after it.
+    /// queried waits while a capture refused the query or its stream is being captured, and is
+    /// otherwise recorded again on its stream (a later point of it: the block only waits
+    /// longer); the query's error is returned only when that record fails too, so that an
+    /// event recorded into a graph (which no query answers) fails no allocation after it.
     pub(crate) fn process_events<P: Observer>(
         &mut self,
         policy: &mut P,
@@ -92,6 +92,8 @@ impl<D: Device> Core<D> {
             while let Some(&(ev, id)) = self.pending[&s].front() {
                 let done = match self.device.query_event(ev) {
                     Ok(done) => done,
+                    Err(e) if e.is_capture_unsupported() => false,
+                    Err(_) if matches!(self.device.is_capturing(s), Ok(true)) => false,
                     Err(e) if self.record_event_again(ev, s, &e) => false,
                     Err(e) => return Err(e),
                 };

@@ -15,8 +15,8 @@
 //! (the `default` policy's budget). A policy about to map pages for a
 //! request may first take back a releasing block of the request's own stream
 //! ([`Core::reclaim_releasing`]): stream order puts the queued work before the new use, so
-//! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks started
-//! releasing.
+//! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks' events were
+//! recorded.
 //!
 //! A growth may take the pages of a releasing block of its own stream instead (`moving`): the
 //! block is *moved* then, its addresses left to unmap once its event completes.

@@ -328,6 +328,32 @@ fn a_free_before_the_pool_is_told_of_a_capture_records_no_event_into_it() {
     }
 }
 
+/// An event of a stream under a capture the pool was not told of, whose query fails, holds
+/// its block back until the capture has ended; it fails no allocation meanwhile.
+#[test]
+fn an_unanswered_event_of_a_captured_stream_fails_no_allocation() {
+    for policy in [Policy::Default, Policy::TorchExpandable, Policy::Torch] {
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 4 * MIB, SIDE);
+        let at = a.ptr();
+        pool.record_stream(&a, CAP).unwrap();
+        free(&mut pool, a);
+        sim.begin_capture(CAP, CaptureMode::Relaxed).unwrap();
+        sim.fail_next(); // the event's query
+        let b = alloc(&mut pool, 512, SIDE);
+        assert_eq!(pool.pending_events(), 1, "{policy:?}: still waiting");
+        sim.end_capture(CAP).unwrap();
+        sim.complete_all();
+        let c = alloc(&mut pool, 4 * MIB, SIDE);
+        assert_eq!(c.ptr(), at, "{policy:?}: back once the capture ended");
+        for x in [b, c] {
+            free(&mut pool, x);
+        }
+        check(&sim, &pool);
+    }
+}
+
 /// An end whose deferred events cannot be recorded ends the capture all the same (so that a
 /// caller's retry cannot strand it); the blocks stay deferred and the next allocation records
 /// their events.
