@@ -22,9 +22,10 @@
 //! capture (yet: PyTorch's extension tells at the capture's first allocation, and a free may
 //! come before it), and an owed block's events wait while one of its streams is captured. No
 //! query answers an event recorded into a capture (polling one, the pool records it again
-//! once the stream is no longer captured: `events`). A stream whose status the driver does not give counts as not captured: the
-//! event's record then says what is wrong with it (a block kept deferred on that ground could
-//! stay so for good, asking again at every allocation).
+//! once the stream is no longer captured: `events`). A stream whose status the driver does
+//! not give counts as not captured: the event's record then says what is wrong with it (a
+//! block kept deferred on that ground could stay so for good, asking again at every
+//! allocation).
 //!
 //! The caller's word is the rule, for all streams of the pool: in the global capture mode a
 //! forbidden call from any thread invalidates the capture, and an event recorded on a stream
