@@ -49,7 +49,7 @@ use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tags::Tags;
 use crate::tcache::{Cached, Caches};
-use cudalloc_sys::{CaptureMode, Device, StreamId};
+use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
 const SHARDS: usize = 64;
@@ -593,64 +593,6 @@ impl<D: Device> CachingAllocator<D> {
             s.lock().release_all_cached()?;
         }
         self.release_tags_cached()
-    }
-
-    /// The caller begins a CUDA graph capture in `mode`: until it ends, no shard makes a
-    /// device call the capture forbids (`pool::capture`). Call it before the capture begins
-    /// (before `cuStreamBeginCapture`), so that no call of another thread lands inside it.
-    pub fn begin_capture(&self, mode: CaptureMode) {
-        for s in self.shards.iter() {
-            s.lock().begin_capture(mode);
-        }
-        let _ = self.tags_capture(mode, true);
-    }
-
-    /// The caller ended a capture begun with [`CachingAllocator::begin_capture`] (call it after
-    /// `cuStreamEndCapture`); blocks freed during the capture that other streams used start
-    /// waiting for those streams' work now. Every shard ends it, even after one fails; the
-    /// first error is returned.
-    pub fn end_capture(&self, mode: CaptureMode) -> Result<(), AllocError> {
-        let mut first = Ok(());
-        for s in self.shards.iter() {
-            let r = s.lock().end_capture(mode);
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        let r = self.tags_capture(mode, false);
-        first.and(r)
-    }
-
-    /// Caps the allocator at `fraction` of the device's memory; 1.0 removes the cap
-    /// ([`Pool::set_memory_fraction`]).
-    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
-        self.set_memory_limit(crate::pool::fraction_limit(&*self.device, fraction)?);
-        Ok(())
-    }
-
-    /// The memory limit: the most bytes this allocator and its graph pools may hold together
-    /// (`None`: no cap).
-    pub fn memory_limit(&self) -> Option<u64> {
-        self.shards[0].lock().core.limit
-    }
-
-    /// Caps the allocator at `bytes` (`None`: no cap): this allocator and its graph pools
-    /// together, as PyTorch's `set_per_process_memory_fraction` caps its private pools too.
-    /// Graph pools made before keep the limit they had; set theirs too.
-    pub fn set_memory_limit(&self, bytes: Option<u64>) {
-        for s in self.shards.iter() {
-            s.lock().set_limit(bytes);
-        }
-        self.tags_settings(Some(bytes), None);
-    }
-
-    /// Makes every page mapped from now on accessible from the peer devices `peers` too
-    /// (expandable policies; the peers' contexts must have peer access to this device enabled).
-    pub fn set_peer_access(&self, peers: &[usize]) {
-        for s in self.shards.iter() {
-            s.lock().set_peers(peers.to_vec());
-        }
-        self.tags_settings(None, Some(peers));
     }
 
     /// The configuration.
