@@ -23,7 +23,8 @@ and without a capacity factor) and ``side_stream_prefetch1``/``2``/``3`` (an inp
 a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``);
 ``beam_search_generate``, ``diffusion_train``, ``gnn_train_dynamic``, ``clip_train``,
 ``rl_generate_train``, ``long_context_train`` and ``speculative_decode`` (a third set of kinds
-none of the others is, recorded after the rules were set). When each was recorded:
+none of the others is, recorded after the rules were set); ``gpt2_train_cycle`` (the uncapped
+run of the acceptance program ``train_near_cap``). When each was recorded:
 ``docs/archive.md``.
 """
 import collections
@@ -623,6 +624,24 @@ def speculative_decode():
                 best = target(input_ids=prop).logits[:, n - 1:-1].argmax(-1)
                 agree = int((best == prop[:, n:]).all(0).int().cumprod(0).sum())
                 seq = torch.cat([prop[:, :n + agree], best[:, agree:agree + 1]], dim=1)
+    torch.cuda.synchronize()
+
+
+def gpt2_train_cycle():
+    """The uncapped run of the acceptance program ``train_near_cap``: a fresh GPT-2 trained 16
+    steps whose sequence lengths cycle twice through eight values, the longest first."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    m = GPT2LMHeadModel(GPT2Config()).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    for step, length in enumerate((512, 128, 384, 256, 448, 192, 320, 64) * 2):
+        torch.manual_seed(100 + step)
+        ids = torch.randint(0, 50257, (8, length), device="cuda")
+        torch.cuda.synchronize()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        float(loss)
     torch.cuda.synchronize()
 
 

@@ -74,7 +74,8 @@ pub struct ReplayArgs {
     /// GPU 0's memory with --cuda); with both, the lower cap holds. Under a cap, any cap, even
     /// the whole device, the `default` policy runs in its capped mode: cached memory kept up
     /// to ten fragmentation budgets above the peak live bytes (20% at the default budget) as
-    /// far as the cap allows, no page kept for a layout plan's footprint, a page ahead while
+    /// far as the cap allows (only the plain budget under a cap of eight times that or more,
+    /// once the trace has repeated a step), no page kept for a layout plan's footprint, a page ahead while
     /// loading only where it lets a next tensor of the same size fit without a call and leaves
     /// a page of the cap free, a large request of eight chunks and 320 MiB or more that finds
     /// no cached block gets a range of its own mapped as one chunk, and when a growth does not

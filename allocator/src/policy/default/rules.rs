@@ -88,6 +88,13 @@ pub struct Rules {
     /// (`keep_while_behind` takes back only those of other streams). A replay cannot weigh it
     /// unless its device runs behind (`cudalloc replay --device-lag`).
     pub move_pages: bool,
+    /// Under a memory limit the budget is widened to
+    /// [`CAPPED_BUDGETS`](super::budget::CAPPED_BUDGETS) fragmentation budgets, except where
+    /// the limit is far: at least
+    /// [`FAR_LIMIT_WIDE_CEILINGS`](super::budget::FAR_LIMIT_WIDE_CEILINGS) times that wide
+    /// ceiling once an episode has been seen; there the plain budget holds, as without a
+    /// limit. Off, any limit (even the whole device's memory) widens the budget.
+    pub wide_budget_near_limit: bool,
 }
 
 /// A way to reach one switch of [`Rules`].
@@ -122,6 +129,7 @@ impl Rules {
         give_back_giant_first: true,
         keep_while_behind: true,
         move_pages: true,
+        wide_budget_near_limit: true,
     };
 
     /// The name of each switch, and a way to reach it: for the measuring tool.
@@ -159,6 +167,7 @@ impl Rules {
             ("give_back_giant_first", |r| &mut r.give_back_giant_first),
             ("keep_while_behind", |r| &mut r.keep_while_behind),
             ("move_pages", |r| &mut r.move_pages),
+            ("wide_budget_near_limit", |r| &mut r.wide_budget_near_limit),
         ]
     }
 
