@@ -306,7 +306,7 @@ fn help_says_what_a_cap_does_and_the_table_counts_trace_lines() {
     assert_eq!(r.code, Some(0));
     let help = r.out.split_whitespace().collect::<Vec<_>>().join(" ");
     for says in [
-        "any cap, even the whole device, the `default` policy runs in its capped mode",
+        "Under a cap the `default` policy runs in its capped mode (under any cap, even the whole device,",
         "The probes are capped, so the `default` policy runs them in its capped mode",
     ] {
         assert!(help.contains(says), "{says}: {help}");

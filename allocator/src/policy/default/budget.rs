@@ -15,8 +15,8 @@
 //!
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
-//! this allocation, the peak a layout plan expects)` (under a memory limit, [`CAPPED_BUDGETS`]
-//! times `fragmentation_budget`, and the limit), giving cached chunks back when it would not
+//! this allocation, the peak a layout plan expects)` (under a memory limit that is not far,
+//! [`CAPPED_BUDGETS`] times `fragmentation_budget`, and the limit), giving cached chunks back when it would not
 //! hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
 //! completed, and `reserved` here leaves out the bytes on their way back; while more than the
 //! budget's slack, `fragmentation_budget` times that base, is on its way back, nothing more is
@@ -230,7 +230,7 @@ impl DefaultPolicy {
         };
         let base = self.peak_requested.max(live_after).max(expected);
         let plain = ((1.0 + self.cfg.fragmentation_budget) * base as f64) as u64;
-        let ceiling = self.capped_ceiling(core, plain, base);
+        let ceiling = self.capped_ceiling(plain, base);
         // Pages on their way back to the device (`pool::releasing`) are not counted as kept, and
         // never waited for here. While more of them than the budget's own slack (between one
         // budget and `FOOTPRINT_BUDGETS`) are on their way (the device runs behind), nothing more
@@ -263,7 +263,7 @@ impl DefaultPolicy {
             if over > 0 && !piled && self.kept().is_some() {
                 released += self.release_free_chunks(core, over, true, keep)?;
             }
-            if released > 0 && self.cfg.rules.keep_while_behind && core.limit.is_none() {
+            if released > 0 && self.cfg.rules.keep_while_behind && !self.capped {
                 self.keep_what_the_device_holds(core, &before, req.stream);
             }
         }
@@ -292,9 +292,10 @@ impl DefaultPolicy {
         } else {
             room
         };
+        let capped = self.capped;
         core.map_run(start, req.size, |core, id, want| {
             let ahead = if rules.page_ahead {
-                page_ahead(core, req, want, page, window)
+                page_ahead(core, req, want, page, window, capped)
             } else {
                 0
             };
@@ -359,17 +360,11 @@ impl DefaultPolicy {
     /// without a memory limit or under a far one ([`FAR_LIMIT_WIDE_CEILINGS`]),
     /// [`CAPPED_BUDGETS`] budgets above `base` under one (the limit itself is kept by
     /// `budget_room`'s own terms for it, beside the other pools sharing it).
-    fn capped_ceiling<D: Device>(&self, core: &Core<D>, plain: u64, base: u64) -> u64 {
-        let Some(limit) = core.limit else {
-            return plain;
-        };
-        let wide = ((1.0 + CAPPED_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
-        if self.cfg.rules.wide_budget_near_limit
-            && self.plans.evaluated > 0
-            && wide.saturating_mul(FAR_LIMIT_WIDE_CEILINGS) <= limit
-        {
+    fn capped_ceiling(&self, plain: u64, base: u64) -> u64 {
+        if !self.capped {
             return plain;
         }
+        let wide = ((1.0 + CAPPED_BUDGETS * self.cfg.fragmentation_budget) * base as f64) as u64;
         plain.max(wide)
     }
 
@@ -407,7 +402,7 @@ impl DefaultPolicy {
     /// may need them and the wider capped budget keeps cached pages anyway).
     fn in_footprint<D: Device>(&self, core: &Core<D>, id: BlockId) -> bool {
         let b = &core.blocks[id];
-        core.limit.is_none()
+        !self.capped
             && self
                 .kept()
                 .is_some_and(|k| k.overlaps(b.segment, b.addr, b.end()))
@@ -428,7 +423,7 @@ impl DefaultPolicy {
         let beside = self.cfg.rules.give_back_beside_split;
         let k = self.kept().filter(|k| beside && k.is_split())?;
         let b = &core.blocks[id];
-        (core.limit.is_none() && k.overlaps(b.segment, b.addr, b.end())).then_some(k)
+        (!self.capped && k.overlaps(b.segment, b.addr, b.end())).then_some(k)
     }
 
     /// Where giving back `want` bytes of free block `id` starts when only its tail goes back
@@ -645,12 +640,19 @@ fn map_growth<D: Device>(
 /// 73), no trace more calls or device waits, min capacity unchanged. Without a cap the first
 /// condition costs memory on small jobs (`vit_infer_dynamic` 1.038 -> 1.086), so there the
 /// page is mapped at every loading growth.
-fn page_ahead<D: Device>(core: &Core<D>, req: &Request, want: u64, page: u64, window: u64) -> u64 {
+fn page_ahead<D: Device>(
+    core: &Core<D>,
+    req: &Request,
+    want: u64,
+    page: u64,
+    window: u64,
+    capped: bool,
+) -> u64 {
     if !core.nothing_freed() || req.pool != PoolKind::Large {
         return 0;
     }
     let ahead = LOADING_PAGES_AHEAD * page;
-    let Some(limit) = core.limit else {
+    let Some(limit) = core.limit.filter(|_| capped) else {
         return ahead;
     };
     let mapped = want.div_ceil(page) * page;

@@ -98,12 +98,12 @@ impl DefaultPolicy {
     /// The smallest request that grows on a range of its own in `core` (`None`: none does):
     /// [`DefaultPolicy::giant_min`] under a memory cap while `repage_under_cap` is on, the
     /// uncapped size without a cap.
-    fn giant_growth_min<D: Device>(&self, core: &Core<D>) -> Option<u64> {
+    fn giant_growth_min(&self) -> Option<u64> {
         let rules = self.cfg.rules;
         if self.behind {
             return None;
         }
-        if core.limit().is_some() {
+        if self.capped {
             (rules.giant_ranges && self.cfg.repage_under_cap).then(|| self.giant_min())
         } else {
             let min = GIANT_UNCAPPED_MIN_CHUNKS
@@ -168,7 +168,7 @@ impl DefaultPolicy {
         core: &mut Core<D>,
         req: &Request,
     ) -> Result<Option<Option<BlockId>>, DeviceError> {
-        let min = self.giant_growth_min(core);
+        let min = self.giant_growth_min();
         if req.pool != PoolKind::Large || min.is_none_or(|min| req.size < min) {
             return Ok(None);
         }

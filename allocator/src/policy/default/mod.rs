@@ -134,6 +134,8 @@ pub struct DefaultPolicy {
     /// (`keep_while_behind`, `behind`): no giant range is made meanwhile, and giant blocks
     /// serve any request (`giant`).
     pub(crate) behind: bool,
+    /// The pool runs in its capped mode (`note_limit`): under a memory limit that is not far.
+    pub(crate) capped: bool,
 }
 
 impl DefaultPolicy {
@@ -146,7 +148,28 @@ impl DefaultPolicy {
             pending: None,
             giant: Vec::new(),
             behind: false,
+            capped: false,
         }
+    }
+
+    /// Sets the capped mode: on under a memory limit, unless the limit is far (rule
+    /// `wide_budget_near_limit`): an episode of the layout plans has ended and the limit is at
+    /// least [`budget::FAR_LIMIT_WIDE_CEILINGS`] times the wide ceiling
+    /// ([`budget::CAPPED_BUDGETS`] budgets above the peak requested bytes). Under a far limit
+    /// every rule runs as without one (the limit itself still kept); as the peak requested
+    /// bytes grow, the limit becomes near and the capped mode starts.
+    fn note_limit<D: Device>(&mut self, core: &Core<D>) {
+        let Some(limit) = core.limit() else {
+            self.capped = false;
+            return;
+        };
+        let base = self.peak_requested.max(core.requested_bytes());
+        let wide = (1.0 + budget::CAPPED_BUDGETS * self.cfg.fragmentation_budget) * base as f64;
+        let far_at = wide * budget::FAR_LIMIT_WIDE_CEILINGS as f64;
+        let far = self.cfg.rules.wide_budget_near_limit
+            && self.plans.evaluated > 0
+            && far_at <= limit as f64;
+        self.capped = !far;
     }
 
     /// True while a layout plan places this pool's large blocks (see `plan`).
@@ -184,8 +207,9 @@ impl Policy for DefaultPolicy {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
+        self.note_limit(core);
         // Behind is a state of the uncapped mode only (`keep_while_behind`).
-        self.behind &= core.limit().is_none();
+        self.behind &= !self.capped;
         let seq = if self.plans_on(req) {
             self.episode_index(core, req.stream)
         } else {

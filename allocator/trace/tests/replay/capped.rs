@@ -172,12 +172,12 @@ fn capped_replays_never_pass_the_cap_complete_at_1_10x_and_keep_their_figures() 
 }
 
 /// A limit far above what a job uses (here the whole simulated H200 for a 7.2 GiB training, as
-/// `set_per_process_memory_fraction(0.9)` sets one for a small job) is no constraint: the
-/// `default` policy reserves there what it reserves without a limit, within 1%, instead of
-/// keeping the capped mode's wide budget of cached memory (1.197 times the live bytes against
-/// 1.023 before `wide_budget_near_limit`).
+/// `set_per_process_memory_fraction(0.9)` sets one for a small job) is no constraint: on this
+/// training the `default` policy reserves there what it reserves without a limit, within 1%
+/// (before `wide_budget_near_limit` it kept the capped mode's wide budget of cached memory:
+/// 1.197 times the live bytes, against 1.023 without a limit).
 #[test]
-fn a_limit_far_above_the_job_reserves_what_no_limit_does() {
+fn a_far_limit_reserves_on_a_training_what_no_limit_does() {
     let cfg = Config::for_policy(Policy::Default);
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../traces/h200/gpt2_train_cycle.trace.csv.gz");
