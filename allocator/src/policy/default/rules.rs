@@ -88,12 +88,11 @@ pub struct Rules {
     /// (`keep_while_behind` takes back only those of other streams). A replay cannot weigh it
     /// unless its device runs behind (`cudalloc replay --device-lag`).
     pub move_pages: bool,
-    /// Under a memory limit the budget is widened to
-    /// [`CAPPED_BUDGETS`](super::budget::CAPPED_BUDGETS) fragmentation budgets, except where
-    /// the limit is far: at least
-    /// [`FAR_LIMIT_WIDE_CEILINGS`](super::budget::FAR_LIMIT_WIDE_CEILINGS) times that wide
-    /// ceiling once an episode has been seen; there the plain budget holds, as without a
-    /// limit. Off, any limit (even the whole device's memory) widens the budget.
+    /// A memory limit that is far (at least
+    /// [`FAR_LIMIT_WIDE_CEILINGS`](super::budget::FAR_LIMIT_WIDE_CEILINGS) times the capped
+    /// mode's wide ceiling, once an episode of the layout plans has ended) is run as no limit:
+    /// every rule as without one, the limit itself still kept (`DefaultPolicy::note_limit`).
+    /// Off, any limit (even the whole device's memory) runs the capped mode.
     pub wide_budget_near_limit: bool,
 }
 
