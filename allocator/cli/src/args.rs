@@ -72,16 +72,16 @@ pub struct ReplayArgs {
     /// where a replay fails. Without it (and without per_process_memory_fraction in the
     /// configuration) a replay may use the whole device (the simulated H200's 143,771 MiB, or
     /// GPU 0's memory with --cuda); with both, the lower cap holds. Under a cap the `default`
-    /// policy runs in its capped mode (under any cap, even the whole device, until an episode
-    /// of its layout plans has ended; from then on a cap of eight times the wide ceiling below
-    /// or more is run as no cap): cached memory kept up to ten fragmentation budgets above the
-    /// peak live bytes (20% at the default budget) as far as the cap allows, no page kept for
-    /// a layout plan's footprint, a page ahead while loading only where it lets a next tensor
-    /// of the same size fit without a call and leaves a page of the cap free, a large request
-    /// of eight chunks and 320 MiB or more that finds no cached block gets a range of its own
-    /// mapped as one chunk, and when a growth does not fit, chunks that live blocks keep
-    /// mapped are made again from their live pages (repage_under_cap; turned off, it maps one
-    /// 2 MiB page per call instead, many more driver calls).
+    /// policy runs in its capped mode (under any cap, even the whole device, until an episode of
+    /// its layout plans has ended; from then on a cap of eight times the wide ceiling below or more
+    /// runs the uncapped rules; never with layout_plans:False): cached memory kept up to ten
+    /// fragmentation budgets above the peak live bytes (20% at the default budget) as far as the
+    /// cap allows, no page kept for a layout plan's footprint, a page ahead while loading only
+    /// where it lets a next tensor of the same size fit without a call and leaves a page of the cap
+    /// free, a large request of eight chunks and 320 MiB or more that finds no cached block gets a
+    /// range of its own mapped as one chunk, and when a growth does not fit, chunks that live
+    /// blocks keep mapped are made again from their live pages (repage_under_cap; turned off, it
+    /// maps one 2 MiB page per call instead, many more driver calls).
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
 

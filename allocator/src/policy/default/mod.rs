@@ -21,6 +21,11 @@
 //! allocation of the open episode or of one closed since (then the mark is below the open
 //! episode's first number).
 //!
+//! In these files "under a cap" (or "under a memory limit") means the capped mode
+//! ([`DefaultPolicy`]'s `capped`, `note_limit`): a limit that is not far. A far limit runs the
+//! uncapped rules; the limit itself, the ladder's last resort (`release_pinned`) and
+//! `repage_under_cap:False`'s single pages still follow the limit.
+//!
 //! The figures the constants of these files quote from `rule_table` ("tuning / held out") are
 //! over the tuning set and the 22 held-out traces `traces/split.json` listed when they were
 //! measured; it lists 37 now, so a new run of `rule_table` gives other held-out means.
@@ -153,20 +158,30 @@ impl DefaultPolicy {
     }
 
     /// Sets the capped mode: on under a memory limit, unless the limit is far (rule
-    /// `wide_budget_near_limit`): an episode of the layout plans has ended and the limit is at
-    /// least [`budget::FAR_LIMIT_WIDE_CEILINGS`] times the wide ceiling
-    /// ([`budget::CAPPED_BUDGETS`] budgets above the peak requested bytes). Under a far limit
-    /// every rule runs as without one (the limit itself still kept); as the peak requested
-    /// bytes grow, the limit becomes near and the capped mode starts.
-    fn note_limit<D: Device>(&mut self, core: &Core<D>) {
+    /// `wide_budget_near_limit`): `repage_under_cap` is on, an episode of the layout plans has
+    /// been evaluated, and the limit is at least [`budget::FAR_LIMIT_WIDE_CEILINGS`] times the
+    /// wide ceiling ([`budget::CAPPED_BUDGETS`] budgets above the budget's base for `req`, or
+    /// above every pool's reserved bytes under the limit when more). Under a far limit the
+    /// capped mode's rules are off (see the module docs for what still follows the limit); as
+    /// the base grows, the limit becomes near and the capped mode starts.
+    fn note_limit<D: Device>(&mut self, core: &Core<D>, req: &Request) {
         let Some(limit) = core.limit() else {
             self.capped = false;
             return;
         };
-        let base = self.peak_requested.max(core.requested_bytes());
+        // The budget's base for `req` (`budget_room`'s), and never less than what every pool
+        // under the limit holds: a pool with a small peak of its own beside others that fill
+        // the limit is near it too.
+        let base = self
+            .peak_requested
+            .max(core.requested_bytes() + req.size)
+            .max(self.plans.expected_peak())
+            .max(core.total_reserved());
         let wide = (1.0 + budget::CAPPED_BUDGETS * self.cfg.fragmentation_budget) * base as f64;
         let far_at = wide * budget::FAR_LIMIT_WIDE_CEILINGS as f64;
+        // With `repage_under_cap` off a limited pool keeps its single-page promise: capped.
         let far = self.cfg.rules.wide_budget_near_limit
+            && self.cfg.repage_under_cap
             && self.plans.evaluated > 0
             && far_at <= limit as f64;
         self.capped = !far;
@@ -207,7 +222,7 @@ impl Policy for DefaultPolicy {
         req: &Request,
         may_grow: bool,
     ) -> Result<Option<BlockId>, DeviceError> {
-        self.note_limit(core);
+        self.note_limit(core, req);
         // Behind is a state of the uncapped mode only (`keep_while_behind`).
         self.behind &= !self.capped;
         let seq = if self.plans_on(req) {

@@ -90,8 +90,9 @@ pub struct Rules {
     pub move_pages: bool,
     /// A memory limit that is far (at least
     /// [`FAR_LIMIT_WIDE_CEILINGS`](super::budget::FAR_LIMIT_WIDE_CEILINGS) times the capped
-    /// mode's wide ceiling, once an episode of the layout plans has ended) is run as no limit:
-    /// every rule as without one, the limit itself still kept (`DefaultPolicy::note_limit`).
+    /// mode's wide ceiling, once an episode of the layout plans has been evaluated, with
+    /// `repage_under_cap` on) runs the uncapped rules; the limit itself and the ladder's last
+    /// resort still hold (`DefaultPolicy::note_limit`).
     /// Off, any limit (even the whole device's memory) runs the capped mode.
     pub wide_budget_near_limit: bool,
 }
