@@ -16,11 +16,13 @@
 //!   checks;
 //! - while the device runs behind, a growth takes its own stream's pages on their way back
 //!   (never another stream's, none during a capture), and their old addresses go once the
-//!   device catches up.
+//!   device catches up;
+//! - a memory limit far above the job runs the uncapped rules, a near one (or one that other
+//!   pools sharing it fill, or any with `repage_under_cap:False`) the capped mode.
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
-//! `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`, `move_pages.rs`, `plans.rs`,
-//! `split_footprints.rs`, `policy_outside.rs`.
+//! `far_limit.rs`, `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`,
+//! `move_pages.rs`, `plans.rs`, `split_footprints.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -30,6 +32,7 @@ mod async_release;
 mod budget_rules;
 mod capped_repage;
 mod config;
+mod far_limit;
 mod giant_ranges;
 mod keep_while_behind;
 mod memory_fraction_key;

@@ -187,6 +187,12 @@ impl DefaultPolicy {
         self.capped = !far;
     }
 
+    /// True when the last placement ran the capped mode: a memory limit that was not far
+    /// (`budget::FAR_LIMIT_WIDE_CEILINGS`, rule `wide_budget_near_limit`).
+    pub fn capped(&self) -> bool {
+        self.capped
+    }
+
     /// True while a layout plan places this pool's large blocks (see `plan`).
     pub fn has_plan(&self) -> bool {
         self.plans.has_plan()
