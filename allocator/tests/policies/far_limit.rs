@@ -3,7 +3,6 @@
 //! evaluated; a near one, a limit shared with pools that fill it, or `repage_under_cap:False`
 //! keeps the capped mode (`DefaultPolicy::capped`).
 
-use crate::common;
 use crate::common::pool;
 use crate::common::steps;
 
