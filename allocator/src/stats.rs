@@ -194,6 +194,15 @@ pub struct Stats {
     /// `calls.unmaps`: pages the growth did not have to create while the device was behind.
     /// Not one of PyTorch's keys.
     pub pages_moved: u64,
+    /// Bytes whose pages started going back to the device (`Core::release_pages_in`: unmapped
+    /// once their stream's work before them completes), those taken back later included.
+    /// Not one of PyTorch's keys.
+    pub given_back_bytes: u64,
+    /// Bytes of blocks on their way back taken back into the cache before their pages were
+    /// unmapped (`Core::reclaim_releasing`, `Core::reclaim_releasing_block`: the device had not
+    /// caught up with them, and a request of their stream could use them). Not one of
+    /// PyTorch's keys.
+    pub taken_back_bytes: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
     /// those; a growth that takes moved pages and maps new ones too counts two).
@@ -271,6 +280,8 @@ impl Stats {
         self.num_sync_all_streams += s.num_sync_all_streams;
         self.device_waits += s.device_waits;
         self.pages_moved += s.pages_moved;
+        self.given_back_bytes += s.given_back_bytes;
+        self.taken_back_bytes += s.taken_back_bytes;
         self.num_device_alloc += s.num_device_alloc;
         self.num_device_free += s.num_device_free;
         self.calls.mallocs += s.calls.mallocs;

@@ -8,8 +8,9 @@
 //! - `"policy"`: the policy's name;
 //! - `"fragmentation"`: free bytes, largest free block, external fragmentation, utilisation,
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
-//! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits and the
-//!   pages moved (`Stats::pages_moved`);
+//! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits, the
+//!   pages moved (`Stats::pages_moved`), and the bytes given back and taken back before the
+//!   device caught up with them (`Stats::given_back_bytes`, `Stats::taken_back_bytes`);
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
@@ -68,6 +69,8 @@ pub fn stats<D: Device>(
             "total": calls.total(),
             "device_waits": snap.stats.device_waits,
             "pages_moved": snap.stats.pages_moved,
+            "given_back_bytes": snap.stats.given_back_bytes,
+            "taken_back_bytes": snap.stats.taken_back_bytes,
         }),
     );
     let tc = snap.stats.thread_cache;
@@ -214,6 +217,12 @@ mod tests {
             "torch's rules have no thread caches"
         );
         assert!(v["driver_calls"]["total"].as_u64().unwrap() >= 2);
+        for key in ["pages_moved", "given_back_bytes", "taken_back_bytes"] {
+            assert_eq!(
+                v["driver_calls"][key], 0,
+                "{key}: torch's rules give nothing back"
+            );
+        }
 
         let s: Value = serde_json::from_str(&snapshot(&alloc, Policy::Torch, 0)).unwrap();
         let segs = s["segments"].as_array().unwrap();
@@ -230,6 +239,27 @@ mod tests {
         assert_eq!(live[0]["requested"], 3 << 20);
         assert_eq!(live[0]["stream"], 5);
         assert!(segs.iter().any(|g| g["pool"] == "small"));
+    }
+
+    #[test]
+    fn bytes_the_budget_gives_back_are_in_the_driver_calls() {
+        // Under `default` a 64 MiB block freed and then a growth of 256 MiB past the budget:
+        // the free block's pages go back (the simulated device keeps up: none taken back).
+        let alloc = CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(Policy::Default),
+        );
+        let a = alloc.allocate(64 << 20, StreamId(5)).unwrap();
+        alloc.free(a).unwrap();
+        let b = alloc.allocate(256 << 20, StreamId(5)).unwrap();
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (1, 0))).unwrap();
+        let calls = &v["driver_calls"];
+        assert!(
+            calls["given_back_bytes"].as_u64().unwrap() >= 64 << 20,
+            "{calls}"
+        );
+        assert_eq!(calls["taken_back_bytes"], 0, "{calls}");
+        alloc.free(b).unwrap();
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "device_unmaps": r.device_unmaps,
         "device_waits": r.device_waits,
         "pages_moved": r.pages_moved,
+        "given_back_bytes": r.given_back_bytes,
+        "taken_back_bytes": r.taken_back_bytes,
         "driver_waits": r.driver_waits,
         "driver_time": driver_time(r),
         "ooms": r.ooms,

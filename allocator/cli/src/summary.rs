@@ -230,6 +230,8 @@ mod tests {
                 device_unmaps: 1,
                 device_waits: 0,
                 pages_moved: 0,
+                given_back_bytes: 0,
+                taken_back_bytes: 0,
                 driver_waits: None,
                 driver_time: None,
                 ooms: 0,

@@ -83,6 +83,7 @@ impl<D: Device> Core<D> {
         self.blocks[id].releasing = true;
         self.releasing.push((ev, id));
         self.releasing_bytes += chunks.size;
+        self.stats.given_back_bytes += chunks.size;
         self.poll_releasing();
         Ok(chunks.size)
     }
@@ -160,6 +161,7 @@ impl<D: Device> Core<D> {
         let b = &mut self.blocks[id];
         b.releasing = false;
         self.releasing_bytes -= b.size;
+        self.stats.taken_back_bytes += b.size;
         for side in [self.blocks[id].prev, self.blocks[id].next] {
             self.try_merge(id, side);
         }

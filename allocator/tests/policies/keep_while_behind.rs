@@ -2,7 +2,8 @@
 //! back for a growth that the device has not caught up with (their stream's work still queued)
 //! are taken back into the cache, where the next requests of their stream find them, and until a
 //! give-back completes at once the policy is *behind*: no giant range is made, and giant blocks
-//! serve any request by best fit; a give-back that completes at once, or a cap, ends that. Run
+//! serve any request by best fit; a give-back that completes at once, or a cap, ends that.
+//! `Stats::given_back_bytes` and `Stats::taken_back_bytes` count both sides. Run
 //! with `SimDevice::set_auto_complete(false)`, so that work completes only when the test says.
 //! The core's invariants hold after every step.
 
@@ -65,8 +66,13 @@ fn pages_the_device_still_holds_stay_cached_and_serve_the_next_request() {
         let (sim, mut pool) = lagging(keep, 2 * MIB, 0.75);
         let (small_ptr, [k1, k2]) = layout_with_excess(&mut pool);
         let unmaps = sim.calls(Call::Unmap);
+        let (given, taken) = (pool.stats().given_back_bytes, pool.stats().taken_back_bytes);
         let grown = alloc(&mut pool, 34 * MIB, S0);
         check(&sim, &pool);
+        // Given back either way; taken back into the cache with the rule.
+        assert_eq!(pool.stats().given_back_bytes - given, 6 * MIB);
+        let taken = pool.stats().taken_back_bytes - taken;
+        assert_eq!(taken, if keep { 6 * MIB } else { 0 }, "keep {keep}");
         assert_eq!(
             sim.calls(Call::Unmap),
             unmaps,

@@ -146,6 +146,11 @@ pub struct ReplayResult {
     /// Pages a growth took from a releasing block of its stream (`Stats::pages_moved`): only
     /// when the device runs behind (`device_lag`).
     pub pages_moved: u64,
+    /// Bytes whose pages started going back to the device (`Stats::given_back_bytes`).
+    pub given_back_bytes: u64,
+    /// Bytes on their way back taken back into the cache before the device caught up with
+    /// them (`Stats::taken_back_bytes`): only when the device runs behind (`device_lag`).
+    pub taken_back_bytes: u64,
     /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
     /// a timing wrapper around the driver saw while the trace's operations ran (the span
     /// `ns_per_event` times: not the frees of what the trace left live, nor the pool's drop);
@@ -321,6 +326,8 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         device_unmaps: 0,
         device_waits: 0,
         pages_moved: 0,
+        given_back_bytes: 0,
+        taken_back_bytes: 0,
         driver_waits: None,
         driver_time: None,
         ooms: 0,
@@ -520,6 +527,8 @@ fn replay_in<D: Device, P: Policy>(
         device_unmaps: s.calls.unmaps,
         device_waits: s.device_waits,
         pages_moved: s.pages_moved,
+        given_back_bytes: s.given_back_bytes,
+        taken_back_bytes: s.taken_back_bytes,
         driver_waits: None,
         driver_time: None,
         ooms: s.num_ooms,

@@ -1,14 +1,15 @@
 //! `cudalloc replay` and `cudalloc stats`, run as a built binary: JSON output and its figures on
 //! a bundled trace, discovery of the bundled traces, the table and summary, the plot, capped
 //! replays (a failure reported, not a panic), sweeps, the breakdown of the peak, recorded
-//! out-of-memory events, the `stats` subcommand, `--help`, and `--device cuda` without a GPU.
+//! out-of-memory events, the `stats` subcommand, `--help`, `--device cuda` without a GPU, and
+//! the device running behind (`--device-lag`: pages moved, bytes given back and taken back).
 
 use super::run::{
     bert, bundled, csv_trace, cudalloc, cudalloc_in, json_lines, scratch, stderr, stdout,
 };
 use serde_json::json;
 
-const KEYS: [&str; 28] = [
+const KEYS: [&str; 30] = [
     "trace",
     "policy",
     "completed",
@@ -26,6 +27,8 @@ const KEYS: [&str; 28] = [
     "device_unmaps",
     "device_waits",
     "pages_moved",
+    "given_back_bytes",
+    "taken_back_bytes",
     "driver_waits",
     "driver_time",
     "ooms",
@@ -573,5 +576,33 @@ fn json_rows_name_the_lag_and_count_the_pages_moved() {
         assert_eq!(v["device_lag"].as_u64(), Some(lag.parse().unwrap()));
         let moved = v["pages_moved"].as_u64().unwrap();
         assert_eq!(moved > 0, moves, "lag {lag}: {moved} pages moved");
+    }
+}
+
+/// `given_back_bytes` counts every release started, `taken_back_bytes` those taken back into the
+/// cache before the device caught up: none while the device keeps up, some on a training whose
+/// giant tensors change size every step when it runs 10 operations behind, never more than was
+/// given back.
+#[test]
+fn json_rows_count_the_bytes_given_back_and_taken_back() {
+    let gnn = bundled("h200/gnn_train_dynamic.trace.csv.gz");
+    for (lag, takes_back) in [("0", false), ("10", true)] {
+        let args = [
+            "replay",
+            "--json",
+            "--policy",
+            "default",
+            "--device-lag",
+            lag,
+            &gnn,
+        ];
+        let o = cudalloc(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v = &json_lines(&o)[0];
+        let given = v["given_back_bytes"].as_u64().unwrap();
+        let taken = v["taken_back_bytes"].as_u64().unwrap();
+        assert!(given > 0, "lag {lag}: nothing given back");
+        assert_eq!(taken > 0, takes_back, "lag {lag}: {taken} bytes taken back");
+        assert!(taken <= given, "lag {lag}: {taken} taken back of {given}");
     }
 }
