@@ -556,23 +556,28 @@ fn split_csv(line: &str) -> Vec<String> {
     fields
 }
 
+/// The JSON row of `trace` replayed under `default` with `--device-lag lag`.
+fn lag_row(trace: &str, lag: &str) -> serde_json::Value {
+    let args = [
+        "replay",
+        "--json",
+        "--policy",
+        "default",
+        "--device-lag",
+        lag,
+        trace,
+    ];
+    let o = cudalloc(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    json_lines(&o).swap_remove(0)
+}
+
 /// `--device-lag` is named in the JSON rows, and behind, `default` moves pages (the bundled
 /// BERT trace moves 7 at a lag of 10); without a lag the row says 0 and none moves.
 #[test]
 fn json_rows_name_the_lag_and_count_the_pages_moved() {
     for (lag, moves) in [("0", false), ("10", true)] {
-        let args = [
-            "replay",
-            "--json",
-            "--policy",
-            "default",
-            "--device-lag",
-            lag,
-            &bert(),
-        ];
-        let o = cudalloc(&args);
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let v = &json_lines(&o)[0];
+        let v = lag_row(&bert(), lag);
         assert_eq!(v["device_lag"].as_u64(), Some(lag.parse().unwrap()));
         let moved = v["pages_moved"].as_u64().unwrap();
         assert_eq!(moved > 0, moves, "lag {lag}: {moved} pages moved");
@@ -587,18 +592,7 @@ fn json_rows_name_the_lag_and_count_the_pages_moved() {
 fn json_rows_count_the_bytes_given_back_and_taken_back() {
     let gnn = bundled("h200/gnn_train_dynamic.trace.csv.gz");
     for (lag, takes_back) in [("0", false), ("10", true)] {
-        let args = [
-            "replay",
-            "--json",
-            "--policy",
-            "default",
-            "--device-lag",
-            lag,
-            &gnn,
-        ];
-        let o = cudalloc(&args);
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let v = &json_lines(&o)[0];
+        let v = lag_row(&gnn, lag);
         let given = v["given_back_bytes"].as_u64().unwrap();
         let taken = v["taken_back_bytes"].as_u64().unwrap();
         assert!(given > 0, "lag {lag}: nothing given back");
