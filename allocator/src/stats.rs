@@ -194,14 +194,16 @@ pub struct Stats {
     /// `calls.unmaps`: pages the growth did not have to create while the device was behind.
     /// Not one of PyTorch's keys.
     pub pages_moved: u64,
-    /// Bytes whose pages started going back to the device (`Core::release_pages_in`: unmapped
-    /// once their stream's work before them completes), those taken back later included.
-    /// Not one of PyTorch's keys.
+    /// Bytes whose pages started going back to the device in stream order
+    /// (`Core::release_pages_in`: unmapped once their stream's work before them completes; the
+    /// `default` policy's budget, and the C library's idle streams), those later taken back or
+    /// moved to a growth included; not the pages `empty_cache`, the out-of-memory ladder or
+    /// sleep unmap after waiting. Not one of PyTorch's keys.
     pub given_back_bytes: u64,
     /// Bytes of blocks on their way back taken back into the cache before their pages were
     /// unmapped (`Core::reclaim_releasing`, `Core::reclaim_releasing_block`: the device had not
-    /// caught up with them, and a request of their stream could use them). Not one of
-    /// PyTorch's keys.
+    /// caught up with them, and a request of their stream could use them; and the rest of a
+    /// partly moved block whose event could not be recorded). Not one of PyTorch's keys.
     pub taken_back_bytes: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts

@@ -132,7 +132,10 @@ int cudalloc_reset_peak_stats(int device);
  *   "fragmentation": {"free_bytes", "largest_free_block", "external_fragmentation",
  *                     "utilisation", "mapped_bytes", "virtual_bytes",
  *                     "free_histogram": [[bucket_bytes, count, bytes], ...]};
- *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total"};
+ *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total", "device_waits",
+ *                     "pages_moved", "given_back_bytes", "taken_back_bytes"}: driver calls,
+ *                    waits for the device, pages moved to a growth, bytes given back in
+ *                    stream order and taken back before the device caught up;
  *   "thread_cache":  {"hits", "blocks", "bytes"}: allocations served from per-thread caches so
  *                    far, blocks and bytes held there now (the torch keys count every
  *                    allocation and free, these included);

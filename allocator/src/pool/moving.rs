@@ -275,6 +275,7 @@ impl<D: Device> Core<D> {
                 let r = &mut self.blocks[rid];
                 r.releasing = false;
                 self.releasing_bytes -= r.size;
+                self.stats.taken_back_bytes += r.size;
                 let next = r.next;
                 self.try_merge(rid, next);
                 self.insert_free(rid);

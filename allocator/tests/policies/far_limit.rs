@@ -1,5 +1,5 @@
-//! A far memory limit (rule `wide_budget_near_limit`): a limit at least eight wide ceilings
-//! above the job runs the uncapped rules once an episode of the layout plans has been
+//! A far memory limit (rule `wide_budget_near_limit`): a limit of at least eight times the
+//! job's wide ceiling runs the uncapped rules once an episode of the layout plans has been
 //! evaluated; a near one, a limit shared with pools that fill it, or `repage_under_cap:False`
 //! keeps the capped mode (`DefaultPolicy::capped`).
 
@@ -66,6 +66,23 @@ fn a_limit_within_eight_wide_ceilings_is_near() {
 }
 
 #[test]
+fn the_limit_is_far_from_eight_wide_ceilings_on() {
+    // The job's base (its peak requested or reserved bytes, whichever is more) once trained
+    // under a limit far above it; then a limit 9 times its wide ceiling (ten 2% budgets above
+    // the base) is far, and one 7 times it near.
+    let (sim, mut pool) = limited("", 16 * GIB);
+    train(&sim, &mut pool);
+    let s = pool.stats();
+    let base = s.requested_bytes.0[0].peak.max(s.reserved_bytes.0[0].peak) as f64;
+    let wide = 1.2 * base;
+    for (times, far) in [(9.0, true), (7.0, false)] {
+        pool.set_limit(Some((times * wide) as u64));
+        train(&sim, &mut pool);
+        assert_eq!(!capped(&pool), far, "{times} wide ceilings");
+    }
+}
+
+#[test]
 fn a_far_limit_stays_capped_with_repage_under_cap_off() {
     // Off, a limited pool keeps its promise of single pages whatever the limit.
     let (sim, mut pool) = limited("repage_under_cap:False", 16 * GIB);
@@ -77,8 +94,8 @@ fn a_far_limit_stays_capped_with_repage_under_cap_off() {
 #[test]
 fn a_limit_shared_with_a_pool_that_fills_it_is_near_for_a_small_one() {
     // Two pools share a 16 GiB limit (each on a simulated device of its own, so that each
-    // device's bytes match its pool's). The big one holds 4 GiB: eight wide ceilings above
-    // that pass the limit, so the small pool, whose own job is far below it, runs capped; once
+    // device's bytes match its pool's). The big one holds 4 GiB: eight times a wide ceiling
+    // over that passes the limit, so the small pool, whose own job is far below it, runs capped; once
     // the big one gives its bytes back the limit is far again.
     let (sim, mut small) = limited("", 16 * GIB);
     let (big_sim, mut big) = limited("", 16 * GIB);
