@@ -95,8 +95,8 @@ fn a_far_limit_stays_capped_with_repage_under_cap_off() {
 fn a_limit_shared_with_a_pool_that_fills_it_is_near_for_a_small_one() {
     // Two pools share a 16 GiB limit (each on a simulated device of its own, so that each
     // device's bytes match its pool's). The big one holds 4 GiB: eight times a wide ceiling
-    // over that passes the limit, so the small pool, whose own job is far below it, runs capped; once
-    // the big one gives its bytes back the limit is far again.
+    // over that passes the limit, so the small pool, whose own job is far below it, runs
+    // capped; once the big one gives its bytes back the limit is far again.
     let (sim, mut small) = limited("", 16 * GIB);
     let (big_sim, mut big) = limited("", 16 * GIB);
     let counter = Arc::new(AtomicU64::new(0));

@@ -270,3 +270,34 @@ fn a_failed_unmap_of_moved_addresses_is_tried_again() {
     }
     finish(&sim, pool, live);
 }
+
+/// When the event of a partly moved block's rest cannot be recorded, the rest is free again at
+/// once (its stream's order makes it safe): it counts as taken back (`Stats::taken_back_bytes`),
+/// as it counted as given back. Found by failing each acquiring call of the growth in turn.
+#[test]
+fn a_rest_whose_event_fails_counts_as_taken_back() {
+    let mut found = false;
+    for k in 1..60 {
+        let (sim, mut pool) = lagging(true, 0.02);
+        let small: Vec<Allocation> = (0..40).map(|_| alloc(&mut pool, MIB, S0)).collect();
+        let keep = alloc(&mut pool, MIB, S0);
+        for a in small {
+            free(&mut pool, a);
+        }
+        sim.fail_call(k);
+        let grown = pool.allocate(20 * MIB, S0);
+        sim.clear_faults();
+        check(&sim, &pool);
+        let s = pool.stats();
+        if let Ok(g) = grown {
+            if s.pages_moved == 10 && pool.releasing_bytes() == 0 {
+                found = true;
+                assert_eq!(s.given_back_bytes, 40 * MIB, "call {k}");
+                assert_eq!(s.taken_back_bytes, 20 * MIB, "call {k}: the rest");
+            }
+            free(&mut pool, g);
+        }
+        finish(&sim, pool, [keep]);
+    }
+    assert!(found, "no call failed the rest's event record");
+}

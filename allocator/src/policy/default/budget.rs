@@ -16,8 +16,8 @@
 //! Shrinking is driven by the budget: before mapping `n` more bytes, the pool makes sure that
 //! `reserved + n <= (1 + fragmentation_budget) * max(peak requested bytes, requested bytes after
 //! this allocation, the peak a layout plan expects)` (under a memory limit that is not far,
-//! [`CAPPED_BUDGETS`] times `fragmentation_budget`, and the limit), giving cached chunks back when it would not
-//! hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
+//! [`CAPPED_BUDGETS`] times `fragmentation_budget`, and the limit), giving cached chunks back
+//! when it would not hold (without waiting: `pool::releasing` unmaps them once their stream's earlier work has
 //! completed, and `reserved` here leaves out the bytes on their way back; while more than the
 //! budget's slack, `fragmentation_budget` times that base, is on its way back, nothing more is
 //! given back for the budget, so the bound may be passed while the device runs behind; and a
@@ -158,14 +158,14 @@ pub const TAIL_INNER_MIN_CHUNKS: u64 = 32;
 pub const CAPPED_BUDGETS: f64 = 10.0;
 
 /// A memory limit at least this many times the wide ceiling ([`CAPPED_BUDGETS`] budgets above
-/// the peak requested bytes) is far: once an episode of the layout plans has ended, the pool
+/// the budget's base) is far: once an episode of the layout plans has ended, the pool
 /// runs under it as without a limit (`wide_budget_near_limit`, `DefaultPolicy::note_limit`).
 /// Such a limit is no constraint on the job, as a limit of 0.9 of the device for a job of a
 /// few GiB is not, and the capped mode's wide budget there only held more cached memory:
 /// `gpt2_train_cycle` under a limit of the whole simulated H200 reserved 1.197 times its live
-/// bytes, 1.024 with the rule (1.023 without a limit). Not less: `moe_fine_grained_train` capped at 1.03x its peak live bytes
-/// runs long at a quarter of them, and with the plain budget there (a limit of twice the wide
-/// ceiling) made 832 driver calls instead of 152.
+/// bytes, 1.024 with the rule (1.023 without a limit). Not less: `moe_fine_grained_train`
+/// capped at 1.03x its peak live bytes runs long at a quarter of them, and with the plain
+/// budget there (a limit of twice the wide ceiling) made 832 driver calls instead of 152.
 pub const FAR_LIMIT_WIDE_CEILINGS: u64 = 8;
 
 /// The fewest chunk windows the head of a block that gives back only its tail keeps cached
