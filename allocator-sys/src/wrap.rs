@@ -265,6 +265,11 @@ impl<D: Device> FailCalls<D> {
         self.plan.lock().fail_release(k);
     }
 
+    /// Every call of kind `call` fails until cleared; see [`FaultPlan::fail_always`].
+    pub fn fail_always(&self, call: Call) {
+        self.plan.lock().fail_always(call);
+    }
+
     /// The wrapped device.
     pub fn inner(&self) -> &D {
         &self.inner

@@ -106,6 +106,27 @@ fn fault_plan_fires_on_schedule() {
     });
 }
 
+/// A lasting fault fails every call of its kind, acquiring or release, and no other kind,
+/// until the plan is cleared; it leaves a one-shot fault armed.
+#[test]
+fn a_lasting_fault_fails_its_kind_until_cleared() {
+    let mut plan = FaultPlan::new();
+    plan.fail_always(Call::Unmap);
+    plan.fail_call(3);
+    assert!(plan.is_armed());
+    assert!((0..5).all(|_| plan.tick(Call::Unmap)));
+    let fired: Vec<bool> = (0..4).map(|_| plan.tick(Call::Malloc)).collect();
+    assert_eq!(fired, [false, false, true, false]);
+    assert!(!plan.tick(Call::Free));
+    plan.clear();
+    assert!(!plan.tick(Call::Unmap) && !plan.is_armed());
+    let dev = FailCalls::new(sim());
+    dev.fail_always(Call::Reserve);
+    assert!(dev.reserve(G).is_err() && dev.reserve(G).is_err());
+    dev.clear_faults();
+    assert!(dev.reserve(G).is_ok());
+}
+
 #[test]
 fn fail_calls_hits_the_kth_call_and_spares_the_inner_device() {
     let inner = sim();

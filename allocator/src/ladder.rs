@@ -188,9 +188,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
         }
         // Pages on their way back may be what the growth needs (under a cap, or on a full
         // device): wait for them (counted in `device_waits`) before giving back every cached
-        // block. A failed wait leaves it to the last rung.
+        // block. A failure leaves its blocks releasing (a moved block whose unmap failed holds
+        // no bytes), and the retry uses what the others gave back; the next rung meets it again.
         // (Moved blocks alone free nothing: their pages are other blocks' now.)
-        if self.core.releasing_bytes() > 0 && self.core.finish_releasing().is_ok() {
+        if self.core.releasing_bytes() > 0 {
+            let _ = self.core.finish_releasing();
             if let Some(id) = self.alloc_block(req, false)? {
                 return Ok(id);
             }
@@ -522,10 +524,15 @@ impl<D: Device, P: Policy> Pool<D, P> {
 }
 
 impl<D: Device, P: Policy> Drop for Pool<D, P> {
-    /// Gives everything back to the device: live allocations die with the pool.
+    /// Gives everything back to the device: live allocations die with the pool. While a stream
+    /// of its blocks is being captured (a capture the pool was not told of), or when the device
+    /// refuses a wait, the memory goes back without waiting (`Core::release_all_unwaited`).
     fn drop(&mut self) {
         let _ = self.core.abandon_captures(&mut self.policy);
-        let _ = self.core.synchronize_and_free_events(&mut self.policy);
+        let unwaited = self.core.sees_capture();
+        if !unwaited {
+            let _ = self.core.synchronize_and_free_events(&mut self.policy);
+        }
         if self.core.drop_asleep() {
             self.core.release_scratch();
             self.core.destroy_spare_events();
@@ -549,7 +556,9 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
         for a in live {
             let _ = self.free_handle(&a);
         }
-        let _ = self.release_cached_blocks();
+        if unwaited || self.release_cached_blocks().is_err() {
+            let _ = self.core.release_all_unwaited(&mut self.policy);
+        }
         self.core.release_scratch();
         let _ = self.core.release_host_buffer();
         self.core.destroy_spare_events();

@@ -47,6 +47,12 @@ impl SimDevice {
         self.state.lock().faults.fail_release(k);
     }
 
+    /// Every call of kind `call` fails until [`SimDevice::clear_faults`]; see
+    /// [`FaultPlan::fail_always`](crate::wrap::FaultPlan::fail_always).
+    pub fn fail_always(&self, call: Call) {
+        self.state.lock().faults.fail_always(call);
+    }
+
     /// Makes `stream` a stream of another device: events cannot be recorded on it (CUDA refuses
     /// an event and a stream of different contexts) and [`Device::check_stream`](crate::device::Device::check_stream) refuses it.
     pub fn add_foreign_stream(&self, stream: StreamId) {

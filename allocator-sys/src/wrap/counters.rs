@@ -48,6 +48,8 @@ impl CallCounters {
 /// armed together; a call fails if either fires. Release calls fail only when a release fault
 /// is armed ([`FaultPlan::fail_release`], counted over release calls alone), so cleanup paths
 /// stay testable under acquiring faults and the release paths' own failures can be tested too.
+/// A lasting fault ([`FaultPlan::fail_always`]) fails every call of its kinds, acquiring or
+/// release, until the plan is cleared: a device that keeps refusing a call.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     /// Acquiring calls left until the one-shot fault (1 = the next one).
@@ -58,7 +60,12 @@ pub struct FaultPlan {
     every: u64,
     /// Acquiring calls seen since the periodic fault last fired (or was armed).
     seen: u64,
+    /// The kinds of call that always fail, one bit per [`Call::index`].
+    always: u32,
 }
+
+// `FaultPlan::always` holds one bit per kind of call.
+const _: () = assert!(Call::ALL.len() <= u32::BITS as usize);
 
 /// Counts a one-shot fault down by one call; true when this call is the one that fails.
 fn count_down(countdown: &mut Option<u64>) -> bool {
@@ -103,6 +110,12 @@ impl FaultPlan {
         self.release_countdown = (k > 0).then_some(k);
     }
 
+    /// Every call of kind `call` fails from now on (with those of the kinds armed before),
+    /// until [`FaultPlan::clear`]; it consumes no other fault.
+    pub fn fail_always(&mut self, call: Call) {
+        self.always |= 1 << call.index();
+    }
+
     /// Disarms every fault.
     pub fn clear(&mut self) {
         *self = Self::default();
@@ -110,11 +123,17 @@ impl FaultPlan {
 
     /// True while some fault is still to come.
     pub fn is_armed(&self) -> bool {
-        self.countdown.is_some() || self.every > 0 || self.release_countdown.is_some()
+        self.countdown.is_some()
+            || self.every > 0
+            || self.release_countdown.is_some()
+            || self.always != 0
     }
 
     /// Advances the plan by one call and says whether that call must fail.
     pub fn tick(&mut self, call: Call) -> bool {
+        if self.always & (1 << call.index()) != 0 {
+            return true;
+        }
         if call.is_release() {
             return count_down(&mut self.release_countdown);
         }

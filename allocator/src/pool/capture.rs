@@ -27,6 +27,11 @@
 //! block kept deferred on that ground could stay so for good, asking again at every
 //! allocation).
 //!
+//! A pool dropped while the driver says a stream of its blocks is being captured waits for
+//! nothing (`Core::sees_capture`): its deferred blocks, those waiting for events and its
+//! releasing pages go back without their events (`Core::release_all_unwaited`), as its live
+//! allocations do.
+//!
 //! The caller's word is the rule, for all streams of the pool: in the global capture mode a
 //! forbidden call from any thread invalidates the capture, and an event recorded on a stream
 //! being captured (in any mode) cannot be queried afterwards, so no event is recorded or
@@ -144,6 +149,20 @@ impl<D: Device> Core<D> {
         self.blocks[id].stream_uses.iter().any(|&s| captured(s))
     }
 
+    /// Whether the driver says a stream of this pool's blocks (the block's own or one that used
+    /// it) is being captured now: a pool being dropped makes no wait then (one would
+    /// invalidate the capture).
+    pub(crate) fn sees_capture(&self) -> bool {
+        let mut streams = std::collections::BTreeSet::new();
+        for (_, b) in self.blocks.iter() {
+            streams.insert(b.stream);
+            streams.extend(b.stream_uses.iter().copied());
+        }
+        streams
+            .into_iter()
+            .any(|s| matches!(self.device.is_capturing(s), Ok(true)))
+    }
+
     /// True while a capture the caller told of is underway.
     pub fn capturing(&self) -> bool {
         self.captures > 0
@@ -159,6 +178,16 @@ impl<D: Device> Core<D> {
     pub(crate) fn defer_events(&mut self, id: BlockId) {
         self.blocks[id].allocated = false;
         self.deferred.push(id);
+    }
+
+    /// Returns every deferred block to its pool without recording its events: for a pool being
+    /// dropped whose waits the device refused ([`Core::release_all_unwaited`]), when a stream
+    /// that used one is being captured (an event there would join the graph).
+    pub(crate) fn forget_deferred<P: Observer>(&mut self, policy: &mut P) {
+        while let Some(id) = self.deferred.pop() {
+            self.blocks[id].stream_uses.clear();
+            self.free_block(policy, id);
+        }
     }
 
     /// Blocks freed during a capture whose events wait for its end.

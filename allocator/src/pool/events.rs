@@ -179,6 +179,16 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
+    /// Returns every block waiting for events to its pool without waiting for them: for a pool
+    /// being dropped whose waits the device refused ([`Core::release_all_unwaited`]).
+    pub(crate) fn forget_pending<P: Observer>(&mut self, policy: &mut P) {
+        for (_, queue) in std::mem::take(&mut self.pending) {
+            for (ev, id) in queue {
+                self.event_done(policy, ev, id);
+            }
+        }
+    }
+
     /// Number of blocks waiting for events.
     pub fn pending_events(&self) -> usize {
         self.pending.values().map(|q| q.len()).sum()

@@ -110,6 +110,23 @@ impl<D: Device> Core<D> {
         self.release_blocks(policy, PoolKind::Small)
     }
 
+    /// Gives back everything cached without waiting for the device: for a pool being dropped
+    /// after [`Core::release_all_cached`] failed (a wait the device refused: a capture the pool
+    /// was not told of, or a failing device). Blocks waiting for events or deferred are free
+    /// now and releasing ones unmapped; then every cached block goes back. Work queued on them
+    /// may still run, as it may on the live allocations that die with the pool.
+    pub(crate) fn release_all_unwaited<P: Observer>(
+        &mut self,
+        policy: &mut P,
+    ) -> Result<(), DeviceError> {
+        self.forget_deferred(policy);
+        self.forget_pending(policy);
+        self.finish_unwaited();
+        let large = self.release_blocks(policy, PoolKind::Large);
+        let small = self.release_blocks(policy, PoolKind::Small);
+        large.and(small)
+    }
+
     /// True when a free block of an expandable segment is cached (its pages could go back).
     fn holds_free_pages(&self) -> bool {
         [&self.small, &self.large]

@@ -10,7 +10,9 @@
 //! here: a block used by other streams reached its pool only after their events completed
 //! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the
 //! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events
-//! instead; each wait counts in [`crate::stats::Stats::device_waits`]. Nothing else waits: a
+//! instead; each wait counts in [`crate::stats::Stats::device_waits`] (a pool dropped while
+//! the device refuses the waits unmaps without them: `Core::finish_unwaited`). Nothing else
+//! waits: a
 //! policy that must bound the bytes on their way back gives back no more while too many are
 //! (the `default` policy's budget). A policy about to map pages for a
 //! request may first take back a releasing block of the request's own stream
@@ -267,6 +269,21 @@ impl<D: Device> Core<D> {
             }
         }
         error.map_or(Ok(()), Err)
+    }
+
+    /// Unmaps every releasing block without waiting for its event: for a pool being dropped
+    /// whose waits the device refused ([`Core::release_all_unwaited`]). A block whose unmap
+    /// fails stays as a failed poll leaves it.
+    pub(crate) fn finish_unwaited(&mut self) {
+        for (ev, id) in std::mem::take(&mut self.releasing) {
+            if !self.blocks[id].moved {
+                let _ = self.finish_one(ev, id);
+            } else if self.finish_moved(id).is_ok() {
+                self.spare_events.push(ev);
+            } else {
+                self.releasing.push((ev, id));
+            }
+        }
     }
 
     /// Unmaps releasing block `id`, whose event `ev` has completed. After a failed driver call,

@@ -388,6 +388,44 @@ fn a_failed_end_capture_still_ends_and_the_next_allocation_records_the_events() 
     assert_eq!(sim.outstanding_bytes(), 0);
 }
 
+/// A pool dropped while a stream that used one of its freed blocks is being captured, a
+/// capture the pool was never told of, gives all its memory back, that block's too (its
+/// event cannot be recorded into the graph, and live memory dies with the pool too), and
+/// leaves the capture valid: it waits for nothing then.
+#[test]
+fn a_pool_dropped_during_a_capture_it_was_not_told_of_gives_everything_back() {
+    let cases = [
+        (Policy::Default, CaptureMode::Global),
+        (Policy::TorchExpandable, CaptureMode::Global),
+        (Policy::Default, CaptureMode::Relaxed),
+        (Policy::TorchExpandable, CaptureMode::Relaxed),
+        // `free` (fixed segments) is refused in the other modes.
+        (Policy::Torch, CaptureMode::Relaxed),
+    ];
+    for (policy, mode) in cases {
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 4 * MIB, SIDE);
+        let _live = alloc(&mut pool, 30 * MIB, SIDE);
+        let waits = alloc(&mut pool, 2 * MIB, CAP);
+        pool.record_stream(&a, CAP).unwrap();
+        pool.record_stream(&waits, SIDE).unwrap();
+        free(&mut pool, waits);
+        sim.begin_capture(CAP, mode).unwrap();
+        free(&mut pool, a);
+        assert_eq!(pool.deferred_blocks(), 1, "{policy:?}");
+        assert_eq!(pool.pending_events(), 1, "{policy:?}");
+        drop(pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?} {mode:?}: a forbidden call: {e}"));
+        assert_eq!(
+            sim.outstanding_bytes(),
+            0,
+            "{policy:?} {mode:?}: nothing leaked"
+        );
+    }
+}
+
 /// One step of a random sequence for [`captures_never_make_a_forbidden_call`].
 #[derive(Clone, Copy, Debug)]
 enum Step {

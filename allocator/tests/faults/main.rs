@@ -13,7 +13,7 @@
 //! - against the model: live allocations never overlap, their data reads back unchanged, and
 //!   `allocation.all.current` is the number of live allocations.
 //!
-//! Files: `faults.rs`, `fault_sweep.rs`, `model.rs`, `bad_input_pool.rs`, `bad_input_front.rs`
+//! Files: `faults.rs`, `fault_sweep.rs`, `lasting.rs`, `model.rs`, `bad_input_pool.rs`, `bad_input_front.rs`
 //! (with `bad_args.rs`, what the two share).
 
 #[path = "../common/mod.rs"]
@@ -25,4 +25,5 @@ mod bad_input_front;
 mod bad_input_pool;
 mod fault_sweep;
 mod faults;
+mod lasting;
 mod model;

@@ -301,3 +301,47 @@ fn a_rest_whose_event_fails_counts_as_taken_back() {
     }
     assert!(found, "no call failed the rest's event record");
 }
+
+/// A moved block whose unmap fails inside the out-of-memory ladder's wait holds back only its
+/// own stream's releases: the pages another stream gave back are unmapped, and the growth that
+/// needed them fits at once, without giving back the whole cache.
+#[test]
+fn a_failed_moved_unmap_in_the_ladder_keeps_the_cache() {
+    let (sim, mut pool) = lagging(true, 0.02);
+    let mut live = Vec::new();
+    // Stream 0: 20 MiB given back, all of it moved to a growth.
+    let small: Vec<Allocation> = (0..20).map(|_| alloc(&mut pool, MIB, S0)).collect();
+    live.push(alloc(&mut pool, MIB, S0));
+    for a in small {
+        free(&mut pool, a);
+    }
+    live.push(alloc(&mut pool, 20 * MIB, S0));
+    // Stream 1: 40 MiB given back under a cap for a growth of stream 0, which cannot take
+    // them (without a cap they would be cached again: `keep_while_behind`).
+    let small: Vec<Allocation> = (0..40).map(|_| alloc(&mut pool, MIB, S1)).collect();
+    live.push(alloc(&mut pool, MIB, S1));
+    for a in small {
+        free(&mut pool, a);
+    }
+    pool.set_limit(Some(pool.reserved() + 24 * MIB));
+    live.push(alloc(&mut pool, 20 * MIB, S0));
+    check(&sim, &pool);
+    assert_eq!(pool.stats().pages_moved, 10);
+    assert_eq!(pool.releasing_bytes(), 40 * MIB, "stream 1's");
+    pool.set_limit(Some(pool.reserved() + 4 * MIB));
+    let syncs = pool.stats().num_sync_all_streams;
+    // The first release call: the unmap of stream 0's moved addresses, which started
+    // releasing first.
+    sim.fail_release(1);
+    let grown = alloc(&mut pool, 16 * MIB, StreamId(2));
+    sim.clear_faults();
+    check(&sim, &pool);
+    assert_eq!(
+        pool.stats().num_sync_all_streams,
+        syncs,
+        "the cache was kept"
+    );
+    assert_eq!(pool.releasing_bytes(), 0);
+    live.push(grown);
+    finish(&sim, pool, live);
+}

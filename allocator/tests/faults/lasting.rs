@@ -1,0 +1,110 @@
+//! Lasting faults (`FaultPlan::fail_always`): a device that keeps refusing one kind of call.
+//! Nothing is lost and nothing panics: the pool's reserved bytes match what the device holds
+//! after every operation, the calls that do not need the refused one go on working, and once
+//! the device works again (or the pool is dropped) every byte goes back.
+
+use crate::common::{self, pool, Rng};
+
+use cudalloc::policy::default::DefaultConfig;
+use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
+use cudalloc_sys::Call;
+use pool::{alloc, check, free, Sim, MIB, S0, S1};
+
+/// A pool of `policy` on a 4 GiB device whose work completes only when told, holding every
+/// kind of memory a drop must give back: live blocks, cached ones, a block waiting for another
+/// stream's event, and (under `default`) pages on their way back.
+fn holding_everything(policy: Policy) -> (Sim, Pool<Sim>) {
+    let (sim, mut pool) = pool::pool_with(Config::for_policy(policy), 4 * pool::GIB);
+    sim.set_auto_complete(false);
+    let cached: Vec<Allocation> = (0..30).map(|_| alloc(&mut pool, 3 * MIB, S0)).collect();
+    let _live = alloc(&mut pool, 40 * MIB, S0);
+    let waits = alloc(&mut pool, 8 * MIB, S0);
+    pool.record_stream(&waits, S1).unwrap();
+    free(&mut pool, waits);
+    for a in cached {
+        free(&mut pool, a);
+    }
+    let _grown = alloc(&mut pool, 200 * MIB, S0);
+    assert_eq!(pool.pending_events(), 1, "{policy:?}");
+    check(&sim, &pool);
+    (sim, pool)
+}
+
+/// A pool dropped while the device refuses every wait (the event and the device alike) gives
+/// all its memory back without them: waiting blocks and pages on their way back too.
+#[test]
+fn a_pool_dropped_while_the_device_refuses_waits_gives_everything_back() {
+    for policy in Policy::ALL {
+        let (sim, pool) = holding_everything(policy);
+        sim.fail_always(Call::SynchronizeEvent);
+        sim.fail_always(Call::SynchronizeDevice);
+        drop(pool);
+        sim.clear_faults();
+        common::assert_device_empty(&sim, &format!("{policy:?}"));
+    }
+}
+
+/// Under `default` with the device behind (pages given back wait on their way back, some
+/// moved to a growth): a device that keeps refusing unmaps. Allocations and frees go on, with
+/// the pool's figures true after each; once unmaps work again everything drains.
+#[test]
+fn a_device_that_keeps_refusing_unmaps_loses_nothing() {
+    let mut d = DefaultConfig {
+        max_chunk: 2 * MIB,
+        fragmentation_budget: 0.02,
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.move_pages = true;
+    let (sim, mut pool) = pool::behind(d);
+    let mut rng = Rng(0x1a57);
+    let mut live: Vec<Allocation> = Vec::new();
+    let (mut served, mut refused) = (0, 0);
+    for step in 0..600 {
+        if step == 150 {
+            refused = sim.calls(Call::Unmap);
+            sim.fail_always(Call::Unmap);
+        }
+        if step == 450 {
+            refused = sim.calls(Call::Unmap) - refused;
+            sim.clear_faults();
+        }
+        if step % 97 == 0 {
+            sim.complete_all();
+        }
+        let stream = if rng.below(4) == 0 { S1 } else { S0 };
+        if live.is_empty() || rng.below(5) < 3 {
+            match pool.allocate(rng.range(MIB / 2, 24 * MIB), stream) {
+                Ok(a) => {
+                    live.push(a);
+                    served += u64::from((150..450).contains(&step));
+                }
+                Err(AllocError::Device(_)) => {}
+                Err(e) => panic!("step {step}: {e}"),
+            }
+        } else {
+            let a = live.swap_remove(rng.below(live.len() as u64) as usize);
+            free(&mut pool, a);
+        }
+        check(&sim, &pool);
+    }
+    assert!(
+        refused > 0,
+        "no unmap was refused: the case is not exercised"
+    );
+    assert!(
+        served > 100,
+        "only {served} allocations served while unmaps failed"
+    );
+    assert!(
+        pool.stats().pages_moved > 0,
+        "no page moved: the case is not exercised"
+    );
+    for a in live {
+        free(&mut pool, a);
+    }
+    sim.complete_all();
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
