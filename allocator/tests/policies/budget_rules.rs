@@ -224,13 +224,27 @@ fn what_the_cap_needs_comes_from_the_tail_of_a_large_block() {
     assert_eq!(cap_excess(false), 20);
 }
 
-/// The guards: a block between blocks in use of fewer than `TAIL_INNER_MIN_CHUNKS` chunk
-/// windows (32: 64 MiB here), and a block at the mapped end of fewer than `TAIL_MIN_CHUNKS`
-/// (12: 24 MiB), go back whole.
+/// The guards: a block of fewer than `TAIL_MIN_CHUNKS` chunk windows (12: 24 MiB here) goes
+/// back whole, between blocks in use or at the mapped end; so does a block between blocks in
+/// use of fewer than `TAIL_INNER_MIN_CHUNKS` (32: 64 MiB) for an excess of more than
+/// `TAIL_SMALL_EXCESS_PARTS`th of it (another stream's 8 MiB growth passes the ceiling by
+/// about 10 MiB, more than an eighth of a 40 MiB gap), while the small excess of
+/// [`small_excess`] (about 1.6 MiB) takes one chunk of its tail.
 #[test]
 fn a_block_between_live_blocks_or_of_few_chunks_goes_back_whole() {
-    assert_eq!(small_excess(true, 40 * MIB, true), (20, 18));
+    assert_eq!(small_excess(true, 20 * MIB, true), (10, 8));
     assert_eq!(small_excess(true, 20 * MIB, false), (10, 8));
+    assert_eq!(small_excess(true, 40 * MIB, true), (1, 0));
+    let (sim, mut pool) = tail_pool(true);
+    past_loading(&mut pool);
+    let _k = alloc(&mut pool, 2 * MIB, S0);
+    let gap = alloc(&mut pool, 40 * MIB, S0);
+    let _fence = alloc(&mut pool, 2 * MIB, S0);
+    free(&mut pool, gap);
+    let unmaps = sim.calls(Call::Unmap);
+    let _other = alloc(&mut pool, 8 * MIB, S1);
+    check(&sim, &pool);
+    assert_eq!(sim.calls(Call::Unmap) - unmaps, 20, "the whole gap");
 }
 
 /// A free block between blocks in use of at least `TAIL_INNER_MIN_CHUNKS` windows (an 80 MiB

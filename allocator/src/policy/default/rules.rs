@@ -17,7 +17,8 @@ pub struct Rules {
     /// (off: largest first).
     pub give_back_best_fit: bool,
     /// A free block of at least `TAIL_MIN_CHUNKS` chunk windows at the end of its segment's
-    /// mapped pages, or of at least `TAIL_INNER_MIN_CHUNKS` elsewhere, gives back only the
+    /// mapped pages, or of at least `TAIL_INNER_MIN_CHUNKS` elsewhere (`TAIL_MIN_CHUNKS` when
+    /// the excess is at most `TAIL_SMALL_EXCESS_PARTS`th of it), gives back only the
     /// chunks at its end that cover the excess, when that keeps `TAIL_MIN_HEAD_CHUNKS` windows
     /// of it (off: the whole block).
     pub give_back_tail: bool,
