@@ -38,7 +38,9 @@ pub(crate) fn tag_pop() -> c_int {
 }
 
 pub(crate) fn tag_depth() -> c_int {
-    c_int::try_from(tags::depth()).unwrap_or(c_int::MAX)
+    guard(0, || {
+        Ok(c_int::try_from(tags::depth()).unwrap_or(c_int::MAX))
+    })
 }
 
 pub(crate) fn tag_current<'id>(buf: CBuf<'id>, len: CBufLen<'id>) -> usize {

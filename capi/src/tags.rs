@@ -64,14 +64,18 @@ pub(crate) fn pop() -> Result<(), String> {
         .ok_or_else(|| "no tag was pushed on this thread".to_string())
 }
 
-/// This thread's tag (innermost), if any.
+/// This thread's tag (innermost), if any; none while the thread's thread-locals are being
+/// destroyed (a destructor of the caller's may still allocate then).
 pub fn current() -> Option<String> {
-    STACK.with_borrow(|s| s.last().cloned())
+    STACK
+        .try_with(|s| s.borrow().last().cloned())
+        .ok()
+        .flatten()
 }
 
-/// Tags pushed on this thread and not popped.
+/// Tags pushed on this thread and not popped (0 while its thread-locals are being destroyed).
 pub fn depth() -> usize {
-    STACK.with_borrow(Vec::len)
+    STACK.try_with(|s| s.borrow().len()).unwrap_or(0)
 }
 
 /// The tags of the comma-separated list `arg`; NULL or "" is the empty list.

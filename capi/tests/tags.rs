@@ -225,3 +225,58 @@ fn the_exported_functions_sleep_and_wake_a_tag_on_a_gpu() {
     cudalloc_free(p, n, 0, std::ptr::null_mut());
     assert_eq!(cudalloc_release_host_buffers(0), 0);
 }
+
+/// Set in the child process of `tag_calls_while_a_thread_exits_answer_as_for_no_tag`.
+const TEARDOWN_CHILD: &str = "CUDALLOC_TEST_TEARDOWN_CHILD";
+
+/// Calls the tag functions from a thread-local's destructor, after the library's tag stack of
+/// that thread was destroyed (its destructor was registered later, so it ran first).
+struct CallsAtThreadExit;
+
+impl Drop for CallsAtThreadExit {
+    fn drop(&mut self) {
+        let depth = cudalloc_tag_depth();
+        let mut buf = [b'x'; 16];
+        let n = with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l));
+        eprintln!("at thread exit: depth {depth}, current {n}");
+    }
+}
+
+thread_local! {
+    static AT_EXIT: CallsAtThreadExit = const { CallsAtThreadExit };
+}
+
+/// A thread-local destructor of the caller (a C++ `thread_local`, a pthread key) may call the
+/// library while the thread exits, after the library's own thread-locals are gone: the tag
+/// functions then answer as for a thread without tags, rather than panicking ("cannot access
+/// a Thread Local Storage value during or after destruction") out of an `extern "C"` function,
+/// which aborts the process. Runs in a child process, so that an abort fails this test instead
+/// of ending the test binary.
+#[test]
+fn tag_calls_while_a_thread_exits_answer_as_for_no_tag() {
+    if std::env::var_os(TEARDOWN_CHILD).is_some() {
+        std::thread::spawn(|| {
+            AT_EXIT.with(|_| ()); // its destructor is registered first, so it runs last
+            assert_eq!(cudalloc_tag_push(CStrArg::new(&c("weights"))), 0);
+            assert_eq!(cudalloc_tag_pop(), 0);
+        })
+        .join()
+        .unwrap();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "tag_calls_while_a_thread_exits_answer_as_for_no_tag",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(TEARDOWN_CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("at thread exit: depth 0, current 0"),
+        "{stderr}"
+    );
+}
