@@ -268,8 +268,12 @@ impl<D: Device> Pools<D> {
             .collect();
         for (id, pool) in &retired {
             let _no_allocation = pool.busy.write();
+            // Read before emptying: a free between the two could leave a block cached in a
+            // pool dropped with its counters kept (reserved bytes that never come back down).
+            // With nothing live and no allocation let in, nothing changes meanwhile.
+            let idle = live(&pool.alloc) == 0;
             pool.alloc.empty_cache()?;
-            if live(&pool.alloc) == 0 {
+            if idle {
                 self.drop_retired(*id, pool);
             }
         }
