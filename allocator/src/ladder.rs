@@ -525,8 +525,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
 impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// Gives everything back to the device: live allocations die with the pool. While a stream
-    /// of its blocks is being captured (a capture the pool was not told of), or when the device
-    /// refuses a wait, the memory goes back without waiting (`Core::release_all_unwaited`).
+    /// of the pool is being captured (a capture the pool was not told of) the memory goes back
+    /// without a wait (`Core::release_all_unwaited`), and a pinned host buffer (`sleep`'s)
+    /// stays allocated, since its wait and its free would invalidate the capture. When the
+    /// release fails otherwise, the pool waits for the device and then gives back what is left
+    /// the same way (without the wait too when the device refuses it).
     fn drop(&mut self) {
         let _ = self.core.abandon_captures(&mut self.policy);
         let unwaited = self.core.sees_capture();
@@ -556,11 +559,17 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
         for a in live {
             let _ = self.free_handle(&a);
         }
-        if unwaited || self.release_cached_blocks().is_err() {
+        if unwaited {
+            let _ = self.core.release_all_unwaited(&mut self.policy);
+        } else if self.release_cached_blocks().is_err() {
+            self.core.stats.device_waits += 1;
+            let _ = self.core.device.synchronize_device();
             let _ = self.core.release_all_unwaited(&mut self.policy);
         }
         self.core.release_scratch();
-        let _ = self.core.release_host_buffer();
+        if !unwaited {
+            let _ = self.core.release_host_buffer();
+        }
         self.core.destroy_spare_events();
         self.core.destroy_copy_stream();
     }

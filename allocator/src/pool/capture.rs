@@ -27,10 +27,12 @@
 //! block kept deferred on that ground could stay so for good, asking again at every
 //! allocation).
 //!
-//! A pool dropped while the driver says a stream of its blocks is being captured waits for
-//! nothing (`Core::sees_capture`): its deferred blocks, those waiting for events and its
-//! releasing pages go back without their events (`Core::release_all_unwaited`), as its live
-//! allocations do.
+//! A pool dropped while the driver says a stream of it is being captured (a block's, one that
+//! used one, or one a freed block's event waits on: `Core::sees_capture`) waits for nothing:
+//! its deferred blocks, those waiting for events and its releasing pages go back without their
+//! events (`Core::release_all_unwaited`), as its live allocations do, and a pinned host buffer
+//! stays allocated. The `free` of fixed segments (`torch`) is refused outside relaxed mode
+//! all the same, and invalidates the capture.
 //!
 //! The caller's word is the rule, for all streams of the pool: in the global capture mode a
 //! forbidden call from any thread invalidates the capture, and an event recorded on a stream
@@ -149,11 +151,11 @@ impl<D: Device> Core<D> {
         self.blocks[id].stream_uses.iter().any(|&s| captured(s))
     }
 
-    /// Whether the driver says a stream of this pool's blocks (the block's own or one that used
-    /// it) is being captured now: a pool being dropped makes no wait then (one would
-    /// invalidate the capture).
+    /// Whether the driver says a stream of this pool is being captured now: a block's own, one
+    /// that used it, or one an event of a freed block waits on. A pool being dropped makes no
+    /// wait then (one would invalidate the capture).
     pub(crate) fn sees_capture(&self) -> bool {
-        let mut streams = std::collections::BTreeSet::new();
+        let mut streams: std::collections::BTreeSet<_> = self.pending.keys().copied().collect();
         for (_, b) in self.blocks.iter() {
             streams.insert(b.stream);
             streams.extend(b.stream_uses.iter().copied());

@@ -272,15 +272,20 @@ impl<D: Device> Core<D> {
     }
 
     /// Unmaps every releasing block without waiting for its event: for a pool being dropped
-    /// whose waits the device refused ([`Core::release_all_unwaited`]). A block whose unmap
-    /// fails stays as a failed poll leaves it.
+    /// ([`Core::release_all_unwaited`]). A moved block whose unmap fails stays, and so do the
+    /// later blocks of its stream (as [`Core::poll_releasing`] keeps them).
     pub(crate) fn finish_unwaited(&mut self) {
+        let mut moved_failed: SmallVec<[StreamId; 4]> = SmallVec::new();
         for (ev, id) in std::mem::take(&mut self.releasing) {
-            if !self.blocks[id].moved {
+            let (moved, stream) = (self.blocks[id].moved, self.blocks[id].stream);
+            if moved_failed.contains(&stream) {
+                self.releasing.push((ev, id));
+            } else if !moved {
                 let _ = self.finish_one(ev, id);
             } else if self.finish_moved(id).is_ok() {
                 self.spare_events.push(ev);
             } else {
+                moved_failed.push(stream);
                 self.releasing.push((ev, id));
             }
         }

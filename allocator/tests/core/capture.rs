@@ -426,6 +426,38 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_gives_everything_back() {
     }
 }
 
+/// The same drop waits for nothing when the captured stream is known to the pool only through
+/// the event of a freed block (its `record_stream`), nor for the pinned host buffer an
+/// offloading sleep left (its wait and its free would invalidate the capture: the buffer stays
+/// allocated). Found by a review: both made the drop wait.
+#[test]
+fn a_pool_dropped_during_a_capture_it_was_not_told_of_waits_for_nothing() {
+    for policy in [Policy::Default, Policy::TorchExpandable] {
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 4 * MIB, SIDE);
+        pool.record_stream(&a, CAP).unwrap();
+        free(&mut pool, a);
+        assert_eq!(pool.pending_events(), 1, "{policy:?}");
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        drop(pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?}, an event's stream: {e}"));
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+
+        let (sim, mut pool) = pool_for(policy);
+        let _live = alloc(&mut pool, 8 * MIB, CAP);
+        pool.sleep(true).unwrap();
+        pool.wake(CAP).unwrap();
+        sim.set_auto_complete(false);
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        drop(pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?}, a host buffer: {e}"));
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+    }
+}
+
 /// One step of a random sequence for [`captures_never_make_a_forbidden_call`].
 #[derive(Clone, Copy, Debug)]
 enum Step {

@@ -5,16 +5,25 @@
 
 use crate::common::{self, pool, Rng};
 
-use cudalloc::policy::default::DefaultConfig;
+use cudalloc::config::{DefaultConfig, PolicyConfig};
 use cudalloc::{AllocError, Allocation, Config, Policy, Pool};
-use cudalloc_sys::Call;
+use cudalloc_sys::{Call, StreamId};
 use pool::{alloc, check, free, Sim, MIB, S0, S1};
 
 /// A pool of `policy` on a 4 GiB device whose work completes only when told, holding every
 /// kind of memory a drop must give back: live blocks, cached ones, a block waiting for another
-/// stream's event, and (under `default`) pages on their way back.
+/// stream's event, and (under `default`, `keep_while_behind` off) pages on their way back.
 fn holding_everything(policy: Policy) -> (Sim, Pool<Sim>) {
-    let (sim, mut pool) = pool::pool_with(Config::for_policy(policy), 4 * pool::GIB);
+    let cfg = if policy == Policy::Default {
+        let mut d = DefaultConfig::default();
+        d.rules.keep_while_behind = false;
+        Config::default()
+            .with_policy(PolicyConfig::Default(d))
+            .unwrap()
+    } else {
+        Config::for_policy(policy)
+    };
+    let (sim, mut pool) = pool::pool_with(cfg, 4 * pool::GIB);
     sim.set_auto_complete(false);
     let cached: Vec<Allocation> = (0..30).map(|_| alloc(&mut pool, 3 * MIB, S0)).collect();
     let _live = alloc(&mut pool, 40 * MIB, S0);
@@ -24,8 +33,12 @@ fn holding_everything(policy: Policy) -> (Sim, Pool<Sim>) {
     for a in cached {
         free(&mut pool, a);
     }
-    let _grown = alloc(&mut pool, 200 * MIB, S0);
+    // On another stream: stream 0's pages given back for it cannot move to it (`move_pages`).
+    let _grown = alloc(&mut pool, 200 * MIB, StreamId(2));
     assert_eq!(pool.pending_events(), 1, "{policy:?}");
+    if policy == Policy::Default {
+        assert!(pool.releasing_bytes() > 0, "nothing on its way back");
+    }
     check(&sim, &pool);
     (sim, pool)
 }
@@ -40,6 +53,25 @@ fn a_pool_dropped_while_the_device_refuses_waits_gives_everything_back() {
         sim.fail_always(Call::SynchronizeDevice);
         drop(pool);
         sim.clear_faults();
+        common::assert_device_empty(&sim, &format!("{policy:?}"));
+    }
+}
+
+/// A drop whose release fails once (an unmap) still waits for the device before it gives the
+/// rest back: work queued on the cached pages never finds them unmapped. Found by a review:
+/// the first form of the fallback skipped every wait.
+#[test]
+fn a_drop_after_a_failed_release_waits_before_it_gives_back() {
+    for policy in Policy::ALL {
+        let (sim, pool) = holding_everything(policy);
+        let waits = sim.calls(Call::SynchronizeDevice);
+        sim.fail_release(1);
+        drop(pool);
+        sim.clear_faults();
+        assert!(
+            sim.calls(Call::SynchronizeDevice) > waits,
+            "{policy:?}: no wait"
+        );
         common::assert_device_empty(&sim, &format!("{policy:?}"));
     }
 }
