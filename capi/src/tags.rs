@@ -52,14 +52,19 @@ fn text<'a>(arg: CStrArg<'a>, what: &str) -> Result<Option<&'a str>, String> {
 pub(crate) fn push(tag: CStrArg<'_>) -> Result<(), String> {
     let tag = text(tag, "the tag")?.ok_or("the tag is NULL")?;
     check(tag, "tag")?;
-    STACK.with_borrow_mut(|s| s.push(tag.to_string()));
-    Ok(())
+    STACK
+        .try_with(|s| s.borrow_mut().push(tag.to_string()))
+        .map_err(|_| TEARDOWN.to_string())
 }
+
+/// The error of a tag call while the thread's thread-locals are being destroyed.
+const TEARDOWN: &str = "this thread is exiting: its tags are gone";
 
 /// Drops this thread's innermost tag, making the one pushed before it current again.
 pub(crate) fn pop() -> Result<(), String> {
     STACK
-        .with_borrow_mut(Vec::pop)
+        .try_with(|s| s.borrow_mut().pop())
+        .map_err(|_| TEARDOWN.to_string())?
         .map(drop)
         .ok_or_else(|| "no tag was pushed on this thread".to_string())
 }

@@ -238,7 +238,9 @@ impl Drop for CallsAtThreadExit {
         let depth = cudalloc_tag_depth();
         let mut buf = [b'x'; 16];
         let n = with_c_buffer(&mut buf, |b, l| cudalloc_tag_current(b, l));
-        eprintln!("at thread exit: depth {depth}, current {n}");
+        let push = cudalloc_tag_push(CStrArg::new(&c("late")));
+        let pop = cudalloc_tag_pop();
+        eprintln!("at thread exit: depth {depth}, current {n}, push {push}, pop {pop}");
     }
 }
 
@@ -248,9 +250,10 @@ thread_local! {
 
 /// A thread-local destructor of the caller (a C++ `thread_local`, a pthread key) may call the
 /// library while the thread exits, after the library's own thread-locals are gone: the tag
-/// functions then answer as for a thread without tags, rather than panicking ("cannot access
-/// a Thread Local Storage value during or after destruction") out of an `extern "C"` function,
-/// which aborts the process. Runs in a child process, so that an abort fails this test instead
+/// functions then answer as for a thread without tags (a push or pop is an error, -1), rather
+/// than panicking ("cannot access a Thread Local Storage value during or after destruction")
+/// out of an `extern "C"` function, which aborts the process, or inside one, which prints a
+/// backtrace. Runs in a child process, so that an abort fails this test instead
 /// of ending the test binary.
 #[test]
 fn tag_calls_while_a_thread_exits_answer_as_for_no_tag() {
@@ -276,7 +279,8 @@ fn tag_calls_while_a_thread_exits_answer_as_for_no_tag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(
-        stderr.contains("at thread exit: depth 0, current 0"),
+        stderr.contains("at thread exit: depth 0, current 0, push -1, pop -1"),
         "{stderr}"
     );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }

@@ -27,8 +27,9 @@
 //! block kept deferred on that ground could stay so for good, asking again at every
 //! allocation).
 //!
-//! A pool dropped while the driver says a stream of it is being captured (a block's, one that
-//! used one, or one a freed block's event waits on: `Core::sees_capture`) waits for nothing:
+//! A pool dropped during a capture it was told of, or while the driver says a stream of it is
+//! being captured (a block's, one that used one, or one a freed block's event waits on:
+//! `Core::sees_capture`), waits for nothing:
 //! its deferred blocks, those waiting for events and its releasing pages go back without their
 //! events (`Core::release_all_unwaited`), as its live allocations do, and a pinned host buffer
 //! stays allocated. The `free` of fixed segments (`torch`) is refused outside relaxed mode

@@ -472,14 +472,17 @@ impl<D: Device> Core<D> {
         self.segments.iter().flatten().map(|s| s.mapped).sum()
     }
 
-    /// When the pool sleeps, as it is dropped: frees its host buffer, unmaps what is still
-    /// mapped and gives its ranges back (its blocks need no freeing: they hold no pages). False
-    /// (nothing done) when it is awake.
-    pub(crate) fn drop_asleep(&mut self) -> bool {
+    /// When the pool sleeps, as it is dropped: frees its host buffer (not when `unwaited`: during
+    /// a capture its wait and its free would invalidate it), unmaps what is still mapped and
+    /// gives its ranges back (its blocks need no freeing: they hold no pages). False (nothing
+    /// done) when it is awake.
+    pub(crate) fn drop_asleep(&mut self, unwaited: bool) -> bool {
         if self.slumber.take().is_none() {
             return false;
         }
-        let _ = self.release_host_buffer();
+        if !unwaited {
+            let _ = self.release_host_buffer();
+        }
         let m = Mapper {
             dev: &self.device,
             peers: &self.peers,

@@ -458,6 +458,37 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_waits_for_nothing() {
     }
 }
 
+/// Nor for a sleeping pool's host buffer, which holds the offloaded bytes; nor while a capture
+/// the caller told of is underway on a stream the pool holds nothing of (a global capture
+/// refuses a wait on any stream). Found by a second review.
+#[test]
+fn a_sleeping_pool_or_one_told_of_the_capture_waits_for_nothing_when_dropped() {
+    for policy in [Policy::Default, Policy::TorchExpandable] {
+        let (sim, mut pool) = pool_for(policy);
+        let _live = alloc(&mut pool, 8 * MIB, CAP);
+        pool.sleep(true).unwrap();
+        sim.set_auto_complete(false);
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        drop(pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?}, a sleeping pool: {e}"));
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 4 * MIB, SIDE);
+        pool.record_stream(&a, StreamId(7)).unwrap();
+        free(&mut pool, a);
+        assert_eq!(pool.pending_events(), 1);
+        pool.begin_capture(CaptureMode::Global);
+        sim.begin_capture(CAP, CaptureMode::Global).unwrap();
+        drop(pool);
+        sim.end_capture(CAP)
+            .unwrap_or_else(|e| panic!("{policy:?}, told of the capture: {e}"));
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+    }
+}
+
 /// One step of a random sequence for [`captures_never_make_a_forbidden_call`].
 #[derive(Clone, Copy, Debug)]
 enum Step {
