@@ -440,10 +440,7 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_waits_for_nothing() {
         free(&mut pool, a);
         assert_eq!(pool.pending_events(), 1, "{policy:?}");
         sim.begin_capture(CAP, CaptureMode::Global).unwrap();
-        drop(pool);
-        sim.end_capture(CAP)
-            .unwrap_or_else(|e| panic!("{policy:?}, an event's stream: {e}"));
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+        drop_keeps_capture(&sim, pool, &format!("{policy:?}, an event's stream"));
 
         let (sim, mut pool) = pool_for(policy);
         let _live = alloc(&mut pool, 8 * MIB, CAP);
@@ -451,10 +448,7 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_waits_for_nothing() {
         pool.wake(CAP).unwrap();
         sim.set_auto_complete(false);
         sim.begin_capture(CAP, CaptureMode::Global).unwrap();
-        drop(pool);
-        sim.end_capture(CAP)
-            .unwrap_or_else(|e| panic!("{policy:?}, a host buffer: {e}"));
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+        drop_keeps_capture(&sim, pool, &format!("{policy:?}, a host buffer"));
     }
 }
 
@@ -469,10 +463,7 @@ fn a_sleeping_pool_or_one_told_of_the_capture_waits_for_nothing_when_dropped() {
         pool.sleep(true).unwrap();
         sim.set_auto_complete(false);
         sim.begin_capture(CAP, CaptureMode::Global).unwrap();
-        drop(pool);
-        sim.end_capture(CAP)
-            .unwrap_or_else(|e| panic!("{policy:?}, a sleeping pool: {e}"));
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+        drop_keeps_capture(&sim, pool, &format!("{policy:?}, a sleeping pool"));
 
         let (sim, mut pool) = pool_for(policy);
         sim.set_auto_complete(false);
@@ -482,11 +473,18 @@ fn a_sleeping_pool_or_one_told_of_the_capture_waits_for_nothing_when_dropped() {
         assert_eq!(pool.pending_events(), 1);
         pool.begin_capture(CaptureMode::Global);
         sim.begin_capture(CAP, CaptureMode::Global).unwrap();
-        drop(pool);
-        sim.end_capture(CAP)
-            .unwrap_or_else(|e| panic!("{policy:?}, told of the capture: {e}"));
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+        drop_keeps_capture(&sim, pool, &format!("{policy:?}, told of the capture"));
     }
+}
+
+/// Drops `pool` during the device's capture of `CAP`: the capture must end without error (the
+/// drop made no call it forbids), and the device must hold nothing of the pool (`what` names
+/// the case).
+fn drop_keeps_capture(sim: &Sim, pool: Pool<Sim>, what: &str) {
+    drop(pool);
+    sim.end_capture(CAP)
+        .unwrap_or_else(|e| panic!("{what}: a forbidden call: {e}"));
+    assert_eq!(sim.outstanding_bytes(), 0, "{what}: nothing leaked");
 }
 
 /// One step of a random sequence for [`captures_never_make_a_forbidden_call`].
