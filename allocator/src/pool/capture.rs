@@ -184,8 +184,8 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns every deferred block to its pool without recording its events: for a pool being
-    /// dropped whose waits the device refused ([`Core::release_all_unwaited`]), when a stream
-    /// that used one is being captured (an event there would join the graph).
+    /// dropped without waits ([`Core::release_all_unwaited`]), when a stream that used one may
+    /// be being captured (an event there would join the graph).
     pub(crate) fn forget_deferred<P: Observer>(&mut self, policy: &mut P) {
         while let Some(id) = self.deferred.pop() {
             self.blocks[id].stream_uses.clear();

@@ -180,7 +180,7 @@ impl<D: Device> Core<D> {
     }
 
     /// Returns every block waiting for events to its pool without waiting for them: for a pool
-    /// being dropped whose waits the device refused ([`Core::release_all_unwaited`]).
+    /// being dropped without waits ([`Core::release_all_unwaited`]).
     pub(crate) fn forget_pending<P: Observer>(&mut self, policy: &mut P) {
         for (_, queue) in std::mem::take(&mut self.pending) {
             for (ev, id) in queue {

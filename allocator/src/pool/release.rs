@@ -110,10 +110,10 @@ impl<D: Device> Core<D> {
         self.release_blocks(policy, PoolKind::Small)
     }
 
-    /// Gives back everything cached without waiting for events: for a pool being dropped while
-    /// a stream of it is being captured (a capture it was not told of: a wait would invalidate
-    /// it), or after [`Core::release_all_cached`] failed and the device was waited for (or
-    /// refused the wait). Blocks waiting for events or deferred are free now and releasing ones
+    /// Gives back everything cached without waiting for events: for a pool being dropped during
+    /// a capture (one it was told of, or one of a stream of it: a wait would invalidate it), or
+    /// after [`Core::release_all_cached`] failed and the device was waited for (or refused the
+    /// wait). Blocks waiting for events or deferred are free now and releasing ones
     /// unmapped; then every cached block goes back. Work queued on them may still run when no
     /// wait came first, as it may on the live allocations that die with the pool.
     pub(crate) fn release_all_unwaited<P: Observer>(
