@@ -21,7 +21,7 @@
 //! | `memset_async` | `cuMemsetD8Async` |
 //! | `create_stream` / `destroy_stream` | `cuStreamCreate` (`CU_STREAM_DEFAULT`) / `cuStreamDestroy_v2` |
 //! | `synchronize` / `synchronize_device` | `cuCtxSynchronize` |
-//! | `is_capturing` | `cuStreamIsCapturing` (active or invalidated: true) |
+//! | `is_capturing` | `cuStreamIsCapturing` (active or invalidated: true; error 906 on the legacy stream: true) |
 //! | `begin_capture` / `end_capture` | `cuStreamBeginCapture_v2` / `cuStreamEndCapture`, `cuGraphDestroy` |
 //! | `alloc_host` / `free_host` | `cuMemHostAlloc` / `cuMemFreeHost` |
 //! | `copy_to_host_async` / `copy_to_device_async` | `cuMemcpyDtoHAsync_v2` / `cuMemcpyHtoDAsync_v2` |

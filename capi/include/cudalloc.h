@@ -93,7 +93,7 @@ int cudalloc_set_malloc_failure_action(int action);
  * already queued on that stream may still use it; streams declared with cudalloc_record_stream
  * are waited for first. A failure (ptr is not a live allocation of device) sets
  * cudalloc_last_error() and, if device has an allocator, counts in its stats
- * (capi.free_errors). */
+ * (capi.free_errors); with device -1, in those of the lowest-numbered device that has one. */
 void cudalloc_free(void *ptr, size_t size, int device, cudalloc_stream_t stream);
 
 /* Releases every cached, unused block of device to the driver (nothing to do for a device that

@@ -205,16 +205,22 @@ pub(crate) fn free(ptr: *mut c_void, device: c_int) {
 pub(crate) const ANY_DEVICE: c_int = -1;
 
 /// Frees `ptr` on the first device whose allocator holds it (device addresses are unique across
-/// devices, so at most one does). A pointer no allocator holds is not a live allocation.
+/// devices, so at most one does). A pointer no allocator holds is not a live allocation: that
+/// failure is counted on the lowest-numbered device that has an allocator.
 fn free_on_any(ptr: u64) -> Result<(), AllocError> {
+    let mut first = None;
     for ordinal in 0..registry::made_count() {
         let Some(dev) = registry::existing(ordinal) else {
             continue;
         };
+        first = first.or(Some(dev));
         match free_ptr(dev, ptr) {
             Err(AllocError::NotAllocated(_)) => continue,
             other => return other.inspect_err(|_| dev.count_free_error()),
         }
+    }
+    if let Some(dev) = first {
+        dev.count_free_error();
     }
     Err(AllocError::NotAllocated(ptr))
 }

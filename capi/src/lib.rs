@@ -89,7 +89,8 @@ pub extern "C" fn cudalloc_set_malloc_failure_action(action: c_int) -> c_int {
 /// holds it). NULL is ignored. `size` and
 /// `stream` (PyTorch passes the allocation's) are not needed: the allocator knows both. A
 /// failure (a pointer that is not live) sets [`cudalloc_last_error`] and, if `device` has an
-/// allocator (this call never makes one), is counted in its stats (`capi.free_errors`).
+/// allocator (this call never makes one), is counted in its stats (`capi.free_errors`); with
+/// device -1, in those of the lowest-numbered device that has one.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_free(ptr: *mut c_void, size: usize, device: c_int, stream: *mut c_void) {

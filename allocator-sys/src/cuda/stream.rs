@@ -115,13 +115,17 @@ impl CudaDevice {
 
     /// Whether a capture of `stream` is underway (`cuStreamIsCapturing`: active or
     /// invalidated). Querying the legacy default stream while a blocking stream is being
-    /// captured is the driver's error 906 (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`).
+    /// captured is the driver's error 906 (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): true then,
+    /// since work or a wait on the legacy stream would join or break that capture.
     pub(super) fn capture_status(&self, stream: StreamId) -> DeviceResult<bool> {
         use sys::CUstreamCaptureStatus as S;
         let _bound = self.bind()?;
         let mut status = S::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: `status` is a valid out-pointer; the driver validates the stream handle.
         let code = unsafe { sys::cuStreamIsCapturing(stream.0 as sys::CUstream, &mut status) };
+        if code == sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT {
+            return Ok(true);
+        }
         check("cuStreamIsCapturing", code)?;
         Ok(status != S::CU_STREAM_CAPTURE_STATUS_NONE)
     }

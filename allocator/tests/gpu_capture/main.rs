@@ -104,3 +104,42 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_leaves_it_valid() {
         dev.destroy_stream(side).unwrap();
     }
 }
+
+/// While a blocking stream is being captured, the driver answers a query of the legacy stream
+/// with error 906 (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): the device says "captured" then, and
+/// a pool whose blocks are on the legacy stream, dropped during that capture, waits for
+/// nothing (an event recorded or waited on the legacy stream would break the capture). Global
+/// and thread-local modes: relaxed mode captures make no implicit dependency to refuse.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_legacy_stream_counts_as_captured_while_a_blocking_stream_is() {
+    let _g = CAPTURES.lock().unwrap_or_else(|e| e.into_inner());
+    for policy in [Policy::Default, Policy::TorchExpandable] {
+        for mode in [CaptureMode::Global, CaptureMode::ThreadLocal] {
+            let dev = Arc::new(CudaDevice::new(0).unwrap());
+            let s = dev.create_stream().unwrap();
+            let legacy = cudalloc_sys::StreamId::DEFAULT;
+            let baseline = dev.mem_info().unwrap().0;
+            let mut pool = Pool::new(dev.clone(), Config::for_policy(policy));
+            let _live = pool.allocate(512 * MIB, legacy).unwrap();
+            let cached = pool.allocate(300 * MIB, legacy).unwrap();
+            pool.free(cached).unwrap();
+            dev.begin_capture(s, mode).unwrap();
+            let seen = dev.is_capturing(legacy);
+            drop(pool);
+            let ended = dev.end_capture(s);
+            let now = dev.mem_info().unwrap().0;
+            println!("{policy:?} {mode:?}: legacy {seen:?}, end {ended:?}, free {now} against {baseline}");
+            assert!(
+                matches!(seen, Ok(true)),
+                "{policy:?} {mode:?}: legacy stream {seen:?}"
+            );
+            ended.unwrap_or_else(|e| panic!("{policy:?} {mode:?}: the capture broke: {e}"));
+            assert!(
+                now + 64 * MIB >= baseline,
+                "{policy:?} {mode:?}: free memory {now} below baseline {baseline}"
+            );
+            dev.destroy_stream(s).unwrap();
+        }
+    }
+}
