@@ -24,6 +24,10 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
   reads it when ``CUDALLOC_CLI`` names the command).
 - ``graph_capture``: a transformer layer captured into a CUDA graph on the stream that eager
   code goes on using; eager tensors must survive the replays, which must match the eager layer.
+- ``failed_capture``: a CUDA graph capture that fails (a host sync inside it), after which the
+  program goes on eagerly, as code that falls back from graphs does: memory freed after it goes
+  back on ``empty_cache``, a ``record_stream``'d side-stream tensor is freed, and a second
+  capture replays correctly.
 - ``compile_reduce_overhead``: ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees).
 - ``compile_train_eval``: the same on a model trained and evaluated in turns at two batch sizes
   (several paths through one pool, checkpoints restored).
@@ -344,6 +348,53 @@ def graph_capture(quick):
     return {"overwritten": overwritten, "max_abs_diff": worst}
 
 
+def failed_capture(quick):
+    """A capture that fails (``.item()`` inside it: the driver refuses the sync and the capture
+    is invalidated), its graph dropped, then eager work: tensors on the main stream and one made
+    on a side stream and handed over with ``record_stream``, freed; ``empty_cache`` must give
+    their memory back; then a second capture on the same stream must replay correctly."""
+    mib = 64 if quick else 256
+    x = torch.randn(1024, 1024, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    failed = False
+    try:
+        with torch.cuda.graph(graph):
+            (x @ x).sum().item()
+    except Exception:  # the driver's error, as RuntimeError or torch.AcceleratorError
+        failed = True
+    if not failed:
+        raise RuntimeError("the capture with a host sync inside did not fail")
+    del graph
+    gc.collect()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    tensors = [torch.empty(mib * MiB, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    with torch.cuda.stream(side):
+        handed = torch.ones(2 * mib * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.current_stream().wait_stream(side)
+    handed.record_stream(torch.cuda.current_stream())
+    total = int(handed.sum())
+    before = torch.cuda.memory_reserved()
+    del tensors, handed
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    given_back = (before - torch.cuda.memory_reserved()) // MiB
+    static = torch.randn(1024, 1024, device="cuda")
+    second = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(second):
+        out = static @ static
+    static.copy_(torch.randn_like(static))
+    second.replay()
+    torch.cuda.synchronize()
+    diff = float((out - static @ static).abs().max())
+    del second, out
+    if given_back < 10 * mib - 64 or total != 2 * mib * MiB or diff >= 1e-3:
+        raise RuntimeError(f"after a failed capture: empty_cache gave back {given_back} MiB of "
+                           f"{10 * mib} freed, sum {total}, replay max abs diff {diff:.3g}")
+    return {"went_on": True, "given_back_mib": given_back, "max_abs_diff": diff}
+
+
 def compile_reduce_overhead(quick):
     """``torch.compile(mode="reduce-overhead")`` (CUDA graph trees) on an MLP: outputs match the
     eager model's step after step."""
@@ -608,6 +659,7 @@ PROGRAMS = {
     "memory_snapshot": memory_snapshot,
     "memory_history": memory_history,
     "graph_capture": graph_capture,
+    "failed_capture": failed_capture,
     "compile_reduce_overhead": compile_reduce_overhead,
     "compile_train_eval": compile_train_eval,
     "compile_tree_paths": compile_tree_paths,

@@ -15,9 +15,12 @@
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
 //     allocator allocates, so that a capture is never invalidated by an allocation; the first
 //     allocation that finds its stream being captured tells the library of that capture
-//     (cudalloc_capture_begin, once per capture id), and the first endAllocateToPool or
-//     allocation after the capture ended ends it (cudalloc_capture_end), so that meanwhile no
-//     allocator of the device polls an event, waits or gives memory back.
+//     (cudalloc_capture_begin, once per capture id), and the first endAllocateToPool,
+//     allocation, emptyCache or beginAllocateToPool after the capture ended ends it
+//     (cudalloc_capture_end), so that meanwhile no allocator of the device polls an event,
+//     waits or gives memory back. A capture that fails (CUDAGraph::capture_end throws before
+//     it calls endAllocateToPool) ends there too, with the routes that took its allocations;
+//     its private pool stays acquired, as in PyTorch's allocator (nothing calls releasePool).
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
 // translation of the snapshot and history documents, checkpoint.h the checkpoints of private
@@ -61,11 +64,15 @@ namespace {
 // The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
 // torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
 // which streams' allocations it takes. `routes` counts them, so that an allocation with none
-// reads one atomic and takes no lock.
+// reads one atomic and takes no lock. `capture` is the id of the told capture the route took
+// an allocation of (0: none yet): when that capture is over, the route is too, even if PyTorch
+// never ends it (CUDAGraph::capture_end throws before endAllocateToPool when the capture
+// failed, and its filter may then outlive the CUDAGraph it reads).
 struct Route {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t pool;
   std::function<bool(cudaStream_t)> filter;
+  unsigned long long capture = 0;
 };
 std::mutex routes_mutex;
 std::vector<Route> routes;
@@ -91,9 +98,23 @@ unsigned long long capture_id(cudaStream_t stream) {
   return id;
 }
 
+// Drops the routes that took allocations of capture `id`, now over (their pools stay acquired:
+// releasePool gives them back). Caller holds routes_mutex.
+void drop_routes_of(unsigned long long id) {
+  for (auto it = routes.begin(); it != routes.end();) {
+    if (it->capture != id) {
+      ++it;
+      continue;
+    }
+    it = routes.erase(it);
+    route_count.fetch_sub(1, std::memory_order_release);
+  }
+}
+
 // Ends (cudalloc_capture_end) each told capture whose stream is no longer in it: the capture
-// ended, whichever route or path saw it end. A failed end is reported, not raised: the library
-// ends the capture all the same. Caller holds routes_mutex.
+// ended, whichever route or path saw it end, or failed (then PyTorch never ends its route:
+// it goes here too). A failed end is reported, not raised: the library ends the capture all
+// the same. Caller holds routes_mutex.
 void end_finished_captures() {
   for (auto it = told.begin(); it != told.end();) {
     if (capture_id(it->stream) == it->id) {
@@ -101,6 +122,7 @@ void end_finished_captures() {
       continue;
     }
     const c10::DeviceIndex device = it->device;
+    drop_routes_of(it->id);
     it = told.erase(it);
     if (lib.capture_end(device) != 0) {
       report("capture_end failed: " + last_error());
@@ -109,35 +131,48 @@ void end_finished_captures() {
 }
 
 // `stream`, of `device`, is being captured: tells the library once per capture, so that
-// meanwhile no allocator of the device polls an event, waits or gives memory back.
-void tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
+// meanwhile no allocator of the device polls an event, waits or gives memory back. Returns
+// the capture's id (0 if the capture is already over).
+unsigned long long tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
   const unsigned long long id = capture_id(stream);
   std::lock_guard<std::mutex> lock(routes_mutex);
   end_finished_captures();
   if (id == 0) {
-    return;
+    return 0;
   }
   for (const Told& t : told) {
     if (t.id == id && t.device == device) {
-      return;
+      return id;
     }
   }
   if (lib.capture_begin(device) != 0) {
     fail(CUDALLOC_HERE, "capture_begin failed: " + last_error());
   }
   told.push_back(Told{id, device, stream});
+  return id;
 }
 
-// The pool an allocation on `stream` goes to, if a route takes it.
-std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
+// The pool an allocation on `stream` goes to, if a route takes it; `capture` is the id of the
+// told capture the allocation is part of (0: none), which the route taking it is bound to.
+// Routes of told captures that are over go first.
+std::optional<c10::cuda::MempoolId_t> route(
+    c10::DeviceIndex device,
+    cudaStream_t stream,
+    unsigned long long capture) {
   if (route_count.load(std::memory_order_acquire) == 0) {
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(routes_mutex);
+  if (capture == 0 && !told.empty()) {
+    end_finished_captures();
+  }
   // The innermost first, as PyTorch's allocator looks (a use_mem_pool inside another, or
   // inside a capture).
   for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
     if (r->device == device && r->filter(stream)) {
+      if (r->capture == 0) {
+        r->capture = capture;
+      }
       return r->pool;
     }
   }
@@ -179,10 +214,8 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
     return lib.malloc(size, device, stream);
   }
   RelaxedCapture relaxed(stream);
-  if (relaxed.on()) {
-    tell_capture(device, stream);
-  }
-  if (auto pool = route(device, stream)) {
+  const unsigned long long capture = relaxed.on() ? tell_capture(device, stream) : 0;
+  if (auto pool = route(device, stream, capture)) {
     return lib.pool_malloc(size, device, stream, pool->first, pool->second);
   }
   return lib.malloc(size, device, stream);
@@ -316,7 +349,11 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       return;
     }
     if (route_count.load(std::memory_order_acquire) > 0) {
-      return;
+      std::lock_guard<std::mutex> lock(routes_mutex);
+      end_finished_captures();
+      if (route_count.load(std::memory_order_acquire) > 0) {
+        return;
+      }
     }
     const int n = c10::cuda::device_count();
     for (int d = 0; d < n; ++d) {
@@ -444,6 +481,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       std::function<bool(cudaStream_t)> filter) override {
     check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
     std::lock_guard<std::mutex> lock(routes_mutex);
+    end_finished_captures();
     for (const Route& r : routes) {
       if (r.device == device && r.pool == pool) {
         lib.pool_release(device, pool.first, pool.second);
