@@ -64,14 +64,17 @@ namespace {
 // The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
 // torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
 // which streams' allocations it takes. `routes` counts them, so that an allocation with none
-// reads one atomic and takes no lock. `capture` is the id of the told capture the route took
-// an allocation of (0: none yet): when that capture is over, the route is too, even if PyTorch
-// never ends it (CUDAGraph::capture_end throws before endAllocateToPool when the capture
-// failed, and its filter may then outlive the CUDAGraph it reads).
+// reads one atomic and takes no lock. `origin` is the stream current on the thread that began
+// the route (a CUDAGraph's capture stream: torch.cuda.graph makes it current first); `capture`
+// is the id of the told capture of `origin` the route took an allocation of (0: none yet).
+// When that capture is over, the route is too, even if PyTorch never ends it
+// (CUDAGraph::capture_end throws before endAllocateToPool when the capture failed, and its
+// filter may then outlive the CUDAGraph it reads).
 struct Route {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t pool;
   std::function<bool(cudaStream_t)> filter;
+  cudaStream_t origin;
   unsigned long long capture = 0;
 };
 std::mutex routes_mutex;
@@ -153,8 +156,8 @@ unsigned long long tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
 }
 
 // The pool an allocation on `stream` goes to, if a route takes it; `capture` is the id of the
-// told capture the allocation is part of (0: none), which the route taking it is bound to.
-// Routes of told captures that are over go first.
+// told capture the allocation is part of (0: none), which the route taking it is bound to if
+// `stream` is the route's origin. Routes of told captures that are over go first.
 std::optional<c10::cuda::MempoolId_t> route(
     c10::DeviceIndex device,
     cudaStream_t stream,
@@ -170,7 +173,7 @@ std::optional<c10::cuda::MempoolId_t> route(
   // inside a capture).
   for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
     if (r->device == device && r->filter(stream)) {
-      if (r->capture == 0) {
+      if (r->capture == 0 && r->origin == stream) {
         r->capture = capture;
       }
       return r->pool;
@@ -488,7 +491,8 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
         fail(CUDALLOC_HERE, "already allocating to private pool " + pool_name(pool));
       }
     }
-    routes.push_back(Route{device, pool, std::move(filter)});
+    routes.push_back(
+        Route{device, pool, std::move(filter), c10::cuda::getCurrentCUDAStream(device).stream()});
     route_count.fetch_add(1, std::memory_order_release);
   }
 
