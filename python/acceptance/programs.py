@@ -350,30 +350,36 @@ def graph_capture(quick):
 
 def failed_capture(quick):
     """A capture that fails (``.item()`` inside it: the driver refuses the sync and the capture
-    is invalidated), its graph dropped, then eager work: tensors on the main stream and one made
-    on a side stream and handed over with ``record_stream``, freed; ``empty_cache`` must give
-    their memory back; then a second capture on the same stream must replay correctly."""
+    is invalidated, so ending it raises), its graph dropped, then eager work on the stream the
+    program was on: tensors, and one made on a side stream and handed over with
+    ``record_stream``, freed; ``empty_cache`` must give their memory back (on cudalloc: PyTorch's
+    own allocator keeps the failed capture underway and gives nothing back, so there the figure
+    is reported, not required); then a second capture must replay correctly."""
+    import sys
+    on_cudalloc = "cudalloc_torch" in sys.modules and sys.modules["cudalloc_torch"].is_enabled()
     mib = 64 if quick else 256
+    main = torch.cuda.current_stream()
     x = torch.randn(1024, 1024, device="cuda")
     graph = torch.cuda.CUDAGraph()
-    failed = False
+    error = ""
     try:
         with torch.cuda.graph(graph):
             (x @ x).sum().item()
-    except Exception:  # the driver's error, as RuntimeError or torch.AcceleratorError
-        failed = True
-    if not failed:
-        raise RuntimeError("the capture with a host sync inside did not fail")
+    except Exception as e:  # the driver's error, as RuntimeError or torch.AcceleratorError
+        error = str(e)
+    if "captur" not in error:
+        raise RuntimeError(f"the capture with a host sync inside did not fail at its end: {error!r}")
+    torch.cuda.set_stream(main)  # the graph's exit raised before it restored the stream
     del graph
     gc.collect()
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(main)
     tensors = [torch.empty(mib * MiB, dtype=torch.uint8, device="cuda") for _ in range(8)]
     with torch.cuda.stream(side):
         handed = torch.ones(2 * mib * MiB, dtype=torch.uint8, device="cuda")
-    torch.cuda.current_stream().wait_stream(side)
-    handed.record_stream(torch.cuda.current_stream())
+    main.wait_stream(side)
+    handed.record_stream(main)
     total = int(handed.sum())
     before = torch.cuda.memory_reserved()
     del tensors, handed
@@ -389,7 +395,8 @@ def failed_capture(quick):
     torch.cuda.synchronize()
     diff = float((out - static @ static).abs().max())
     del second, out
-    if given_back < 10 * mib - 64 or total != 2 * mib * MiB or diff >= 1e-3:
+    short = on_cudalloc and given_back < 10 * mib - 64
+    if short or total != 2 * mib * MiB or diff >= 1e-3:
         raise RuntimeError(f"after a failed capture: empty_cache gave back {given_back} MiB of "
                            f"{10 * mib} freed, sum {total}, replay max abs diff {diff:.3g}")
     return {"went_on": True, "given_back_mib": given_back, "max_abs_diff": diff}

@@ -118,7 +118,7 @@ def compare(result, ref):
     keys = [k for k in ("fitted", "largest_batch", "went_on", "checks", "overwritten",
                         "max_abs_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
                         "restores", "restores_that_changed_the_pool", "differing_runs",
-                        "live_peak_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
+                        "live_peak_mib", "given_back_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
                         "syncs_1.03x", "step_ms_1.03x")
             if k in result]
     figures = ", ".join(f"{k}={result[k]}" for k in keys)

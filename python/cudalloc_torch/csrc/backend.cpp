@@ -16,11 +16,11 @@
 //     allocator allocates, so that a capture is never invalidated by an allocation; the first
 //     allocation that finds its stream being captured tells the library of that capture
 //     (cudalloc_capture_begin, once per capture id), and the first endAllocateToPool,
-//     allocation, emptyCache or beginAllocateToPool after the capture ended ends it
-//     (cudalloc_capture_end), so that meanwhile no allocator of the device polls an event,
-//     waits or gives memory back. A capture that fails (CUDAGraph::capture_end throws before
-//     it calls endAllocateToPool) ends there too, with the routes that took its allocations;
-//     its private pool stays acquired, as in PyTorch's allocator (nothing calls releasePool).
+//     allocation while a route is active, emptyCache or beginAllocateToPool after the capture
+//     ended ends it (cudalloc_capture_end), so that meanwhile no allocator of the device polls
+//     an event, waits or gives memory back. A capture that fails (CUDAGraph::capture_end
+//     throws before it calls endAllocateToPool) ends there too, and so does its route (see
+//     Route); its private pool stays acquired (nothing calls releasePool).
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
 // translation of the snapshot and history documents, checkpoint.h the checkpoints of private
@@ -52,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "library.h"
@@ -64,18 +65,26 @@ namespace {
 // The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
 // torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
 // which streams' allocations it takes. `routes` counts them, so that an allocation with none
-// reads one atomic and takes no lock. `origin` is the stream current on the thread that began
-// the route (a CUDAGraph's capture stream: torch.cuda.graph makes it current first); `capture`
-// is the id of the told capture of `origin` the route took an allocation of (0: none yet).
-// When that capture is over, the route is too, even if PyTorch never ends it
-// (CUDAGraph::capture_end throws before endAllocateToPool when the capture failed, and its
-// filter may then outlive the CUDAGraph it reads).
+// reads one atomic and takes no lock.
+//
+// A capture's route ends with its capture, even if PyTorch never ends it: CUDAGraph::capture_end
+// throws before endAllocateToPool when the capture failed, and the route's filter may then
+// outlive the CUDAGraph it reads. `origin` is the stream current on the thread that began the
+// route (`thread`): CUDAGraph::capture_begin begins its route with the capture stream current,
+// then begins the capture. A route is `scoped` (a capture's) when its filter refused `origin`
+// then, or `origin` was already being captured (a conditional node's route, a use_mem_pool
+// begun inside a capture); `capture` is the id of `origin`'s capture once seen (0: not yet).
+// prune_routes drops a scoped route once `origin` is no longer in that capture, or, never seen
+// captured, at the next call of its own thread (which makes none between beginning the route
+// and the capture).
 struct Route {
   c10::DeviceIndex device;
   c10::cuda::MempoolId_t pool;
   std::function<bool(cudaStream_t)> filter;
   cudaStream_t origin;
-  unsigned long long capture = 0;
+  std::thread::id thread;
+  bool scoped;
+  unsigned long long capture;
 };
 std::mutex routes_mutex;
 std::vector<Route> routes;
@@ -101,11 +110,20 @@ unsigned long long capture_id(cudaStream_t stream) {
   return id;
 }
 
-// Drops the routes that took allocations of capture `id`, now over (their pools stay acquired:
-// releasePool gives them back). Caller holds routes_mutex.
-void drop_routes_of(unsigned long long id) {
+// Binds each scoped route to the capture of its origin, and drops those whose capture is over
+// (see Route; their pools stay acquired). Caller holds routes_mutex.
+void prune_routes() {
   for (auto it = routes.begin(); it != routes.end();) {
-    if (it->capture != id) {
+    if (!it->scoped) {
+      ++it;
+      continue;
+    }
+    const unsigned long long now = capture_id(it->origin);
+    const bool over = it->capture != 0
+        ? now != it->capture
+        : now == 0 && it->thread == std::this_thread::get_id();
+    if (!over) {
+      it->capture = now;
       ++it;
       continue;
     }
@@ -115,17 +133,16 @@ void drop_routes_of(unsigned long long id) {
 }
 
 // Ends (cudalloc_capture_end) each told capture whose stream is no longer in it: the capture
-// ended, whichever route or path saw it end, or failed (then PyTorch never ends its route:
-// it goes here too). A failed end is reported, not raised: the library ends the capture all
-// the same. Caller holds routes_mutex.
+// ended or failed, whichever route or path saw it end; then prunes the routes. A failed end is
+// reported, not raised: the library ends the capture all the same. Caller holds routes_mutex.
 void end_finished_captures() {
+  prune_routes();
   for (auto it = told.begin(); it != told.end();) {
     if (capture_id(it->stream) == it->id) {
       ++it;
       continue;
     }
     const c10::DeviceIndex device = it->device;
-    drop_routes_of(it->id);
     it = told.erase(it);
     if (lib.capture_end(device) != 0) {
       report("capture_end failed: " + last_error());
@@ -134,48 +151,37 @@ void end_finished_captures() {
 }
 
 // `stream`, of `device`, is being captured: tells the library once per capture, so that
-// meanwhile no allocator of the device polls an event, waits or gives memory back. Returns
-// the capture's id (0 if the capture is already over).
-unsigned long long tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
+// meanwhile no allocator of the device polls an event, waits or gives memory back.
+void tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
   const unsigned long long id = capture_id(stream);
   std::lock_guard<std::mutex> lock(routes_mutex);
   end_finished_captures();
   if (id == 0) {
-    return 0;
+    return;
   }
   for (const Told& t : told) {
     if (t.id == id && t.device == device) {
-      return id;
+      return;
     }
   }
   if (lib.capture_begin(device) != 0) {
     fail(CUDALLOC_HERE, "capture_begin failed: " + last_error());
   }
   told.push_back(Told{id, device, stream});
-  return id;
 }
 
-// The pool an allocation on `stream` goes to, if a route takes it; `capture` is the id of the
-// told capture the allocation is part of (0: none), which the route taking it is bound to if
-// `stream` is the route's origin. Routes of told captures that are over go first.
-std::optional<c10::cuda::MempoolId_t> route(
-    c10::DeviceIndex device,
-    cudaStream_t stream,
-    unsigned long long capture) {
+// The pool an allocation on `stream` goes to, if a route takes it. Told captures and routes
+// that are over go first.
+std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
   if (route_count.load(std::memory_order_acquire) == 0) {
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(routes_mutex);
-  if (capture == 0 && !told.empty()) {
-    end_finished_captures();
-  }
+  end_finished_captures();
   // The innermost first, as PyTorch's allocator looks (a use_mem_pool inside another, or
   // inside a capture).
   for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
     if (r->device == device && r->filter(stream)) {
-      if (r->capture == 0 && r->origin == stream) {
-        r->capture = capture;
-      }
       return r->pool;
     }
   }
@@ -217,8 +223,10 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
     return lib.malloc(size, device, stream);
   }
   RelaxedCapture relaxed(stream);
-  const unsigned long long capture = relaxed.on() ? tell_capture(device, stream) : 0;
-  if (auto pool = route(device, stream, capture)) {
+  if (relaxed.on()) {
+    tell_capture(device, stream);
+  }
+  if (auto pool = route(device, stream)) {
     return lib.pool_malloc(size, device, stream, pool->first, pool->second);
   }
   return lib.malloc(size, device, stream);
@@ -351,7 +359,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       }
       return;
     }
-    if (route_count.load(std::memory_order_acquire) > 0) {
+    {
       std::lock_guard<std::mutex> lock(routes_mutex);
       end_finished_captures();
       if (route_count.load(std::memory_order_acquire) > 0) {
@@ -482,6 +490,9 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       c10::DeviceIndex device,
       c10::cuda::MempoolId_t pool,
       std::function<bool(cudaStream_t)> filter) override {
+    const cudaStream_t origin = c10::cuda::getCurrentCUDAStream(device).stream();
+    const unsigned long long capture = capture_id(origin);
+    const bool scoped = capture != 0 || !filter(origin);
     check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
     std::lock_guard<std::mutex> lock(routes_mutex);
     end_finished_captures();
@@ -491,21 +502,28 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
         fail(CUDALLOC_HERE, "already allocating to private pool " + pool_name(pool));
       }
     }
-    routes.push_back(
-        Route{device, pool, std::move(filter), c10::cuda::getCurrentCUDAStream(device).stream()});
+    routes.push_back(Route{
+        device, pool, std::move(filter), origin, std::this_thread::get_id(), scoped, capture});
     route_count.fetch_add(1, std::memory_order_release);
   }
 
   // CUDAGraph::capture_end calls it after the capture ended: a told capture that is over
   // ends here (one still running, as around a use_mem_pool inside a capture, does not).
+  // The route begun on the calling thread's current stream goes first (a route of the same
+  // pool another thread began after the capture's route was pruned stays).
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
     std::lock_guard<std::mutex> lock(routes_mutex);
-    for (auto it = routes.begin(); it != routes.end(); ++it) {
-      if (it->device == device && it->pool == pool) {
-        routes.erase(it);
-        route_count.fetch_sub(1, std::memory_order_release);
-        break;
-      }
+    auto same = [&](const Route& r) { return r.device == device && r.pool == pool; };
+    auto it = std::find_if(routes.begin(), routes.end(), [&](const Route& r) {
+      return same(r) && r.origin == current;
+    });
+    if (it == routes.end()) {
+      it = std::find_if(routes.begin(), routes.end(), same);
+    }
+    if (it != routes.end()) {
+      routes.erase(it);
+      route_count.fetch_sub(1, std::memory_order_release);
     }
     end_finished_captures();
   }
