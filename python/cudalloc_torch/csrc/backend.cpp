@@ -99,11 +99,22 @@ struct Told {
 };
 std::vector<Told> told;  // guarded by routes_mutex
 
-// The id of the capture `stream` is part of, or 0 when it is not being captured.
+// A failed query's error is cleared from the runtime's last error, where PyTorch's next
+// kernel launch check would find it and raise (the legacy stream answers 906 while a blocking
+// stream is being captured, and that capture goes on unharmed).
+bool queried(cudaError_t code) {
+  if (code != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  return code == cudaSuccess;
+}
+
+// The id of the capture `stream` is part of, or 0 when it is not being captured (or the query
+// failed).
 unsigned long long capture_id(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
-  if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess ||
+  if (!queried(cudaStreamGetCaptureInfo(stream, &status, &id)) ||
       status == cudaStreamCaptureStatusNone) {
     return 0;
   }
@@ -196,7 +207,7 @@ class RelaxedCapture {
  public:
   explicit RelaxedCapture(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    on_ = cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+    on_ = queried(cudaStreamIsCapturing(stream, &status)) &&
         status != cudaStreamCaptureStatusNone;
     if (on_) {
       cudaThreadExchangeStreamCaptureMode(&mode_);
