@@ -59,7 +59,7 @@ LOST_ON_FALLBACK = (
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCE = os.path.join(CSRC, "backend.cpp")
 # The headers backend.cpp includes; with it, they make the extension's source.
-HEADERS = ("library.h", "snapshot.h", "checkpoint.h")
+HEADERS = ("library.h", "snapshot.h", "checkpoint.h", "routes.h")
 
 
 class BuildError(RuntimeError):

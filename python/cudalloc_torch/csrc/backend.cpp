@@ -20,7 +20,7 @@
 //     ended ends it (cudalloc_capture_end), so that meanwhile no allocator of the device polls
 //     an event, waits or gives memory back. A capture that fails (CUDAGraph::capture_end
 //     throws before it calls endAllocateToPool) ends there too, and so does its route (see
-//     Route); its private pool stays acquired (nothing calls releasePool).
+//     routes.h); its private pool stays acquired (nothing calls releasePool).
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
 // translation of the snapshot and history documents, checkpoint.h the checkpoints of private
@@ -52,43 +52,18 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "library.h"
 #include "checkpoint.h"
+#include "routes.h"
 #include "snapshot.h"
 
 namespace cudalloc_torch {
 namespace {
 
-// The private pools allocations go to (PyTorch's "allocate to pool" calls, made by
-// torch.cuda.graph's capture and by torch.cuda.use_mem_pool), each with the filter that says
-// which streams' allocations it takes. `routes` counts them, so that an allocation with none
-// reads one atomic and takes no lock.
-//
-// A capture's route ends with its capture, even if PyTorch never ends it: CUDAGraph::capture_end
-// throws before endAllocateToPool when the capture failed, and the route's filter may then
-// outlive the CUDAGraph it reads. `origin` is the stream current on the thread that began the
-// route (`thread`): CUDAGraph::capture_begin begins its route with the capture stream current,
-// then begins the capture. A route is `scoped` (a capture's) when its filter refused `origin`
-// then, or `origin` was already being captured (a conditional node's route, a use_mem_pool
-// begun inside a capture); `capture` is the id of `origin`'s capture once seen (0: not yet).
-// prune_routes drops a scoped route once `origin` is no longer in that capture, or, never seen
-// captured, at the next call of its own thread (which makes none between beginning the route
-// and the capture).
-struct Route {
-  c10::DeviceIndex device;
-  c10::cuda::MempoolId_t pool;
-  std::function<bool(cudaStream_t)> filter;
-  cudaStream_t origin;
-  std::thread::id thread;
-  bool scoped;
-  unsigned long long capture;
-};
+// Guards `routes` and `told`.
 std::mutex routes_mutex;
-std::vector<Route> routes;
-std::atomic<int> route_count{0};
 
 // A CUDA graph capture the library was told of (cudalloc_capture_begin): its id, its device,
 // and a stream it captures, to ask whether it still runs.
@@ -121,33 +96,15 @@ unsigned long long capture_id(cudaStream_t stream) {
   return id;
 }
 
-// Binds each scoped route to the capture of its origin, and drops those whose capture is over
-// (see Route; their pools stay acquired). Caller holds routes_mutex.
-void prune_routes() {
-  for (auto it = routes.begin(); it != routes.end();) {
-    if (!it->scoped) {
-      ++it;
-      continue;
-    }
-    const unsigned long long now = capture_id(it->origin);
-    const bool over = it->capture != 0
-        ? now != it->capture
-        : now == 0 && it->thread == std::this_thread::get_id();
-    if (!over) {
-      it->capture = now;
-      ++it;
-      continue;
-    }
-    it = routes.erase(it);
-    route_count.fetch_sub(1, std::memory_order_release);
-  }
-}
+// The private pools allocations go to (routes.h; their pools stay acquired when a capture's
+// route is pruned: releasePool gives them back).
+Routes<cudaStream_t, c10::cuda::MempoolId_t> routes{capture_id};
 
 // Ends (cudalloc_capture_end) each told capture whose stream is no longer in it: the capture
 // ended or failed, whichever route or path saw it end; then prunes the routes. A failed end is
 // reported, not raised: the library ends the capture all the same. Caller holds routes_mutex.
 void end_finished_captures() {
-  prune_routes();
+  routes.prune();
   for (auto it = told.begin(); it != told.end();) {
     if (capture_id(it->stream) == it->id) {
       ++it;
@@ -184,19 +141,12 @@ void tell_capture(c10::DeviceIndex device, cudaStream_t stream) {
 // The pool an allocation on `stream` goes to, if a route takes it. Told captures and routes
 // that are over go first.
 std::optional<c10::cuda::MempoolId_t> route(c10::DeviceIndex device, cudaStream_t stream) {
-  if (route_count.load(std::memory_order_acquire) == 0) {
+  if (routes.empty()) {
     return std::nullopt;
   }
   std::lock_guard<std::mutex> lock(routes_mutex);
   end_finished_captures();
-  // The innermost first, as PyTorch's allocator looks (a use_mem_pool inside another, or
-  // inside a capture).
-  for (auto r = routes.rbegin(); r != routes.rend(); ++r) {
-    if (r->device == device && r->filter(stream)) {
-      return r->pool;
-    }
-  }
-  return std::nullopt;
+  return routes.find(device, stream);
 }
 
 // While `stream` is being captured into a CUDA graph, switches the calling thread to relaxed
@@ -230,7 +180,7 @@ class RelaxedCapture {
 };
 
 void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-  if (route_count.load(std::memory_order_acquire) == 0) {
+  if (routes.empty()) {
     return lib.malloc(size, device, stream);
   }
   RelaxedCapture relaxed(stream);
@@ -373,7 +323,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     {
       std::lock_guard<std::mutex> lock(routes_mutex);
       end_finished_captures();
-      if (route_count.load(std::memory_order_acquire) > 0) {
+      if (!routes.empty()) {
         return;
       }
     }
@@ -502,20 +452,18 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       c10::cuda::MempoolId_t pool,
       std::function<bool(cudaStream_t)> filter) override {
     const cudaStream_t origin = c10::cuda::getCurrentCUDAStream(device).stream();
-    const unsigned long long capture = capture_id(origin);
-    const bool scoped = capture != 0 || !filter(origin);
-    check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
     std::lock_guard<std::mutex> lock(routes_mutex);
     end_finished_captures();
-    for (const Route& r : routes) {
-      if (r.device == device && r.pool == pool) {
-        lib.pool_release(device, pool.first, pool.second);
-        fail(CUDALLOC_HERE, "already allocating to private pool " + pool_name(pool));
-      }
+    if (routes.has(device, pool)) {
+      fail(CUDALLOC_HERE, "already allocating to private pool " + pool_name(pool));
     }
-    routes.push_back(Route{
-        device, pool, std::move(filter), origin, std::this_thread::get_id(), scoped, capture});
-    route_count.fetch_add(1, std::memory_order_release);
+    check(lib.pool_acquire(device, pool.first, pool.second), "pool_acquire");
+    try {
+      routes.begin(device, pool, std::move(filter), origin);
+    } catch (...) {  // the filter threw
+      lib.pool_release(device, pool.first, pool.second);
+      throw;
+    }
   }
 
   // CUDAGraph::capture_end calls it after the capture ended: a told capture that is over
@@ -525,17 +473,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
     std::lock_guard<std::mutex> lock(routes_mutex);
-    auto same = [&](const Route& r) { return r.device == device && r.pool == pool; };
-    auto it = std::find_if(routes.begin(), routes.end(), [&](const Route& r) {
-      return same(r) && r.origin == current;
-    });
-    if (it == routes.end()) {
-      it = std::find_if(routes.begin(), routes.end(), same);
-    }
-    if (it != routes.end()) {
-      routes.erase(it);
-      route_count.fetch_sub(1, std::memory_order_release);
-    }
+    routes.end(device, pool, current);
     end_finished_captures();
   }
 

@@ -1,0 +1,145 @@
+"""The allocation routes of the PyTorch backend (``csrc/routes.h``), compiled with the system's
+C++ compiler against a scripted capture state and run: no torch and no GPU needed. Each case
+is a small C++ program that prints what it checks; the test fails if the header does not compile
+(with warnings as errors) or a check fails. A machine without ``c++`` fails it, naming why."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+CSRC = os.path.join(os.path.dirname(__file__), "..", "cudalloc_torch", "csrc")
+
+# A harness: streams are ints, pools pairs of ints; `captures[s]` is stream s's capture id
+# (0: not captured), changed by each case as PyTorch and the driver would.
+PRELUDE = r"""
+#include "routes.h"
+#include <cstdio>
+#include <map>
+#include <thread>
+#include <utility>
+using Pool = std::pair<unsigned long long, unsigned long long>;
+std::map<int, unsigned long long> captures;
+unsigned long long capture_of(int s) { return captures.count(s) ? captures[s] : 0; }
+int fails = 0;
+#define CHECK(c) do { if (!(c)) { std::printf("FAILED line %d: %s\n", __LINE__, #c); ++fails; } } while (0)
+// A CUDAGraph's filter: streams in capture `id` (what torch's reads from its CUDAGraph).
+std::function<bool(int)> graph_filter(unsigned long long id) {
+  return [id](int s) { return id != 0 && capture_of(s) == id; };
+}
+int main() {
+  cudalloc_torch::Routes<int, Pool> routes{capture_of};
+  const Pool graph{1, 0}, pool{0, 7};
+"""
+EPILOGUE = r"""
+  std::printf("fails %d\n", fails);
+  return fails != 0;
+}
+"""
+
+CASES = {
+    # A capture that succeeds: another thread's call before the capture began keeps its
+    # route; the route takes the capture's allocations and ends with endAllocateToPool.
+    "another_threads_call_before_the_capture_keeps_the_route": r"""
+  unsigned long long id = 0;
+  auto filter = [&id](int s) { return id != 0 && capture_of(s) == id; };
+  CHECK(routes.begin(0, graph, filter, 5));
+  std::thread([&] { routes.prune(); }).join();
+  CHECK(routes.size() == 1);
+  captures[5] = 42; id = 42;          // cudaStreamBeginCapture on stream 5
+  routes.prune();
+  CHECK(routes.find(0, 5) == std::optional<Pool>(graph));
+  CHECK(!routes.find(0, 6).has_value());
+  captures[5] = 0;                     // cudaStreamEndCapture succeeded
+  routes.end(0, graph, 5);             // endAllocateToPool
+  CHECK(routes.empty() && routes.size() == 0);
+""",
+    "a_failed_capture_drops_its_route_once_its_stream_leaves_it": r"""
+  unsigned long long id = 0;
+  auto filter = [&id](int s) { return id != 0 && capture_of(s) == id; };
+  CHECK(routes.begin(0, graph, filter, 5));
+  captures[5] = 42; id = 42;
+  std::thread([&] { routes.prune(); }).join();  // seen captured by any thread: bound
+  captures[5] = 0;                     // capture_end threw: no endAllocateToPool
+  std::thread([&] { routes.prune(); }).join();  // another thread's next allocation
+  CHECK(routes.empty());
+  CHECK(!routes.has(0, graph));
+  CHECK(routes.begin(0, graph, graph_filter(43), 5));  // the pool can be captured into again
+""",
+    "a_failed_capture_never_seen_is_dropped_at_its_threads_next_call": r"""
+  CHECK(routes.begin(0, graph, graph_filter(0), 5));
+  std::thread([&] { routes.prune(); }).join();  // other threads cannot tell: kept
+  CHECK(routes.size() == 1);
+  routes.prune();                      // the capture thread, after its capture failed
+  CHECK(routes.empty());
+""",
+    "a_mem_pool_route_is_never_pruned": r"""
+  const auto me = std::this_thread::get_id();
+  CHECK(routes.begin(0, pool, [me](int) { return std::this_thread::get_id() == me; }, 0));
+  routes.prune();
+  std::thread([&] { routes.prune(); }).join();
+  CHECK(routes.find(0, 3) == std::optional<Pool>(pool));
+  CHECK(!routes.find(1, 3).has_value());  // another device
+  routes.end(0, pool, 0);
+  CHECK(routes.empty());
+""",
+    "a_route_begun_inside_a_capture_ends_with_it": r"""
+  captures[5] = 42;
+  CHECK(routes.begin(0, pool, [](int) { return true; }, 5));  // use_mem_pool inside a capture
+  routes.prune();
+  CHECK(routes.size() == 1);
+  captures[5] = 0;
+  routes.prune();
+  CHECK(routes.empty());
+""",
+    "the_innermost_route_takes_an_allocation_and_a_second_route_to_a_pool_is_refused": r"""
+  CHECK(routes.begin(0, pool, [](int) { return true; }, 0));
+  captures[5] = 42;
+  CHECK(routes.begin(0, graph, graph_filter(42), 5));
+  CHECK(!routes.begin(0, graph, graph_filter(42), 5));
+  CHECK(routes.size() == 2);
+  CHECK(routes.find(0, 5) == std::optional<Pool>(graph));
+  CHECK(routes.find(0, 9) == std::optional<Pool>(pool));
+""",
+    "end_takes_the_callers_route_first": r"""
+  // The capture's route was pruned by another thread before endAllocateToPool, and a route to
+  // the same pool was begun meanwhile on stream 8: the capture thread's end leaves it.
+  CHECK(routes.begin(0, graph, [](int) { return true; }, 8));
+  routes.end(0, graph, 5);
+  CHECK(routes.size() == 0);  // no route of stream 5: the only one of the pool goes
+  CHECK(routes.begin(0, graph, [](int) { return true; }, 8));
+  CHECK(routes.begin(0, pool, [](int) { return true; }, 5));
+  routes.end(0, graph, 5);
+  CHECK(!routes.has(0, graph) && routes.has(0, pool));
+""",
+}
+
+
+def compiler():
+    return shutil.which("c++") or shutil.which("g++")
+
+
+class RoutesRules(unittest.TestCase):
+    def run_case(self, name, body):
+        cxx = compiler()
+        self.assertIsNotNone(cxx, "no C++ compiler (c++ or g++) to build csrc/routes.h with")
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, f"{name}.cpp"), os.path.join(d, name)
+            with open(src, "w") as f:
+                f.write(PRELUDE + body + EPILOGUE)
+            build = subprocess.run(
+                [cxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-pthread", "-I", CSRC, src,
+                 "-o", exe], capture_output=True, text=True)
+            self.assertEqual(build.returncode, 0, build.stderr[-3000:])
+            run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            self.assertIn("fails 0", run.stdout)
+
+
+for _name, _body in CASES.items():
+    setattr(RoutesRules, f"test_{_name}",
+            lambda self, n=_name, b=_body: self.run_case(n, b))
+
+if __name__ == "__main__":
+    unittest.main()
