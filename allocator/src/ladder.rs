@@ -525,17 +525,19 @@ impl<D: Device, P: Policy> Pool<D, P> {
 
 impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// Gives everything back to the device: live allocations die with the pool. While a capture
-    /// the pool was told of is underway, or a stream of the pool is being captured (a capture
-    /// it was not told of), the memory goes back
-    /// without a wait (`Core::release_all_unwaited`), and a pinned host buffer (`sleep`'s)
-    /// stays allocated, since its wait and its free would invalidate the capture. When the
-    /// release fails otherwise, the pool waits for the device and then gives back what is left
-    /// the same way (without the wait too when the device refuses it).
+    /// the pool was told of is underway, the memory goes back without a wait
+    /// (`Core::release_all_unwaited`), and a pinned host buffer (`sleep`'s) stays allocated,
+    /// since its wait and its free would invalidate the capture. When the release fails
+    /// otherwise, the pool waits for the device and then gives back what is left the same way
+    /// (without the wait too when the device refuses it). The drop asks the driver nothing of
+    /// the streams the pool has seen: a program may have destroyed them already (a Rust program
+    /// drops its streams before the allocator as often as after), and the driver may crash on
+    /// a destroyed stream's handle.
     fn drop(&mut self) {
         // A capture the caller told of may be of a stream the pool holds nothing of.
         let told = self.core.capturing();
         let _ = self.core.abandon_captures(&mut self.policy);
-        let unwaited = told || self.core.sees_capture();
+        let unwaited = told;
         if !unwaited {
             let _ = self.core.synchronize_and_free_events(&mut self.policy);
         }

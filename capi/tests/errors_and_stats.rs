@@ -120,7 +120,11 @@ fn out_of_memory_is_its_own_kind_on_a_gpu() {
     assert_eq!(torch_values()[0], 0, "freed by pointer alone");
     let before = stats_json()["capi"]["free_errors"].as_u64().unwrap();
     cudalloc_free(ok, 0, -1, null());
-    assert!(last_error_message().contains("not a live"), "{}", last_error_message());
+    assert!(
+        last_error_message().contains("not a live"),
+        "{}",
+        last_error_message()
+    );
     assert_eq!(
         stats_json()["capi"]["free_errors"].as_u64(),
         Some(before + 1),

@@ -350,7 +350,8 @@ def graph_capture(quick):
 
 def failed_capture(quick):
     """A capture that fails (``.item()`` inside it: the driver refuses the sync and the capture
-    is invalidated, so ending it raises), its graph dropped, then eager work on the stream the
+    is invalidated, so ending it raises; PyTorch's random generator stays in capture mode until
+    a capture ends well), its graph dropped, then eager work on the stream the
     program was on: tensors, and one made on a side stream and handed over with
     ``record_stream``, freed; ``empty_cache`` must give their memory back (on cudalloc: PyTorch's
     own allocator keeps the failed capture underway and gives nothing back, so there the figure
@@ -386,11 +387,13 @@ def failed_capture(quick):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     given_back = (before - torch.cuda.memory_reserved()) // MiB
-    static = torch.randn(1024, 1024, device="cuda")
+    # No random numbers until a capture has ended well: the failed one left the generator in
+    # capture mode ("Offset increment outside graph capture"), on any allocator.
+    static = torch.linspace(-1, 1, 1024 * 1024, device="cuda").reshape(1024, 1024)
     second = torch.cuda.CUDAGraph()
     with torch.cuda.graph(second):
         out = static @ static
-    static.copy_(torch.randn_like(static))
+    static.mul_(0.5).add_(0.25)
     second.replay()
     torch.cuda.synchronize()
     diff = float((out - static @ static).abs().max())

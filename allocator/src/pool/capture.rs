@@ -27,9 +27,8 @@
 //! block kept deferred on that ground could stay so for good, asking again at every
 //! allocation).
 //!
-//! A pool dropped during a capture it was told of, or while the driver says a stream of it is
-//! being captured (a block's, one that used one, or one a freed block's event waits on:
-//! `Core::sees_capture`), waits for nothing:
+//! A pool dropped during a capture it was told of waits for nothing (one it was not told of
+//! it cannot see: the drop asks nothing of streams, which may be destroyed by then):
 //! its deferred blocks, those waiting for events and its releasing pages go back without their
 //! events (`Core::release_all_unwaited`), as its live allocations do, and a pinned host buffer
 //! stays allocated. The `free` of fixed segments (`torch`) is refused outside relaxed mode
@@ -150,20 +149,6 @@ impl<D: Device> Core<D> {
     pub(crate) fn used_in_capture(&self, id: BlockId) -> bool {
         let captured = |s| matches!(self.device.is_capturing(s), Ok(true));
         self.blocks[id].stream_uses.iter().any(|&s| captured(s))
-    }
-
-    /// Whether the driver says a stream of this pool is being captured now: a block's own, one
-    /// that used it, or one an event of a freed block waits on. A pool being dropped makes no
-    /// wait then (one would invalidate the capture).
-    pub(crate) fn sees_capture(&self) -> bool {
-        let mut streams: std::collections::BTreeSet<_> = self.pending.keys().copied().collect();
-        for (_, b) in self.blocks.iter() {
-            streams.insert(b.stream);
-            streams.extend(b.stream_uses.iter().copied());
-        }
-        streams
-            .into_iter()
-            .any(|s| matches!(self.device.is_capturing(s), Ok(true)))
     }
 
     /// True while a capture the caller told of is underway.

@@ -2,8 +2,9 @@
 //! the allocator makes no call that invalidates it, under every policy and capture mode; the
 //! `torch` policy's growth is refused with `AllocError::DuringCapture` outside relaxed mode.
 //!
-//! Not told of a capture, a pool dropped while a stream of its blocks is being captured waits
-//! for nothing and gives its memory back, and the capture stays valid.
+//! A pool dropped during a capture it was told of waits for nothing and gives its memory back,
+//! and the capture stays valid; the legacy stream counts as captured while a blocking stream is
+//! (the driver's error 906).
 //!
 //! A binary of its own, its tests one at a time (`CAPTURES`): a global-mode capture refuses
 //! the unsafe calls of every thread of the process, so a test running beside it would break it
@@ -65,13 +66,14 @@ fn a_capture_stays_valid_under_every_policy_and_mode() {
     }
 }
 
-/// A pool dropped during a capture it was not told of, of a stream that used one of its freed
+/// A pool dropped during a capture it was told of, of a stream that used one of its freed
 /// blocks (`record_stream`), frees that block and the rest without a wait: the capture ends
 /// without error and the device's free memory is back (within 64 MiB). `torch` only in relaxed
-/// mode: the other modes refuse the `cudaFree` of its segments.
+/// mode: the other modes refuse the `cudaFree` of its segments. (A drop asks nothing of the
+/// streams, which may be destroyed by then: a capture the pool was not told of is not seen.)
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_pool_dropped_during_a_capture_it_was_not_told_of_leaves_it_valid() {
+fn a_pool_dropped_during_a_capture_it_was_told_of_leaves_it_valid() {
     let _g = CAPTURES.lock().unwrap_or_else(|e| e.into_inner());
     let mut cases: Vec<(Policy, CaptureMode)> = [Policy::Default, Policy::TorchExpandable]
         .into_iter()
@@ -91,6 +93,7 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_leaves_it_valid() {
         dev.begin_capture(s, mode).unwrap();
         pool.free(used).unwrap();
         assert_eq!(pool.deferred_blocks(), 1, "{policy:?} {mode:?}");
+        pool.begin_capture(mode);
         drop(pool);
         let ended = dev.end_capture(s);
         let now = dev.mem_info().unwrap().0;
@@ -106,10 +109,10 @@ fn a_pool_dropped_during_a_capture_it_was_not_told_of_leaves_it_valid() {
 }
 
 /// While a blocking stream is being captured, the driver answers a query of the legacy stream
-/// with error 906 (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): the device says "captured" then, and
-/// a pool whose blocks are on the legacy stream, dropped during that capture, waits for
-/// nothing (an event recorded or waited on the legacy stream would break the capture). Every
-/// mode: the driver's documentation makes no exception for relaxed mode.
+/// with error 906 (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), in every mode: the device says
+/// "captured" then, so a block the legacy stream used (`record_stream`), freed during that
+/// capture (one the pool was not told of), is deferred rather than given an event on the
+/// legacy stream, which would join or break the capture.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_legacy_stream_counts_as_captured_while_a_blocking_stream_is() {
@@ -117,29 +120,27 @@ fn the_legacy_stream_counts_as_captured_while_a_blocking_stream_is() {
     for policy in [Policy::Default, Policy::TorchExpandable] {
         for mode in CaptureMode::ALL {
             let dev = Arc::new(CudaDevice::new(0).unwrap());
-            let s = dev.create_stream().unwrap();
+            let (s, side) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
             let legacy = cudalloc_sys::StreamId::DEFAULT;
-            let baseline = dev.mem_info().unwrap().0;
             let mut pool = Pool::new(dev.clone(), Config::for_policy(policy));
-            let _live = pool.allocate(512 * MIB, legacy).unwrap();
-            let cached = pool.allocate(300 * MIB, legacy).unwrap();
-            pool.free(cached).unwrap();
+            let used = pool.allocate(64 * MIB, side).unwrap();
+            pool.record_stream(&used, legacy).unwrap();
             dev.begin_capture(s, mode).unwrap();
             let seen = dev.is_capturing(legacy);
+            pool.free(used).unwrap();
+            let deferred = pool.deferred_blocks();
+            pool.begin_capture(mode);
             drop(pool);
             let ended = dev.end_capture(s);
-            let now = dev.mem_info().unwrap().0;
-            println!("{policy:?} {mode:?}: legacy {seen:?}, end {ended:?}, free {now} against {baseline}");
+            println!("{policy:?} {mode:?}: legacy {seen:?}, deferred {deferred}, end {ended:?}");
             assert!(
                 matches!(seen, Ok(true)),
                 "{policy:?} {mode:?}: legacy stream {seen:?}"
             );
+            assert_eq!(deferred, 1, "{policy:?} {mode:?}");
             ended.unwrap_or_else(|e| panic!("{policy:?} {mode:?}: the capture broke: {e}"));
-            assert!(
-                now + 64 * MIB >= baseline,
-                "{policy:?} {mode:?}: free memory {now} below baseline {baseline}"
-            );
             dev.destroy_stream(s).unwrap();
+            dev.destroy_stream(side).unwrap();
         }
     }
 }
