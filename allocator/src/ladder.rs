@@ -530,13 +530,23 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// since its wait and its free would invalidate the capture. When the release fails
     /// otherwise, the pool waits for the device and then gives back what is left the same way
     /// (without the wait too when the device refuses it). The drop asks the driver nothing of
-    /// the streams the pool has seen: a program may have destroyed them already (a Rust program
-    /// drops its streams before the allocator as often as after), and the driver may crash on
-    /// a destroyed stream's handle.
+    /// the streams the pool has seen and records no event on them (blocks deferred for a
+    /// capture go back after a wait for the whole device, live blocks without events): a
+    /// program may have destroyed them already (a Rust program drops its streams before the
+    /// allocator as often as after), and the driver may crash on a destroyed stream's handle.
+    /// Only where a query or wait of one of the pool's own events fails does it record that
+    /// event again on its stream.
     fn drop(&mut self) {
-        // A capture the caller told of may be of a stream the pool holds nothing of.
+        // A capture the caller told of may be of a stream the pool holds nothing of. Blocks
+        // deferred for a capture go back without their events: after a wait for the whole
+        // device (no stream handle) unless a capture is underway.
         let told = self.core.capturing();
-        let _ = self.core.abandon_captures(&mut self.policy);
+        self.core.forget_captures();
+        if !told && self.core.deferred_blocks() > 0 {
+            self.core.stats.device_waits += 1;
+            let _ = self.core.device.synchronize_device();
+        }
+        self.core.forget_deferred(&mut self.policy);
         let unwaited = told;
         if !unwaited {
             let _ = self.core.synchronize_and_free_events(&mut self.policy);
@@ -562,6 +572,8 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             })
             .collect();
         for a in live {
+            // Live memory dies with the pool: no event on the streams that used it.
+            self.core.blocks[a.block].stream_uses.clear();
             let _ = self.free_handle(&a);
         }
         if unwaited {

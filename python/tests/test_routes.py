@@ -52,7 +52,7 @@ CASES = {
   CHECK(routes.find(0, 5) == std::optional<Pool>(graph));
   CHECK(!routes.find(0, 6).has_value());
   captures[5] = 0;                     // cudaStreamEndCapture succeeded
-  routes.end(0, graph, 5);             // endAllocateToPool
+  routes.end(0, graph);                // endAllocateToPool
   CHECK(routes.empty() && routes.size() == 0);
 """,
     "a_failed_capture_drops_its_route_once_its_stream_leaves_it": r"""
@@ -81,7 +81,7 @@ CASES = {
   std::thread([&] { routes.prune(); }).join();
   CHECK(routes.find(0, 3) == std::optional<Pool>(pool));
   CHECK(!routes.find(1, 3).has_value());  // another device
-  routes.end(0, pool, 0);
+  routes.end(0, pool);
   CHECK(routes.empty());
 """,
     "a_route_begun_inside_a_capture_ends_with_it": r"""
@@ -102,16 +102,15 @@ CASES = {
   CHECK(routes.find(0, 5) == std::optional<Pool>(graph));
   CHECK(routes.find(0, 9) == std::optional<Pool>(pool));
 """,
-    "end_takes_the_callers_route_first": r"""
+    "end_ends_only_a_route_of_the_calling_thread": r"""
   // The capture's route was pruned by another thread before endAllocateToPool, and a route to
-  // the same pool was begun meanwhile on stream 8: the capture thread's end leaves it.
-  CHECK(routes.begin(0, graph, [](int) { return true; }, 8));
-  routes.end(0, graph, 5);
-  CHECK(routes.size() == 0);  // no route of stream 5: the only one of the pool goes
-  CHECK(routes.begin(0, graph, [](int) { return true; }, 8));
+  // the same pool was begun meanwhile by a third thread: the capture thread's end leaves it.
+  std::thread([&] { CHECK(routes.begin(0, graph, [](int) { return true; }, 8)); }).join();
+  routes.end(0, graph);
+  CHECK(routes.has(0, graph));
   CHECK(routes.begin(0, pool, [](int) { return true; }, 5));
-  routes.end(0, graph, 5);
-  CHECK(!routes.has(0, graph) && routes.has(0, pool));
+  routes.end(0, pool);
+  CHECK(!routes.has(0, pool) && routes.size() == 1);
 """,
 }
 

@@ -28,7 +28,8 @@
 //! allocation).
 //!
 //! A pool dropped during a capture it was told of waits for nothing (one it was not told of
-//! it cannot see: the drop asks nothing of streams, which may be destroyed by then):
+//! it does not see: the drop asks nothing of streams, which may be destroyed by then, and
+//! outside a told capture waits for the whole device before deferred blocks go back):
 //! its deferred blocks, those waiting for events and its releasing pages go back without their
 //! events (`Core::release_all_unwaited`), as its live allocations do, and a pinned host buffer
 //! stays allocated. The `free` of fixed segments (`torch`) is refused outside relaxed mode
@@ -87,16 +88,6 @@ impl<D: Device> Core<D> {
             self.record_deferred(policy)?;
         }
         Ok(())
-    }
-
-    /// Forgets every capture (the pool is being dropped) and records the deferred events.
-    pub(crate) fn abandon_captures<P: Observer>(
-        &mut self,
-        policy: &mut P,
-    ) -> Result<(), AllocError> {
-        self.captures = 0;
-        self.strict_captures = 0;
-        self.record_deferred(policy)
     }
 
     /// The invariants of the module docs about captures.
@@ -176,6 +167,13 @@ impl<D: Device> Core<D> {
             self.blocks[id].stream_uses.clear();
             self.free_block(policy, id);
         }
+    }
+
+    /// Ends every capture without recording the deferred blocks' events (a pool being dropped:
+    /// their streams may be destroyed); those blocks go back with `forget_deferred`.
+    pub(crate) fn forget_captures(&mut self) {
+        self.captures = 0;
+        self.strict_captures = 0;
     }
 
     /// Blocks freed during a capture whose events wait for its end.

@@ -459,25 +459,38 @@ fn a_pool_dropped_during_a_capture_it_was_told_of_waits_for_nothing() {
 /// one, one an event waits on): a program may have destroyed them before the allocator, and
 /// the driver may crash on a destroyed stream's handle (it did on the H200: the `swap`
 /// example and the `gpu` tests, whose streams die first, ended with a segmentation fault when
-/// the drop asked `cuStreamIsCapturing` of each). It waits on its own events instead.
+/// the drop asked `cuStreamIsCapturing` of each). Neither for a live block another stream used,
+/// nor for a block deferred for a capture: it waits on its own events, or for the device.
 #[test]
 fn a_pool_dropped_asks_nothing_of_its_streams() {
     for policy in [Policy::Default, Policy::TorchExpandable, Policy::Torch] {
         let (sim, mut pool) = pool_for(policy);
         sim.set_auto_complete(false);
         let a = alloc(&mut pool, 4 * MIB, SIDE);
-        let _live = alloc(&mut pool, 30 * MIB, SIDE);
+        let live = alloc(&mut pool, 30 * MIB, SIDE);
         let cached = alloc(&mut pool, 6 * MIB, CAP);
+        let owed = alloc(&mut pool, 2 * MIB, SIDE);
         pool.record_stream(&a, CAP).unwrap();
+        pool.record_stream(&live, CAP).unwrap();
+        pool.record_stream(&owed, StreamId(9)).unwrap();
         free(&mut pool, a);
         free(&mut pool, cached);
+        sim.begin_capture(StreamId(9), CaptureMode::Global).unwrap();
+        free(&mut pool, owed); // deferred: its stream is captured
+        let _ = sim.end_capture(StreamId(9));
         assert_eq!(pool.pending_events(), 1, "{policy:?}");
-        let asked = sim.calls(Call::CaptureStatus);
+        assert_eq!(pool.deferred_blocks(), 1, "{policy:?}");
+        let (asked, recorded) = (sim.calls(Call::CaptureStatus), sim.calls(Call::RecordEvent));
         drop(pool);
         assert_eq!(
             sim.calls(Call::CaptureStatus),
             asked,
-            "{policy:?}: a stream was asked"
+            "{policy:?}: a stream asked"
+        );
+        assert_eq!(
+            sim.calls(Call::RecordEvent),
+            recorded,
+            "{policy:?}: an event recorded"
         );
         sim.complete_all();
         assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");

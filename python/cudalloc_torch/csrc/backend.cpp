@@ -468,12 +468,10 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
 
   // CUDAGraph::capture_end calls it after the capture ended: a told capture that is over
   // ends here (one still running, as around a use_mem_pool inside a capture, does not).
-  // The route begun on the calling thread's current stream goes first (a route of the same
-  // pool another thread began after the capture's route was pruned stays).
+  // Only a route the calling thread began ends (Routes::end).
   void endAllocateToPool(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
-    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
     std::lock_guard<std::mutex> lock(routes_mutex);
-    routes.end(device, pool, current);
+    routes.end(device, pool);
     end_finished_captures();
   }
 

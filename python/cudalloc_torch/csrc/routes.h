@@ -72,17 +72,14 @@ class Routes {
     return true;
   }
 
-  // Ends the route of `device` to `pool`: the one begun on `current` (the calling thread's
-  // current stream) first, so that a route of the same pool another thread began after this
-  // one was pruned stays. Nothing if there is none (prune may have dropped it).
-  void end(int device, const Pool& pool, Stream current) {
-    auto same = [&](const Route& r) { return r.device == device && r.pool == pool; };
+  // Ends the route of `device` to `pool` if the calling thread began it: nothing otherwise
+  // (prune may have dropped the caller's, and another thread begun one to the same pool since,
+  // which stays; a capture's route that another thread ends is pruned once its capture is).
+  void end(int device, const Pool& pool) {
+    const auto me = std::this_thread::get_id();
     auto it = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) {
-      return same(r) && r.origin == current;
+      return r.device == device && r.pool == pool && r.thread == me;
     });
-    if (it == routes_.end()) {
-      it = std::find_if(routes_.begin(), routes_.end(), same);
-    }
     if (it != routes_.end()) {
       erase(it);
     }
