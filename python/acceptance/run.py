@@ -116,7 +116,7 @@ def compare(result, ref):
     if ref is None or not ref.get("ok"):
         return "no ref"
     keys = [k for k in ("fitted", "largest_batch", "went_on", "checks", "overwritten",
-                        "max_abs_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
+                        "max_abs_diff", "max_rel_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
                         "restores", "restores_that_changed_the_pool", "differing_runs",
                         "live_peak_mib", "given_back_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
                         "syncs_1.03x", "step_ms_1.03x")
