@@ -530,13 +530,14 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// since its wait and its free would invalidate the capture. When the release fails
     /// otherwise, the pool waits for the device and then gives back what is left the same way
     /// (without the wait too when the device refuses it). The drop asks the driver nothing of
-    /// the streams the pool has seen and records no event on them (blocks deferred for a
-    /// capture go back after a wait for the whole device, live blocks without events): a
-    /// program may have destroyed them already (a Rust program drops its streams before the
-    /// allocator as often as after), and the driver may crash on a destroyed stream's handle.
-    /// Only where a query or wait of one of the pool's own events fails does it record that
-    /// event again on its stream.
+    /// the streams the pool has seen and records no event on them: a program may have
+    /// destroyed them already (a Rust program drops its streams before the allocator as often
+    /// as after), and the driver may crash on a destroyed stream's handle. Blocks deferred for
+    /// a capture go back after a wait for the whole device, live blocks without events, and a
+    /// block whose event cannot be queried or waited for (`Core::dropping`) after the
+    /// fallback's wait for the whole device.
     fn drop(&mut self) {
+        self.core.dropping = true;
         // A capture the caller told of may be of a stream the pool holds nothing of. Blocks
         // deferred for a capture go back without their events: after a wait for the whole
         // device (no stream handle) unless a capture is underway.

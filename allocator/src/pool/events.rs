@@ -112,14 +112,17 @@ impl<D: Device> Core<D> {
 
     /// Records event `ev` again on `stream` after its query or wait failed with `error`: not
     /// when a capture refused the call (the event is fine then), nor while `stream` is being
-    /// captured (the record would join the graph). True when it was recorded again.
+    /// captured (the record would join the graph), nor while the pool is being dropped (the
+    /// program may have destroyed `stream`: the drop gives the block back without its wait).
+    /// True when it was recorded again.
     pub(super) fn record_event_again(
         &self,
         ev: EventHandle,
         stream: StreamId,
         error: &DeviceError,
     ) -> bool {
-        !error.is_capture_unsupported()
+        !self.dropping
+            && !error.is_capture_unsupported()
             && matches!(self.device.is_capturing(stream), Ok(false))
             && self.device.record_event(ev, stream).is_ok()
     }

@@ -248,6 +248,8 @@ pub struct Core<D: Device> {
     /// Ranges a policy released during its current call ([`Core::release_empty_range`]), which
     /// the pool tells the policy of once the call returns.
     pub(crate) released_ranges: Vec<u32>,
+    /// The pool is being dropped: no event is recorded again on its stream (`events`).
+    pub(crate) dropping: bool,
 }
 
 impl<D: Device> Core<D> {
@@ -275,6 +277,7 @@ impl<D: Device> Core<D> {
             strict_captures: 0,
             deferred: Vec::new(),
             capture_refused: false,
+            dropping: false,
             spare_events: Vec::new(),
             peers: Vec::new(),
             shared: None,

@@ -497,6 +497,39 @@ fn a_pool_dropped_asks_nothing_of_its_streams() {
     }
 }
 
+/// Nor when the device refuses to wait for the pool's events: the drop does not record them
+/// again on their streams (the program may have destroyed those), it gives the blocks back
+/// without their waits.
+#[test]
+fn a_pool_whose_event_waits_fail_asks_nothing_of_its_streams_when_dropped() {
+    for policy in [Policy::Default, Policy::TorchExpandable, Policy::Torch] {
+        let (sim, mut pool) = pool_for(policy);
+        sim.set_auto_complete(false);
+        let a = alloc(&mut pool, 4 * MIB, SIDE);
+        pool.record_stream(&a, CAP).unwrap();
+        free(&mut pool, a);
+        assert_eq!(pool.pending_events(), 1, "{policy:?}");
+        sim.fail_always(Call::SynchronizeEvent);
+        sim.fail_always(Call::QueryEvent);
+        let (asked, recorded) = (sim.calls(Call::CaptureStatus), sim.calls(Call::RecordEvent));
+        drop(pool);
+        let what = format!("{policy:?}");
+        assert_eq!(
+            sim.calls(Call::CaptureStatus),
+            asked,
+            "{what}: a stream asked"
+        );
+        assert_eq!(
+            sim.calls(Call::RecordEvent),
+            recorded,
+            "{what}: an event recorded"
+        );
+        sim.clear_faults();
+        sim.complete_all();
+        assert_eq!(sim.outstanding_bytes(), 0, "{what}: nothing leaked");
+    }
+}
+
 /// Nor for a sleeping pool's host buffer, which holds the offloaded bytes; nor while the
 /// capture is underway on a stream the pool holds nothing of (a global capture
 /// refuses a wait on any stream). Found by a second review.
