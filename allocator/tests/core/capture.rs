@@ -328,17 +328,25 @@ fn a_free_before_the_pool_is_told_of_a_capture_records_no_event_into_it() {
     }
 }
 
+/// A pool under `policy` on a device that completes nothing by itself, holding one free 4 MiB
+/// block of `SIDE` that waits for an event of `CAP` (used there with `record_stream`); and the
+/// block's address.
+fn waiting_for_cap(policy: Policy) -> (Sim, Pool<Sim>, u64) {
+    let (sim, mut pool) = pool_for(policy);
+    sim.set_auto_complete(false);
+    let a = alloc(&mut pool, 4 * MIB, SIDE);
+    let at = a.ptr();
+    pool.record_stream(&a, CAP).unwrap();
+    free(&mut pool, a);
+    (sim, pool, at)
+}
+
 /// An event of a stream under a capture the pool was not told of, whose query fails, holds
 /// its block back until the capture has ended; it fails no allocation meanwhile.
 #[test]
 fn an_unanswered_event_of_a_captured_stream_fails_no_allocation() {
     for policy in [Policy::Default, Policy::TorchExpandable, Policy::Torch] {
-        let (sim, mut pool) = pool_for(policy);
-        sim.set_auto_complete(false);
-        let a = alloc(&mut pool, 4 * MIB, SIDE);
-        let at = a.ptr();
-        pool.record_stream(&a, CAP).unwrap();
-        free(&mut pool, a);
+        let (sim, mut pool, at) = waiting_for_cap(policy);
         sim.begin_capture(CAP, CaptureMode::Relaxed).unwrap();
         sim.fail_next(); // the event's query
         let b = alloc(&mut pool, 512, SIDE);
@@ -480,21 +488,24 @@ fn a_pool_dropped_asks_nothing_of_its_streams() {
         let _ = sim.end_capture(StreamId(9));
         assert_eq!(pool.pending_events(), 1, "{policy:?}");
         assert_eq!(pool.deferred_blocks(), 1, "{policy:?}");
-        let (asked, recorded) = (sim.calls(Call::CaptureStatus), sim.calls(Call::RecordEvent));
-        drop(pool);
-        assert_eq!(
-            sim.calls(Call::CaptureStatus),
-            asked,
-            "{policy:?}: a stream asked"
-        );
-        assert_eq!(
-            sim.calls(Call::RecordEvent),
-            recorded,
-            "{policy:?}: an event recorded"
-        );
-        sim.complete_all();
-        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}: nothing leaked");
+        drop_asks_nothing_of_streams(&sim, pool, &format!("{policy:?}"));
     }
+}
+
+/// Drops `pool` and checks that the drop asked no stream for its capture status, recorded no
+/// event, and (once the device completes its work) leaked nothing.
+fn drop_asks_nothing_of_streams(sim: &Sim, pool: Pool<Sim>, what: &str) {
+    let calls = [Call::CaptureStatus, Call::RecordEvent];
+    let before = calls.map(|c| sim.calls(c));
+    drop(pool);
+    let after = calls.map(|c| sim.calls(c));
+    assert_eq!(
+        after, before,
+        "{what}: capture-status queries and event records"
+    );
+    sim.clear_faults();
+    sim.complete_all();
+    assert_eq!(sim.outstanding_bytes(), 0, "{what}: nothing leaked");
 }
 
 /// Nor when the device refuses to wait for the pool's events: the drop does not record them
@@ -503,30 +514,11 @@ fn a_pool_dropped_asks_nothing_of_its_streams() {
 #[test]
 fn a_pool_whose_event_waits_fail_asks_nothing_of_its_streams_when_dropped() {
     for policy in [Policy::Default, Policy::TorchExpandable, Policy::Torch] {
-        let (sim, mut pool) = pool_for(policy);
-        sim.set_auto_complete(false);
-        let a = alloc(&mut pool, 4 * MIB, SIDE);
-        pool.record_stream(&a, CAP).unwrap();
-        free(&mut pool, a);
+        let (sim, pool, _) = waiting_for_cap(policy);
         assert_eq!(pool.pending_events(), 1, "{policy:?}");
         sim.fail_always(Call::SynchronizeEvent);
         sim.fail_always(Call::QueryEvent);
-        let (asked, recorded) = (sim.calls(Call::CaptureStatus), sim.calls(Call::RecordEvent));
-        drop(pool);
-        let what = format!("{policy:?}");
-        assert_eq!(
-            sim.calls(Call::CaptureStatus),
-            asked,
-            "{what}: a stream asked"
-        );
-        assert_eq!(
-            sim.calls(Call::RecordEvent),
-            recorded,
-            "{what}: an event recorded"
-        );
-        sim.clear_faults();
-        sim.complete_all();
-        assert_eq!(sim.outstanding_bytes(), 0, "{what}: nothing leaked");
+        drop_asks_nothing_of_streams(&sim, pool, &format!("{policy:?}, waits refused"));
     }
 }
 
