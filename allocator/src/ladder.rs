@@ -534,8 +534,8 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// destroyed them already (a Rust program drops its streams before the allocator as often
     /// as after), and the driver may crash on a destroyed stream's handle. Blocks deferred for
     /// a capture go back after a wait for the whole device, live blocks without events, and a
-    /// block whose event cannot be queried or waited for (`Core::dropping`) after the
-    /// fallback's wait for the whole device.
+    /// block whose event the device will not wait for (`Core::dropping`) after the fallback's
+    /// wait for the whole device.
     fn drop(&mut self) {
         self.core.dropping = true;
         // A capture the caller told of may be of a stream the pool holds nothing of. Blocks

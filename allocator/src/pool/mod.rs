@@ -248,7 +248,8 @@ pub struct Core<D: Device> {
     /// Ranges a policy released during its current call ([`Core::release_empty_range`]), which
     /// the pool tells the policy of once the call returns.
     pub(crate) released_ranges: Vec<u32>,
-    /// The pool is being dropped: no event is recorded again on its stream (`events`).
+    /// The pool is being dropped: an event whose wait fails is not recorded again, nor its
+    /// stream asked whether it is captured (`Core::record_event_again`).
     pub(crate) dropping: bool,
 }
 

@@ -235,8 +235,9 @@ impl<D: Device> Core<D> {
 
     /// Waits for the events of every releasing block and unmaps them, in the order they started
     /// releasing: for the synchronizing paths only (each wait counted in `device_waits`). An
-    /// event that cannot be waited for is recorded again and waited for once more; the error of
-    /// a second failure is returned and the block stays releasing. A moved block whose unmap
+    /// event that cannot be waited for is recorded again and waited for once more (not while
+    /// the pool is dropped, `Core::dropping`: its error is returned at once); the error of a
+    /// second failure is returned and the block stays releasing. A moved block whose unmap
     /// fails stays (it holds no memory of its own), and so do the later blocks of its stream
     /// (see [`Core::poll_releasing`]); the rest go on, and its error is returned at the end.
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {

@@ -14,6 +14,11 @@ use pool::{alloc, check, free, Sim, MIB, S0, S1};
 /// kind of memory a drop must give back: live blocks, cached ones, a block waiting for another
 /// stream's event, and (under `default`, `keep_while_behind` off) pages on their way back.
 fn holding_everything(policy: Policy) -> (Sim, Pool<Sim>) {
+    holding(policy, true)
+}
+
+/// [`holding_everything`], with or without the block waiting for another stream's event.
+fn holding(policy: Policy, waiting: bool) -> (Sim, Pool<Sim>) {
     let cfg = if policy == Policy::Default {
         let mut d = DefaultConfig::default();
         d.rules.keep_while_behind = false;
@@ -27,15 +32,17 @@ fn holding_everything(policy: Policy) -> (Sim, Pool<Sim>) {
     sim.set_auto_complete(false);
     let cached: Vec<Allocation> = (0..30).map(|_| alloc(&mut pool, 3 * MIB, S0)).collect();
     let _live = alloc(&mut pool, 40 * MIB, S0);
-    let waits = alloc(&mut pool, 8 * MIB, S0);
-    pool.record_stream(&waits, S1).unwrap();
-    free(&mut pool, waits);
+    if waiting {
+        let waits = alloc(&mut pool, 8 * MIB, S0);
+        pool.record_stream(&waits, S1).unwrap();
+        free(&mut pool, waits);
+    }
     for a in cached {
         free(&mut pool, a);
     }
     // On another stream: stream 0's pages given back for it cannot move to it (`move_pages`).
     let _grown = alloc(&mut pool, 200 * MIB, StreamId(2));
-    assert_eq!(pool.pending_events(), 1, "{policy:?}");
+    assert_eq!(pool.pending_events(), usize::from(waiting), "{policy:?}");
     if policy == Policy::Default {
         assert!(pool.releasing_bytes() > 0, "nothing on its way back");
     }
@@ -55,6 +62,25 @@ fn a_pool_dropped_while_the_device_refuses_waits_gives_everything_back() {
         sim.clear_faults();
         common::assert_device_empty(&sim, &format!("{policy:?}"));
     }
+}
+
+/// Pages on their way back whose event the device will not wait for go back at the drop
+/// without that event being recorded again on their stream (the program may have destroyed it)
+/// and without the stream being asked whether it is captured.
+#[test]
+fn a_drop_records_no_event_again_for_pages_on_their_way_back() {
+    let (sim, pool) = holding(Policy::Default, false);
+    sim.fail_always(Call::SynchronizeEvent);
+    let calls = [Call::CaptureStatus, Call::RecordEvent, Call::WaitEvent];
+    let before = calls.map(|c| sim.calls(c));
+    drop(pool);
+    sim.clear_faults();
+    assert_eq!(
+        calls.map(|c| sim.calls(c)),
+        before,
+        "calls on the pool's streams"
+    );
+    common::assert_device_empty(&sim, "default, pages on their way back");
 }
 
 /// A drop whose release fails once (an unmap) still waits for the device before it gives the
