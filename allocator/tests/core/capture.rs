@@ -503,7 +503,7 @@ fn drop_asks_nothing_of_streams(sim: &Sim, pool: Pool<Sim>, what: &str) {
     let after = calls.map(|c| sim.calls(c));
     assert_eq!(
         after, before,
-        "{what}: capture-status queries and event records"
+        "{what}: capture-status queries, event records and waits"
     );
     sim.clear_faults();
     sim.complete_all();
