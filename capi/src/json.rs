@@ -11,6 +11,11 @@
 //! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits, the
 //!   pages moved (`Stats::pages_moved`), and the bytes given back and taken back before the
 //!   device caught up with them (`Stats::given_back_bytes`, `Stats::taken_back_bytes`);
+//! - `"excess"`: where the reserved bytes are now ([`cudalloc_core::Excess`], read after the
+//!   rest): `reserved`, `live` (what the live allocations asked for), `rounding`, `pending`
+//!   (waiting for other streams, or pages on their way back), `releasable` (free chunks the
+//!   pool could give back now), `pinned` (free bytes sharing a chunk or segment with a block in
+//!   use) and `pinned_pages` (the part of `pinned` in whole device pages);
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
@@ -71,6 +76,19 @@ pub fn stats<D: Device>(
             "pages_moved": snap.stats.pages_moved,
             "given_back_bytes": snap.stats.given_back_bytes,
             "taken_back_bytes": snap.stats.taken_back_bytes,
+        }),
+    );
+    let e = alloc.excess();
+    out.insert(
+        "excess".into(),
+        json!({
+            "reserved": e.reserved,
+            "live": e.live,
+            "rounding": e.rounding,
+            "pending": e.pending,
+            "releasable": e.releasable,
+            "pinned": e.pinned,
+            "pinned_pages": e.pinned_pages,
         }),
     );
     let tc = snap.stats.thread_cache;
@@ -260,6 +278,30 @@ mod tests {
         );
         assert_eq!(calls["taken_back_bytes"], 0, "{calls}");
         alloc.free(b).unwrap();
+    }
+
+    #[test]
+    fn the_excess_splits_the_reserved_bytes() {
+        // Under `default` a 3 MiB block beside the rest of its chunk: the parts add up to the
+        // reserved bytes, and the chunk's free bytes are pinned beside the live block.
+        let alloc = CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(Policy::Default),
+        );
+        let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
+        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (1, 0))).unwrap();
+        let e = &v["excess"];
+        let part = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
+        assert_eq!(part("live"), 3 << 20, "{e}");
+        assert_eq!(part("reserved"), v["reserved_bytes.all.current"].as_u64().unwrap());
+        let parts: u64 = ["live", "rounding", "pending", "releasable", "pinned"]
+            .iter()
+            .map(|k| part(k))
+            .sum();
+        assert_eq!(parts, part("reserved"), "{e}");
+        assert!(part("pinned") > 0, "{e}");
+        assert!(part("pinned_pages") <= part("pinned"), "{e}");
+        alloc.free(a).unwrap();
     }
 
     #[test]
