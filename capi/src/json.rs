@@ -293,7 +293,10 @@ mod tests {
         let e = &v["excess"];
         let part = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
         assert_eq!(part("live"), 3 << 20, "{e}");
-        assert_eq!(part("reserved"), v["reserved_bytes.all.current"].as_u64().unwrap());
+        assert_eq!(
+            part("reserved"),
+            v["reserved_bytes.all.current"].as_u64().unwrap()
+        );
         let parts: u64 = ["live", "rounding", "pending", "releasable", "pinned"]
             .iter()
             .map(|k| part(k))
