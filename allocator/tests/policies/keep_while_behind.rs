@@ -2,14 +2,15 @@
 //! back for a growth that the device has not caught up with (their stream's work still queued)
 //! are taken back into the cache, where the next requests of their stream find them, and until a
 //! give-back completes at once the policy is *behind*: no giant range is made, and giant blocks
-//! serve any request by best fit; a give-back that completes at once, or a cap, ends that.
+//! serve any request of the giant size by best fit (never a smaller one, which would pin the
+//! range's one chunk); a give-back that completes at once, or a cap, ends that.
 //! `Stats::given_back_bytes` and `Stats::taken_back_bytes` count both sides. Run
 //! with `SimDevice::set_auto_complete(false)`, so that work completes only when the test says.
 //! The core's invariants hold after every step.
 
 use crate::common::pool;
 
-use cudalloc::policy::default::{DefaultConfig, GIANT_UNCAPPED_MIN_CHUNKS};
+use cudalloc::policy::default::{DefaultConfig, GIANT_MIN_CHUNKS, GIANT_UNCAPPED_MIN_CHUNKS};
 use cudalloc::snapshot::BlockState;
 use cudalloc::{Allocation, Pool};
 use cudalloc_sys::Call;
@@ -112,28 +113,38 @@ fn with_the_device_keeping_up_the_budget_gives_back_as_before() {
 }
 
 /// A giant block (a range of its own) is given back for a growth the device is behind on, and
-/// taken back: behind, a smaller request takes that block by best fit (split), and a giant
-/// request grows in the shared range, window by window. Without the rule the block stays on its
-/// way back, the smaller request maps new pages, and the giant one gets a range of its own.
+/// taken back: behind, a request below the giant size maps pages of its own beside it (placed in
+/// the giant block, it would pin the range's one chunk for as long as it lives), a request of the
+/// giant size the ranges serve under a cap (eight windows) takes that block by best fit (split),
+/// and a giant request grows in the shared range, window by window. Without the rule the block
+/// stays on its way back, both requests map new pages, and the giant one gets a range of its own.
 #[test]
-fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
+fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_giant_request() {
     let giant = GIANT;
     for keep in [true, false] {
         let (sim, mut pool) = lagging(keep, WINDOW, 0.02);
         let g = alloc(&mut pool, giant, S0);
-        let g_ptr = g.ptr();
+        let g_range = g.ptr()..g.ptr() + giant;
         free(&mut pool, g);
         // Beside the cached giant block the budget (2% of its size) has no room: the giant block
         // goes back, and the device has not caught up with it.
         let x = alloc(&mut pool, 5 * WINDOW, S0);
         check(&sim, &pool);
         let maps = sim.calls(Call::Map);
-        let y = alloc(&mut pool, 3 * WINDOW, S0);
+        let small = alloc(&mut pool, 3 * WINDOW, S0);
+        check(&sim, &pool);
+        assert!(
+            !g_range.contains(&small.ptr()),
+            "keep {keep}: a request below the giant size stays out of the giant block"
+        );
+        assert!(sim.calls(Call::Map) > maps, "keep {keep}: it maps its own");
+        let maps = sim.calls(Call::Map);
+        let y = alloc(&mut pool, GIANT_MIN_CHUNKS * WINDOW + WINDOW, S0);
         check(&sim, &pool);
         assert_eq!(
-            y.ptr() == g_ptr,
+            y.ptr() == g_range.start,
             keep,
-            "keep {keep}: the giant block serves"
+            "keep {keep}: the giant block serves a giant-sized request"
         );
         assert_eq!(
             sim.calls(Call::Map) == maps,
@@ -150,7 +161,7 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_request() {
             "keep {keep}: {z_maps} maps for the giant request"
         );
         sim.complete_all();
-        for a in [x, y, z] {
+        for a in [x, small, y, z] {
             free(&mut pool, a);
         }
         pool.empty_cache().unwrap();

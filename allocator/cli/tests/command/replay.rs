@@ -585,14 +585,13 @@ fn json_rows_name_the_lag_and_count_the_pages_moved() {
 }
 
 /// `given_back_bytes` counts every release started, `taken_back_bytes` those taken back into the
-/// cache before the device caught up: none while the device keeps up, some on a training whose
-/// giant tensors change size every step when it runs 10 operations behind, never more than was
-/// given back.
+/// cache before the device caught up: none while the device keeps up, some on a long-context
+/// training when it runs 10 operations behind, never more than was given back.
 #[test]
 fn json_rows_count_the_bytes_given_back_and_taken_back() {
-    let gnn = bundled("h200/gnn_train_dynamic.trace.csv.gz");
+    let trace = bundled("h200/long_context_train.trace.csv.gz");
     for (lag, takes_back) in [("0", false), ("10", true)] {
-        let v = lag_row(&gnn, lag);
+        let v = lag_row(&trace, lag);
         let given = v["given_back_bytes"].as_u64().unwrap();
         let taken = v["taken_back_bytes"].as_u64().unwrap();
         assert!(given > 0, "lag {lag}: nothing given back");
