@@ -137,11 +137,14 @@ int cudalloc_reset_peak_stats(int device);
  *                    waits for the device, pages moved to a growth, bytes given back in
  *                    stream order and taken back before the device caught up;
  *   "excess":        {"reserved", "live", "rounding", "pending", "releasable", "pinned",
- *                     "pinned_pages"}: where the reserved bytes are now (read after the rest):
- *                    what live allocations asked for, rounding, blocks waiting for other
- *                    streams or pages on their way back, free chunks the allocator could give
- *                    back now, free bytes sharing a chunk or segment with a block in use, and
- *                    of those the whole device pages no block in use touches;
+ *                     "stray", "pinned_pages"}: where the reserved bytes are now (read after
+ *                    the rest): what live allocations asked for (blocks held in thread caches
+ *                    count as live here), rounding, blocks waiting for other streams or pages
+ *                    on their way back, free chunks the allocator could give back now, free
+ *                    bytes sharing a chunk or segment with a block in use, pages whose release
+ *                    failed (0 unless a driver call failed), and of the pinned bytes the whole
+ *                    device pages no block in use touches; all but the last add up to
+ *                    "reserved";
  *   "thread_cache":  {"hits", "blocks", "bytes"}: allocations served from per-thread caches so
  *                    far, blocks and bytes held there now (the torch keys count every
  *                    allocation and free, these included);

@@ -12,10 +12,13 @@
 //!   pages moved (`Stats::pages_moved`), and the bytes given back and taken back before the
 //!   device caught up with them (`Stats::given_back_bytes`, `Stats::taken_back_bytes`);
 //! - `"excess"`: where the reserved bytes are now ([`cudalloc_core::Excess`], read after the
-//!   rest): `reserved`, `live` (what the live allocations asked for), `rounding`, `pending`
-//!   (waiting for other streams, or pages on their way back), `releasable` (free chunks the
-//!   pool could give back now), `pinned` (free bytes sharing a chunk or segment with a block in
-//!   use) and `pinned_pages` (the part of `pinned` in whole device pages);
+//!   rest): `reserved`, `live` (what the live allocations asked for; blocks held in thread
+//!   caches count as live here, as the pools handed them out, though the torch keys count them
+//!   as freed), `rounding`, `pending` (waiting for other streams, or pages on their way back),
+//!   `releasable` (free chunks the pool could give back now), `pinned` (free bytes sharing a
+//!   chunk or segment with a block in use), `stray` (pages whose release failed, held until a
+//!   later call releases them; 0 unless a driver call failed) and `pinned_pages` (the part of
+//!   `pinned` in whole device pages); every part but `pinned_pages` adds up to `reserved`;
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
@@ -88,6 +91,7 @@ pub fn stats<D: Device>(
             "pending": e.pending,
             "releasable": e.releasable,
             "pinned": e.pinned,
+            "stray": e.stray,
             "pinned_pages": e.pinned_pages,
         }),
     );
@@ -297,10 +301,17 @@ mod tests {
             part("reserved"),
             v["reserved_bytes.all.current"].as_u64().unwrap()
         );
-        let parts: u64 = ["live", "rounding", "pending", "releasable", "pinned"]
-            .iter()
-            .map(|k| part(k))
-            .sum();
+        let parts: u64 = [
+            "live",
+            "rounding",
+            "pending",
+            "releasable",
+            "pinned",
+            "stray",
+        ]
+        .iter()
+        .map(|k| part(k))
+        .sum();
         assert_eq!(parts, part("reserved"), "{e}");
         assert!(part("pinned") > 0, "{e}");
         assert!(part("pinned_pages") <= part("pinned"), "{e}");

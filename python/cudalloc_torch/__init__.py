@@ -388,7 +388,8 @@ def _cuda_device(device):
 def stats(device=None):
     """Everything ``cudalloc_stats_json`` reports for ``device`` (default: the current device,
     :func:`current_device`): the ``torch.cuda.memory_stats()`` keys plus ``policy``,
-    ``fragmentation``, ``driver_calls``, ``thread_cache`` and ``capi``."""
+    ``fragmentation``, ``driver_calls``, ``excess`` (where the reserved bytes are now),
+    ``thread_cache`` and ``capi``."""
     return _json(_device_lib().cudalloc_stats_json, current_device(device))
 
 

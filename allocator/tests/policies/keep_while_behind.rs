@@ -2,7 +2,7 @@
 //! back for a growth that the device has not caught up with (their stream's work still queued)
 //! are taken back into the cache, where the next requests of their stream find them, and until a
 //! give-back completes at once the policy is *behind*: no giant range is made, and giant blocks
-//! serve any request of the giant size by best fit (never a smaller one, which would pin the
+//! serve any request of the capped giant size by best fit (never a smaller one, which would pin the
 //! range's one chunk); a give-back that completes at once, or a cap, ends that.
 //! `Stats::given_back_bytes` and `Stats::taken_back_bytes` count both sides. Run
 //! with `SimDevice::set_auto_complete(false)`, so that work completes only when the test says.
@@ -113,9 +113,10 @@ fn with_the_device_keeping_up_the_budget_gives_back_as_before() {
 }
 
 /// A giant block (a range of its own) is given back for a growth the device is behind on, and
-/// taken back: behind, a request below the giant size maps pages of its own beside it (placed in
-/// the giant block, it would pin the range's one chunk for as long as it lives), a request of the
-/// giant size the ranges serve under a cap (eight windows) takes that block by best fit (split),
+/// taken back: behind, a request below the capped giant size (eight windows; below by three
+/// quarters or by a page) maps pages of its own beside it (placed in the giant block, it would pin
+/// the range's one chunk for as long as it lives), a request of that size takes the block by best
+/// fit (split: the rest stays free in the range),
 /// and a giant request grows in the shared range, window by window. Without the rule the block
 /// stays on its way back, both requests map new pages, and the giant one gets a range of its own.
 #[test]
@@ -130,14 +131,19 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_giant_request() {
         // goes back, and the device has not caught up with it.
         let x = alloc(&mut pool, 5 * WINDOW, S0);
         check(&sim, &pool);
-        let maps = sim.calls(Call::Map);
-        let small = alloc(&mut pool, 3 * WINDOW, S0);
-        check(&sim, &pool);
-        assert!(
-            !g_range.contains(&small.ptr()),
-            "keep {keep}: a request below the giant size stays out of the giant block"
-        );
-        assert!(sim.calls(Call::Map) > maps, "keep {keep}: it maps its own");
+        // Below the capped giant size (eight windows), by a window or by a page: out.
+        let mut small = Vec::new();
+        for size in [3 * WINDOW, GIANT_MIN_CHUNKS * WINDOW - 2 * MIB] {
+            let maps = sim.calls(Call::Map);
+            let a = alloc(&mut pool, size, S0);
+            check(&sim, &pool);
+            assert!(
+                !g_range.contains(&a.ptr()),
+                "keep {keep}: a request of {size} stays out of the giant block"
+            );
+            assert!(sim.calls(Call::Map) > maps, "keep {keep}: it maps its own");
+            small.push(a);
+        }
         let maps = sim.calls(Call::Map);
         let y = alloc(&mut pool, GIANT_MIN_CHUNKS * WINDOW + WINDOW, S0);
         check(&sim, &pool);
@@ -151,6 +157,13 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_giant_request() {
             keep,
             "keep {keep}: no map for it"
         );
+        let rest_in_range = free_blocks(&pool)
+            .iter()
+            .any(|&(addr, _)| g_range.contains(&addr));
+        assert_eq!(
+            rest_in_range, keep,
+            "keep {keep}: split, its rest stays free"
+        );
         let maps = sim.calls(Call::Map);
         let z = alloc(&mut pool, giant + 2 * WINDOW, S0);
         check(&sim, &pool);
@@ -161,7 +174,7 @@ fn behind_no_giant_range_is_made_and_giant_blocks_serve_any_giant_request() {
             "keep {keep}: {z_maps} maps for the giant request"
         );
         sim.complete_all();
-        for a in [x, small, y, z] {
+        for a in small.into_iter().chain([x, y, z]) {
             free(&mut pool, a);
         }
         pool.empty_cache().unwrap();

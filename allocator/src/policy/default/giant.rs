@@ -19,8 +19,10 @@
 //! new range each step while the old ones are held by the device. A smaller request never takes
 //! one, behind or not: placed there, its tensor would keep the range's one chunk mapped for as
 //! long as it lives (in a GPT-2 training on the H100, a 3 MiB tensor in a 786 MiB range made the
-//! next step's logits map another range: 1.13 times the live bytes reserved instead of 1.03,
-//! `docs/policies.md`, "When the device runs behind"). A range split then may hold
+//! next step's logits map another range: 1.13 times the live bytes reserved; the replay of that
+//! run with the device's answers, 1.03 under this rule: `docs/policies.md`, "When the device runs
+//! behind"). A request of the capped giant size that splits such a block holds its chunk mapped
+//! the same way, but only while a tensor of a giant range's kind lives. A range split then may hold
 //! several blocks; once the policy is no longer behind, its free pieces serve only giant requests
 //! that nearly fill them, and a piece beside a live block in the range's one chunk goes back only
 //! with that block (or by the last resort under a cap). The budget gives back the free blocks of
@@ -124,9 +126,10 @@ impl DefaultPolicy {
     }
 
     /// Whether free block `id` may serve `req`: any block outside giant ranges, and a block of
-    /// one only for a giant request that leaves at most one chunk window of it unused (while
-    /// behind, for any giant request), and not under a memory cap with `repage_under_cap` off (a range made before the cap was set: such
-    /// a pool promises single-page chunks, whose free pages can all go back).
+    /// one only for a request of the capped giant size that leaves at most one chunk window of it
+    /// unused (while behind, for any such request), and not under a memory cap with
+    /// `repage_under_cap` off (a range made before the cap was set: such a pool promises
+    /// single-page chunks, whose free pages can all go back).
     fn may_take<D: Device>(&self, core: &Core<D>, id: BlockId, req: &Request) -> bool {
         self.may_serve(&core.blocks[id], req, self.giant_blocks_serve(core))
     }

@@ -137,7 +137,7 @@ pub struct DefaultPolicy {
     giant: Vec<u32>,
     /// The last give-back without a cap left pages the device had not caught up with
     /// (`keep_while_behind`, `behind`): no giant range is made meanwhile, and giant blocks
-    /// serve any request of the giant size (`giant`).
+    /// serve any request of the capped giant size (`giant`).
     pub(crate) behind: bool,
     /// The pool runs in its capped mode (`note_limit`): under a memory limit that is not far.
     pub(crate) capped: bool,

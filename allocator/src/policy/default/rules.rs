@@ -80,8 +80,8 @@ pub struct Rules {
     /// Without a memory cap, pages the budget gave back for a growth that the device has not
     /// caught up with (their stream's work still queued) are taken back into the cache, and
     /// until a give-back completes at once the policy is *behind*: no giant range is made and
-    /// giant blocks serve any request of the giant size by best fit (`behind`). A replay cannot weigh it unless
-    /// its device runs behind (`cudalloc replay --device-lag`).
+    /// giant blocks serve any request of the capped giant size by best fit (`behind`). A replay
+    /// cannot weigh it unless its device runs behind (`cudalloc replay --device-lag`).
     pub keep_while_behind: bool,
     /// A growth maps the pages of its stream's releasing blocks at its own addresses before it
     /// creates pages (`Core::map_block_moving`), and without a cap the pages a give-back
