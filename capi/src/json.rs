@@ -209,12 +209,17 @@ mod tests {
     use cudalloc_core::Config;
     use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 
+    /// An allocator of `policy` on a simulated device of 1 GiB.
+    fn on_sim(policy: Policy) -> CachingAllocator<SimDevice> {
+        CachingAllocator::new(
+            SimDevice::new(SimConfig::with_capacity(1 << 30)),
+            Config::for_policy(policy),
+        )
+    }
+
     #[test]
     fn stats_hold_every_torch_key_as_a_top_level_integer() {
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(1 << 30)),
-            Config::for_policy(Policy::Torch),
-        );
+        let alloc = on_sim(Policy::Torch);
         let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
         let b = alloc.allocate(100, StreamId(5)).unwrap();
         alloc.free(b).unwrap();
@@ -267,10 +272,7 @@ mod tests {
     fn bytes_the_budget_gives_back_are_in_the_driver_calls() {
         // Under `default` a 64 MiB block freed and then a growth of 256 MiB past the budget:
         // the free block's pages go back (the simulated device keeps up: none taken back).
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(1 << 30)),
-            Config::for_policy(Policy::Default),
-        );
+        let alloc = on_sim(Policy::Default);
         let a = alloc.allocate(64 << 20, StreamId(5)).unwrap();
         alloc.free(a).unwrap();
         let b = alloc.allocate(256 << 20, StreamId(5)).unwrap();
@@ -288,10 +290,7 @@ mod tests {
     fn the_excess_splits_the_reserved_bytes() {
         // Under `default` a 3 MiB block beside the rest of its chunk: the parts add up to the
         // reserved bytes, and the chunk's free bytes are pinned beside the live block.
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(1 << 30)),
-            Config::for_policy(Policy::Default),
-        );
+        let alloc = on_sim(Policy::Default);
         let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
         let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (1, 0))).unwrap();
         let e = &v["excess"];
@@ -320,10 +319,7 @@ mod tests {
 
     #[test]
     fn a_block_in_a_thread_cache_is_thread_cached_in_the_snapshot() {
-        let alloc = CachingAllocator::new(
-            SimDevice::new(SimConfig::with_capacity(1 << 30)),
-            Config::for_policy(Policy::Default),
-        );
+        let alloc = on_sim(Policy::Default);
         let keep = alloc.allocate(1000, StreamId(5)).unwrap();
         let cached = alloc.allocate(3000, StreamId(5)).unwrap();
         let cached_ptr = cached.ptr();
