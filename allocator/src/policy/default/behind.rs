@@ -8,8 +8,9 @@
 //! while cached they serve the next requests of their stream. Until a give-back completes at
 //! once the policy is *behind* (`DefaultPolicy::behind`): no giant range is made and giant
 //! blocks serve any request of the capped giant size (`giant`). A device that stays behind at
-//! every growth never lets a give-back complete at once, so there the budget gives nothing back without a cap and memory
-//! grows to the job's high-water mark; one completes after the host waited for the device.
+//! every growth never lets a give-back complete at once, so there the budget gives nothing back
+//! without a cap and memory grows to the job's high-water mark; one completes after the host
+//! waited for the device.
 //! Under a cap the pages go back all the same: the cap needs them, and the out-of-memory ladder
 //! waits for them.
 //!
