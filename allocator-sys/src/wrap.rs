@@ -1,5 +1,5 @@
-//! Adaptors around any [`Device`]: a byte limit, injected faults, call counters, call times and a
-//! call log.
+//! Adaptors around any [`Device`]: a byte limit, injected faults, call counters, call times, a
+//! call log, and event answers recorded and played again.
 //!
 //! # Why wrappers and not flags in the pool
 //!
@@ -465,7 +465,9 @@ impl<D: Device> Device for CountCalls<D> {
 }
 
 // After the macros, which they use.
+mod answers;
 mod log;
 mod time;
+pub use answers::{Answer, AnswerUse, PlayAnswers, RecordAnswers};
 pub use log::LogCalls;
 pub use time::{CallTime, TimeCalls};

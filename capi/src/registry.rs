@@ -10,21 +10,26 @@
 
 use crate::pools::Pools;
 use cudalloc_core::{AllocError, CachingAllocator, Config, Policy};
+use cudalloc_sys::wrap::RecordAnswers;
 use cudalloc_sys::{CudaDevice, DeviceError};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+/// The device under each allocator: the driver's, keeping its answers to event queries while a
+/// trace is written (`crate::trace`).
+pub(crate) type Gpu = RecordAnswers<CudaDevice>;
+
 /// A device's allocator and what the C ABI counts about it.
 pub(crate) struct Dev {
     /// The allocator.
-    pub alloc: CachingAllocator<CudaDevice>,
+    pub alloc: CachingAllocator<Gpu>,
     /// The policy it was configured with.
     pub policy: Policy,
     /// Ordinal.
     pub ordinal: usize,
     /// Its private pools (graph pools, `MemPool`s).
-    pub pools: Pools<CudaDevice>,
+    pub pools: Pools<Gpu>,
     /// `cudalloc_free` calls that failed (they return nothing, so they are counted here).
     free_errors: AtomicU64,
 }
@@ -54,7 +59,7 @@ impl Dev {
 
     /// A new allocator for a private pool of this device: a graph pool of the device's
     /// allocator, under its memory limit (`CachingAllocator::graph_pool`).
-    pub fn open_pool(&self) -> Result<CachingAllocator<CudaDevice>, String> {
+    pub fn open_pool(&self) -> Result<CachingAllocator<Gpu>, String> {
         Ok(self.alloc.graph_pool())
     }
 }
@@ -145,7 +150,7 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
         let dev = CudaDevice::new(ordinal)
             .map_err(|e| format!("cannot open CUDA device {ordinal}: {e}"))?;
         // `try_new` refuses here a key the device cannot honour (`shareable_segments`).
-        let alloc = CachingAllocator::try_new(dev, cfg.clone())
+        let alloc = CachingAllocator::try_new(RecordAnswers::new(dev), cfg.clone())
             .map_err(|e| format!("bad CUDALLOC_CONF for CUDA device {ordinal}: {e}"))?;
         Ok(Dev {
             alloc,

@@ -6,11 +6,11 @@
 //! `cudalloc_close_shared`; the descriptors `cudalloc_share` returns are the caller's.
 
 use crate::error::guard;
+use crate::registry::Gpu;
 use crate::registry::{self, Dev};
 use cudalloc_core::{AllocError, MapHooks, SharedAllocation, SharedMapping, SharedPage};
 use cudalloc_sys::fds::duplicate;
 use cudalloc_sys::ffi::{CArray, CArrayMut, CCount, CIn, COut};
-use cudalloc_sys::CudaDevice;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -37,7 +37,7 @@ pub struct CShared {
 pub type CMapHook = extern "C" fn(*mut c_void, c_int, u64, u64);
 
 /// Allocations opened in this process, by (device, pointer).
-type Opened = HashMap<(usize, u64), SharedMapping<Arc<CudaDevice>>>;
+type Opened = HashMap<(usize, u64), SharedMapping<Arc<Gpu>>>;
 static OPENED: Mutex<Option<Opened>> = Mutex::new(None);
 
 const FAILED: c_int = -1;

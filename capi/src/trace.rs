@@ -9,6 +9,10 @@
 //!   the allocation; for an allocation used on another stream (`cudalloc_record_stream` while
 //!   the trace is on), `free_completed` is written when its block goes back to the pool, after
 //!   that stream's work, as PyTorch writes it;
+//! - a trace file (not the history) writes, before the events of each `cudalloc_malloc` and
+//!   `cudalloc_free`, what the device answered the allocator's event queries since the last
+//!   such call (`event_done`, `event_pending`: the device is a [`RecordAnswers`]), so that a
+//!   replay can answer them the same way (`cudalloc replay --answers`);
 //! - starting a trace while allocations are live writes an `alloc` at time 0 for each of them
 //!   (from a snapshot), so that their frees match and a replay starts from the same live set;
 //! - `time_us` counts microseconds since the start and never decreases.
@@ -33,6 +37,7 @@ use cudalloc_core::record::background::BackgroundWriter;
 use cudalloc_core::record::{csv, Event, EventSink, History, Recorder};
 use cudalloc_core::snapshot::BlockState;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
+use cudalloc_sys::wrap::RecordAnswers;
 use cudalloc_sys::{Device, StreamId};
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -41,6 +46,10 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The allocator a tracer records: its device keeps the answers to its event queries while a
+/// trace file is written ([`RecordAnswers`]).
+pub type Traced<D> = CachingAllocator<RecordAnswers<D>>;
 
 /// Where events go: a plain or a gzip'd file.
 enum Sink {
@@ -142,15 +151,23 @@ struct Recording {
     recorder: Recorder<Output>,
     /// Whether the allocator keeps completions for this recording yet.
     tracking: bool,
+    /// Whether the device keeps its answers to event queries for this recording yet (a trace
+    /// file's only).
+    answering: bool,
 }
 
 impl Recording {
     /// A recording into `out`, beginning with an `alloc` for each allocation `alloc` holds now.
-    fn new<D: Device>(out: Output, alloc: Option<&CachingAllocator<D>>) -> Recording {
+    fn new<D: Device>(out: Output, alloc: Option<&Traced<D>>) -> Recording {
         let mut r = Recording {
             recorder: Recorder::to_sink(out),
             tracking: false,
+            answering: false,
         };
+        if let Some(a) = alloc.filter(|_| !r.is_history()) {
+            a.with_device(|d| d.set_recording(true));
+            r.answering = true;
+        }
         for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
             let allocated = seg
                 .blocks
@@ -163,6 +180,15 @@ impl Recording {
         r
     }
 
+    /// Writes what the device answered the event queries of the call just made, before that
+    /// call's events.
+    fn answered<D: Device>(&mut self, alloc: &Traced<D>) {
+        if self.answering {
+            let answers = alloc.with_device(RecordAnswers::take);
+            self.recorder.answered(&answers);
+        }
+    }
+
     fn is_history(&self) -> bool {
         matches!(self.recorder.sink(), Output::History { .. })
     }
@@ -170,10 +196,14 @@ impl Recording {
     /// Writes the frees that completed since the last event (those that waited for another
     /// stream's work), after making the allocator keep them from now on; before the free of
     /// `ptr` when one is given ([`Recorder::catch_up_before_free`]).
-    fn catch_up<D: Device>(&mut self, alloc: &CachingAllocator<D>, freeing: Option<u64>) {
+    fn catch_up<D: Device>(&mut self, alloc: &Traced<D>, freeing: Option<u64>) {
         if !self.tracking {
             alloc.track_completions(true);
             self.tracking = true;
+        }
+        if !self.answering && !self.is_history() {
+            alloc.with_device(|d| d.set_recording(true));
+            self.answering = true;
         }
         let take = |s| alloc.take_completions(s);
         match freeing {
@@ -216,11 +246,7 @@ impl Tracer {
     }
 
     /// Starts writing a trace to `path`, with an `alloc` for each allocation `alloc` holds now.
-    pub fn start<D: Device>(
-        &self,
-        path: &Path,
-        alloc: Option<&CachingAllocator<D>>,
-    ) -> Result<(), String> {
+    pub fn start<D: Device>(&self, path: &Path, alloc: Option<&Traced<D>>) -> Result<(), String> {
         let mut state = self.state.lock();
         busy(&state)?;
         let fail = |e: io::Error| format!("cannot write a trace to {}: {e}", path.display());
@@ -243,7 +269,7 @@ impl Tracer {
         &self,
         max: usize,
         clear: bool,
-        alloc: Option<&CachingAllocator<D>>,
+        alloc: Option<&Traced<D>>,
     ) -> Result<(), String> {
         let mut state = self.state.lock();
         if let Some(Output::History { ring, .. }) =
@@ -270,7 +296,7 @@ impl Tracer {
 
     /// Stops the trace and closes its file; the first write error if there was one. `alloc`
     /// (the traced allocator, if made) stops keeping completions.
-    pub fn stop<D: Device>(&self, alloc: Option<&CachingAllocator<D>>) -> Result<(), String> {
+    pub fn stop<D: Device>(&self, alloc: Option<&Traced<D>>) -> Result<(), String> {
         match self.end(alloc, false)? {
             Some(mut f) => {
                 let path = f.path.display().to_string();
@@ -282,10 +308,7 @@ impl Tracer {
     }
 
     /// Stops keeping the history; its events stay readable ([`Tracer::history`]).
-    pub fn stop_history<D: Device>(
-        &self,
-        alloc: Option<&CachingAllocator<D>>,
-    ) -> Result<(), String> {
+    pub fn stop_history<D: Device>(&self, alloc: Option<&Traced<D>>) -> Result<(), String> {
         self.end(alloc, true).map(|_| ())
     }
 
@@ -293,7 +316,7 @@ impl Tracer {
     /// history's events are kept for reading, a trace's file is returned to be closed.
     fn end<D: Device>(
         &self,
-        alloc: Option<&CachingAllocator<D>>,
+        alloc: Option<&Traced<D>>,
         history: bool,
     ) -> Result<Option<TraceFile>, String> {
         let mut state = self.state.lock();
@@ -309,6 +332,7 @@ impl Tracer {
         if let Some(a) = alloc {
             r.catch_up(a, None);
             a.track_completions(false);
+            a.with_device(|d| d.set_recording(false));
         }
         self.on.store(false, Ordering::SeqCst);
         let written = match r.recorder.sink() {
@@ -361,7 +385,7 @@ impl Tracer {
     /// recorded while a trace is on (a tagged allocation as any other).
     pub fn allocate<D: Device>(
         &self,
-        alloc: &CachingAllocator<D>,
+        alloc: &Traced<D>,
         size: u64,
         stream: StreamId,
         tag: Option<&str>,
@@ -373,6 +397,7 @@ impl Tracer {
         let result = crate::tags::allocate(alloc, size, stream, tag);
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
+            r.answered(alloc);
             r.recorder.allocated(&result, size, stream);
         }
         result
@@ -380,7 +405,7 @@ impl Tracer {
 
     /// [`CachingAllocator::free_ptr`], recorded while a trace is on. A free of an allocation
     /// the trace never saw made is not written.
-    pub fn free<D: Device>(&self, alloc: &CachingAllocator<D>, ptr: u64) -> Result<(), AllocError> {
+    pub fn free<D: Device>(&self, alloc: &Traced<D>, ptr: u64) -> Result<(), AllocError> {
         if !self.on.load(Ordering::Relaxed) {
             return alloc.free_ptr(ptr);
         }
@@ -388,10 +413,14 @@ impl Tracer {
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, Some(ptr));
         }
-        alloc.free_ptr(ptr)?;
+        let freed = alloc.free_ptr(ptr);
         if let Some(r) = state.recording.as_mut() {
-            r.recorder.freed(ptr);
+            r.answered(alloc);
+            if freed.is_ok() {
+                r.recorder.freed(ptr);
+            }
         }
+        freed?;
         Ok(())
     }
 
@@ -399,7 +428,7 @@ impl Tracer {
     /// `free_completed` is then written when its block goes back to the pool.
     pub fn record_stream<D: Device>(
         &self,
-        alloc: &CachingAllocator<D>,
+        alloc: &Traced<D>,
         ptr: u64,
         stream: StreamId,
     ) -> Result<(), AllocError> {
@@ -418,7 +447,7 @@ impl Tracer {
     }
 
     /// [`CachingAllocator::empty_cache`]; frees that waited for other streams complete in it.
-    pub fn empty_cache<D: Device>(&self, alloc: &CachingAllocator<D>) -> Result<(), AllocError> {
+    pub fn empty_cache<D: Device>(&self, alloc: &Traced<D>) -> Result<(), AllocError> {
         if !self.on.load(Ordering::Relaxed) {
             return alloc.empty_cache();
         }

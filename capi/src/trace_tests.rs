@@ -7,13 +7,13 @@ use cudalloc_sys::{SimConfig, SimDevice};
 use cudalloc_trace::read;
 
 /// PyTorch's rules: no per-thread caches, so a freed block is free in the snapshot.
-fn sim_allocator() -> CachingAllocator<SimDevice> {
+fn sim_allocator() -> Traced<SimDevice> {
     allocator_for(cudalloc_core::Policy::Torch)
 }
 
-fn allocator_for(policy: cudalloc_core::Policy) -> CachingAllocator<SimDevice> {
+fn allocator_for(policy: cudalloc_core::Policy) -> Traced<SimDevice> {
     let sim = SimDevice::new(SimConfig::with_capacity(1 << 30));
-    CachingAllocator::new(sim, Config::for_policy(policy))
+    CachingAllocator::new(RecordAnswers::new(sim), Config::for_policy(policy))
 }
 
 fn lines(path: &Path) -> Vec<String> {
@@ -198,6 +198,8 @@ fn a_bad_path_is_an_error() {
 /// trace writes `free_requested` at the free and `free_completed` only when the block went
 /// back to the pool (at the allocation after the work completed), before the allocation
 /// that reuses it, so a replay reuses it no earlier. Before, both were written at the free.
+/// The device's answers to the allocator's queries of that stream's event are written before
+/// the allocation whose call asked.
 #[test]
 fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
     let dir = std::env::temp_dir().join(format!("cudalloc-capi-rs-{}", std::process::id()));
@@ -206,7 +208,7 @@ fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
     let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
     sim.set_auto_complete(false);
     let alloc = CachingAllocator::new(
-        sim.clone(),
+        RecordAnswers::new(sim.clone()),
         Config::for_policy(cudalloc_core::Policy::Torch),
     );
     let t = Tracer::new();
@@ -226,10 +228,12 @@ fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
         .iter()
         .map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            let who = if f[1] == a.ptr().to_string() {
-                "a"
+            let who = if f[0].starts_with("event_") {
+                format!("stream {}", f[3])
+            } else if f[1] == a.ptr().to_string() {
+                "a".into()
             } else {
-                "other"
+                "other".into()
             };
             format!("{} {who}", f[0])
         })
@@ -239,10 +243,13 @@ fn a_free_waiting_for_another_stream_completes_when_its_block_returns() {
         [
             "alloc a",
             "free_requested a",
+            // The query of stream 2's event (in the allocation that follows) and its answer.
+            "event_pending stream 2",
             "alloc other",
             "free_requested other",
             "free_completed other",
             "free_completed a",
+            "event_done stream 2",
             "alloc a",
             "free_requested a",
             "free_completed a",
@@ -288,7 +295,7 @@ fn the_history_keeps_the_latest_events_in_order() {
     let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
     sim.set_auto_complete(false);
     let alloc = CachingAllocator::new(
-        sim.clone(),
+        RecordAnswers::new(sim.clone()),
         Config::for_policy(cudalloc_core::Policy::Torch),
     );
     let t = Tracer::new();
@@ -377,5 +384,69 @@ fn a_trace_and_the_history_exclude_each_other() {
     assert!(e.contains("a trace is already being recorded"), "{e}");
     assert!(t.stop_history(Some(&alloc)).is_err());
     t.stop(Some(&alloc)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A run of `default` whose device runs behind, traced with the device's answers to its event
+/// queries, replays as it ran when the replay gives those answers again (`--answers`): the
+/// same peak reserved bytes and driver calls. The same trace replayed on a device that keeps
+/// up reserves differently: the answers are what tells them apart.
+#[test]
+fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-answers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.csv.gz");
+    let job =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/h200/gnn_train_dynamic.trace.csv.gz");
+    let job = read(&job).unwrap();
+    let cfg = Config::parse("policy:default,thread_cache:False").unwrap();
+    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(
+        cudalloc_trace::replay::DEVICE_CAPACITY,
+    )));
+    sim.set_auto_complete(false);
+    let alloc = CachingAllocator::new(RecordAnswers::new(sim.clone()), cfg.clone());
+    let mut lagging = cudalloc_trace::replay::Lagging::new(sim.clone(), 10);
+    let t = Tracer::new();
+    t.start(&path, Some(&alloc)).unwrap();
+    let mut slots = vec![0u64; job.slots as usize];
+    for op in &job.ops {
+        lagging.tick();
+        match *op {
+            cudalloc_trace::Op::Alloc { slot, stream, size } => {
+                let s = StreamId(job.streams[stream as usize]);
+                slots[slot as usize] = t.allocate(&alloc, size, s, None).unwrap().ptr();
+            }
+            cudalloc_trace::Op::Free { slot } => t.free(&alloc, slots[slot as usize]).unwrap(),
+        }
+    }
+    t.stop(Some(&alloc)).unwrap();
+    let ran = alloc.stats();
+    let trace = read(&path).unwrap();
+    assert!(
+        trace.answers.iter().any(|a| !a.done),
+        "the device ran behind"
+    );
+    let replay = |answers| {
+        let opts = cudalloc_trace::replay::ReplayOptions {
+            answers,
+            ..Default::default()
+        };
+        cudalloc_trace::replay::replay(&trace, &cfg, &opts)
+    };
+    let given = replay(true);
+    let used = given.answers.unwrap();
+    assert_eq!(used.used, used.recorded, "every answer was asked for");
+    assert_eq!(used.unrecorded, 0);
+    assert_eq!(
+        (given.peak_reserved_bytes, given.driver_calls()),
+        (ran.reserved_bytes.0[0].peak as u64, ran.calls.total()),
+        "the replay reserves and calls what the run did"
+    );
+    let kept_up = replay(false);
+    assert_ne!(
+        (kept_up.peak_reserved_bytes, kept_up.driver_calls()),
+        (given.peak_reserved_bytes, given.driver_calls()),
+        "without the answers the replay is another run"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

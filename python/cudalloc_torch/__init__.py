@@ -442,7 +442,9 @@ def record_stream(tensor, stream):
 
 def trace_start(path):
     """Starts recording device 0's allocations to ``path`` (cudalloc's trace format, gzip'd if
-    it ends in ``.gz``) for ``cudalloc replay``. The trace is closed by :func:`trace_stop`, or at
+    it ends in ``.gz``) for ``cudalloc replay``, with the GPU's answers to the allocator's event
+    queries (``cudalloc replay --answers`` gives them again; run with ``thread_cache:False`` for
+    a replay of the same operations). The trace is closed by :func:`trace_stop`, or at
     interpreter exit."""
     global _atexit_registered
     lib = load()

@@ -108,6 +108,17 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N")]
     pub device_lag: Option<u64>,
 
+    /// Answer the allocator's event queries (is the work before this event done?) as the
+    /// recording's GPU answered them: traces written by the C library (`cudalloc_trace_start`)
+    /// hold those answers (`event_done`, `event_pending`), each in the call it was given in. A
+    /// real run of `default` whose GPU ran behind then replays as it ran (record it with
+    /// `thread_cache:False` for the same operations). Each query gets the next answer recorded
+    /// in its operation; a query with none left (another policy asks at other times) is
+    /// answered done. The simulated device only, not with --device-lag nor --min-capacity; a
+    /// trace without answers is refused.
+    #[arg(long)]
+    pub answers: bool,
+
     /// Also say where the reserved bytes are at their peak: what live allocations asked for,
     /// rounding, blocks waiting for other streams, free memory the pool could give back, and
     /// free memory pinned by live blocks in the same chunk or segment (and how much of it lies in

@@ -21,7 +21,9 @@ use std::io::{self, Write};
 /// `allocations_before_history` the allocations a snapshot's reader put first for memory live
 /// before its history began; `recorded_ooms` the trace's `oom` events (allocations that failed
 /// when it was recorded; not replayed); `device_lag` the lag of `--device-lag` (0 without it);
-/// `driver_time` each kind of driver call's count and time with `--cuda`.
+/// `driver_time` each kind of driver call's count and time with `--cuda`; `answers`, with
+/// `--answers`, the trace's recorded answers to event queries (`recorded`), those the replay
+/// gave (`used`) and its queries that had none left in their operation (`unrecorded`).
 pub fn object(report: &Report, run: &Run) -> Value {
     let r = &run.result;
     let mut v = json!({
@@ -50,6 +52,11 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "taken_back_bytes": r.taken_back_bytes,
         "driver_waits": r.driver_waits,
         "driver_time": driver_time(r),
+        "answers": r.answers.map(|a| json!({
+            "recorded": a.recorded,
+            "used": a.used,
+            "unrecorded": a.unrecorded,
+        })),
         "ooms": r.ooms,
         "ns_per_event": (r.events > 0).then(|| (r.ns_per_event * 10.0).round() / 10.0),
         "trace_lines": report.events,

@@ -30,6 +30,7 @@ struct Plan {
     breakdown: bool,
     calls: bool,
     device_lag: Option<u64>,
+    answers: bool,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -50,6 +51,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     }
     check_capacity(args)?;
     check_device_lag(args)?;
+    check_answers_flags(args)?;
     if let Some(path) = &args.plot {
         check_plot_path(path)?;
     }
@@ -70,6 +72,9 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     warn_if_empty(&traces);
+    if args.answers {
+        check_answers_recorded(&traces, &paths)?;
+    }
     let plan = Plan {
         capacity: args.capacity,
         min_capacity: args.min_capacity,
@@ -78,6 +83,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         breakdown: args.breakdown,
         calls: args.calls.is_some(),
         device_lag: args.device_lag,
+        answers: args.answers,
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -350,6 +356,39 @@ fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
     )))
 }
 
+/// Refuses --answers where it cannot hold: through the driver (the GPU answers there), with
+/// --device-lag (another model of the device's pace) and with --min-capacity (its probes run
+/// with the device keeping up).
+fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
+    let with = if !args.answers {
+        return Ok(());
+    } else if args.cuda {
+        "--cuda (the GPU answers there)"
+    } else if let Some(lag) = args.device_lag {
+        &format!("--device-lag {lag} (both say how far the device runs behind)")
+    } else if args.min_capacity {
+        "--min-capacity (its probes run with the device keeping up)"
+    } else {
+        return Ok(());
+    };
+    Err(CliError::msg(format!(
+        "--answers cannot be used with {with}"
+    )))
+}
+
+/// Refuses --answers for a trace that holds no recorded answer.
+fn check_answers_recorded(traces: &[Trace], paths: &[PathBuf]) -> Result<(), CliError> {
+    match traces.iter().zip(paths).find(|(t, _)| t.answers.is_empty()) {
+        Some((_, path)) => Err(CliError::msg(format!(
+            "--answers: {} records no answer to an event query (no `event_done` or \
+             `event_pending` line): only traces the C library writes (cudalloc_trace_start) \
+             hold them, and only when the allocator asked",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Refuses a cap the simulated device could never reach (it has an H200's memory); through
 /// the driver the device itself says what it has.
 fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
@@ -449,6 +488,7 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         breakdown: plan.breakdown,
         calls: plan.calls,
         device_lag: plan.device_lag,
+        answers: plan.answers,
     };
     let mut result = replay(t, &v.cfg, &opts);
     if !plan.cuda && result.failure.is_none() {
@@ -488,6 +528,7 @@ fn median_ns_per_event(t: &Trace, cfg: &Config, plan: &Plan, first: Option<f64>)
     let opts = ReplayOptions {
         capacity: plan.capacity,
         device_lag: plan.device_lag,
+        answers: plan.answers,
         ..ReplayOptions::default()
     };
     let start = Instant::now();

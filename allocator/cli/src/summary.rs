@@ -241,6 +241,7 @@ mod tests {
                 peak_excess: None,
                 peak_pinning: None,
                 calls: Vec::new(),
+                answers: None,
             },
             min_capacity: min_capacity_mib.map(|m| m * MIB),
             device_lag: 0,

@@ -30,8 +30,27 @@ pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> 
     let rows: Vec<Vec<String>> = r.runs.iter().map(|run| row(run, r)).collect();
     write_table(out, &HEADERS, &rows)?;
     report_breakdowns(out, r)?;
+    report_answers(out, r)?;
     report_failures(out, r)?;
     writeln!(out)
+}
+
+/// Writes, per replay that gave recorded answers (`--answers`), how many it gave.
+fn report_answers(out: &mut impl Write, r: &Report) -> io::Result<()> {
+    for run in &r.runs {
+        if let Some(a) = run.result.answers {
+            writeln!(
+                out,
+                "{}: {} of the {} recorded answers to event queries given as the GPU gave them; \
+                 {} queries had none left in their operation (answered done)",
+                run.label,
+                thousands(a.used),
+                thousands(a.recorded),
+                thousands(a.unrecorded)
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes, per replay asked to (`--breakdown`), where the reserved bytes were at their peak.

@@ -1,7 +1,8 @@
-//! The events of a trace: what happened ([`Action`], in PyTorch's spelling) and where
-//! ([`Event`]). The recorder writes them; the readers of `cudalloc-trace` parse them.
+//! The events of a trace: what happened ([`Action`], in PyTorch's spelling, and two of ours)
+//! and where ([`Event`]). The recorder writes them; the readers of `cudalloc-trace` parse them.
 
-/// PyTorch's trace actions.
+/// PyTorch's trace actions, and the device's answers to the allocator's event queries
+/// (`event_done`, `event_pending`: ours; PyTorch writes none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Action {
@@ -23,11 +24,16 @@ pub enum Action {
     Snapshot,
     /// An allocation failed.
     Oom,
+    /// The allocator asked whether an event's work was done, in the call the next allocation
+    /// or free event records, and the device answered yes.
+    EventDone,
+    /// As [`Action::EventDone`], and the device answered that the work was pending.
+    EventPending,
 }
 
 impl Action {
     /// Every action with its spelling.
-    pub const NAMES: [(Action, &'static str); 9] = [
+    pub const NAMES: [(Action, &'static str); 11] = [
         (Action::Alloc, "alloc"),
         (Action::FreeRequested, "free_requested"),
         (Action::FreeCompleted, "free_completed"),
@@ -37,6 +43,8 @@ impl Action {
         (Action::SegmentUnmap, "segment_unmap"),
         (Action::Snapshot, "snapshot"),
         (Action::Oom, "oom"),
+        (Action::EventDone, "event_done"),
+        (Action::EventPending, "event_pending"),
     ];
 
     /// Parses PyTorch's spelling.

@@ -16,7 +16,9 @@
 //!   `free_requested` at once and `free_completed` when the block goes back to its pool, after
 //!   that stream's work (as PyTorch writes them): the allocator keeps those completions
 //!   ([`CachingAllocator::take_completions`]) and [`Recorder::catch_up`] writes them before the
-//!   next event, so a replay reuses the block no earlier than the allocator did.
+//!   next event, so a replay reuses the block no earlier than the allocator did;
+//! - [`Recorder::answered`] writes what the device answered the allocator's event queries in a
+//!   call (`event_done`, `event_pending`), before that call's events.
 //!
 //! Guarantees:
 //! - events are written in the order the allocator served the calls, across threads (the
@@ -123,6 +125,22 @@ impl<S: EventSink> Recorder<S> {
             used_elsewhere: HashSet::new(),
             waiting: HashMap::new(),
             error: None,
+        }
+    }
+
+    /// Writes `event_done` or `event_pending` for each answer the device gave the allocator's
+    /// event queries (oldest first), before the event of the call they were made in: a replay
+    /// gives them again in that call (`cudalloc-trace`'s `ReplayOptions::answers`).
+    /// Each answer names the stream the event was recorded on (the event's `stream` field).
+    pub fn answered(&mut self, answers: &[(StreamId, bool)]) {
+        let now = self.now();
+        for &(stream, done) in answers {
+            let action = if done {
+                Action::EventDone
+            } else {
+                Action::EventPending
+            };
+            self.emit(action, 0, 0, stream.0, now);
         }
     }
 

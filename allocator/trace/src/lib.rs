@@ -32,6 +32,7 @@ pub mod replay;
 pub mod rmm;
 
 pub use cudalloc::record::event::{Action, Event};
+pub use cudalloc_sys::wrap::Answer;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -106,6 +107,11 @@ pub struct Trace {
     /// is what the recording allocator did before failing (its out-of-memory ladder released
     /// its cached blocks), so a replay's figures after one may differ from the recording's.
     pub recorded_ooms: u64,
+    /// What the recording's device answered the allocator's event queries (`event_done`,
+    /// `event_pending`: traces of the C library), each with the operation whose call made the
+    /// query (the index in `ops` of the next operation after it) and the stream of the event
+    /// asked about, in the order given.
+    pub answers: Vec<Answer>,
 }
 
 /// What the line numbers of a trace (its anomalies, its errors, [`Trace::op_lines`]) count.
@@ -239,6 +245,11 @@ impl TraceBuilder {
                 self.trace.segment_sizes.push(e.size);
             }
             Action::Oom => self.trace.recorded_ooms += 1,
+            Action::EventDone | Action::EventPending => self.trace.answers.push(Answer {
+                op: self.trace.ops.len() as u64,
+                stream: cudalloc_sys::StreamId(e.stream),
+                done: e.action == Action::EventDone,
+            }),
             _ => {}
         }
     }

@@ -18,11 +18,15 @@ use cudalloc::policy::Policy;
 use cudalloc::snapshot::{Excess, PinnedUnit};
 use cudalloc::AllocError;
 use cudalloc::{Allocation, Pool};
-use cudalloc_sys::wrap::{CallTime, TimeCalls};
+use cudalloc_sys::wrap::{AnswerUse, CallTime, TimeCalls};
 use cudalloc_sys::{Call, Device, SimConfig, SimDevice, StreamId};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
+
+mod pace;
+pub use pace::Lagging;
+use pace::{replay_answered, replay_lagging};
 
 /// Capacity of the simulated device: an H200's 143,771 MiB.
 pub const DEVICE_CAPACITY: u64 = 143_771 << 20;
@@ -177,6 +181,9 @@ pub struct ReplayResult {
     pub peak_pinning: Option<PeakPinning>,
     /// The operations that made driver calls, in order (when asked for: `calls`).
     pub calls: Vec<CallStep>,
+    /// With `answers`: the trace's recorded answers to the allocator's event queries that the
+    /// replay gave, and its queries that had none left in their operation.
+    pub answers: Option<AnswerUse>,
 }
 
 /// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
@@ -222,11 +229,19 @@ pub struct ReplayOptions {
     /// `i + n` starts, so pages given back during a growth are still held while it maps new
     /// ones ([`Lagging`]).
     pub device_lag: Option<u64>,
+    /// Answer the allocator's event queries as the recording's device answered them
+    /// ([`Trace::answers`]): each query of operation `i` gets the next answer recorded in it, a
+    /// query with none left the simulated device's (done) ([`PlayAnswers`]). Simulated device
+    /// and [`replay`] only, as `device_lag`, which it overrides.
+    pub answers: bool,
 }
 
 /// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
 /// (a missing GPU is a failure at operation 0).
 pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
+    if opts.answers && !opts.cuda {
+        return replay_answered(trace, cfg, opts);
+    }
     if let Some(lag) = opts.device_lag.filter(|&n| n > 0 && !opts.cuda) {
         return replay_lagging(trace, cfg, opts, lag);
     }
@@ -336,6 +351,7 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         timeline: Vec::new(),
         peak_excess: None,
         peak_pinning: None,
+        answers: None,
         calls: Vec::new(),
     }
 }
@@ -350,59 +366,6 @@ pub fn replay_on<D: Device>(
     opts: &ReplayOptions,
 ) -> ReplayResult {
     replay_pool(Pool::new(device, cfg.clone()), trace, opts)
-}
-
-/// Replays `trace` on a simulated device that runs `lag` operations behind the host
-/// ([`ReplayOptions::device_lag`]); what is still queued at the end completes before the pool
-/// is dropped.
-fn replay_lagging(trace: &Trace, cfg: &Config, opts: &ReplayOptions, lag: u64) -> ReplayResult {
-    let device = Arc::new(SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)));
-    device.set_auto_complete(false);
-    let mut pool = Pool::new(device.clone(), cfg.clone());
-    let mut lagging = Lagging::new(device.clone(), lag);
-    let r = replay_in(
-        &mut pool,
-        trace,
-        &trace_streams(trace),
-        opts,
-        Span::NONE,
-        |_| lagging.tick(),
-    );
-    device.complete_all();
-    r
-}
-
-/// A simulated device running behind: before each operation it completes the work that was
-/// submitted `lag` operations earlier (marks of [`SimDevice::submitted_work`], one per
-/// operation, the oldest first).
-pub struct Lagging {
-    device: Arc<SimDevice>,
-    lag: usize,
-    marks: std::collections::VecDeque<Vec<(StreamId, u64)>>,
-}
-
-impl Lagging {
-    /// `device` (auto-complete off) running `lag` operations behind (at least 1).
-    pub fn new(device: Arc<SimDevice>, lag: u64) -> Lagging {
-        Lagging {
-            device,
-            lag: usize::try_from(lag.max(1)).unwrap_or(usize::MAX),
-            marks: std::collections::VecDeque::new(),
-        }
-    }
-
-    /// Called before each operation: the work submitted up to `lag` operations ago completes.
-    pub fn tick(&mut self) {
-        self.marks.push_back(self.device.submitted_work());
-        while self.marks.len() >= self.lag {
-            let Some(mark) = self.marks.pop_front() else {
-                break;
-            };
-            for (stream, upto) in mark {
-                self.device.complete_stream_to(stream, upto);
-            }
-        }
-    }
 }
 
 /// Replays `trace` on the simulated device under `policy`, a policy of any crate (with `cfg`'s
@@ -538,6 +501,7 @@ fn replay_in<D: Device, P: Policy>(
         peak_excess: peak.as_ref().and_then(|p| p.excess),
         peak_pinning: peak.and_then(|p| p.pinning),
         calls: calls.map_or_else(Vec::new, |c| c.steps),
+        answers: None,
     }
 }
 

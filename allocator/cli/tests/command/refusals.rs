@@ -114,7 +114,7 @@ fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
 #[test]
 fn conflicting_or_impossible_options_exit_2_naming_them() {
     let plot = scratch("no-folder").join("missing").join("p.html");
-    let cases: [(Vec<&str>, &str); 8] = [
+    let cases: [(Vec<&str>, &str); 12] = [
         (
             vec!["replay", "--policy", "torch", "--policy", "torch"],
             "`torch` is asked for twice",
@@ -134,6 +134,22 @@ fn conflicting_or_impossible_options_exit_2_naming_them() {
         (
             vec!["replay", "--device-lag", "4", "--min-capacity"],
             "--device-lag 4 cannot be used with --min-capacity",
+        ),
+        (
+            vec!["replay", "--answers", "--cuda"],
+            "--answers cannot be used with --cuda",
+        ),
+        (
+            vec!["replay", "--answers", "--device-lag", "3"],
+            "--answers cannot be used with --device-lag 3",
+        ),
+        (
+            vec!["replay", "--answers", "--min-capacity"],
+            "--answers cannot be used with --min-capacity",
+        ),
+        (
+            vec!["replay", "--answers"],
+            "records no answer to an event query",
         ),
         (vec!["replay", "--config", ""], "empty config string"),
         (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),

@@ -9,7 +9,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 30] = [
+const KEYS: [&str; 31] = [
     "trace",
     "policy",
     "completed",
@@ -31,6 +31,7 @@ const KEYS: [&str; 30] = [
     "taken_back_bytes",
     "driver_waits",
     "driver_time",
+    "answers",
     "ooms",
     "ns_per_event",
     "trace_lines",
@@ -64,6 +65,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
         assert!(v["failure"].is_null());
         assert!(v["driver_waits"].is_null(), "counted only with --cuda");
         assert!(v["driver_time"].is_null(), "timed only with --cuda");
+        assert!(v["answers"].is_null(), "given only with --answers");
         assert_eq!(v["anomalies"]["unmatched_frees"], 0);
         assert_eq!(v["anomalies"]["double_allocs"], 0);
         assert_eq!(v["anomalies"]["mismatched_frees"], 0);
@@ -598,4 +600,44 @@ fn json_rows_count_the_bytes_given_back_and_taken_back() {
         assert_eq!(taken > 0, takes_back, "lag {lag}: {taken} bytes taken back");
         assert!(taken <= given, "lag {lag}: {taken} taken back of {given}");
     }
+}
+
+/// `--answers` gives a trace's recorded answers to event queries (here one, about stream 7,
+/// recorded in the second allocation): the JSON row and the table say how many there were, how
+/// many the replay gave and how many of its queries had none.
+#[test]
+fn answers_are_counted_in_the_row_and_the_table() {
+    let lines = "alloc,4096,1073741824,7,1\n\
+                 free_requested,4096,1073741824,7,2\n\
+                 free_completed,4096,1073741824,7,2\n\
+                 event_pending,0,0,7,3\n\
+                 alloc,8192,1024,7,4\n";
+    let trace = csv_trace("answers", "answered.csv", lines);
+    let trace = trace.to_str().unwrap();
+    let o = cudalloc(&[
+        "replay",
+        "--json",
+        "--answers",
+        "--policy",
+        "default",
+        trace,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json_lines(&o).swap_remove(0);
+    let a = &v["answers"];
+    assert_eq!(a["recorded"], 1);
+    let (used, unrecorded) = (
+        a["used"].as_u64().unwrap(),
+        a["unrecorded"].as_u64().unwrap(),
+    );
+    assert!(used <= 1, "{a}");
+    let plain = cudalloc(&["replay", "--json", "--policy", "default", trace]);
+    assert!(json_lines(&plain)[0]["answers"].is_null());
+    let o = cudalloc(&["replay", "--answers", "--policy", "default", trace]);
+    let table = stdout(&o);
+    let said = format!(
+        "default: {used} of the 1 recorded answers to event queries given as the GPU gave them; \
+         {unrecorded} queries had none left"
+    );
+    assert!(table.contains(&said), "{table}");
 }

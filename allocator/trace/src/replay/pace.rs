@@ -1,0 +1,91 @@
+//! The device's pace in a replay: a simulated device that runs a fixed number of operations
+//! behind the host ([`Lagging`], `ReplayOptions::device_lag`), or one that answers the
+//! allocator's event queries as the recording's device answered them
+//! (`ReplayOptions::answers`, [`PlayAnswers`]).
+//!
+//! Invariant: both replay the trace's operations as [`replay_on`](super::replay_on) does and
+//! change only what the device says about its work, never what the pool asks it to do.
+
+use super::{replay_in, trace_streams, ReplayOptions, ReplayResult, Span, DEVICE_CAPACITY};
+use crate::Trace;
+use cudalloc::config::Config;
+use cudalloc::Pool;
+use cudalloc_sys::wrap::PlayAnswers;
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::sync::Arc;
+
+/// Replays `trace` on a simulated device that runs `lag` operations behind the host
+/// ([`ReplayOptions::device_lag`]); what is still queued at the end completes before the pool
+/// is dropped.
+pub(super) fn replay_lagging(
+    trace: &Trace,
+    cfg: &Config,
+    opts: &ReplayOptions,
+    lag: u64,
+) -> ReplayResult {
+    let device = Arc::new(SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)));
+    device.set_auto_complete(false);
+    let mut pool = Pool::new(device.clone(), cfg.clone());
+    let mut lagging = Lagging::new(device.clone(), lag);
+    let r = replay_in(
+        &mut pool,
+        trace,
+        &trace_streams(trace),
+        opts,
+        Span::NONE,
+        |_| lagging.tick(),
+    );
+    device.complete_all();
+    r
+}
+
+/// Replays `trace` on a simulated device that answers the allocator's event queries as the
+/// recording's device did ([`ReplayOptions::answers`]).
+pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
+    let sim = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    let device = Arc::new(PlayAnswers::new(sim, trace.answers.clone()));
+    let mut pool = Pool::new(device.clone(), cfg.clone());
+    let mut r = replay_in(
+        &mut pool,
+        trace,
+        &trace_streams(trace),
+        opts,
+        Span::NONE,
+        |i| device.at_op(i as u64),
+    );
+    r.answers = Some(device.usage());
+    r
+}
+
+/// A simulated device running behind: before each operation it completes the work that was
+/// submitted `lag` operations earlier (marks of [`SimDevice::submitted_work`], one per
+/// operation, the oldest first).
+pub struct Lagging {
+    device: Arc<SimDevice>,
+    lag: usize,
+    marks: std::collections::VecDeque<Vec<(StreamId, u64)>>,
+}
+
+impl Lagging {
+    /// `device` (auto-complete off) running `lag` operations behind (at least 1).
+    pub fn new(device: Arc<SimDevice>, lag: u64) -> Lagging {
+        Lagging {
+            device,
+            lag: usize::try_from(lag.max(1)).unwrap_or(usize::MAX),
+            marks: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Called before each operation: the work submitted up to `lag` operations ago completes.
+    pub fn tick(&mut self) {
+        self.marks.push_back(self.device.submitted_work());
+        while self.marks.len() >= self.lag {
+            let Some(mark) = self.marks.pop_front() else {
+                break;
+            };
+            for (stream, upto) in mark {
+                self.device.complete_stream_to(stream, upto);
+            }
+        }
+    }
+}
