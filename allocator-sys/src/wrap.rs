@@ -468,6 +468,6 @@ impl<D: Device> Device for CountCalls<D> {
 mod answers;
 mod log;
 mod time;
-pub use answers::{Answer, AnswerUse, PlayAnswers, RecordAnswers};
+pub use answers::{Answer, AnswerUse, Given, PlayAnswers, RecordAnswers};
 pub use log::LogCalls;
 pub use time::{CallTime, TimeCalls};

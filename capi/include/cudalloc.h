@@ -228,9 +228,9 @@ size_t cudalloc_memory_snapshot(int device, unsigned long long id0, unsigned lon
  * "free_requested" and "free_completed" (for an allocation given to cudalloc_record_stream on
  * another stream while the trace runs, "free_completed" when its block goes back to the pool,
  * after that stream's work); time_us counts from the start. Before the events of each
- * cudalloc_malloc and cudalloc_free come the device's answers to the event queries the
- * allocator made in it (event_done, event_pending, with the event's stream), which
- * `cudalloc replay --answers` gives again. Other devices are not
+ * cudalloc_malloc that succeeds and each cudalloc_free that completes at once come the
+ * device's answers to the event queries the allocator made in it (event_done, event_pending,
+ * with the event's stream), which `cudalloc replay --answers` gives again. Other devices are not
  * recorded (the format has no device column). While a trace runs, device 0's cudalloc_malloc
  * and cudalloc_free calls (and cudalloc_record_stream and cudalloc_empty_cache) take one lock
  * each, across threads, so that the events are written in

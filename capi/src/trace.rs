@@ -9,10 +9,12 @@
 //!   the allocation; for an allocation used on another stream (`cudalloc_record_stream` while
 //!   the trace is on), `free_completed` is written when its block goes back to the pool, after
 //!   that stream's work, as PyTorch writes it;
-//! - a trace file (not the history) writes, before the events of each `cudalloc_malloc` and
-//!   `cudalloc_free`, what the device answered the allocator's event queries since the last
-//!   such call (`event_done`, `event_pending`: the device is a [`RecordAnswers`]), so that a
-//!   replay can answer them the same way (`cudalloc replay --answers`);
+//! - a trace file (not the history) writes, before the events of each `cudalloc_malloc` that
+//!   succeeds and each `cudalloc_free` that writes `free_completed` at once, what the device
+//!   answered the event queries the allocator made in that call, on its thread (`event_done`,
+//!   `event_pending`: the device is a [`RecordAnswers`]), so that a replay can answer them the
+//!   same way (`cudalloc replay --answers`); a call that writes no operation of a replay
+//!   writes no answer;
 //! - starting a trace while allocations are live writes an `alloc` at time 0 for each of them
 //!   (from a snapshot), so that their frees match and a replay starts from the same live set;
 //! - `time_us` counts microseconds since the start and never decreases.
@@ -20,8 +22,10 @@
 //! While a trace is on, the tracer's lock is held across each allocator call it records, so
 //! events are written in the order the allocator served them, across threads. While it is off,
 //! calls go straight to the allocator (one atomic load), so the allocator's own concurrency
-//! (stream shards, thread caches) is untouched. A call already running when the trace starts
-//! may be missed: its allocation, or its free of an allocation the start wrote as live.
+//! (stream shards, thread caches) is untouched; the device's [`RecordAnswers`] only notes, in
+//! one of 16 locked maps by handle, the stream of each event recorded. A call already running
+//! when the trace starts may be missed: its allocation, or its free of an allocation the start
+//! wrote as live.
 //!
 //! The starting live set comes from [`CachingAllocator::snapshot`]: blocks it shows as
 //! allocated. A block that its caller freed into a per-thread cache is `ThreadCached` there,
@@ -37,7 +41,7 @@ use cudalloc_core::record::background::BackgroundWriter;
 use cudalloc_core::record::{csv, Event, EventSink, History, Recorder};
 use cudalloc_core::snapshot::BlockState;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
-use cudalloc_sys::wrap::RecordAnswers;
+use cudalloc_sys::wrap::{Given, RecordAnswers};
 use cudalloc_sys::{Device, StreamId};
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -151,9 +155,6 @@ struct Recording {
     recorder: Recorder<Output>,
     /// Whether the allocator keeps completions for this recording yet.
     tracking: bool,
-    /// Whether the device keeps its answers to event queries for this recording yet (a trace
-    /// file's only).
-    answering: bool,
 }
 
 impl Recording {
@@ -162,12 +163,7 @@ impl Recording {
         let mut r = Recording {
             recorder: Recorder::to_sink(out),
             tracking: false,
-            answering: false,
         };
-        if let Some(a) = alloc.filter(|_| !r.is_history()) {
-            a.with_device(|d| d.set_recording(true));
-            r.answering = true;
-        }
         for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
             let allocated = seg
                 .blocks
@@ -180,12 +176,13 @@ impl Recording {
         r
     }
 
-    /// Writes what the device answered the event queries of the call just made, before that
-    /// call's events.
-    fn answered<D: Device>(&mut self, alloc: &Traced<D>) {
-        if self.answering {
-            let answers = alloc.with_device(RecordAnswers::take);
-            self.recorder.answered(&answers);
+    /// Writes `answers`, what the device answered the event queries of the call just made,
+    /// before that call's events when it writes an operation of a replay (`op`: an `alloc`, a
+    /// `free_completed`); the answers of a call that writes none (an `oom`, a failed call, a
+    /// free that waits for another stream) are dropped, since no replayed operation makes them.
+    fn answered(&mut self, answers: &[Given], op: bool) {
+        if op {
+            self.recorder.answered(answers);
         }
     }
 
@@ -200,10 +197,6 @@ impl Recording {
         if !self.tracking {
             alloc.track_completions(true);
             self.tracking = true;
-        }
-        if !self.answering && !self.is_history() {
-            alloc.with_device(|d| d.set_recording(true));
-            self.answering = true;
         }
         let take = |s| alloc.take_completions(s);
         match freeing {
@@ -332,7 +325,6 @@ impl Tracer {
         if let Some(a) = alloc {
             r.catch_up(a, None);
             a.track_completions(false);
-            a.with_device(|d| d.set_recording(false));
         }
         self.on.store(false, Ordering::SeqCst);
         let written = match r.recorder.sink() {
@@ -394,10 +386,12 @@ impl Tracer {
             return crate::tags::allocate(alloc, size, stream, tag);
         }
         let mut state = self.state.lock();
-        let result = crate::tags::allocate(alloc, size, stream, tag);
+        let file = state.recording.as_ref().is_some_and(|r| !r.is_history());
+        let call = || crate::tags::allocate(alloc, size, stream, tag);
+        let (result, answers) = recorded(alloc, file, call);
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
-            r.answered(alloc);
+            r.answered(&answers, result.is_ok());
             r.recorder.allocated(&result, size, stream);
         }
         result
@@ -413,9 +407,11 @@ impl Tracer {
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, Some(ptr));
         }
-        let freed = alloc.free_ptr(ptr);
+        let file = state.recording.as_ref().is_some_and(|r| !r.is_history());
+        let (freed, answers) = recorded(alloc, file, || alloc.free_ptr(ptr));
         if let Some(r) = state.recording.as_mut() {
-            r.answered(alloc);
+            let op = freed.is_ok() && r.recorder.completes_at_free(ptr);
+            r.answered(&answers, op);
             if freed.is_ok() {
                 r.recorder.freed(ptr);
             }
@@ -457,6 +453,20 @@ impl Tracer {
             r.catch_up(alloc, None);
         }
         result
+    }
+}
+
+/// Runs `call`, with the device's answers to its event queries when `file` (a trace file is
+/// written; the history keeps none).
+fn recorded<D: Device, R>(
+    alloc: &Traced<D>,
+    file: bool,
+    call: impl FnOnce() -> R,
+) -> (R, Vec<Given>) {
+    if file {
+        alloc.with_device(|d| d.record(call))
+    } else {
+        (call(), Vec::new())
     }
 }
 

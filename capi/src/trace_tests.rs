@@ -450,3 +450,52 @@ fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The answers of a call that writes no operation of a replay (an allocation that runs out of
+/// memory) are not written: a replay would give them to the next operation's queries.
+#[test]
+fn a_failed_allocation_writes_no_answers() {
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.csv");
+    let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
+    sim.set_auto_complete(false);
+    let cfg = Config::for_policy(cudalloc_core::Policy::Default);
+    let alloc = CachingAllocator::new(RecordAnswers::new(sim.clone()), cfg);
+    let t = Tracer::new();
+    t.start(&path, Some(&alloc)).unwrap();
+    let s = StreamId(1);
+    let mut ooms = 0;
+    for round in 0..40u64 {
+        let size = (96 + 8 * (round % 5)) << 20;
+        let held: Vec<u64> = (0..12)
+            .map_while(|_| t.allocate(&alloc, size, s, None).ok().map(|a| a.ptr()))
+            .collect();
+        ooms += u64::from(held.len() < 12);
+        for p in held {
+            t.free(&alloc, p).unwrap();
+        }
+    }
+    t.stop(Some(&alloc)).unwrap();
+    let actions: Vec<String> = lines(&path)[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
+    assert!(ooms > 0, "the device was full");
+    assert!(
+        actions.iter().any(|a| a == "event_pending"),
+        "the device ran behind"
+    );
+    for (i, w) in actions.windows(2).enumerate() {
+        if w[0].starts_with("event_") {
+            assert!(
+                w[1].starts_with("event_") || w[1] == "alloc" || w[1] == "free_requested",
+                "line {}: {} before {}",
+                i + 2,
+                w[0],
+                w[1]
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

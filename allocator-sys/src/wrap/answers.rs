@@ -11,6 +11,9 @@
 //! Invariants:
 //! - only `query_event` answers (`Ok(true)` done, `Ok(false)` pending) are kept or given; every
 //!   other call, and a `query_event` that fails, goes to the inner device unchanged;
+//! - [`RecordAnswers`] keeps an answer only when it is given on the thread running
+//!   [`RecordAnswers::record`], while that runs: the answers of one recorded call, never those of
+//!   another pool on the same device or of a call on another thread;
 //! - each answer names the stream the event was last recorded on (both wrappers watch
 //!   `record_event`; an event never recorded through the wrapper names [`StreamId::DEFAULT`]),
 //!   so that a query about a stream's work never gets an answer given about another stream's;
@@ -22,7 +25,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -68,29 +70,35 @@ macro_rules! forward_all_but_query {
     };
 }
 
-/// The stream each live event was last recorded on.
+/// Shards of [`Recorded`]'s map, so that streams recording events at once seldom meet.
+const RECORDED_SHARDS: usize = 16;
+
+/// The stream each live event was last recorded on, in shards by handle.
 #[derive(Debug, Default)]
-struct Recorded(Mutex<HashMap<EventHandle, StreamId>>);
+struct Recorded([Mutex<HashMap<EventHandle, StreamId>>; RECORDED_SHARDS]);
 
 impl Recorded {
+    fn shard(&self, event: EventHandle) -> &Mutex<HashMap<EventHandle, StreamId>> {
+        // Handles are driver pointers (aligned) or small counters: mix the low bits in.
+        let h = event.0 ^ (event.0 >> 7);
+        &self.0[(h % RECORDED_SHARDS as u64) as usize]
+    }
+
     fn record<D: Device>(&self, d: &D, event: EventHandle, stream: StreamId) -> DeviceResult<()> {
         d.record_event(event, stream)?;
-        self.0.lock().insert(event, stream);
+        self.shard(event).lock().insert(event, stream);
         Ok(())
     }
 
     fn destroy<D: Device>(&self, d: &D, event: EventHandle) -> DeviceResult<()> {
         d.destroy_event(event)?;
-        self.0.lock().remove(&event);
+        self.shard(event).lock().remove(&event);
         Ok(())
     }
 
     fn stream_of(&self, event: EventHandle) -> StreamId {
-        self.0
-            .lock()
-            .get(&event)
-            .copied()
-            .unwrap_or(StreamId::DEFAULT)
+        let known = self.shard(event).lock().get(&event).copied();
+        known.unwrap_or(StreamId::DEFAULT)
     }
 }
 
@@ -107,39 +115,43 @@ macro_rules! watch_records {
     };
 }
 
-/// Keeps the answer of every successful `query_event` while recording is on (off at first):
-/// the stream the event was recorded on, and `true` when its work was done, `false` when it was
-/// pending.
+/// An answer: the stream of the event asked about, and whether its work was done.
+pub type Given = (StreamId, bool);
+
+thread_local! {
+    /// The [`RecordAnswers`] (by address) whose [`RecordAnswers::record`] runs on this thread,
+    /// and the answers its device gave on this thread since.
+    static RECORDING: std::cell::RefCell<Option<(usize, Vec<Given>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps the answers of the successful `query_event` calls made on the calling thread while a
+/// closure given to [`RecordAnswers::record`] runs: the stream the event was recorded on, and
+/// `true` when its work was done, `false` when it was pending. Queries made on other threads
+/// (other pools sharing the device, calls not recorded) are not kept.
 #[derive(Debug)]
 pub struct RecordAnswers<D> {
     inner: D,
-    on: AtomicBool,
     recorded: Recorded,
-    answers: Mutex<Vec<(StreamId, bool)>>,
 }
 
 impl<D: Device> RecordAnswers<D> {
-    /// Wraps `inner`, not recording.
+    /// Wraps `inner`.
     pub fn new(inner: D) -> Self {
         Self {
             inner,
-            on: AtomicBool::new(false),
             recorded: Recorded::default(),
-            answers: Mutex::new(Vec::new()),
         }
     }
 
-    /// Starts or stops recording; stopping drops the answers not taken yet.
-    pub fn set_recording(&self, on: bool) {
-        self.on.store(on, Ordering::SeqCst);
-        if !on {
-            self.answers.lock().clear();
-        }
-    }
-
-    /// Removes and returns the answers recorded since the last call, oldest first.
-    pub fn take(&self) -> Vec<(StreamId, bool)> {
-        std::mem::take(&mut *self.answers.lock())
+    /// Runs `f`, and returns what it returned with the answers the device gave it on this
+    /// thread, oldest first. A `record` inside `f` keeps its own answers.
+    pub fn record<R>(&self, f: impl FnOnce() -> R) -> (R, Vec<Given>) {
+        let me = self as *const Self as usize;
+        let outer = RECORDING.with(|r| r.replace(Some((me, Vec::new()))));
+        let out = f();
+        let answers = RECORDING.with(|r| r.replace(outer));
+        (out, answers.map(|(_, a)| a).unwrap_or_default())
     }
 
     /// The wrapped device.
@@ -154,10 +166,14 @@ impl<D: Device> Device for RecordAnswers<D> {
 
     fn query_event(&self, event: EventHandle) -> DeviceResult<bool> {
         let done = self.inner.query_event(event)?;
-        if self.on.load(Ordering::Relaxed) {
-            let stream = self.recorded.stream_of(event);
-            self.answers.lock().push((stream, done));
-        }
+        let me = self as *const Self as usize;
+        RECORDING.with(|r| {
+            if let Some((owner, answers)) = r.borrow_mut().as_mut() {
+                if *owner == me {
+                    answers.push((self.recorded.stream_of(event), done));
+                }
+            }
+        });
         Ok(done)
     }
 }
@@ -193,6 +209,7 @@ struct Script {
     given: Vec<bool>,
     from: usize,
     op: u64,
+    finished: bool,
     used: u64,
     unrecorded: u64,
 }
@@ -242,6 +259,12 @@ impl<D: Device> PlayAnswers<D> {
         self.script.lock().op = op;
     }
 
+    /// The replay's operations are over: later queries (the frees of what a trace leaves
+    /// live, the pool's drop) get the inner device's answer and are not counted.
+    pub fn finish(&self) {
+        self.script.lock().finished = true;
+    }
+
     /// The answers given so far.
     pub fn usage(&self) -> AnswerUse {
         let s = self.script.lock();
@@ -266,6 +289,9 @@ impl<D: Device> Device for PlayAnswers<D> {
         let inner = self.inner.query_event(event)?;
         let stream = self.recorded.stream_of(event);
         let mut s = self.script.lock();
+        if s.finished {
+            return Ok(inner);
+        }
         match s.next(stream) {
             Some(done) => {
                 s.used += 1;
@@ -291,28 +317,36 @@ mod tests {
     }
 
     #[test]
-    fn recording_keeps_the_answers_while_on_and_in_order() {
+    fn recording_keeps_the_answers_given_inside_on_its_thread() {
         let sim = SimDevice::new(SimConfig::with_capacity(1 << 30));
         sim.set_auto_complete(false);
         let dev = RecordAnswers::new(sim);
         let ev = pending_event(&dev);
-        assert!(!dev.query_event(ev).unwrap());
-        assert!(dev.take().is_empty(), "not recording yet");
-        dev.set_recording(true);
-        assert!(!dev.query_event(ev).unwrap());
-        dev.inner().complete_all();
-        assert!(dev.query_event(ev).unwrap());
-        assert!(dev.query_event(EventHandle(9_999)).is_err());
+        assert!(!dev.query_event(ev).unwrap(), "outside record: not kept");
         let s = StreamId(1);
+        let (done, answers) = dev.record(|| {
+            let first = dev.query_event(ev).unwrap();
+            std::thread::scope(|t| {
+                t.spawn(|| dev.query_event(ev).unwrap());
+            });
+            dev.inner().complete_all();
+            assert!(dev.query_event(EventHandle(9_999)).is_err());
+            let inner = dev.record(|| dev.query_event(ev).unwrap());
+            assert_eq!(
+                inner,
+                (true, vec![(s, true)]),
+                "a nested record keeps its own"
+            );
+            (first, dev.query_event(ev).unwrap())
+        });
+        assert_eq!(done, (false, true));
         assert_eq!(
-            dev.take(),
+            answers,
             [(s, false), (s, true)],
-            "a failed query is no answer"
+            "not another thread's, nor a failed query"
         );
-        assert!(dev.take().is_empty());
-        assert!(dev.query_event(ev).unwrap());
-        dev.set_recording(false);
-        assert!(dev.take().is_empty(), "stopping drops what was not taken");
+        let (_, none) = dev.record(|| ());
+        assert!(none.is_empty());
     }
 
     #[test]
@@ -345,6 +379,11 @@ mod tests {
         dev.at_op(4);
         assert!(!dev.query_event(ev).unwrap());
         assert!(dev.query_event(EventHandle(9_999)).is_err());
+        dev.finish();
+        assert!(
+            dev.query_event(ev).unwrap(),
+            "after the operations: not counted"
+        );
         let usage = dev.usage();
         assert_eq!(
             usage,

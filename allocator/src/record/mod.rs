@@ -181,6 +181,12 @@ impl<S: EventSink> Recorder<S> {
         }
     }
 
+    /// Whether [`Recorder::freed`] of `ptr` would write `free_completed` now: an allocation it
+    /// knows, not used on another stream.
+    pub fn completes_at_free(&self, ptr: u64) -> bool {
+        self.live.contains_key(&ptr) && !self.used_elsewhere.contains(&ptr)
+    }
+
     /// Writes a successful free of `ptr`: `free_requested`, and `free_completed` unless the
     /// allocation was used on another stream (then [`Recorder::catch_up`] writes it).
     pub fn freed(&mut self, ptr: u64) {

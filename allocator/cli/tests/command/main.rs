@@ -6,12 +6,13 @@
 //! message naming the option, key, file or line that was wrong; never a panic; a config string
 //! says which policy it runs.
 //!
-//! Files: `replay.rs`, `refusals.rs`, `review.rs`, `new_user.rs`, `memory_fraction_key.rs`,
-//! `progress.rs`, `split.rs`; `run.rs` holds helpers of the first two.
+//! Files: `replay.rs`, `answers.rs`, `refusals.rs`, `review.rs`, `new_user.rs`,
+//! `memory_fraction_key.rs`, `progress.rs`, `split.rs`; `run.rs` holds helpers of the first two.
 
 #[allow(dead_code)]
 mod run;
 
+mod answers;
 mod memory_fraction_key;
 mod new_user;
 mod progress;

@@ -50,7 +50,10 @@ pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions)
         trace,
         &trace_streams(trace),
         opts,
-        Span::NONE,
+        Span {
+            start: || {},
+            end: || device.finish(),
+        },
         |i| device.at_op(i as u64),
     );
     r.answers = Some(device.usage());

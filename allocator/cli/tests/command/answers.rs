@@ -1,0 +1,114 @@
+//! `cudalloc replay --answers`: a trace recorded with the device's answers to the allocator's
+//! event queries (written here as the C library writes one, from a run of `default` whose
+//! simulated device runs 10 operations behind) replays to the run's own figures, and the JSON
+//! row and the table say how many answers the replay gave.
+
+use super::run::{bundled, cudalloc, json_lines, scratch, stderr, stdout};
+use cudalloc::record::Recorder;
+use cudalloc::{CachingAllocator, Config};
+use cudalloc_sys::wrap::RecordAnswers;
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use cudalloc_trace::replay::{Lagging, DEVICE_CAPACITY};
+use cudalloc_trace::{read, Op};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What the recorded run reserved at most and its driver calls.
+struct Ran {
+    peak_reserved: u64,
+    calls: u64,
+}
+
+/// Runs the first `ops` operations of `job` under `default` (no thread cache), its device 10
+/// operations behind, recording each call's answers before its events into `to`.
+fn record_lagging(job: &Path, ops: usize, to: &Path) -> Ran {
+    let job = read(job).unwrap();
+    let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)));
+    sim.set_auto_complete(false);
+    let cfg = Config::parse("policy:default,thread_cache:False").unwrap();
+    let alloc = CachingAllocator::new(RecordAnswers::new(sim.clone()), cfg);
+    let mut lagging = Lagging::new(sim, 10);
+    let mut rec = Recorder::new(std::fs::File::create(to).unwrap()).unwrap();
+    let mut slots = vec![0u64; job.slots as usize];
+    for op in job.ops.iter().take(ops) {
+        lagging.tick();
+        match *op {
+            Op::Alloc { slot, stream, size } => {
+                let s = StreamId(job.streams[stream as usize]);
+                let (r, answers) = alloc.with_device(|d| d.record(|| alloc.allocate(size, s)));
+                rec.answered(&answers);
+                rec.allocated(&r, size, s);
+                slots[slot as usize] = r.unwrap().ptr();
+            }
+            Op::Free { slot } => {
+                let ptr = slots[slot as usize];
+                let (r, answers) = alloc.with_device(|d| d.record(|| alloc.free_ptr(ptr)));
+                r.unwrap();
+                rec.answered(&answers);
+                rec.freed(ptr);
+            }
+        }
+    }
+    rec.finish().unwrap();
+    let s = alloc.stats();
+    Ran {
+        peak_reserved: s.reserved_bytes.0[0].peak as u64,
+        calls: s.calls.total(),
+    }
+}
+
+fn row(trace: &str, answers: bool) -> serde_json::Value {
+    let mut args = vec!["replay", "--json", "--policy", "default", trace];
+    if answers {
+        args.push("--answers");
+    }
+    let o = cudalloc(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    json_lines(&o).swap_remove(0)
+}
+
+fn figures(v: &serde_json::Value) -> (u64, u64) {
+    let calls = [
+        "device_mallocs",
+        "device_frees",
+        "device_maps",
+        "device_unmaps",
+    ]
+    .iter()
+    .map(|k| v[k].as_u64().unwrap())
+    .sum();
+    (v["peak_reserved_bytes"].as_u64().unwrap(), calls)
+}
+
+#[test]
+fn a_lagging_run_replays_to_its_own_figures_given_its_answers() {
+    let path: PathBuf = scratch("answers").join("lagging.csv");
+    let job = bundled("h200/gnn_train_dynamic.trace.csv.gz");
+    let ran = record_lagging(Path::new(&job), 2_000, &path);
+    let trace = path.to_str().unwrap();
+    let given = row(trace, true);
+    let a = &given["answers"];
+    let recorded = a["recorded"].as_u64().unwrap();
+    assert!(recorded > 0, "the device ran behind: {a}");
+    assert_eq!(
+        a["used"].as_u64(),
+        Some(recorded),
+        "every answer given: {a}"
+    );
+    assert_eq!(a["unrecorded"], 0);
+    assert_eq!(figures(&given), (ran.peak_reserved, ran.calls));
+    let plain = row(trace, false);
+    assert!(plain["answers"].is_null());
+    assert_ne!(
+        figures(&plain),
+        figures(&given),
+        "the answers make the difference"
+    );
+    let o = cudalloc(&["replay", "--answers", "--policy", "default", trace]);
+    let said = format!(
+        "default: {} of the {} recorded answers to event queries given as the GPU gave them; \
+         0 queries had none left",
+        recorded, recorded
+    );
+    assert!(stdout(&o).contains(&said), "{}", stdout(&o));
+}
