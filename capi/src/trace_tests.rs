@@ -389,11 +389,55 @@ fn a_trace_and_the_history_exclude_each_other() {
 
 /// A run of `default` whose device runs behind, traced with the device's answers to its event
 /// queries, replays as it ran when the replay gives those answers again (`--answers`): the
-/// same peak reserved bytes and driver calls. The same trace replayed on a device that keeps
+/// same peak reserved bytes and driver calls, on one stream and on two (the replay drives the
+/// allocator's stream shards as the run did). The same trace replayed on a device that keeps
 /// up reserves differently: the answers are what tells them apart.
 #[test]
 fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
-    let dir = std::env::temp_dir().join(format!("cudalloc-capi-answers-{}", std::process::id()));
+    for streams in [1, 2] {
+        let (trace, ran) = lagging_run(streams);
+        assert!(
+            trace.answers.iter().any(|a| !a.done),
+            "the device ran behind"
+        );
+        let cfg = Config::for_policy(cudalloc_core::Policy::Default);
+        let replay = |answers| {
+            let opts = cudalloc_trace::replay::ReplayOptions {
+                answers,
+                ..Default::default()
+            };
+            cudalloc_trace::replay::replay(&trace, &cfg, &opts)
+        };
+        let given = replay(true);
+        let used = given.answers.unwrap();
+        assert_eq!(
+            used.used, used.recorded,
+            "{streams} stream(s): every answer asked for"
+        );
+        assert_eq!(used.unrecorded, 0, "{streams} stream(s)");
+        assert_eq!(
+            (given.peak_reserved_bytes, given.driver_calls()),
+            ran,
+            "{streams} stream(s): the replay reserves and calls what the run did"
+        );
+        let kept_up = replay(false);
+        assert_ne!(
+            (kept_up.peak_reserved_bytes, kept_up.driver_calls()),
+            ran,
+            "{streams} stream(s): without the answers the replay is another run"
+        );
+    }
+}
+
+/// Runs `gnn_train_dynamic` under `default` without thread caches on a simulated device 10
+/// operations behind, its allocations spread over `streams` streams, through a tracer: the
+/// trace read back, and the run's peak reserved bytes (of all its shards at once) and driver
+/// calls.
+fn lagging_run(streams: u64) -> (cudalloc_trace::Trace, (u64, u64)) {
+    let dir = std::env::temp_dir().join(format!(
+        "cudalloc-capi-answers-{}-{streams}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t.csv.gz");
     let job =
@@ -404,7 +448,7 @@ fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
         cudalloc_trace::replay::DEVICE_CAPACITY,
     )));
     sim.set_auto_complete(false);
-    let alloc = CachingAllocator::new(RecordAnswers::new(sim.clone()), cfg.clone());
+    let alloc = CachingAllocator::new(RecordAnswers::new(sim.clone()), cfg);
     let mut lagging = cudalloc_trace::replay::Lagging::new(sim.clone(), 10);
     let t = Tracer::new();
     t.start(&path, Some(&alloc)).unwrap();
@@ -413,42 +457,17 @@ fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
         lagging.tick();
         match *op {
             cudalloc_trace::Op::Alloc { slot, stream, size } => {
-                let s = StreamId(job.streams[stream as usize]);
+                let s = StreamId(job.streams[stream as usize] + u64::from(slot) % streams);
                 slots[slot as usize] = t.allocate(&alloc, size, s, None).unwrap().ptr();
             }
             cudalloc_trace::Op::Free { slot } => t.free(&alloc, slots[slot as usize]).unwrap(),
         }
     }
     t.stop(Some(&alloc)).unwrap();
-    let ran = alloc.stats();
+    let ran = (alloc.group_reserved_peak(), alloc.stats().calls.total());
     let trace = read(&path).unwrap();
-    assert!(
-        trace.answers.iter().any(|a| !a.done),
-        "the device ran behind"
-    );
-    let replay = |answers| {
-        let opts = cudalloc_trace::replay::ReplayOptions {
-            answers,
-            ..Default::default()
-        };
-        cudalloc_trace::replay::replay(&trace, &cfg, &opts)
-    };
-    let given = replay(true);
-    let used = given.answers.unwrap();
-    assert_eq!(used.used, used.recorded, "every answer was asked for");
-    assert_eq!(used.unrecorded, 0);
-    assert_eq!(
-        (given.peak_reserved_bytes, given.driver_calls()),
-        (ran.reserved_bytes.0[0].peak as u64, ran.calls.total()),
-        "the replay reserves and calls what the run did"
-    );
-    let kept_up = replay(false);
-    assert_ne!(
-        (kept_up.peak_reserved_bytes, kept_up.driver_calls()),
-        (given.peak_reserved_bytes, given.driver_calls()),
-        "without the answers the replay is another run"
-    );
     std::fs::remove_dir_all(&dir).unwrap();
+    (trace, ran)
 }
 
 /// The answers of a call that writes no operation of a replay (an allocation that runs out of

@@ -110,14 +110,13 @@ pub struct ReplayArgs {
 
     /// Answer the allocator's event queries (is the work before this event done?) as the
     /// recording's GPU answered them: traces written by the C library (`cudalloc_trace_start`)
-    /// hold those answers (`event_done`, `event_pending`), each in the call it was given in. A
-    /// real run of `default` on one stream whose GPU ran behind then replays as it ran (record
-    /// it with `thread_cache:False` for the same operations; with several streams the
-    /// allocator's per-stream shards ask at other times than the replay's one pool). Each
-    /// query gets the first answer not given yet that was recorded in its operation about its
-    /// event's stream; a query with none (another policy asks at other times) is answered
-    /// done. The simulated device only, not with --device-lag nor --min-capacity; a trace
-    /// without answers is refused.
+    /// hold those answers (`event_done`, `event_pending`), each in the call it was given in.
+    /// The replay then drives the allocator a program runs (its stream shards, no thread
+    /// cache) rather than one pool, so that a real run of `default` whose GPU ran behind,
+    /// recorded with `thread_cache:False`, replays as it ran. Each query gets the first answer
+    /// not given yet that was recorded in its operation about its event's stream; a query with
+    /// none (another policy asks at other times) is answered done. The simulated device only,
+    /// not with --device-lag nor --min-capacity; a trace without answers is refused.
     #[arg(long)]
     pub answers: bool,
 

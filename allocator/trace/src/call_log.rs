@@ -12,11 +12,10 @@
 //! allocations a trace leaves live costs after its last operation (not an operation of the
 //! trace; nothing under the built-in policies).
 
+use crate::replay::Target;
 use crate::Op;
-use cudalloc::policy::Policy;
 use cudalloc::stats::DriverCalls;
-use cudalloc::{Allocation, Pool};
-use cudalloc_sys::Device;
+use cudalloc::Allocation;
 
 /// One operation of a replay that made at least one driver call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,12 +48,12 @@ pub(crate) struct CallLog {
 
 impl CallLog {
     /// Notes what operation `op` is about to do (a free's bytes are gone once it ran).
-    pub fn before<D: Device, P: Policy>(
+    pub fn before(
         &mut self,
         op: &Op,
         slots: &[Option<Allocation>],
         streams: &[u64],
-        pool: &Pool<D, P>,
+        pool: &impl Target,
     ) {
         self.before = pool.stats().calls;
         self.what = match *op {
@@ -67,7 +66,7 @@ impl CallLog {
     }
 
     /// Keeps operation `i` when it made calls.
-    pub fn after<D: Device, P: Policy>(&mut self, i: usize, op: &Op, pool: &Pool<D, P>) {
+    pub fn after(&mut self, i: usize, op: &Op, pool: &impl Target) {
         let s = pool.stats();
         let (now, was) = (s.calls, self.before);
         let calls = DriverCalls {

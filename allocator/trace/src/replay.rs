@@ -25,8 +25,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod pace;
+mod target;
 pub use pace::Lagging;
 use pace::{replay_answered, replay_lagging};
+pub(crate) use target::Target;
 
 /// Capacity of the simulated device: an H200's 143,771 MiB.
 pub const DEVICE_CAPACITY: u64 = 143_771 << 20;
@@ -47,7 +49,7 @@ pub struct Sample {
 
 impl Sample {
     /// The figures of `pool` now.
-    fn of<D: Device, P: Policy>(pool: &Pool<D, P>, op: usize) -> Sample {
+    fn of(pool: &impl Target, op: usize) -> Sample {
         let s = pool.stats();
         Sample {
             op: op as u32,
@@ -91,7 +93,7 @@ impl Timeline {
     }
 
     /// Takes in the figures after operation `op`; closes the interval when it is full.
-    fn after<D: Device, P: Policy>(&mut self, pool: &Pool<D, P>, op: usize) {
+    fn after(&mut self, pool: &impl Target, op: usize) {
         self.acc = self.acc.max(Sample::of(pool, op));
         self.seen += 1;
         if self.seen == self.every {
@@ -419,8 +421,8 @@ fn trace_streams(trace: &Trace) -> Vec<StreamId> {
 
 /// Replays `trace` on `pool`, its stream `i` as `streams[i]`; the pool is left holding what
 /// the trace left cached.
-fn replay_in<D: Device, P: Policy>(
-    pool: &mut Pool<D, P>,
+fn replay_in(
+    pool: &mut impl Target,
     trace: &Trace,
     streams: &[StreamId],
     opts: &ReplayOptions,
@@ -428,11 +430,7 @@ fn replay_in<D: Device, P: Policy>(
     mut before_op: impl FnMut(usize),
 ) -> ReplayResult {
     if let Some(cap) = opts.capacity {
-        // The lower of this cap and the one the config's memory fraction sets (tried again
-        // first if the device could not say its memory when the pool was made).
-        let _ = pool.apply_fraction();
-        let limit = pool.limit().map_or(cap, |l| l.min(cap));
-        pool.set_limit(Some(limit));
+        pool.cap(cap);
     }
     let mut slots: Vec<Option<Allocation>> = (0..trace.slots).map(|_| None).collect();
     let mut timeline = (opts.samples > 0).then(|| {
@@ -479,11 +477,12 @@ fn replay_in<D: Device, P: Policy>(
     }
     let timeline = timeline.map_or_else(Vec::new, |t| t.finish(end));
     let s = pool.stats();
+    let [peak_live_bytes, peak_allocated_bytes, peak_reserved_bytes] = pool.peaks();
     ReplayResult {
         events: done as u64,
-        peak_live_bytes: s.requested_bytes.0[0].peak as u64,
-        peak_allocated_bytes: s.allocated_bytes.0[0].peak as u64,
-        peak_reserved_bytes: s.reserved_bytes.0[0].peak as u64,
+        peak_live_bytes,
+        peak_allocated_bytes,
+        peak_reserved_bytes,
         device_mallocs: s.calls.mallocs,
         device_frees: s.calls.frees,
         device_maps: s.calls.maps,
@@ -526,13 +525,7 @@ impl Peak {
 
     /// Notes the allocation operation `i` made, and takes the breakdown when the reserved
     /// bytes pass their highest value so far.
-    fn after<D: Device, P: Policy>(
-        &mut self,
-        i: usize,
-        op: &Op,
-        slots: &[Option<Allocation>],
-        pool: &Pool<D, P>,
-    ) {
+    fn after(&mut self, i: usize, op: &Op, slots: &[Option<Allocation>], pool: &impl Target) {
         if let Op::Alloc { slot, .. } = *op {
             if let Some(a) = &slots[slot as usize] {
                 self.made.insert(a.ptr(), i);
@@ -559,8 +552,8 @@ impl Peak {
     }
 }
 
-fn step<D: Device, P: Policy>(
-    pool: &mut Pool<D, P>,
+fn step(
+    pool: &mut impl Target,
     slots: &mut [Option<Allocation>],
     streams: &[StreamId],
     op: &Op,

@@ -3,13 +3,17 @@
 //! allocator's event queries as the recording's device answered them
 //! (`ReplayOptions::answers`, [`PlayAnswers`]).
 //!
-//! Invariant: both replay the trace's operations as [`replay_on`](super::replay_on) does and
-//! change only what the device says about its work, never what the pool asks it to do.
+//! Invariant: both replay the trace's operations in order and change only what the device says
+//! about its work, never what the allocator asks it to do. The lagging replay drives one pool,
+//! as [`replay_on`](super::replay_on) does; the answered one the allocator a program ran, its
+//! stream shards included (`target::Front`), so that its queries come when the recorded ones
+//! came.
 
+use super::target::Front;
 use super::{replay_in, trace_streams, ReplayOptions, ReplayResult, Span, DEVICE_CAPACITY};
 use crate::Trace;
 use cudalloc::config::Config;
-use cudalloc::Pool;
+use cudalloc::{CachingAllocator, Pool};
 use cudalloc_sys::wrap::PlayAnswers;
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
@@ -39,14 +43,17 @@ pub(super) fn replay_lagging(
     r
 }
 
-/// Replays `trace` on a simulated device that answers the allocator's event queries as the
-/// recording's device did ([`ReplayOptions::answers`]).
+/// Replays `trace` through a [`CachingAllocator`] without thread caches (its stream shards, as
+/// a program ran it, one thread making every call) on a simulated device that answers the
+/// allocator's event queries as the recording's device did ([`ReplayOptions::answers`]).
 pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
     let sim = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
     let device = Arc::new(PlayAnswers::new(sim, trace.answers.clone()));
-    let mut pool = Pool::new(device.clone(), cfg.clone());
+    let cfg = Config::parse_onto(cfg.clone(), "thread_cache:False")
+        .expect("thread_cache:False holds on any valid config");
+    let mut front = Front::new(CachingAllocator::new(device.clone(), cfg));
     let mut r = replay_in(
-        &mut pool,
+        &mut front,
         trace,
         &trace_streams(trace),
         opts,
