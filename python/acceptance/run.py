@@ -12,6 +12,11 @@ Usage, from the repository root on a machine with a GPU (``libcudalloc_capi.so``
 
     python3 python/acceptance/run.py --out /tmp/acceptance
     python3 python/acceptance/run.py --quick --programs side_stream --modes torch,cudalloc:default
+
+With ``--trace DIR`` each cudalloc run records device 0's trace, with the GPU's answers to the
+allocator's event queries, to ``DIR/PROGRAM.POLICY.csv.gz``, and runs without thread caches, so
+that ``cudalloc replay --answers --policy POLICY`` replays it as the program ran (the table's
+peak reserved bytes are then those of that run).
 """
 
 import argparse
@@ -30,6 +35,18 @@ RESULT_MARK = "@@RESULT@@ "
 MODES = ["torch", "torch-expandable", "cudalloc:default", "cudalloc:torch", "cudalloc:torch-expandable"]
 
 
+def cudalloc_conf(mode, trace):
+    """The ``CUDALLOC_CONF`` of a ``cudalloc:POLICY`` mode: without thread caches when traced
+    (a block a thread cache hands out again never reaches the pool a replay drives)."""
+    conf = f"policy:{mode.split(':', 1)[1]}"
+    return conf + ",thread_cache:False" if trace else conf
+
+
+def trace_path(trace_dir, program, mode):
+    """Where ``--trace`` writes the trace of ``program`` run in the cudalloc mode ``mode``."""
+    return os.path.join(trace_dir, f"{program}.{mode.split(':', 1)[1]}.csv.gz")
+
+
 def child(args):
     result = {"program": args.program, "mode": args.mode, "ok": False}
     if args.cpus:
@@ -40,9 +57,12 @@ def child(args):
             sys.path.insert(0, PYTHON_DIR)
             import cudalloc_torch
 
-            cudalloc_torch.enable(lib_path=args.lib, conf=f"policy:{args.mode.split(':', 1)[1]}",
+            cudalloc_torch.enable(lib_path=args.lib, conf=cudalloc_conf(args.mode, args.trace),
                                   backend=args.backend)
             result["backend"] = cudalloc_torch.backend()
+            if args.trace:
+                result["trace"] = trace_path(args.trace, args.program, args.mode)
+                cudalloc_torch.trace_start(result["trace"])
         import torch
 
         sys.path.insert(0, HERE)
@@ -50,6 +70,8 @@ def child(args):
 
         result.update(PROGRAMS[args.program](args.quick))
         torch.cuda.synchronize()
+        if "trace" in result:
+            cudalloc_torch.trace_stop()
         result["ok"] = True
         try:
             # A program may say which of its runs the column shows (`train_near_cap`).
@@ -88,6 +110,8 @@ def run_child(args, program, mode, log):
         cmd.append("--quick")
     if args.cpus:
         cmd += ["--cpus", args.cpus]
+    if args.trace:
+        cmd += ["--trace", args.trace]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "CUDALLOC_CONF")}
     if mode == "torch-expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -310,6 +334,9 @@ def main():
     ap.add_argument("--cpus", default=None,
                     help="pin every program to these CPUs (e.g. 2,3 or 4-7), so that step times "
                          "move less from one process to the next")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="record each cudalloc run's trace, with the GPU's answers to event "
+                         "queries, into DIR (runs without thread caches; see the module doc)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--program", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -318,6 +345,12 @@ def main():
         return child(args)
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {args.repeat}")
+    if args.trace:
+        try:
+            os.makedirs(args.trace, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--trace {args.trace}: {e}")
+        args.trace = os.path.abspath(args.trace)
     if args.cpus:
         try:
             cpu_list(args.cpus)

@@ -58,6 +58,13 @@ class Compare(unittest.TestCase):
         got = run.compare({"ok": True, "losses": [2.0], "restores": 3}, ref)
         self.assertTrue(got.startswith("DIFFERENT"), got)
 
+    def test_a_traced_cudalloc_run_turns_thread_caches_off_and_names_its_file(self):
+        self.assertEqual(run.cudalloc_conf("cudalloc:default", None), "policy:default")
+        self.assertEqual(run.cudalloc_conf("cudalloc:torch-expandable", "/t"),
+                         "policy:torch-expandable,thread_cache:False")
+        self.assertEqual(run.trace_path("/t", "train_near_cap", "cudalloc:default"),
+                         "/t/train_near_cap.default.csv.gz")
+
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})
         self.assertEqual(run.cpu_list("4-6,1"), {1, 4, 5, 6})
