@@ -409,6 +409,10 @@ fn a_replay_given_the_recorded_answers_reserves_what_the_lagging_run_did() {
             cudalloc_trace::replay::replay(&trace, &cfg, &opts)
         };
         let given = replay(true);
+        assert_eq!(
+            given.peak_live_bytes, trace.peak_live,
+            "{streams} stream(s)"
+        );
         let used = given.answers.unwrap();
         assert_eq!(
             used.used, used.recorded,

@@ -16,7 +16,10 @@ Usage, from the repository root on a machine with a GPU (``libcudalloc_capi.so``
 With ``--trace DIR`` each cudalloc run records device 0's trace, with the GPU's answers to the
 allocator's event queries, to ``DIR/PROGRAM.POLICY.csv.gz``, and runs without thread caches, so
 that ``cudalloc replay --answers --policy POLICY`` replays it as the program ran (the table's
-peak reserved bytes are then those of that run).
+peak reserved bytes are then those of that run). The file appears only when the program ran to
+the end (it is written as ``PROGRAM.POLICY.part.csv.gz`` until then). Programs that record the
+memory history (:data:`UNTRACED`: the library keeps a trace or a history, not both) run
+untraced; ``--repeat`` above 1 is refused with it (each run's answers differ).
 """
 
 import argparse
@@ -35,6 +38,10 @@ RESULT_MARK = "@@RESULT@@ "
 MODES = ["torch", "torch-expandable", "cudalloc:default", "cudalloc:torch", "cudalloc:torch-expandable"]
 
 
+# Programs that record the memory history, which a running trace excludes.
+UNTRACED = ("memory_history",)
+
+
 def cudalloc_conf(mode, trace):
     """The ``CUDALLOC_CONF`` of a ``cudalloc:POLICY`` mode: without thread caches when traced
     (a block a thread cache hands out again never reaches the pool a replay drives)."""
@@ -47,6 +54,11 @@ def trace_path(trace_dir, program, mode):
     return os.path.join(trace_dir, f"{program}.{mode.split(':', 1)[1]}.csv.gz")
 
 
+def partial(path):
+    """Where the trace at ``path`` is written until its program ran to the end."""
+    return path[: -len(".csv.gz")] + ".part.csv.gz"
+
+
 def child(args):
     result = {"program": args.program, "mode": args.mode, "ok": False}
     if args.cpus:
@@ -57,12 +69,13 @@ def child(args):
             sys.path.insert(0, PYTHON_DIR)
             import cudalloc_torch
 
-            cudalloc_torch.enable(lib_path=args.lib, conf=cudalloc_conf(args.mode, args.trace),
+            trace = args.trace if args.program not in UNTRACED else None
+            cudalloc_torch.enable(lib_path=args.lib, conf=cudalloc_conf(args.mode, trace),
                                   backend=args.backend)
             result["backend"] = cudalloc_torch.backend()
-            if args.trace:
-                result["trace"] = trace_path(args.trace, args.program, args.mode)
-                cudalloc_torch.trace_start(result["trace"])
+            if trace:
+                result["trace"] = trace_path(trace, args.program, args.mode)
+                cudalloc_torch.trace_start(partial(result["trace"]))
         import torch
 
         sys.path.insert(0, HERE)
@@ -72,6 +85,7 @@ def child(args):
         torch.cuda.synchronize()
         if "trace" in result:
             cudalloc_torch.trace_stop()
+            os.replace(partial(result["trace"]), result["trace"])
         result["ok"] = True
         try:
             # A program may say which of its runs the column shows (`train_near_cap`).
@@ -346,6 +360,10 @@ def main():
     if args.repeat < 1:
         ap.error(f"--repeat must be at least 1, not {args.repeat}")
     if args.trace:
+        if args.repeat > 1:
+            ap.error("--trace records one run of each program: --repeat must be 1")
+        if not any(m.startswith("cudalloc:") for m in args.modes):
+            ap.error("--trace records cudalloc runs: no cudalloc:POLICY mode is asked for")
         try:
             os.makedirs(args.trace, exist_ok=True)
         except OSError as e:

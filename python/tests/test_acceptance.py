@@ -64,6 +64,9 @@ class Compare(unittest.TestCase):
                          "policy:torch-expandable,thread_cache:False")
         self.assertEqual(run.trace_path("/t", "train_near_cap", "cudalloc:default"),
                          "/t/train_near_cap.default.csv.gz")
+        self.assertEqual(run.partial("/t/train_near_cap.default.csv.gz"),
+                         "/t/train_near_cap.default.part.csv.gz")
+        self.assertIn("memory_history", run.UNTRACED)
 
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})

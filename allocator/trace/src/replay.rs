@@ -134,7 +134,8 @@ pub struct ReplayResult {
     pub events: u64,
     /// Peak of the sum of requested bytes of live allocations.
     pub peak_live_bytes: u64,
-    /// Peak allocated (rounded) bytes.
+    /// Peak allocated (rounded) bytes (with `answers`, the sum of the stream shards' peaks:
+    /// at least the peak of their sum).
     pub peak_allocated_bytes: u64,
     /// Peak reserved bytes.
     pub peak_reserved_bytes: u64,
@@ -146,8 +147,8 @@ pub struct ReplayResult {
     pub device_maps: u64,
     /// Unmap operations.
     pub device_unmaps: u64,
-    /// Times the pool waited for the device (`Stats::device_waits`): only at the trace's
-    /// `empty_cache` and the out-of-memory ladder's last rung.
+    /// Times the pool waited for the device (`Stats::device_waits`): only on the out-of-memory
+    /// ladder's last rung.
     pub device_waits: u64,
     /// Pages a growth took from a releasing block of its stream (`Stats::pages_moved`): only
     /// when the device runs behind (`device_lag`).
@@ -232,9 +233,14 @@ pub struct ReplayOptions {
     /// ones ([`Lagging`]).
     pub device_lag: Option<u64>,
     /// Answer the allocator's event queries as the recording's device answered them
-    /// ([`Trace::answers`]): each query of operation `i` gets the next answer recorded in it, a
-    /// query with none left the simulated device's (done) ([`PlayAnswers`]). Simulated device
-    /// and [`replay`] only, as `device_lag`, which it overrides.
+    /// ([`Trace::answers`]): each query of operation `i` gets the first answer not given yet
+    /// that was recorded in it about its event's stream, a query with none the simulated
+    /// device's (done) (`PlayAnswers`). The replay then drives a `CachingAllocator` with the
+    /// config's settings and thread caches off, from one thread (its stream shards, as a
+    /// program ran it), not one pool: its allocated peak is the sum of its shards' peaks, its
+    /// time includes the front's locks, and under a cap its out-of-memory fallback (every
+    /// other shard's cache given back, one more try) may wait for the device once more.
+    /// Simulated device and [`replay`] only, as `device_lag`, which it overrides.
     pub answers: bool,
 }
 

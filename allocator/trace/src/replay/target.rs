@@ -24,7 +24,8 @@ pub(crate) trait Target {
     fn reserved(&self) -> u64;
     fn excess(&self) -> Excess;
     fn pinning(&self) -> Vec<PinnedUnit>;
-    /// Caps the target at `cap` bytes, or at the config's memory fraction if that is lower.
+    /// Caps the target at `cap` bytes, or at the limit it has (the config's memory fraction)
+    /// if that is lower.
     fn cap(&mut self, cap: u64);
 }
 
