@@ -39,10 +39,17 @@ pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> 
 fn report_answers(out: &mut impl Write, r: &Report) -> io::Result<()> {
     for run in &r.runs {
         if let Some(a) = run.result.answers {
+            // Fewer answers asked for than recorded: the replay is not the recorded run.
+            let why = if a.used < a.recorded {
+                " (the replay asks at other times than the recorded run: another policy or \
+                 config, or a trace recorded with thread caches on)"
+            } else {
+                ""
+            };
             writeln!(
                 out,
                 "{}: {} of the {} recorded answers to event queries given as the GPU gave them; \
-                 {} queries had none left in their operation (answered done)",
+                 {} queries had none left in their operation (answered done){why}",
                 run.label,
                 thousands(a.used),
                 thousands(a.recorded),

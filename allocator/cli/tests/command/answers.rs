@@ -1,7 +1,8 @@
 //! `cudalloc replay --answers`: a trace recorded with the device's answers to the allocator's
 //! event queries (written here as the C library writes one, from a run of `default` whose
 //! simulated device runs 10 operations behind) replays to the run's own figures, and the JSON
-//! row and the table say how many answers the replay gave.
+//! row and the table say how many answers the replay gave (and, when it gave fewer than were
+//! recorded, why that may be).
 
 use super::run::{bundled, cudalloc, json_lines, scratch, stderr, stdout};
 use cudalloc::record::Recorder;
@@ -111,4 +112,10 @@ fn a_lagging_run_replays_to_its_own_figures_given_its_answers() {
         recorded, recorded
     );
     assert!(stdout(&o).contains(&said), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("asks at other times"));
+    // Another policy asks at other times (`torch-expandable` never gives pages back).
+    let o = cudalloc(&["replay", "--answers", "--policy", "torch-expandable", trace]);
+    let said = format!("torch-expandable: 0 of the {recorded} recorded answers");
+    assert!(stdout(&o).contains(&said), "{}", stdout(&o));
+    assert!(stdout(&o).contains("asks at other times"), "{}", stdout(&o));
 }
