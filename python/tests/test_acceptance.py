@@ -68,6 +68,34 @@ class Compare(unittest.TestCase):
                          "/t/train_near_cap.default.part.csv.gz")
         self.assertIn("memory_history", run.UNTRACED)
 
+    def test_replayed_traces_are_judged_only_where_the_column_is_the_whole_run(self):
+        import replay_traces as rt
+        results = [
+            {"program": "side_stream", "mode": "cudalloc:default", "ok": True,
+             "trace": "/t/side_stream.default.csv.gz", "peak_reserved": 100 << 20},
+            {"program": "train_near_cap", "mode": "cudalloc:default", "ok": True,
+             "trace": "/t/train_near_cap.default.csv.gz", "peak_reserved": 100 << 20},
+            {"program": "serve_loop", "mode": "torch", "ok": True, "peak_reserved": 1},
+            {"program": "generate_kv", "mode": "cudalloc:default", "ok": False,
+             "trace": "/t/generate_kv.default.csv.gz"},
+        ]
+        runs = list(rt.traced(results))
+        self.assertEqual([r[0] for r in runs], ["side_stream", "train_near_cap"])
+        replay = {"completed": True, "peak_reserved_bytes": 100 << 20,
+                  "answers": {"used": 3, "recorded": 3, "unrecorded": 0}}
+        line, bad = rt.row("side_stream", "default", 100 << 20, replay)
+        self.assertFalse(bad)
+        self.assertIn("same", line)
+        self.assertIn("3/3 answers", line)
+        more = dict(replay, peak_reserved_bytes=110 << 20)
+        line, bad = rt.row("side_stream", "default", 100 << 20, more)
+        self.assertTrue(bad)
+        self.assertIn("1.1000", line)
+        line, bad = rt.row("train_near_cap", "default", 100 << 20, more)
+        self.assertFalse(bad)
+        self.assertIn("not judged", line)
+        self.assertTrue(rt.row("side_stream", "default", 100 << 20, None)[1])
+
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})
         self.assertEqual(run.cpu_list("4-6,1"), {1, 4, 5, 6})
