@@ -8,6 +8,9 @@ replay needs no GPU)::
 
     python3 python/acceptance/replay_traces.py OUT/results.json --cudalloc target/release/cudalloc
 
+The traces are read where ``run.py`` wrote them; when they were copied from the GPU machine
+since, ``--traces DIR`` names the folder they are in now (the file names are kept).
+
 A program whose column cannot equal its replay (it sets a memory fraction, calls
 ``empty_cache`` or ``reset_peak_memory_stats``, or allocates in private pools: ``NOT_WHOLE``) is
 shown, marked, and not judged. The exit status is 1 when a judged program's replay reserved
@@ -16,6 +19,7 @@ other than the program did, or a replay failed.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -28,13 +32,17 @@ NOT_WHOLE = ("train_near_cap", "oom_recover", "oom_batch_search", "pool_under_ca
 MiB = 1 << 20
 
 
-def traced(results):
+def traced(results, moved_to=None):
     """The runs of ``results`` (run.py's results.json) that left a trace: (program, policy,
-    trace path, the program's peak reserved bytes or None)."""
+    trace path, the program's peak reserved bytes or None); each trace in folder ``moved_to``
+    under its own file name when given."""
     for r in results:
         if r.get("ok") and r.get("trace"):
             policy = r["mode"].split(":", 1)[1]
-            yield r["program"], policy, r["trace"], r.get("peak_reserved")
+            path = r["trace"]
+            if moved_to is not None:
+                path = os.path.join(moved_to, os.path.basename(path))
+            yield r["program"], policy, path, r.get("peak_reserved")
 
 
 def row(program, policy, reserved, replay):
@@ -70,9 +78,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="run.py's results.json")
     ap.add_argument("--cudalloc", default="cudalloc", help="the cudalloc command")
+    ap.add_argument("--traces", metavar="DIR", default=None,
+                    help="the folder the traces are in now, if moved since run.py wrote them")
     args = ap.parse_args(argv)
+    if args.traces is not None and not os.path.isdir(args.traces):
+        ap.error(f"--traces {args.traces}: not a folder")
     with open(args.results) as f:
-        runs = list(traced(json.load(f)))
+        runs = list(traced(json.load(f), args.traces))
     if not runs:
         ap.error(f"{args.results} has no traced run: run run.py with --trace DIR")
     print(f"{'program':24} {'policy':16} {'program':>10} {'replay':>10}")
