@@ -11,6 +11,11 @@
 //! go back once their stream's work before them has completed, at a later look or operation).
 //! Cached bytes are the pool's reserved bytes less its allocated ones: free blocks, blocks
 //! waiting for other streams' events (which become free), pages on their way back.
+//! Before the looks, the shards' requested bytes are summed (every shard's lock tried, none
+//! waited for: with one busy, the sum is skipped and the rule's shared ceiling with it) and
+//! their reserved bytes compared with the shared ceiling, (1 + `fragmentation_budget`) times
+//! the most requested bytes they held together at a growth (`over_shared_ceiling`): above it a
+//! shard is idle sooner (the front rule's "over the shared ceiling").
 //!
 //! Invariants: no shard lock is waited for (a busy shard is skipped until the next look); the
 //! clock of a shard is noted while its lock is held, so a look never sees an allocation's shard
@@ -20,14 +25,16 @@
 //! `empty_cache`.
 
 use crate::allocator::CachingAllocator;
+use crate::policy::PolicyConfig;
 use cudalloc_sys::Device;
 
 impl<D: Device> CachingAllocator<D> {
     /// After shard `grown` grew (its clock already noted, its lock released): the idle rule's
     /// look at every other shard that is due one (see the module docs).
     pub(crate) fn sweep_idle(&self, grown: usize) {
+        let over = self.over_shared_ceiling();
         for (i, s) in self.shards.iter().enumerate() {
-            if i == grown || !self.rules.idle_look_due(i) {
+            if i == grown || !self.rules.idle_look_due(i, over) {
                 continue;
             }
             let Some(mut pool) = s.try_lock() else {
@@ -39,9 +46,29 @@ impl<D: Device> CachingAllocator<D> {
                 Err(_) => continue,
             };
             // A failed call may have started some pages back before it: that counts too.
-            if self.rules.idle_after(i, cached) && !matches!(pool.give_back_idle(), Ok(0)) {
+            if self.rules.idle_after(i, cached, over) && !matches!(pool.give_back_idle(), Ok(0)) {
                 self.rules.note_given_back(i);
             }
         }
+    }
+
+    /// The bytes the shards hold above the shared ceiling: (1 + the `default` policy's
+    /// `fragmentation_budget`) times the most requested bytes they held together at a growth,
+    /// this one's included. 0 for another policy, or when a shard's lock is held (the sum would
+    /// be short).
+    fn over_shared_ceiling(&self) -> u64 {
+        let PolicyConfig::Default(d) = self.cfg.policy_config() else {
+            return 0;
+        };
+        let mut live = 0u64;
+        for s in self.shards.iter() {
+            let Some(pool) = s.try_lock() else {
+                return 0;
+            };
+            live += pool.requested_bytes();
+        }
+        let peak = self.rules.note_live(live);
+        let ceiling = (peak as f64 * (1.0 + d.fragmentation_budget)) as u64;
+        self.reserved_bytes().saturating_sub(ceiling)
     }
 }

@@ -36,6 +36,14 @@
 //!   (`docs/threads.md` has the figures). A stream served by its thread cache loses only what
 //!   its pool holds. A shard found not idle is looked at again once the growth since its last
 //!   allocation has doubled or reached its threshold.
+//!   Over the shared ceiling, a shard is idle sooner: when the shards together hold more than
+//!   (1 + `fragmentation_budget`) times the most requested bytes they held together at any
+//!   growth (the one-pool budget's bound, which no shard's own budget sees: each acts only on
+//!   its own growth), a shard whose pool made no allocation during the last
+//!   [`OVER_IDLE_GROWTHS`] growths of the pools (twice as many per strike) is idle too,
+//!   whatever it holds. A finished side stream's cache then goes back while the next one
+//!   grows, not once the next one has grown by as much as it holds; a stream allocating
+//!   between the others' growths is never taken for idle this way.
 //!   Before the count, the shard's blocks whose stream events have completed return to it
 //!   (`record_stream`: the batches a side stream handed to the main stream), and its pages on
 //!   their way back are polled; a shard another thread holds is left for the next look.
@@ -56,6 +64,14 @@ pub const CROWDED: usize = 8 * CROWD_STEP;
 /// cache keeps the shard crowded (its blocks then use the caches).
 pub const CROWD_MAX: usize = 1024;
 
+/// Over the shared ceiling, the growths of the pools during which a shard made no allocation
+/// that make it idle (twice as many per strike). Measured (the `side_stream` acceptance
+/// program's trace with its H200 answers, `cudalloc replay --answers`): 2, 4, 8, 16 and 32
+/// give peaks of 5.18, 5.16, 5.41, 5.92 and 6.62 GiB (without the rule 8.27 GiB; 3.27 GiB
+/// live); from 4 down, four streams taking turns with changing shapes make more than 1.5x the
+/// driver calls of an allocator each (`allocator/tests/front/idle.rs`).
+pub const OVER_IDLE_GROWTHS: u64 = 8;
+
 /// Most doublings of the growth an idle shard must see (its strikes: give-backs it allocated
 /// again after).
 pub const IDLE_STRIKES_MAX: u32 = 15;
@@ -68,6 +84,11 @@ pub struct FrontRules {
     crowd: Box<[CachePadded<AtomicUsize>]>,
     /// Bytes the pools together have grown by (each growth's increase of reserved bytes).
     grown: AtomicU64,
+    /// Growths of the pools so far (each allocation that grew one).
+    growths: AtomicU64,
+    /// The most requested bytes the shards held together at a growth, as the front summed
+    /// them ([`FrontRules::note_live`]).
+    live_peak: AtomicU64,
     /// Per shard: the idle rule's state.
     idle: Box<[CachePadded<IdleClock>]>,
 }
@@ -77,6 +98,8 @@ pub struct FrontRules {
 struct IdleClock {
     /// `grown` at its pool's last allocation.
     mark: AtomicU64,
+    /// `growths` at its pool's last allocation.
+    mark_growths: AtomicU64,
     /// `grown` from which the next look at it is due (0: at the next growth).
     due: AtomicU64,
     /// Its cache was given back since its pool's last allocation.
@@ -94,6 +117,8 @@ impl FrontRules {
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             grown: AtomicU64::new(0),
+            growths: AtomicU64::new(0),
+            live_peak: AtomicU64::new(0),
             idle: (0..shards).map(|_| CachePadded::default()).collect(),
         }
     }
@@ -103,13 +128,20 @@ impl FrontRules {
     /// Written only when something changed: one thread allocating on its stream writes nothing
     /// shared between growths.
     pub fn note_allocation(&self, i: usize, grew: u64) {
-        let now = match grew {
-            0 => self.grown.load(Ordering::Relaxed),
-            _ => self.grown.fetch_add(grew, Ordering::Relaxed) + grew,
+        let (now, growths) = match grew {
+            0 => (
+                self.grown.load(Ordering::Relaxed),
+                self.growths.load(Ordering::Relaxed),
+            ),
+            _ => (
+                self.grown.fetch_add(grew, Ordering::Relaxed) + grew,
+                self.growths.fetch_add(1, Ordering::Relaxed) + 1,
+            ),
         };
         let c = &self.idle[i];
         if c.mark.load(Ordering::Relaxed) != now {
             c.mark.store(now, Ordering::Relaxed);
+            c.mark_growths.store(growths, Ordering::Relaxed);
             c.due.store(0, Ordering::Relaxed);
         }
         if c.given.load(Ordering::Relaxed) && c.given.swap(false, Ordering::Relaxed) {
@@ -122,10 +154,28 @@ impl FrontRules {
     }
 
     /// True when a look at shard `i` is due: the pools grew since its last allocation, and
-    /// enough since the last look that found it not idle.
-    pub fn idle_look_due(&self, i: usize) -> bool {
+    /// enough since the last look that found it not idle; or they hold `over` bytes above
+    /// the shared ceiling and it is idle over it ([`FrontRules::idle_over_ceiling`]).
+    pub fn idle_look_due(&self, i: usize, over: u64) -> bool {
         let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
-        now != c.mark.load(Ordering::Relaxed) && now >= c.due.load(Ordering::Relaxed)
+        let due = now != c.mark.load(Ordering::Relaxed) && now >= c.due.load(Ordering::Relaxed);
+        due || self.idle_over_ceiling(i, over)
+    }
+
+    /// True when the shards hold `over` bytes (more than none) above the shared ceiling and
+    /// shard `i`'s pool made no allocation during the last [`OVER_IDLE_GROWTHS`] growths of
+    /// the pools, twice as many per strike.
+    fn idle_over_ceiling(&self, i: usize, over: u64) -> bool {
+        let c = &self.idle[i];
+        let strikes = c.strikes.load(Ordering::Relaxed).min(IDLE_STRIKES_MAX);
+        let since = self.growths.load(Ordering::Relaxed) - c.mark_growths.load(Ordering::Relaxed);
+        over > 0 && since >= OVER_IDLE_GROWTHS << strikes
+    }
+
+    /// Notes that the shards hold `live` requested bytes together at a growth; the most they
+    /// held at any.
+    pub fn note_live(&self, live: u64) -> u64 {
+        self.live_peak.fetch_max(live, Ordering::Relaxed).max(live)
     }
 
     /// The growth shard `i` holding `cached` bytes must see to be idle: `cached`, 16 times more
@@ -136,16 +186,17 @@ impl FrontRules {
     }
 
     /// True when shard `i`, holding `cached` bytes cached, is idle: its pool made no allocation
-    /// while the pools together grew by at least [`FrontRules::idle_threshold`] (and it holds
-    /// some). When not, the next look is due once the growth since its last allocation reaches
+    /// while the pools together grew by at least [`FrontRules::idle_threshold`], or they hold
+    /// `over` bytes above the shared ceiling and it is idle over it
+    /// ([`FrontRules::idle_over_ceiling`]) (and it holds some). When not, the next look is due once the growth since its last allocation reaches
     /// that threshold or twice the present one, whichever is more, so a shard that stays
     /// below is looked at a logarithmic number of times.
-    pub fn idle_after(&self, i: usize, cached: u64) -> bool {
+    pub fn idle_after(&self, i: usize, cached: u64, over: u64) -> bool {
         let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
         let mark = c.mark.load(Ordering::Relaxed);
         let since = now.wrapping_sub(mark);
         let need = self.idle_threshold(i, cached);
-        if cached > 0 && since >= need {
+        if cached > 0 && (since >= need || self.idle_over_ceiling(i, over)) {
             return true;
         }
         let next = mark.saturating_add(need.max(since.saturating_mul(2)).max(1));
