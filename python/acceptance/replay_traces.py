@@ -11,6 +11,7 @@ replay needs no GPU)::
 The traces are read where ``run.py`` wrote them; when they were copied from the GPU machine
 since, ``--traces DIR`` names the folder they are in now (the file names are kept).
 
+A run whose allocator asked no event query recorded no answer, and is listed as not replayed.
 A program whose column cannot equal its replay (it sets a memory fraction, calls
 ``empty_cache`` or ``reset_peak_memory_stats``, or allocates in private pools: ``NOT_WHOLE``) is
 shown, marked, and not judged. The exit status is 1 when a judged program's replay reserved
@@ -18,6 +19,7 @@ other than the program did, or a replay failed.
 """
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -63,6 +65,14 @@ def row(program, policy, reserved, replay):
     return line, judged and not same
 
 
+def has_answers(trace):
+    """Whether ``trace`` (gzip or plain CSV) records an answer to an event query: a run whose
+    allocator asked none has nothing for ``--answers`` to give (the command refuses it)."""
+    opener = gzip.open if trace.endswith(".gz") else open
+    with opener(trace, "rt") as f:
+        return any(line.startswith(("event_done,", "event_pending,")) for line in f)
+
+
 def replay_json(cudalloc, policy, trace):
     """The JSON row of ``cudalloc replay --answers`` of ``trace`` under ``policy``, None when the
     command failed (its message goes to stderr)."""
@@ -90,6 +100,9 @@ def main(argv=None):
     print(f"{'program':24} {'policy':16} {'program':>10} {'replay':>10}")
     failed = False
     for program, policy, trace, reserved in runs:
+        if os.path.exists(trace) and not has_answers(trace):
+            print(f"{program:24} {policy:16} no event query recorded: not replayed")
+            continue
         line, bad = row(program, policy, reserved, replay_json(args.cudalloc, policy, trace))
         print(line)
         failed |= bad

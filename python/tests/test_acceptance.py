@@ -96,6 +96,24 @@ class Compare(unittest.TestCase):
         self.assertIn("not judged", line)
         self.assertTrue(rt.row("side_stream", "default", 100 << 20, None)[1])
 
+    def test_traces_moved_since_the_run_and_traces_without_answers(self):
+        import gzip
+        import tempfile
+        import replay_traces as rt
+        results = [{"program": "side_stream", "mode": "cudalloc:default", "ok": True,
+                    "trace": "/gone/side_stream.default.csv.gz", "peak_reserved": 1}]
+        with tempfile.TemporaryDirectory() as d:
+            moved = list(rt.traced(results, d))
+            self.assertEqual(moved[0][2], f"{d}/side_stream.default.csv.gz")
+            header = "action,addr,size,stream,time_us\nalloc,0,512,0,1\n"
+            plain = pathlib.Path(d) / "a.csv"
+            plain.write_text(header)
+            self.assertFalse(rt.has_answers(str(plain)))
+            asked = pathlib.Path(d) / "b.csv.gz"
+            with gzip.open(asked, "wt") as f:
+                f.write(header + "event_pending,0,0,7,2\nalloc,512,512,0,3\n")
+            self.assertTrue(rt.has_answers(str(asked)))
+
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})
         self.assertEqual(run.cpu_list("4-6,1"), {1, 4, 5, 6})
