@@ -13,9 +13,10 @@
 //! waiting for other streams' events (which become free), pages on their way back.
 //! Before the looks, the shards' requested bytes are summed (every shard's lock tried, none
 //! waited for: with one busy, the sum is skipped and the rule's shared ceiling with it) and
-//! their reserved bytes compared with the shared ceiling, (1 + `fragmentation_budget`) times
+//! their reserved bytes summed and compared with the shared ceiling, (1 + `fragmentation_budget`) times
 //! the most requested bytes they held together at a growth (`over_shared_ceiling`): above it a
-//! shard is idle sooner (the front rule's "over the shared ceiling").
+//! shard is idle sooner (the front rule's "over the shared ceiling"), until the give-backs of
+//! the sweep have started back the bytes above it.
 //!
 //! Invariants: no shard lock is waited for (a busy shard is skipped until the next look); the
 //! clock of a shard is noted while its lock is held, so a look never sees an allocation's shard
@@ -32,7 +33,7 @@ impl<D: Device> CachingAllocator<D> {
     /// After shard `grown` grew (its clock already noted, its lock released): the idle rule's
     /// look at every other shard that is due one (see the module docs).
     pub(crate) fn sweep_idle(&self, grown: usize) {
-        let over = self.over_shared_ceiling();
+        let mut over = self.over_shared_ceiling();
         for (i, s) in self.shards.iter().enumerate() {
             if i == grown || !self.rules.idle_look_due(i, over) {
                 continue;
@@ -45,30 +46,39 @@ impl<D: Device> CachingAllocator<D> {
                 Ok(None) => return, // every shard has the same policy
                 Err(_) => continue,
             };
+            if !self.rules.idle_after(i, cached, over) {
+                continue;
+            }
             // A failed call may have started some pages back before it: that counts too.
-            if self.rules.idle_after(i, cached, over) && !matches!(pool.give_back_idle(), Ok(0)) {
-                self.rules.note_given_back(i);
+            match pool.give_back_idle() {
+                Ok(0) => {}
+                gave => {
+                    self.rules.note_given_back(i);
+                    over = over.saturating_sub(gave.unwrap_or(0));
+                }
             }
         }
     }
 
     /// The bytes the shards hold above the shared ceiling: (1 + the `default` policy's
     /// `fragmentation_budget`) times the most requested bytes they held together at a growth,
-    /// this one's included. 0 for another policy, or when a shard's lock is held (the sum would
+    /// this one's included. The shards' own bytes only (not the tag pools', nor pages whose
+    /// release failed). 0 for another policy, or when a shard's lock is held (the sums would
     /// be short).
     fn over_shared_ceiling(&self) -> u64 {
         let PolicyConfig::Default(d) = self.cfg.policy_config() else {
             return 0;
         };
-        let mut live = 0u64;
+        let (mut live, mut reserved) = (0u64, 0u64);
         for s in self.shards.iter() {
             let Some(pool) = s.try_lock() else {
                 return 0;
             };
             live += pool.requested_bytes();
+            reserved += pool.reserved();
         }
         let peak = self.rules.note_live(live);
         let ceiling = (peak as f64 * (1.0 + d.fragmentation_budget)) as u64;
-        self.reserved_bytes().saturating_sub(ceiling)
+        reserved.saturating_sub(ceiling)
     }
 }

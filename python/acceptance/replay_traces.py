@@ -69,8 +69,11 @@ def has_answers(trace):
     """Whether ``trace`` (gzip or plain CSV) records an answer to an event query: a run whose
     allocator asked none has nothing for ``--answers`` to give (the command refuses it)."""
     opener = gzip.open if trace.endswith(".gz") else open
-    with opener(trace, "rt") as f:
-        return any(line.startswith(("event_done,", "event_pending,")) for line in f)
+    try:
+        with opener(trace, "rt") as f:
+            return any(line.startswith(("event_done,", "event_pending,")) for line in f)
+    except (OSError, EOFError, UnicodeDecodeError):
+        return True  # unreadable: the replay says why
 
 
 def replay_json(cudalloc, policy, trace):

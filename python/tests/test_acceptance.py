@@ -113,6 +113,9 @@ class Compare(unittest.TestCase):
             with gzip.open(asked, "wt") as f:
                 f.write(header + "event_pending,0,0,7,2\nalloc,512,512,0,3\n")
             self.assertTrue(rt.has_answers(str(asked)))
+            cut = pathlib.Path(d) / "c.csv.gz"
+            cut.write_bytes(asked.read_bytes()[:20])
+            self.assertTrue(rt.has_answers(str(cut)), "an unreadable trace is left to the replay")
 
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})

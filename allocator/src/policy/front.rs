@@ -42,8 +42,11 @@
 //!   its own growth), a shard whose pool made no allocation during the last
 //!   [`OVER_IDLE_GROWTHS`] growths of the pools (twice as many per strike) is idle too,
 //!   whatever it holds. A finished side stream's cache then goes back while the next one
-//!   grows, not once the next one has grown by as much as it holds; a stream allocating
-//!   between the others' growths is never taken for idle this way.
+//!   grows, not once the next one has grown by as much as it holds; a stream whose pool
+//!   allocates between the others' growths is never taken for idle this way (one served by its
+//!   thread cache may be: its pool then gives back what it holds, such as the large blocks
+//!   sent back to it before the growth). The sum and the ceiling are the shards' alone (tag
+//!   pools and pages whose release failed are left out of both), taken at growths only.
 //!   Before the count, the shard's blocks whose stream events have completed return to it
 //!   (`record_stream`: the batches a side stream handed to the main stream), and its pages on
 //!   their way back are polled; a shard another thread holds is left for the next look.
@@ -66,7 +69,7 @@ pub const CROWD_MAX: usize = 1024;
 
 /// Over the shared ceiling, the growths of the pools during which a shard made no allocation
 /// that make it idle (twice as many per strike). Measured (the `side_stream` acceptance
-/// program's trace with its H200 answers, `cudalloc replay --answers`): 2, 4, 8, 16 and 32
+/// program's trace with its GPU's answers, an H100's, `cudalloc replay --answers`): 2, 4, 8, 16 and 32
 /// give peaks of 5.18, 5.16, 5.41, 5.92 and 6.62 GiB (without the rule 8.27 GiB; 3.27 GiB
 /// live); from 4 down, four streams taking turns with changing shapes make more than 1.5x the
 /// driver calls of an allocator each (`allocator/tests/front/idle.rs`).
@@ -163,13 +166,20 @@ impl FrontRules {
     }
 
     /// True when the shards hold `over` bytes (more than none) above the shared ceiling and
-    /// shard `i`'s pool made no allocation during the last [`OVER_IDLE_GROWTHS`] growths of
-    /// the pools, twice as many per strike.
+    /// shard `i`'s pool, which has allocated, made no allocation during the last
+    /// [`OVER_IDLE_GROWTHS`] growths of the pools, twice as many per strike (one given back
+    /// stays due, so that its pages on their way back are polled).
+    /// (Read without shard `i`'s lock, `growths` may be older than its mark: then it is not.)
     fn idle_over_ceiling(&self, i: usize, over: u64) -> bool {
         let c = &self.idle[i];
+        let mark = c.mark.load(Ordering::Relaxed);
+        if over == 0 || mark == 0 {
+            return false;
+        }
         let strikes = c.strikes.load(Ordering::Relaxed).min(IDLE_STRIKES_MAX);
-        let since = self.growths.load(Ordering::Relaxed) - c.mark_growths.load(Ordering::Relaxed);
-        over > 0 && since >= OVER_IDLE_GROWTHS << strikes
+        let growths = self.growths.load(Ordering::Relaxed);
+        let since = growths.saturating_sub(c.mark_growths.load(Ordering::Relaxed));
+        since >= OVER_IDLE_GROWTHS << strikes
     }
 
     /// Notes that the shards hold `live` requested bytes together at a growth; the most they
@@ -188,9 +198,10 @@ impl FrontRules {
     /// True when shard `i`, holding `cached` bytes cached, is idle: its pool made no allocation
     /// while the pools together grew by at least [`FrontRules::idle_threshold`], or they hold
     /// `over` bytes above the shared ceiling and it is idle over it
-    /// ([`FrontRules::idle_over_ceiling`]) (and it holds some). When not, the next look is due once the growth since its last allocation reaches
-    /// that threshold or twice the present one, whichever is more, so a shard that stays
-    /// below is looked at a logarithmic number of times.
+    /// ([`FrontRules::idle_over_ceiling`]) (and it holds some). When not, the next look is due
+    /// once the growth since its last allocation reaches that threshold or twice the present
+    /// one, whichever is more, so a shard that stays below is looked at a logarithmic number
+    /// of times (over the shared ceiling, at every growth until it is given back or allocates).
     pub fn idle_after(&self, i: usize, cached: u64, over: u64) -> bool {
         let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
         let mark = c.mark.load(Ordering::Relaxed);
