@@ -120,6 +120,14 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub answers: bool,
 
+    /// Drive the allocator a program runs (its stream shards, each a pool with its own budget;
+    /// no thread cache) rather than one pool, on a device that keeps up: where a job's streams
+    /// each hold a cache, the figures a program gets (one pool's budget gives back any
+    /// stream's blocks). Implied by --answers; the simulated device only, not with
+    /// --device-lag nor --min-capacity.
+    #[arg(long)]
+    pub shards: bool,
+
     /// Also say where the reserved bytes are at their peak: what live allocations asked for,
     /// rounding, blocks waiting for other streams, free memory the pool could give back, and
     /// free memory pinned by live blocks in the same chunk or segment (and how much of it lies in

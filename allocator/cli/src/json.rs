@@ -21,7 +21,8 @@ use std::io::{self, Write};
 /// `allocations_before_history` the allocations a snapshot's reader put first for memory live
 /// before its history began; `recorded_ooms` the trace's `oom` events (allocations that failed
 /// when it was recorded; not replayed); `device_lag` the lag of `--device-lag` (0 without it);
-/// `driver_time` each kind of driver call's count and time with `--cuda`; `answers`, with
+/// `driver_time` each kind of driver call's count and time with `--cuda`; `shards` whether the
+/// replay drove `CachingAllocator`'s stream shards (`--shards`, `--answers`); `answers`, with
 /// `--answers`, the trace's recorded answers to event queries (`recorded`), those the replay
 /// gave (`used`) and its queries that had none left in their operation (`unrecorded`).
 pub fn object(report: &Report, run: &Run) -> Value {
@@ -52,6 +53,7 @@ pub fn object(report: &Report, run: &Run) -> Value {
         "taken_back_bytes": r.taken_back_bytes,
         "driver_waits": r.driver_waits,
         "driver_time": driver_time(r),
+        "shards": r.shards,
         "answers": r.answers.map(|a| json!({
             "recorded": a.recorded,
             "used": a.used,

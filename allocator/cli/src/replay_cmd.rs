@@ -31,6 +31,7 @@ struct Plan {
     calls: bool,
     device_lag: Option<u64>,
     answers: bool,
+    shards: bool,
 }
 
 /// Runs the command; exit status 1 when a replay failed.
@@ -84,6 +85,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
         calls: args.calls.is_some(),
         device_lag: args.device_lag,
         answers: args.answers,
+        shards: args.shards,
     };
     let long = traces.iter().any(|t| t.ops.len() as u64 > LONG_OPS);
     let steps = (traces.len() * variants.len()) as u64;
@@ -356,13 +358,16 @@ fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
     )))
 }
 
-/// Refuses --answers where it cannot hold: through the driver (the GPU answers there), with
-/// --device-lag (another model of the device's pace) and with --min-capacity (its probes run
-/// with the device keeping up).
+/// Refuses --answers and --shards where they cannot hold: through the driver (the GPU answers
+/// there), with --device-lag (another model of the device's pace) and with --min-capacity (its
+/// probes run with the device keeping up, through one pool).
 fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
-    let with = if !args.answers {
-        return Ok(());
-    } else if args.cuda {
+    let flag = match (args.answers, args.shards) {
+        (false, false) => return Ok(()),
+        (true, _) => "--answers",
+        (false, true) => "--shards",
+    };
+    let with = if args.cuda {
         "--cuda (the GPU answers there)"
     } else if let Some(lag) = args.device_lag {
         &format!("--device-lag {lag} (both say how far the device runs behind)")
@@ -371,9 +376,7 @@ fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
     } else {
         return Ok(());
     };
-    Err(CliError::msg(format!(
-        "--answers cannot be used with {with}"
-    )))
+    Err(CliError::msg(format!("{flag} cannot be used with {with}")))
 }
 
 /// Refuses --answers for a trace that holds no recorded answer.
@@ -489,6 +492,7 @@ fn replay_variant(t: &Trace, v: &Variant, plan: &Plan, progress: &Progress) -> R
         calls: plan.calls,
         device_lag: plan.device_lag,
         answers: plan.answers,
+        shards: plan.shards,
     };
     let mut result = replay(t, &v.cfg, &opts);
     if !plan.cuda && result.failure.is_none() {
@@ -529,6 +533,7 @@ fn median_ns_per_event(t: &Trace, cfg: &Config, plan: &Plan, first: Option<f64>)
         capacity: plan.capacity,
         device_lag: plan.device_lag,
         answers: plan.answers,
+        shards: plan.shards,
         ..ReplayOptions::default()
     };
     let start = Instant::now();

@@ -242,6 +242,7 @@ mod tests {
                 peak_pinning: None,
                 calls: Vec::new(),
                 answers: None,
+                shards: false,
             },
             min_capacity: min_capacity_mib.map(|m| m * MIB),
             device_lag: 0,

@@ -187,6 +187,9 @@ pub struct ReplayResult {
     /// With `answers`: the trace's recorded answers to the allocator's event queries that the
     /// replay gave, and its queries that had none left in their operation.
     pub answers: Option<AnswerUse>,
+    /// The replay drove a `CachingAllocator`'s stream shards (`answers` or `shards`), not one
+    /// pool.
+    pub shards: bool,
 }
 
 /// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
@@ -242,12 +245,17 @@ pub struct ReplayOptions {
     /// other shard's cache given back, one more try) may wait for the device once more.
     /// Simulated device and [`replay`] only, as `device_lag`, which it overrides.
     pub answers: bool,
+    /// Drive a `CachingAllocator`'s stream shards, as `answers` does, on a device that keeps
+    /// up (every event query answered done): the figures a program's allocator gives where
+    /// one pool's budget would act across streams. Implied by `answers`; simulated device and
+    /// [`replay`] only, as `device_lag`, which it overrides.
+    pub shards: bool,
 }
 
 /// Replays `trace` under `cfg` on the simulated device, or on GPU 0 when `opts.cuda` is set
 /// (a missing GPU is a failure at operation 0).
 pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
-    if opts.answers && !opts.cuda {
+    if (opts.answers || opts.shards) && !opts.cuda {
         return replay_answered(trace, cfg, opts);
     }
     if let Some(lag) = opts.device_lag.filter(|&n| n > 0 && !opts.cuda) {
@@ -360,6 +368,7 @@ fn failed_at_start(error: AllocError) -> ReplayResult {
         peak_excess: None,
         peak_pinning: None,
         answers: None,
+        shards: false,
         calls: Vec::new(),
     }
 }
@@ -507,6 +516,7 @@ fn replay_in(
         peak_pinning: peak.and_then(|p| p.pinning),
         calls: calls.map_or_else(Vec::new, |c| c.steps),
         answers: None,
+        shards: false,
     }
 }
 

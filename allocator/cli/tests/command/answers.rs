@@ -2,9 +2,10 @@
 //! event queries (written here as the C library writes one, from a run of `default` whose
 //! simulated device runs 10 operations behind) replays to the run's own figures, and the JSON
 //! row and the table say how many answers the replay gave (and, when it gave fewer than were
-//! recorded, why that may be).
+//! recorded, why that may be); `--shards` drives the same stream shards on a device that keeps
+//! up, where one pool's budget would give back another stream's cache.
 
-use super::run::{bundled, cudalloc, json_lines, scratch, stderr, stdout};
+use super::run::{bundled, csv_trace, cudalloc, json_lines, scratch, stderr, stdout};
 use cudalloc::record::Recorder;
 use cudalloc::{CachingAllocator, Config};
 use cudalloc_sys::wrap::RecordAnswers;
@@ -118,4 +119,45 @@ fn a_lagging_run_replays_to_its_own_figures_given_its_answers() {
     let said = format!("torch-expandable: 0 of the {recorded} recorded answers");
     assert!(stdout(&o).contains(&said), "{}", stdout(&o));
     assert!(stdout(&o).contains("asks at other times"), "{}", stdout(&o));
+}
+
+/// Stream 1 makes and frees sixteen 64 MiB blocks, then stream 2 makes sixteen and holds them.
+fn two_streams_in_turn() -> String {
+    let mib64 = 64u64 << 20;
+    let mut lines = String::new();
+    for i in 0..16u64 {
+        lines += &format!("alloc,{},{mib64},1,0\n", (i + 1) * mib64);
+    }
+    for i in 0..16u64 {
+        lines += &format!("free_completed,{},{mib64},1,0\n", (i + 1) * mib64);
+    }
+    for i in 0..16u64 {
+        lines += &format!("alloc,{},{mib64},2,0\n", (i + 17) * mib64);
+    }
+    lines
+}
+
+#[test]
+fn through_the_shards_a_finished_stream_keeps_its_cache_longer_than_in_one_pool() {
+    let path = csv_trace("shards", "turns.csv", &two_streams_in_turn());
+    let trace = path.to_str().unwrap();
+    let pool = row(trace, false);
+    let o = cudalloc(&["replay", "--json", "--shards", "--policy", "default", trace]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let shards = json_lines(&o).swap_remove(0);
+    assert_eq!(
+        (pool["shards"].as_bool(), shards["shards"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert!(
+        shards["answers"].is_null(),
+        "no answers without --answers: {shards}"
+    );
+    let reserved = |v: &serde_json::Value| v["peak_reserved_bytes"].as_u64().unwrap();
+    let live = 1u64 << 30;
+    // One pool's budget gives stream 1's blocks back as stream 2 grows; a shard keeps them
+    // until stream 2 has grown eight times (the front's rule over the shared ceiling).
+    assert!(reserved(&pool) <= live + live / 16, "one pool: {pool}");
+    assert!(reserved(&shards) >= live + live / 4, "shards: {shards}");
+    assert!(reserved(&shards) <= live + live * 3 / 4, "shards: {shards}");
 }

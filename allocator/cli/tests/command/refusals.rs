@@ -114,7 +114,7 @@ fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
 #[test]
 fn conflicting_or_impossible_options_exit_2_naming_them() {
     let plot = scratch("no-folder").join("missing").join("p.html");
-    let cases: [(Vec<&str>, &str); 12] = [
+    let cases: [(Vec<&str>, &str); 13] = [
         (
             vec!["replay", "--policy", "torch", "--policy", "torch"],
             "`torch` is asked for twice",
@@ -150,6 +150,10 @@ fn conflicting_or_impossible_options_exit_2_naming_them() {
         (
             vec!["replay", "--answers"],
             "records no answer to an event query",
+        ),
+        (
+            vec!["replay", "--shards", "--device-lag", "2"],
+            "--shards cannot be used with --device-lag 2",
         ),
         (vec!["replay", "--config", ""], "empty config string"),
         (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),

@@ -9,7 +9,7 @@ use super::run::{
 };
 use serde_json::json;
 
-const KEYS: [&str; 31] = [
+const KEYS: [&str; 32] = [
     "trace",
     "policy",
     "completed",
@@ -31,6 +31,7 @@ const KEYS: [&str; 31] = [
     "taken_back_bytes",
     "driver_waits",
     "driver_time",
+    "shards",
     "answers",
     "ooms",
     "ns_per_event",

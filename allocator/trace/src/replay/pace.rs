@@ -45,10 +45,16 @@ pub(super) fn replay_lagging(
 
 /// Replays `trace` through a [`CachingAllocator`] without thread caches (its stream shards, as
 /// a program ran it, one thread making every call) on a simulated device that answers the
-/// allocator's event queries as the recording's device did ([`ReplayOptions::answers`]).
+/// allocator's event queries as the recording's device did ([`ReplayOptions::answers`]), or,
+/// without `answers`, keeps up ([`ReplayOptions::shards`]: every query answered done).
 pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
     let sim = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
-    let device = Arc::new(PlayAnswers::new(sim, trace.answers.clone()));
+    let recorded = if opts.answers {
+        trace.answers.clone()
+    } else {
+        Vec::new()
+    };
+    let device = Arc::new(PlayAnswers::new(sim, recorded));
     let cfg = Config::parse_onto(cfg.clone(), "thread_cache:False")
         .expect("thread_cache:False holds on any valid config");
     let mut front = Front::new(CachingAllocator::new(device.clone(), cfg));
@@ -63,7 +69,8 @@ pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions)
         },
         |i| device.at_op(i as u64),
     );
-    r.answers = Some(device.usage());
+    r.answers = opts.answers.then(|| device.usage());
+    r.shards = true;
     r
 }
 

@@ -1,7 +1,7 @@
 //! What a replay drives: one [`Pool`], the replayer's model of an allocator on a device (every
-//! replay but `--answers`), or a [`CachingAllocator`] on one thread ([`Front`]: its stream
-//! shards, each a pool, as a program ran it; `--answers`, so that the allocator asks the device
-//! about its events when the recorded one asked).
+//! replay but `--answers` and `--shards`), or a [`CachingAllocator`] on one thread ([`Front`]:
+//! its stream shards, each a pool, as a program ran it; `--answers`, so that the allocator asks
+//! the device about its events when the recorded one asked, and `--shards`).
 //!
 //! Invariants: both report the exact peak of the live (requested) and the reserved bytes
 //! ([`Target::peaks`]); the allocated peak of a [`Front`] is the sum of its shards' peaks,
