@@ -13,8 +13,9 @@
 //! waiting for other streams' events (which become free), pages on their way back.
 //! Before the looks, the shards' requested bytes are summed (every shard's lock tried, none
 //! waited for: with one busy, the sum is skipped and the rule's shared ceiling with it) and
-//! their reserved bytes summed and compared with the shared ceiling, (1 + `fragmentation_budget`) times
-//! the most requested bytes they held together at a growth (`over_shared_ceiling`): above it a
+//! their reserved bytes (less those on their way back) summed and compared with the shared
+//! ceiling, (1 + `fragmentation_budget`) times the most requested bytes they held together at
+//! a growth (`over_shared_ceiling`): above it a
 //! shard is idle sooner (the front rule's "over the shared ceiling"), until the give-backs of
 //! the sweep have started back the bytes above it.
 //!
@@ -63,8 +64,8 @@ impl<D: Device> CachingAllocator<D> {
     /// The bytes the shards hold above the shared ceiling: (1 + the `default` policy's
     /// `fragmentation_budget`) times the most requested bytes they held together at a growth,
     /// this one's included. The shards' own bytes only (not the tag pools', nor pages whose
-    /// release failed). 0 for another policy, or when a shard's lock is held (the sums would
-    /// be short).
+    /// release failed), pages on their way back left out (an earlier give-back covers them).
+    /// 0 for another policy, or when a shard's lock is held (the sums would be short).
     fn over_shared_ceiling(&self) -> u64 {
         let PolicyConfig::Default(d) = self.cfg.policy_config() else {
             return 0;
@@ -75,7 +76,7 @@ impl<D: Device> CachingAllocator<D> {
                 return 0;
             };
             live += pool.requested_bytes();
-            reserved += pool.reserved();
+            reserved += pool.reserved() - pool.releasing_bytes();
         }
         let peak = self.rules.note_live(live);
         let ceiling = (peak as f64 * (1.0 + d.fragmentation_budget)) as u64;

@@ -15,7 +15,7 @@ A run whose allocator asked no event query recorded no answer, and is listed as 
 A program whose column cannot equal its replay (it sets a memory fraction, calls
 ``empty_cache`` or ``reset_peak_memory_stats``, or allocates in private pools: ``NOT_WHOLE``) is
 shown, marked, and not judged. The exit status is 1 when a judged program's replay reserved
-other than the program did, or a replay failed.
+other than the program did, or failed.
 """
 
 import argparse
@@ -23,6 +23,7 @@ import gzip
 import json
 import os
 import subprocess
+import zlib
 import sys
 
 # Programs whose peak reserved column is not the whole run on device 0's allocator, or that do
@@ -72,7 +73,7 @@ def has_answers(trace):
     try:
         with opener(trace, "rt") as f:
             return any(line.startswith(("event_done,", "event_pending,")) for line in f)
-    except (OSError, EOFError, UnicodeDecodeError):
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error):
         return True  # unreadable: the replay says why
 
 

@@ -116,6 +116,10 @@ class Compare(unittest.TestCase):
             cut = pathlib.Path(d) / "c.csv.gz"
             cut.write_bytes(asked.read_bytes()[:20])
             self.assertTrue(rt.has_answers(str(cut)), "an unreadable trace is left to the replay")
+            bad = bytearray(asked.read_bytes())
+            bad[12:20] = b"\xff" * 8
+            cut.write_bytes(bytes(bad))
+            self.assertTrue(rt.has_answers(str(cut)), "a corrupt trace is left to the replay")
 
     def test_a_cpu_list_reads_items_and_ranges_and_names_a_bad_one(self):
         self.assertEqual(run.cpu_list("2,3"), {2, 3})

@@ -359,20 +359,22 @@ fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
 }
 
 /// Refuses --answers and --shards where they cannot hold: through the driver (the GPU answers
-/// there), with --device-lag (another model of the device's pace) and with --min-capacity (its
-/// probes run with the device keeping up, through one pool).
+/// there; the shards replay on the simulated device), with --device-lag (another model of the
+/// device's pace) and with --min-capacity (its probes replay one pool).
 fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
     let flag = match (args.answers, args.shards) {
         (false, false) => return Ok(()),
         (true, _) => "--answers",
         (false, true) => "--shards",
     };
-    let with = if args.cuda {
+    let with = if args.cuda && args.answers {
         "--cuda (the GPU answers there)"
+    } else if args.cuda {
+        "--cuda (the shards replay on the simulated device)"
     } else if let Some(lag) = args.device_lag {
-        &format!("--device-lag {lag} (both say how far the device runs behind)")
+        &format!("--device-lag {lag} (another model of how far the device runs behind)")
     } else if args.min_capacity {
-        "--min-capacity (its probes run with the device keeping up)"
+        "--min-capacity (its probes replay one pool, the device keeping up)"
     } else {
         return Ok(());
     };

@@ -35,9 +35,18 @@ pub fn write_report(out: &mut impl Write, r: &Report, capacity: Option<u64>) -> 
     writeln!(out)
 }
 
-/// Writes, per replay that gave recorded answers (`--answers`), how many it gave.
+/// Writes, per replay that gave recorded answers (`--answers`), how many it gave; per replay
+/// through the stream shards without them (`--shards`), that it was one.
 fn report_answers(out: &mut impl Write, r: &Report) -> io::Result<()> {
     for run in &r.runs {
+        if run.result.shards && run.result.answers.is_none() {
+            writeln!(
+                out,
+                "{}: replayed through the allocator's stream shards (peak allocated: the sum of \
+                 the shards' peaks)",
+                run.label
+            )?;
+        }
         if let Some(a) = run.result.answers {
             // Fewer answers asked for than recorded: the replay is not the recorded run.
             let why = if a.used < a.recorded {

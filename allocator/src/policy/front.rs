@@ -69,8 +69,8 @@ pub const CROWD_MAX: usize = 1024;
 
 /// Over the shared ceiling, the growths of the pools during which a shard made no allocation
 /// that make it idle (twice as many per strike). Measured (the `side_stream` acceptance
-/// program's trace with its GPU's answers, an H100's, `cudalloc replay --answers`): 2, 4, 8, 16 and 32
-/// give peaks of 5.18, 5.16, 5.41, 5.92 and 6.62 GiB (without the rule 8.27 GiB; 3.27 GiB
+/// program's trace with its GPU's answers, an H100's, `cudalloc replay --answers`): 2, 4, 8,
+/// 16 and 32 give peaks of 5.18, 5.16, 5.41, 5.92 and 6.62 GiB (without the rule 8.27 GiB; 3.27 GiB
 /// live); from 4 down, four streams taking turns with changing shapes make more than 1.5x the
 /// driver calls of an allocator each (`allocator/tests/front/idle.rs`).
 pub const OVER_IDLE_GROWTHS: u64 = 8;
@@ -158,17 +158,18 @@ impl FrontRules {
 
     /// True when a look at shard `i` is due: the pools grew since its last allocation, and
     /// enough since the last look that found it not idle; or they hold `over` bytes above
-    /// the shared ceiling and it is idle over it ([`FrontRules::idle_over_ceiling`]).
+    /// the shared ceiling and it is idle over it ([`FrontRules::idle_over_ceiling`]); or its
+    /// cache was given back since its last allocation (the look polls its pages on their way
+    /// back, which the shared ceiling leaves out).
     pub fn idle_look_due(&self, i: usize, over: u64) -> bool {
         let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
         let due = now != c.mark.load(Ordering::Relaxed) && now >= c.due.load(Ordering::Relaxed);
-        due || self.idle_over_ceiling(i, over)
+        due || self.idle_over_ceiling(i, over) || c.given.load(Ordering::Relaxed)
     }
 
     /// True when the shards hold `over` bytes (more than none) above the shared ceiling and
     /// shard `i`'s pool, which has allocated, made no allocation during the last
-    /// [`OVER_IDLE_GROWTHS`] growths of the pools, twice as many per strike (one given back
-    /// stays due, so that its pages on their way back are polled).
+    /// [`OVER_IDLE_GROWTHS`] growths of the pools, twice as many per strike.
     /// (Read without shard `i`'s lock, `growths` may be older than its mark: then it is not.)
     fn idle_over_ceiling(&self, i: usize, over: u64) -> bool {
         let c = &self.idle[i];
@@ -201,7 +202,8 @@ impl FrontRules {
     /// ([`FrontRules::idle_over_ceiling`]) (and it holds some). When not, the next look is due
     /// once the growth since its last allocation reaches that threshold or twice the present
     /// one, whichever is more, so a shard that stays below is looked at a logarithmic number
-    /// of times (over the shared ceiling, at every growth until it is given back or allocates).
+    /// of times (over the shared ceiling, at every growth once it has sat out enough growths,
+    /// until it allocates or the shards are back under it).
     pub fn idle_after(&self, i: usize, cached: u64, over: u64) -> bool {
         let (c, now) = (&self.idle[i], self.grown.load(Ordering::Relaxed));
         let mark = c.mark.load(Ordering::Relaxed);

@@ -160,4 +160,10 @@ fn through_the_shards_a_finished_stream_keeps_its_cache_longer_than_in_one_pool(
     assert!(reserved(&pool) <= live + live / 16, "one pool: {pool}");
     assert!(reserved(&shards) >= live + live / 4, "shards: {shards}");
     assert!(reserved(&shards) <= live + live * 3 / 4, "shards: {shards}");
+    let o = cudalloc(&["replay", "--shards", "--policy", "default", trace]);
+    assert!(
+        stdout(&o).contains("default: replayed through the allocator's stream shards"),
+        "{}",
+        stdout(&o)
+    );
 }

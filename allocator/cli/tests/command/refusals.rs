@@ -114,7 +114,7 @@ fn calls_refuses_other_names_a_trace_and_a_missing_folder() {
 #[test]
 fn conflicting_or_impossible_options_exit_2_naming_them() {
     let plot = scratch("no-folder").join("missing").join("p.html");
-    let cases: [(Vec<&str>, &str); 13] = [
+    let cases: [(Vec<&str>, &str); 14] = [
         (
             vec!["replay", "--policy", "torch", "--policy", "torch"],
             "`torch` is asked for twice",
@@ -154,6 +154,10 @@ fn conflicting_or_impossible_options_exit_2_naming_them() {
         (
             vec!["replay", "--shards", "--device-lag", "2"],
             "--shards cannot be used with --device-lag 2",
+        ),
+        (
+            vec!["replay", "--shards", "--min-capacity"],
+            "--shards cannot be used with --min-capacity (its probes replay one pool",
         ),
         (vec!["replay", "--config", ""], "empty config string"),
         (vec!["replay", "--config", "max_chunk_mb:5"], "max_chunk_mb"),
