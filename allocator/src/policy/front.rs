@@ -264,3 +264,59 @@ impl FrontRules {
         size <= crate::sizes::SMALL_SIZE
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shard 0 grows `n` times (the other shards sit them out).
+    fn grow(rules: &FrontRules, n: u64) {
+        for _ in 0..n {
+            rules.note_allocation(0, 1 << 20);
+        }
+    }
+
+    #[test]
+    fn over_the_ceiling_a_shard_is_idle_after_sitting_out_eight_growths_more_per_strike() {
+        let rules = FrontRules::new(4);
+        rules.note_allocation(1, 1 << 20);
+        grow(&rules, OVER_IDLE_GROWTHS - 1);
+        assert!(!rules.idle_after(1, 1 << 30, 1), "after 7 growths");
+        grow(&rules, 1);
+        assert!(
+            rules.idle_after(1, 1 << 30, 1),
+            "after 8 growths, over the ceiling"
+        );
+        assert!(
+            !rules.idle_after(1, 1 << 30, 0),
+            "under the ceiling: 1 GiB of growth needed"
+        );
+        assert!(
+            !rules.idle_after(2, 0, 1),
+            "a shard that never allocated holds nothing"
+        );
+        assert!(!rules.idle_look_due(2, 1), "nor is it looked at");
+        // Given back, it stays due (its pages on their way back are polled) until it
+        // allocates again: a strike, after which it must sit out twice as many growths.
+        rules.note_given_back(1);
+        assert!(rules.idle_look_due(1, 0));
+        rules.note_allocation(1, 0);
+        assert!(!rules.idle_look_due(1, 1));
+        grow(&rules, 2 * OVER_IDLE_GROWTHS - 1);
+        assert!(
+            !rules.idle_after(1, 1 << 30, 1),
+            "after 15 growths, one strike"
+        );
+        grow(&rules, 1);
+        assert!(rules.idle_after(1, 1 << 30, 1), "after 16");
+    }
+
+    #[test]
+    fn a_mark_newer_than_the_growths_read_is_not_idle() {
+        let rules = FrontRules::new(2);
+        rules.note_allocation(1, 1 << 20);
+        // As if another thread's growth were counted after this look read `growths`.
+        rules.idle[1].mark_growths.store(5, Ordering::Relaxed);
+        assert!(!rules.idle_over_ceiling(1, 1));
+    }
+}
