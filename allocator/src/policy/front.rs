@@ -46,7 +46,9 @@
 //!   allocates between the others' growths is never taken for idle this way (one served by its
 //!   thread cache may be: its pool then gives back what it holds, such as the large blocks
 //!   sent back to it before the growth). The sum and the ceiling are the shards' alone (tag
-//!   pools and pages whose release failed are left out of both), taken at growths only.
+//!   pools, pages whose release failed and pages on their way back are left out), taken at
+//!   growths only; a shard given back is looked at after every growth until it allocates, so
+//!   that its pages on their way back are polled.
 //!   Before the count, the shard's blocks whose stream events have completed return to it
 //!   (`record_stream`: the batches a side stream handed to the main stream), and its pages on
 //!   their way back are polled; a shard another thread holds is left for the next look.
