@@ -24,8 +24,9 @@ a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``);
 ``beam_search_generate``, ``diffusion_train``, ``gnn_train_dynamic``, ``clip_train``,
 ``rl_generate_train``, ``long_context_train`` and ``speculative_decode`` (a third set of kinds
 none of the others is, recorded after the rules were set); ``gpt2_train_cycle`` (the uncapped
-run of the acceptance program ``train_near_cap``). When each was recorded:
-``docs/archive.md``.
+run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
+``wav2vec2_infer_dynamic``, ``dlrm_train_dynamic`` and ``mamba_train_varlen`` (a fourth set,
+``h200_fourth_set.py``). When each was recorded: ``docs/archive.md``.
 """
 import collections
 import math
@@ -33,6 +34,8 @@ import random
 import sys
 
 import torch
+
+from h200_fourth_set import FOURTH_SET
 
 
 def vit_train():
@@ -647,6 +650,7 @@ def gpt2_train_cycle():
 
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
              and fn.__module__ == __name__ and name != "main"}
+WORKLOADS.update(FOURTH_SET)
 
 
 def main():

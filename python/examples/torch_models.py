@@ -48,15 +48,22 @@ RESULT_MARK = "@@RESULT@@ "
 WORKLOADS = ["gpt2", "llama"]
 
 
+H200_FILES = ("h200_workloads.py", "h200_fourth_set.py")
+
+
 def _h200_workloads():
-    """The jobs recorded in traces/h200/: the public functions of h200_workloads.py, read
-    without importing it (it imports torch, which the parent need not have)."""
+    """The jobs recorded in traces/h200/: the public functions of h200_workloads.py and of the
+    fourth set it takes in, read without importing them (they import torch, which the parent
+    need not have)."""
     import ast
 
-    with open(os.path.join(HERE, "h200_workloads.py")) as f:
-        tree = ast.parse(f.read())
-    return sorted(node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-                  and not node.name.startswith("_") and node.name != "main")
+    names = []
+    for name in H200_FILES:
+        with open(os.path.join(HERE, name)) as f:
+            tree = ast.parse(f.read())
+        names += [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                  and not node.name.startswith("_") and node.name != "main"]
+    return sorted(names)
 
 
 H200_WORKLOADS = _h200_workloads()

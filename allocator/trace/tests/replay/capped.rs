@@ -25,7 +25,7 @@ type Capped = (&'static str, Option<(u64, u64)>, Option<(u64, u64)>);
 type FigureOf = fn(&Capped) -> Option<(u64, u64)>;
 
 /// The figures the capped replays of the bundled traces are held to (see the module docs).
-const CAPPED_FIGURES: [Capped; 41] = [
+const CAPPED_FIGURES: [Capped; 45] = [
     ("beam_search_generate", Some((69, 0)), Some((61, 0))),
     ("bert_dynamic", Some((33, 0)), Some((30, 0))),
     ("bert_train_dynamic", Some((230, 0)), Some((229, 0))),
@@ -34,6 +34,7 @@ const CAPPED_FIGURES: [Capped; 41] = [
     ("deberta_dynamic", Some((108, 0)), Some((88, 0))),
     ("deeplab_infer_dynamic", Some((304, 28)), Some((265, 9))),
     ("diffusion_train", Some((67, 6)), Some((56, 0))),
+    ("dlrm_train_dynamic", Some((94, 11)), Some((68, 0))),
     ("fasterrcnn_infer_dynamic", Some((179, 14)), Some((131, 0))),
     ("fcn_train", Some((96, 0)), Some((96, 0))),
     ("gnn_train_dynamic", Some((266, 0)), Some((248, 0))),
@@ -47,6 +48,7 @@ const CAPPED_FIGURES: [Capped; 41] = [
     ("llama_train_varlen", Some((330, 0)), Some((321, 0))),
     ("long_context_train", Some((214, 0)), Some((182, 0))),
     ("lstm_train_varlen", Some((200, 0)), Some((190, 0))),
+    ("mamba_train_varlen", Some((206, 0)), Some((198, 0))),
     ("mistral_train_varlen", Some((165, 0)), Some((148, 0))),
     ("moe_fine_grained_train", Some((152, 0)), Some((151, 0))),
     ("moe_infer_dynamic", Some((64, 0)), Some((63, 0))),
@@ -62,10 +64,12 @@ const CAPPED_FIGURES: [Capped; 41] = [
     ("side_stream_prefetch2", Some((268, 0)), Some((266, 0))),
     ("side_stream_prefetch3", Some((341, 0)), Some((340, 0))),
     ("speculative_decode", Some((110, 0)), Some((43, 0))),
+    ("swin_infer_dynamic", Some((84, 6)), Some((65, 0))),
     ("t5_generate", Some((171, 33)), Some((147, 23))),
     ("unet_infer_dynamic", None, Some((246, 36))),
     ("vit_infer_dynamic", Some((57, 5)), Some((43, 0))),
     ("vit_train", Some((140, 0)), Some((133, 0))),
+    ("wav2vec2_infer_dynamic", Some((88, 7)), Some((86, 7))),
     ("whisper_generate", Some((68, 0)), Some((61, 0))),
 ];
 
