@@ -92,12 +92,45 @@ def child(args):
             result.setdefault("peak_reserved", torch.cuda.max_memory_reserved())
         except RuntimeError:  # PyTorch's pluggable path has no statistics
             result["peak_reserved"] = None
+        result.update(device_calls(cudalloc_torch if args.mode.startswith("cudalloc:") else None))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     result["wall_s"] = round(time.perf_counter() - t0, 2)
     print(RESULT_MARK + json.dumps(result), flush=True)
     return 0 if result["ok"] else 1
+
+
+def device_calls(cudalloc_torch):
+    """The run's calls to the device's allocator: on cudalloc its driver calls (mallocs, frees,
+    maps and unmaps: ``driver_calls``) and device waits; on PyTorch's allocator its
+    ``cudaMalloc`` and ``cudaFree`` counts (``num_device_alloc``, ``num_device_free``; with
+    expandable segments, its mapping and unmapping steps). Empty when the statistics cannot be
+    read (PyTorch's pluggable path)."""
+    import torch
+
+    try:
+        if cudalloc_torch is not None:
+            calls = cudalloc_torch.stats(torch.cuda.current_device())["driver_calls"]
+            return {"driver_calls": calls["total"], "device_waits": calls.get("device_waits")}
+        s = torch.cuda.memory_stats()
+        return {"num_device_alloc": s.get("num_device_alloc"),
+                "num_device_free": s.get("num_device_free")}
+    except (RuntimeError, KeyError, OSError):
+        return {}
+
+
+def calls_cell(r, ref):
+    """A run's calls to the device: cudalloc's driver calls over PyTorch's ``cudaMalloc`` count
+    in the reference run (the budget of issue 32 is 3x), PyTorch's ``cudaMalloc`` and
+    ``cudaFree`` counts."""
+    if r.get("driver_calls") is not None:
+        mallocs = (ref or {}).get("num_device_alloc")
+        ratio = f" ({r['driver_calls'] / mallocs:.1f}x)" if mallocs else ""
+        return f"{r['driver_calls']:,}{ratio}"
+    if r.get("num_device_alloc") is not None:
+        return f"{r['num_device_alloc']:,}+{r.get('num_device_free') or 0:,}"
+    return "-"
 
 
 def cpu_list(text):
@@ -198,7 +231,8 @@ def step_time(r, ref):
 
 
 def table(results, programs, modes):
-    lines = [f"{'program':18} {'mode':26} {'peak reserved':>14} {'wall s':>7} {'step ms':>16}  result"]
+    lines = [f"{'program':18} {'mode':26} {'peak reserved':>14} {'calls':>13} {'wall s':>7} "
+             f"{'step ms':>16}  result"]
     for program in programs:
         ref = results.get((program, "torch"))
         for mode in modes:
@@ -206,10 +240,26 @@ def table(results, programs, modes):
             peak = r.get("peak_reserved")
             peak = f"{peak / (1 << 20):,.0f} MiB" if peak is not None else "-"
             label = mode + (f" ({r['backend']})" if r.get("backend") else "")
-            lines.append(f"{program:18} {label:26} {peak:>14} {r.get('wall_s', 0):>7} "
-                         f"{step_time(r, ref):>16}  {compare(r, ref)}")
+            lines.append(f"{program:18} {label:26} {peak:>14} {calls_cell(r, ref):>13} "
+                         f"{r.get('wall_s', 0):>7} {step_time(r, ref):>16}  {compare(r, ref)}")
     lines += memory_summary(results, programs, modes)
+    lines += calls_summary(results, programs, modes)
     return "\n".join(lines)
+
+
+def calls_summary(results, programs, modes):
+    """Per cudalloc mode: on how many programs its driver calls were within 3x the ``cudaMalloc``
+    count of PyTorch's run (programs where both ran and counted)."""
+    out = []
+    for mode in modes:
+        pairs = [(results[(p, mode)].get("driver_calls"),
+                  (results.get((p, "torch")) or {}).get("num_device_alloc")) for p in programs]
+        pairs = [(c, m) for c, m in pairs if c is not None and m]
+        if pairs:
+            within = sum(c <= 3 * m for c, m in pairs)
+            out.append(f"{mode}: driver calls within 3x PyTorch's cudaMallocs on {within} of "
+                       f"{len(pairs)} programs")
+    return out
 
 
 def memory_summary(results, programs, modes):
