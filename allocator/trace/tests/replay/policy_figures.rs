@@ -135,9 +135,19 @@ const FIGURES: [(&str, u64, u64, u64); 45] = [
     ("h200/speculative_decode", 1_522_219_008, 1_553_989_632, 199),
     // The fourth set (recorded on an H100 after every rule was set).
     ("h200/dlrm_train_dynamic", 2_377_904_924, 2_447_376_384, 226),
-    ("h200/mamba_train_varlen", 7_584_385_356, 7_776_239_616, 1_037),
+    (
+        "h200/mamba_train_varlen",
+        7_584_385_356,
+        7_776_239_616,
+        1_037,
+    ),
     ("h200/swin_infer_dynamic", 583_730_474, 633_339_904, 254),
-    ("h200/wav2vec2_infer_dynamic", 1_107_281_777, 1_128_267_776, 142),
+    (
+        "h200/wav2vec2_infer_dynamic",
+        1_107_281_777,
+        1_128_267_776,
+        142,
+    ),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
