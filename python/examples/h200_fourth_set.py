@@ -17,26 +17,33 @@ import random
 import torch
 
 
+def _infer(m, batches, make_input):
+    """Inference of ``m`` (fp16, eval) on ``batches`` inputs, each from ``make_input()``."""
+    m = m.cuda().half().eval()
+    with torch.no_grad():
+        for _ in range(batches):
+            m(make_input())
+    torch.cuda.synchronize()
+
+
 def swin_infer_dynamic():
     import torchvision
     torch.manual_seed(40); random.seed(40)
-    m = torchvision.models.swin_t(weights=None).cuda().half().eval()
-    with torch.no_grad():
-        for _ in range(30):
-            b = random.randint(1, 32); r = 32 * random.randint(5, 12)
-            m(torch.randn(b, 3, r, r, device="cuda", dtype=torch.half))
-    torch.cuda.synchronize()
+
+    def images():
+        b = random.randint(1, 32); r = 32 * random.randint(5, 12)
+        return torch.randn(b, 3, r, r, device="cuda", dtype=torch.half)
+    _infer(torchvision.models.swin_t(weights=None), 30, images)
 
 
 def wav2vec2_infer_dynamic():
     from transformers import Wav2Vec2Config, Wav2Vec2Model
     torch.manual_seed(41); random.seed(41)
-    m = Wav2Vec2Model(Wav2Vec2Config()).cuda().half().eval()
-    with torch.no_grad():
-        for _ in range(30):
-            b = random.randint(1, 8); n = 16000 * random.randint(1, 12) + random.randint(0, 15999)
-            m(torch.randn(b, n, device="cuda", dtype=torch.half))
-    torch.cuda.synchronize()
+
+    def audio():
+        b = random.randint(1, 8); n = 16000 * random.randint(1, 12) + random.randint(0, 15999)
+        return torch.randn(b, n, device="cuda", dtype=torch.half)
+    _infer(Wav2Vec2Model(Wav2Vec2Config()), 30, audio)
 
 
 class _DLRM(torch.nn.Module):
