@@ -12,7 +12,9 @@ bytes how many traces complete on `default` (how many of those within 3x in call
 Traces are found as tools/capped_table.py finds them (traces/*.gz, traces/h200/*.gz and the
 shared set in DIR); a trace of the kinds file that is not found is named on stderr and left
 out (the table's `traces` column counts those replayed); a trace found in no kind is named
-on stderr too and counts only in the last row. Replays are on the simulated device.
+on stderr too and counts only in the last row. A trace without `segment_alloc` events (one
+cudalloc's own C library wrote) has no call budget and is left out of the calls columns.
+Replays are on the simulated device.
 """
 
 import argparse
@@ -55,38 +57,49 @@ def trace_name(path):
 
 
 def measure(binary, trace):
-    """One trace's row: reserved / live under each policy uncapped, and `default` and
-    `torch-expandable` at each cap of `capped_table.FACTORS` (its `measure`)."""
+    """One trace's row: reserved / live under each policy uncapped (`None` for a trace with
+    nothing live), and `default` and `torch-expandable` at each cap of `capped_table.FACTORS`
+    (its `measure`)."""
     args = [a for p in POLICIES for a in ("--policy", p)]
     rows = capped_table.replay(binary, trace, args)
     out = capped_table.measure(binary, trace, False)
     for p in POLICIES:
         r = rows[p]
-        out[f"{p} reserved/live"] = r["peak_reserved_bytes"] / r["peak_live_bytes"]
+        live = r["peak_live_bytes"]
+        out[f"{p} reserved/live"] = r["peak_reserved_bytes"] / live if live else None
     return out
 
 
 def geo(xs):
+    """The geometric mean of the positive figures of `xs` (`None`s and zeros left out)."""
+    xs = [x for x in xs if x]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def has_budget(r):
+    """Whether the trace says how many `cudaMalloc`s PyTorch made (`segment_alloc` events):
+    traces that cudalloc's own C library wrote have none, and no call budget."""
+    return r["segment_alloc"] > 0
 
 
 def within(r, key):
     calls = r[key]["calls"] if key else r["uncapped_calls"]
-    return calls <= capped_table.BUDGET * max(r["segment_alloc"], 1)
+    return calls <= capped_table.BUDGET * r["segment_alloc"]
 
 
 def capped_cell(rows, f):
     d = [r for r in rows if r[f"default@{f}"]["completed"]]
-    inside = sum(within(r, f"default@{f}") for r in d)
+    inside = sum(within(r, f"default@{f}") for r in d if has_budget(r))
     te = sum(r[f"torch-expandable@{f}"]["completed"] for r in rows)
     return f"{len(d)} ({inside}) / {te}"
 
 
 def kind_row(kind, rows):
+    budgeted = [r for r in rows if has_budget(r)]
     cells = [kind, str(len(rows))]
     cells += [f"{geo([r[f'{p} reserved/live'] for r in rows]):.4f}" for p in POLICIES]
-    cells.append(f"{geo([r['uncapped_calls'] / max(r['segment_alloc'], 1) for r in rows]):.2f}")
-    cells.append(f"{sum(within(r, None) for r in rows)} of {len(rows)}")
+    cells.append(f"{geo([r['uncapped_calls'] / r['segment_alloc'] for r in budgeted]):.2f}")
+    cells.append(f"{sum(within(r, None) for r in budgeted)} of {len(budgeted)}")
     cells += [capped_cell(rows, f) for f in capped_table.FACTORS]
     return "| " + " | ".join(cells) + " |"
 

@@ -297,7 +297,7 @@ pub(crate) fn stats_json<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>) 
             dev.policy,
             dev.ordinal,
             dev.free_errors(),
-            dev.pools.counts(),
+            dev.pools.figures(),
         );
         Ok(buf.write_c_string(len, text.as_bytes()))
     })

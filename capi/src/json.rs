@@ -22,8 +22,10 @@
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
-//!   pools (`active`: in use; `retired`: out of use with memory still live). The torch keys
-//!   count the device's own allocator only; `cudalloc_device_stats` adds the private pools.
+//!   pools (`active`: in use; `retired`: out of use with memory still live; `driver_calls` and
+//!   `device_waits`: those of every private pool so far, dropped ones included). The torch keys
+//!   and `"driver_calls"` count the device's own allocator only; `cudalloc_device_stats` adds
+//!   the private pools to the torch keys.
 //!
 //! Tag stats (`cudalloc_tag_stats_json`): an array with one object per tag, in the order the
 //! tags were first used: `tag`, `allocations`, `allocated_bytes`, `requested_bytes`,
@@ -35,6 +37,7 @@
 //! `addr`, `size`, `requested`, `state` (`allocated`, `pending_events`, `free`, `unmapped`,
 //! `releasing`, `moved`, `thread_cached`) and `stream`.
 
+use crate::pools::PoolFigures;
 use cudalloc_core::{CachingAllocator, Policy};
 use cudalloc_sys::Device;
 use serde_json::{json, Map, Value};
@@ -45,7 +48,7 @@ pub fn stats<D: Device>(
     policy: Policy,
     device: usize,
     free_errors: u64,
-    pools: (usize, usize),
+    pools: PoolFigures,
 ) -> String {
     let snap = alloc.snapshot();
     let mut out = Map::new();
@@ -105,7 +108,12 @@ pub fn stats<D: Device>(
         json!({
             "device": device,
             "free_errors": free_errors,
-            "private_pools": { "active": pools.0, "retired": pools.1 },
+            "private_pools": {
+                "active": pools.active,
+                "retired": pools.retired,
+                "driver_calls": pools.driver_calls,
+                "device_waits": pools.device_waits,
+            },
         }),
     );
     Value::Object(out).to_string()
@@ -209,6 +217,14 @@ mod tests {
     use cudalloc_core::Config;
     use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 
+    /// One private pool in use, none retired, with no driver call.
+    fn one_pool() -> PoolFigures {
+        PoolFigures {
+            active: 1,
+            ..PoolFigures::default()
+        }
+    }
+
     /// An allocator of `policy` on a simulated device of 1 GiB.
     fn on_sim(policy: Policy) -> CachingAllocator<SimDevice> {
         CachingAllocator::new(
@@ -223,7 +239,8 @@ mod tests {
         let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
         let b = alloc.allocate(100, StreamId(5)).unwrap();
         alloc.free(b).unwrap();
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Torch, 0, 2, (1, 0))).unwrap();
+        let v: Value =
+            serde_json::from_str(&stats(&alloc, Policy::Torch, 0, 2, one_pool())).unwrap();
         let torch = alloc.stats().to_torch_dict();
         for (k, val) in &torch {
             assert_eq!(v[k].as_i64(), Some(*val), "{k}");
@@ -276,7 +293,8 @@ mod tests {
         let a = alloc.allocate(64 << 20, StreamId(5)).unwrap();
         alloc.free(a).unwrap();
         let b = alloc.allocate(256 << 20, StreamId(5)).unwrap();
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (1, 0))).unwrap();
+        let v: Value =
+            serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, one_pool())).unwrap();
         let calls = &v["driver_calls"];
         assert!(
             calls["given_back_bytes"].as_u64().unwrap() >= 64 << 20,
@@ -292,7 +310,8 @@ mod tests {
         // reserved bytes, and the chunk's free bytes are pinned beside the live block.
         let alloc = on_sim(Policy::Default);
         let a = alloc.allocate(3 << 20, StreamId(5)).unwrap();
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (1, 0))).unwrap();
+        let v: Value =
+            serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, one_pool())).unwrap();
         let e = &v["excess"];
         let part = |k: &str| e[k].as_u64().unwrap_or_else(|| panic!("{k} in {e}"));
         assert_eq!(part("live"), 3 << 20, "{e}");
@@ -332,7 +351,14 @@ mod tests {
         };
         assert_eq!(state(keep.ptr()), "allocated");
         assert_eq!(state(cached_ptr), "thread_cached");
-        let v: Value = serde_json::from_str(&stats(&alloc, Policy::Default, 0, 0, (0, 0))).unwrap();
+        let v: Value = serde_json::from_str(&stats(
+            &alloc,
+            Policy::Default,
+            0,
+            0,
+            PoolFigures::default(),
+        ))
+        .unwrap();
         assert_eq!(v["allocation.all.current"], 1);
         assert_eq!(v["thread_cache"]["blocks"], 1);
     }

@@ -68,6 +68,8 @@ pub(crate) struct Pools<D: Device> {
     retired: Mutex<Vec<(PoolId, Shared<D>)>>,
     /// The statistics of dropped pools, added up (as `torch_values` orders them).
     folded: Mutex<Vec<i64>>,
+    /// The driver calls and device waits of dropped pools, added up.
+    folded_calls: Mutex<(u64, u64)>,
     /// Captures underway on the device that the caller told of (`cudalloc_capture_begin`),
     /// each told to every pool, those made during it included. Locked before `active`.
     captures: Mutex<u32>,
@@ -79,9 +81,29 @@ impl<D: Device> Default for Pools<D> {
             active: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             folded: Mutex::new(vec![0; TORCH_VALUES]),
+            folded_calls: Mutex::new((0, 0)),
             captures: Mutex::new(0),
         }
     }
+}
+
+/// The private pools of a device as `cudalloc_stats_json` reports them ([`Pools::figures`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolFigures {
+    /// Pools in use.
+    pub active: usize,
+    /// Pools out of use with memory still live.
+    pub retired: usize,
+    /// Driver calls (mallocs, frees, maps, unmaps) of every pool so far, dropped ones included.
+    pub driver_calls: u64,
+    /// Device waits of every pool so far, dropped ones included.
+    pub device_waits: u64,
+}
+
+/// The driver calls and device waits of `alloc` so far.
+fn calls_of<D: Device>(alloc: &CachingAllocator<D>) -> (u64, u64) {
+    let s = alloc.stats();
+    (s.calls.total(), s.device_waits)
 }
 
 /// Adds `values` (in `torch_values` order) to `into`, but for the last, `max_split_size`, a
@@ -292,6 +314,28 @@ impl<D: Device> Pools<D> {
                 &mut self.folded.lock(),
                 &crate::json::torch_values(&pool.alloc),
             );
+            let (calls, waits) = calls_of(&pool.alloc);
+            let mut folded = self.folded_calls.lock();
+            folded.0 += calls;
+            folded.1 += waits;
+        }
+    }
+
+    /// How many pools are in use and retired, and the driver calls and device waits of every
+    /// pool so far, the dropped ones included.
+    pub fn figures(&self) -> PoolFigures {
+        let (active, retired) = self.counts();
+        let (mut driver_calls, mut device_waits) = *self.folded_calls.lock();
+        for pool in self.all() {
+            let (calls, waits) = calls_of(&pool.alloc);
+            driver_calls += calls;
+            device_waits += waits;
+        }
+        PoolFigures {
+            active,
+            retired,
+            driver_calls,
+            device_waits,
         }
     }
 
@@ -451,6 +495,29 @@ mod tests {
         pools.add_torch_values(&mut reset);
         assert_eq!(reset[1], 0, "peaks reset to the current values");
         assert!(pools.release(GRAPH).is_err(), "not in use");
+    }
+
+    #[test]
+    fn the_driver_calls_of_every_pool_are_counted_dropped_ones_included() {
+        let pools = Pools::<SimDevice>::default();
+        assert_eq!(pools.figures(), PoolFigures::default());
+        pools.acquire(GRAPH, open).unwrap();
+        let a = pools.allocate(GRAPH, 3 << 20, S).unwrap();
+        let in_use = pools.figures();
+        assert_eq!((in_use.active, in_use.retired), (1, 0));
+        assert!(
+            in_use.driver_calls >= 1,
+            "the pool mapped pages: {in_use:?}"
+        );
+        pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
+        pools.release(GRAPH).unwrap();
+        assert!(pools.empty_retired(None).unwrap());
+        assert_eq!(pools.counts(), (0, 0), "dropped");
+        let dropped = pools.figures();
+        assert!(
+            dropped.driver_calls > in_use.driver_calls,
+            "its calls kept, the unmaps of its memory going back added: {dropped:?}"
+        );
     }
 
     /// Every pool hears of a capture, one made during it included: none gives memory back

@@ -92,7 +92,11 @@ def child(args):
             result.setdefault("peak_reserved", torch.cuda.max_memory_reserved())
         except RuntimeError:  # PyTorch's pluggable path has no statistics
             result["peak_reserved"] = None
-        result.update(device_calls(cudalloc_torch if args.mode.startswith("cudalloc:") else None))
+        try:
+            cudalloc = cudalloc_torch if args.mode.startswith("cudalloc:") else None
+            result.update(device_calls(cudalloc))
+        except Exception as e:  # noqa: BLE001 - the program ran: the column says "-"
+            print(f"the calls could not be read: {type(e).__name__}: {e}", file=sys.stderr)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -102,22 +106,21 @@ def child(args):
 
 
 def device_calls(cudalloc_torch):
-    """The run's calls to the device's allocator: on cudalloc its driver calls (mallocs, frees,
-    maps and unmaps: ``driver_calls``) and device waits; on PyTorch's allocator its
-    ``cudaMalloc`` and ``cudaFree`` counts (``num_device_alloc``, ``num_device_free``; with
-    expandable segments, its mapping and unmapping steps). Empty when the statistics cannot be
-    read (PyTorch's pluggable path)."""
+    """The run's calls to the device's allocator, private pools (CUDA graphs, ``MemPool``)
+    included: on cudalloc its driver calls (mallocs, frees, maps and unmaps: ``driver_calls``)
+    and device waits; on PyTorch's allocator its ``cudaMalloc`` and ``cudaFree`` counts
+    (``num_device_alloc``, ``num_device_free``; with expandable segments, its mapping and
+    unmapping steps)."""
     import torch
 
-    try:
-        if cudalloc_torch is not None:
-            calls = cudalloc_torch.stats(torch.cuda.current_device())["driver_calls"]
-            return {"driver_calls": calls["total"], "device_waits": calls.get("device_waits")}
-        s = torch.cuda.memory_stats()
-        return {"num_device_alloc": s.get("num_device_alloc"),
-                "num_device_free": s.get("num_device_free")}
-    except (RuntimeError, KeyError, OSError):
-        return {}
+    if cudalloc_torch is not None:
+        s = cudalloc_torch.stats(torch.cuda.current_device())
+        own, pools = s["driver_calls"], s["capi"]["private_pools"]
+        return {"driver_calls": own["total"] + pools["driver_calls"],
+                "device_waits": own["device_waits"] + pools["device_waits"]}
+    s = torch.cuda.memory_stats()
+    return {"num_device_alloc": s.get("num_device_alloc"),
+            "num_device_free": s.get("num_device_free")}
 
 
 def calls_cell(r, ref):

@@ -1,6 +1,6 @@
-"""A fourth set of workloads for ``h200_workloads.py``: kinds of job none of the earlier 37 is,
-recorded after every rule of the ``default`` policy was set, so that their figures are out of
-sample. Models are built from configs with random weights; shapes come from fixed seeds.
+"""A fourth set of workloads for ``h200_workloads.py``: models none of the earlier 37 uses,
+recorded (on an H100) after every rule of the ``default`` policy was set, so that their figures
+are out of sample. Models are built from configs with random weights; shapes come from fixed seeds.
 
 - ``swin_infer_dynamic``: fp16 inference of Swin-T (shifted windows, patch merging) on images
   of random batch and side;
@@ -10,9 +10,11 @@ sample. Models are built from configs with random weights; shapes come from fixe
   1,000 to 1,000,000 rows with sparse gradients, dot-product interactions, two MLPs) trained
   with ``SparseAdam`` and ``AdamW`` on batches of random size and bags of random length;
 - ``mamba_train_varlen``: a Mamba (selective state space) language model trained on batches of
-  random length, its scan run step by step in PyTorch (no fused kernels).
+  random length, its scan run step by step in PyTorch: transformers takes its fused kernels
+  when ``mamba_ssm`` and ``causal_conv1d`` are installed, so the workload refuses to run then.
 """
 import random
+import sys
 
 import torch
 
@@ -95,17 +97,23 @@ def dlrm_train_dynamic():
 
 
 def mamba_train_varlen():
+    import importlib.util
+
     from transformers import MambaConfig, MambaForCausalLM
+    fused = [m for m in ("mamba_ssm", "causal_conv1d") if importlib.util.find_spec(m)]
+    if fused:
+        sys.exit(f"mamba_train_varlen records the scan run step by step: uninstall {fused}")
     torch.manual_seed(43); random.seed(43)
     m = MambaForCausalLM(MambaConfig(hidden_size=768, num_hidden_layers=8, vocab_size=32000)).cuda()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
     for _ in range(6):
-        ids = torch.randint(0, 32000, (random.randint(2, 8), random.randint(64, 384)), device="cuda")
+        shape = (random.randint(2, 8), random.randint(64, 384))
+        ids = torch.randint(0, 32000, shape, device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = m(input_ids=ids, labels=ids).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
 
 
-FOURTH_SET = {f.__name__: f for f in (swin_infer_dynamic, wav2vec2_infer_dynamic, dlrm_train_dynamic,
-                                      mamba_train_varlen)}
+FOURTH_SET = {f.__name__: f for f in (swin_infer_dynamic, wav2vec2_infer_dynamic,
+                                      dlrm_train_dynamic, mamba_train_varlen)}

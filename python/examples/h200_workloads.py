@@ -26,7 +26,8 @@ a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``);
 none of the others is, recorded after the rules were set); ``gpt2_train_cycle`` (the uncapped
 run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
 ``wav2vec2_infer_dynamic``, ``dlrm_train_dynamic`` and ``mamba_train_varlen`` (a fourth set,
-``h200_fourth_set.py``). When each was recorded: ``docs/archive.md``.
+``h200_fourth_set.py``, recorded on an H100). When each was recorded: ``docs/archive.md``, and
+for the fourth set ``docs/policies.md`` ("A fourth set") and ``traces/split.json``.
 """
 import collections
 import math

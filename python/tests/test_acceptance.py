@@ -146,7 +146,6 @@ class Compare(unittest.TestCase):
         self.assertIn("cudalloc:default (extension)", lines[2])
         self.assertIn("FAILED: exit -6", lines[2])
 
-
     def test_calls_are_cudallocs_driver_calls_over_pytorchs_mallocs(self):
         ref = {"ok": True, "num_device_alloc": 40, "num_device_free": 3}
         self.assertEqual(run.calls_cell(ref, ref), "40+3")
@@ -158,7 +157,8 @@ class Compare(unittest.TestCase):
                    ("b", "c"): {"ok": True, "driver_calls": 31},
                    ("d", "torch"): {"ok": False}, ("d", "c"): {"ok": True, "driver_calls": 5}}
         lines = run.calls_summary(results, ["a", "b", "d"], ["torch", "c"])
-        self.assertEqual(lines, ["c: driver calls within 3x PyTorch's cudaMallocs on 1 of 2 programs"])
+        self.assertEqual(
+            lines, ["c: driver calls within 3x PyTorch's cudaMallocs on 1 of 2 programs"])
 
     def test_step_times_are_shown_beside_pytorchs(self):
         ref = {"ok": True, "step_ms": 10.0}

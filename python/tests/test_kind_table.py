@@ -49,6 +49,19 @@ class Table(unittest.TestCase):
         self.assertEqual(cells[8], "2 (2) / 2")
         self.assertTrue(lines[3].startswith(f"| {kind_table.ALL} | 2 |"))
 
+    def test_a_trace_without_segment_allocs_or_calls_or_live_bytes_counts_where_it_can(self):
+        rows = [row("a", (1.2, 1.1, 1.0), calls=0),  # no call at all: within, left out of geo
+                row("b", (1.2, 1.1, 1.0), calls=30, segment_alloc=0),  # no budget
+                row("c", (1.2, 1.1, 1.0), calls=40)]
+        rows[1]["torch reserved/live"] = None  # nothing live
+        cells = [c.strip() for c in kind_table.table({"k": ["a", "b", "c"]}, rows)
+                 .splitlines()[2].strip("|").split("|")]
+        self.assertEqual(cells[1], "3")
+        self.assertEqual(cells[2], "1.2000")
+        self.assertEqual(cells[5], "4.00")  # c's 40 / 10; a's 0 left out of the mean
+        self.assertEqual(cells[6], "1 of 2")  # a within, c not, b without a budget
+        self.assertEqual(cells[7], "3 (2) / 3")  # a and c within at 1.03x; b has no budget
+
     def test_a_failed_capped_replay_is_not_counted_within_the_budget(self):
         rows = [row("a", (1.0, 1.0, 1.0), calls=1, capped_calls=(1, 1), done=(False, True))]
         cells = kind_table.table({"k": ["a"]}, rows).splitlines()[2].split("|")
