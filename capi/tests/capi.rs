@@ -118,7 +118,7 @@ fn too_small_buffers_get_the_needed_length_and_no_bytes() {
         Config::for_policy(Policy::Default),
     );
     let a = alloc.allocate(5 << 20, StreamId::DEFAULT).unwrap();
-    let text = cudalloc_capi::json::stats(&alloc, Policy::Default, 0, 0, (0, 0));
+    let text = cudalloc_capi::json::stats(&alloc, Policy::Default, 0, 0, Default::default());
     let n = text.len();
     let mut small = vec![b'x'; 16];
     assert_eq!(
