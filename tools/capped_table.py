@@ -205,17 +205,23 @@ def time_table(results):
     return "\n".join(lines)
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_common_args(ap):
+    """The options this tool shares with tools/kind_table.py: the binary, the shared trace set,
+    the JSON output and the parallel jobs."""
     ap.add_argument("--bin", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
                                                   "release", "cudalloc"))
-    ap.add_argument("--min-capacity", action="store_true")
+    ap.add_argument("--shared", default="/work/shared/traces")
     ap.add_argument("--json")
-    ap.add_argument("--compare")
     ap.add_argument("--jobs", type=int, default=2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_common_args(ap)
+    ap.add_argument("--min-capacity", action="store_true")
+    ap.add_argument("--compare")
     ap.add_argument("--cuda", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--shared", default="/work/shared/traces")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
     if a.repeat < 1:

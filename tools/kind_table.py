@@ -122,12 +122,8 @@ def table(kinds, results):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"),
-                                                  "release", "cudalloc"))
+    capped_table.add_common_args(ap)
     ap.add_argument("--kinds", default="traces/kinds.json")
-    ap.add_argument("--shared", default="/work/shared/traces")
-    ap.add_argument("--json")
-    ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     if a.jobs < 1:
         ap.error(f"--jobs must be at least 1, not {a.jobs}")
