@@ -4,7 +4,9 @@ GPU: the programs themselves run on the GPU machine."""
 import ast
 import pathlib
 import sys
+import types
 import unittest
+from unittest import mock
 
 ACCEPTANCE = pathlib.Path(__file__).resolve().parents[1] / "acceptance"
 sys.path.insert(0, str(ACCEPTANCE))
@@ -159,6 +161,18 @@ class Compare(unittest.TestCase):
         lines = run.calls_summary(results, ["a", "b", "d"], ["torch", "c"])
         self.assertEqual(
             lines, ["c: driver calls within 3x PyTorch's cudaMallocs on 1 of 2 programs"])
+
+    def test_cudallocs_calls_add_its_private_pools_and_pytorchs_come_from_its_stats(self):
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            current_device=lambda: 0,
+            memory_stats=lambda: {"num_device_alloc": 40, "num_device_free": 3}))
+        stats = {"driver_calls": {"total": 100, "device_waits": 1},
+                 "capi": {"private_pools": {"driver_calls": 23, "device_waits": 2}}}
+        lib = types.SimpleNamespace(stats=lambda device: stats)
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            self.assertEqual(run.device_calls(lib), {"driver_calls": 123, "device_waits": 3})
+            self.assertEqual(run.device_calls(None),
+                             {"num_device_alloc": 40, "num_device_free": 3})
 
     def test_step_times_are_shown_beside_pytorchs(self):
         ref = {"ok": True, "step_ms": 10.0}
