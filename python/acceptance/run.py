@@ -193,7 +193,7 @@ def compare(result, ref):
                         "max_abs_diff", "max_rel_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
                         "restores", "restores_that_changed_the_pool", "differing_runs",
                         "live_peak_mib", "given_back_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
-                        "syncs_1.03x", "step_ms_1.03x")
+                        "syncs_1.03x", "step_ms_1.03x", "skipped_steps")
             if k in result]
     figures = ", ".join(f"{k}={result[k]}" for k in keys)
     # Outputs that changed from run to run more often than on PyTorch's allocator could be an
@@ -323,7 +323,7 @@ def parent(args):
 # is not among them: the programs that report it fail a run whose difference exceeds their own
 # bound, and the merged result keeps the largest over the repeats.
 RESULT_KEYS = ("losses", "checks", "overwritten", "fitted", "largest_batch", "went_on", "uses",
-               "reused_in_pool", "restores", "restores_that_changed_the_pool")
+               "reused_in_pool", "restores", "restores_that_changed_the_pool", "skipped_steps")
 
 
 def merge(kept, new):

@@ -139,6 +139,14 @@ class Compare(unittest.TestCase):
         got = run.compare({"ok": True, "fitted": 11, "went_on": True}, {"ok": True})
         self.assertEqual(got, "fitted=11, went_on=True")
 
+    def test_skipped_steps_are_listed_and_a_repeat_must_skip_as_many(self):
+        got = run.compare({"ok": True, "losses": [1.0], "skipped_steps": 4},
+                          {"ok": True, "losses": [1.0]})
+        self.assertEqual(got, "bit-identical, skipped_steps=4")
+        r = run.merge(None, {"ok": True, "losses": [1.0], "skipped_steps": 4})
+        other = run.merge(r, {"ok": True, "losses": [1.0], "skipped_steps": 5})
+        self.assertFalse(other["ok"], "a repeat that skipped other steps fails the pair")
+
     def test_the_table_has_a_row_per_program_and_mode(self):
         results = {("p", "torch"): {"ok": True, "peak_reserved": 2 << 20, "wall_s": 1.0},
                    ("p", "cudalloc:default"): {"ok": False, "error": "exit -6", "backend": "extension"}}
