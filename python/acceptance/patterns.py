@@ -14,6 +14,9 @@ on the allocator (the registry and the other programs: ``programs.py``).
   backward pass) under fp16 autocast with a ``GradScaler`` whose first scale overflows, so that
   the first steps are skipped and the scale backs off, as mixed-precision training starts; later
   steps must train.
+- ``fsdp_train``, ``ddp_train``: GPT-2 training under FSDP2 (``fully_shard``) and under
+  ``DistributedDataParallel``, each in an NCCL process group of one rank (the collectives still
+  run, on their own streams), the sequence length changing every step.
 """
 
 import statistics
@@ -188,3 +191,62 @@ def checkpoint_fp16(quick):
     return {"losses": losses, "skipped_steps": skipped, "final_scale": scaler.get_scale(),
             "step_ms": 1000 * statistics.median(times[3:])}
 
+
+
+def fsdp_train(quick):
+    """Losses of GPT-2 training under FSDP2 (``fully_shard`` per block and at the root) in a
+    process group of one rank: parameters all-gathered and gradients reduce-scattered on
+    FSDP's own streams, their buffers freed across streams."""
+    from torch.distributed.fsdp import fully_shard
+
+    return _distributed_training(quick, lambda model: _fully_shard(model, fully_shard))
+
+
+def ddp_train(quick):
+    """Losses of GPT-2 training under ``DistributedDataParallel`` in a process group of one
+    rank: gradients all-reduced in buckets on NCCL's stream as the backward pass runs."""
+    return _distributed_training(
+        quick, lambda model: torch.nn.parallel.DistributedDataParallel(model))
+
+
+def _fully_shard(model, fully_shard):
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def _distributed_training(quick, wrap):
+    """GPT-2 training steps whose sequence length changes every step, the model wrapped by
+    ``wrap`` inside a one-rank NCCL process group that is torn down at the end."""
+    import socket
+
+    import torch.distributed as dist
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1, device_id=torch.device("cuda", 0))
+    try:
+        torch.manual_seed(0)
+        cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4) if quick else GPT2Config(n_layer=6)
+        model = wrap(GPT2LMHeadModel(cfg).cuda())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        losses, times = [], []
+        for step in range(6 if quick else 16):
+            torch.manual_seed(100 + step)
+            ids = torch.randint(0, cfg.vocab_size, (8, 256 + 128 * (step % 3)), device="cuda")
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            losses.append(float(loss))
+    finally:
+        dist.destroy_process_group()
+    return {"losses": losses, "step_ms": 1000 * statistics.median(times[3:])}

@@ -44,7 +44,8 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
 - ``train_near_cap``: GPT-2 training whose sequence length changes every step, without a cap and
   then under caps of 1.10x and 1.03x its live peak (``capped.py``): the steps each cap lets
   complete, their step time and device waits, and the capped losses held to the uncapped ones.
-- ``graphed_callables``, ``decode_graphs``, ``checkpoint_fp16``: ``patterns.py`` says what they do.
+- ``graphed_callables``, ``decode_graphs``, ``checkpoint_fp16``, ``fsdp_train``, ``ddp_train``: see
+  ``patterns.py``.
 """
 
 import collections
@@ -55,7 +56,7 @@ import time
 import torch
 
 from capped import timed_step, train_near_cap
-from patterns import checkpoint_fp16, decode_graphs, graphed_callables
+from patterns import checkpoint_fp16, ddp_train, decode_graphs, fsdp_train, graphed_callables
 
 MiB = 1 << 20
 
@@ -695,4 +696,6 @@ PROGRAMS = {
     "graphed_callables": graphed_callables,
     "decode_graphs": decode_graphs,
     "checkpoint_fp16": checkpoint_fp16,
+    "fsdp_train": fsdp_train,
+    "ddp_train": ddp_train,
 }
