@@ -95,14 +95,20 @@ def _training(cfg, batch, lengths, cap):
             "syncs": stats.get("num_sync_all_streams", 0) - syncs}
 
 
-def timed_step(model, opt, ids):
-    """One training step of a language model on `ids` (its own labels) under bf16 autocast,
-    timed from an idle device to the end of its work: the loss (detached) and the seconds."""
+def timed_step(model, opt, ids, dtype="bfloat16"):
+    """One training step of a language model on `ids` (its own labels) under autocast to
+    `dtype` (a ``torch`` dtype's name; None: no autocast), timed from an idle device to the end
+    of its work: the loss (detached) and the seconds."""
+    import contextlib
+
     import torch
 
+    cast = contextlib.nullcontext()
+    if dtype:
+        cast = torch.autocast("cuda", dtype=getattr(torch, dtype))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with cast:
         loss = model(ids, labels=ids).loss
     loss.backward()
     opt.step()

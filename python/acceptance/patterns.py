@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from capped import timed_step
+
 
 def graphed_callables(quick):
     """Losses of a training whose transformer block runs as CUDA graphs
@@ -134,7 +136,7 @@ def decode_graphs(quick):
     del graphs, outputs
     if overwritten:
         raise RuntimeError(f"decode replays overwrote {overwritten} elements of an eager tensor")
-    return {"losses": [float(t) for t in tokens], "overwritten": overwritten}
+    return {"tokens": tokens, "overwritten": overwritten}
 
 
 def _capture_decode(model, pos, inputs):
@@ -172,11 +174,11 @@ def checkpoint_fp16(quick):
     for step in range(8 if quick else 20):
         torch.manual_seed(100 + step)
         ids = torch.randint(0, cfg.vocab_size, (8, 256 + 128 * (step % 3)), device="cuda")
+        scale = scaler.get_scale()  # a host sync: before the timed part
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(ids, labels=ids).loss
-        scale = scaler.get_scale()
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -186,11 +188,10 @@ def checkpoint_fp16(quick):
         skipped += scaler.get_scale() < scale
         losses.append(float(loss))
     if not 0 < skipped < len(losses):
-        raise RuntimeError(f"{skipped} of {len(losses)} steps skipped: the scaler should skip "
-                           "the first steps (a loss scale of 2**24 overflows fp16) and no more")
+        raise RuntimeError(f"{skipped} of {len(losses)} steps skipped: a loss scale of 2**24 "
+                           "should overflow fp16 in the first steps, and some steps should train")
     return {"losses": losses, "skipped_steps": skipped, "final_scale": scaler.get_scale(),
             "step_ms": 1000 * statistics.median(times[3:])}
-
 
 
 def fsdp_train(quick):
@@ -238,14 +239,8 @@ def _distributed_training(quick, wrap):
         for step in range(6 if quick else 16):
             torch.manual_seed(100 + step)
             ids = torch.randint(0, cfg.vocab_size, (8, 256 + 128 * (step % 3)), device="cuda")
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = model(ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            loss, seconds = timed_step(model, opt, ids, dtype=None)
+            times.append(seconds)
             losses.append(float(loss))
     finally:
         dist.destroy_process_group()

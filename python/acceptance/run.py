@@ -5,7 +5,9 @@ beside PyTorch's, peak reserved bytes (``torch.cuda.max_memory_reserved``) and w
 
 Modes: ``torch`` (PyTorch's caching allocator), ``torch-expandable``
 (``expandable_segments:True``), ``cudalloc:POLICY`` (cudalloc through ``cudalloc_torch.enable``,
-its backend chosen by ``--backend``: ``extension``, ``pluggable`` or ``auto``).
+its backend chosen by ``--backend``: ``extension``, ``pluggable`` or ``auto``), or
+``cudalloc:POLICY+KEY:VALUE+...`` (that policy with more ``CUDALLOC_CONF`` keys, such as
+``cudalloc:default+thread_cache:False``).
 
 Usage, from the repository root on a machine with a GPU (``libcudalloc_capi.so`` built by
 ``cargo build --release -p cudalloc-capi`` or given by ``--lib``/``CUDALLOC_LIB``)::
@@ -43,9 +45,10 @@ UNTRACED = ("memory_history",)
 
 
 def cudalloc_conf(mode, trace):
-    """The ``CUDALLOC_CONF`` of a ``cudalloc:POLICY`` mode: without thread caches when traced
-    (a block a thread cache hands out again never reaches the pool a replay drives)."""
-    conf = f"policy:{mode.split(':', 1)[1]}"
+    """The ``CUDALLOC_CONF`` of a ``cudalloc:POLICY[+KEY:VALUE...]`` mode: without thread caches
+    when traced (a block a thread cache hands out again never reaches the pool a replay
+    drives)."""
+    conf = "policy:" + mode.split(":", 1)[1].replace("+", ",")
     return conf + ",thread_cache:False" if trace else conf
 
 
@@ -181,6 +184,11 @@ def run_child(args, program, mode, log):
     return {"program": program, "mode": mode, "ok": False, "error": f"exit {code}: {tail}"}
 
 
+# Results that must equal the reference's exactly: token ids (a near id is another token) and
+# the steps a loss scaler skipped (an overflow the allocator caused shows there, not in losses).
+EXACT_KEYS = ("tokens", "skipped_steps")
+
+
 def compare(result, ref):
     """How a run's results compare with PyTorch's allocator's run of the same program."""
     if not result.get("ok"):
@@ -189,6 +197,9 @@ def compare(result, ref):
         return "ref"
     if ref is None or not ref.get("ok"):
         return "no ref"
+    for k in EXACT_KEYS:
+        if k in result and result[k] != ref.get(k):
+            return f"DIFFERENT {k} ({result[k]!r:.60} against the reference's {ref.get(k)!r:.60})"
     keys = [k for k in ("fitted", "largest_batch", "went_on", "checks", "overwritten",
                         "max_abs_diff", "max_rel_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
                         "restores", "restores_that_changed_the_pool", "differing_runs",
@@ -323,7 +334,8 @@ def parent(args):
 # is not among them: the programs that report it fail a run whose difference exceeds their own
 # bound, and the merged result keeps the largest over the repeats.
 RESULT_KEYS = ("losses", "checks", "overwritten", "fitted", "largest_batch", "went_on", "uses",
-               "reused_in_pool", "restores", "restores_that_changed_the_pool", "skipped_steps")
+               "reused_in_pool", "restores", "restores_that_changed_the_pool", "skipped_steps",
+               "tokens")
 
 
 def merge(kept, new):
@@ -432,7 +444,7 @@ def main():
             ap.error(f"unknown program {p!r}: one of {', '.join(PROGRAMS)}")
     for m in args.modes:
         if m not in ("torch", "torch-expandable") and not (m.startswith("cudalloc:") and m[9:]):
-            ap.error(f"unknown mode {m!r}: torch, torch-expandable or cudalloc:POLICY")
+            ap.error(f"unknown mode {m!r}: torch, torch-expandable or cudalloc:POLICY[+KEY:VALUE]")
     return parent(args)
 
 

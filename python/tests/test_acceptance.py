@@ -62,6 +62,8 @@ class Compare(unittest.TestCase):
 
     def test_a_traced_cudalloc_run_turns_thread_caches_off_and_names_its_file(self):
         self.assertEqual(run.cudalloc_conf("cudalloc:default", None), "policy:default")
+        self.assertEqual(run.cudalloc_conf("cudalloc:default+thread_cache_large:0", None),
+                         "policy:default,thread_cache_large:0")
         self.assertEqual(run.cudalloc_conf("cudalloc:torch-expandable", "/t"),
                          "policy:torch-expandable,thread_cache:False")
         self.assertEqual(run.trace_path("/t", "train_near_cap", "cudalloc:default"),
@@ -139,10 +141,17 @@ class Compare(unittest.TestCase):
         got = run.compare({"ok": True, "fitted": 11, "went_on": True}, {"ok": True})
         self.assertEqual(got, "fitted=11, went_on=True")
 
-    def test_skipped_steps_are_listed_and_a_repeat_must_skip_as_many(self):
-        got = run.compare({"ok": True, "losses": [1.0], "skipped_steps": 4},
-                          {"ok": True, "losses": [1.0]})
-        self.assertEqual(got, "bit-identical, skipped_steps=4")
+    def test_skipped_steps_and_tokens_must_be_the_references_and_a_repeats(self):
+        ref = {"ok": True, "losses": [1.0], "skipped_steps": 4, "tokens": [6363, 10507]}
+        same = {"ok": True, "losses": [1.0], "skipped_steps": 4, "tokens": [6363, 10507]}
+        self.assertEqual(run.compare(same, ref), "bit-identical, skipped_steps=4")
+        # A token id one off is within the losses' tolerance, but another token.
+        near = dict(same, tokens=[6363, 10508])
+        self.assertTrue(run.compare(near, ref).startswith("DIFFERENT tokens"))
+        more = dict(same, skipped_steps=5)
+        self.assertTrue(run.compare(more, ref).startswith("DIFFERENT skipped_steps"))
+        self.assertFalse(run.passed({("p", "torch"): ref, ("p", "cudalloc:default"): more},
+                                    ["p"], ["torch", "cudalloc:default"]))
         r = run.merge(None, {"ok": True, "losses": [1.0], "skipped_steps": 4})
         other = run.merge(r, {"ok": True, "losses": [1.0], "skipped_steps": 5})
         self.assertFalse(other["ok"], "a repeat that skipped other steps fails the pair")
