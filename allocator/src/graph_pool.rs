@@ -7,7 +7,8 @@
 //! unmapped addresses. A graph pool is an allocator of its own over the same device: what is
 //! allocated from it is only ever handed out by it, however it is freed, and it gives nothing
 //! back while it lives: no budget (where the allocator it comes from runs the `default`
-//! policy, it follows `torch-expandable`'s rules: growth by pages) and, out of memory, no rung
+//! policy, it follows `torch-expandable`'s rules, but maps each growth as one chunk rather than
+//! page by page) and, out of memory, no rung
 //! of the ladder but growth (an allocation that does not fit fails, the blocks it holds free
 //! stay; PyTorch's allocator, with its default settings, keeps a private pool in use whole
 //! too). Only its `empty_cache`,
@@ -51,17 +52,23 @@ impl<D: Device> CachingAllocator<D> {
 
 impl Config {
     /// The configuration of a graph pool made from an allocator configured with `self`: the
-    /// same, with `torch-expandable`'s rules in place of `default`'s and no thread caches (the
-    /// C library's private pools use it too).
+    /// same, with `torch-expandable`'s rules in place of `default`'s, each growth mapped in one
+    /// chunk instead of its pages (`whole_growths`: the pool gives nothing back while it lives,
+    /// so pages mapped one call each would buy nothing) and no thread caches (the C library's
+    /// private pools use it too).
     pub fn for_graph_pool(&self) -> Config {
+        let mut pool = self.pool().clone();
         let policy = match self.policy_config() {
-            PolicyConfig::Default(_) => PolicyConfig::TorchExpandable,
+            PolicyConfig::Default(_) => {
+                pool.whole_growths = true;
+                PolicyConfig::TorchExpandable
+            }
             other => other.clone(),
         };
         let front = FrontConfig {
             thread_cache: Some(false),
             ..self.front().clone()
         };
-        Config::new(policy, self.pool().clone(), front).expect("parts of a valid config")
+        Config::new(policy, pool, front).expect("parts of a valid config")
     }
 }

@@ -5,7 +5,8 @@
 //! - grow (`try_allocate_expandable_block`): the lowest-addressed run of free and unmapped
 //!   blocks of the request's stream and pool that holds it, or else a new virtual range of 1.125
 //!   times the device's memory; its unmapped part is mapped in pages of 2 MiB (small pool) or
-//!   20 MiB (large pool). Refused when the segment size PyTorch would ask for passes the memory
+//!   20 MiB (large pool), or in one chunk per growth where the pool's config says so
+//!   (`whole_growths`: graph pools made from a `default` allocator). Refused when the segment size PyTorch would ask for passes the memory
 //!   limit.
 
 use super::{torch, Policy};
@@ -57,7 +58,14 @@ fn try_allocate_expandable_block<D: Device>(
     let Some(c) = find_expandable_block(core, req.stream, req.pool, req.size, page)? else {
         return Ok(None);
     };
-    core.map_run(c, req.size, |core, id, want| core.map_block(id, want, page))
+    // A chunk of at most `window` bytes per driver call; the segment rounds it to pages.
+    let window = match core.config().whole_growths {
+        true => u64::MAX,
+        false => page,
+    };
+    core.map_run(c, req.size, |core, id, want| {
+        core.map_block(id, want, window)
+    })
 }
 
 /// [`Core::room_in_ranges`], or a new range of 1.125 times the device's memory (as PyTorch

@@ -35,6 +35,12 @@ pub struct PoolConfig {
     /// little at each page creation; the `torch` policy, whose segments are `cuMemAlloc`'d,
     /// refuses it). Key `shareable_segments`.
     pub shareable_segments: bool,
+    /// Map each growth of an expandable segment as one chunk, instead of PyTorch's pages of
+    /// 2 MiB (small pool) and 20 MiB (large pool) one driver call each (`torch-expandable`'s
+    /// rules only). No key: a graph pool made from a `default` allocator sets it
+    /// ([`crate::Config::for_graph_pool`]), since it gives nothing back while it lives and so
+    /// gains nothing from pages it could unmap one at a time.
+    pub whole_growths: bool,
 }
 
 impl Default for PoolConfig {
@@ -46,6 +52,7 @@ impl Default for PoolConfig {
             garbage_collection_threshold: 0.0,
             memory_fraction: None,
             shareable_segments: false,
+            whole_growths: false,
         }
     }
 }

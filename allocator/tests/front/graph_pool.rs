@@ -246,3 +246,26 @@ fn a_graph_pools_tagged_allocation_out_of_memory_keeps_its_free_blocks() {
         |_, _, _| {},
     );
 }
+
+/// A graph pool made from a `default` allocator maps each growth in one chunk (it gives nothing
+/// back while it lives, so pages mapped one call each would buy nothing); one made from a
+/// `torch-expandable` allocator maps PyTorch's 20 MiB pages one call each. Both hold the same
+/// bytes, and the pool's `empty_cache` gives them all back once its blocks are free.
+#[test]
+fn a_default_allocators_graph_pool_maps_each_growth_in_one_chunk() {
+    for (policy, most_maps) in [("policy:default", 1), ("policy:torch-expandable", 39)] {
+        let (sim, eager) = allocator(policy);
+        let pool = eager.graph_pool();
+        let before = sim.calls(cudalloc_sys::Call::Map);
+        let a = pool.allocate(768 * MIB, CAP).unwrap();
+        let maps = sim.calls(cudalloc_sys::Call::Map) - before;
+        assert!(maps <= most_maps, "{policy}: {maps} maps for 768 MiB");
+        assert_eq!(pool.reserved_bytes(), 780 * MIB, "{policy}: 20 MiB pages");
+        let b = pool.allocate(100 * MIB, CAP).unwrap();
+        pool.free(a).unwrap();
+        pool.free(b).unwrap();
+        pool.check_invariants().unwrap();
+        pool.empty_cache().unwrap();
+        assert_eq!(pool.reserved_bytes(), 0, "{policy}: all given back");
+    }
+}
