@@ -201,16 +201,23 @@ impl<D: Device> CachingAllocator<D> {
             // A pool that watches its large blocks gets the request, unless another thread is
             // in it (see `free`).
             let i = shard_of(stream);
-            if !self.rules.bypasses_caches(i, size) || self.found_held(i) {
+            let watched = self.rules.bypasses_caches(i, size);
+            if !watched || self.found_held(i) {
                 if let Some(a) = c.take(&self.live, size, stream.0) {
                     return Ok(Allocation(a));
                 }
             }
             self.after_miss(c, size)?;
-            // Only if some thread's large part holds a block (the live table counts them) can
-            // the pool grow where a cached block would do: then try without growing first. (The
-            // count is read without a lock: a block cached at this moment may be missed and the
-            // pool grow instead; out of memory, every cache is flushed anyway.)
+            // A watched pool must see every free of its stream before it places a large block:
+            // the large parts of other threads give back what they hold of it first
+            // ([`FrontRules::take_large_cached`]). Otherwise, only if some thread's large part
+            // holds a block (the live table counts them) can the pool grow where a cached block
+            // would do: then try without growing first. (The count is read without a lock: a
+            // block cached at this moment may be missed and the pool grow instead; out of
+            // memory, every cache is flushed anyway.)
+            if watched && c.others_exist() && self.rules.take_large_cached(i) {
+                self.release_large_parts_of(c, stream)?;
+            }
             if self.rules.large_parts_before_growth() && self.live.holds_large() {
                 if let Some(a) = self.try_allocate_cached(size, stream)? {
                     return Ok(a);
@@ -279,6 +286,16 @@ impl<D: Device> CachingAllocator<D> {
     fn release_large_parts(&self, c: &Caches) -> Result<(), AllocError> {
         for e in self.live.cached_entries() {
             if !c.in_small_part(e.block_size) {
+                self.free_cached_to_pool(&e.alloc, e.token)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every thread's large part gives back what it holds of `stream` to its pool.
+    fn release_large_parts_of(&self, c: &Caches, stream: StreamId) -> Result<(), AllocError> {
+        for e in self.live.cached_entries() {
+            if e.alloc.stream == stream && !c.in_small_part(e.block_size) {
                 self.free_cached_to_pool(&e.alloc, e.token)?;
             }
         }
@@ -475,6 +492,9 @@ impl<D: Device> CachingAllocator<D> {
         // A free into a thread cache is a free all the same.
         crate::pool::note_free(&self.unfreed);
         if c.put(&self.live, a, |e| self.evict(e))? {
+            if !c.in_small_part(a.size) {
+                self.rules.note_large_cached(i);
+            }
             return Ok(());
         }
         self.free_to_pool(a)

@@ -16,6 +16,16 @@
 //!   4-5 M pairs/s on the H200 without this rule). A thread that reads `stats()` or a snapshot
 //!   holds every shard's lock a moment, and can raise the score of a one-thread program a
 //!   little.
+//! - **Other threads' large parts before a watched pool places.** Before a watched pool's
+//!   large allocation, the blocks of its stream that other threads' large parts hold go back to
+//!   it (when a thread cache took one of its large blocks since the last look: a flag per
+//!   shard, set when one is cached, taken here). A block freed while the pool was not watched
+//!   (between two episodes) and kept in the large part of a thread that allocates nothing more
+//!   on that stream for a while (PyTorch's autograd thread at the end of a backward pass) is a
+//!   free the pool has not seen: the episode it records, and the plan it follows, would treat
+//!   those bytes as live (FSDP2's training made twice the driver calls without this rule;
+//!   `docs/threads.md`). A thread alone never pays for it: its own large part goes back at its
+//!   own miss already.
 //! - **Cached memory before growth.** Before a pool grows, every thread's large part goes back
 //!   to its pool, so that memory one thread freed serves another's request instead of new
 //!   memory (a program that frees on one thread and allocates on another, as PyTorch's
@@ -96,6 +106,9 @@ pub struct FrontRules {
     live_peak: AtomicU64,
     /// Per shard: the idle rule's state.
     idle: Box<[CachePadded<IdleClock>]>,
+    /// Per shard: a thread cache may have taken one of its large blocks since the flag was
+    /// last taken ([`FrontRules::take_large_cached`]).
+    large_cached: Box<[CachePadded<AtomicBool>]>,
 }
 
 /// One shard's state for the idle rule.
@@ -125,6 +138,7 @@ impl FrontRules {
             growths: AtomicU64::new(0),
             live_peak: AtomicU64::new(0),
             idle: (0..shards).map(|_| CachePadded::default()).collect(),
+            large_cached: (0..shards).map(|_| CachePadded::default()).collect(),
         }
     }
 
@@ -258,6 +272,23 @@ impl FrontRules {
     /// True when every thread's large part goes back to its pool before a pool grows.
     pub fn large_parts_before_growth(&self) -> bool {
         true
+    }
+
+    /// Notes that a thread cache took a large block of shard `i` (one write per change: many
+    /// threads caching on one stream read the flag, and write it only when it is clear).
+    pub fn note_large_cached(&self, i: usize) {
+        let f = &self.large_cached[i];
+        if !f.load(Ordering::Relaxed) {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// True, once, when a thread cache may have taken a large block of shard `i` since the
+    /// last call: before a watched pool's large allocation, with other threads caching, the
+    /// front then sends every thread's large-part blocks of that stream back to the pool.
+    pub fn take_large_cached(&self, i: usize) -> bool {
+        let f = &self.large_cached[i];
+        f.load(Ordering::Relaxed) && f.swap(false, Ordering::Relaxed)
     }
 
     /// True when, before a small-pool request of `size` bytes makes its pool grow, the small

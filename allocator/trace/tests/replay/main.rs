@@ -14,7 +14,8 @@
 //! mark in this file, stages this binary),
 //! `device_lag.rs` (a device that runs behind), `fidelity.rs`,
 //! `policy_figures.rs`, `front_fidelity.rs`, `memory_fraction_key.rs`, `replay_policy.rs`,
-//! `reset_peaks.rs`, `timeline.rs`.
+//! `reset_peaks.rs`, `threads.rs` (a real program's trace on the three threads that made its
+//! calls), `timeline.rs`.
 
 mod capped;
 mod cuda_replay;
@@ -25,4 +26,5 @@ mod memory_fraction_key;
 mod policy_figures;
 mod replay_policy;
 mod reset_peaks;
+mod threads;
 mod timeline;
