@@ -221,16 +221,12 @@ def _fully_shard(model, fully_shard):
 def _distributed_training(quick, wrap):
     """GPT-2 training steps whose sequence length changes every step, the model wrapped by
     ``wrap`` inside a one-rank NCCL process group that is torn down at the end."""
-    import socket
-
     import torch.distributed as dist
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1, device_id=torch.device("cuda", 0))
+    # One rank needs no rendezvous over the network: an in-process store, and no port.
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
     try:
         torch.manual_seed(0)
         cfg = GPT2Config(n_layer=2, n_embd=256, n_head=4) if quick else GPT2Config(n_layer=6)
