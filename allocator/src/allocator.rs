@@ -48,7 +48,7 @@ use crate::pool::{Allocation, Handle};
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
 use crate::tags::Tags;
-use crate::tcache::{Cached, Caches};
+use crate::tcache::{Cached, Caches, Kept};
 use cudalloc_sys::{Device, StreamId};
 
 /// Number of stream shards.
@@ -198,31 +198,8 @@ impl<D: Device> CachingAllocator<D> {
             return Err(self.shard(stream).refuse_too_large(size));
         }
         if let Some(c) = &self.caches {
-            // A pool that watches its large blocks gets the request, unless another thread is
-            // in it (see `free`).
-            let i = shard_of(stream);
-            let watched = self.rules.bypasses_caches(i, size);
-            if !watched || self.found_held(i) {
-                if let Some(a) = c.take(&self.live, size, stream.0) {
-                    return Ok(Allocation(a));
-                }
-            }
-            self.after_miss(c, size)?;
-            // A watched pool must see every free of its stream before it places a large block:
-            // the large parts of other threads give back what they hold of it first
-            // ([`FrontRules::take_large_cached`]). Otherwise, only if some thread's large part
-            // holds a block (the live table counts them) can the pool grow where a cached block
-            // would do: then try without growing first. (The count is read without a lock: a
-            // block cached at this moment may be missed and the pool grow instead; out of
-            // memory, every cache is flushed anyway.)
-            if watched && c.others_exist() && self.rules.take_large_cached(i) {
-                self.release_large_parts_of(c, stream)?;
-            }
-            if self.rules.large_parts_before_growth() && self.live.holds_large() {
-                if let Some(a) = self.try_allocate_cached(size, stream)? {
-                    return Ok(a);
-                }
-                self.release_large_parts(c)?;
+            if let Some(a) = self.allocate_through_caches(c, size, stream)? {
+                return Ok(a);
             }
         }
         match self.try_allocate(size, stream, Try::Grow) {
@@ -256,6 +233,45 @@ impl<D: Device> CachingAllocator<D> {
             }
             other => other,
         }
+    }
+
+    /// The thread caches' part of [`CachingAllocator::allocate`]: a hit, or the cached blocks
+    /// the pool must see before it places the request (`None`: the pool places it, growing if
+    /// it must).
+    fn allocate_through_caches(
+        &self,
+        c: &Caches,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Allocation>, AllocError> {
+        // A pool that watches its large blocks gets the request, unless another thread is in
+        // it (see `free`).
+        let i = shard_of(stream);
+        let watched = self.rules.bypasses_caches(i, size);
+        if !watched || self.found_held(i) {
+            if let Some(a) = c.take(&self.live, size, stream.0) {
+                return Ok(Some(Allocation(a)));
+            }
+        }
+        self.after_miss(c, size)?;
+        // A watched pool must see every free of its shard before it places a large block: the
+        // large parts of other threads give back what they hold of it first
+        // ([`FrontRules::take_large_cached`]). Then, only if some thread's large part still
+        // holds a block (the live table counts them) can the pool grow where a cached block
+        // would do: it tries without growing first. (The count is read without a lock: a block
+        // cached at this moment may be missed and the pool grow instead; out of memory, every
+        // cache is flushed anyway.)
+        let others_hold = || c.others_exist() && self.live.holds_large();
+        if watched && others_hold() && self.rules.take_large_cached(i) {
+            self.release_large_parts_of(c, i)?;
+        }
+        if self.rules.large_parts_before_growth() && self.live.holds_large() {
+            if let Some(a) = self.try_allocate_cached(size, stream)? {
+                return Ok(Some(a));
+            }
+            self.release_large_parts(c)?;
+        }
+        Ok(None)
     }
 
     /// True when this allocator has a memory limit and its policy a last resort under it
@@ -292,10 +308,11 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
-    /// Every thread's large part gives back what it holds of `stream` to its pool.
-    fn release_large_parts_of(&self, c: &Caches, stream: StreamId) -> Result<(), AllocError> {
+    /// Every thread's large part gives back what it holds of stream shard `i` (whichever of its
+    /// streams) to its pool.
+    fn release_large_parts_of(&self, c: &Caches, i: usize) -> Result<(), AllocError> {
         for e in self.live.cached_entries() {
-            if e.alloc.stream == stream && !c.in_small_part(e.block_size) {
+            if shard_of(e.alloc.stream) == i && !c.in_small_part(e.block_size) {
                 self.free_cached_to_pool(&e.alloc, e.token)?;
             }
         }
@@ -491,13 +508,12 @@ impl<D: Device> CachingAllocator<D> {
         }
         // A free into a thread cache is a free all the same.
         crate::pool::note_free(&self.unfreed);
-        if c.put(&self.live, a, |e| self.evict(e))? {
-            if !c.in_small_part(a.size) {
-                self.rules.note_large_cached(i);
-            }
-            return Ok(());
+        match c.put(&self.live, a, |e| self.evict(e))? {
+            Kept::Large => self.rules.note_large_cached(i),
+            Kept::Small => {}
+            Kept::No => return self.free_to_pool(a),
         }
-        self.free_to_pool(a)
+        Ok(())
     }
 
     /// Gives a block back to its pool and forgets its pointer.

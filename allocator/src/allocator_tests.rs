@@ -60,6 +60,66 @@ fn a_watched_pool_held_by_another_thread_leaves_the_block_in_the_cache() {
     alloc.check_invariants().unwrap();
 }
 
+/// Before a watched pool places a large block, the blocks of its shard that another thread's
+/// large part holds go back to it, whichever of the shard's streams they belong to: another
+/// thread frees a block of stream `s2` into its cache while the pool records an episode of
+/// `s1` (another stream of the same shard) with one allocation live, and the episode's second
+/// allocation makes the pool watch. (A budget of 100% keeps the cached memory `s1` is served
+/// from below.)
+#[test]
+fn a_watched_pool_gets_other_threads_large_blocks_of_its_shard_back() {
+    let alloc = CachingAllocator::new(
+        SimDevice::new(SimConfig::with_capacity(8 << 30)),
+        Config::parse("policy:default,fragmentation_budget:1").unwrap(),
+    );
+    let s1 = StreamId(1);
+    let s2 = (2..)
+        .map(StreamId)
+        .find(|s| shard_of(*s) == shard_of(s1))
+        .expect("a stream of the same shard");
+    let i = shard_of(s1);
+    // Cached memory for what `s1` asks for below, and the episode's first allocation.
+    let big = alloc.allocate(512 << 20, s1).unwrap();
+    alloc.free(big).unwrap();
+    let first = alloc.allocate(64 << 20, s1).unwrap();
+    let cached = || alloc.stats().thread_cache.blocks;
+    std::thread::scope(|t| {
+        let (cached_one, wait) = std::sync::mpsc::channel();
+        let (done, finish) = std::sync::mpsc::channel::<()>();
+        let shared = &alloc;
+        t.spawn(move || {
+            let x = shared.allocate(64 << 20, s2).unwrap();
+            shared.free(x).unwrap();
+            cached_one.send(()).unwrap();
+            finish.recv().unwrap(); // the cache lives as long as its thread
+        });
+        wait.recv().unwrap();
+        assert_eq!(cached(), 1, "the other thread's large part holds its block");
+        let second = alloc.allocate(32 << 20, s1).unwrap();
+        assert!(
+            alloc.rules.bypasses_caches(i, 16 << 20),
+            "two live: watched"
+        );
+        assert_eq!(
+            cached(),
+            1,
+            "placed from cached memory: nothing went back yet"
+        );
+        let third = alloc.allocate(16 << 20, s1).unwrap();
+        let left = cached();
+        done.send(()).unwrap();
+        assert_eq!(
+            left, 0,
+            "the block of s2 went back before the watched placement"
+        );
+        for x in [first, second, third] {
+            alloc.free(x).unwrap();
+        }
+    });
+    alloc.empty_cache().unwrap();
+    alloc.check_invariants().unwrap();
+}
+
 /// A watched shard whose lock threads keep finding held lets its large blocks use the
 /// thread caches; pool operations that find it free bring the watch back.
 #[test]

@@ -8,7 +8,8 @@
 //! allocated from it is only ever handed out by it, however it is freed, and it gives nothing
 //! back while it lives: no budget (where the allocator it comes from runs the `default`
 //! policy, it follows `torch-expandable`'s rules, but maps each growth as one chunk rather than
-//! page by page) and, out of memory, no rung
+//! page by page, so a block that lives on keeps its whole growth mapped, as a live block of a
+//! PyTorch private pool keeps its whole `cudaMalloc` segment) and, out of memory, no rung
 //! of the ladder but growth (an allocation that does not fit fails, the blocks it holds free
 //! stay; PyTorch's allocator, with its default settings, keeps a private pool in use whole
 //! too). Only its `empty_cache`,
@@ -29,7 +30,8 @@ impl<D: Device> CachingAllocator<D> {
     /// allocate a graph's memory from it during its warm-up and capture, tell it of the capture
     /// ([`CachingAllocator::begin_capture`]) as you tell this one, and drop it after its graphs.
     /// Its configuration is this allocator's, with `torch-expandable`'s rules in place of
-    /// `default`'s and no thread caches. Its memory counts against this allocator's memory
+    /// `default`'s (each growth mapped as one chunk: [`Config::for_graph_pool`]) and no thread
+    /// caches. Its memory counts against this allocator's memory
     /// limit ([`CachingAllocator::set_memory_limit`]), as PyTorch's memory fraction caps its
     /// private pools: the pool starts with this allocator's limit, and the two together hold at
     /// most that many bytes.

@@ -58,6 +58,17 @@ fn fresh_id() -> u64 {
     NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Where [`Caches::put`] left a freed block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// Not cached: it goes to its pool.
+    No,
+    /// In the thread's small part.
+    Small,
+    /// In the thread's large part.
+    Large,
+}
+
 /// A thread cache's copy of a cached entry: what it needs to find the block, claim it with its
 /// token, and send it to its pool.
 #[derive(Clone, Copy, Debug)]
@@ -125,8 +136,9 @@ impl Local {
         Some(remove(&mut self.large, i))
     }
 
-    /// Adds `e` as cached under `token` (then [`Local::pop_excess`] until `None`).
-    fn push(&mut self, e: &Entry, token: u64, lim: &Limits) {
+    /// Adds `e` as cached under `token` (then [`Local::pop_excess`] until `None`); the part
+    /// that took it.
+    fn push(&mut self, e: &Entry, token: u64, lim: &Limits) -> Kept {
         let e = Cached {
             alloc: e.alloc,
             block_size: e.block_size,
@@ -135,8 +147,10 @@ impl Local {
         if lim.small(e.block_size) {
             self.bytes += e.block_size;
             self.small.push(e);
+            Kept::Small
         } else {
             self.large.push(e);
+            Kept::Large
         }
     }
 
@@ -310,29 +324,32 @@ impl Caches {
     }
 
     /// Frees `a` into this thread's cache if it may be cached, handing the entries that leave
-    /// the cache to `evict` (they may be stale); false when `a` stays live, for its pool.
+    /// the cache to `evict` (they may be stale); which part kept it, or [`Kept::No`] when `a`
+    /// stays live, for its pool.
     pub fn put(
         &self,
         live: &LiveMap,
         a: &Handle,
         mut evict: impl FnMut(&Cached) -> Result<(), AllocError>,
-    ) -> Result<bool, AllocError> {
+    ) -> Result<Kept, AllocError> {
         let (max, lim) = (self.max_cached_block(), self.limits);
         let put = self.with_mine(|c| {
             let token = c.next_token();
-            match live.mark_cached(a, token, max, |e, t| c.push(e, t, &lim)) {
+            let mut kept = Kept::No;
+            let keep = |e: &Entry, t| kept = c.push(e, t, &lim);
+            match live.mark_cached(a, token, max, keep) {
                 Marked::Missing => return Err(AllocError::NotAllocated(a.ptr)),
-                Marked::Live => return Ok(false),
+                Marked::Live => return Ok(Kept::No),
                 Marked::Cached => {}
             }
             while let Some(old) = c.pop_excess(&lim) {
                 evict(&old)?;
             }
-            Ok(true)
+            Ok(kept)
         });
         // This thread's locals are being destroyed: the caller frees it to its pool, which
         // checks that it is live (`LiveMap::take_live`).
-        put.unwrap_or(Ok(false))
+        put.unwrap_or(Ok(Kept::No))
     }
 
     /// Sends this thread's large part to `evict` (a large request missed: in their pools the

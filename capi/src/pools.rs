@@ -23,8 +23,8 @@
 //!   peaks never go backwards; a device's peaks are the sum of its allocators' peaks, an upper
 //!   bound of the peak of the sum, but for `reserved_bytes.all.peak`, the exact peak of the
 //!   device's allocator and its pools together (`CachingAllocator::group_reserved_peak`);
-//! - under the `default` policy a pool follows `torch-expandable`'s rules: it grows by mapping
-//!   pages and gives nothing back while in use, so that a graph's pages stay mapped while it may
+//! - under the `default` policy a pool follows `torch-expandable`'s rules, each growth mapped as
+//!   one chunk (`Config::for_graph_pool`), and gives nothing back while in use, so that a graph's pages stay mapped while it may
 //!   be replayed (the `default` policy's budget gives back free pages, which a capture frees).
 
 use crate::error::Failure;

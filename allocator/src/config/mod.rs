@@ -221,6 +221,16 @@ impl Config {
                  (`expandable_segments:True`)",
             ));
         }
+        if pool.whole_growths && policy.policy() != Policy::TorchExpandable {
+            return Err(ConfigError::new(
+                "whole_growths",
+                format!(
+                    "only `torch-expandable`'s rules read it (graph pools of a `default` \
+                     allocator set it); the `{}` policy would ignore it",
+                    policy.policy().name()
+                ),
+            ));
+        }
         Ok(Config {
             policy,
             pool,

@@ -17,9 +17,10 @@
 //!   holds every shard's lock a moment, and can raise the score of a one-thread program a
 //!   little.
 //! - **Other threads' large parts before a watched pool places.** Before a watched pool's
-//!   large allocation, the blocks of its stream that other threads' large parts hold go back to
-//!   it (when a thread cache took one of its large blocks since the last look: a flag per
-//!   shard, set when one is cached, taken here). A block freed while the pool was not watched
+//!   large allocation, the blocks of its shard (all the streams the pool serves) that other
+//!   threads' large parts hold go back to it (when some thread cache holds a large block and one
+//!   took a large block of the shard since the last look: a flag per shard, set when one is
+//!   cached, taken here). A block freed while the pool was not watched
 //!   (between two episodes) and kept in the large part of a thread that allocates nothing more
 //!   on that stream for a while (PyTorch's autograd thread at the end of a backward pass) is a
 //!   free the pool has not seen: the episode it records, and the plan it follows, would treat

@@ -6,8 +6,8 @@
 //!   blocks of the request's stream and pool that holds it, or else a new virtual range of 1.125
 //!   times the device's memory; its unmapped part is mapped in pages of 2 MiB (small pool) or
 //!   20 MiB (large pool), or in one chunk per growth where the pool's config says so
-//!   (`whole_growths`: graph pools made from a `default` allocator). Refused when the segment size PyTorch would ask for passes the memory
-//!   limit.
+//!   (`whole_growths`: graph pools made from a `default` allocator). Refused when the segment
+//!   size PyTorch would ask for passes the memory limit.
 
 use super::{torch, Policy};
 use crate::pool::block::BlockId;

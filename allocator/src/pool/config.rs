@@ -3,7 +3,9 @@
 //!
 //! Invariant: a `PoolConfig` that a [`Config`](crate::Config) holds passed
 //! [`PoolConfig::validate`] (every way of building a `Config` checks it), so the core never
-//! meets a value a parsed config string could not give.
+//! meets a value a parsed config string could not give, except `whole_growths`, which no key
+//! sets (graph pools' configurations do, and a `Config` of a policy other than
+//! `torch-expandable` refuses it).
 
 use crate::error::ConfigError;
 use crate::sizes::{self, LARGE_BUFFER};
@@ -39,7 +41,8 @@ pub struct PoolConfig {
     /// 2 MiB (small pool) and 20 MiB (large pool) one driver call each (`torch-expandable`'s
     /// rules only). No key: a graph pool made from a `default` allocator sets it
     /// ([`crate::Config::for_graph_pool`]), since it gives nothing back while it lives and so
-    /// gains nothing from pages it could unmap one at a time.
+    /// gains nothing from pages it could unmap one at a time. A [`crate::Config`] of another
+    /// policy refuses it.
     pub whole_growths: bool,
 }
 

@@ -147,9 +147,10 @@ impl ExpSegment {
     /// page boundary, as chunks of at most `max_chunk` bytes that never cross a multiple of
     /// `max_chunk` from the segment's start (so a chunk lies inside one aligned window, and a
     /// large free range holds whole chunks that can be unmapped). `max_chunk` is a multiple of
-    /// the page size; one above the segment's size maps the range in one chunk. A failed call (out of memory included) undoes the chunks already mapped;
-    /// when that rollback fails too, the chunks it could not unmap stay mapped and are in
-    /// [`Mapped::range`], for the pool to count.
+    /// the page size; one above the segment's size maps the range in one chunk. A failed call
+    /// (out of memory included) undoes the chunks already mapped; when that rollback fails too,
+    /// the chunks it could not unmap stay mapped and are in [`Mapped::range`], for the pool to
+    /// count.
     pub(crate) fn map<D: Device>(
         &mut self,
         m: &Mapper<'_, D>,

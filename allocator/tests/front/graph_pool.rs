@@ -269,3 +269,46 @@ fn a_default_allocators_graph_pool_maps_each_growth_in_one_chunk() {
         assert_eq!(pool.reserved_bytes(), 0, "{policy}: all given back");
     }
 }
+
+/// The price of whole growths: a block that lives on keeps the whole growth it lies in mapped
+/// through the pool's `empty_cache` (a live block of a PyTorch private pool keeps its whole
+/// `cudaMalloc` segment the same way); with PyTorch's 20 MiB pages, only its own pages stay.
+#[test]
+fn a_live_block_keeps_its_whole_growth_mapped() {
+    for (policy, kept) in [("policy:default", 780), ("policy:torch-expandable", 40)] {
+        let (_sim, eager) = allocator(policy);
+        let pool = eager.graph_pool();
+        let a = pool.allocate(768 * MIB, CAP).unwrap();
+        pool.free(a).unwrap();
+        let output = pool.allocate(30 * MIB, CAP).unwrap();
+        pool.empty_cache().unwrap();
+        assert_eq!(pool.reserved_bytes(), kept * MIB, "{policy}");
+        pool.free(output).unwrap();
+        pool.empty_cache().unwrap();
+        assert_eq!(
+            pool.reserved_bytes(),
+            0,
+            "{policy}: all given back once free"
+        );
+    }
+}
+
+/// `whole_growths` is read by `torch-expandable`'s rules only: a configuration of another policy
+/// refuses it, naming the field and the policy; a graph pool's configuration keeps it.
+#[test]
+fn whole_growths_is_refused_with_a_policy_that_would_ignore_it() {
+    let graph = Config::parse("policy:default").unwrap().for_graph_pool();
+    assert!(graph.pool().whole_growths);
+    for policy in [Policy::Default, Policy::Torch] {
+        let e = graph
+            .clone()
+            .with_policy(cudalloc::config::PolicyConfig::for_policy(policy))
+            .unwrap_err();
+        assert_eq!(e.key, "whole_growths", "{policy:?}");
+        assert!(e.to_string().contains(policy.name()), "{e}");
+    }
+    let plain = Config::parse("policy:torch-expandable")
+        .unwrap()
+        .for_graph_pool();
+    assert!(!plain.pool().whole_growths, "PyTorch's pages, as its own");
+}
