@@ -286,7 +286,7 @@ impl FrontRules {
 
     /// True, once, when a thread cache may have taken a large block of shard `i` since the
     /// last call: before a watched pool's large allocation, with other threads caching, the
-    /// front then sends every thread's large-part blocks of that stream back to the pool.
+    /// front then sends every thread's large-part blocks of that shard back to the pool.
     pub fn take_large_cached(&self, i: usize) -> bool {
         let f = &self.large_cached[i];
         f.load(Ordering::Relaxed) && f.swap(false, Ordering::Relaxed)
