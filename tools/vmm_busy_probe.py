@@ -1,14 +1,24 @@
 #!/usr/bin/env python3
-"""Whether the driver calls of a growth and a give-back (`cuMemCreate`, `cuMemMap`,
-`cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) wait for work the GPU is running
-(docs/expandable.md, "What the driver allows"): each call of one chunk timed on an idle GPU,
-then while a sleep kernel of about 300 ms runs on the legacy default stream and on a side
-stream. A call that waited for the kernel would take about its 300 ms and find it done. Needs
-`libcuda` and PyTorch (for the sleep kernel); uses GPU 0's primary context, as PyTorch does.
+"""Whether the VMM driver calls wait for a kernel the GPU is running.
+
+The calls of a growth and a give-back (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`,
+`cuMemUnmap`, `cuMemRelease`; docs/expandable.md, "What the driver allows") of one chunk, of one
+granularity page and of 40 MiB, each timed on an idle GPU, then right after a sleep kernel of at
+least `--sleep-ms` was queued on the legacy default stream, and on a side stream. A call that
+waited for the kernel would take about that long and find it done. The sleep kernel touches no
+memory: whether the calls slow a kernel that does is not measured here. Needs `libcuda` and
+PyTorch (for the sleep kernel); uses GPU 0's primary context, as PyTorch does.
+
+Prints one JSON object: the GPU, the driver version and one row per run, each call's
+microseconds, `all_ms` (the five calls together) and, on a busy GPU, `kernel_still_running`
+(when the last call returned) and `until_kernel_done_ms` (from the first call to the kernel's
+end); then, on stderr, how many busy runs found the kernel done.
 
     python3 tools/vmm_busy_probe.py [--sleep-ms 300] [--runs 3]
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -42,12 +52,12 @@ def one(torch, at, size, where, sleep_ms, cycles_per_ms):
         done.record(stream)
         row["kernel_still_running"] = not done.query()
         stream.synchronize()
-        row["kernel_ms"] = round((time.perf_counter() - start) * 1e3, 1)
+        row["until_kernel_done_ms"] = round((time.perf_counter() - start) * 1e3, 1)
     return row
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Whether VMM driver calls wait for a running kernel.")
     ap.add_argument("--sleep-ms", type=float, default=300.0, help="the sleep kernel's length")
     ap.add_argument("--runs", type=int, default=3, help="runs of each (size, stream)")
     args = ap.parse_args()
@@ -55,12 +65,15 @@ def main():
 
     torch.zeros(1, device="cuda")  # makes the primary context current on this thread
     torch.cuda.synchronize()
-    page = vmm.init()
-    # `clock_rate` is in kHz: cycles per millisecond.
+    with contextlib.redirect_stdout(io.StringIO()) as said:  # the driver version line
+        page = vmm.init()
+    # `clock_rate` is in kHz: cycles per millisecond; the fallback is the H100's and H200's
+    # highest clock, so that a slower clock only makes the kernel longer.
     props = torch.cuda.get_device_properties(0)
     cycles_per_ms = getattr(props, "clock_rate", 0) or 1_980_000
     at = vmm.reserve(1 << 30)
-    out = {"gpu": torch.cuda.get_device_name(0), "granularity_mib": page // MIB, "runs": []}
+    out = {"gpu": torch.cuda.get_device_name(0), "driver": said.getvalue().strip(),
+           "granularity_mib": page // MIB, "runs": []}
     for size in (page, 40 * MIB):
         one(torch, at, size, None, args.sleep_ms, cycles_per_ms)  # warm-up
         for _ in range(args.runs):
@@ -71,8 +84,9 @@ def main():
     vmm.free_ranges()
     print(json.dumps(out, indent=1))
     waited = [r for r in out["runs"] if r.get("kernel_still_running") is False]
-    print(f"{len(waited)} of {sum(1 for r in out['runs'] if r['stream'] != 'idle')} busy runs "
-          "found the kernel done when their calls returned")
+    busy = sum(1 for r in out["runs"] if r["stream"] != "idle")
+    print(f"{len(waited)} of {busy} busy runs found the kernel done when their calls returned",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":
