@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 45] = [
+const FIGURES: [(&str, u64, u64, u64); 47] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -148,6 +148,15 @@ const FIGURES: [(&str, u64, u64, u64); 45] = [
         1_128_267_776,
         142,
     ),
+    // Traced runs of acceptance programs (`traces/programs/`, recorded on an H100), here in one
+    // pool, not on the threads and stream shards they ran on.
+    (
+        "programs/checkpoint_fp16",
+        3_892_445_716,
+        4_215_275_520,
+        633,
+    ),
+    ("programs/fsdp_train", 6_011_508_744, 6_125_780_992, 479),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
@@ -193,11 +202,11 @@ fn default_policy_stays_within_its_figures_on_every_bundled_trace() {
 fn every_bundled_trace_has_figures() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces");
     let mut names = Vec::new();
-    for dir in [root.clone(), root.join("h200")] {
+    for prefix in ["", "h200/", "programs/"] {
+        let dir = root.join(prefix);
         for e in std::fs::read_dir(&dir).expect("traces directory") {
             let name = e.expect("entry").file_name().to_string_lossy().into_owned();
             if let Some(stem) = name.strip_suffix(".trace.csv.gz") {
-                let prefix = if dir == root { "" } else { "h200/" };
                 names.push(format!("{prefix}{stem}"));
             }
         }
