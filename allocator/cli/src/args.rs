@@ -146,8 +146,9 @@ pub struct ReplayArgs {
     /// Write every operation that made driver calls, of every trace under every policy or
     /// configuration, to a CSV file: the trace, the configuration, the operation's index, alloc
     /// or free, its bytes and stream, the live and reserved bytes after it, and the mallocs,
-    /// frees, maps and unmaps it made. Shows where a policy's calls go (which phase of a trace,
-    /// which request sizes, pages given back and mapped again).
+    /// frees, maps and unmaps it made, and whether it took the live bytes to a new high. Shows
+    /// where a policy's calls go (which phase of a trace, which request sizes, growth to new
+    /// highs against pages given back and mapped again).
     #[arg(long, value_name = "FILE.csv")]
     pub calls: Option<PathBuf>,
 

@@ -10,8 +10,14 @@ use crate::report::Report;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// The CSV's columns.
-pub const HEADER: &str =
+/// The CSV's columns (`new_high`: 1 for an allocation that took the live bytes to a new high of
+/// its replay, `CallStep::new_high`).
+pub const HEADER: &str = "trace,config,op,action,bytes,stream,live_bytes,reserved_bytes,mallocs,\
+                          frees,maps,unmaps,new_high";
+
+/// The columns of a calls file written before `new_high` was added: such a file is overwritten
+/// as one of this command's.
+const HEADER_BEFORE_NEW_HIGH: &str =
     "trace,config,op,action,bytes,stream,live_bytes,reserved_bytes,mallocs,frees,maps,unmaps";
 
 /// Refuses a path that does not end in `.csv`, that names one of the traces to replay (it
@@ -56,7 +62,7 @@ fn is_calls_file(path: &Path) -> bool {
     };
     let mut first = String::new();
     let read = std::io::BufReader::new(file).read_line(&mut first);
-    read.is_ok() && first.trim_end() == HEADER
+    read.is_ok() && [HEADER, HEADER_BEFORE_NEW_HIGH].contains(&first.trim_end())
 }
 
 /// Writes the calls of every replay in `reports` to `path`, and says where on stderr.
@@ -71,11 +77,26 @@ pub fn write(path: &Path, reports: &[Report]) -> Result<(), CliError> {
     let mut out = BufWriter::new(file);
     let rows = rows(&mut out, reports).map_err(fail)?;
     out.flush().map_err(fail)?;
+    let (high, all) = calls_at_new_highs(reports);
     eprintln!(
-        "driver calls of {rows} operations written to {}",
+        "driver calls of {rows} operations written to {} ({high} of the {all} calls made by \
+         allocations that took the live bytes to a new high)",
         path.display()
     );
     Ok(())
+}
+
+/// The driver calls of every replay in `reports` made by allocations to a new high of the live
+/// bytes, and all of them (the rows' sums).
+fn calls_at_new_highs(reports: &[Report]) -> (u64, u64) {
+    let steps = reports
+        .iter()
+        .flat_map(|r| &r.runs)
+        .flat_map(|run| &run.result.calls);
+    steps.fold((0, 0), |(high, all), s| {
+        let n = s.calls.total();
+        (high + if s.new_high { n } else { 0 }, all + n)
+    })
 }
 
 /// Writes the header and one row per step; returns the rows written.
@@ -89,7 +110,7 @@ fn rows(out: &mut impl Write, reports: &[Report]) -> std::io::Result<usize> {
                 let c = s.calls;
                 writeln!(
                     out,
-                    "{},{},{},{action},{},{},{},{},{},{},{},{}",
+                    "{},{},{},{action},{},{},{},{},{},{},{},{},{}",
                     quoted(&r.name),
                     quoted(&run.label),
                     s.op,
@@ -100,7 +121,8 @@ fn rows(out: &mut impl Write, reports: &[Report]) -> std::io::Result<usize> {
                     c.mallocs,
                     c.frees,
                     c.maps,
-                    c.unmaps
+                    c.unmaps,
+                    u8::from(s.new_high)
                 )?;
                 n += 1;
             }
@@ -116,5 +138,28 @@ fn quoted(field: &str) -> String {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {
         field.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A calls file of this command or of one before `new_high` is overwritten; another CSV is
+    /// not.
+    #[test]
+    fn calls_files_of_either_header_are_recognised() {
+        let dir = std::env::temp_dir().join(format!("cudalloc-calls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.csv");
+        for (first, is) in [
+            (HEADER, true),
+            (HEADER_BEFORE_NEW_HIGH, true),
+            ("action,addr,size,stream", false),
+        ] {
+            std::fs::write(&file, format!("{first}\n1,2\n")).unwrap();
+            assert_eq!(is_calls_file(&file), is, "{first}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -34,6 +34,10 @@ pub struct CallStep {
     pub reserved: u64,
     /// The calls the operation made, by kind.
     pub calls: DriverCalls,
+    /// An allocation that took the live bytes above every figure they had reached before in
+    /// this replay: its calls grow the pool for live bytes it never held before, where other
+    /// rows map again what was given back, or give back.
+    pub new_high: bool,
 }
 
 /// The steps of one replay, kept as it runs.
@@ -44,6 +48,8 @@ pub(crate) struct CallLog {
     before: DriverCalls,
     /// The current operation's bytes and stream.
     what: (u64, u32),
+    /// The most live bytes after any operation so far.
+    high: u64,
 }
 
 impl CallLog {
@@ -68,6 +74,9 @@ impl CallLog {
     /// Keeps operation `i` when it made calls.
     pub fn after(&mut self, i: usize, op: &Op, pool: &impl Target) {
         let s = pool.stats();
+        let live = s.requested_bytes.0[0].current as u64;
+        let new_high = matches!(op, Op::Alloc { .. }) && live > self.high;
+        self.high = self.high.max(live);
         let (now, was) = (s.calls, self.before);
         let calls = DriverCalls {
             mallocs: now.mallocs - was.mallocs,
@@ -83,9 +92,10 @@ impl CallLog {
             alloc: matches!(op, Op::Alloc { .. }),
             bytes: self.what.0,
             stream: self.what.1,
-            live: s.requested_bytes.0[0].current as u64,
+            live,
             reserved: s.reserved_bytes.0[0].current as u64,
             calls,
+            new_high,
         });
     }
 }
