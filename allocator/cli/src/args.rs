@@ -148,7 +148,7 @@ pub struct ReplayArgs {
     /// or free, its bytes and stream, the live and reserved bytes after it, and the mallocs,
     /// frees, maps and unmaps it made, and whether it took the live bytes to a new high. Shows
     /// where a policy's calls go (which phase of a trace, which request sizes, growth to new
-    /// highs against pages given back and mapped again).
+    /// highs of the live bytes against the rest).
     #[arg(long, value_name = "FILE.csv")]
     pub calls: Option<PathBuf>,
 

@@ -47,14 +47,15 @@ pub fn check_path(path: &Path, traces: &[PathBuf]) -> Result<(), CliError> {
     if path.exists() && !is_calls_file(path) {
         return Err(CliError::msg(format!(
             "--calls {} exists and is not a calls file of an earlier run (its first line is \
-             not `{HEADER}`): it would be overwritten; give a new name or remove it",
+             not `{HEADER}`, nor the same without `,new_high`): it would be overwritten; give a \
+             new name or remove it",
             path.display()
         )));
     }
     check_output(path, "the driver calls")
 }
 
-/// True when the first line of the file at `path` is [`HEADER`].
+/// True when the first line of the file at `path` is [`HEADER`] or [`HEADER_BEFORE_NEW_HIGH`].
 fn is_calls_file(path: &Path) -> bool {
     use std::io::BufRead;
     let Ok(file) = std::fs::File::open(path) else {

@@ -7,7 +7,12 @@
 //! every row is an allocation today; a policy that calls the driver in a free gets free rows.
 //! A failed allocation's calls (an out-of-memory ladder) are kept too.
 //!
-//! Invariant: the calls of the steps of one replay add up to the replay's own counts
+//! Each step also says whether its allocation took the live bytes to a new high of the replay
+//! (`new_high`, against the most live bytes after any earlier operation, with or without
+//! calls).
+//!
+//! Invariants: the steps of one replay marked `new_high` are allocations whose live bytes rise
+//! strictly from one to the next. The calls of the steps of one replay add up to the replay's own counts
 //! ([`ReplayResult`](crate::replay::ReplayResult)'s `device_*` fields), less what freeing the
 //! allocations a trace leaves live costs after its last operation (not an operation of the
 //! trace; nothing under the built-in policies).
@@ -35,8 +40,9 @@ pub struct CallStep {
     /// The calls the operation made, by kind.
     pub calls: DriverCalls,
     /// An allocation that took the live bytes above every figure they had reached before in
-    /// this replay: its calls grow the pool for live bytes it never held before, where other
-    /// rows map again what was given back, or give back.
+    /// this replay: its calls come with live bytes the pool never held before (its growth's
+    /// maps, and what the budget gave back for it). Other rows grow past what the pool reserved
+    /// before (room fragmentation needs), map again what was given back, or give back.
     pub new_high: bool,
 }
 

@@ -7,9 +7,10 @@
 //! calls; `default` stays within its bounds on every bundled trace; a cap (a capacity or the
 //! `per_process_memory_fraction` key) holds; resetting peaks changes no behaviour; the timeline's
 //! highest points are the replay's peaks; a policy given as a value replays as the same rules
-//! named by a config.
+//! named by a config; the steps `--calls` writes mark exactly the allocations at a new high of
+//! the live bytes.
 //!
-//! Files: `capped.rs`, `cuda_replay.rs` (through the real driver; its test is
+//! Files: `call_log.rs`, `capped.rs`, `cuda_replay.rs` (through the real driver; its test is
 //! #[ignore = "needs a CUDA GPU"], said here too so that the GPU staging, which looks for that
 //! mark in this file, stages this binary),
 //! `device_lag.rs` (a device that runs behind), `fidelity.rs`,
@@ -17,6 +18,7 @@
 //! `reset_peaks.rs`, `threads.rs` (a real program's trace on the three threads that made its
 //! calls), `timeline.rs`.
 
+mod call_log;
 mod capped;
 mod cuda_replay;
 mod device_lag;
