@@ -12,10 +12,10 @@
 //! calls).
 //!
 //! Invariants: the steps of one replay marked `new_high` are allocations whose live bytes rise
-//! strictly from one to the next. The calls of the steps of one replay add up to the replay's own counts
-//! ([`ReplayResult`](crate::replay::ReplayResult)'s `device_*` fields), less what freeing the
-//! allocations a trace leaves live costs after its last operation (not an operation of the
-//! trace; nothing under the built-in policies).
+//! strictly from one to the next. The calls of the steps of one replay add up to the replay's
+//! own counts ([`ReplayResult`](crate::replay::ReplayResult)'s `device_*` fields), less what
+//! freeing the allocations a trace leaves live costs after its last operation (not an operation
+//! of the trace; nothing under the built-in policies).
 
 use crate::replay::Target;
 use crate::Op;
