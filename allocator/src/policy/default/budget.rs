@@ -61,8 +61,10 @@
 //! (`map_growth`).
 //!
 //! A small-pool growth maps at most one budget of the peak live bytes, or
-//! [`SMALL_SLACK_HELD_MULTIPLE`] times what the small pool holds, beyond its need
-//! (`small_slack`): a small chunk stays mapped under its small blocks for good.
+//! [`SMALL_SLACK_HELD_MULTIPLE`](super::small::SMALL_SLACK_HELD_MULTIPLE) times what the small
+//! pool holds, beyond its need, and without a memory cap, when its chunk window does not fit in
+//! the room, part of it, the room then reaching the page of overshoot above the ceiling
+//! (`small`): a small chunk stays mapped under its small blocks for good.
 //!
 //! Under a memory limit growth maps the same chunks (a giant request that finds no cached
 //! block gets a range of its own, `giant`, from a lower size than without a limit; ordinary
@@ -196,15 +198,6 @@ pub const TAIL_MIN_HEAD_CHUNKS: u64 = 4;
 /// tuning set calls (287.2 against 272.9).
 pub const LOADING_PAGES_AHEAD: u64 = 1;
 
-/// A small-pool growth may map beyond its need up to this many times what the small pool
-/// holds (or one budget of the peak live bytes, when that is more; `small_slack_cap`).
-/// Measured before `small_overshoot` (replays of the 34 traces, against no cap):
-/// `moe_infer_dynamic` 528 -> 286 driver calls and 1.033 -> 1.030 reserved/live at any
-/// multiple from 8 to 1,000 (the first small growth holds nothing); at 2, `gpt2_generate` and
-/// `llama_infer_dynamic` make 8% and 2% more calls; at 16, every other trace within one call
-/// of its figure without the cap. With `small_overshoot` the cap changes no trace by 1%.
-pub const SMALL_SLACK_HELD_MULTIPLE: u64 = 16;
-
 /// Free blocks as (size, id), in the order they are to go back.
 type FreeList = Vec<(u64, BlockId)>;
 
@@ -279,7 +272,14 @@ impl DefaultPolicy {
                 self.keep_what_the_device_holds(core, &before, req.stream);
             }
         }
-        let mut room = ceiling.saturating_sub(core.reserved - core.releasing_bytes() + need);
+        // A small growth's slack may use the page it may pass the ceiling by.
+        let top = ceiling
+            + if self.small_partial_slack_applies() {
+                overshoot
+            } else {
+                0
+            };
+        let mut room = top.saturating_sub(core.reserved - core.releasing_bytes() + need);
         if let Some(l) = core.limit {
             room = room.min(l.saturating_sub(core.total_reserved() + need));
         }
@@ -305,6 +305,7 @@ impl DefaultPolicy {
             room
         };
         let capped = self.capped;
+        let partial = self.small_partial_slack_most(core, req);
         core.map_run(start, req.size, |core, id, want| {
             let ahead = if rules.page_ahead {
                 page_ahead(core, req, want, page, window, capped)
@@ -312,7 +313,13 @@ impl DefaultPolicy {
                 0
             };
             let slack = if rules.window_slack {
-                with_slack(core, id, want, window, room)
+                let whole = with_slack(core, id, want, window, room);
+                match partial {
+                    Some(most) if whole == want => {
+                        super::small::partial_slack(core, id, want, room, page, most)
+                    }
+                    _ => whole,
+                }
             } else {
                 want
             };
@@ -347,27 +354,6 @@ impl DefaultPolicy {
         core.new_segment(req.stream, req.pool, page, range.max(req.size))
     }
 
-    /// How far past the budget's ceiling a growth for `req` may go before cached chunks are
-    /// given back for it: one page for a small-pool request (`small_overshoot`), else nothing.
-    /// A small growth needs a page or two, and the smallest cached block that covers so small
-    /// an excess is often a large-pool block of many chunks, given back whole and mapped again
-    /// by the next step (`opt_generate`: a 432 KiB allocation gave back 69 chunks). Found and
-    /// sized on held-out traces, so those figures are in-sample (replays): with it, 1.0346
-    /// reserved / live as a geometric mean and 11,488 driver calls in all against 1.0358 and
-    /// 11,709, no trace worse by 1% (`opt_generate` 296 -> 198 calls and 1.0485 ->
-    /// 1.0394, `llama_infer_dynamic` 243 -> 206 and 1.0477 -> 1.0347, `whisper_generate`
-    /// 1.0392 -> 1.0277; `llama_generate` 286 -> 287 calls, `moe_fine_grained_train` 1,395 ->
-    /// 1,399), the capped figures unchanged but
-    /// one call more on `moe_fine_grained_train` at each cap; half a page: 1.0353 and 11,618;
-    /// two pages: `unet_infer_dynamic` 1.139 -> 1.240.
-    fn overshoot<D: Device>(&self, core: &Core<D>, req: &Request) -> Result<u64, DeviceError> {
-        if self.cfg.rules.small_overshoot && req.pool == PoolKind::Small {
-            core.device.granularity()
-        } else {
-            Ok(0)
-        }
-    }
-
     /// The budget's ceiling for this pool: `plain` ((1 + `fragmentation_budget`) x `base`)
     /// without a memory limit or under a far one ([`FAR_LIMIT_WIDE_CEILINGS`]),
     /// [`CAPPED_BUDGETS`] budgets above `base` under one (the limit itself is kept by
@@ -392,21 +378,6 @@ impl DefaultPolicy {
         // At least a page: a `DefaultConfig` handed to `DefaultPolicy::new` directly is not
         // validated (a `Config` is).
         self.cfg.max_chunk.max(page)
-    }
-
-    /// The most a small-pool growth may map beyond its need: one budget of the peak live bytes
-    /// (`fragmentation_budget` times them), or `SMALL_SLACK_HELD_MULTIPLE` times the bytes the
-    /// small pool holds, whichever is more. Small blocks are many and long-lived, so a
-    /// small-pool chunk, once one of them lies in it, stays mapped for good: a first small
-    /// growth made just after a transient peak (an fp32 copy of the weights freed) must not
-    /// widen itself to a 40 MiB window on the room that peak left, or those pinned bytes eat
-    /// the budget's room for the rest of the job (every later growth then maps exactly its
-    /// need, one call per tensor).
-    fn small_slack<D: Device>(&self, core: &Core<D>) -> u64 {
-        let base = self.peak_requested.max(core.requested_bytes());
-        let budget = (self.cfg.fragmentation_budget * base as f64) as u64;
-        let held = core.stats.reserved_bytes.current(PoolKind::Small).max(0) as u64;
-        budget.max(held.saturating_mul(SMALL_SLACK_HELD_MULTIPLE))
     }
 
     /// True when free block `id` lies in the footprint the plan places episodes in (left alone

@@ -40,6 +40,7 @@ mod placement;
 mod plan;
 mod rules;
 mod search;
+mod small;
 
 /// The packing a layout plan is made from, for the tests that check it against its bounds.
 #[cfg(feature = "testing")]

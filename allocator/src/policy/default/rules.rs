@@ -34,6 +34,12 @@ pub struct Rules {
     /// A small-pool growth may pass the budget's ceiling by up to one page rather than give
     /// cached chunks back for it.
     pub small_overshoot: bool,
+    /// Without a memory cap, a small-pool growth whose chunk window does not fit in the
+    /// budget's room (or whose need ends at its window's end) maps as many
+    /// pages beyond its need as the room holds (with at least two pages of room), up to a
+    /// quarter of what the small pool holds and eight pages; its room counts the page of
+    /// overshoot (`small`).
+    pub small_partial_slack: bool,
     /// While a plan places an episode, the budget counts the episode's expected peak as reached.
     pub expected_peak: bool,
     /// The cached pages of the plan's footprint are given back only past twice the budget.
@@ -111,6 +117,7 @@ impl Rules {
         page_ahead: true,
         small_slack_cap: true,
         small_overshoot: true,
+        small_partial_slack: true,
         expected_peak: true,
         keep_footprint: true,
         split_footprints: true,
@@ -143,6 +150,7 @@ impl Rules {
             ("page_ahead", |r| &mut r.page_ahead),
             ("small_slack_cap", |r| &mut r.small_slack_cap),
             ("small_overshoot", |r| &mut r.small_overshoot),
+            ("small_partial_slack", |r| &mut r.small_partial_slack),
             ("expected_peak", |r| &mut r.expected_peak),
             ("keep_footprint", |r| &mut r.keep_footprint),
             ("split_footprints", |r| &mut r.split_footprints),
