@@ -24,7 +24,8 @@
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
 //! `far_limit.rs`, `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`,
-//! `move_pages.rs`, `plans.rs`, `split_footprints.rs`, `small_partial_slack.rs`, `policy_outside.rs`.
+//! `move_pages.rs`, `plans.rs`, `split_footprints.rs`, `small_partial_slack.rs`,
+//! `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]

@@ -13,8 +13,7 @@
 //! - `small_partial_slack` (with `window_slack` on): when the window slack of every growth, all
 //!   or nothing, maps nothing beyond the need (the end of its chunk window lies beyond the
 //!   budget's room, or the need already ends there, when the pages go into the next window), it
-//!   maps
-//!   as many whole pages beyond its need as the room holds, up to a
+//!   maps as many whole pages beyond its need as the room holds, up to a
 //!   [`SMALL_PARTIAL_HELD_PARTS`]th of what the small pool holds and
 //!   [`SMALL_PARTIAL_MAX_PAGES`] pages, when the room holds at least
 //!   [`SMALL_PARTIAL_MIN_ROOM_PAGES`] pages ([`partial_slack`]); and the room of a small-pool
