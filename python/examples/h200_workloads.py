@@ -26,8 +26,10 @@ a side stream, 1 to 3 batches in flight, pinned host copies, ``record_stream``);
 none of the others is, recorded after the rules were set); ``gpt2_train_cycle`` (the uncapped
 run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
 ``wav2vec2_infer_dynamic``, ``dlrm_train_dynamic`` and ``mamba_train_varlen`` (a fourth set,
-``h200_fourth_set.py``, recorded on an H100). When each was recorded: ``docs/archive.md``, and
-for the fourth set ``docs/policies.md`` ("A fourth set") and ``traces/split.json``.
+``h200_fourth_set.py``, recorded on an H100); ``lora_train_varlen``, ``bart_train_varlen``,
+``maskrcnn_train_dynamic`` and ``qwen2_accum_train`` (a fifth set, ``h200_fifth_set.py``).
+When each was recorded: ``docs/archive.md``, and for the fourth and fifth sets
+``docs/policies.md`` ("A fourth set", "A fifth set") and ``traces/split.json``.
 """
 import collections
 import math
@@ -36,6 +38,7 @@ import sys
 
 import torch
 
+from h200_fifth_set import FIFTH_SET
 from h200_fourth_set import FOURTH_SET
 
 
@@ -652,6 +655,7 @@ def gpt2_train_cycle():
 WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not name.startswith("_")
              and fn.__module__ == __name__ and name != "main"}
 WORKLOADS.update(FOURTH_SET)
+WORKLOADS.update(FIFTH_SET)
 
 
 def main():

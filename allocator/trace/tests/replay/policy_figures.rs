@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 47] = [
+const FIGURES: [(&str, u64, u64, u64); 51] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -142,6 +142,31 @@ const FIGURES: [(&str, u64, u64, u64); 47] = [
         1_107_281_777,
         1_128_267_776,
         141,
+    ),
+    // The fifth set (recorded on an H100 after `small_partial_slack`).
+    (
+        "h200/lora_train_varlen",
+        16_608_291_768,
+        16_938_696_704,
+        632,
+    ),
+    (
+        "h200/bart_train_varlen",
+        17_223_682_380,
+        17_483_956_224,
+        657,
+    ),
+    (
+        "h200/maskrcnn_train_dynamic",
+        16_450_571_546,
+        16_747_855_872,
+        723,
+    ),
+    (
+        "h200/qwen2_accum_train",
+        12_765_373_192,
+        13_033_799_680,
+        559,
     ),
     // Traced runs of acceptance programs (`traces/programs/`, recorded on an H100), here in one
     // pool, not on the threads and stream shards they ran on.
