@@ -6,10 +6,12 @@ shapes come from fixed seeds.
 - ``lora_train_varlen``: parameter-efficient fine-tuning of a Llama-style model (frozen bf16
   weights, rank-16 adapters on the query and value projections, the only trained parameters)
   on batches of random size and length;
-- ``bart_train_varlen``: sequence-to-sequence training (BART base) on source and target
-  sequences whose lengths are drawn apart, under fp16 autocast;
+- ``bart_train_varlen``: sequence-to-sequence training (BART with its config's defaults, 12 + 12
+  layers of 1,024) on source and target sequences whose lengths are drawn apart, under fp16
+  autocast;
 - ``maskrcnn_train_dynamic``: instance segmentation training (Mask R-CNN with a ResNet-50 FPN)
-  on images of random size, each with a random number of boxes and masks;
+  on batches of random count of images of random size (the model's transform rescales each to
+  a shorter side of 800), each with a random number of boxes and masks;
 - ``qwen2_accum_train``: a Qwen2-style model trained with gradient accumulation, four
   micro-batches a step, each of its own size and length.
 """
