@@ -14,6 +14,9 @@
 //! at `0x7f00_0000_0000`. Each region spans 2^46 bytes. Every result is aligned to the
 //! granularity and occupies its size rounded up to the granularity; freed ranges are coalesced
 //! with their neighbours and reused. The same sequence of calls always yields the same addresses.
+//! A plan of placements ([`SimDevice::plan_mallocs`]: a replayed trace's recorded segments, so
+//! that best fit breaks ties by address as it did in the recording) sends each malloc of the
+//! size it names next to the offset it names instead, when that range is free and aligned.
 //!
 //! # Capacity
 //!
@@ -56,7 +59,7 @@
 //! 900 and invalidate it, as on the H200. The rules and their invariants are in the `capture`
 //! submodule's documentation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::{BorrowedFd, OwnedFd};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -147,6 +150,8 @@ struct State {
     faults: FaultPlan,
     captures: Captures,
     transfers: transfer::Transfers,
+    /// Where the next `malloc`s go ([`SimDevice::plan_mallocs`]): (size, address), in order.
+    malloc_plan: VecDeque<(u64, Option<u64>)>,
 }
 
 /// A deterministic, host-only [`Device`]; see the module documentation.
@@ -198,6 +203,26 @@ impl SimDevice {
         Self { cfg, state }
     }
 
+    /// Plans where the next `malloc`s go: each `(size, offset)` in order places the next malloc
+    /// of exactly `size` bytes at [`MALLOC_BASE`] + `offset` when that range is free and
+    /// `offset` is a multiple of the granularity (else where a malloc goes without a plan); a
+    /// malloc of another size leaves the plan as it is. A replay of a recorded trace passes the
+    /// recording's segments, so that its segments lie in the order the recording's did: PyTorch's
+    /// best fit breaks ties between free blocks of one size by address.
+    pub fn plan_mallocs(&self, plan: impl IntoIterator<Item = (u64, u64)>) {
+        let g = self.cfg.granularity;
+        let mut s = self.state.lock();
+        let at = |offset: u64| {
+            Some(offset)
+                .filter(|o| o % g == 0)?
+                .checked_add(MALLOC_BASE)
+        };
+        s.malloc_plan = plan
+            .into_iter()
+            .map(|(size, offset)| (size, at(offset)))
+            .collect();
+    }
+
     /// The default configuration with `bytes` of capacity.
     pub fn with_capacity(bytes: u64) -> Self {
         Self::new(SimConfig::with_capacity(bytes))
@@ -237,6 +262,18 @@ impl SimDevice {
 impl State {
     fn used(&self) -> u64 {
         self.malloc_bytes + self.page_bytes
+    }
+
+    /// Takes `span` bytes of malloc space for a malloc of `size`: where the plan says, if it
+    /// names this size next and the range is free, else the lowest free range that fits.
+    fn place_malloc(&mut self, size: u64, span: u64) -> Option<u64> {
+        if self.malloc_plan.front().is_some_and(|&(s, _)| s == size) {
+            let (_, at) = self.malloc_plan.pop_front()?;
+            if let Some(at) = at.filter(|&at| self.malloc_space.take_at(at, span)) {
+                return Some(at);
+            }
+        }
+        self.malloc_space.take(span)
     }
 
     fn fits(&self, size: u64, capacity: u64) -> bool {
@@ -285,7 +322,7 @@ impl Device for SimDevice {
         let span = size.checked_next_multiple_of(self.cfg.granularity);
         let ptr = span
             .filter(|_| s.fits(size, self.cfg.capacity))
-            .and_then(|span| s.malloc_space.take(span))
+            .and_then(|span| s.place_malloc(size, span))
             .ok_or_else(|| oom(Call::Malloc, size))?;
         s.segments.insert(ptr, size);
         s.malloc_bytes += size;

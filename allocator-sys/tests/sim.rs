@@ -93,6 +93,35 @@ fn freed_ranges_are_reused_and_coalesced() {
 }
 
 #[test]
+fn planned_mallocs_go_where_the_plan_says_while_their_range_is_free() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    // (size, offset from the malloc base): a recording's segments, in its order.
+    dev.plan_mallocs([(G, 8 * G), (3 * MIB, 0), (G, 4 * G)]);
+    assert_eq!(dev.malloc(G).unwrap(), MALLOC_BASE + 8 * G);
+    // A size the plan does not name next goes first fit and leaves the plan as it was.
+    assert_eq!(dev.malloc(MIB).unwrap(), MALLOC_BASE);
+    // Named next, but its range is taken: first fit, and that entry is used up.
+    assert_eq!(dev.malloc(3 * MIB).unwrap(), MALLOC_BASE + G);
+    assert_eq!(dev.malloc(G).unwrap(), MALLOC_BASE + 4 * G);
+    // The plan is used up: first fit again.
+    assert_eq!(dev.malloc(G).unwrap(), MALLOC_BASE + 3 * G);
+    dev.check_invariants();
+}
+
+#[test]
+fn a_planned_range_that_overlaps_a_segment_or_is_misaligned_is_not_used() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    let a = dev.malloc(2 * G).unwrap();
+    // Starts inside `a`, then one whose offset is not a multiple of the granularity.
+    dev.plan_mallocs([(G, G), (G, 6 * G + 512), (G, 6 * G)]);
+    assert_eq!(dev.malloc(G).unwrap(), a + 2 * G, "overlaps a: first fit");
+    assert_eq!(dev.malloc(G).unwrap(), a + 3 * G, "misaligned: first fit");
+    assert_eq!(dev.malloc(G).unwrap(), MALLOC_BASE + 6 * G);
+    dev.free(a, 2 * G).unwrap();
+    dev.check_invariants();
+}
+
+#[test]
 fn same_calls_give_same_addresses() {
     let run = || {
         let dev = SimDevice::with_capacity(1 << 30);

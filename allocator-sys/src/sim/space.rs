@@ -31,6 +31,26 @@ impl Space {
         Some(start)
     }
 
+    /// Takes `start..start + len` if all of it is free: false (nothing taken) otherwise.
+    pub(super) fn take_at(&mut self, start: u64, len: u64) -> bool {
+        let Some((&from, &have)) = self.free.range(..=start).next_back() else {
+            return false;
+        };
+        let end = start.checked_add(len);
+        if end.is_none_or(|end| end > from + have) {
+            return false;
+        }
+        self.free.remove(&from);
+        if start > from {
+            self.free.insert(from, start - from);
+        }
+        let rest = from + have - (start + len);
+        if rest > 0 {
+            self.free.insert(start + len, rest);
+        }
+        true
+    }
+
     /// Gives `start..start + len` back, merging it with its free neighbours.
     pub(super) fn give(&mut self, mut start: u64, mut len: u64) {
         if let Some((&prev, &plen)) = self.free.range(..start).next_back() {

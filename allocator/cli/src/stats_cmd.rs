@@ -7,8 +7,8 @@ use crate::args::StatsArgs;
 use crate::error::CliError;
 use crate::table;
 use cudalloc::{AllocError, Allocation, Pool};
-use cudalloc_sys::{SimConfig, SimDevice, StreamId};
-use cudalloc_trace::replay::DEVICE_CAPACITY;
+use cudalloc_sys::{SimDevice, StreamId};
+use cudalloc_trace::replay::simulated_device;
 use cudalloc_trace::{Op, Trace};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -32,10 +32,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     if let Some(a) = table::anomalies(&t.anomalies, t.position) {
         eprintln!("warning: {}: anomalies: {a}", t.name);
     }
-    let pool = Pool::new(
-        SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
-        variant.cfg.clone(),
-    );
+    let pool = Pool::new(simulated_device(&t), variant.cfg.clone());
     let (pool, failure) = drive(pool, &t);
     let mut doc = Map::new();
     doc.insert("trace".into(), json!(t.name));

@@ -67,6 +67,7 @@ mod tests {
             events: ops.len() as u64,
             segment_allocs: 0,
             segment_sizes: Vec::new(),
+            segment_addrs: Vec::new(),
             peak_live: 0,
             ..Trace::default()
         };

@@ -89,6 +89,8 @@ pub struct Trace {
     pub segment_allocs: u64,
     /// Sizes of the `segment_alloc` events in order.
     pub segment_sizes: Vec<u64>,
+    /// Addresses of the `segment_alloc` events, in the same order (the recording process's).
+    pub segment_addrs: Vec<u64>,
     /// Peak of the summed requested bytes of live allocations (`u64::MAX` when the sum passes
     /// it: sizes no device holds, which a replay refuses).
     pub peak_live: u64,
@@ -243,6 +245,7 @@ impl TraceBuilder {
             Action::SegmentAlloc => {
                 self.trace.segment_allocs += 1;
                 self.trace.segment_sizes.push(e.size);
+                self.trace.segment_addrs.push(e.addr);
             }
             Action::Oom => self.trace.recorded_ooms += 1,
             Action::EventDone | Action::EventPending => self.trace.answers.push(Answer {

@@ -262,17 +262,27 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
         return replay_lagging(trace, cfg, opts, lag);
     }
     if !opts.cuda {
-        return replay_on(
-            SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)),
-            trace,
-            cfg,
-            opts,
-        );
+        return replay_on(simulated_device(trace), trace, cfg, opts);
     }
     match cudalloc_sys::CudaDevice::new(0) {
         Ok(dev) => replay_cuda(dev, trace, cfg, opts),
         Err(e) => failed_at_start(e.into()),
     }
+}
+
+/// The simulated H200 a replay of `trace` runs on: its mallocs of the recording's segment sizes
+/// go where the recording's segments were, relative to the lowest of them, while those
+/// addresses are free ([`SimDevice::plan_mallocs`]), so that `torch`'s best fit, which breaks
+/// ties by address, chooses as PyTorch did. Not for a trace with allocations from before its
+/// history, whose replay mallocs segments the recording made before it.
+pub fn simulated_device(trace: &Trace) -> SimDevice {
+    let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    if trace.before_history == 0 {
+        let low = trace.segment_addrs.iter().copied().min().unwrap_or(0);
+        let offsets = trace.segment_addrs.iter().map(|&a| a - low);
+        device.plan_mallocs(trace.segment_sizes.iter().copied().zip(offsets));
+    }
+    device
 }
 
 /// Replays `trace` on GPU 0, each stream of the trace on a stream of its own: the handles a
@@ -393,7 +403,7 @@ pub fn replay_policy<P: Policy>(
     cfg: &Config,
     opts: &ReplayOptions,
 ) -> ReplayResult {
-    let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    let device = simulated_device(trace);
     let pool = Pool::with_policy(device, cfg.pool().clone(), policy)
         .expect("the shared settings of a valid config");
     replay_pool(pool, trace, opts)

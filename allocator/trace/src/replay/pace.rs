@@ -10,12 +10,12 @@
 //! came.
 
 use super::target::Front;
-use super::{replay_in, trace_streams, ReplayOptions, ReplayResult, Span, DEVICE_CAPACITY};
+use super::{replay_in, simulated_device, trace_streams, ReplayOptions, ReplayResult, Span};
 use crate::Trace;
 use cudalloc::config::Config;
 use cudalloc::{CachingAllocator, Pool};
 use cudalloc_sys::wrap::PlayAnswers;
-use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use cudalloc_sys::{SimDevice, StreamId};
 use std::sync::Arc;
 
 /// Replays `trace` on a simulated device that runs `lag` operations behind the host
@@ -27,7 +27,7 @@ pub(super) fn replay_lagging(
     opts: &ReplayOptions,
     lag: u64,
 ) -> ReplayResult {
-    let device = Arc::new(SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY)));
+    let device = Arc::new(simulated_device(trace));
     device.set_auto_complete(false);
     let mut pool = Pool::new(device.clone(), cfg.clone());
     let mut lagging = Lagging::new(device.clone(), lag);
@@ -48,7 +48,7 @@ pub(super) fn replay_lagging(
 /// allocator's event queries as the recording's device did ([`ReplayOptions::answers`]), or,
 /// without `answers`, keeps up ([`ReplayOptions::shards`]: every query answered done).
 pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
-    let sim = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
+    let sim = simulated_device(trace);
     let recorded = if opts.answers {
         trace.answers.clone()
     } else {

@@ -2,7 +2,11 @@
 //! `torch` and `torch-expandable` policies lands on PyTorch's own figures (`traces/anchors.json`,
 //! copied from `shared/anchors.json`): peak reserved bytes within 1% (`torch`) and 2%
 //! (`torch-expandable`), and `torch` issues as many device mallocs as the trace has
-//! `segment_alloc` events, within 2%.
+//! `segment_alloc` events, within 2%. On every bundled trace of `traces/` and `traces/h200/`,
+//! `torch` makes exactly the recording's `cudaMalloc`s and reserves exactly what they did: the
+//! simulated device places its segments in the recording's address order
+//! (`replay::simulated_device`), so best fit breaks ties between free blocks of one size as
+//! PyTorch's did.
 
 use cudalloc::{Config, Policy};
 use cudalloc_trace::replay::{replay, ReplayOptions};
@@ -63,4 +67,41 @@ fidelity! {
     bert_dynamic: "bert_dynamic",
     resnet_train: "resnet_train",
     llama_train_varlen: "llama_train_varlen",
+}
+
+#[test]
+fn torch_makes_the_recordings_mallocs_on_every_bundled_trace() {
+    let mut wrong = Vec::new();
+    for dir in [traces_dir(), traces_dir().join("h200")] {
+        for e in std::fs::read_dir(&dir).expect("the traces folder reads") {
+            let path = e.expect("a folder entry").path();
+            if !path.to_string_lossy().ends_with(".trace.csv.gz") {
+                continue;
+            }
+            let trace = cudalloc_trace::read(&path).expect("bundled trace reads");
+            let r = replay(
+                &trace,
+                &Config::for_policy(Policy::Torch),
+                &ReplayOptions::default(),
+            );
+            // No bundled recording frees a segment (no `empty_cache`, no out-of-memory), so
+            // what PyTorch reserved at its peak is every segment it made.
+            let recorded: u64 = trace.segment_sizes.iter().sum();
+            if r.device_mallocs != trace.segment_allocs || r.peak_reserved_bytes != recorded {
+                wrong.push(format!(
+                    "{}: {} mallocs, {} bytes reserved at the peak (recorded: {}, {})",
+                    trace.name,
+                    r.device_mallocs,
+                    r.peak_reserved_bytes,
+                    trace.segment_allocs,
+                    recorded
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "torch off the recording:\n{}",
+        wrong.join("\n")
+    );
 }
