@@ -203,23 +203,25 @@ impl SimDevice {
         Self { cfg, state }
     }
 
-    /// Plans where the next `malloc`s go: each `(size, offset)` in order places the next malloc
-    /// of exactly `size` bytes at [`MALLOC_BASE`] + `offset` when that range is free and
-    /// `offset` is a multiple of the granularity (else where a malloc goes without a plan); a
-    /// malloc of another size leaves the plan as it is. A replay of a recorded trace passes the
+    /// Plans where the next `malloc`s go: the first entry `(size, offset)` of the plan places
+    /// the next malloc of exactly `size` bytes at [`MALLOC_BASE`] + `offset`, and is used up,
+    /// when that range is free, `offset` is a multiple of the granularity and the range ends
+    /// below [`RESERVE_BASE`] (else the malloc goes where it goes without a plan, and the entry
+    /// is used up all the same); a malloc of another size leaves the plan as it is. A replay of a recorded trace passes the
     /// recording's segments, so that its segments lie in the order the recording's did: PyTorch's
     /// best fit breaks ties between free blocks of one size by address.
     pub fn plan_mallocs(&self, plan: impl IntoIterator<Item = (u64, u64)>) {
         let g = self.cfg.granularity;
         let mut s = self.state.lock();
-        let at = |offset: u64| {
-            Some(offset)
-                .filter(|o| o % g == 0)?
-                .checked_add(MALLOC_BASE)
+        // The malloc region's part below the reservations' region.
+        let room = RESERVE_BASE - MALLOC_BASE;
+        let at = |size: u64, offset: u64| {
+            let end = offset.checked_add(size.checked_next_multiple_of(g)?)?;
+            (offset.is_multiple_of(g) && end <= room).then_some(MALLOC_BASE + offset)
         };
         s.malloc_plan = plan
             .into_iter()
-            .map(|(size, offset)| (size, at(offset)))
+            .map(|(size, offset)| (size, at(size, offset)))
             .collect();
     }
 

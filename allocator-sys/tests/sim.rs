@@ -122,6 +122,36 @@ fn a_planned_range_that_overlaps_a_segment_or_is_misaligned_is_not_used() {
 }
 
 #[test]
+fn a_planned_range_that_runs_into_a_segment_or_past_the_malloc_region_is_not_used() {
+    let dev = SimDevice::with_capacity(1 << 30);
+    let a = dev.malloc(G).unwrap();
+    let b = dev.malloc(G).unwrap();
+    dev.free(a, G).unwrap();
+    let room = RESERVE_BASE - MALLOC_BASE;
+    // Free at its start, `b` at its end; then ranges reaching into the reservations' region,
+    // past the malloc region and past `u64::MAX`; then one that fits.
+    dev.plan_mallocs([
+        (2 * G, 0),
+        (G, room),
+        (G, room - G / 2),
+        (G, REGION_SIZE),
+        (G, u64::MAX - G + 1),
+        (G, room - G),
+    ]);
+    assert_eq!(dev.malloc(2 * G).unwrap(), b + G, "runs into b: first fit");
+    for _ in 0..4 {
+        let p = dev.malloc(G).unwrap();
+        assert!(
+            p < RESERVE_BASE,
+            "{p:#x}: first fit, below the reservations"
+        );
+    }
+    assert_eq!(dev.malloc(G).unwrap(), RESERVE_BASE - G);
+    assert_eq!(dev.reserve(G).unwrap(), RESERVE_BASE);
+    dev.check_invariants();
+}
+
+#[test]
 fn same_calls_give_same_addresses() {
     let run = || {
         let dev = SimDevice::with_capacity(1 << 30);

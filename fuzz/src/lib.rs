@@ -181,6 +181,8 @@ pub fn replay_all(t: &Trace, which: u8) {
 
 fn replay_checked(t: &Trace, policy: Policy) {
     let sim = std::sync::Arc::new(SimDevice::new(SimConfig::with_capacity(CAPACITY)));
+    // The placements a replay makes (the trace's addresses decide them), checked here too.
+    sim.plan_mallocs(cudalloc_trace::replay::malloc_plan(t));
     let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
     let mut slots: Vec<Option<Allocation>> = (0..t.slots).map(|_| None).collect();
     for (i, op) in t.ops.iter().enumerate() {

@@ -31,8 +31,12 @@ impl Space {
         Some(start)
     }
 
-    /// Takes `start..start + len` if all of it is free: false (nothing taken) otherwise.
+    /// Takes `start..start + len` if all of it is free: false (nothing taken) otherwise, and for
+    /// an empty range.
     pub(super) fn take_at(&mut self, start: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
+        }
         let Some((&from, &have)) = self.free.range(..=start).next_back() else {
             return false;
         };

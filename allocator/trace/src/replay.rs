@@ -270,19 +270,27 @@ pub fn replay(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult
     }
 }
 
-/// The simulated H200 a replay of `trace` runs on: its mallocs of the recording's segment sizes
-/// go where the recording's segments were, relative to the lowest of them, while those
-/// addresses are free ([`SimDevice::plan_mallocs`]), so that `torch`'s best fit, which breaks
-/// ties by address, chooses as PyTorch did. Not for a trace with allocations from before its
-/// history, whose replay mallocs segments the recording made before it.
+/// The simulated H200 a replay of `trace` runs on, with the trace's [`malloc_plan`].
 pub fn simulated_device(trace: &Trace) -> SimDevice {
     let device = SimDevice::new(SimConfig::with_capacity(DEVICE_CAPACITY));
-    if trace.before_history == 0 {
-        let low = trace.segment_addrs.iter().copied().min().unwrap_or(0);
-        let offsets = trace.segment_addrs.iter().map(|&a| a - low);
-        device.plan_mallocs(trace.segment_sizes.iter().copied().zip(offsets));
-    }
+    device.plan_mallocs(malloc_plan(trace));
     device
+}
+
+/// Where a replay of `trace` puts its mallocs ([`SimDevice::plan_mallocs`]): the recording's
+/// segments (size, and address less the lowest of them), in the order it made them, so that
+/// `torch`'s best fit, which breaks ties between free blocks of one size by address, chooses as
+/// PyTorch did. Empty for a snapshot with allocations from before its history, whose replay
+/// first mallocs segments the recording made before it. (The CSV `cudalloc_trace.convert`
+/// writes of such a snapshot holds them as plain allocations: their mallocs go first fit, and
+/// a planned range they take is not used.)
+pub fn malloc_plan(trace: &Trace) -> Vec<(u64, u64)> {
+    if trace.before_history > 0 {
+        return Vec::new();
+    }
+    let low = trace.segment_addrs.iter().copied().min().unwrap_or(0);
+    let offsets = trace.segment_addrs.iter().map(|&a| a - low);
+    trace.segment_sizes.iter().copied().zip(offsets).collect()
 }
 
 /// Replays `trace` on GPU 0, each stream of the trace on a stream of its own: the handles a

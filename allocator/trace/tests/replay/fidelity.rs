@@ -72,6 +72,7 @@ fidelity! {
 #[test]
 fn torch_makes_the_recordings_mallocs_on_every_bundled_trace() {
     let mut wrong = Vec::new();
+    let mut read = 0;
     for dir in [traces_dir(), traces_dir().join("h200")] {
         for e in std::fs::read_dir(&dir).expect("the traces folder reads") {
             let path = e.expect("a folder entry").path();
@@ -79,6 +80,13 @@ fn torch_makes_the_recordings_mallocs_on_every_bundled_trace() {
                 continue;
             }
             let trace = cudalloc_trace::read(&path).expect("bundled trace reads");
+            read += 1;
+            // A recording that ran out of memory freed segments on its way (PyTorch's ladder).
+            assert_eq!(
+                trace.recorded_ooms, 0,
+                "{}: recorded out-of-memory",
+                trace.name
+            );
             let r = replay(
                 &trace,
                 &Config::for_policy(Policy::Torch),
@@ -99,6 +107,7 @@ fn torch_makes_the_recordings_mallocs_on_every_bundled_trace() {
             }
         }
     }
+    assert!(read >= 49, "{read} bundled traces read");
     assert!(
         wrong.is_empty(),
         "torch off the recording:\n{}",
