@@ -16,7 +16,8 @@
 //! with their neighbours and reused. The same sequence of calls always yields the same addresses.
 //! A plan of placements ([`SimDevice::plan_mallocs`]: a replayed trace's recorded segments, so
 //! that best fit breaks ties by address as it did in the recording) sends each malloc of the
-//! size it names next to the offset it names instead, when that range is free and aligned.
+//! size it names next to the offset it names instead, when that range is free, aligned and
+//! below the reservations' region.
 //!
 //! # Capacity
 //!
@@ -207,9 +208,10 @@ impl SimDevice {
     /// the next malloc of exactly `size` bytes at [`MALLOC_BASE`] + `offset`, and is used up,
     /// when that range is free, `offset` is a multiple of the granularity and the range ends
     /// below [`RESERVE_BASE`] (else the malloc goes where it goes without a plan, and the entry
-    /// is used up all the same); a malloc of another size leaves the plan as it is. A replay of a recorded trace passes the
-    /// recording's segments, so that its segments lie in the order the recording's did: PyTorch's
-    /// best fit breaks ties between free blocks of one size by address.
+    /// is used up all the same); a malloc of another size leaves the plan as it is. A replay
+    /// of a recorded trace passes the recording's segments, so that its segments lie in the
+    /// order the recording's did: PyTorch's best fit breaks ties between free blocks of one
+    /// size by address.
     pub fn plan_mallocs(&self, plan: impl IntoIterator<Item = (u64, u64)>) {
         let g = self.cfg.granularity;
         let mut s = self.state.lock();

@@ -36,6 +36,7 @@ pub fn assert_same_trace(a: &cudalloc_trace::Trace, b: &cudalloc_trace::Trace) {
     assert_eq!(a.events + a.before_history, b.events + b.before_history);
     assert_eq!(a.segment_allocs, b.segment_allocs);
     assert_eq!(a.segment_sizes, b.segment_sizes);
+    assert_eq!(a.segment_addrs, b.segment_addrs);
     assert_eq!(a.peak_live, b.peak_live);
     assert_eq!(a.anomalies, b.anomalies);
 }
