@@ -27,9 +27,11 @@ none of the others is, recorded after the rules were set); ``gpt2_train_cycle`` 
 run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
 ``wav2vec2_infer_dynamic``, ``dlrm_train_dynamic`` and ``mamba_train_varlen`` (a fourth set,
 ``h200_fourth_set.py``, recorded on an H100); ``lora_train_varlen``, ``bart_train_varlen``,
-``maskrcnn_train_dynamic`` and ``qwen2_accum_train`` (a fifth set, ``h200_fifth_set.py``).
-When each was recorded: ``docs/archive.md``, and for the fourth and fifth sets
-``docs/policies.md`` ("A fourth set", "A fifth set") and ``traces/split.json``.
+``maskrcnn_train_dynamic`` and ``qwen2_accum_train`` (a fifth set, ``h200_fifth_set.py``);
+``segformer_infer_dynamic``, ``dinov2_infer_dynamic``, ``marian_generate`` and
+``qwen2_sample_generate`` (a sixth set, ``h200_sixth_set.py``). When each was recorded:
+``docs/archive.md``, and for the fourth to sixth sets ``docs/policies.md`` ("A fourth set", "A
+fifth set", "A sixth set") and ``traces/split.json``.
 """
 import collections
 import math
@@ -39,6 +41,7 @@ import sys
 import torch
 
 from h200_fifth_set import FIFTH_SET
+from h200_sixth_set import SIXTH_SET
 from h200_fourth_set import FOURTH_SET
 
 
@@ -656,6 +659,7 @@ WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not 
              and fn.__module__ == __name__ and name != "main"}
 WORKLOADS.update(FOURTH_SET)
 WORKLOADS.update(FIFTH_SET)
+WORKLOADS.update(SIXTH_SET)
 
 
 def main():

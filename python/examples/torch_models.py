@@ -48,12 +48,13 @@ RESULT_MARK = "@@RESULT@@ "
 WORKLOADS = ["gpt2", "llama"]
 
 
-H200_FILES = ("h200_workloads.py", "h200_fourth_set.py", "h200_fifth_set.py")
+H200_FILES = ("h200_workloads.py", "h200_fourth_set.py", "h200_fifth_set.py",
+              "h200_sixth_set.py")
 
 
 def _h200_workloads():
     """The jobs recorded in traces/h200/: the public functions of h200_workloads.py and of the
-    fourth and fifth sets it takes in, read without importing them (they import torch, which
+    fourth to sixth sets it takes in, read without importing them (they import torch, which
     the parent need not have)."""
     import ast
 

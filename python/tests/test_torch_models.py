@@ -32,6 +32,7 @@ class Workloads(unittest.TestCase):
                        and not n.name.startswith("_") and n.name != "main"}
         self.assertIn("swin_infer_dynamic", public)  # the fourth set is read too
         self.assertIn("lora_train_varlen", public)  # and the fifth
+        self.assertIn("marian_generate", public)  # and the sixth
         self.assertEqual(set(tm.H200_WORKLOADS), public)
         recorded = {p.name.split(".")[0] for p in (ROOT / "traces" / "h200").glob("*.trace.csv.gz")}
         self.assertEqual(set(tm.H200_WORKLOADS), recorded, "a job without its trace or a trace without its job")

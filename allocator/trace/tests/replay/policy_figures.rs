@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 51] = [
+const FIGURES: [(&str, u64, u64, u64); 55] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -167,6 +167,25 @@ const FIGURES: [(&str, u64, u64, u64); 51] = [
         12_765_373_192,
         13_033_799_680,
         559,
+    ),
+    (
+        "h200/segformer_infer_dynamic",
+        7_619_808_196,
+        7_769_948_160,
+        327,
+    ),
+    (
+        "h200/dinov2_infer_dynamic",
+        1_214_119_936,
+        1_222_639_616,
+        149,
+    ),
+    ("h200/marian_generate", 1_776_452_564, 1_814_036_480, 186),
+    (
+        "h200/qwen2_sample_generate",
+        5_744_122_760,
+        5_970_591_744,
+        775,
     ),
     // Traced runs of acceptance programs (`traces/programs/`, recorded on an H100), here in one
     // pool, not on the threads and stream shards they ran on.
