@@ -12,8 +12,10 @@
 //! name, which may be a path with spaces, all of it).
 //!
 //! Invariants: the parts are sorted by name, each has at least one entry, and no stem is in two
-//! parts.
+//! parts, nor twice in one. A key given twice in the object is refused (a JSON reader keeps one of
+//! the two, so a part would silently lose its traces).
 
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use std::path::Path;
 
@@ -37,6 +39,9 @@ impl Split {
         let Value::Object(map) = value else {
             return Err("not a JSON object of parts (key: array of trace names)".into());
         };
+        if let Some(key) = key_given_twice(text)? {
+            return Err(format!("key `{key}` is given twice"));
+        }
         let mut parts: Vec<(String, Vec<String>)> = Vec::new();
         for (key, v) in &map {
             let Value::Array(entries) = v else { continue };
@@ -54,6 +59,12 @@ impl Split {
                 })?;
                 if let Some((other, _)) = parts.iter().find(|(_, s)| s.contains(&stem)) {
                     return Err(format!("trace `{stem}` is in both `{other}` and `{key}`"));
+                }
+                if stems.contains(&stem) {
+                    return Err(format!(
+                        "part `{key}`, entry {}: trace `{stem}` is listed twice",
+                        i + 1
+                    ));
                 }
                 stems.push(stem);
             }
@@ -79,6 +90,37 @@ impl Split {
     pub fn parts(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().map(|(name, _)| name.as_str())
     }
+}
+
+/// The first key of the top-level JSON object `text` that is given twice, if any.
+fn key_given_twice(text: &str) -> Result<Option<String>, String> {
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let (mut seen, mut twice) = (std::collections::HashSet::new(), None);
+            // The whole object is read: the reader refuses one left unfinished.
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                if !seen.insert(key.clone()) {
+                    twice = twice.or(Some(key));
+                }
+            }
+            Ok(twice)
+        }
+    }
+    struct Twice(Option<String>);
+    impl<'de> Deserialize<'de> for Twice {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_map(Keys).map(Twice)
+        }
+    }
+    serde_json::from_str::<Twice>(text)
+        .map(|t| t.0)
+        .map_err(|e| format!("not JSON: {e}"))
 }
 
 /// The stem of a split file's entry: that of its first word (what follows a space is a note).
@@ -131,6 +173,16 @@ mod tests {
         assert!(e.contains("part `t`, entry 2"), "{e}");
         let e = err(r#"{"t": ["x/a.trace.csv.gz"], "h": ["a.csv"]}"#);
         assert!(e.contains("trace `a` is in both"), "{e}");
+        let e = err(r#"{"t": ["x/a.trace.csv.gz", "b.csv", "a (again)"]}"#);
+        assert!(
+            e.contains("part `t`, entry 3: trace `a` is listed twice"),
+            "{e}"
+        );
+        // A JSON reader keeps one value of a key given twice: part `t` would lose `a`.
+        let e = err(r#"{"about": "x", "t": ["a.csv"], "h": ["b.csv"], "t": ["c.csv"]}"#);
+        assert!(e.contains("key `t` is given twice"), "{e}");
+        let e = err(r#"{"about": "x", "about": "y", "t": ["a.csv"]}"#);
+        assert!(e.contains("key `about` is given twice"), "{e}");
     }
 
     #[test]

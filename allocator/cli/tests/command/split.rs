@@ -89,6 +89,17 @@ fn a_bad_split_file_is_refused_naming_the_file_and_the_fault() {
             Some(r#"{"a": ["x.csv", 7]}"#),
             "part `a`, entry 2",
         ),
+        // A JSON reader keeps the last of a key given twice: `x` would be in no part.
+        (
+            "key_twice.json",
+            Some(r#"{"a": ["x.csv"], "a": ["y.csv"]}"#),
+            "key `a` is given twice",
+        ),
+        (
+            "listed_twice.json",
+            Some(r#"{"a": ["x.csv", "y.csv", "x.trace.csv.gz"]}"#),
+            "part `a`, entry 3: trace `x` is listed twice",
+        ),
     ];
     for (name, text, says) in cases {
         let path = dir.join(name);
