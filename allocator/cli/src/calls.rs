@@ -4,7 +4,7 @@
 //! the output is cut short: a closed pipe, a plot that could not be written); an existing file
 //! is overwritten only when it is a calls file of an earlier run.
 
-use crate::error::CliError;
+use crate::error::{say, CliError};
 use crate::replay_cmd::check_output;
 use crate::report::Report;
 use std::io::{BufWriter, Write};
@@ -79,7 +79,7 @@ pub fn write(path: &Path, reports: &[Report]) -> Result<(), CliError> {
     let rows = rows(&mut out, reports).map_err(fail)?;
     out.flush().map_err(fail)?;
     let (high, all) = calls_at_new_highs(reports);
-    eprintln!(
+    say!(
         "driver calls of {rows} operations written to {} ({high} of the {all} calls made by \
          allocations that took the live bytes to a new high)",
         path.display()

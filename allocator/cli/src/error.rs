@@ -1,6 +1,23 @@
-//! The error of a command: a message for stderr (exit status 2), or a closed stdout.
+//! The error of a command: a message for stderr (exit status 2), or a closed stdout; and
+//! [`say!`], which writes a line to stderr.
 
 use std::fmt;
+use std::io::Write;
+
+/// Writes a line to stderr (a note, a warning, an error), as `eprintln!` does, but never
+/// panics: a stderr that cannot be written (a pipe its reader closed, `2>&1 | grep -q`; a full
+/// disk) loses the line and changes neither the work nor the exit status.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::error::say_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use say;
+
+/// The line [`say!`] writes.
+pub fn say_line(line: fmt::Arguments) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
 
 /// Why a command could not do its work.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ mod summary;
 use args::{Cli, Command};
 use clap::Parser;
 use cudalloc_cli::{report, split, table};
-use error::CliError;
+use error::{say, CliError};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(CliError::BrokenPipe) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cudalloc: error: {e}");
+            say!("cudalloc: error: {e}");
             ExitCode::from(2)
         }
     }

@@ -2,7 +2,7 @@
 //! and optionally a plot.
 
 use crate::args::{ReplayArgs, Variant, GARBAGE_COLLECTION_KEY};
-use crate::error::CliError;
+use crate::error::{say, CliError};
 use crate::progress::{Progress, LONG_OPS};
 use crate::report::{Report, Run};
 use crate::split::Split;
@@ -40,7 +40,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     variants
         .iter()
         .filter_map(Variant::note)
-        .for_each(|n| eprintln!("{n}"));
+        .for_each(|n| say!("{n}"));
     check_distinct(&variants)?;
     variants.iter().try_for_each(check_no_thread_cache_keys)?;
     let capped = args.capacity.is_some() || args.min_capacity;
@@ -183,7 +183,8 @@ fn print_report(
 ) -> Result<(), CliError> {
     if args.json {
         json::write_lines(out, report, split.map(|s| s.part_of(&report.name)))?;
-        table::report_failures(&mut std::io::stderr(), report)?;
+        // Said on stderr as `say!` says things: a stderr that cannot be written stops nothing.
+        let _ = table::report_failures(&mut std::io::stderr(), report);
     } else {
         table::write_report(out, report, args.capacity)?;
     }
@@ -203,10 +204,11 @@ fn check_distinct(variants: &[Variant]) -> Result<(), CliError> {
             )));
         }
         if let Some(w) = variants[..i].iter().find(|w| w.cfg == v.cfg) {
-            eprintln!(
+            say!(
                 "warning: `{}` and `{}` are the same configuration (both are replayed, and both \
                  count in the summary)",
-                w.label, v.label
+                w.label,
+                v.label
             );
         }
     }
@@ -287,7 +289,7 @@ fn fraction_capped(v: &Variant) -> bool {
 /// Says that `garbage_collection_threshold` changes only the min capacity of a replay with
 /// --min-capacity and no --capacity (its other figures come from a replay without a cap).
 fn warn_probes_only(v: &Variant) {
-    eprintln!(
+    say!(
         "warning: `{}`: `{GARBAGE_COLLECTION_KEY}` changes only the min capacity here: the other \
          figures come from a replay without a cap (give --capacity to cap them too)",
         v.label
@@ -325,9 +327,10 @@ fn name_apart(traces: &mut [Trace], paths: &[PathBuf]) {
 /// Says on stderr which traces hold no allocation to replay (an empty file, a header alone).
 fn warn_if_empty(traces: &[Trace]) {
     for t in traces.iter().filter(|t| t.ops.is_empty()) {
-        eprintln!(
+        say!(
             "warning: {} holds no allocation or free to replay ({} trace lines read)",
-            t.name, t.events
+            t.name,
+            t.events
         );
     }
 }
@@ -472,7 +475,7 @@ fn write_plot(path: &std::path::Path, reports: &[Report]) -> Result<(), CliError
     let html = plot::html(reports);
     std::fs::write(path, html)
         .map_err(|e| CliError::msg(format!("cannot write the plot to {}: {e}", path.display())))?;
-    eprintln!("plot written to {}", path.display());
+    say!("plot written to {}", path.display());
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 //! odd events (`anomalies`) as `replay` reports them: the same JSON object, and a warning.
 
 use crate::args::StatsArgs;
-use crate::error::CliError;
+use crate::error::{say, CliError};
 use crate::table;
 use cudalloc::{AllocError, Allocation, Pool};
 use cudalloc_sys::{SimDevice, StreamId};
@@ -23,14 +23,14 @@ const STATS_CAP: &str =
 pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     let variant = args.variant();
     if let Some(note) = variant.note() {
-        eprintln!("{note}");
+        say!("{note}");
     }
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let mut read = crate::replay_cmd::read_all(std::slice::from_ref(&args.trace), args.device)?;
     let t = read.pop().expect("one trace read");
     if let Some(a) = table::anomalies(&t.anomalies, t.position) {
-        eprintln!("warning: {}: anomalies: {a}", t.name);
+        say!("warning: {}: anomalies: {a}", t.name);
     }
     let pool = Pool::new(simulated_device(&t), variant.cfg.clone());
     let (pool, failure) = drive(pool, &t);

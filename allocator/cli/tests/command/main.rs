@@ -7,12 +7,14 @@
 //! says which policy it runs.
 //!
 //! Files: `replay.rs`, `answers.rs`, `refusals.rs`, `review.rs`, `new_user.rs`,
-//! `memory_fraction_key.rs`, `progress.rs`, `split.rs`; `run.rs` holds helpers of the first two.
+//! `memory_fraction_key.rs`, `progress.rs`, `split.rs`, `closed_stderr.rs`; `run.rs` holds
+//! helpers of the first two.
 
 #[allow(dead_code)]
 mod run;
 
 mod answers;
+mod closed_stderr;
 mod memory_fraction_key;
 mod new_user;
 mod progress;
