@@ -4,6 +4,7 @@
 use clap::{Args, Parser, Subcommand};
 use cudalloc::config::DEFAULT_ONLY_KEYS;
 use cudalloc::{Config, Policy};
+use std::num::IntErrorKind;
 use std::path::PathBuf;
 
 /// Replays recorded GPU allocation traces against cudalloc's policies on a simulated H200.
@@ -451,8 +452,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (number, unit) = (&t[..split], t[split..].trim());
     if unit.is_empty() {
-        return number.parse::<u64>().map_err(|_| {
-            format!("`{s}` is not a byte count (e.g. 80GiB, 512MiB, 1.5GB, 1048576)")
+        return number.parse::<u64>().map_err(|e| match e.kind() {
+            IntErrorKind::PosOverflow => format!("`{s}` is too large"),
+            _ => format!("`{s}` is not a byte count (e.g. 80GiB, 512MiB, 1.5GB, 1048576)"),
         });
     }
     let scale = UNITS
@@ -658,5 +660,11 @@ mod tests {
         assert!(parse_bytes("GiB").is_err());
         assert!(parse_bytes("-1GiB").is_err());
         assert!(parse_bytes("99999999999TiB").is_err());
+        // Digits past u64::MAX are a byte count too large, not a malformed one.
+        assert_eq!(
+            parse_bytes("18446744073709551616"),
+            Err("`18446744073709551616` is too large".to_string())
+        );
+        assert_eq!(parse_bytes("18446744073709551615"), Ok(u64::MAX));
     }
 }

@@ -361,8 +361,13 @@ impl Parser {
 
     fn integer(&mut self, key: &str) -> Result<u64, ConfigError> {
         let w = self.next_word(key)?;
-        w.parse()
-            .map_err(|_| ConfigError::new(key, format!("`{w}` is not a non-negative integer")))
+        w.parse().map_err(|e: std::num::ParseIntError| {
+            let why = match e.kind() {
+                std::num::IntErrorKind::PosOverflow => "is too large (it overflows 64 bits)",
+                _ => "is not a non-negative integer",
+            };
+            ConfigError::new(key, format!("`{w}` {why}"))
+        })
     }
 
     fn number(&mut self, key: &str) -> Result<f64, ConfigError> {

@@ -258,6 +258,21 @@ fn cli_bad_options_exit_2() {
         let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
         assert_exit(&o, 2, "capacity", &format!("--capacity {cap:?}"));
     }
+    // Digits past u64::MAX: too large, with or without a unit (not "not a byte count").
+    for cap in ["99999999999999999999999", "99999999999999999999999GiB"] {
+        let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
+        assert_exit(&o, 2, "is too large", &format!("--capacity {cap:?}"));
+    }
+    // So are those of a config key's integer (not "not a non-negative integer").
+    for cfg in [
+        "max_chunk_mb:99999999999999999999",
+        "max_split_size_mb:99999999999999999999",
+    ] {
+        let o = cudalloc(&["replay", "--config", cfg, &trace]);
+        assert_exit(&o, 2, "is too large", &format!("--config {cfg}"));
+        let o = cudalloc(&["stats", "--config", cfg, &trace]);
+        assert_exit(&o, 2, "is too large", &format!("stats --config {cfg}"));
+    }
     let o = cudalloc(&["replay", "--policy", "pytorch", &trace]);
     assert_exit(&o, 2, "pytorch", "--policy pytorch");
     let o = cudalloc(&["frobnicate"]);
