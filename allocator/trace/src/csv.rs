@@ -1,6 +1,7 @@
 //! Our trace format: CSV with the header `action,addr,size,stream,time_us` (the actions
 //! and fields: `docs/cli.md`, *Trace formats*), plain or gzip, the header optionally after a UTF-8 BOM. Lines are
-//! parsed from a reused byte buffer; a malformed line is an error naming the file and line.
+//! parsed from a reused byte buffer; a malformed line is an error naming the file and line, and
+//! the field and its value (control characters escaped: `super::shown`).
 //! Numbers are decimal digits only: anything else is "not a non-negative integer", and digits
 //! whose value passes `u64::MAX` "overflow 64 bits", whatever their count. The writer is the
 //! recorder's (`cudalloc::record::csv`), re-exported here.
@@ -66,7 +67,7 @@ pub fn parse_line(text: &[u8]) -> Result<Event, String> {
     let action = std::str::from_utf8(action_text)
         .ok()
         .and_then(Action::parse)
-        .ok_or_else(|| format!("unknown action `{}`", String::from_utf8_lossy(action_text)))?;
+        .ok_or_else(|| format!("unknown action `{}`", super::shown(action_text)))?;
     let addr = number(next("addr")?, "addr")?;
     let size = number(next("size")?, "size")?;
     let stream = number(next("stream")?, "stream")?;
@@ -84,7 +85,7 @@ pub fn parse_line(text: &[u8]) -> Result<Event, String> {
 }
 
 fn number(field: &[u8], name: &str) -> Result<u64, String> {
-    let shown = || String::from_utf8_lossy(field);
+    let shown = || super::shown(field);
     if field.is_empty() || !field.iter().all(u8::is_ascii_digit) {
         return Err(format!(
             "field `{name}` is not a non-negative integer: `{}`",

@@ -373,6 +373,31 @@ pub(crate) fn read_line(
     Ok(got)
 }
 
+/// Most characters of a field that an error of the text readers shows.
+const SHOWN_CHARS: usize = 64;
+
+/// A field of a text trace as an error shows it: UTF-8 (a byte that is not as U+FFFD), each
+/// control character escaped (`\0`, `\u{1e}`) so that no invisible byte hides what is wrong
+/// (`12\034` is not a number, where `12` and `34` around a NUL printed as they are look like
+/// one; a file padded with NULs, as a crash leaves one, would print nothing), cut after
+/// [`SHOWN_CHARS`] characters with the field's length.
+pub(crate) fn shown(field: &[u8]) -> String {
+    let text = String::from_utf8_lossy(field);
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == SHOWN_CHARS {
+            out += &format!("... ({} bytes)", field.len());
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The bytes without a leading [`BOM`].
 pub(crate) fn strip_bom(text: &[u8]) -> &[u8] {
     text.strip_prefix(BOM).unwrap_or(text)

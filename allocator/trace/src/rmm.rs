@@ -17,7 +17,8 @@
 //!
 //! Fields may have spaces around them; blank lines are skipped; the header may follow a UTF-8
 //! BOM. The input is streamed through a reused buffer. A wrong header, a line without six fields
-//! or a field that does not parse is a [`TraceError`] naming the file and the line; a `Pointer`,
+//! or a field that does not parse is a [`TraceError`] naming the file and the line, and the field
+//! and its value (control characters escaped: `super::shown`); a `Pointer`,
 //! `Size` or `Stream` of valid digits whose value passes `u64::MAX` "overflows 64 bits".
 
 use super::{Action, Event, Trace, TraceBuilder, TraceError};
@@ -102,7 +103,7 @@ fn parse_action(s: &str) -> Result<Action, String> {
         "allocate" => Ok(Action::Alloc),
         "free" | "deallocate" => Ok(Action::FreeCompleted),
         "allocate failure" => Ok(Action::Oom),
-        _ => Err(format!("unknown action `{s}`")),
+        _ => Err(format!("unknown action `{}`", super::shown(s.as_bytes()))),
     }
 }
 
@@ -129,11 +130,12 @@ fn parse_stream(s: &str) -> Result<u64, String> {
 /// characters are "not {meaning}", a value past `u64::MAX` "overflows 64 bits".
 fn field_number(s: &str, digits: &str, radix: u32, name: (&str, &str)) -> Result<u64, String> {
     let (field, what) = name;
+    let shown = || super::shown(s.as_bytes());
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
-        return Err(format!("field `{field}` is not {what}: `{s}`"));
+        return Err(format!("field `{field}` is not {what}: `{}`", shown()));
     }
     u64::from_str_radix(digits, radix)
-        .map_err(|_| format!("field `{field}` overflows 64 bits: `{s}`"))
+        .map_err(|_| format!("field `{field}` overflows 64 bits: `{}`", shown()))
 }
 
 fn parse_dec(s: &str) -> Option<u64> {

@@ -8,7 +8,8 @@
 //! - snapshot pickles of protocols 0 and 1 (no `PROTO` opcode);
 //! - which device of a snapshot is read when only another one has events, or several do;
 //! - messages: ints shown as Python prints them, any all-digit number too large "overflows 64
-//!   bits", a truncated gzip stream and trailing data after one say so, with file and line;
+//!   bits", a truncated gzip stream and trailing data after one say so, with file and line; a
+//!   text field's control characters are shown escaped, and a long field cut;
 //! - a `free_completed` whose size or stream is not its allocation's is counted;
 //! - a pickle whose memo references multiply what it decodes to is an error (exit 2); a line
 //!   longer than 4 KiB is an error naming it; bytes after a pickle's STOP are ignored.
@@ -481,6 +482,78 @@ fn any_all_digit_number_too_large_overflows_64_bits() {
             .starts_with("field `Pointer` overflows 64 bits: `0x1"),
         "{e}"
     );
+}
+
+/// A control character in a field of a text trace is shown escaped: printed as it is, a NUL or
+/// a record separator between digits is invisible, so the error showed a value that looked like
+/// a valid number; a file padded with NULs (as a crash leaves one) showed `` as its action,
+/// after 4 KiB of NULs on the terminal. A long field is cut.
+#[test]
+fn control_characters_in_a_field_are_shown_escaped() {
+    let header = "action,addr,size,stream,time_us\n";
+    let e = read_err(
+        "nul.csv",
+        format!("{header}alloc,4096,12\x0034,0,1\n").as_bytes(),
+    );
+    assert_eq!(e.line, Some(2));
+    assert_eq!(
+        e.message,
+        "field `size` is not a non-negative integer: `12\\034`"
+    );
+    let e = read_err(
+        "rs.csv",
+        format!("{header}alloc,4096,1,0,17\x1e96\n").as_bytes(),
+    );
+    assert_eq!(
+        e.message,
+        "field `time_us` is not a non-negative integer: `17\\u{1e}96`"
+    );
+    let padded = [
+        format!("{header}alloc,4096,1,0,1\n").as_bytes(),
+        &[0u8; 4096],
+    ]
+    .concat();
+    let e = read_err("padded.csv", &padded);
+    assert_eq!(e.line, Some(3));
+    let nuls = "\\0".repeat(64);
+    assert_eq!(
+        e.message,
+        format!("unknown action `{nuls}... (4096 bytes)`")
+    );
+    let long = "9".repeat(300);
+    let e = read_err(
+        "long.csv",
+        format!("{header}alloc,4096,{long},0,1\n").as_bytes(),
+    );
+    assert_eq!(
+        e.message,
+        format!(
+            "field `size` overflows 64 bits: `{}... (300 bytes)`",
+            &long[..64]
+        )
+    );
+    let rmm = "Thread,Time,Action,Pointer,Size,Stream\n1,0,";
+    let e = read_err(
+        "ctl_rmm.csv",
+        format!("{rmm}allocate,0x10\x01,1,0\n").as_bytes(),
+    );
+    assert_eq!(
+        e.message,
+        "field `Pointer` is not a hex address: `0x10\\u{1}`"
+    );
+    let e = read_err(
+        "ctl_rmm2.csv",
+        format!("{rmm}alloc\x07,0x10,1,0\n").as_bytes(),
+    );
+    assert_eq!(e.message, "unknown action `alloc\\u{7}`");
+    // Through the command line: the same message, and no raw control character on stderr.
+    let (code, err) = replay(&scratch("padded.csv"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("padded.csv:3: unknown action `\\0\\0"),
+        "{err}"
+    );
+    assert!(!err.contains('\0'), "{err:?}");
 }
 
 #[test]
