@@ -10,7 +10,8 @@ fixed seeds.
 - ``marian_generate``: translation by beam search (Marian at its config's defaults, 4 beams)
   on batches of random size and source length;
 - ``qwen2_sample_generate``: sampled generation (top-p, temperature, several sequences per
-  prompt) from a Qwen2-style model of 1.5B parameters in bf16, prompts of random length.
+  prompt) from a Qwen2-style model in bf16 (Qwen2-1.5B's shapes with the output layer untied,
+  1.8B parameters), prompts of random length.
 """
 import random
 

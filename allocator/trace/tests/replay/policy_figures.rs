@@ -168,6 +168,7 @@ const FIGURES: [(&str, u64, u64, u64); 55] = [
         13_033_799_680,
         559,
     ),
+    // The sixth set (inference and generation, recorded on an H100).
     (
         "h200/segformer_infer_dynamic",
         7_619_808_196,
