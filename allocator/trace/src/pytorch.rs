@@ -35,8 +35,8 @@
 //!   two's complement.
 //! - A missing key, a value of the wrong type or an unknown action is a [`TraceError`] whose line
 //!   is the entry number and whose message names the entry and the key (and shows a bad value as
-//!   Python would print it). Bytes that are not a pickle (garbage, a truncated file) are a
-//!   [`TraceError`] of the file, not a panic, and so are values nested deeper than
+//!   Python would print it). Bytes that are not a pickle (garbage, a truncated file: "truncated")
+//!   are a [`TraceError`] of the file, not a panic, and so are values nested deeper than
 //!   `pickle_scan::MAX_DEPTH` (checked before decoding, as decoding them would overflow the stack).
 //!
 //! Why `serde-pickle`: it decodes every pickle protocol (0-5) in pure Rust into a dynamic
@@ -147,7 +147,7 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Decoded, String> {
     // tools and `cudalloc_trace.convert`) ignores them.
     let value = serde_pickle::Deserializer::new(bytes, opts)
         .deserialize_value()
-        .map_err(|e| format!("not a readable snapshot pickle: {e}"))?;
+        .map_err(|e| unreadable(&e, bytes.len()))?;
     let Value::Dict(mut top) = value else {
         return Err(format!(
             "expected a dict at the top, found {}",
@@ -196,6 +196,23 @@ fn decode_entries(bytes: &[u8], device: Device) -> Result<Decoded, String> {
             kind(&other)
         )),
     }
+}
+
+/// What is said of a pickle of `len` bytes that the decoder refused with `e`. One that ends
+/// before its `STOP` (a file cut short) says so: the decoder reads past the end, or (protocol 0)
+/// finds a literal cut by the end invalid, where its own words are `EOF while parsing` and
+/// `literal is invalid`.
+fn unreadable(e: &serde_pickle::Error, len: usize) -> String {
+    use serde_pickle::{Error, ErrorCode};
+    match e {
+        Error::Eval(ErrorCode::EOFWhileParsing, _) => {}
+        Error::Eval(ErrorCode::InvalidLiteral(_), at) if *at >= len => {}
+        _ => return format!("not a readable snapshot pickle: {e}"),
+    }
+    format!(
+        "not a readable snapshot pickle: truncated (the file ends inside the pickle, after \
+         {len} bytes)"
+    )
 }
 
 /// The device to read when none was given: see the module documentation (`None`: no device

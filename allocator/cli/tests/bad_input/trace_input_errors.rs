@@ -5,7 +5,8 @@
 //!   an error saying so, never a stack overflow (`cudalloc replay` exits 2); nesting under the
 //!   limit still reads;
 //! - a UTF-8 BOM before the header of our CSV and of an RMM log, plain and gzip'd;
-//! - snapshot pickles of protocols 0 and 1 (no `PROTO` opcode);
+//! - snapshot pickles of protocols 0 and 1 (no `PROTO` opcode); a pickle cut short, of any
+//!   protocol, says it is truncated;
 //! - which device of a snapshot is read when only another one has events, or several do;
 //! - messages: ints shown as Python prints them, any all-digit number too large "overflows 64
 //!   bits", a truncated gzip stream and trailing data after one say so, with file and line; a
@@ -293,6 +294,34 @@ fn snapshot_protocols_0_and_1_are_read() {
         let gz = read(&format!("{name}.gz"), &gzip(bytes)).unwrap();
         assert_eq!(gz.ops, t.ops, "{name}");
     }
+}
+
+/// A snapshot pickle cut anywhere before its STOP says it is truncated, whatever the protocol:
+/// the decoder's own words were `eval error at offset N: EOF while parsing`, and for a literal
+/// of protocol 0 cut by the end `literal is invalid: ` (nothing after). A pickle whole but wrong
+/// keeps the decoder's words.
+#[test]
+fn a_snapshot_pickle_cut_short_says_it_is_truncated() {
+    let p3 = snapshot(&[2]);
+    for (name, bytes) in [
+        ("p0.pickle", PROTOCOL_0),
+        ("p1.pickle", PROTOCOL_1),
+        ("p3.pickle", &p3),
+    ] {
+        for cut in 1..bytes.len() {
+            let e = read_err(name, &bytes[..cut]);
+            assert_eq!(
+                e.message,
+                format!(
+                    "not a readable snapshot pickle: truncated (the file ends inside the \
+                     pickle, after {cut} bytes)"
+                ),
+                "{name} cut at {cut}"
+            );
+        }
+    }
+    let e = read_err("stop.pickle", b"\x80\x02.");
+    assert!(e.message.ends_with("pickle stack underflow"), "{e}");
 }
 
 // ---- which device -------------------------------------------------------------------------------
