@@ -325,7 +325,7 @@ fn name_apart(traces: &mut [Trace], paths: &[PathBuf]) {
 }
 
 /// Says on stderr which traces hold no allocation to replay (an empty file, a header alone).
-fn warn_if_empty(traces: &[Trace]) {
+pub fn warn_if_empty(traces: &[Trace]) {
     for t in traces.iter().filter(|t| t.ops.is_empty()) {
         say!(
             "warning: {} holds no allocation or free to replay ({} trace lines read)",

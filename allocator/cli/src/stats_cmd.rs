@@ -1,7 +1,8 @@
 //! `cudalloc stats`: replays one trace on the simulated device, driving the pool directly (so
 //! that its statistics and a snapshot can be read at the end of the trace, before leftover
 //! allocations are freed), and prints them as pretty JSON with sorted keys, with the trace's
-//! odd events (`anomalies`) as `replay` reports them: the same JSON object, and a warning.
+//! odd events (`anomalies`) as `replay` reports them: the same JSON object, and a warning. A
+//! trace with nothing to replay is warned of as `replay` warns of it.
 
 use crate::args::StatsArgs;
 use crate::error::{say, CliError};
@@ -28,6 +29,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let mut read = crate::replay_cmd::read_all(std::slice::from_ref(&args.trace), args.device)?;
+    crate::replay_cmd::warn_if_empty(&read);
     let t = read.pop().expect("one trace read");
     if let Some(a) = table::anomalies(&t.anomalies, t.position) {
         say!("warning: {}: anomalies: {a}", t.name);

@@ -390,6 +390,10 @@ fn json_carries_the_anomalies_and_an_empty_trace_has_no_speed() {
         "no ns/op without operations: {row}"
     );
     assert!(stderr(&o).contains("holds no allocation"), "{}", stderr(&o));
+    // `stats` warns alike: its statistics are all 0.
+    let o = cudalloc(&["stats", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("holds no allocation"), "{}", stderr(&o));
     let o = cudalloc(&[
         "replay",
         "--json",
