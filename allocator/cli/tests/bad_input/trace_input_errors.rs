@@ -304,10 +304,11 @@ fn snapshot_protocols_0_and_1_are_read() {
 fn a_snapshot_pickle_cut_short_says_it_is_truncated() {
     let p3 = snapshot(&[2]);
     for (name, bytes) in [
-        ("p0.pickle", PROTOCOL_0),
-        ("p1.pickle", PROTOCOL_1),
-        ("p3.pickle", &p3),
+        ("cut_p0.pickle", PROTOCOL_0),
+        ("cut_p1.pickle", PROTOCOL_1),
+        ("cut_p3.pickle", &p3),
     ] {
+        // Names of their own: tests run in parallel over one scratch folder.
         for cut in 1..bytes.len() {
             let e = read_err(name, &bytes[..cut]);
             assert_eq!(
