@@ -452,8 +452,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (number, unit) = (&t[..split], t[split..].trim());
     if unit.is_empty() {
+        // Only digits can be too large (`1.5.5` past 64 bits is malformed, not large).
+        let digits = number.bytes().all(|b| b.is_ascii_digit());
         return number.parse::<u64>().map_err(|e| match e.kind() {
-            IntErrorKind::PosOverflow => format!("`{s}` is too large"),
+            IntErrorKind::PosOverflow if digits => format!("`{s}` is too large"),
             _ => format!("`{s}` is not a byte count (e.g. 80GiB, 512MiB, 1.5GB, 1048576)"),
         });
     }

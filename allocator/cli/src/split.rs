@@ -12,10 +12,11 @@
 //! name, which may be a path with spaces, all of it).
 //!
 //! Invariants: the parts are sorted by name, each has at least one entry, and no stem is in two
-//! parts, nor twice in one. A key given twice in the object is refused (a JSON reader keeps one of
-//! the two, so a part would silently lose its traces).
+//! parts, nor twice in one. A key given twice in the object with an array as either value is
+//! refused (a JSON reader keeps one of the two, so a part would silently lose its traces); a
+//! description key (any other value) may repeat.
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 use std::path::Path;
 
@@ -92,7 +93,8 @@ impl Split {
     }
 }
 
-/// The first key of the top-level JSON object `text` that is given twice, if any.
+/// The first key of the top-level JSON object `text` given twice with an array (a part) as one
+/// of its values, if any; a description key may repeat.
 fn key_given_twice(text: &str) -> Result<Option<String>, String> {
     struct Keys;
     impl<'de> Visitor<'de> for Keys {
@@ -101,12 +103,14 @@ fn key_given_twice(text: &str) -> Result<Option<String>, String> {
             f.write_str("a JSON object")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let (mut seen, mut twice) = (std::collections::HashSet::new(), None);
+            let mut seen = std::collections::HashMap::new();
+            let mut twice = None;
             // The whole object is read: the reader refuses one left unfinished.
             while let Some(key) = map.next_key::<String>()? {
-                map.next_value::<IgnoredAny>()?;
-                if !seen.insert(key.clone()) {
-                    twice = twice.or(Some(key));
+                let part = map.next_value::<Value>()?.is_array();
+                match seen.insert(key.clone(), part) {
+                    Some(before) if before || part => twice = twice.or(Some(key)),
+                    _ => {}
                 }
             }
             Ok(twice)
@@ -181,8 +185,10 @@ mod tests {
         // A JSON reader keeps one value of a key given twice: part `t` would lose `a`.
         let e = err(r#"{"about": "x", "t": ["a.csv"], "h": ["b.csv"], "t": ["c.csv"]}"#);
         assert!(e.contains("key `t` is given twice"), "{e}");
-        let e = err(r#"{"about": "x", "about": "y", "t": ["a.csv"]}"#);
-        assert!(e.contains("key `about` is given twice"), "{e}");
+        // A description may repeat; a part may not, even beside a description of its name.
+        assert!(Split::parse(r#"{"about": "x", "about": "y", "t": ["a.csv"]}"#).is_ok());
+        let e = err(r#"{"about": "x", "t": "a note", "t": ["a.csv"]}"#);
+        assert!(e.contains("key `t` is given twice"), "{e}");
     }
 
     #[test]

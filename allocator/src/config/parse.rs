@@ -362,8 +362,13 @@ impl Parser {
     fn integer(&mut self, key: &str) -> Result<u64, ConfigError> {
         let w = self.next_word(key)?;
         w.parse().map_err(|e: std::num::ParseIntError| {
+            // Only digits can be too large: the parser stops at the first fault it meets, and
+            // `99999999999999999999x` overflows before it reaches the `x`.
+            let digits = w.bytes().all(|b| b.is_ascii_digit());
             let why = match e.kind() {
-                std::num::IntErrorKind::PosOverflow => "is too large (it overflows 64 bits)",
+                std::num::IntErrorKind::PosOverflow if digits => {
+                    "is too large (it overflows 64 bits)"
+                }
                 _ => "is not a non-negative integer",
             };
             ConfigError::new(key, format!("`{w}` {why}"))

@@ -376,8 +376,9 @@ pub(crate) fn read_line(
 /// Most characters of a field that an error of the text readers shows.
 const SHOWN_CHARS: usize = 64;
 
-/// A field of a text trace as an error shows it: UTF-8 (a byte that is not as U+FFFD), each
-/// control character escaped (`\0`, `\u{1e}`) so that no invisible byte hides what is wrong
+/// A field of a text trace as an error shows it: UTF-8 (a byte that is not UTF-8 shown as
+/// U+FFFD), escaped as Rust's `escape_debug` does but for quotes (a backslash as `\\`, a control
+/// or invisible character as `\0` or `\u{200b}`) so that no invisible byte hides what is wrong
 /// (`12\034` is not a number, where `12` and `34` around a NUL printed as they are look like
 /// one; a file padded with NULs, as a crash leaves one, would print nothing), cut after
 /// [`SHOWN_CHARS`] characters with the field's length.
@@ -389,10 +390,10 @@ pub(crate) fn shown(field: &[u8]) -> String {
             out += &format!("... ({} bytes)", field.len());
             break;
         }
-        if c.is_control() {
-            out.extend(c.escape_debug());
-        } else {
+        if c == '\'' || c == '"' {
             out.push(c);
+        } else {
+            out.extend(c.escape_debug());
         }
     }
     out

@@ -273,6 +273,16 @@ fn cli_bad_options_exit_2() {
         let o = cudalloc(&["stats", "--config", cfg, &trace]);
         assert_exit(&o, 2, "is too large", &format!("stats --config {cfg}"));
     }
+    // Malformed words whose digits overflow before the fault are malformed, not too large.
+    let o = cudalloc(&["replay", "--capacity=99999999999999999999999.5.5", &trace]);
+    assert_exit(&o, 2, "is not a byte count", "--capacity 999...9.5.5");
+    let o = cudalloc(&[
+        "replay",
+        "--config",
+        "max_chunk_mb:99999999999999999999x",
+        &trace,
+    ]);
+    assert_exit(&o, 2, "is not a non-negative integer", "--config 999...9x");
     let o = cudalloc(&["replay", "--policy", "pytorch", &trace]);
     assert_exit(&o, 2, "pytorch", "--policy pytorch");
     let o = cudalloc(&["frobnicate"]);

@@ -550,6 +550,24 @@ fn control_characters_in_a_field_are_shown_escaped() {
         e.message,
         format!("unknown action `{nuls}... (4096 bytes)`")
     );
+    // A backslash and an invisible character that is not a control character are escaped too,
+    // so that `12\034` as text and `12`, NUL, `34` do not look alike.
+    let e = read_err(
+        "bs.csv",
+        format!("{header}alloc,4096,12\\034,0,1\n").as_bytes(),
+    );
+    assert_eq!(
+        e.message,
+        "field `size` is not a non-negative integer: `12\\\\034`"
+    );
+    let e = read_err(
+        "zw.csv",
+        format!("{header}alloc,4096,12\u{200b}34,0,1\n").as_bytes(),
+    );
+    assert_eq!(
+        e.message,
+        "field `size` is not a non-negative integer: `12\\u{200b}34`"
+    );
     let long = "9".repeat(300);
     let e = read_err(
         "long.csv",
