@@ -451,6 +451,12 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (number, unit) = (&t[..split], t[split..].trim());
+    if !number.is_empty() && unit.starts_with(['e', 'E']) && unit[1..].starts_with(char::is_numeric)
+    {
+        return Err(format!(
+            "`{s}`: exponents are not read; write the bytes with a unit (e.g. 1GB, 1.5GiB)"
+        ));
+    }
     if unit.is_empty() {
         // Only digits can be too large (`1.5.5` past 64 bits is malformed, not large).
         let digits = number.bytes().all(|b| b.is_ascii_digit());

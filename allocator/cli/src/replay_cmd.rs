@@ -401,6 +401,9 @@ fn check_answers_recorded(traces: &[Trace], paths: &[PathBuf]) -> Result<(), Cli
 /// the driver the device itself says what it has.
 fn check_capacity(args: &ReplayArgs) -> Result<(), CliError> {
     match args.capacity {
+        Some(0) => Err(CliError::msg(
+            "--capacity 0 leaves no room for any allocation: every replay would fail at its first",
+        )),
         Some(c) if !args.cuda && c > DEVICE_CAPACITY => Err(CliError::msg(format!(
             "--capacity {} is more than the simulated H200 has ({}); replays are capped by the \
              device anyway",

@@ -329,20 +329,33 @@ pub fn trace_name(path: &Path) -> String {
 }
 
 /// Opens a file, decompressing gzip when its first bytes say so; a truncated or corrupt gzip
-/// stream, or data after it, is a read error that says so.
+/// stream, or data after it, is a read error that says so, and a gzip stream whose contents
+/// are gzip again (a file compressed twice) is an error at once.
 pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
     let f = std::fs::File::open(path).map_err(|e| TraceError::file(path, e.to_string()))?;
     let mut r = BufReader::with_capacity(1 << 16, f);
     let head = r
         .fill_buf()
         .map_err(|e| TraceError::file(path, e.to_string()))?;
-    if head.starts_with(&[0x1f, 0x8b]) {
-        let gz = gzip::Members::new(r);
-        Ok(Box::new(BufReader::with_capacity(1 << 16, gz)))
-    } else {
-        Ok(Box::new(r))
+    if !head.starts_with(&GZIP_MAGIC) {
+        return Ok(Box::new(r));
     }
+    let mut gz = BufReader::with_capacity(1 << 16, gzip::Members::new(r));
+    let inner = gz.fill_buf().map_err(|e| match gzip::cause(&e) {
+        Some(g) => TraceError::file(path, g.to_string()),
+        None => TraceError::file(path, format!("read failed: {e}")),
+    })?;
+    if inner.starts_with(&GZIP_MAGIC) {
+        return Err(TraceError::file(
+            path,
+            "compressed twice (a gzip stream inside a gzip stream): `gunzip` it once",
+        ));
+    }
+    Ok(Box::new(gz))
 }
+
+/// The first two bytes of a gzip member.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// UTF-8's byte order mark, which some editors write at the start of a text file.
 pub(crate) const BOM: &[u8] = b"\xef\xbb\xbf";

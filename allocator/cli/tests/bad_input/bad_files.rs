@@ -7,10 +7,12 @@
 //! What is tried:
 //! - Trace readers (`trace::read`, `csv::read`, `rmm::read`, `pytorch::read_snapshot`): an empty
 //!   file, a directory, a missing file, garbage bytes, a gzip truncated in the middle, gzip magic
-//!   followed by garbage, a gzip of garbage, a pickle of the wrong shape or truncated, a device
-//!   index that does not exist, non-UTF-8 lines, lines with fields missing or extra.
+//!   followed by garbage, a gzip of a gzip, a gzip of garbage, a pickle of the wrong shape or
+//!   truncated, a device index that does not exist, non-UTF-8 lines, lines with fields missing
+//!   or extra.
 //! - The `cudalloc` binary: each bad trace file above, bad `--config` strings, bad
-//!   `--capacity` values (negative, NaN, infinity, unknown unit, empty), an unknown subcommand and
+//!   `--capacity` values (negative, NaN, infinity, unknown unit, empty, zero, an exponent), an
+//!   unknown subcommand and
 //!   flag, a trace whose single request is `u64::MAX` bytes (exit 1: the replay fails with an
 //!   error, not a panic), and `--min-capacity` on a trace no cap can hold (it must finish).
 
@@ -63,6 +65,11 @@ fn bad_trace_files(dir: &Path) -> Vec<(PathBuf, &'static str)> {
             "magic_then_garbage.csv.gz",
             b"\x1f\x8b\x08garbage garbage".to_vec(),
             "",
+        ),
+        (
+            "twice.csv.gz",
+            gzip(&good),
+            "compressed twice (a gzip stream inside a gzip stream)",
         ),
         (
             "gzip_of_garbage.gz",
@@ -274,6 +281,18 @@ fn cli_bad_options_exit_2() {
         assert_exit(&o, 2, "is too large", &format!("stats --config {cfg}"));
     }
     // Malformed words whose digits overflow before the fault are malformed, not too large.
+    // A cap of nothing, and a number with an exponent, each named for what it is.
+    let o = cudalloc(&["replay", "--capacity=0", &trace]);
+    assert_exit(&o, 2, "leaves no room", "--capacity 0");
+    for cap in ["1e9B", "2E3GiB"] {
+        let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
+        assert_exit(
+            &o,
+            2,
+            "exponents are not read",
+            &format!("--capacity {cap:?}"),
+        );
+    }
     let o = cudalloc(&["replay", "--capacity=99999999999999999999999.5.5", &trace]);
     assert_exit(&o, 2, "is not a byte count", "--capacity 999...9.5.5");
     let o = cudalloc(&[
