@@ -451,8 +451,10 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (number, unit) = (&t[..split], t[split..].trim());
-    if !number.is_empty() && unit.starts_with(['e', 'E']) && unit[1..].starts_with(char::is_numeric)
-    {
+    let exponent = unit
+        .strip_prefix(['e', 'E'])
+        .map(|e| e.trim_start_matches(['+', '-']));
+    if !number.is_empty() && exponent.is_some_and(|e| e.starts_with(|c: char| c.is_ascii_digit())) {
         return Err(format!(
             "`{s}`: exponents are not read; write the bytes with a unit (e.g. 1GB, 1.5GiB)"
         ));

@@ -12,9 +12,9 @@
 //!   or extra.
 //! - The `cudalloc` binary: each bad trace file above, bad `--config` strings, bad
 //!   `--capacity` values (negative, NaN, infinity, unknown unit, empty, zero, an exponent), an
-//!   unknown subcommand and
-//!   flag, a trace whose single request is `u64::MAX` bytes (exit 1: the replay fails with an
-//!   error, not a panic), and `--min-capacity` on a trace no cap can hold (it must finish).
+//!   unknown subcommand and flag, a trace whose single request is `u64::MAX` bytes (exit 1: the
+//!   replay fails with an error, not a panic), and `--min-capacity` on a trace no cap can hold
+//!   (it must finish).
 
 use cudalloc_trace::{self as trace, csv, pytorch, rmm};
 use std::io::Write;
@@ -280,11 +280,10 @@ fn cli_bad_options_exit_2() {
         let o = cudalloc(&["stats", "--config", cfg, &trace]);
         assert_exit(&o, 2, "is too large", &format!("stats --config {cfg}"));
     }
-    // Malformed words whose digits overflow before the fault are malformed, not too large.
     // A cap of nothing, and a number with an exponent, each named for what it is.
     let o = cudalloc(&["replay", "--capacity=0", &trace]);
     assert_exit(&o, 2, "leaves no room", "--capacity 0");
-    for cap in ["1e9B", "2E3GiB"] {
+    for cap in ["1e9B", "2E3GiB", "1e+9B", "1E-3GiB"] {
         let o = cudalloc(&["replay", &format!("--capacity={cap}"), &trace]);
         assert_exit(
             &o,
@@ -293,6 +292,7 @@ fn cli_bad_options_exit_2() {
             &format!("--capacity {cap:?}"),
         );
     }
+    // Malformed words whose digits overflow before the fault are malformed, not too large.
     let o = cudalloc(&["replay", "--capacity=99999999999999999999999.5.5", &trace]);
     assert_exit(&o, 2, "is not a byte count", "--capacity 999...9.5.5");
     let o = cudalloc(&[
