@@ -341,10 +341,9 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
         return Ok(Box::new(r));
     }
     let mut gz = BufReader::with_capacity(1 << 16, gzip::Members::new(r));
-    let inner = gz.fill_buf().map_err(|e| match gzip::cause(&e) {
-        Some(g) => TraceError::file(path, g.to_string()),
-        None => TraceError::file(path, format!("read failed: {e}")),
-    })?;
+    let inner = gz
+        .fill_buf()
+        .map_err(|e| TraceError::file(path, e.to_string()))?;
     if inner.starts_with(&GZIP_MAGIC) {
         return Err(TraceError::file(
             path,
