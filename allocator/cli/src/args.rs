@@ -1,8 +1,8 @@
 //! The command line: subcommands, options, and the parsers of their values (policy names,
 //! config strings, byte counts with units).
 
+use crate::sweep::{self, Sweep};
 use clap::{Args, Parser, Subcommand};
-use cudalloc::config::DEFAULT_ONLY_KEYS;
 use cudalloc::{Config, Policy};
 use std::num::IntErrorKind;
 use std::path::PathBuf;
@@ -63,11 +63,18 @@ pub struct ReplayArgs {
     /// Add, after each policy or configuration (the `default` policy when none is given), one
     /// configuration per value of a key, that key alone changed: `max_chunk_mb=16,40,64` adds
     /// `...,max_chunk_mb:16` and so on (repeatable; each key is swept on its own, not crossed
-    /// with the others; a key only one policy reads, such as max_chunk_mb for `default` or
-    /// garbage_collection_threshold for `torch`, only after that policy's configurations). One
-    /// point of the memory / driver-call frontier per value.
-    #[arg(long = "sweep", value_name = "KEY=V1,V2,...", value_parser = parse_sweep)]
+    /// with the others, unless --cross; a key only one policy reads, such as max_chunk_mb for
+    /// `default` or garbage_collection_threshold for `torch`, only after that policy's
+    /// configurations). One point of the memory / driver-call frontier per value.
+    #[arg(long = "sweep", value_name = "KEY=V1,V2,...", value_parser = sweep::parse_sweep)]
     pub sweeps: Vec<Sweep>,
+
+    /// Cross the --sweep keys: after each policy or configuration, one configuration per
+    /// combination of their values (`--sweep max_chunk_mb=6,8 --sweep
+    /// fragmentation_budget=0.01,0.015 --cross` adds four) instead of one per value of each key
+    /// alone. A key swept twice is an error then.
+    #[arg(long, requires = "sweeps")]
+    pub cross: bool,
 
     /// Cap the pool at this many bytes (`80GiB`, `512MiB`, `1.5GB` or plain bytes) and report
     /// where a replay fails. Without it (and without per_process_memory_fraction in the
@@ -188,93 +195,8 @@ impl ReplayArgs {
         } else {
             vec![Variant::policy(Policy::Default)]
         };
-        let mut out = Vec::new();
-        let mut used = vec![false; self.sweeps.len()];
-        for base in bases {
-            let mut swept = Vec::new();
-            for (s, used) in self.sweeps.iter().zip(&mut used) {
-                // A key only one policy reads is swept after its configurations only.
-                if only_reader(&s.key).is_some_and(|p| p != base.cfg.policy()) {
-                    continue;
-                }
-                *used = true;
-                swept.extend(s.apply(&base)?);
-            }
-            out.push(base);
-            out.extend(swept);
-        }
-        if let Some((s, _)) = self.sweeps.iter().zip(&used).find(|(_, u)| !**u) {
-            let policy = only_reader(&s.key).map_or("", Policy::name);
-            return Err(format!(
-                "--sweep {}: the key applies to the `{policy}` policy only, and none of the \
-                 configurations asked for is one",
-                s.key
-            ));
-        }
-        Ok(out)
+        sweep::expand(bases, &self.sweeps, self.cross)
     }
-}
-
-/// The key a replay ignores under every policy but `torch`: only `torch`'s segments are ever
-/// garbage-collected (the expandable policies' blocks are not: `policy::torch::garbage_collect_cached_blocks`).
-pub const GARBAGE_COLLECTION_KEY: &str = "garbage_collection_threshold";
-
-/// The one policy that reads `key`, for a key only one policy reads.
-fn only_reader(key: &str) -> Option<Policy> {
-    if DEFAULT_ONLY_KEYS.contains(&key) {
-        Some(Policy::Default)
-    } else if key == GARBAGE_COLLECTION_KEY {
-        Some(Policy::Torch)
-    } else {
-        None
-    }
-}
-
-/// One key and the values `--sweep` replays it at.
-#[derive(Clone, Debug)]
-pub struct Sweep {
-    key: String,
-    values: Vec<String>,
-}
-
-impl Sweep {
-    /// `base` with the key set to each value in turn, labelled by a config string that gives
-    /// the same configuration (a swept `policy` stands first, in place of the base's: the label
-    /// names the policy replayed); an error when `base` refuses a value.
-    fn apply(&self, base: &Variant) -> Result<Vec<Variant>, String> {
-        self.values
-            .iter()
-            .map(|v| {
-                let entry = format!("{}:{v}", self.key);
-                let config = if self.key == "policy" {
-                    with_policy(&base.config, &entry)
-                } else {
-                    format!("{},{entry}", base.config)
-                };
-                // Parsed from the label itself, so that the label gives this configuration
-                // whatever the keys (`expandable_segments` is applied after the others).
-                let cfg = Config::parse(&config)
-                    .map_err(|e| format!("--sweep {entry} on `{}`: {e}", base.label))?;
-                Ok(Variant {
-                    label: config.clone(),
-                    cfg,
-                    config,
-                    without_policy: None,
-                })
-            })
-            .collect()
-    }
-}
-
-/// `config` with its `policy` entries dropped and `entry` (`policy:NAME`) first: the same
-/// configuration as `config,entry` (a policy key sets the policy alone, and
-/// `expandable_segments` applies after it wherever it stands).
-fn with_policy(config: &str, entry: &str) -> String {
-    let rest = entries(config).into_iter().filter(|e| !is_policy_entry(e));
-    std::iter::once(entry)
-        .chain(rest)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// The entries of a config string or a `--sweep` value list: split at the commas outside
@@ -336,9 +258,9 @@ pub struct Variant {
     /// The configuration.
     pub cfg: Config,
     /// A config string that gives `cfg` (`policy:NAME` for a policy), which `--sweep` extends.
-    config: String,
+    pub(crate) config: String,
     /// The string given, when it has no `policy` key (its policy is then `default`).
-    without_policy: Option<String>,
+    pub(crate) without_policy: Option<String>,
 }
 
 impl Variant {
@@ -366,7 +288,7 @@ impl Variant {
 }
 
 /// True for a config string entry whose key is `policy`.
-fn is_policy_entry(entry: &&str) -> bool {
+pub(crate) fn is_policy_entry(entry: &&str) -> bool {
     entry
         .split(':')
         .next()
@@ -375,32 +297,6 @@ fn is_policy_entry(entry: &&str) -> bool {
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
     Policy::parse(s).map_err(|e| e.message)
-}
-
-/// `KEY=V1,V2,...`; the values are split at commas outside brackets (a value may be a list,
-/// as `roundup_power2_divisions`' is), and each must be a valid value of the key.
-fn parse_sweep(s: &str) -> Result<Sweep, String> {
-    let (key, list) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}`: expected KEY=V1,V2,... (e.g. max_chunk_mb=16,40,64)"))?;
-    let key = key.trim().to_string();
-    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("`{s}`: `{key}` is not one config key"));
-    }
-    let values: Vec<String> = entries(list).iter().map(|v| v.trim().to_string()).collect();
-    if values.iter().any(String::is_empty) {
-        return Err(format!("`{s}`: an empty value for `{key}`"));
-    }
-    // Checked alone here, on `default` and on `torch` (a value one of them refuses may suit the
-    // other); `Sweep::apply` checks it again on each configuration it is swept from.
-    for v in &values {
-        let entry = format!("{key}:{v}");
-        let torch = Config::for_policy(cudalloc::Policy::Torch);
-        Config::parse(&entry)
-            .or_else(|e| Config::parse_onto(torch, &entry).map_err(|_| e))
-            .map_err(|e| e.to_string())?;
-    }
-    Ok(Sweep { key, values })
 }
 
 fn parse_variant(s: &str) -> Result<Variant, String> {
@@ -489,7 +385,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, parse_sweep, Cli, Command, ReplayArgs};
+    use super::{parse_bytes, Cli, Command, ReplayArgs};
+    use crate::sweep::parse_sweep;
     use clap::Parser;
     use cudalloc::{Config, Policy};
 
@@ -508,6 +405,65 @@ mod tests {
             .into_iter()
             .map(|v| v.label)
             .collect()
+    }
+
+    #[test]
+    fn a_crossed_sweep_adds_every_combination_after_each_base() {
+        let sweeps = [
+            "--sweep",
+            "max_chunk_mb=6,8",
+            "--sweep",
+            "fragmentation_budget=0.01,0.015",
+            "--sweep",
+            "max_split_size_mb=128",
+        ];
+        let args: Vec<&str> = ["--policy", "default", "--policy", "torch"]
+            .into_iter()
+            .chain(sweeps)
+            .chain(["--cross"])
+            .collect();
+        let v = replay_args(&args).variants().expect("valid variants");
+        let got: Vec<&str> = v.iter().map(|v| v.label.as_str()).collect();
+        let d = "policy:default";
+        let combo = |c: u32, b: &str| {
+            format!("{d},max_chunk_mb:{c},fragmentation_budget:{b},max_split_size_mb:128")
+        };
+        let want = [
+            "default".to_string(),
+            combo(6, "0.01"),
+            combo(6, "0.015"),
+            combo(8, "0.01"),
+            combo(8, "0.015"),
+            // `torch` reads only the key it shares with `default`.
+            "torch".into(),
+            "policy:torch,max_split_size_mb:128".into(),
+        ];
+        assert_eq!(got, want);
+        // Each added label gives its configuration (a base's is a policy's name).
+        for x in v.iter().filter(|x| x.label.contains(':')) {
+            let again = Config::parse(&x.label).expect("a label is a config string");
+            assert_eq!(again.policy_config(), x.cfg.policy_config(), "{}", x.label);
+        }
+        assert_eq!(v[4].cfg.pool().max_split_size, 128 << 20);
+        // One key alone crosses with nothing: the same as without --cross.
+        assert_eq!(
+            labels(&["--sweep", "max_chunk_mb=6,8", "--cross"]),
+            labels(&["--sweep", "max_chunk_mb=6,8"])
+        );
+        let twice = [
+            "--sweep",
+            "max_chunk_mb=6",
+            "--sweep",
+            "max_chunk_mb=8",
+            "--cross",
+        ];
+        let e = replay_args(&twice).variants().unwrap_err();
+        assert!(e.contains("`max_chunk_mb` is swept twice"), "{e}");
+        let argv = ["cudalloc", "replay", "--cross", "t.csv"];
+        assert!(
+            Cli::try_parse_from(argv).is_err(),
+            "--cross without --sweep"
+        );
     }
 
     #[test]

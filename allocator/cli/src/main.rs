@@ -19,6 +19,7 @@ mod progress;
 mod replay_cmd;
 mod stats_cmd;
 mod summary;
+mod sweep;
 
 use args::{Cli, Command};
 use clap::Parser;

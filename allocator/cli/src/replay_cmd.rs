@@ -1,11 +1,12 @@
 //! `cudalloc replay`: every trace under every configuration, reported as tables, JSON lines
 //! and optionally a plot.
 
-use crate::args::{ReplayArgs, Variant, GARBAGE_COLLECTION_KEY};
+use crate::args::{ReplayArgs, Variant};
 use crate::error::{say, CliError};
 use crate::progress::{Progress, LONG_OPS};
 use crate::report::{Report, Run};
 use crate::split::Split;
+use crate::sweep::GARBAGE_COLLECTION_KEY;
 use crate::{bundled, calls, json, plot, summary, table};
 use cudalloc::fmt::bytes;
 use cudalloc::{Config, Policy};
