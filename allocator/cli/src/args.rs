@@ -459,6 +459,31 @@ mod tests {
         ];
         let e = replay_args(&twice).variants().unwrap_err();
         assert!(e.contains("`max_chunk_mb` is swept twice"), "{e}");
+        // A swept policy is crossed first; a key only `default` reads skips `torch`'s rows.
+        assert_eq!(
+            labels(&[
+                "--sweep",
+                "max_chunk_mb=8",
+                "--sweep",
+                "policy=torch,default",
+                "--cross"
+            ]),
+            ["default", "policy:torch", "policy:default,max_chunk_mb:8"]
+        );
+        let many = [
+            "--sweep",
+            "max_chunk_mb=2,4,6,8",
+            "--sweep",
+            "max_split_size_mb=128,256,512",
+        ];
+        let values: Vec<String> = (1..=84).map(|i| format!("0.{i:03}")).collect();
+        let budget = format!("fragmentation_budget={}", values.join(","));
+        let args: Vec<&str> = many
+            .into_iter()
+            .chain(["--sweep", &budget, "--cross"])
+            .collect();
+        let e = replay_args(&args).variants().unwrap_err();
+        assert!(e.contains("more than 1000 combinations"), "{e}");
         let argv = ["cudalloc", "replay", "--cross", "t.csv"];
         assert!(
             Cli::try_parse_from(argv).is_err(),

@@ -8,41 +8,30 @@ use crate::args::{entries, is_policy_entry, Variant};
 use cudalloc::config::DEFAULT_ONLY_KEYS;
 use cudalloc::{Config, Policy};
 
+/// Most configurations `--cross` adds after one base: each replays every trace.
+pub const MAX_CROSSED: usize = 1000;
+
 /// `bases`, each followed by its swept configurations: one per value of each key alone, or
 /// with `cross` one per combination of the values of the keys it reads; an error when a base
-/// refuses a value, when a key only one policy reads applies to none of the bases, or when
-/// `cross` is given a key twice.
+/// refuses a value, when a key only one policy reads applies to none of the configurations,
+/// when `cross` is given a key twice or would add more than [`MAX_CROSSED`] after a base.
 pub fn expand(bases: Vec<Variant>, sweeps: &[Sweep], cross: bool) -> Result<Vec<Variant>, String> {
     if cross {
-        if let Some(twice) = sweeps
-            .iter()
-            .enumerate()
-            .find(|(i, s)| sweeps[..*i].iter().any(|t| t.key == s.key))
-        {
-            return Err(format!(
-                "--cross: `{}` is swept twice (give its values in one --sweep)",
-                twice.1.key
-            ));
-        }
+        check_cross(sweeps)?;
     }
     let mut out = Vec::new();
     let mut used = vec![false; sweeps.len()];
     for base in bases {
-        let mut applied = Vec::new();
-        for (s, used) in sweeps.iter().zip(&mut used) {
-            // A key only one policy reads is swept after its configurations only.
-            if only_reader(&s.key).is_some_and(|p| p != base.cfg.policy()) {
-                continue;
-            }
-            *used = true;
-            applied.push(s);
-        }
         let swept = if cross {
-            crossed(&base, &applied)?
+            crossed(&base, sweeps, &mut used)?
         } else {
             let mut one_at_a_time = Vec::new();
-            for s in applied {
-                one_at_a_time.extend(s.apply(&base)?);
+            for (s, used) in sweeps.iter().zip(&mut used) {
+                // A key only one policy reads is swept after its configurations only.
+                if s.reads(&base) {
+                    *used = true;
+                    one_at_a_time.extend(s.apply(&base, &base.label)?);
+                }
             }
             one_at_a_time
         };
@@ -60,25 +49,66 @@ pub fn expand(bases: Vec<Variant>, sweeps: &[Sweep], cross: bool) -> Result<Vec<
     Ok(out)
 }
 
-/// Every combination of the values of `sweeps` on `base`, the first key's values outermost;
-/// none without a key.
-fn crossed(base: &Variant, sweeps: &[&Sweep]) -> Result<Vec<Variant>, String> {
-    if sweeps.is_empty() {
-        return Ok(Vec::new());
+/// Refuses a key swept twice, and more combinations than [`MAX_CROSSED`].
+fn check_cross(sweeps: &[Sweep]) -> Result<(), String> {
+    if let Some((_, twice)) = sweeps
+        .iter()
+        .enumerate()
+        .find(|(i, s)| sweeps[..*i].iter().any(|t| t.key == s.key))
+    {
+        return Err(format!(
+            "--cross: `{}` is swept twice (give its values in one --sweep)",
+            twice.key
+        ));
     }
-    let mut combos = vec![base.clone()];
-    for s in sweeps {
+    let combinations = sweeps
+        .iter()
+        .try_fold(1usize, |n, s| n.checked_mul(s.values.len()))
+        .filter(|&n| n <= MAX_CROSSED);
+    match combinations {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "--cross: more than {MAX_CROSSED} combinations of the swept values, each replaying \
+             every trace: sweep fewer values"
+        )),
+    }
+}
+
+/// Every combination of the values of `sweeps` on `base`. The keys that change the policy
+/// (`policy`, `expandable_segments`) are crossed first, then the others in order, the first
+/// key's values outermost; a key only one policy reads is applied to the combinations of that
+/// policy alone (the others keep their configuration without it). `used` marks the keys
+/// applied to any combination. None when no key applies.
+fn crossed(base: &Variant, sweeps: &[Sweep], used: &mut [bool]) -> Result<Vec<Variant>, String> {
+    let mut order: Vec<usize> = (0..sweeps.len()).collect();
+    order.sort_by_key(|&i| !POLICY_KEYS.contains(&sweeps[i].key.as_str()));
+    let mut combos = vec![(base.clone(), false)];
+    for i in order {
+        let s = &sweeps[i];
         let mut next = Vec::with_capacity(combos.len() * s.values.len());
-        for c in &combos {
-            next.extend(s.apply(c)?);
+        for (c, changed) in combos {
+            if s.reads(&c) {
+                used[i] = true;
+                next.extend(s.apply(&c, &base.label)?.into_iter().map(|v| (v, true)));
+            } else {
+                next.push((c, changed));
+            }
         }
         combos = next;
     }
-    Ok(combos)
+    Ok(combos
+        .into_iter()
+        .filter(|(_, changed)| *changed)
+        .map(|(v, _)| v)
+        .collect())
 }
 
+/// The keys whose value decides the policy a configuration runs.
+const POLICY_KEYS: [&str; 2] = ["policy", "expandable_segments"];
+
 /// The key a replay ignores under every policy but `torch`: only `torch`'s segments are ever
-/// garbage-collected (the expandable policies' blocks are not: `policy::torch::garbage_collect_cached_blocks`).
+/// garbage-collected (the expandable policies' blocks are not:
+/// `policy::torch::garbage_collect_cached_blocks`).
 pub const GARBAGE_COLLECTION_KEY: &str = "garbage_collection_threshold";
 
 /// The one policy that reads `key`, for a key only one policy reads.
@@ -100,10 +130,16 @@ pub struct Sweep {
 }
 
 impl Sweep {
+    /// Whether the policy `v` runs reads this key (every key but those only one policy reads).
+    fn reads(&self, v: &Variant) -> bool {
+        only_reader(&self.key).is_none_or(|p| p == v.cfg.policy())
+    }
+
     /// `base` with the key set to each value in turn, labelled by a config string that gives
     /// the same configuration (a swept `policy` stands first, in place of the base's: the label
-    /// names the policy replayed); an error when `base` refuses a value.
-    fn apply(&self, base: &Variant) -> Result<Vec<Variant>, String> {
+    /// names the policy replayed); an error, naming the configuration `named`, when `base`
+    /// refuses a value.
+    fn apply(&self, base: &Variant, named: &str) -> Result<Vec<Variant>, String> {
         self.values
             .iter()
             .map(|v| {
@@ -116,7 +152,7 @@ impl Sweep {
                 // Parsed from the label itself, so that the label gives this configuration
                 // whatever the keys (`expandable_segments` is applied after the others).
                 let cfg = Config::parse(&config)
-                    .map_err(|e| format!("--sweep {entry} on `{}`: {e}", base.label))?;
+                    .map_err(|e| format!("--sweep {entry} on `{named}`: {e}"))?;
                 Ok(Variant {
                     label: config.clone(),
                     cfg,

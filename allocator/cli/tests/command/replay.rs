@@ -432,6 +432,44 @@ fn a_sweep_replays_the_default_and_each_value() {
     assert!(stderr(&bad).contains("max_chunk_mbs"), "{}", stderr(&bad));
 }
 
+/// `--cross` replays every combination of the swept keys, and each label, given to `--config`,
+/// replays to the same figures as its row.
+#[test]
+fn a_crossed_sweep_replays_each_combination_as_its_label_says() {
+    let args = [
+        "replay",
+        "--json",
+        "--sweep",
+        "max_chunk_mb=6,16",
+        "--sweep",
+        "fragmentation_budget=0.01",
+        "--cross",
+    ];
+    let o = cudalloc(&[&args[..], &[bert().as_str()]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let lines = json_lines(&o);
+    let labels: Vec<&str> = lines
+        .iter()
+        .map(|v| v["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "default",
+            "policy:default,max_chunk_mb:6,fragmentation_budget:0.01",
+            "policy:default,max_chunk_mb:16,fragmentation_budget:0.01",
+        ]
+    );
+    let figures = |v: &serde_json::Value| {
+        ["peak_reserved_bytes", "device_maps", "device_unmaps"].map(|k| v[k].as_u64().unwrap())
+    };
+    for row in &lines[1..] {
+        let label = row["policy"].as_str().unwrap();
+        let again = cudalloc(&["replay", "--json", "--config", label, &bert()]);
+        assert_eq!(figures(&json_lines(&again)[0]), figures(row), "{label}");
+    }
+}
+
 /// A trace's `oom` events (allocations that failed when it was recorded) are counted and named
 /// as not replayed, in the header line and as `--json`'s `recorded_ooms` (0 for a trace with
 /// none).
