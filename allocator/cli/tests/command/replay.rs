@@ -5,7 +5,8 @@
 //! the device running behind (`--device-lag`: pages moved, bytes given back and taken back).
 
 use super::run::{
-    bert, bundled, csv_trace, cudalloc, cudalloc_in, json_lines, scratch, stderr, stdout,
+    bert, bundled, csv_trace, cudalloc, cudalloc_in, json_lines, policy_labels, scratch, stderr,
+    stdout,
 };
 use serde_json::json;
 
@@ -49,10 +50,7 @@ fn json_has_exactly_the_keys_and_the_torch_figures() {
     let o = cudalloc(&["replay", "--json", &bert()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lines = json_lines(&o);
-    let policies: Vec<&str> = lines
-        .iter()
-        .map(|v| v["policy"].as_str().unwrap())
-        .collect();
+    let policies = policy_labels(&lines);
     assert_eq!(policies, ["torch", "torch-expandable", "default"]);
     for v in &lines {
         let obj = v.as_object().unwrap();
@@ -417,10 +415,7 @@ fn a_sweep_replays_the_default_and_each_value() {
     let o = cudalloc(&["replay", "--json", "--sweep", "max_chunk_mb=16", &bert()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lines = json_lines(&o);
-    let labels: Vec<&str> = lines
-        .iter()
-        .map(|v| v["policy"].as_str().unwrap())
-        .collect();
+    let labels = policy_labels(&lines);
     assert_eq!(labels, ["default", "policy:default,max_chunk_mb:16"]);
     let maps = |v: &serde_json::Value| v["device_maps"].as_u64().unwrap();
     assert!(
@@ -448,10 +443,7 @@ fn a_crossed_sweep_replays_each_combination_as_its_label_says() {
     let o = cudalloc(&[&args[..], &[bert().as_str()]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lines = json_lines(&o);
-    let labels: Vec<&str> = lines
-        .iter()
-        .map(|v| v["policy"].as_str().unwrap())
-        .collect();
+    let labels = policy_labels(&lines);
     assert_eq!(
         labels,
         [

@@ -48,6 +48,14 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The `policy` label of each `--json` line, in order.
+pub fn policy_labels(lines: &[serde_json::Value]) -> Vec<&str> {
+    lines
+        .iter()
+        .map(|v| v["policy"].as_str().expect("a policy label"))
+        .collect()
+}
+
 pub fn json_lines(o: &Output) -> Vec<serde_json::Value> {
     stdout(o)
         .lines()
