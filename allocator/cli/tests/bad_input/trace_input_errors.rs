@@ -521,23 +521,31 @@ fn any_all_digit_number_too_large_overflows_64_bits() {
 #[test]
 fn control_characters_in_a_field_are_shown_escaped() {
     let header = "action,addr,size,stream,time_us\n";
-    let e = read_err(
-        "nul.csv",
-        format!("{header}alloc,4096,12\x0034,0,1\n").as_bytes(),
-    );
-    assert_eq!(e.line, Some(2));
-    assert_eq!(
-        e.message,
-        "field `size` is not a non-negative integer: `12\\034`"
-    );
-    let e = read_err(
-        "rs.csv",
-        format!("{header}alloc,4096,1,0,17\x1e96\n").as_bytes(),
-    );
-    assert_eq!(
-        e.message,
-        "field `time_us` is not a non-negative integer: `17\\u{1e}96`"
-    );
+    let not_int = "is not a non-negative integer";
+    // A NUL and a record separator between digits; a backslash and an invisible character that
+    // is not a control character are escaped too, so that `12\034` as text and `12`, NUL, `34`
+    // do not look alike.
+    let fields = [
+        ("nul.csv", "alloc,4096,12\x0034,0,1", "size", "`12\\034`"),
+        (
+            "rs.csv",
+            "alloc,4096,1,0,17\x1e96",
+            "time_us",
+            "`17\\u{1e}96`",
+        ),
+        ("bs.csv", "alloc,4096,12\\034,0,1", "size", "`12\\\\034`"),
+        (
+            "zw.csv",
+            "alloc,4096,12\u{200b}34,0,1",
+            "size",
+            "`12\\u{200b}34`",
+        ),
+    ];
+    for (name, line, field, shown) in fields {
+        let e = read_err(name, format!("{header}{line}\n").as_bytes());
+        assert_eq!(e.line, Some(2), "{name}");
+        assert_eq!(e.message, format!("field `{field}` {not_int}: {shown}"));
+    }
     let padded = [
         format!("{header}alloc,4096,1,0,1\n").as_bytes(),
         &[0u8; 4096],
@@ -549,24 +557,6 @@ fn control_characters_in_a_field_are_shown_escaped() {
     assert_eq!(
         e.message,
         format!("unknown action `{nuls}... (4096 bytes)`")
-    );
-    // A backslash and an invisible character that is not a control character are escaped too,
-    // so that `12\034` as text and `12`, NUL, `34` do not look alike.
-    let e = read_err(
-        "bs.csv",
-        format!("{header}alloc,4096,12\\034,0,1\n").as_bytes(),
-    );
-    assert_eq!(
-        e.message,
-        "field `size` is not a non-negative integer: `12\\\\034`"
-    );
-    let e = read_err(
-        "zw.csv",
-        format!("{header}alloc,4096,12\u{200b}34,0,1\n").as_bytes(),
-    );
-    assert_eq!(
-        e.message,
-        "field `size` is not a non-negative integer: `12\\u{200b}34`"
     );
     let long = "9".repeat(300);
     let e = read_err(
