@@ -55,6 +55,7 @@ pub mod policy;
 mod pool;
 pub mod record;
 mod restore;
+mod retry;
 mod settings;
 pub mod share;
 pub mod sizes;

@@ -55,25 +55,15 @@ fn address(ptr: *mut c_void) -> u64 {
 
 /// Allocates on `dev`, in the calling thread's tag if it has one (`tags`), through the tracer
 /// for device 0 (the only one traces record). Out of memory gives the memory of retired private
-/// pools back to the driver and tries once more.
+/// pools back to the driver and tries once more, as part of the same allocation (one
+/// out-of-memory event in the statistics and in a trace).
 fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
     let tag = tags::current();
-    let once = || {
-        if dev.ordinal == 0 {
-            TRACER.allocate(&dev.alloc, size, stream, tag.as_deref())
-        } else {
-            tags::allocate(&dev.alloc, size, stream, tag.as_deref())
-        }
-    };
-    match once() {
-        Err(e) if malloc_error_kind(&e) == ErrorKind::OutOfMemory => {
-            if dev.pools.empty_retired(None).unwrap_or(false) {
-                once()
-            } else {
-                Err(e)
-            }
-        }
-        other => other,
+    let release = || dev.pools.empty_retired(None).unwrap_or(false);
+    if dev.ordinal == 0 {
+        TRACER.allocate_releasing(&dev.alloc, size, stream, tag.as_deref(), &release)
+    } else {
+        tags::allocate(&dev.alloc, size, stream, tag.as_deref(), &release)
     }
 }
 

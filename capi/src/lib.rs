@@ -40,6 +40,8 @@ mod api;
 mod error;
 pub mod json;
 pub mod memory_snapshot;
+#[cfg(test)]
+mod oom_retry_tests;
 mod pool_api;
 mod pools;
 mod registry;

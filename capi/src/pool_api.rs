@@ -56,8 +56,7 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
             return Ok(std::ptr::null_mut());
         }
         let stream = StreamId(stream as usize as u64);
-        let once = || dev.pools.allocate(id, size as u64, stream);
-        let a = match once() {
+        let a = match dev.pools.allocate(id, size as u64, stream) {
             // The device's cap counts its allocator and its pools together: the memory the
             // allocator and the retired pools cache goes back (not during a capture, where
             // `empty_cache` refuses), and the pool tries once more.
@@ -65,7 +64,7 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
                 let cached = dev.alloc.empty_cache().is_ok();
                 let retired = dev.pools.empty_retired(None).unwrap_or(false);
                 if cached || retired {
-                    once()
+                    dev.pools.allocate_again(id, size as u64, stream)
                 } else {
                     Err(f)
                 }

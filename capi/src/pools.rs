@@ -200,6 +200,26 @@ impl<D: Device> Pools<D> {
 
     /// Allocates from pool `id`, which must be in use.
     pub fn allocate(&self, id: PoolId, size: u64, stream: StreamId) -> Result<Allocation, Failure> {
+        self.allocate_in(id, |a| a.allocate(size, stream))
+    }
+
+    /// [`Pools::allocate`] tried again after memory elsewhere was given back, as part of the
+    /// same allocation ([`CachingAllocator::allocate_again`]).
+    pub fn allocate_again(
+        &self,
+        id: PoolId,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Allocation, Failure> {
+        self.allocate_in(id, |a| a.allocate_again(size, stream))
+    }
+
+    /// Runs `f` on pool `id`'s allocator while the pool is in use.
+    fn allocate_in(
+        &self,
+        id: PoolId,
+        f: impl FnOnce(&CachingAllocator<D>) -> Result<Allocation, AllocError>,
+    ) -> Result<Allocation, Failure> {
         let active = self.active.lock();
         let pool = active.get(&id).map(|(p, _)| p.clone()).ok_or_else(|| {
             Failure::from(format!("no private pool {id:?} in use on this device"))
@@ -208,7 +228,7 @@ impl<D: Device> Pools<D> {
         // `empty_retired` can drop it between the lookup and the allocation.
         let _in_flight = pool.busy.read();
         drop(active);
-        pool.alloc.allocate(size, stream).map_err(|e| Failure {
+        f(&pool.alloc).map_err(|e| Failure {
             kind: crate::api::malloc_error_kind(&e),
             message: e.to_string(),
         })

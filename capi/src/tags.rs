@@ -7,6 +7,8 @@
 //! A tag is 1 to [`MAX_TAG`] bytes of UTF-8 without a comma or a control character (so that a
 //! list and the JSON of `cudalloc_tag_stats_json` spell it unambiguously).
 
+use crate::api::malloc_error_kind;
+use crate::error::ErrorKind;
 use cudalloc_core::{AllocError, Allocation, CachingAllocator};
 use cudalloc_sys::ffi::CStrArg;
 use cudalloc_sys::{Device, StreamId};
@@ -96,16 +98,32 @@ pub(crate) fn list(arg: CStrArg<'_>, what: &str) -> Result<Vec<String>, String> 
         .collect()
 }
 
-/// Allocates `size` bytes on `stream` in this thread's tag, or untagged without one.
+/// Allocates `size` bytes on `stream` in this thread's tag, or untagged without one. Out of
+/// memory, `release` gives back memory held elsewhere on the device (true when it gave any),
+/// and then the allocation tries once more, as part of the same allocation
+/// ([`CachingAllocator::allocate_again`]: one out-of-memory event however many tries).
 pub fn allocate<D: Device>(
     alloc: &CachingAllocator<D>,
     size: u64,
     stream: StreamId,
     tag: Option<&str>,
+    release: &dyn Fn() -> bool,
 ) -> Result<Allocation, AllocError> {
-    match tag {
+    let first = match tag {
         Some(t) => alloc.allocate_tagged(size, stream, t),
         None => alloc.allocate(size, stream),
+    };
+    match first {
+        Err(e) if malloc_error_kind(&e) == ErrorKind::OutOfMemory => {
+            if !release() {
+                return Err(e);
+            }
+            match tag {
+                Some(t) => alloc.allocate_tagged_again(size, stream, t),
+                None => alloc.allocate_again(size, stream),
+            }
+        }
+        other => other,
     }
 }
 

@@ -382,12 +382,26 @@ impl Tracer {
         stream: StreamId,
         tag: Option<&str>,
     ) -> Result<Allocation, AllocError> {
+        self.allocate_releasing(alloc, size, stream, tag, &|| false)
+    }
+
+    /// [`Tracer::allocate`] that, out of memory, runs `release` and tries once more when it
+    /// gave memory back ([`crate::tags::allocate`]): the trace records the allocation once,
+    /// with the last try's outcome.
+    pub fn allocate_releasing<D: Device>(
+        &self,
+        alloc: &Traced<D>,
+        size: u64,
+        stream: StreamId,
+        tag: Option<&str>,
+        release: &dyn Fn() -> bool,
+    ) -> Result<Allocation, AllocError> {
         if !self.on.load(Ordering::Relaxed) {
-            return crate::tags::allocate(alloc, size, stream, tag);
+            return crate::tags::allocate(alloc, size, stream, tag, release);
         }
         let mut state = self.state.lock();
         let file = state.recording.as_ref().is_some_and(|r| !r.is_history());
-        let call = || crate::tags::allocate(alloc, size, stream, tag);
+        let call = || crate::tags::allocate(alloc, size, stream, tag, release);
         let (result, answers) = recorded(alloc, file, call);
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);

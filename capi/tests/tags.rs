@@ -135,10 +135,10 @@ fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device
     let s = StreamId(4);
     let w = c("weights");
     assert_eq!(cudalloc_tag_push(CStrArg::new(&w)), 0);
-    let a = tags::allocate(&alloc, 3 << 20, s, tags::current().as_deref()).unwrap();
+    let a = tags::allocate(&alloc, 3 << 20, s, tags::current().as_deref(), &|| false).unwrap();
     assert_eq!(cudalloc_tag_pop(), 0);
-    let plain = tags::allocate(&alloc, 1 << 20, s, tags::current().as_deref()).unwrap();
-    let gone = tags::allocate(&alloc, 1 << 20, s, Some("weights")).unwrap();
+    let plain = tags::allocate(&alloc, 1 << 20, s, tags::current().as_deref(), &|| false).unwrap();
+    let gone = tags::allocate(&alloc, 1 << 20, s, Some("weights"), &|| false).unwrap();
     let bytes: Vec<u8> = (0..a.size()).map(|i| (i * 7 % 251) as u8).collect();
     dev.write(a.ptr(), &bytes).unwrap();
 

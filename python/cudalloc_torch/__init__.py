@@ -470,14 +470,26 @@ def _stop_at_exit():
             print(f"cudalloc_torch: {msg}", file=sys.stderr)
 
 
+_MAX_TAG_BYTES = 255
+
+
 def _tag_name(name):
-    """``name`` as the library takes it (UTF-8 bytes); a tag that is not a non-empty ``str``
-    without a comma raises ``ValueError`` (a comma would split it in a list)."""
+    """``name`` as the library takes it (UTF-8 bytes); a tag that is not a non-empty ``str`` of
+    at most 255 bytes of UTF-8 without a comma or a control character raises ``ValueError`` (a
+    comma would split it in a list; a NUL would cut it short on its way to the library)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a tag is a non-empty str, not {name!r}")
     if "," in name:
         raise ValueError(f"tag {name!r}: a tag has no comma (commas separate the tags of a list)")
-    return name.encode("utf-8")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise ValueError(f"tag {name!r}: a tag has no control character")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"tag {name!r} is not valid UTF-8 (a lone surrogate)") from None
+    if len(encoded) > _MAX_TAG_BYTES:
+        raise ValueError(f"tag {name[:20]!r}...: a tag is at most 255 bytes of UTF-8, not {len(encoded)}")
+    return encoded
 
 
 def _tag_list(tags, what):

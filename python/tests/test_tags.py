@@ -66,29 +66,35 @@ class Tags(unittest.TestCase):
         out = run(
             """
             import cudalloc_torch as ct
-            for bad in ["", "a,b", "x" * 300, "tab\\there", 7]:
+            for bad in ["", "a,b", "x" * 300, "tab\\there", 7, "a\\x00b"]:
                 try:
                     with ct.tag(bad):
                         print("accepted", bad)
                 except ValueError as e:
                     print("refused", str(e)[-60:])
             print("depth", ct.load().cudalloc_tag_depth())
-            for tags in [["weights", "a,b"], [3], None]:
+            for tags in [["weights", "a,b"], [3], None, ["tab\\there"], ["x" * 300]]:
                 try:
                     ct.sleep(tags)
+                except ValueError as e:
+                    print("list", str(e)[:40])
+            for call in (lambda: ct.wake(["x" * 300]), lambda: ct.sleep(["w"], offload=["a\\nb"])):
+                try:
+                    call()
                 except ValueError as e:
                     print("list", str(e)[:40])
             """
         )
         lines = out.splitlines()
         refused = [l for l in lines if l.startswith("refused")]
-        self.assertEqual(len(refused), 5, out)
+        self.assertEqual(len(refused), 6, out)
         self.assertIn("comma", refused[1])
         self.assertIn("255 bytes", refused[2])
         self.assertIn("control", refused[3])
+        self.assertIn("control", refused[5])  # a NUL is refused, not cut short
         self.assertIn("depth 0", lines)
         lists = [l for l in lines if l.startswith("list")]
-        self.assertEqual(len(lists), 3, out)
+        self.assertEqual(len(lists), 7, out)
         self.assertIn("'a,b'", lists[0])
 
     def test_without_a_gpu_sleep_wake_and_stats_say_why(self):

@@ -1,0 +1,92 @@
+//! An allocation that runs out of memory, gives back memory held elsewhere and tries once more
+//! counts one out-of-memory event, and none when the second try succeeds
+//! (`tags::allocate`, `Pools::allocate_again`; `api::allocate` and `pool_api::malloc` retry
+//! through them).
+
+use crate::json::{torch_values, TORCH_VALUES};
+use crate::pools::{PoolId, Pools};
+use cudalloc_core::{CachingAllocator, Config};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+
+const S: StreamId = StreamId(7);
+const POOL: PoolId = (0, 1);
+type Alloc = CachingAllocator<SimDevice>;
+
+fn device(capacity: u64) -> Alloc {
+    let sim = SimDevice::new(SimConfig::with_capacity(capacity));
+    CachingAllocator::new(sim, Config::parse("policy:default").unwrap())
+}
+
+/// `torch.cuda.memory_stats()["num_ooms"]` as `cudalloc_device_stats` builds it.
+fn num_ooms(device: &Alloc, pools: &Pools<SimDevice>) -> i64 {
+    let mut v = torch_values(device);
+    pools.add_torch_values(&mut v);
+    v[TORCH_VALUES - 5]
+}
+
+/// A device of `capacity` bytes with private pool `POOL` in use.
+fn with_pool(capacity: u64) -> (Alloc, Pools<SimDevice>) {
+    let (device, pools) = (device(capacity), Pools::<SimDevice>::default());
+    pools.acquire(POOL, || Ok(device.graph_pool())).unwrap();
+    (device, pools)
+}
+
+/// Retires `POOL` with `cached` bytes cached in it (and 1 MiB still live, so it stays).
+fn retire_with_cached(device: &Alloc, pools: &Pools<SimDevice>, cached: u64) {
+    let a = pools.allocate(POOL, cached, S).unwrap();
+    let _live = pools.allocate(POOL, 1 << 20, S).unwrap();
+    pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
+    pools.release(POOL).unwrap();
+    assert_eq!(num_ooms(device, pools), 0);
+}
+
+#[test]
+fn an_allocation_that_fails_after_a_release_counts_one_oom() {
+    let (device, pools) = with_pool(1 << 30);
+    let release = || true;
+    for tag in [None, Some("weights")] {
+        let before = num_ooms(&device, &pools);
+        let r = crate::tags::allocate(&device, 4 << 30, S, tag, &release);
+        assert!(r.is_err(), "{tag:?}");
+        assert_eq!(num_ooms(&device, &pools), before + 1, "{tag:?}");
+    }
+}
+
+#[test]
+fn an_allocation_that_succeeds_after_a_release_counts_no_oom() {
+    let (device, pools) = with_pool(64 << 20);
+    retire_with_cached(&device, &pools, 40 << 20);
+    let release = || pools.empty_retired(None).unwrap_or(false);
+    let a = crate::tags::allocate(&device, 40 << 20, S, None, &release);
+    assert!(a.is_ok(), "the retired pool's 40 MiB went back: {a:?}");
+    assert_eq!(num_ooms(&device, &pools), 0);
+}
+
+#[test]
+fn nothing_released_means_no_second_try() {
+    let (device, pools) = with_pool(1 << 30);
+    let tries = std::cell::Cell::new(0);
+    let release = || {
+        tries.set(tries.get() + 1);
+        false
+    };
+    assert!(crate::tags::allocate(&device, 4 << 30, S, None, &release).is_err());
+    assert_eq!((tries.get(), num_ooms(&device, &pools)), (1, 1));
+}
+
+#[test]
+fn a_private_pool_tried_again_counts_one_oom_or_none() {
+    let (device, pools) = with_pool(64 << 20);
+    assert!(pools.allocate(POOL, 4 << 30, S).is_err());
+    assert!(pools.allocate_again(POOL, 4 << 30, S).is_err());
+    assert_eq!(num_ooms(&device, &pools), 1);
+    // The main allocator caches 40 MiB that the pool then lacks; emptied, the pool's second
+    // try fits and takes its first try's event back.
+    let a = device.allocate(40 << 20, S).unwrap();
+    device.free(a).unwrap();
+    assert!(pools.allocate(POOL, 40 << 20, S).is_err());
+    assert_eq!(num_ooms(&device, &pools), 2);
+    device.empty_cache().unwrap();
+    assert!(pools.allocate_again(POOL, 40 << 20, S).is_ok());
+    assert_eq!(num_ooms(&device, &pools), 1);
+}
