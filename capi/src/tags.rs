@@ -100,8 +100,7 @@ pub(crate) fn list(arg: CStrArg<'_>, what: &str) -> Result<Vec<String>, String> 
 
 /// Allocates `size` bytes on `stream` in this thread's tag, or untagged without one. Out of
 /// memory, `release` gives back memory held elsewhere on the device (true when it gave any),
-/// and then the allocation tries once more, as part of the same allocation
-/// ([`CachingAllocator::allocate_again`]: one out-of-memory event however many tries).
+/// and then the allocation tries once more, as part of the same allocation ([`with_retry`]).
 pub fn allocate<D: Device>(
     alloc: &CachingAllocator<D>,
     size: u64,
@@ -109,19 +108,43 @@ pub fn allocate<D: Device>(
     tag: Option<&str>,
     release: &dyn Fn() -> bool,
 ) -> Result<Allocation, AllocError> {
-    let first = match tag {
-        Some(t) => alloc.allocate_tagged(size, stream, t),
-        None => alloc.allocate(size, stream),
-    };
-    match first {
+    with_retry(
+        |again| allocate_once(alloc, size, stream, tag, again),
+        release,
+    )
+}
+
+/// One try of [`allocate`]: the first, or (`again`) the second, after memory elsewhere was given
+/// back ([`CachingAllocator::allocate_again`]: it counts no out-of-memory event of its own, and
+/// takes back the first try's when it succeeds).
+pub fn allocate_once<D: Device>(
+    alloc: &CachingAllocator<D>,
+    size: u64,
+    stream: StreamId,
+    tag: Option<&str>,
+    again: bool,
+) -> Result<Allocation, AllocError> {
+    match (tag, again) {
+        (Some(t), false) => alloc.allocate_tagged(size, stream, t),
+        (Some(t), true) => alloc.allocate_tagged_again(size, stream, t),
+        (None, false) => alloc.allocate(size, stream),
+        (None, true) => alloc.allocate_again(size, stream),
+    }
+}
+
+/// `attempt(false)`; when that runs out of memory and `release` gives memory back, then
+/// `attempt(true)`, whose outcome is returned. `release` runs between the tries, so a caller can
+/// keep what it records of each try apart from the release's own driver calls.
+pub fn with_retry<T>(
+    mut attempt: impl FnMut(bool) -> Result<T, AllocError>,
+    release: &dyn Fn() -> bool,
+) -> Result<T, AllocError> {
+    match attempt(false) {
         Err(e) if malloc_error_kind(&e) == ErrorKind::OutOfMemory => {
             if !release() {
                 return Err(e);
             }
-            match tag {
-                Some(t) => alloc.allocate_tagged_again(size, stream, t),
-                None => alloc.allocate_again(size, stream),
-            }
+            attempt(true)
         }
         other => other,
     }

@@ -387,7 +387,8 @@ impl Tracer {
 
     /// [`Tracer::allocate`] that, out of memory, runs `release` and tries once more when it
     /// gave memory back ([`crate::tags::allocate`]): the trace records the allocation once,
-    /// with the last try's outcome.
+    /// with the last try's outcome and the answers the device gave in both tries (not those of
+    /// the release, whose driver calls are other allocators').
     pub fn allocate_releasing<D: Device>(
         &self,
         alloc: &Traced<D>,
@@ -401,8 +402,14 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         let file = state.recording.as_ref().is_some_and(|r| !r.is_history());
-        let call = || crate::tags::allocate(alloc, size, stream, tag, release);
-        let (result, answers) = recorded(alloc, file, call);
+        let mut answers = Vec::new();
+        let attempt = |again| {
+            let call = || crate::tags::allocate_once(alloc, size, stream, tag, again);
+            let (result, given) = recorded(alloc, file, call);
+            answers.extend(given);
+            result
+        };
+        let result = crate::tags::with_retry(attempt, release);
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
             r.answered(&answers, result.is_ok());

@@ -522,3 +522,44 @@ fn a_failed_allocation_writes_no_answers() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A traced allocation that runs out of memory, has another allocator's cache given back and
+/// tries again is one line of the trace (`oom` when the second try fails, `alloc` when it fits)
+/// and one out-of-memory event at most.
+#[test]
+fn a_retried_allocation_is_one_line() {
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-retry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.csv");
+    let alloc = allocator_for(cudalloc_core::Policy::Default);
+    let pool = alloc.graph_pool();
+    let t = Tracer::new();
+    let s = StreamId(7);
+    t.start(&path, Some(&alloc)).unwrap();
+    let released = std::cell::Cell::new(0);
+    let release = || {
+        released.set(released.get() + 1);
+        pool.empty_cache().unwrap();
+        true
+    };
+    assert!(t
+        .allocate_releasing(&alloc, 4 << 30, s, None, &release)
+        .is_err());
+    let cached = pool.allocate(900 << 20, s).unwrap();
+    pool.free(cached).unwrap();
+    let a = t
+        .allocate_releasing(&alloc, 600 << 20, s, None, &release)
+        .expect("fits once the pool's cache went back");
+    t.free(&alloc, a.ptr()).unwrap();
+    t.stop(Some(&alloc)).unwrap();
+    assert_eq!(released.get(), 2);
+    let actions: Vec<String> = lines(&path)[1..]
+        .iter()
+        .map(|l| l.split(',').next().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        actions,
+        ["oom", "alloc", "free_requested", "free_completed"]
+    );
+    assert_eq!(alloc.stats().num_ooms, 1);
+}
