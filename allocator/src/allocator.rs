@@ -328,7 +328,7 @@ impl<D: Device> CachingAllocator<D> {
         self.pool_allocate(size, stream, Try::Cached)
     }
 
-    pub(crate) fn try_allocate(
+    fn try_allocate(
         &self,
         size: u64,
         stream: StreamId,
@@ -677,7 +677,7 @@ impl<D: Device> Drop for CachingAllocator<D> {
 
 /// How a pool is asked for a block.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Try {
+enum Try {
     /// From cached blocks only.
     Cached,
     /// Growing the pool when needed, through its out-of-memory ladder.

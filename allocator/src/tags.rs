@@ -181,7 +181,7 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    pub(crate) fn try_allocate_tagged(
+    fn try_allocate_tagged(
         &self,
         size: u64,
         stream: StreamId,

@@ -90,3 +90,46 @@ fn a_private_pool_tried_again_counts_one_oom_or_none() {
     assert!(pools.allocate_again(POOL, 40 << 20, S).is_ok());
     assert_eq!(num_ooms(&device, &pools), 1);
 }
+
+/// The second try is a whole allocation: it finds memory freed during the release into another
+/// stream's pool, or (for a tag) into the untagged pools, and counts no out-of-memory event.
+#[test]
+fn a_second_try_finds_memory_freed_elsewhere_during_the_release() {
+    for (tag, other) in [(None, StreamId(8)), (Some("w"), S)] {
+        let (device, pools) = with_pool(64 << 20);
+        let held = device.allocate(40 << 20, other).unwrap();
+        let freed = std::cell::Cell::new(Some(held));
+        let release = || {
+            device.free(freed.take().unwrap()).unwrap();
+            true
+        };
+        let r = crate::tags::allocate(&device, 40 << 20, S, tag, &release);
+        assert!(r.is_ok(), "{tag:?}: {r:?}");
+        assert_eq!(num_ooms(&device, &pools), 0, "{tag:?}");
+    }
+}
+
+/// ... and a block another thread freed into its thread cache meanwhile.
+#[test]
+fn a_second_try_finds_a_block_another_thread_cached_during_the_release() {
+    let (device, pools) = with_pool(8 << 20);
+    let mut held = Vec::new();
+    while let Ok(a) = device.allocate(512 << 10, S) {
+        held.push(a);
+    }
+    let freed = std::cell::Cell::new(held.pop());
+    let release = || {
+        let a = freed.take().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| device.free(a).unwrap());
+        });
+        true
+    };
+    let r = crate::tags::allocate(&device, 512 << 10, S, None, &release);
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        num_ooms(&device, &pools),
+        1,
+        "the filling loop's own failure only"
+    );
+}

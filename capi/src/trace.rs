@@ -37,6 +37,8 @@
 //! are queued. A write error is kept, later events are dropped, and stopping reports it;
 //! recording never changes what the allocator returns.
 
+use crate::api::malloc_error_kind;
+use crate::error::ErrorKind;
 use cudalloc_core::record::background::BackgroundWriter;
 use cudalloc_core::record::{csv, Event, EventSink, History, Recorder};
 use cudalloc_core::snapshot::BlockState;
@@ -402,18 +404,28 @@ impl Tracer {
         }
         let mut state = self.state.lock();
         let file = state.recording.as_ref().is_some_and(|r| !r.is_history());
-        let mut answers = Vec::new();
+        let (mut answers, mut first) = (Vec::new(), None);
         let attempt = |again| {
             let call = || crate::tags::allocate_once(alloc, size, stream, tag, again);
             let (result, given) = recorded(alloc, file, call);
             answers.extend(given);
+            if !again {
+                first = result.as_ref().err().cloned();
+            }
             result
         };
         let result = crate::tags::with_retry(attempt, release);
+        // A second try that failed for another reason than memory leaves the first try's
+        // out-of-memory event counted (`CachingAllocator::allocate_again`): the line says so.
+        let shown = match (&result, first) {
+            (Err(e), Some(oom)) if malloc_error_kind(e) != ErrorKind::OutOfMemory => Some(Err(oom)),
+            _ => None,
+        };
         if let Some(r) = state.recording.as_mut() {
             r.catch_up(alloc, None);
             r.answered(&answers, result.is_ok());
-            r.recorder.allocated(&result, size, stream);
+            r.recorder
+                .allocated(shown.as_ref().unwrap_or(&result), size, stream);
         }
         result
     }

@@ -563,3 +563,27 @@ fn a_retried_allocation_is_one_line() {
     );
     assert_eq!(alloc.stats().num_ooms, 1);
 }
+
+/// A second try that fails for another reason than memory (here the tag went to sleep during
+/// the release) leaves the first try's out-of-memory event counted, and the trace writes it.
+#[test]
+fn a_retry_failing_otherwise_writes_the_first_tries_oom() {
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-asleep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.csv");
+    let alloc = allocator_for(cudalloc_core::Policy::Default);
+    let t = Tracer::new();
+    t.start(&path, Some(&alloc)).unwrap();
+    let release = || {
+        alloc.sleep(&["w"], &[]).unwrap();
+        true
+    };
+    let r = t.allocate_releasing(&alloc, 4 << 30, StreamId(7), Some("w"), &release);
+    assert!(matches!(r, Err(AllocError::Asleep { .. })), "{r:?}");
+    t.stop(Some(&alloc)).unwrap();
+    let ooms = lines(&path)
+        .iter()
+        .filter(|l| l.starts_with("oom,"))
+        .count();
+    assert_eq!((ooms, alloc.stats().num_ooms), (1, 1));
+}
