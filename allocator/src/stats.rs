@@ -202,8 +202,9 @@ pub struct Stats {
     pub given_back_bytes: u64,
     /// Bytes of blocks on their way back taken back into the cache before their pages were
     /// unmapped (`Core::reclaim_releasing`, `Core::reclaim_releasing_block`: the device had not
-    /// caught up with them, and a request of their stream could use them; and the rest of a
-    /// partly moved block whose event could not be recorded). Not one of PyTorch's keys.
+    /// caught up with them, and a request of their stream could use them; the rest of a
+    /// partly moved block whose event could not be recorded; and pages whose unmap failed,
+    /// free in the cache again). Not one of PyTorch's keys.
     pub taken_back_bytes: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts

@@ -293,7 +293,8 @@ impl<D: Device> Core<D> {
     }
 
     /// Unmaps releasing block `id`, whose event `ev` has completed. After a failed driver call,
-    /// what was unmapped is accounted for and the rest of the block is free again.
+    /// what was unmapped is accounted for and the rest of the block is free again: taken back
+    /// into the cache (`taken_back_bytes`), as if a request had reclaimed it.
     fn finish_one(&mut self, ev: EventHandle, id: BlockId) -> Result<(), DeviceError> {
         self.spare_events.push(ev);
         let b = &mut self.blocks[id];
@@ -301,8 +302,11 @@ impl<D: Device> Core<D> {
         let (addr, size) = (b.addr, b.size);
         self.releasing_bytes -= size;
         self.insert_free(id);
+        let reserved = self.reserved();
         let result = self.unmap_part(id, addr, size);
         if result.is_err() {
+            let unmapped = reserved - self.reserved();
+            self.stats.taken_back_bytes += size - unmapped;
             self.settle_after_failure(addr, size);
         }
         result.map(|_| ())

@@ -166,3 +166,29 @@ fn a_device_that_keeps_refusing_unmaps_loses_nothing() {
     check(&sim, &pool);
     assert_eq!(sim.outstanding_bytes(), 0);
 }
+
+/// Pages on their way back whose unmap the device refuses are free in the cache again and
+/// count as taken back: what the statistics say went back is what the device got back (the
+/// budget may start giving them back again: those are on their way back once more).
+#[test]
+fn pages_whose_unmap_fails_count_as_taken_back() {
+    let (sim, mut pool) = holding(Policy::Default, false);
+    let reserved = pool.reserved();
+    sim.fail_always(Call::Unmap);
+    sim.complete_all();
+    let refused = sim.calls(Call::Unmap);
+    let a = alloc(&mut pool, MIB, S0); // polls the events: every unmap fails
+    assert!(sim.calls(Call::Unmap) > refused, "no unmap was tried");
+    sim.clear_faults();
+    assert!(pool.reserved() >= reserved, "pages were unmapped");
+    let s = pool.stats();
+    assert_eq!(
+        s.given_back_bytes - s.taken_back_bytes,
+        pool.releasing_bytes(),
+        "given back {}, taken back {}",
+        s.given_back_bytes,
+        s.taken_back_bytes
+    );
+    check(&sim, &pool);
+    free(&mut pool, a);
+}
