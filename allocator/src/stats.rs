@@ -197,8 +197,9 @@ pub struct Stats {
     /// Bytes whose pages started going back to the device in stream order
     /// (`Core::release_pages_in`: unmapped once their stream's work before them completes; the
     /// `default` policy's budget, and the C library's idle streams), those later taken back or
-    /// moved to a growth included; not the pages `empty_cache`, the out-of-memory ladder or
-    /// sleep unmap after waiting. Not one of PyTorch's keys.
+    /// moved to a growth included (and pages unmapped whose release failed: the device gets
+    /// them back once a retry releases them); not the pages `empty_cache`, the out-of-memory
+    /// ladder or sleep unmap after waiting. Not one of PyTorch's keys.
     pub given_back_bytes: u64,
     /// Bytes of blocks on their way back taken back into the cache before their pages were
     /// unmapped (`Core::reclaim_releasing`, `Core::reclaim_releasing_block`: the device had not

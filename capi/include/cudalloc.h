@@ -135,7 +135,8 @@ int cudalloc_reset_peak_stats(int device);
  *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total", "device_waits",
  *                     "pages_moved", "given_back_bytes", "taken_back_bytes"}: driver calls,
  *                    waits for the device, pages moved to a growth, bytes given back in
- *                    stream order and taken back before the device caught up;
+ *                    stream order and taken back before the device caught up (or
+ *                    after their unmap failed);
  *   "excess":        {"reserved", "live", "rounding", "pending", "releasable", "pinned",
  *                     "stray", "pinned_pages"}: where the reserved bytes are now (read after
  *                    the rest): what live allocations asked for (blocks held in thread caches

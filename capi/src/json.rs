@@ -10,7 +10,8 @@
 //!   mapped and virtual bytes, and the free-block histogram as `[bucket, count, bytes]` rows;
 //! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits, the
 //!   pages moved (`Stats::pages_moved`), and the bytes given back and taken back before the
-//!   device caught up with them (`Stats::given_back_bytes`, `Stats::taken_back_bytes`);
+//!   device caught up with them or after their unmap failed (`Stats::given_back_bytes`,
+//!   `Stats::taken_back_bytes`);
 //! - `"excess"`: where the reserved bytes are now ([`cudalloc_core::Excess`], read after the
 //!   rest): `reserved`, `live` (what the live allocations asked for; blocks held in thread
 //!   caches count as live here, as the pools handed them out, though the torch keys count them

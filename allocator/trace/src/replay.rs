@@ -156,7 +156,8 @@ pub struct ReplayResult {
     /// Bytes whose pages started going back to the device (`Stats::given_back_bytes`).
     pub given_back_bytes: u64,
     /// Bytes on their way back taken back into the cache before the device caught up with
-    /// them (`Stats::taken_back_bytes`): only when the device runs behind (`device_lag`).
+    /// them (`Stats::taken_back_bytes`): only when the device runs behind (`device_lag`) or an
+    /// unmap fails.
     pub taken_back_bytes: u64,
     /// With `--cuda`: the waits for the device (`cuCtxSynchronize`, `cuEventSynchronize`) that
     /// a timing wrapper around the driver saw while the trace's operations ran (the span
