@@ -10,7 +10,8 @@
 //! addresses still mapped to those pages (work queued before its release may still use them
 //! there), but the pages are the growth's chunks now; once its event has completed its
 //! addresses are unmapped and the pages stay ([`Core::finish_moved`]). A page's memory is held
-//! once whichever address unmaps it first.
+//! once whichever address unmaps it first, and until both have: re-paging, which releases
+//! chunks, unmaps moved blocks first, and makes no chunk again while one stays (`repage`).
 //!
 //! Only blocks of the growth's stream move (another stream's queued work is not ordered before
 //! the growth's uses), whole chunks at a time, and none while a capture is underway (a graph

@@ -13,8 +13,12 @@
 //! # Order of work
 //!
 //! It waits for the device (no work queued earlier may still use the pages; counted in
-//! `num_sync_all_streams` and `device_waits`) and, when allocated blocks lie in the chunks,
-//! reserves a *scratch* range of virtual addresses as large as the largest chunk to make again.
+//! `num_sync_all_streams` and `device_waits`), unmaps the releasing blocks, whose events have
+//! completed with it (`releasing`: the old addresses of moved pages among them, `moving`, so
+//! that no page a chunk here holds is still mapped elsewhere when the chunk is released; the
+//! bytes those unmaps give back count in the return value), and, when allocated blocks lie in
+//! the chunks, reserves a *scratch* range of virtual addresses as large as the largest chunk
+//! to make again.
 //! Then, chunk by chunk: it creates a physical allocation for each run of kept pages; maps
 //! those whose runs hold allocated blocks into the scratch range (at their offsets in the
 //! chunk) and makes them accessible to this device; enqueues on the pool's copy stream one
@@ -37,6 +41,9 @@
 //!
 //! - A failed device wait, copy-stream creation or scratch reservation leaves every chunk as
 //!   it was and is returned.
+//! - A moved block still releasing after the wait (its unmap, or the query of its event,
+//!   failed; tried again at the next poll) leaves every chunk as it was (which chunks hold its
+//!   pages is not known), and nothing is returned but the bytes the other unmaps gave back.
 //! - A chunk whose kept runs cannot be created (the device has no room; this is how out of
 //!   memory shows) stays as it was, bytes included. The runs are created before the old chunk
 //!   is released, so for a moment the device holds up to one chunk's kept pages more than the
@@ -120,8 +127,9 @@ struct Scratch {
 
 impl<D: Device> Core<D> {
     /// Gives back every whole page of every free block, making the chunks they share with
-    /// kept pages again from those pages (see the module docs). Returns the bytes given back (0:
-    /// nothing to give back, during a capture, or asleep).
+    /// kept pages again from those pages (see the module docs). Returns the bytes given back,
+    /// releasing blocks unmapped after the wait included (0: nothing to give back, during a
+    /// capture, or asleep).
     pub fn repage_pinned(&mut self) -> Result<u64, DeviceError> {
         if self.capturing() || self.asleep() {
             return Ok(0);
@@ -134,6 +142,12 @@ impl<D: Device> Core<D> {
         self.count_sync_all_streams();
         self.stats.device_waits += 1;
         self.device.synchronize_device()?;
+        let (plan, polled) = match self.finish_behind() {
+            None => (plan, 0),
+            // Which chunks hold a moved block's pages is not known: none is made again.
+            Some(polled) if self.holds_moved() => return Ok(polled),
+            Some(polled) => (self.repage_plan(), polled),
+        };
         let live = self.live_stretches(&plan.chunks);
         let scratch = if live.is_empty() {
             None
@@ -155,7 +169,26 @@ impl<D: Device> Core<D> {
             self.release_scratch();
         }
         self.unmap_free_runs(&plan.blocks);
-        error.map_or(Ok(given), Err)
+        error.map_or(Ok(polled + given), Err)
+    }
+
+    /// After the device wait: unmaps the releasing blocks, whose events have completed
+    /// ([`Core::poll_releasing`]). Why: a moved block's old addresses map pages that chunks
+    /// here hold now (`moving`), and a page released while it is mapped there too keeps its
+    /// memory on the device, which the pool would no longer count, until that unmap. Returns
+    /// the bytes given back, `None` when no block was releasing (nothing changed).
+    fn finish_behind(&mut self) -> Option<u64> {
+        if self.releasing.is_empty() {
+            return None;
+        }
+        let before = self.reserved();
+        self.poll_releasing();
+        Some(before.saturating_sub(self.reserved()))
+    }
+
+    /// True while a moved block is releasing still (`moving`).
+    fn holds_moved(&self) -> bool {
+        self.releasing.iter().any(|&(_, id)| self.blocks[id].moved)
     }
 
     /// Frees the scratch ranges left reserved (a page was stuck in them); those still refused

@@ -11,7 +11,8 @@
 //! - each rule of `default` does what it is for: the budget gives back the smallest block that
 //!   covers its excess, a layout plan reserves no more than best fit alone, a split footprint
 //!   uses the block a conversion left; under a memory limit a growth that does not fit makes
-//!   the chunks live blocks keep mapped page by page, keeping every live byte;
+//!   the chunks live blocks keep mapped page by page, keeping every live byte, and gives back
+//!   no page still mapped at the old addresses of moved pages;
 //! - a small-pool growth near the budget's ceiling maps part of its window when the room
 //!   holds it (without a cap), and ends within the ceiling plus a page;
 //! - a policy from outside the crate, or an adaptor around one of ours, changes nothing the core
@@ -24,8 +25,8 @@
 //!
 //! Files: `config.rs`, `memory_fraction_key.rs`, `budget_rules.rs`, `capped_repage.rs`,
 //! `far_limit.rs`, `giant_ranges.rs`, `async_release.rs`, `keep_while_behind.rs`,
-//! `move_pages.rs`, `plans.rs`, `split_footprints.rs`, `small_partial_slack.rs`,
-//! `policy_outside.rs`.
+//! `move_pages.rs`, `repage_moved.rs`, `plans.rs`, `split_footprints.rs`,
+//! `small_partial_slack.rs`, `policy_outside.rs`.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -42,5 +43,6 @@ mod memory_fraction_key;
 mod move_pages;
 mod plans;
 mod policy_outside;
+mod repage_moved;
 mod small_partial_slack;
 mod split_footprints;
