@@ -5,7 +5,8 @@
 //! of the stream (64 shards), so threads working on different streams wait for each other only
 //! when their streams share a shard. All shards count their reserved bytes into one shared counter, to
 //! which the memory limit applies; when a shard runs out of memory, the cached memory of every
-//! other shard is released and the allocation retried once before out-of-memory is returned.
+//! other shard and tag pool is released (under a limit, every one of those pools' last resort
+//! runs too) and the allocation retried once before out-of-memory is returned.
 //!
 //! Statistics are the sums over shards, with PyTorch's meanings (a block in a thread cache is
 //! not allocated; an allocation that failed is one OOM however many shards it tried). With one
@@ -203,36 +204,63 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         match self.try_allocate(size, stream, Try::Grow) {
-            Err(e) if e.is_out_of_memory() && !self.keeps_memory => {
-                // A release that failed leaves its blocks cached (tried again at the next
-                // `empty_cache` or sweep); the request's own outcome is what is returned, an
-                // out-of-memory error when it still does not fit.
-                // Under a limit, for a policy with a last resort, every shard's last resort
-                // runs (their pinned chunks count against the same limit), after the thread
-                // caches and the other shards gave their cached memory back; the first try
-                // deferred it (`Pool::defer_last_resort`). A failure there may have lost live
-                // bytes: it is the error returned.
-                let own = shard_of(stream);
-                let mut released = self.release_everything_else(own);
-                if matches!(e, AllocError::OutOfMemory { .. }) && self.has_last_resort() {
-                    let mut failed = None;
-                    for s in self.shards.iter() {
-                        match s.lock().last_resort(size, stream) {
-                            Ok(gave) => released |= gave,
-                            Err(x) => failed = failed.or(Some(x)),
-                        }
-                    }
-                    if let Some(x) = failed {
-                        return Err(x);
-                    }
-                }
-                if !released {
+            Err(e) if e.is_out_of_memory() => {
+                if !self.release_for_retry(&e, shard_of(stream), size, stream)? {
                     return Err(e);
                 }
                 self.try_allocate(size, stream, Try::Again)
             }
             other => other,
         }
+    }
+
+    /// After the first try of a request of `size` bytes on `stream` ran out of memory (`e`) in
+    /// shard `own` (`usize::MAX`: a tag's pool): gives back the memory held elsewhere, for a
+    /// second try; true when anything was given back (nothing in a graph pool: it keeps its
+    /// memory).
+    ///
+    /// A release that failed leaves its blocks cached (tried again at the next `empty_cache`
+    /// or sweep); the request's own outcome is what is returned, an out-of-memory error when it
+    /// still does not fit. Under a limit, for a policy with a last resort, the last resort of
+    /// every shard and then of every tag's pool runs (all their pinned chunks count against
+    /// the same limit), after the thread caches and the other pools gave their cached memory
+    /// back; a shard's first try deferred it (`Pool::defer_last_resort`). A failure there may
+    /// have lost live bytes: it is the error returned.
+    pub(crate) fn release_for_retry(
+        &self,
+        e: &AllocError,
+        own: usize,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<bool, AllocError> {
+        if self.keeps_memory {
+            return Ok(false);
+        }
+        let released = self.release_everything_else(own);
+        if !matches!(e, AllocError::OutOfMemory { .. }) || !self.has_last_resort() {
+            return Ok(released);
+        }
+        Ok(self.last_resort_everywhere(size, stream)? || released)
+    }
+
+    /// Runs the last resort ([`Pool::last_resort`]) of every shard, then of every tag's pool
+    /// (each lock taken alone: the tags' after the shards'); true when one gave something
+    /// back. Every pool runs it even after one failed; the first error is returned.
+    fn last_resort_everywhere(&self, size: u64, stream: StreamId) -> Result<bool, AllocError> {
+        let (mut gave, mut failed) = (false, None);
+        let mut note = |r: Result<bool, AllocError>| match r {
+            Ok(g) => gave |= g,
+            Err(x) => {
+                failed.get_or_insert(x);
+            }
+        };
+        for s in self.shards.iter() {
+            note(s.lock().last_resort(size, stream));
+        }
+        for t in self.tags.lock().pools.iter_mut() {
+            note(t.pool.last_resort(size, stream));
+        }
+        failed.map_or(Ok(gave), Err)
     }
 
     /// The thread caches' part of [`CachingAllocator::allocate`]: a hit, or the cached blocks

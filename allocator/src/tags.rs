@@ -5,7 +5,9 @@
 //! [`CachingAllocator::wake`], `pool::sleep`).
 //!
 //! A tag's pool follows the allocator's policy and settings, shares its memory limit, reserved
-//! counter and peak, and skips the thread caches (tagged allocations are few and large). Its
+//! counter and peak, and skips the thread caches (tagged allocations are few and large); out of
+//! memory, a tagged request and an untagged one release the same memory elsewhere before their
+//! second try, the last resort of every shard and tag pool included. Its
 //! number (its place in the list, from 1) is in its handles ([`crate::pool::Handle::tag`]), so a
 //! free or a `record_stream` finds it without a search; untagged handles carry 0 and take the
 //! stream shards as before.
@@ -163,7 +165,10 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Allocates `size` bytes for use on `stream`, tagged `tag`: it comes from the tag's pool,
     /// whose pages hold no other tag's or untagged memory, and sleeps and wakes with the tag.
-    /// A sleeping tag refuses it ([`AllocError::Asleep`]). Freed like any allocation.
+    /// A sleeping tag refuses it ([`AllocError::Asleep`]). Out of memory, what an untagged
+    /// request would release goes back (the caches of the shards and the other tags, and
+    /// under a limit the last resort of every pool) and it is tried once more. Freed like any
+    /// allocation.
     pub fn allocate_tagged(
         &self,
         size: u64,
@@ -172,7 +177,9 @@ impl<D: Device> CachingAllocator<D> {
     ) -> Result<Allocation, AllocError> {
         match self.try_allocate_tagged(size, stream, tag, false) {
             Err(e) if e.is_out_of_memory() => {
-                if !self.release_everything_else(usize::MAX) {
+                // As an untagged request: the stream shards' pinned chunks count against the
+                // same limit ([`CachingAllocator::release_for_retry`]).
+                if !self.release_for_retry(&e, usize::MAX, size, stream)? {
                     return Err(e);
                 }
                 self.try_allocate_tagged(size, stream, tag, true)

@@ -17,7 +17,8 @@
 //! Files: `thread_stress.rs`, `thread_caches.rs`, `stats.rs`, `snapshot.rs`, `workspace.rs`,
 //! `graph_pool.rs` (private pools for CUDA graphs), `idle.rs` (idle streams give their cache
 //! back), `graph_engine.rs` (the example engine's
-//! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake).
+//! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake),
+//! `oom_ladder_review.rs` (the last resort of every shard and tag pool, whichever pool ran out).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -28,6 +29,7 @@ mod graph_pool;
 mod hooks;
 mod hooks_wake;
 mod idle;
+mod oom_ladder_review;
 mod restore;
 mod share;
 mod sleep;

@@ -1,0 +1,114 @@
+//! The front's out-of-memory path across its pools: the stream shards and the tags' pools count
+//! against one memory limit, so the last resort of the second try (re-paging the chunks live
+//! blocks pin, `pool::repage`) must run in every one of them, whichever pool the request is
+//! for. A tagged request never ran the shards' last resort, and an untagged one never ran the
+//! tags' pools': each failed with out of memory, within the cap once the other pool's pinned
+//! chunk was re-paged (as the same request between two shards succeeds).
+
+use cudalloc::{Allocation, CachingAllocator, Config};
+use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::sync::Arc;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const S0: StreamId = StreamId(0);
+const S1: StreamId = StreamId(1);
+
+type Sim = Arc<SimDevice>;
+type Caching = CachingAllocator<Sim>;
+
+/// The allocator's and the device's invariants, and "device bytes == reserved bytes".
+fn check(sim: &SimDevice, a: &Caching) {
+    a.check_invariants().unwrap();
+    sim.check_invariants();
+    assert_eq!(
+        sim.outstanding_bytes(),
+        a.reserved_bytes(),
+        "device vs reserved"
+    );
+}
+
+/// A `default` allocator on a 4 GiB device where `allocate` (of stream 0, in tag "w" or
+/// untagged) mapped a 20 MiB chunk that a live 1.5 MiB block now pins, capped 4 MiB above
+/// what is mapped: a 20 MiB request fits only once the chunk is re-paged. Returns the live
+/// block.
+fn pinned(allocate: impl Fn(&Caching, u64) -> Allocation) -> (Sim, Caching, Allocation) {
+    let sim = Arc::new(SimDevice::new(
+        SimConfig::with_capacity(4 * GIB).host_backing(true),
+    ));
+    let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
+    let a = Caching::new(sim.clone(), cfg);
+    let big = allocate(&a, 20 * MIB);
+    a.free(big).unwrap();
+    a.empty_cache().unwrap();
+    let big = allocate(&a, 20 * MIB);
+    a.free(big).unwrap();
+    let live = allocate(&a, 1536 * KIB);
+    assert_eq!(sim.mapped_bytes(), 20 * MIB);
+    a.set_memory_limit(Some(sim.mapped_bytes() + 4 * MIB));
+    check(&sim, &a);
+    (sim, a, live)
+}
+
+/// Runs `request` on the allocator [`pinned`] made with `setup`: it must succeed within the
+/// cap, count no OOM, and leave nothing behind.
+fn fits_after_re_paging(
+    setup: impl Fn(&Caching, u64) -> Allocation,
+    request: impl Fn(&Caching) -> Result<Allocation, cudalloc::AllocError>,
+) {
+    let (sim, a, live) = pinned(setup);
+    let r = request(&a);
+    check(&sim, &a);
+    let grown = r.expect("20 MiB fit the cap once the pinned chunk is re-paged");
+    assert!(sim.outstanding_bytes() <= a.memory_limit().unwrap());
+    assert_eq!(a.stats().num_ooms, 0, "an allocation that succeeded");
+    a.free(grown).unwrap();
+    a.free(live).unwrap();
+    a.empty_cache().unwrap();
+    check(&sim, &a);
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
+
+fn untagged(a: &Caching, size: u64) -> Allocation {
+    a.allocate(size, S0).unwrap()
+}
+
+fn tagged(a: &Caching, size: u64) -> Allocation {
+    a.allocate_tagged(size, S0, "w").unwrap()
+}
+
+#[test]
+fn a_tagged_request_re_pages_a_chunk_a_stream_shard_pins() {
+    fits_after_re_paging(untagged, |a| a.allocate_tagged(20 * MIB, S1, "kv"));
+}
+
+#[test]
+fn an_untagged_request_re_pages_a_chunk_a_tag_pins() {
+    fits_after_re_paging(tagged, |a| a.allocate(20 * MIB, S1));
+}
+
+#[test]
+fn a_request_of_another_tag_re_pages_a_chunk_a_tag_pins() {
+    fits_after_re_paging(tagged, |a| a.allocate_tagged(20 * MIB, S1, "kv"));
+}
+
+/// The shards' case, already handled: the reference the other three must match.
+#[test]
+fn a_request_of_another_stream_re_pages_a_chunk_a_stream_shard_pins() {
+    fits_after_re_paging(untagged, |a| a.allocate(20 * MIB, S1));
+}
+
+/// A graph pool keeps its memory: out of memory it runs no last resort, tagged or not.
+#[test]
+fn a_graph_pool_runs_no_last_resort() {
+    let (sim, a, live) = pinned(untagged);
+    let g = a.graph_pool();
+    let before = sim.calls(cudalloc_sys::Call::SynchronizeDevice);
+    let e = g.allocate_tagged(20 * MIB, S1, "kv").unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(sim.calls(cudalloc_sys::Call::SynchronizeDevice), before);
+    drop(g);
+    a.free(live).unwrap();
+    check(&sim, &a);
+}
