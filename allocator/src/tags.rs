@@ -12,7 +12,8 @@
 //! free or a `record_stream` finds it without a search; untagged handles carry 0 and take the
 //! stream shards as before.
 //!
-//! Invariants: a tag's name appears once, its pool's `Core::tag` is its number, a new tag's pool
+//! Invariants: a tag's name appears once, its pool's `Core::tag` is its number (a handle whose
+//! number names no tag here, another allocator's, is no allocation of this one), a new tag's pool
 //! gets the limit, peers, map hooks and captures the others have, and the tags' lock is never held while a
 //! stream shard's is taken (the tags' lock comes after every shard's in the views that take
 //! them all, and nothing takes a shard under it).
@@ -214,7 +215,10 @@ impl<D: Device> CachingAllocator<D> {
     /// the tag wakes (a deleter that frees a sleeping model's tensors loses nothing).
     pub(crate) fn free_tagged(&self, a: &Handle) -> Result<(), AllocError> {
         let mut set = self.tags.lock();
-        let t = &mut set.pools[a.tag as usize - 1];
+        // Another allocator's handle may carry a number no tag of this one has.
+        let Some(t) = set.pools.get_mut(a.tag as usize - 1) else {
+            return Err(AllocError::NotAllocated(a.ptr));
+        };
         let e = self.live.take_live(a)?;
         if t.pool.asleep() {
             t.deferred.push(e);

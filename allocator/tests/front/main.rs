@@ -18,7 +18,8 @@
 //! `graph_pool.rs` (private pools for CUDA graphs), `idle.rs` (idle streams give their cache
 //! back), `graph_engine.rs` (the example engine's
 //! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake),
-//! `oom_ladder_review.rs` (the last resort of every shard and tag pool, whichever pool ran out).
+//! `oom_ladder_review.rs` (the last resort of every shard and tag pool, whichever pool ran out),
+//! `sleep_review.rs` (another allocator's tagged allocations).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -35,6 +36,7 @@ mod share;
 mod sleep;
 mod sleep_faults;
 mod sleep_model;
+mod sleep_review;
 mod snapshot;
 mod stats;
 mod thread_caches;
