@@ -69,6 +69,18 @@ pub fn check(sim: &SimDevice, pool: &Pool<Sim>) {
     );
 }
 
+/// [`check`] for a `CachingAllocator`: its invariants (every shard and tag pool), the device's,
+/// and "device bytes == reserved bytes".
+pub fn check_caching(sim: &SimDevice, a: &cudalloc::CachingAllocator<Sim>) {
+    a.check_invariants().unwrap();
+    sim.check_invariants();
+    assert_eq!(
+        sim.outstanding_bytes(),
+        a.reserved_bytes(),
+        "device vs reserved"
+    );
+}
+
 pub fn alloc(pool: &mut Pool<Sim>, size: u64, stream: StreamId) -> Allocation {
     let a = pool
         .allocate(size, stream)

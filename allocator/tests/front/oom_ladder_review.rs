@@ -5,6 +5,7 @@
 //! tags' pools': each failed with out of memory, within the cap once the other pool's pinned
 //! chunk was re-paged (as the same request between two shards succeeds).
 
+use crate::common::pool::check_caching;
 use cudalloc::{Allocation, CachingAllocator, Config};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 use std::sync::Arc;
@@ -17,17 +18,6 @@ const S1: StreamId = StreamId(1);
 
 type Sim = Arc<SimDevice>;
 type Caching = CachingAllocator<Sim>;
-
-/// The allocator's and the device's invariants, and "device bytes == reserved bytes".
-fn check(sim: &SimDevice, a: &Caching) {
-    a.check_invariants().unwrap();
-    sim.check_invariants();
-    assert_eq!(
-        sim.outstanding_bytes(),
-        a.reserved_bytes(),
-        "device vs reserved"
-    );
-}
 
 /// A `default` allocator on a 4 GiB device where `allocate` (of stream 0, in tag "w" or
 /// untagged) mapped a 20 MiB chunk that a live 1.5 MiB block now pins, capped 4 MiB above
@@ -47,7 +37,7 @@ fn pinned(allocate: impl Fn(&Caching, u64) -> Allocation) -> (Sim, Caching, Allo
     let live = allocate(&a, 1536 * KIB);
     assert_eq!(sim.mapped_bytes(), 20 * MIB);
     a.set_memory_limit(Some(sim.mapped_bytes() + 4 * MIB));
-    check(&sim, &a);
+    check_caching(&sim, &a);
     (sim, a, live)
 }
 
@@ -59,14 +49,14 @@ fn fits_after_re_paging(
 ) {
     let (sim, a, live) = pinned(setup);
     let r = request(&a);
-    check(&sim, &a);
+    check_caching(&sim, &a);
     let grown = r.expect("20 MiB fit the cap once the pinned chunk is re-paged");
     assert!(sim.outstanding_bytes() <= a.memory_limit().unwrap());
     assert_eq!(a.stats().num_ooms, 0, "an allocation that succeeded");
     a.free(grown).unwrap();
     a.free(live).unwrap();
     a.empty_cache().unwrap();
-    check(&sim, &a);
+    check_caching(&sim, &a);
     assert_eq!(sim.outstanding_bytes(), 0);
 }
 
@@ -110,5 +100,5 @@ fn a_graph_pool_runs_no_last_resort() {
     assert_eq!(sim.calls(cudalloc_sys::Call::SynchronizeDevice), before);
     drop(g);
     a.free(live).unwrap();
-    check(&sim, &a);
+    check_caching(&sim, &a);
 }
