@@ -44,7 +44,6 @@ use crate::error::AllocError;
 use crate::ladder::Pool;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
-use crate::policy::Policy as _;
 use crate::pool::{Allocation, Handle};
 use crate::stats::SharedPeak;
 use crate::sync::{Arc, AtomicBool, AtomicU64, CachePadded, Mutex, MutexGuard, Ordering};
@@ -214,55 +213,6 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// After the first try of a request of `size` bytes on `stream` ran out of memory (`e`) in
-    /// shard `own` (`usize::MAX`: a tag's pool): gives back the memory held elsewhere, for a
-    /// second try; true when anything was given back (nothing in a graph pool: it keeps its
-    /// memory).
-    ///
-    /// A release that failed leaves its blocks cached (tried again at the next `empty_cache`
-    /// or sweep); the request's own outcome is what is returned, an out-of-memory error when it
-    /// still does not fit. Under a limit, for a policy with a last resort, the last resort of
-    /// every shard and then of every tag's pool runs (all their pinned chunks count against
-    /// the same limit), after the thread caches and the other pools gave their cached memory
-    /// back; a shard's first try deferred it (`Pool::defer_last_resort`). A failure there may
-    /// have lost live bytes: it is the error returned.
-    pub(crate) fn release_for_retry(
-        &self,
-        e: &AllocError,
-        own: usize,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<bool, AllocError> {
-        if self.keeps_memory {
-            return Ok(false);
-        }
-        let released = self.release_everything_else(own);
-        if !matches!(e, AllocError::OutOfMemory { .. }) || !self.has_last_resort() {
-            return Ok(released);
-        }
-        Ok(self.last_resort_everywhere(size, stream)? || released)
-    }
-
-    /// Runs the last resort ([`Pool::last_resort`]) of every shard, then of every tag's pool
-    /// (each lock taken alone: the tags' after the shards'); true when one gave something
-    /// back. Every pool runs it even after one failed; the first error is returned.
-    fn last_resort_everywhere(&self, size: u64, stream: StreamId) -> Result<bool, AllocError> {
-        let (mut gave, mut failed) = (false, None);
-        let mut note = |r: Result<bool, AllocError>| match r {
-            Ok(g) => gave |= g,
-            Err(x) => {
-                failed.get_or_insert(x);
-            }
-        };
-        for s in self.shards.iter() {
-            note(s.lock().last_resort(size, stream));
-        }
-        for t in self.tags.lock().pools.iter_mut() {
-            note(t.pool.last_resort(size, stream));
-        }
-        failed.map_or(Ok(gave), Err)
-    }
-
     /// The thread caches' part of [`CachingAllocator::allocate`]: a hit, or the cached blocks
     /// the pool must see before it places the request (`None`: the pool places it, growing if
     /// it must).
@@ -300,12 +250,6 @@ impl<D: Device> CachingAllocator<D> {
             self.release_large_parts(c)?;
         }
         Ok(None)
-    }
-
-    /// True when this allocator has a memory limit and its policy a last resort under it
-    /// ([`crate::policy::Policy::has_last_resort`]).
-    fn has_last_resort(&self) -> bool {
-        self.memory_limit().is_some() && self.shards[0].lock().policy().has_last_resort()
     }
 
     /// A thread-cache miss for `size` bytes: the blocks of exited threads' caches and, for a
@@ -448,26 +392,6 @@ impl<D: Device> CachingAllocator<D> {
         let held = self.shards[i].is_locked();
         self.rules.note_lock(i, held);
         held
-    }
-
-    /// Flushes the thread caches and empties the caches of every shard but `except` and of every
-    /// awake tag's pool; true when
-    /// anything was released. A release that fails does not stop the others (what it could not
-    /// release stays cached).
-    pub(crate) fn release_everything_else(&self, except: usize) -> bool {
-        if self.keeps_memory {
-            return false;
-        }
-        let before = self.reserved.load(Ordering::Relaxed);
-        let flushed = self.flush_thread_caches().unwrap_or(0);
-        for (i, s) in self.shards.iter().enumerate() {
-            if i != except {
-                // One wait for all streams per out-of-memory ladder: `except`'s counted it.
-                let _ = s.lock().release_all_cached();
-            }
-        }
-        let _ = self.release_tags_cached();
-        flushed > 0 || self.reserved.load(Ordering::Relaxed) < before
     }
 
     /// Returns every block held in thread caches to its pool; returns how many there were.
