@@ -294,17 +294,23 @@ impl<D: Device> CachingAllocator<D> {
     /// Wakes `tags`, in order: new pages at the same addresses, the offloaded bytes copied back,
     /// and work submitted after the call to `stream`, or to a stream that used the tag's memory,
     /// ordered after the copies (the host does not wait for them: synchronize `stream` before
-    /// reading the bytes from the host). The tag keeps its host buffer for its next sleep. A tag that cannot
-    /// get its memory, even after every cached block of the allocator went back to the device
-    /// (none does in a graph pool: it keeps its memory), fails with [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are
-    /// awake); waking it again once memory was freed succeeds. An awake or unknown tag is left
-    /// as it is. Every stream that used the tag's memory must still exist at the wake (it is
-    /// made to wait for the copies). Allocations freed while the tag slept are freed now.
+    /// reading the bytes from the host). The tag keeps its host buffer for its next sleep. A tag
+    /// that cannot get its memory tries once more as an allocation's second try does (every
+    /// cached block of the allocator back to the device and, under a limit, every pool's last
+    /// resort; nothing in a graph pool: it keeps its memory); then it fails with
+    /// [`AllocError::OutOfMemory`] and stays asleep and intact (the tags before it are awake);
+    /// waking it again once memory was freed succeeds. An awake or unknown tag is left as it is.
+    /// Every stream that used the tag's memory must still exist at the wake (it is made to wait
+    /// for the copies). Allocations freed while the tag slept are freed now.
     pub fn wake(&self, tags: &[&str], stream: StreamId) -> Result<(), AllocError> {
         for tag in tags {
             match self.wake_one(tag, stream) {
                 Err(e) if e.is_out_of_memory() => {
-                    if !self.release_everything_else(usize::MAX) {
+                    let requested = match e {
+                        AllocError::OutOfMemory { requested, .. } => requested,
+                        _ => 0,
+                    };
+                    if !self.release_for_retry(&e, usize::MAX, requested, stream)? {
                         return Err(e);
                     }
                     self.wake_one(tag, stream)?;

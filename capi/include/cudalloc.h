@@ -355,8 +355,9 @@ int cudalloc_pool_allocate_at(int device, unsigned long long id0, unsigned long 
  * copies the offloaded bytes back; work submitted afterwards to stream, or to a stream that
  * used the tag, runs after the copies (the host does not wait). Tags are done in list order;
  * a failure stops at the failed tag (those before it are done, those after it are not, it is
- * unchanged), with these kinds: CUDALLOC_ERROR_OUT_OF_MEMORY for a wake with no room (the tag
- * stays asleep and intact; retry once memory is freed), CUDALLOC_ERROR_SLEEP_INCOMPLETE for a
+ * unchanged), with these kinds: CUDALLOC_ERROR_OUT_OF_MEMORY for a wake with no room even after
+ * the retired private pools' caches went back, as for cudalloc_malloc (the tag stays asleep
+ * and intact; retry once memory is freed), CUDALLOC_ERROR_SLEEP_INCOMPLETE for a
  * sleep that unmapped some pages but not all (the driver refused an unmap, or a wait for the
  * copies of later pages failed: the tag sleeps all the same, those pages still mapped;
  * cudalloc_sleep again retries them). Both need an expandable policy

@@ -437,8 +437,10 @@ pub extern "C" fn cudalloc_sleep(device: c_int, tags: CStrArg<'_>, offload: CStr
 /// Wakes the tags of the comma-separated list `tags` on `device`, in order: new pages at the
 /// same addresses and the offloaded bytes copied back; work submitted afterwards to `stream`,
 /// or to a stream that used a tag's memory, runs after the copies (the host does not wait). A
-/// wake with no room fails with [`CUDALLOC_ERROR_OUT_OF_MEMORY`] and leaves that tag asleep
-/// and intact (the tags before it are awake); calling it again once memory was freed succeeds.
+/// wake with no room tries once more after the retired private pools' caches went back, as
+/// `cudalloc_malloc` does; then it fails with [`CUDALLOC_ERROR_OUT_OF_MEMORY`] and leaves that
+/// tag asleep and intact (the tags before it are awake); calling it again once memory was freed
+/// succeeds.
 /// 0, or -1 on failure.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `tag_api`.
 #[no_mangle]

@@ -133,3 +133,23 @@ fn a_second_try_finds_a_block_another_thread_cached_during_the_release() {
         "the filling loop's own failure only"
     );
 }
+
+/// A wake is retried as an allocation is: a tag whose slept bytes fit only once a retired
+/// private pool's cache went back wakes (`cudalloc_wake` failed with out of memory while
+/// that cache held the room).
+#[test]
+fn a_wake_that_fits_after_a_release_succeeds() {
+    let (device, pools) = with_pool(64 << 20);
+    let names = vec!["kv".to_string()];
+    let kv = device.allocate_tagged(30 << 20, S, "kv").unwrap();
+    crate::tags::sleep(&device, &names, &[]).unwrap();
+    retire_with_cached(&device, &pools, 40 << 20);
+    let nothing = || false;
+    let e = crate::tags::wake(&device, &names, S, &nothing).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert!(device.is_asleep("kv"));
+    let release = || pools.empty_retired(None).unwrap_or(false);
+    crate::tags::wake(&device, &names, S, &release).expect("the retired pool's cache went back");
+    assert!(!device.is_asleep("kv"));
+    device.free(kv).unwrap();
+}

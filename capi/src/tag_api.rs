@@ -78,7 +78,8 @@ pub(crate) fn wake(device: c_int, tag_list: CStrArg<'_>, stream: *mut c_void) ->
         let Some(dev) = registry::device_if_used(device).map_err(fail)? else {
             return Ok(OK); // no allocator: no tag sleeps
         };
-        tags::wake(&dev.alloc, &names, stream).map_err(|e| Failure {
+        let release = || dev.pools.empty_retired(None).unwrap_or(false);
+        tags::wake(&dev.alloc, &names, stream, &release).map_err(|e| Failure {
             kind: sleep_error_kind(&e),
             message: format!("cudalloc_wake({}, device {device}): {e}", names.join(",")),
         })?;
@@ -129,10 +130,10 @@ mod tests {
         assert!(e.to_string().contains("tag \"t\" sleeps"), "{e}");
         tags::sleep(&alloc, &names, &[]).unwrap();
         alloc.set_memory_limit(Some(1 << 20));
-        let e = tags::wake(&alloc, &names, StreamId(1)).unwrap_err();
+        let e = tags::wake(&alloc, &names, StreamId(1), &|| false).unwrap_err();
         assert_eq!(sleep_error_kind(&e), ErrorKind::OutOfMemory, "{e}");
         alloc.set_memory_limit(None);
-        tags::wake(&alloc, &names, StreamId(1)).unwrap();
+        tags::wake(&alloc, &names, StreamId(1), &|| false).unwrap();
         assert_eq!(
             sleep_error_kind(&AllocError::SleepUnsupported),
             ErrorKind::Other

@@ -161,14 +161,18 @@ pub fn sleep<D: Device>(
     alloc.sleep(&tags, &offload)
 }
 
-/// `alloc.wake` with an owned list.
+/// `alloc.wake` with an owned list. Out of memory, `release` gives back memory held elsewhere
+/// on the device (true when it gave any: the retired private pools' caches, as for an
+/// allocation), and the wake tries once more ([`with_retry`]; the tags woken by the first try
+/// stay awake).
 pub fn wake<D: Device>(
     alloc: &CachingAllocator<D>,
     tags: &[String],
     stream: StreamId,
+    release: &dyn Fn() -> bool,
 ) -> Result<(), AllocError> {
     let tags: Vec<&str> = tags.iter().map(String::as_str).collect();
-    alloc.wake(&tags, stream)
+    with_retry(|_| alloc.wake(&tags, stream), release)
 }
 
 #[cfg(test)]

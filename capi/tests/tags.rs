@@ -157,7 +157,7 @@ fn allocations_under_a_pushed_tag_sleep_and_wake_with_it_on_the_simulated_device
     assert_eq!(doc[0]["offloaded_bytes"], 4 << 20);
     assert_eq!(doc[0]["mapped_while_asleep"], 0);
     alloc.free_ptr(gone.ptr()).unwrap();
-    tags::wake(&alloc, &names, s).unwrap();
+    tags::wake(&alloc, &names, s, &|| false).unwrap();
     let mut back = vec![0u8; bytes.len()];
     dev.read(a.ptr(), &mut back).unwrap();
     assert!(back == bytes, "bytes restored");

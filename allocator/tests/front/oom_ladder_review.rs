@@ -102,3 +102,46 @@ fn a_graph_pool_runs_no_last_resort() {
     a.free(live).unwrap();
     check_caching(&sim, &a);
 }
+
+/// A wake is a request too: a tag that wakes under a cap its slept bytes fit only once a
+/// stream shard's pinned chunk is re-paged wakes (it failed with out of memory when the
+/// wake's second try only emptied caches), with its bytes in place.
+#[test]
+fn a_wake_re_pages_a_chunk_a_stream_shard_pins() {
+    let sim = Arc::new(SimDevice::new(
+        SimConfig::with_capacity(4 * GIB).host_backing(true),
+    ));
+    let cfg = Config::parse("policy:default,layout_plans:false").unwrap();
+    let a = Caching::new(sim.clone(), cfg);
+    let kv = a.allocate_tagged(16 * MIB, S1, "kv").unwrap();
+    let bytes: Vec<u8> = (0..kv.size()).map(|i| (i * 7 + i / 251) as u8).collect();
+    sim.write(kv.ptr(), &bytes).unwrap();
+    a.sleep(&["kv"], &["kv"]).unwrap();
+    let slept = a.tag_stats()[0].slept_bytes;
+    assert!(slept >= 16 * MIB, "{slept}");
+    for empty in [true, false] {
+        let big = untagged(&a, 20 * MIB);
+        a.free(big).unwrap();
+        if empty {
+            a.empty_cache().unwrap();
+        }
+    }
+    let live = untagged(&a, 1536 * KIB);
+    let mapped = sim.mapped_bytes();
+    assert_eq!(mapped, 20 * MIB);
+    // Room for the slept bytes only once the 20 MiB chunk shrinks to the live block's page.
+    a.set_memory_limit(Some(mapped + slept - 4 * MIB));
+    a.wake(&["kv"], S1)
+        .expect("the wake fits once the pinned chunk is re-paged");
+    assert!(!a.is_asleep("kv"));
+    assert!(sim.outstanding_bytes() <= a.memory_limit().unwrap());
+    let mut back = vec![0u8; bytes.len()];
+    sim.read(kv.ptr(), &mut back).unwrap();
+    assert!(back == bytes, "the woken tag's bytes");
+    check_caching(&sim, &a);
+    a.free(kv).unwrap();
+    a.free(live).unwrap();
+    a.empty_cache().unwrap();
+    check_caching(&sim, &a);
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
