@@ -473,9 +473,10 @@ impl<D: Device> Core<D> {
     }
 
     /// When the pool sleeps, as it is dropped: frees its host buffer (not when `unwaited`: during
-    /// a capture its wait and its free would invalidate it), unmaps what is still mapped and
-    /// gives its ranges back (its blocks need no freeing: they hold no pages). False (nothing
-    /// done) when it is awake.
+    /// a capture its wait and its free would invalidate it), unmaps what is still mapped (the
+    /// chunks a sleep could not unmap), counting what went back out of the reserved bytes (the
+    /// group's counter outlives the pool when it is a graph pool's), and gives its ranges back
+    /// (its blocks need no freeing: they hold no pages). False (nothing done) when it is awake.
     pub(crate) fn drop_asleep(&mut self, unwaited: bool) -> bool {
         if self.slumber.take().is_none() {
             return false;
@@ -483,17 +484,31 @@ impl<D: Device> Core<D> {
         if !unwaited {
             let _ = self.release_host_buffer();
         }
+        for i in 0..self.segments.len() {
+            self.drop_slept_range(i);
+        }
+        true
+    }
+
+    /// Unmaps what range `i` of a sleeping pool being dropped still maps, counts it out of the
+    /// reserved bytes (and its strays, as they change), and gives the range back.
+    fn drop_slept_range(&mut self, i: usize) {
+        let Some(seg) = self.segments[i].as_mut() else {
+            return;
+        };
+        let before = seg.stray_bytes();
         let m = Mapper {
             dev: &self.device,
             peers: &self.peers,
             hooks: &self.hooks,
         };
-        for seg in self.segments.iter_mut().flatten() {
-            let _ = seg.unmap(&m, seg.va, seg.size);
-            seg.retry_leaked(&self.device);
-            let _ = self.device.unreserve(seg.va, seg.size);
-        }
-        true
+        let done = seg.unmap(&m, seg.va, seg.size);
+        seg.retry_leaked(&self.device);
+        let _ = self.device.unreserve(seg.va, seg.size);
+        let (unmapped, pool) = (done.range.size, seg.pool);
+        self.sub_reserved(unmapped);
+        self.reserved_shrank(pool, unmapped);
+        self.track_strays(i, before);
     }
 
     /// True when block `id`'s range was mapped when the pool fell asleep (for the invariant
