@@ -45,6 +45,8 @@ mod oom_retry_tests;
 mod pool_api;
 mod pools;
 mod registry;
+#[cfg(test)]
+mod review_tests;
 mod share_api;
 mod tag_api;
 pub mod tags;
@@ -111,7 +113,8 @@ pub extern "C" fn cudalloc_check() -> c_int {
 
 /// Returns every cached block of `device` that can go back to the driver, and the memory of
 /// its private pools out of use (pools in use keep theirs); nothing to do for a device not used
-/// yet. 0, or -1 on failure.
+/// yet. 0, or -1 on failure (a pool whose release the driver refused keeps its memory until a
+/// later call; the other pools still give theirs back).
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_empty_cache(device: c_int) -> c_int {

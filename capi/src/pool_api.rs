@@ -62,7 +62,7 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
             // `empty_cache` refuses), and the pool tries once more.
             Err(f) if f.kind == ErrorKind::OutOfMemory => {
                 let cached = dev.alloc.empty_cache().is_ok();
-                let retired = dev.pools.empty_retired(None).unwrap_or(false);
+                let retired = dev.pools.release_retired();
                 if cached || retired {
                     dev.pools.allocate_again(id, size as u64, stream)
                 } else {

@@ -297,10 +297,26 @@ impl<D: Device> Pools<D> {
     }
 
     /// Gives the cached memory of retired pools back to the driver (only pool `only`'s, when
-    /// given) and drops those with nothing live. Pools in use are not touched. Waits for the
-    /// device (it releases memory): never call it during a capture. Whether anything was
-    /// retired.
+    /// given) and drops those with nothing live. Pools in use are not touched. A pool whose
+    /// release fails is kept (its memory goes back at a later call) and stops none of the
+    /// others; the first such error is returned. Waits for the device (it releases memory):
+    /// never call it during a capture. Whether anything was retired.
     pub fn empty_retired(&self, only: Option<PoolId>) -> Result<bool, AllocError> {
+        let (retired, _, first_error) = self.empty_each(only);
+        first_error.map_or(Ok(retired > 0), Err)
+    }
+
+    /// Gives the cached memory of every retired pool back, for a second try of an allocation
+    /// that ran out of memory: true when a pool's cache went back, whether or not another's
+    /// release failed.
+    pub fn release_retired(&self) -> bool {
+        let (_, emptied, _) = self.empty_each(None);
+        emptied > 0
+    }
+
+    /// The work of [`Pools::empty_retired`]: how many pools were retired, how many of them
+    /// were emptied, and the first error.
+    fn empty_each(&self, only: Option<PoolId>) -> (usize, usize, Option<AllocError>) {
         let retired: Vec<(PoolId, Shared<D>)> = self
             .retired
             .lock()
@@ -308,18 +324,24 @@ impl<D: Device> Pools<D> {
             .filter(|(id, _)| only.is_none_or(|o| o == *id))
             .cloned()
             .collect();
+        let (mut emptied, mut first_error) = (0, None);
         for (id, pool) in &retired {
             let _no_allocation = pool.busy.write();
             // Read before emptying: a free between the two could leave a block cached in a
             // pool dropped with its counters kept (reserved bytes that never come back down).
             // With nothing live and no allocation let in, nothing changes meanwhile.
             let idle = live(&pool.alloc) == 0;
-            pool.alloc.empty_cache()?;
-            if idle {
-                self.drop_retired(*id, pool);
+            match pool.alloc.empty_cache() {
+                Ok(()) if idle => self.drop_retired(*id, pool),
+                Ok(()) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
             }
+            emptied += 1;
         }
-        Ok(!retired.is_empty())
+        (retired.len(), emptied, first_error)
     }
 
     /// Forgets retired pool `id` (its memory already went back), keeping its counters.
