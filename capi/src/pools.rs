@@ -66,9 +66,11 @@ pub(crate) struct Pools<D: Device> {
     active: Mutex<HashMap<PoolId, (Shared<D>, u32)>>,
     /// Pools without uses, by id, until their memory went back.
     retired: Mutex<Vec<(PoolId, Shared<D>)>>,
-    /// The statistics of dropped pools, added up (as `torch_values` orders them).
+    /// The statistics of dropped pools, added up (as `torch_values` orders them). Locked
+    /// before `folded_calls`, `active` and `retired`.
     folded: Mutex<Vec<i64>>,
-    /// The driver calls and device waits of dropped pools, added up.
+    /// The driver calls and device waits of dropped pools, added up. Locked before `active`
+    /// and `retired`.
     folded_calls: Mutex<(u64, u64)>,
     /// Captures underway on the device that the caller told of (`cudalloc_capture_begin`),
     /// each told to every pool, those made during it included. Locked before `active`.
@@ -344,22 +346,21 @@ impl<D: Device> Pools<D> {
         (retired.len(), emptied, first_error)
     }
 
-    /// Forgets retired pool `id` (its memory already went back), keeping its counters.
+    /// Forgets retired pool `id` (its memory already went back), keeping its counters: a
+    /// reader of the statistics counts it once, as a pool or among the folded.
     fn drop_retired(&self, id: PoolId, pool: &Shared<D>) {
+        let mut folded = self.folded.lock();
+        let mut folded_calls = self.folded_calls.lock();
         let mut retired = self.retired.lock();
         if let Some(i) = retired
             .iter()
             .position(|(r, p)| *r == id && Arc::ptr_eq(p, pool))
         {
             retired.swap_remove(i);
-            add_values(
-                &mut self.folded.lock(),
-                &crate::json::torch_values(&pool.alloc),
-            );
+            add_values(&mut folded, &crate::json::torch_values(&pool.alloc));
             let (calls, waits) = calls_of(&pool.alloc);
-            let mut folded = self.folded_calls.lock();
-            folded.0 += calls;
-            folded.1 += waits;
+            folded_calls.0 += calls;
+            folded_calls.1 += waits;
         }
     }
 
@@ -367,8 +368,12 @@ impl<D: Device> Pools<D> {
     /// pool so far, the dropped ones included.
     pub fn figures(&self) -> PoolFigures {
         let (active, retired) = self.counts();
-        let (mut driver_calls, mut device_waits) = *self.folded_calls.lock();
-        for pool in self.all() {
+        // The pools listed under the folded counters' lock: none is dropped in between.
+        let (pools, (mut driver_calls, mut device_waits)) = {
+            let folded = self.folded_calls.lock();
+            (self.all(), *folded)
+        };
+        for pool in pools {
             let (calls, waits) = calls_of(&pool.alloc);
             driver_calls += calls;
             device_waits += waits;
@@ -384,8 +389,13 @@ impl<D: Device> Pools<D> {
     /// Adds the statistics of every pool, the dropped ones included, to `into` (in the order
     /// of `torch_values`), but for `max_split_size`, a setting rather than a count.
     pub fn add_torch_values(&self, into: &mut [i64]) {
-        add_values(into, &self.folded.lock());
-        for pool in self.all() {
+        // The pools listed under the folded counters' lock: none is dropped in between.
+        let pools = {
+            let folded = self.folded.lock();
+            add_values(into, &folded);
+            self.all()
+        };
+        for pool in pools {
             add_values(into, &crate::json::torch_values(&pool.alloc));
         }
     }

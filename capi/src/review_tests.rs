@@ -1,17 +1,22 @@
-//! Private pools retired and given back under faults: a retired pool whose release fails stops
-//! neither the others' release nor the second try of an allocation that ran out of memory
-//! ([`Pools::empty_retired`], [`Pools::release_retired`]).
+//! Private pools retired and given back under faults and concurrent readers: a retired pool
+//! whose release fails stops neither the others' release nor the second try of an allocation
+//! that ran out of memory ([`Pools::empty_retired`], [`Pools::release_retired`]); the
+//! statistics of the pools, dropped ones included, never go backwards while pools are dropped
+//! ([`Pools::add_torch_values`], [`Pools::figures`]).
 
 use crate::json::{torch_values, TORCH_VALUES};
 use crate::pools::{PoolId, Pools};
 use cudalloc_core::{CachingAllocator, Config};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const S: StreamId = StreamId(7);
 const P1: PoolId = (0, 1);
 const P2: PoolId = (0, 2);
 const MIB: u64 = 1 << 20;
+/// Pools made and dropped while another thread reads their statistics.
+const ROUNDS: usize = 20_000;
 type Sim = Arc<SimDevice>;
 
 /// A simulated device of `capacity` bytes, its allocator under `default`, and no pool yet.
@@ -96,4 +101,44 @@ fn a_failed_release_of_one_retired_pool_still_lets_the_allocation_try_again() {
     let v = values(&device, &pools);
     assert_eq!(v[TORCH_VALUES - 5], 0, "num_ooms: the allocation succeeded");
     device.free(a.unwrap()).unwrap();
+}
+
+/// Cumulative statistics of the pools never go backwards: a reader of
+/// `cudalloc_device_stats` (or `cudalloc_stats_json`'s pool figures) while another thread
+/// drops retired pools sees every dropped pool's counts, either as the pool's or as the
+/// counters kept for dropped pools, never neither.
+#[test]
+fn pool_statistics_never_go_backwards_while_pools_are_dropped() {
+    let (_sim, device, pools) = setup(1 << 30);
+    let done = AtomicBool::new(false);
+    let (mut seen, mut went_back) = (0u64, Vec::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..ROUNDS {
+                retire_with_cached(&device, &pools, P1, MIB);
+                pools.empty_retired(Some(P1)).unwrap();
+            }
+            done.store(true, Ordering::SeqCst);
+        });
+        let (mut allocated, mut calls) = (0i64, 0u64);
+        let mut v = vec![0i64; TORCH_VALUES];
+        while !done.load(Ordering::SeqCst) {
+            v.fill(0);
+            pools.add_torch_values(&mut v);
+            let now = v[2]; // allocation.all.allocated
+            let driver_calls = pools.figures().driver_calls;
+            if now < allocated || driver_calls < calls {
+                went_back.push((allocated, now, calls, driver_calls));
+            }
+            (allocated, calls) = (now, driver_calls);
+            seen += 1;
+        }
+    });
+    assert!(seen > 0);
+    assert_eq!(
+        went_back,
+        [],
+        "(allocations before, after, driver calls before, after) that went backwards in {seen} reads"
+    );
+    assert_eq!(values(&device, &pools)[2], ROUNDS as i64);
 }
