@@ -149,7 +149,11 @@ int cudalloc_reset_peak_stats(int device);
  *   "thread_cache":  {"hits", "blocks", "bytes"}: allocations served from per-thread caches so
  *                    far, blocks and bytes held there now (the torch keys count every
  *                    allocation and free, these included);
- *   "capi":          {"device", "free_errors"}. */
+ *   "capi":          {"device", "free_errors", "private_pools": {"active", "retired",
+ *                     "driver_calls", "device_waits"}}: the device, the failed cudalloc_free
+ *                    calls, and the private pools in use, out of use and not yet dropped, and
+ *                    the driver calls and device waits of every pool so far (dropped ones
+ *                    included). */
 size_t cudalloc_stats_json(int device, char *buf, size_t len);
 
 /* device's torch.cuda.memory_stats() values (its private pools included; all zeros for a device

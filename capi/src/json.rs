@@ -23,8 +23,9 @@
 //! - `"thread_cache"`: allocations served from thread caches so far (`hits`), and the blocks
 //!   and bytes the caches hold now (the torch keys count both as freed);
 //! - `"capi"`: the device ordinal, the number of failed `cudalloc_free` calls and the private
-//!   pools (`active`: in use; `retired`: out of use with memory still live; `driver_calls` and
-//!   `device_waits`: those of every private pool so far, dropped ones included). The torch keys
+//!   pools (`active`: in use; `retired`: out of use and not dropped yet, their memory not given
+//!   back yet or some of it still live; `driver_calls` and `device_waits`: those of every
+//!   private pool so far, dropped ones included). The torch keys
 //!   and `"driver_calls"` count the device's own allocator only; `cudalloc_device_stats` adds
 //!   the private pools to the torch keys.
 //!

@@ -94,7 +94,7 @@ impl<D: Device> Default for Pools<D> {
 pub struct PoolFigures {
     /// Pools in use.
     pub active: usize,
-    /// Pools out of use with memory still live.
+    /// Pools out of use not dropped yet (memory not given back yet, or some still live).
     pub retired: usize,
     /// Driver calls (mallocs, frees, maps, unmaps) of every pool so far, dropped ones included.
     pub driver_calls: u64,
