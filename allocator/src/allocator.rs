@@ -567,7 +567,9 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Returns every cached block that can go back to the device (one wait for all streams in
-    /// the statistics, as PyTorch's `empty_cache`, however many shards it empties).
+    /// the statistics, as PyTorch's `empty_cache`, however many shards it empties). A release
+    /// the driver refuses stops no other pool's: the first error is returned, and what it could
+    /// not release stays cached for the next call.
     pub fn empty_cache(&self) -> Result<(), AllocError> {
         if self.shards[0].lock().capturing() {
             return Err(AllocError::DuringCapture {
@@ -575,12 +577,17 @@ impl<D: Device> CachingAllocator<D> {
                 requested: 0,
             });
         }
-        self.flush_thread_caches()?;
+        // A release that fails stops no other: every pool gives back what it can, the first
+        // error is returned, and what could not go stays cached.
+        let mut first = self.flush_thread_caches().map(|_| ());
         self.shards[0].lock().count_sync_all_streams();
         for s in self.shards.iter() {
-            s.lock().release_all_cached()?;
+            let r = s.lock().release_all_cached();
+            if first.is_ok() {
+                first = r.map_err(AllocError::from);
+            }
         }
-        self.release_tags_cached()
+        first.and(self.release_tags_cached())
     }
 
     /// The configuration.

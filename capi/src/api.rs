@@ -246,8 +246,10 @@ pub(crate) fn empty_cache(device: c_int) -> c_int {
             } else {
                 dev.alloc.empty_cache()
             };
+            // The retired pools are emptied even when the allocator's release failed.
+            let retired = dev.pools.empty_retired(None).map(|_| ());
             emptied
-                .and_then(|()| dev.pools.empty_retired(None).map(|_| ()))
+                .and(retired)
                 .map_err(|e| format!("cudalloc_empty_cache(device {device}): {e}"))?;
         }
         Ok(OK)

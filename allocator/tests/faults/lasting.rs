@@ -192,3 +192,33 @@ fn pages_whose_unmap_fails_count_as_taken_back() {
     check(&sim, &pool);
     free(&mut pool, a);
 }
+
+/// `empty_cache` over two stream shards whose first release the driver refuses: the other
+/// shard's cache still goes back (it stopped at the first shard's error), the error is
+/// returned, and the next `empty_cache` gives back the rest.
+#[test]
+fn a_refused_release_in_one_shard_stops_no_other_shard() {
+    let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
+        cudalloc_sys::SimConfig::with_capacity(1 << 30),
+    ));
+    let a =
+        cudalloc::CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+    for s in [StreamId(0), StreamId(1)] {
+        let x = a.allocate(40 << 20, s).unwrap();
+        a.free(x).unwrap();
+    }
+    let cached = sim.outstanding_bytes();
+    assert!(cached >= 80 << 20, "{cached}");
+    sim.fail_release(1);
+    let r = a.empty_cache();
+    sim.clear_faults();
+    assert!(r.is_err(), "the refused release is the error");
+    let left = sim.outstanding_bytes();
+    assert!(
+        left <= cached / 2,
+        "one shard's cache went back: {left} of {cached} held"
+    );
+    a.check_invariants().unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(sim.outstanding_bytes(), 0);
+}
