@@ -67,10 +67,10 @@ pub(crate) struct Pools<D: Device> {
     /// Pools without uses, by id, until their memory went back.
     retired: Mutex<Vec<(PoolId, Shared<D>)>>,
     /// The statistics of dropped pools, added up (as `torch_values` orders them). Locked
-    /// before `folded_calls`, `active` and `retired`.
+    /// after `active` and `retired` (a pool's `busy` may be held: lock order `active`, `busy`,
+    /// `retired`, `folded`, `folded_calls`), before `folded_calls`.
     folded: Mutex<Vec<i64>>,
-    /// The driver calls and device waits of dropped pools, added up. Locked before `active`
-    /// and `retired`.
+    /// The driver calls and device waits of dropped pools, added up. Locked last.
     folded_calls: Mutex<(u64, u64)>,
     /// Captures underway on the device that the caller told of (`cudalloc_capture_begin`),
     /// each told to every pool, those made during it included. Locked before `active`.
@@ -349,16 +349,20 @@ impl<D: Device> Pools<D> {
     /// Forgets retired pool `id` (its memory already went back), keeping its counters: a
     /// reader of the statistics counts it once, as a pool or among the folded.
     fn drop_retired(&self, id: PoolId, pool: &Shared<D>) {
-        let mut folded = self.folded.lock();
-        let mut folded_calls = self.folded_calls.lock();
+        // Moved from `retired` into the folded counters under the `retired` lock, which the
+        // readers hold while they read the counters ([`Pools::all_and`]).
         let mut retired = self.retired.lock();
         if let Some(i) = retired
             .iter()
             .position(|(r, p)| *r == id && Arc::ptr_eq(p, pool))
         {
             retired.swap_remove(i);
-            add_values(&mut folded, &crate::json::torch_values(&pool.alloc));
+            add_values(
+                &mut self.folded.lock(),
+                &crate::json::torch_values(&pool.alloc),
+            );
             let (calls, waits) = calls_of(&pool.alloc);
+            let mut folded_calls = self.folded_calls.lock();
             folded_calls.0 += calls;
             folded_calls.1 += waits;
         }
@@ -368,11 +372,8 @@ impl<D: Device> Pools<D> {
     /// pool so far, the dropped ones included.
     pub fn figures(&self) -> PoolFigures {
         let (active, retired) = self.counts();
-        // The pools listed under the folded counters' lock: none is dropped in between.
-        let (pools, (mut driver_calls, mut device_waits)) = {
-            let folded = self.folded_calls.lock();
-            (self.all(), *folded)
-        };
+        let (pools, (mut driver_calls, mut device_waits)) =
+            self.all_and(|| *self.folded_calls.lock());
         for pool in pools {
             let (calls, waits) = calls_of(&pool.alloc);
             driver_calls += calls;
@@ -389,12 +390,7 @@ impl<D: Device> Pools<D> {
     /// Adds the statistics of every pool, the dropped ones included, to `into` (in the order
     /// of `torch_values`), but for `max_split_size`, a setting rather than a count.
     pub fn add_torch_values(&self, into: &mut [i64]) {
-        // The pools listed under the folded counters' lock: none is dropped in between.
-        let pools = {
-            let folded = self.folded.lock();
-            add_values(into, &folded);
-            self.all()
-        };
+        let (pools, ()) = self.all_and(|| add_values(into, &self.folded.lock()));
         for pool in pools {
             add_values(into, &crate::json::torch_values(&pool.alloc));
         }
@@ -456,11 +452,18 @@ impl<D: Device> Pools<D> {
     /// Every pool, active and retired. Both locks are held together (in `acquire`'s order),
     /// so that a pool moving from retired to active meanwhile is not missed.
     fn all(&self) -> Vec<Shared<D>> {
+        self.all_and(|| ()).0
+    }
+
+    /// [`Pools::all`], and `read` of the dropped pools' counters run under the same locks: a
+    /// pool dropped meanwhile is counted once, listed or folded (`drop_retired` moves it
+    /// under the `retired` lock).
+    fn all_and<T>(&self, read: impl FnOnce() -> T) -> (Vec<Shared<D>>, T) {
         let active = self.active.lock();
         let retired = self.retired.lock();
         let mut out: Vec<Shared<D>> = active.values().map(|(p, _)| p.clone()).collect();
         out.extend(retired.iter().map(|(_, p)| p.clone()));
-        out
+        (out, read())
     }
 }
 

@@ -194,8 +194,8 @@ fn pages_whose_unmap_fails_count_as_taken_back() {
 }
 
 /// `empty_cache` over two stream shards whose first release the driver refuses: the other
-/// shard's cache still goes back (it stopped at the first shard's error), the error is
-/// returned, and the next `empty_cache` gives back the rest.
+/// shard's cache still goes back, the error is returned, and the next `empty_cache` gives
+/// back the rest.
 #[test]
 fn a_refused_release_in_one_shard_stops_no_other_shard() {
     let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
