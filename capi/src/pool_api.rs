@@ -4,6 +4,7 @@
 use crate::error::{guard, guard_kind, ErrorKind, Failure};
 use crate::pools::PoolId;
 use crate::registry::{self, Dev};
+use cudalloc_core::AllocError;
 use cudalloc_sys::ffi::{CBuf, CBufLen};
 use cudalloc_sys::StreamId;
 use std::ffi::{c_int, c_void};
@@ -61,7 +62,10 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
             // allocator and the retired pools cache goes back (not during a capture, where
             // `empty_cache` refuses), and the pool tries once more.
             Err(f) if f.kind == ErrorKind::OutOfMemory => {
-                let cached = dev.alloc.empty_cache().is_ok();
+                // A release the driver refused in one shard stops no other's: the pool tries
+                // again unless the allocator refused to release at all (a capture).
+                let refused = dev.alloc.empty_cache();
+                let cached = !matches!(refused, Err(AllocError::DuringCapture { .. }));
                 let retired = dev.pools.release_retired();
                 if cached || retired {
                     dev.pools.allocate_again(id, size as u64, stream)
