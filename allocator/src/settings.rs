@@ -42,6 +42,17 @@ impl<D: Device> CachingAllocator<D> {
         Ok(())
     }
 
+    /// The fraction of the device's memory the allocator is capped at: its limit over the
+    /// device's total memory, 1.0 without a limit (PyTorch's
+    /// `get_per_process_memory_fraction`). An error only if the device's memory cannot be read.
+    pub fn memory_fraction(&self) -> Result<f64, AllocError> {
+        let Some(limit) = self.memory_limit() else {
+            return Ok(1.0);
+        };
+        let (_, total) = self.device.mem_info()?;
+        Ok((limit as f64 / total.max(1) as f64).min(1.0))
+    }
+
     /// The memory limit: the most bytes this allocator and its graph pools may hold together
     /// (`None`: no cap).
     pub fn memory_limit(&self) -> Option<u64> {

@@ -115,6 +115,17 @@ int cudalloc_set_memory_fraction(double fraction, int device);
  * has not been used). 0 or -1. */
 int cudalloc_reset_peak_stats(int device);
 
+/* torch.cuda.reset_accumulated_memory_stats: from now on cudalloc_device_stats counts device's
+ * accumulated values (every stat's allocated and freed, num_alloc_retries, num_ooms,
+ * num_sync_all_streams, num_device_alloc, num_device_free) from zero; current and peak values
+ * are untouched, and so is cudalloc_stats_json (counted since the process started). Nothing
+ * to do for a device that has not been used. 0 or -1. */
+int cudalloc_reset_accumulated_stats(int device);
+
+/* The fraction of device's memory its allocator is capped at: the cap over the device's total
+ * memory, 1.0 without a cap (torch.cuda.get_per_process_memory_fraction); -1.0 on failure. */
+double cudalloc_memory_fraction(int device);
+
 /* Statistics of device as a JSON object. Writes the JSON and a terminating NUL into buf if
  * len >= (returned length + 1); writes nothing otherwise (buf may be NULL with len 0). Always
  * returns the JSON's length without the NUL, so a caller can retry with a bigger buffer (the

@@ -302,15 +302,30 @@ pub(crate) fn device_stats<'id>(device: c_int, buf: CBuf<'id>, len: CBufLen<'id>
         let used =
             registry::device_if_used(device).map_err(|e| format!("cudalloc_device_stats: {e}"))?;
         // A device not used yet has no allocator: zeros, without opening it.
-        let mut values = vec![0; json::TORCH_VALUES];
-        if let Some(dev) = used {
-            values = json::torch_values(&dev.alloc);
-            dev.pools.add_torch_values(&mut values);
-            // The sum of the pools' peaks only bounds the device's: the group's is exact.
-            values[json::reserved_peak_index()] = dev.alloc.group_reserved_peak() as i64;
-        }
+        let values = used.map_or_else(|| vec![0; json::TORCH_VALUES], |dev| dev.torch_values());
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
         Ok(buf.write_bytes(len, &bytes))
+    })
+}
+
+pub(crate) fn reset_accumulated_stats(device: c_int) -> c_int {
+    guard(FAILED, || {
+        let used = registry::device_if_used(device)
+            .map_err(|e| format!("cudalloc_reset_accumulated_stats: {e}"))?;
+        if let Some(dev) = used {
+            dev.reset_accumulated_stats();
+        }
+        Ok(OK)
+    })
+}
+
+/// The fraction of `device`'s memory its allocator is capped at (1.0: no cap), or -1.0.
+pub(crate) fn memory_fraction(device: c_int) -> f64 {
+    guard(-1.0, || {
+        let dev = registry::device(device).map_err(|e| format!("cudalloc_memory_fraction: {e}"))?;
+        dev.alloc
+            .memory_fraction()
+            .map_err(|e| format!("cudalloc_memory_fraction(device {device}): {e}"))
     })
 }
 

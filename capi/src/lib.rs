@@ -36,6 +36,7 @@
 
 #![deny(unsafe_code)]
 
+mod accumulated;
 mod api;
 mod error;
 pub mod json;
@@ -148,6 +149,25 @@ pub extern "C" fn cudalloc_set_memory_fraction(fraction: f64, device: c_int) -> 
 #[no_mangle]
 pub extern "C" fn cudalloc_reset_peak_stats(device: c_int) -> c_int {
     api::reset_peak_stats(device)
+}
+
+/// PyTorch's `torch.cuda.reset_accumulated_memory_stats`: from now on `device`'s
+/// [`cudalloc_device_stats`] count every stat's `allocated` and `freed` and the counters
+/// `num_alloc_retries`, `num_ooms`, `num_sync_all_streams`, `num_device_alloc` and
+/// `num_device_free` from zero (nothing to do for a device not used yet). 0, or -1 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_reset_accumulated_stats(device: c_int) -> c_int {
+    api::reset_accumulated_stats(device)
+}
+
+/// The fraction of `device`'s memory its allocator is capped at (its limit over the device's
+/// total memory; 1.0 without a cap), as PyTorch's `get_per_process_memory_fraction` reads it;
+/// -1.0 on failure.
+#[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
+#[no_mangle]
+pub extern "C" fn cudalloc_memory_fraction(device: c_int) -> f64 {
+    api::memory_fraction(device)
 }
 
 /// Writes `device`'s statistics as NUL-terminated JSON into `buf` if they fit in `len` bytes

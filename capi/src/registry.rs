@@ -8,6 +8,7 @@
 //! Calls about a pointer ([`device_if_made`]) read the config but neither ask the driver nor
 //! make an allocator: a device without one holds no allocation.
 
+use crate::accumulated::AccumulatedBase;
 use crate::pools::Pools;
 use cudalloc_core::{AllocError, CachingAllocator, Config, Policy};
 use cudalloc_sys::wrap::RecordAnswers;
@@ -32,6 +33,9 @@ pub(crate) struct Dev {
     pub pools: Pools<Gpu>,
     /// `cudalloc_free` calls that failed (they return nothing, so they are counted here).
     free_errors: AtomicU64,
+    /// The zero of `cudalloc_device_stats`' accumulated values since
+    /// `cudalloc_reset_accumulated_stats`.
+    accumulated: AccumulatedBase,
 }
 
 impl Dev {
@@ -43,6 +47,29 @@ impl Dev {
     /// Failed `cudalloc_free` calls so far.
     pub fn free_errors(&self) -> u64 {
         self.free_errors.load(Ordering::Relaxed)
+    }
+
+    /// `cudalloc_device_stats`' values: the allocator's and its private pools' (dropped ones
+    /// included), the reserved peak the exact one of them together, the accumulated values
+    /// counted from the last [`Dev::reset_accumulated_stats`].
+    pub fn torch_values(&self) -> Vec<i64> {
+        let mut values = self.raw_torch_values();
+        self.accumulated.rebase(&mut values);
+        values
+    }
+
+    /// PyTorch's `reset_accumulated_memory_stats`: [`Dev::torch_values`]' accumulated entries
+    /// count from zero again.
+    pub fn reset_accumulated_stats(&self) {
+        self.accumulated.reset(&self.raw_torch_values());
+    }
+
+    fn raw_torch_values(&self) -> Vec<i64> {
+        let mut values = crate::json::torch_values(&self.alloc);
+        self.pools.add_torch_values(&mut values);
+        // The sum of the pools' peaks only bounds the device's: the group's is exact.
+        values[crate::json::reserved_peak_index()] = self.alloc.group_reserved_peak() as i64;
+        values
     }
 
     /// The caller began a CUDA graph capture on this device: until it ends, neither the
@@ -158,6 +185,7 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
             ordinal,
             pools: Pools::default(),
             free_errors: AtomicU64::new(0),
+            accumulated: AccumulatedBase::default(),
         })
     })
     .as_ref()

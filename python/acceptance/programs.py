@@ -15,7 +15,10 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
   ``torch.OutOfMemoryError`` until a step fits (what tools that fall back to a smaller batch do).
 - ``memory_api``: ``torch.cuda.memory_stats``, ``memory_allocated``, ``max_memory_reserved``,
   ``reset_peak_memory_stats``, ``empty_cache`` and ``caching_allocator_alloc`` answer for the
-  allocator in use.
+  allocator in use, and so do ``reset_accumulated_memory_stats`` (which zeroes the driver-call
+  counters the runner reads: its calls column for PyTorch's allocator reads 0),
+  ``get_per_process_memory_fraction``, ``torch.accelerator.memory_allocated`` and an
+  out-of-memory observer.
 - ``memory_snapshot``: ``torch.cuda.memory_snapshot`` lists the allocator's segments and blocks:
   live tensors in allocated blocks, segments adding up to ``memory_reserved`` and
   ``memory_allocated``, a ``MemPool``'s segments named by its id.
@@ -188,9 +191,41 @@ def memory_api(quick):
     torch.cuda.caching_allocator_delete(p)
     del b
     checks["all_freed"] = torch.cuda.memory_allocated() == base
+    checks.update(memory_api_more())
     if not all(checks.values()):
         raise RuntimeError(f"memory API checks failed: {checks}")
     return {"checks": checks}
+
+
+def memory_api_more():
+    """The accumulated statistics' reset, the memory fraction read back, ``torch.accelerator``'s
+    figures and an out-of-memory observer (each where this torch has it)."""
+    checks = {}
+    kept = torch.empty(6 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.reset_accumulated_memory_stats()
+    stats = torch.cuda.memory_stats()
+    checks["accumulated_reset"] = (stats["allocation.all.allocated"] == 0
+                                   and stats["num_ooms"] == 0
+                                   and stats["allocation.all.current"] >= 1)
+    if hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        checks["fraction_read_back"] = abs(torch.cuda.get_per_process_memory_fraction() - 0.5) < 1e-6
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "memory_allocated"):
+        checks["accelerator_agrees"] = accelerator.memory_allocated() == torch.cuda.memory_allocated()
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is not None:
+        calls = []
+        attach(lambda device, size, limit, free: calls.append(size))
+        too_big = 2 * torch.cuda.get_device_properties(0).total_memory
+        try:
+            torch.empty(too_big, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError:
+            pass
+        checks["oom_observer_called"] = calls[:1] == [too_big]
+    del kept
+    return checks
 
 
 SEGMENT_KEYS = ("device", "address", "total_size", "allocated_size", "active_size",

@@ -275,6 +275,8 @@ def enable(lib_path=None, conf=None, on_malloc_failure="abort", backend=None):
         torch.cuda.memory.change_current_allocator(allocator)
     except RuntimeError as e:
         raise CudallocError(f"{_ALREADY_INITIALISED} ({e})") from e
+    if chosen == "extension":
+        _register_device_allocator()
     # The extension raises on failure itself, so the library only returns NULL there.
     action = _ON_FAILURE[on_malloc_failure] if chosen == "pluggable" else _ON_FAILURE["null"]
     _check(lib.cudalloc_set_malloc_failure_action(action))
@@ -294,6 +296,23 @@ _ALREADY_INITIALISED = (
     "anything initialises CUDA in torch (a tensor on a GPU, torch.cuda.set_device, "
     "torch.cuda.current_device, ...)"
 )
+
+
+def _register_device_allocator():
+    """Makes the extension's allocator c10's CUDA allocator too (``torch.accelerator``); a
+    failure is a warning, since the allocator is in use already."""
+    import warnings
+
+    from . import _backend
+
+    try:
+        _backend.register_device_allocator()
+    except Exception as e:  # an extension built before the function existed, say
+        warnings.warn(
+            f"cudalloc: torch.accelerator's memory functions will read PyTorch's unused "
+            f"allocator, not cudalloc ({e}); torch.cuda's read cudalloc",
+            stacklevel=3,
+        )
 
 
 def _make_allocator(torch, lib, backend):

@@ -27,6 +27,8 @@ FUNCTIONS = (
     "cudalloc_empty_cache",
     "cudalloc_set_memory_fraction",
     "cudalloc_reset_peak_stats",
+    "cudalloc_reset_accumulated_stats",
+    "cudalloc_memory_fraction",
     "cudalloc_device_stats",
     "cudalloc_stats_json",
     "cudalloc_last_error",
@@ -115,12 +117,28 @@ def addresses(lib):
     return {name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in FUNCTIONS}
 
 
+# The extension module whose allocator make_allocator made (None before).
+_made = None
+
+
 def make_allocator(torch, lib, verbose=False):
     """The allocator for ``torch.cuda.memory.change_current_allocator``: the extension's
     allocator over ``lib`` (the ctypes handle of the C library), wrapped as PyTorch wraps its
     own (``torch.cuda.memory._CUDAAllocator``)."""
+    global _made
     module = build(torch, verbose)
     try:
-        return torch.cuda.memory._CUDAAllocator(module.make_allocator(addresses(lib)))
+        allocator = torch.cuda.memory._CUDAAllocator(module.make_allocator(addresses(lib)))
     except Exception as e:  # an older library without a function, an allocator torch refused
         raise BuildError(f"loading cudalloc's PyTorch extension failed: {e}") from e
+    _made = module
+    return allocator
+
+
+def register_device_allocator():
+    """Once ``change_current_allocator`` took :func:`make_allocator`'s allocator: makes it c10's
+    CUDA allocator too, which ``torch.accelerator``'s memory functions (and code allocating
+    through c10's table) read; PyTorch's ``change_current_allocator`` does not."""
+    if _made is None:
+        raise BuildError("register_device_allocator before make_allocator")
+    _made.register_device_allocator()

@@ -41,8 +41,14 @@ def fake_torch(version, builds=True):
 
 
 class FakeModule:
+    def __init__(self):
+        self.registered = 0
+
     def make_allocator(self, addresses):
         return ("allocator over", sorted(addresses))
+
+    def register_device_allocator(self):
+        self.registered += 1
 
 
 class BackendChoice(unittest.TestCase):
@@ -100,6 +106,41 @@ class BackendChoice(unittest.TestCase):
         torch = fake_torch("2.11.0")
         self.assertEqual(self.choose(torch, "pluggable"), ("pluggable", []))
         self.assertEqual(torch.made[0][2:], ("cudalloc_malloc", "cudalloc_free"))
+
+
+class DeviceAllocatorRegistration(unittest.TestCase):
+    """The extension's allocator becomes c10's CUDA allocator too (torch.accelerator's memory
+    functions read that one), only once make_allocator made it; a failure is a warning."""
+
+    def setUp(self):
+        self.real_build, self.real_made = _backend.build, _backend._made
+        self.module = FakeModule()
+        _backend.build = lambda torch, verbose=False: self.module
+        _backend._made = None
+        self.lib = types.SimpleNamespace(**{name: ctypes.CFUNCTYPE(None)(lambda: None) for name in _backend.FUNCTIONS})
+
+    def tearDown(self):
+        _backend.build, _backend._made = self.real_build, self.real_made
+
+    def test_registration_needs_the_allocator_made_first(self):
+        with self.assertRaises(_backend.BuildError):
+            _backend.register_device_allocator()
+        _backend.make_allocator(fake_torch("2.11.0"), self.lib)
+        _backend.register_device_allocator()
+        self.assertEqual(self.module.registered, 1)
+
+    def test_a_failed_registration_warns_and_names_torch_accelerator(self):
+        def refuse():
+            raise RuntimeError("no register_device_allocator in this build")
+
+        self.module.register_device_allocator = refuse
+        _backend.make_allocator(fake_torch("2.11.0"), self.lib)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cudalloc_torch._register_device_allocator()
+        self.assertEqual(len(caught), 1)
+        self.assertIn("torch.accelerator", str(caught[0].message))
+        self.assertIn("no register_device_allocator", str(caught[0].message))
 
 
 class Versions(unittest.TestCase):

@@ -109,3 +109,18 @@ fn a_bad_fraction_is_refused_in_code_and_on_a_pool() {
     let a = alloc(&mut pool, MIB, S0);
     free(&mut pool, a);
 }
+
+/// `memory_fraction` reads back the fraction the key or a later call set (PyTorch's
+/// `get_per_process_memory_fraction`), and 1.0 without a cap.
+#[test]
+fn the_allocator_reads_back_its_fraction() {
+    let sim = || Arc::new(SimDevice::new(SimConfig::with_capacity(4 * GIB)));
+    let alloc = CachingAllocator::new(sim(), with_fraction(Policy::Default, "0.25"));
+    assert_eq!(alloc.memory_fraction().unwrap(), 0.25);
+    alloc.set_memory_fraction(0.6).unwrap();
+    assert!((alloc.memory_fraction().unwrap() - 0.6).abs() < 1e-9);
+    alloc.set_memory_fraction(1.0).unwrap();
+    assert_eq!(alloc.memory_fraction().unwrap(), 1.0);
+    let uncapped = CachingAllocator::new(sim(), Config::for_policy(Policy::Torch));
+    assert_eq!(uncapped.memory_fraction().unwrap(), 1.0);
+}

@@ -6,10 +6,13 @@
 //     c10::Error (RuntimeError), never a null pointer handed on;
 //   - the deleter and raw_delete: cudalloc_free with device -1 (the library finds the owner);
 //   - recordStream (Tensor.record_stream): cudalloc_record_stream, for memory of this allocator;
-//   - getDeviceStats, resetPeakStats, emptyCache, setMemoryFraction, cacheInfo, snapshot,
-//     recordHistory: the library's statistics, segments, history and controls, so that
-//     torch.cuda.memory_stats(), torch.cuda.memory_snapshot(),
-//     torch.cuda.memory._record_memory_history() and friends report cudalloc;
+//   - getDeviceStats, resetPeakStats, resetAccumulatedStats, emptyCache, setMemoryFraction,
+//     getMemoryFraction, cacheInfo, snapshot, recordHistory: the library's statistics,
+//     segments, history and controls, so that torch.cuda.memory_stats(),
+//     torch.cuda.memory_snapshot(), torch.cuda.memory._record_memory_history() and friends
+//     report cudalloc, and (register_device_allocator) so do the torch.accelerator ones;
+//   - attachOutOfMemoryObserver: the observers are called before an out-of-memory is raised,
+//     as PyTorch's allocator calls them;
 //   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
@@ -34,8 +37,10 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -193,6 +198,40 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
   return lib.malloc(size, device, stream);
 }
 
+// torch.cuda.memory._record_memory_history's companion: functions called with (device, bytes
+// asked for, the device's memory or its cap, the device's free memory) before an
+// out-of-memory error is raised. Guarded by observers_mutex.
+std::mutex observers_mutex;
+std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
+
+// Calls every out-of-memory observer, as PyTorch's allocator does before it raises: the
+// limit is the cap when one is set (cudalloc_memory_fraction), else the device's memory.
+void tell_observers(size_t size, c10::DeviceIndex device) {
+  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> calls;
+  {
+    std::lock_guard<std::mutex> lock(observers_mutex);
+    calls = observers;
+  }
+  if (calls.empty()) {
+    return;
+  }
+  size_t free = 0;
+  size_t total = 0;
+  {
+    c10::cuda::CUDAGuard guard(device);
+    if (!queried(cudaMemGetInfo(&free, &total))) {
+      free = total = 0;
+    }
+  }
+  const double fraction = lib.memory_fraction(device);
+  const size_t limit = fraction >= 0.0 && fraction < 1.0
+      ? static_cast<size_t>(fraction * static_cast<double>(total))
+      : total;
+  for (const auto& observer : calls) {
+    observer(device, size, limit, free);
+  }
+}
+
 // cudalloc_malloc (or cudalloc_pool_malloc), with its failure raised as PyTorch raises its own.
 void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
   if (size == 0) {
@@ -205,9 +244,10 @@ void* checked_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
   const std::string where = std::to_string(size) + " bytes on device " +
       std::to_string(static_cast<int>(device));
   if (lib.last_error_kind() == kOutOfMemory) {
-    throw c10::OutOfMemoryError(
-        CUDALLOC_HERE,
-        "CUDA out of memory. Tried to allocate " + where + " (cudalloc): " + last_error());
+    const std::string message =
+        "CUDA out of memory. Tried to allocate " + where + " (cudalloc): " + last_error();
+    tell_observers(size, device);
+    throw c10::OutOfMemoryError(CUDALLOC_HERE, message);
   }
   fail(CUDALLOC_HERE, "could not allocate " + where + ": " + last_error());
 }
@@ -303,6 +343,16 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     check(lib.reset_peak_stats(device), "reset_peak_stats");
   }
 
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check(lib.reset_accumulated_stats(device), "reset_accumulated_stats");
+  }
+
+  void attachOutOfMemoryObserver(
+      c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(observers_mutex);
+    observers.push_back(std::move(observer));
+  }
+
   // torch.cuda.empty_cache() passes {0, 0}: the devices' cached memory and the private pools
   // out of use go back (pools in use keep theirs). Nothing is released while an allocation
   // route is active (a capture or use_mem_pool is underway), since releasing memory waits for
@@ -335,6 +385,14 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     check(lib.set_memory_fraction(fraction, device), "set_memory_fraction");
+  }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    const double fraction = lib.memory_fraction(device);
+    if (fraction < 0.0) {
+      fail(CUDALLOC_HERE, "memory_fraction failed: " + last_error());
+    }
+    return fraction;
   }
 
   // PyTorch's contract: *largest_block is in and out; 0 on entry means "start from the
@@ -551,6 +609,14 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   std::vector<c10::CachingDeviceAllocator::TraceEntry::Action> skip_actions;
 };
 
+// The allocator make_allocator made, kept for the life of the process (PyTorch holds it too,
+// and it cannot be switched back).
+std::shared_ptr<Allocator> made;
+
+// c10's allocator table keeps the registration of the highest priority; PyTorch's own
+// allocator registers with 0.
+constexpr uint8_t kRegistryPriority = 1;
+
 template <typename F>
 void set(F& field, uintptr_t address, const char* name) {
   if (address == 0) {
@@ -574,6 +640,9 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.set_memory_fraction, get("cudalloc_set_memory_fraction"),
       "cudalloc_set_memory_fraction");
   set(lib.reset_peak_stats, get("cudalloc_reset_peak_stats"), "cudalloc_reset_peak_stats");
+  set(lib.reset_accumulated_stats, get("cudalloc_reset_accumulated_stats"),
+      "cudalloc_reset_accumulated_stats");
+  set(lib.memory_fraction, get("cudalloc_memory_fraction"), "cudalloc_memory_fraction");
   set(lib.device_stats, get("cudalloc_device_stats"), "cudalloc_device_stats");
   set(lib.stats_json, get("cudalloc_stats_json"), "cudalloc_stats_json");
   set(lib.last_error, get("cudalloc_last_error"), "cudalloc_last_error");
@@ -595,7 +664,19 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.memory_history, get("cudalloc_memory_history"), "cudalloc_memory_history");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
+  made = allocator;
   return allocator;
+}
+
+// After torch.cuda.memory.change_current_allocator took the allocator: makes it c10's CUDA
+// allocator too (c10::GetAllocator), which torch.accelerator's memory functions and code that
+// allocates through c10's table read; PyTorch's change_current_allocator sets only the CUDA
+// caching allocator's pointer.
+void register_device_allocator() {
+  if (!made) {
+    fail(CUDALLOC_HERE, "register_device_allocator before make_allocator");
+  }
+  c10::SetAllocator(c10::DeviceType::CUDA, made.get(), kRegistryPriority);
 }
 
 }  // namespace
@@ -604,4 +685,6 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_allocator", &cudalloc_torch::make_allocator,
         "cudalloc's c10 CUDA allocator over the library functions at the given addresses");
+  m.def("register_device_allocator", &cudalloc_torch::register_device_allocator,
+        "makes the allocator c10's CUDA allocator too, after change_current_allocator");
 }

@@ -21,6 +21,8 @@ struct Library {
   int (*empty_cache)(int) = nullptr;
   int (*set_memory_fraction)(double, int) = nullptr;
   int (*reset_peak_stats)(int) = nullptr;
+  int (*reset_accumulated_stats)(int) = nullptr;
+  double (*memory_fraction)(int) = nullptr;
   size_t (*device_stats)(int, char*, size_t) = nullptr;
   size_t (*stats_json)(int, char*, size_t) = nullptr;
   const char* (*last_error)() = nullptr;
