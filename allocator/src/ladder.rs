@@ -527,15 +527,15 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
     /// Gives everything back to the device: live allocations die with the pool. While a capture
     /// the pool was told of is underway, the memory goes back without a wait
     /// (`Core::release_all_unwaited`), and a pinned host buffer (`sleep`'s) stays allocated,
-    /// since its wait and its free would invalidate the capture. When the release fails
-    /// otherwise, the pool waits for the device and then gives back what is left the same way
-    /// (without the wait too when the device refuses it). The drop asks the driver nothing of
-    /// the streams the pool has seen and records no event on them: a program may have
-    /// destroyed them already (a Rust program drops its streams before the allocator as often
-    /// as after), and the driver may crash on a destroyed stream's handle. Blocks deferred for
-    /// a capture go back after a wait for the whole device, live blocks without events, and a
-    /// block whose event the device will not wait for (`Core::dropping`) after the fallback's
-    /// wait for the whole device.
+    /// since its wait and its free would invalidate the capture; when that release fails, it
+    /// is tried once more. When the release fails otherwise, the pool waits for the device and
+    /// then gives back what is left the same way (without the wait too when the device refuses
+    /// it). The drop asks the driver nothing of the streams the pool has seen and records no
+    /// event on them: a program may have destroyed them already (a Rust program drops its
+    /// streams before the allocator as often as after), and the driver may crash on a
+    /// destroyed stream's handle. Blocks deferred for a capture go back after a wait for the
+    /// whole device, live blocks without events, and a block whose event the device will not
+    /// wait for (`Core::dropping`) after the fallback's wait for the whole device.
     fn drop(&mut self) {
         self.core.dropping = true;
         // A capture the caller told of may be of a stream the pool holds nothing of. Blocks
@@ -578,7 +578,11 @@ impl<D: Device, P: Policy> Drop for Pool<D, P> {
             let _ = self.free_handle(&a);
         }
         if unwaited {
-            let _ = self.core.release_all_unwaited(&mut self.policy);
+            // A release the device refused stopped the rest: one more try, as below (nothing
+            // is left to wait for here).
+            if self.core.release_all_unwaited(&mut self.policy).is_err() {
+                let _ = self.core.release_all_unwaited(&mut self.policy);
+            }
         } else if self.release_cached_blocks().is_err() {
             self.core.stats.device_waits += 1;
             let _ = self.core.device.synchronize_device();

@@ -21,6 +21,28 @@ pub const NO_MARK: u64 = u64::MAX;
 /// "Not in an expandable segment".
 pub const NO_SEGMENT: u32 = u32::MAX;
 
+/// The low bits of a handout number (`crate::pool::Handle::serial`): its place in its range.
+const SERIAL_SEQ: u64 = 0xFFFF_FFFF;
+
+static NEXT_SERIALS: crate::sync::IdCounter = crate::sync::IdCounter::new(1);
+
+/// A fresh range of handout numbers, process-wide (bits 32 to 62; the top bit is
+/// `POOL_SERIAL`'s): no two pools number their handouts alike (for the first 2^31 ranges), so
+/// a handle of another pool (a dropped graph pool's, whose addresses a pool may hold since)
+/// never matches a block.
+pub(crate) fn fresh_serials() -> u64 {
+    let id = NEXT_SERIALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (id & 0x7FFF_FFFF) << 32
+}
+
+/// The handout number after `last`, from a fresh range once `last`'s is used up.
+pub(crate) fn next_serial(last: u64) -> u64 {
+    match last & SERIAL_SEQ {
+        SERIAL_SEQ => fresh_serials() + 1,
+        _ => last + 1,
+    }
+}
+
 /// One block.
 #[derive(Clone, Debug)]
 pub struct Block {

@@ -137,8 +137,8 @@ pub(crate) struct Handle {
     /// Which handout of the block this is: two handouts of one address never share it, so a
     /// stale handle (freed, its address handed out again with the same size and stream) is
     /// refused instead of freeing the new owner's block. A pool numbers its handouts with the
-    /// top bit set; a thread cache's hit (`CachingAllocator`) takes its cache token, which never
-    /// has it.
+    /// top bit set, from ranges no other pool uses; a thread cache's hit (`CachingAllocator`)
+    /// takes its cache token, which never has it.
     pub serial: u64,
     /// The number of the caller's tag whose pool holds it ([`Core::tag`]; 0: untagged).
     pub tag: u32,
@@ -213,7 +213,7 @@ pub struct Core<D: Device> {
     /// A virtual range could not be reserved in the last growth attempt (address space, not
     /// memory, ran out): the error then says so ([`crate::AllocError::AddressSpace`]).
     pub(crate) reserve_failed: bool,
-    /// Allocations handed out so far ([`Handle::serial`]).
+    /// The last handout number ([`Handle::serial`] without its top bit; `block::next_serial`).
     pub(crate) handouts: u64,
     /// Address and stream of blocks whose free waited for events and has completed since the
     /// last [`Core::take_completions`], while tracked (`None`: not tracked).
@@ -286,7 +286,7 @@ impl<D: Device> Core<D> {
             group_peak: None,
             shared_peak: None,
             reserve_failed: false,
-            handouts: 0,
+            handouts: block::fresh_serials(),
             completions: None,
             strays: 0,
             unfreed: Arc::new(AtomicBool::new(true)),
@@ -481,7 +481,7 @@ impl<D: Device> Core<D> {
 
     /// Numbers the handout of allocated block `id` and makes its handle.
     pub(crate) fn hand_out(&mut self, id: BlockId, size: u64, stream: StreamId) -> Handle {
-        self.handouts += 1;
+        self.handouts = block::next_serial(self.handouts);
         let serial = POOL_SERIAL | self.handouts;
         let b = &mut self.blocks[id];
         b.serial = serial;

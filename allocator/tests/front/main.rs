@@ -19,7 +19,8 @@
 //! back), `graph_engine.rs` (the example engine's
 //! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake),
 //! `oom_ladder_review.rs` (the last resort of every shard and tag pool, whichever pool ran out),
-//! `sleep_review.rs` (another allocator's tagged allocations).
+//! `sleep_review.rs` (another allocator's tagged allocations), `hunt_streams.rs` (streams,
+//! captures, graph pools and thread caches together: a random model, and the bugs it found).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -29,6 +30,7 @@ mod graph_engine;
 mod graph_pool;
 mod hooks;
 mod hooks_wake;
+mod hunt_streams;
 mod idle;
 mod oom_ladder_review;
 mod restore;
