@@ -35,8 +35,8 @@ impl<D: Device> CachingAllocator<D> {
     /// limit ([`CachingAllocator::set_memory_limit`]), as PyTorch's memory fraction caps its
     /// private pools: the pool starts with this allocator's limit, and the two together hold at
     /// most that many bytes.
-    /// It starts with this allocator's map hooks ([`CachingAllocator::set_map_hooks`]); each
-    /// has its own afterwards.
+    /// It starts with this allocator's map hooks ([`CachingAllocator::set_map_hooks`]) and peer
+    /// devices ([`CachingAllocator::set_peer_access`]); each has its own afterwards.
     pub fn graph_pool(&self) -> CachingAllocator<D> {
         let pool = CachingAllocator::on_shared_device(
             self.shared_device(),
@@ -45,6 +45,8 @@ impl<D: Device> CachingAllocator<D> {
             true,
         );
         pool.set_memory_limit(self.memory_limit());
+        // Nothing is mapped in the new pool yet, so no access is granted and nothing can fail.
+        let _ = pool.set_peer_access(&self.peer_access());
         if let Some(hooks) = self.map_hooks() {
             pool.set_map_hooks(Some(hooks));
         }

@@ -475,9 +475,11 @@ impl<D: Device, P: Policy> Pool<D, P> {
         self.core.apply_fraction()
     }
 
-    /// Peer devices whose access is set on every page mapped from now on.
-    pub fn set_peers(&mut self, peers: Vec<usize>) {
-        self.core.set_peers(peers);
+    /// Sets the peer devices whose access every page of the pool has: the pages mapped from now
+    /// on, and the ones mapped already when the list adds a device (`Core::set_peers`; the
+    /// first failure to grant is returned, the list holds all the same).
+    pub fn set_peers(&mut self, peers: Vec<usize>) -> Result<(), AllocError> {
+        self.core.set_peers(peers)
     }
 
     /// Resets peak statistics. Only the statistics: a policy keeps its own figures (the

@@ -66,15 +66,29 @@ impl<D: Device> CachingAllocator<D> {
         for s in self.shards.iter() {
             s.lock().set_limit(bytes);
         }
-        self.tags_settings(Some(bytes), None);
+        // A limit grants nothing, so it cannot fail.
+        let _ = self.tags_settings(Some(bytes), None);
     }
 
-    /// Makes every page mapped from now on accessible from the peer devices `peers` too
-    /// (expandable policies; the peers' contexts must have peer access to this device enabled).
-    pub fn set_peer_access(&self, peers: &[usize]) {
+    /// Makes every page of this allocator accessible from the peer devices `peers` too
+    /// (expandable policies): the pages mapped from now on, and those mapped already when the
+    /// list adds a device (PyTorch's `enablePeerAccess`: a kernel on the peer reading a tensor
+    /// of this device needs it). The peers' contexts must have peer access to this device
+    /// enabled. Every shard and tag pool is set even after one fails to grant; the first error
+    /// is returned.
+    pub fn set_peer_access(&self, peers: &[usize]) -> Result<(), AllocError> {
+        let mut first = Ok(());
         for s in self.shards.iter() {
-            s.lock().set_peers(peers.to_vec());
+            let r = s.lock().set_peers(peers.to_vec());
+            if first.is_ok() {
+                first = r;
+            }
         }
-        self.tags_settings(None, Some(peers));
+        first.and(self.tags_settings(None, Some(peers)))
+    }
+
+    /// The peer devices whose access every page has ([`CachingAllocator::set_peer_access`]).
+    pub fn peer_access(&self) -> Vec<usize> {
+        self.shards[0].lock().core.peers.clone()
     }
 }

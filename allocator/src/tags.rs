@@ -148,7 +148,7 @@ impl<D: Device> CachingAllocator<D> {
         if let Some(limit) = set.limit {
             pool.set_limit(limit);
         }
-        pool.set_peers(set.peers.clone());
+        pool.core.peers = set.peers.clone(); // nothing mapped yet: no access to grant
         pool.keeps_memory = self.keeps_memory;
         pool.core.set_hooks(set.hooks.clone());
         for &mode in &set.captures {
@@ -396,8 +396,13 @@ impl<D: Device> CachingAllocator<D> {
         first
     }
 
-    /// Sets every tag's pool's limit and peers as the shards'.
-    pub(crate) fn tags_settings(&self, limit: Option<Option<u64>>, peers: Option<&[usize]>) {
+    /// Sets every tag's pool's limit and peers as the shards'; the first failure to grant a
+    /// peer access to pages mapped already is returned (`Core::set_peers`), every pool set.
+    pub(crate) fn tags_settings(
+        &self,
+        limit: Option<Option<u64>>,
+        peers: Option<&[usize]>,
+    ) -> Result<(), AllocError> {
         let mut set = self.tags.lock();
         if limit.is_some() {
             set.limit = limit;
@@ -405,13 +410,18 @@ impl<D: Device> CachingAllocator<D> {
         if let Some(p) = peers {
             set.peers = p.to_vec();
         }
+        let mut first = Ok(());
         for t in set.pools.iter_mut() {
             if let Some(l) = limit {
                 t.pool.set_limit(l);
             }
             if let Some(p) = peers {
-                t.pool.set_peers(p.to_vec());
+                let r = t.pool.set_peers(p.to_vec());
+                if first.is_ok() {
+                    first = r;
+                }
             }
         }
+        first
     }
 }

@@ -122,6 +122,13 @@ int cudalloc_reset_peak_stats(int device);
  * to do for a device that has not been used. 0 or -1. */
 int cudalloc_reset_accumulated_stats(int device);
 
+/* Makes every page of device's allocator and of its private pools accessible from device peer
+ * too: those mapped already and those mapped from now on (torch's enablePeerAccess(peer,
+ * device); a kernel on peer reading device's memory needs it under the expandable policies,
+ * whose pages are accessible only from the devices named). peer's context must have peer
+ * access to device enabled (cudaDeviceEnablePeerAccess). 0 or -1. */
+int cudalloc_enable_peer_access(int device, int peer);
+
 /* The fraction of device's memory its allocator is capped at: the cap over the device's total
  * memory, 1.0 without a cap (torch.cuda.get_per_process_memory_fraction); -1.0 on failure. */
 double cudalloc_memory_fraction(int device);

@@ -319,6 +319,19 @@ pub(crate) fn reset_accumulated_stats(device: c_int) -> c_int {
     })
 }
 
+pub(crate) fn enable_peer_access(device: c_int, peer: c_int) -> c_int {
+    guard(FAILED, || {
+        let what = format!("cudalloc_enable_peer_access(device {device}, peer {peer})");
+        let ordinal = usize::try_from(peer).map_err(|_| format!("{what}: no device {peer}"))?;
+        if peer == device {
+            return Err(format!("{what}: a device is not its own peer"));
+        }
+        let dev = registry::device(device).map_err(|e| format!("{what}: {e}"))?;
+        dev.add_peer(ordinal).map_err(|e| format!("{what}: {e}"))?;
+        Ok(OK)
+    })
+}
+
 /// The fraction of `device`'s memory its allocator is capped at (1.0: no cap), or -1.0.
 pub(crate) fn memory_fraction(device: c_int) -> f64 {
     guard(-1.0, || {

@@ -449,6 +449,19 @@ impl<D: Device> Pools<D> {
         }
     }
 
+    /// Sets every pool's peer devices (the device's: `CachingAllocator::set_peer_access`): each
+    /// pool is set even after one fails to grant its pages' access; the first error is returned.
+    pub fn set_peer_access(&self, peers: &[usize]) -> Result<(), AllocError> {
+        let mut first = Ok(());
+        for p in self.all() {
+            let r = p.alloc.set_peer_access(peers);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
     /// Every pool, active and retired. Both locks are held together (in `acquire`'s order),
     /// so that a pool moving from retired to active meanwhile is not missed.
     fn all(&self) -> Vec<Shared<D>> {

@@ -36,6 +36,8 @@ pub(crate) struct Dev {
     /// The zero of `cudalloc_device_stats`' accumulated values since
     /// `cudalloc_reset_accumulated_stats`.
     accumulated: AccumulatedBase,
+    /// Held while the peer list is read and set (`Dev::add_peer`), so that no peer is lost.
+    peers_lock: parking_lot::Mutex<()>,
 }
 
 impl Dev {
@@ -82,6 +84,20 @@ impl Dev {
     /// one fails, and the first error is returned.
     pub fn end_capture(&self) -> Result<(), AllocError> {
         self.pools.end_capture(&self.alloc)
+    }
+
+    /// Makes every page of this device's allocator and of its private pools accessible from
+    /// device `peer` too (PyTorch's `enablePeerAccess(peer, this device)`): those mapped
+    /// already and those mapped from now on. Every allocator is set even after one fails to
+    /// grant; the first error is returned.
+    pub fn add_peer(&self, peer: usize) -> Result<(), AllocError> {
+        let _one_at_a_time = self.peers_lock.lock();
+        let mut peers = self.alloc.peer_access();
+        if !peers.contains(&peer) {
+            peers.push(peer);
+        }
+        let r = self.alloc.set_peer_access(&peers);
+        r.and(self.pools.set_peer_access(&peers))
     }
 
     /// A new allocator for a private pool of this device: a graph pool of the device's
@@ -186,6 +202,7 @@ pub(crate) fn device(device: c_int) -> Result<&'static Dev, String> {
             pools: Pools::default(),
             free_errors: AtomicU64::new(0),
             accumulated: AccumulatedBase::default(),
+            peers_lock: parking_lot::Mutex::new(()),
         })
     })
     .as_ref()

@@ -29,6 +29,7 @@ FUNCTIONS = (
     "cudalloc_reset_peak_stats",
     "cudalloc_reset_accumulated_stats",
     "cudalloc_memory_fraction",
+    "cudalloc_enable_peer_access",
     "cudalloc_device_stats",
     "cudalloc_stats_json",
     "cudalloc_last_error",
@@ -61,7 +62,7 @@ LOST_ON_FALLBACK = (
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCE = os.path.join(CSRC, "backend.cpp")
 # The headers backend.cpp includes; with it, they make the extension's source.
-HEADERS = ("library.h", "snapshot.h", "checkpoint.h", "routes.h")
+HEADERS = ("library.h", "snapshot.h", "checkpoint.h", "routes.h", "observers.h")
 
 
 class BuildError(RuntimeError):

@@ -32,6 +32,7 @@ mod events;
 mod expand;
 pub(crate) mod index;
 mod moving;
+mod peers;
 mod pinning;
 mod release;
 mod releasing;
@@ -349,11 +350,6 @@ impl<D: Device> Core<D> {
     pub fn set_limit(&mut self, limit: Option<u64>) {
         self.limit = limit;
         self.fraction = None;
-    }
-
-    /// Peer devices whose access is set on every page mapped from now on.
-    pub fn set_peers(&mut self, peers: Vec<usize>) {
-        self.peers = peers;
     }
 
     /// Marks allocated block `id` for its policy: [`Policy::on_marked_free`](crate::policy::Policy::on_marked_free)(crate::policy::Policy::on_marked_free)

@@ -20,7 +20,8 @@
 //! graph protocol), `sleep.rs`, `sleep_faults.rs` and `sleep_model.rs` (tags, sleep and wake),
 //! `oom_ladder_review.rs` (the last resort of every shard and tag pool, whichever pool ran out),
 //! `sleep_review.rs` (another allocator's tagged allocations), `hunt_streams.rs` (streams,
-//! captures, graph pools and thread caches together: a random model, and the bugs it found).
+//! captures, graph pools and thread caches together: a random model, and the bugs it found),
+//! `peers.rs` (peer access granted to pages mapped before and after).
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
@@ -33,6 +34,7 @@ mod hooks_wake;
 mod hunt_streams;
 mod idle;
 mod oom_ladder_review;
+mod peers;
 mod restore;
 mod share;
 mod sleep;

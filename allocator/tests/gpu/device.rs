@@ -188,7 +188,7 @@ fn one_allocator_per_device_and_peer_access() {
         let a1 = CachingAllocator::new(CudaDevice::new(1).unwrap(), Config::for_policy(policy));
         let peer = CudaDevice::new(1).unwrap();
         a0.with_device(|d| d.enable_peer_access(&peer)).unwrap();
-        a0.set_peer_access(&[1]);
+        a0.set_peer_access(&[1]).unwrap();
         let (f0, f1) = (free(0), free(1));
         let x = a1.allocate(1 << 30, StreamId::DEFAULT).unwrap();
         assert!(

@@ -13,6 +13,10 @@
 //     report cudalloc, and (register_device_allocator) so do the torch.accelerator ones;
 //   - attachOutOfMemoryObserver: the observers are called before an out-of-memory is raised,
 //     as PyTorch's allocator calls them;
+//   - enablePeerAccess and memcpyAsync: a device that reads another's tensors gets access to
+//     their pages (cudalloc_enable_peer_access: a mapped page is accessible only from the
+//     devices named), and a copy between devices without peer access goes through
+//     cudaMemcpyPeerAsync, as PyTorch's allocator does for its own mapped pages;
 //   - private pools (torch.cuda.graph, graph_pool_handle, CUDA graph trees, torch.cuda.MemPool):
 //     the library's cudalloc_pool_* functions; allocations go to a pool while PyTorch's stream
 //     filter for it says so, and during a capture in relaxed capture mode, as PyTorch's own
@@ -27,7 +31,8 @@
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
 // translation of the snapshot and history documents, checkpoint.h the checkpoints of private
-// pools (CUDA graph trees); the four make one translation unit.
+// pools (CUDA graph trees), observers.h the out-of-memory observers; the five make one
+// translation unit.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
 // raise PyTorch's "not supported" error). The library's functions are passed in as addresses
@@ -61,6 +66,7 @@
 
 #include "library.h"
 #include "checkpoint.h"
+#include "observers.h"
 #include "routes.h"
 #include "snapshot.h"
 
@@ -78,16 +84,6 @@ struct Told {
   cudaStream_t stream;
 };
 std::vector<Told> told;  // guarded by routes_mutex
-
-// A failed query's error is cleared from the runtime's last error, where PyTorch's next
-// kernel launch check would find it and raise (the legacy stream answers 906 while a blocking
-// stream is being captured, and that capture goes on unharmed).
-bool queried(cudaError_t code) {
-  if (code != cudaSuccess) {
-    (void)cudaGetLastError();
-  }
-  return code == cudaSuccess;
-}
 
 // The id of the capture `stream` is part of, or 0 when it is not being captured (or the query
 // failed).
@@ -196,40 +192,6 @@ void* library_malloc(size_t size, c10::DeviceIndex device, cudaStream_t stream) 
     return lib.pool_malloc(size, device, stream, pool->first, pool->second);
   }
   return lib.malloc(size, device, stream);
-}
-
-// torch.cuda.memory._record_memory_history's companion: functions called with (device, bytes
-// asked for, the device's memory or its cap, the device's free memory) before an
-// out-of-memory error is raised. Guarded by observers_mutex.
-std::mutex observers_mutex;
-std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
-
-// Calls every out-of-memory observer, as PyTorch's allocator does before it raises: the
-// limit is the cap when one is set (cudalloc_memory_fraction), else the device's memory.
-void tell_observers(size_t size, c10::DeviceIndex device) {
-  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> calls;
-  {
-    std::lock_guard<std::mutex> lock(observers_mutex);
-    calls = observers;
-  }
-  if (calls.empty()) {
-    return;
-  }
-  size_t free = 0;
-  size_t total = 0;
-  {
-    c10::cuda::CUDAGuard guard(device);
-    if (!queried(cudaMemGetInfo(&free, &total))) {
-      free = total = 0;
-    }
-  }
-  const double fraction = lib.memory_fraction(device);
-  const size_t limit = fraction >= 0.0 && fraction < 1.0
-      ? static_cast<size_t>(fraction * static_cast<double>(total))
-      : total;
-  for (const auto& observer : calls) {
-    observer(device, size, limit, free);
-  }
 }
 
 // cudalloc_malloc (or cudalloc_pool_malloc), with its failure raised as PyTorch raises its own.
@@ -385,6 +347,25 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     check(lib.set_memory_fraction(fraction, device), "set_memory_fraction");
+  }
+
+  // PyTorch calls it before a kernel on `dev` reads memory of `dev_to_access` (get_p2p_access):
+  // the driver's peer access, as the base enables it, then the pages of `dev_to_access`'s
+  // allocator, mapped before and after, made accessible from `dev`.
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    CUDAPluggableAllocator::enablePeerAccess(dev, dev_to_access);
+    check(lib.enable_peer_access(dev_to_access, dev), "enable_peer_access");
+  }
+
+  // With peer access the copy engines reach the pages; without it only the peer copy does
+  // (cudaMemcpyAsync between devices fails on mapped pages that the other device cannot
+  // access).
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          size_t count, cudaStream_t stream, bool p2p_enabled) override {
+    if (p2p_enabled || dst_device == src_device) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
@@ -643,6 +624,7 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.reset_accumulated_stats, get("cudalloc_reset_accumulated_stats"),
       "cudalloc_reset_accumulated_stats");
   set(lib.memory_fraction, get("cudalloc_memory_fraction"), "cudalloc_memory_fraction");
+  set(lib.enable_peer_access, get("cudalloc_enable_peer_access"), "cudalloc_enable_peer_access");
   set(lib.device_stats, get("cudalloc_device_stats"), "cudalloc_device_stats");
   set(lib.stats_json, get("cudalloc_stats_json"), "cudalloc_stats_json");
   set(lib.last_error, get("cudalloc_last_error"), "cudalloc_last_error");

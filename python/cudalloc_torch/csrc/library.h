@@ -23,6 +23,7 @@ struct Library {
   int (*reset_peak_stats)(int) = nullptr;
   int (*reset_accumulated_stats)(int) = nullptr;
   double (*memory_fraction)(int) = nullptr;
+  int (*enable_peer_access)(int, int) = nullptr;
   size_t (*device_stats)(int, char*, size_t) = nullptr;
   size_t (*stats_json)(int, char*, size_t) = nullptr;
   const char* (*last_error)() = nullptr;
@@ -49,6 +50,16 @@ inline Library lib;
 inline constexpr int kOutOfMemory = 2;  // CUDALLOC_ERROR_OUT_OF_MEMORY
 inline constexpr int kAnyDevice = -1;   // cudalloc_free's "whichever device holds it"
 inline constexpr size_t kDeviceStats = 122;  // CUDALLOC_DEVICE_STATS
+
+// A failed query's error is cleared from the runtime's last error, where PyTorch's next
+// kernel launch check would find it and raise (the legacy stream answers 906 while a blocking
+// stream is being captured, and that capture goes on unharmed).
+inline bool queried(cudaError_t code) {
+  if (code != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  return code == cudaSuccess;
+}
 
 inline std::string last_error() {
   const char* e = lib.last_error();
