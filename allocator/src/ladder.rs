@@ -476,8 +476,8 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// Sets the peer devices whose access every page of the pool has: the pages mapped from now
-    /// on, and the ones mapped already when the list adds a device (`Core::set_peers`; the
-    /// first failure to grant is returned, the list holds all the same).
+    /// on, and the ones mapped already when the list adds a device (`Core::set_peers`: on a
+    /// failure to grant the list stays as it was).
     pub fn set_peers(&mut self, peers: Vec<usize>) -> Result<(), AllocError> {
         self.core.set_peers(peers)
     }

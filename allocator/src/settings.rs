@@ -74,8 +74,8 @@ impl<D: Device> CachingAllocator<D> {
     /// (expandable policies): the pages mapped from now on, and those mapped already when the
     /// list adds a device (PyTorch's `enablePeerAccess`: a kernel on the peer reading a tensor
     /// of this device needs it). The peers' contexts must have peer access to this device
-    /// enabled. Every shard and tag pool is set even after one fails to grant; the first error
-    /// is returned.
+    /// enabled. Every shard and tag pool is tried even after one fails to grant (that one keeps
+    /// its peers, so the same call again grants it); the first error is returned.
     pub fn set_peer_access(&self, peers: &[usize]) -> Result<(), AllocError> {
         let mut first = Ok(());
         for s in self.shards.iter() {

@@ -397,7 +397,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Sets every tag's pool's limit and peers as the shards'; the first failure to grant a
-    /// peer access to pages mapped already is returned (`Core::set_peers`), every pool set.
+    /// peer access to pages mapped already is returned (`Core::set_peers`: that pool keeps its
+    /// peers), every other pool set.
     pub(crate) fn tags_settings(
         &self,
         limit: Option<Option<u64>>,

@@ -5,10 +5,10 @@
 //!
 //! The allocator's own statistics keep `current == allocated - freed` (`cudalloc_core::stats`),
 //! so the reset is a view: [`AccumulatedBase`] keeps the accumulated values at the last reset
-//! and [`AccumulatedBase::rebase`] takes them off what is read later. Invariant: the base holds
-//! zeros everywhere but at the accumulated entries, and every entry of the base is at most the
-//! value it was taken from, so (the raw values never going backwards) a rebased value is never
-//! negative.
+//! and [`AccumulatedBase::rebased`] takes them off what is read later. Invariant: the base holds
+//! zeros everywhere but at the accumulated entries, and each read runs under the base's lock,
+//! after the reset that set it, so (the raw values never going backwards) a rebased value is
+//! never negative.
 
 use crate::json::TORCH_VALUES;
 use parking_lot::Mutex;
@@ -25,21 +25,27 @@ impl Default for AccumulatedBase {
 }
 
 impl AccumulatedBase {
-    /// Takes the accumulated entries of `raw` (the values read now) as the new zero.
-    pub fn reset(&self, raw: &[i64]) {
+    /// Takes the accumulated entries of the values `read` returns now as the new zero. `read`
+    /// runs under the base's lock, so no [`AccumulatedBase::rebased`] read overlaps it.
+    pub fn reset(&self, read: impl FnOnce() -> Vec<i64>) {
         let mask = accumulated_mask();
         let mut base = self.0.lock();
-        for ((b, &v), &m) in base.iter_mut().zip(raw).zip(mask) {
+        let raw = read();
+        for ((b, &v), &m) in base.iter_mut().zip(&raw).zip(mask) {
             *b = if m { v } else { 0 };
         }
     }
 
-    /// `raw` (values read after the last reset) as counted from that reset.
-    pub fn rebase(&self, raw: &mut [i64]) {
+    /// The values `read` returns, counted from the last reset. `read` runs under the base's
+    /// lock, so a reset on another thread comes wholly before or after it: a value read before
+    /// a reset is never rebased by it (which would make it negative).
+    pub fn rebased(&self, read: impl FnOnce() -> Vec<i64>) -> Vec<i64> {
         let base = self.0.lock();
-        for (v, b) in raw.iter_mut().zip(base.iter()) {
+        let mut values = read();
+        for (v, b) in values.iter_mut().zip(base.iter()) {
             *v -= b;
         }
+        values
     }
 }
 
@@ -92,9 +98,8 @@ mod tests {
         alloc.free(gone).unwrap();
         let base = AccumulatedBase::default();
         let before = torch_values(&alloc);
-        base.reset(&before);
-        let mut now = torch_values(&alloc);
-        base.rebase(&mut now);
+        base.reset(|| torch_values(&alloc));
+        let now = base.rebased(|| torch_values(&alloc));
         for key in [
             "allocation.all.allocated",
             "allocation.all.freed",
@@ -115,8 +120,7 @@ mod tests {
         }
         assert!(value(&before, "allocation.all.allocated") >= 2);
         let again = alloc.allocate(2 * MIB, StreamId(0)).unwrap();
-        let mut later = torch_values(&alloc);
-        base.rebase(&mut later);
+        let later = base.rebased(|| torch_values(&alloc));
         assert_eq!(value(&later, "allocation.all.allocated"), 1);
         assert_eq!(
             value(&later, "allocated_bytes.all.allocated"),
@@ -125,5 +129,38 @@ mod tests {
         assert_eq!(value(&later, "allocation.all.current"), 2);
         alloc.free(again).unwrap();
         alloc.free(kept).unwrap();
+    }
+
+    /// A reader of the statistics on one thread while another allocates and resets: no
+    /// accumulated value is ever negative.
+    #[test]
+    fn reads_racing_resets_are_never_negative() {
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(1 << 30)));
+        let alloc = CachingAllocator::new(sim, Config::parse("policy:default").unwrap());
+        let base = AccumulatedBase::default();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let keys = cudalloc_core::Stats::default().to_torch_dict();
+        std::thread::scope(|t| {
+            let reader = t.spawn(|| {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                    let v = base.rebased(|| torch_values(&alloc));
+                    let negative: Vec<_> = keys
+                        .iter()
+                        .zip(&v)
+                        .filter(|((k, _), &x)| x < 0 && k != "max_split_size")
+                        .collect();
+                    assert!(negative.is_empty(), "{negative:?}");
+                    reads += 1;
+                }
+            });
+            for _ in 0..2_000 {
+                let a = alloc.allocate(4 * MIB, StreamId(0)).unwrap();
+                base.reset(|| torch_values(&alloc));
+                alloc.free(a).unwrap();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            reader.join().unwrap();
+        });
     }
 }

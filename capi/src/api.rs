@@ -15,7 +15,7 @@ use crate::{
 use cudalloc_core::record::Action;
 use cudalloc_core::{AllocError, Allocation};
 use cudalloc_sys::ffi::{CBuf, CBufLen, CStrArg};
-use cudalloc_sys::StreamId;
+use cudalloc_sys::{CudaDevice, StreamId};
 use std::ffi::{c_int, c_void};
 use std::io::Write;
 use std::path::PathBuf;
@@ -327,18 +327,33 @@ pub(crate) fn enable_peer_access(device: c_int, peer: c_int) -> c_int {
             return Err(format!("{what}: a device is not its own peer"));
         }
         let dev = registry::device(device).map_err(|e| format!("{what}: {e}"))?;
+        // A peer that cannot reach the device would fail every later mapping of its pages.
+        match CudaDevice::can_access_peer(ordinal, dev.ordinal) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(format!(
+                    "{what}: device {peer} cannot access device {device}"
+                ))
+            }
+            Err(e) => return Err(format!("{what}: {e}")),
+        }
         dev.add_peer(ordinal).map_err(|e| format!("{what}: {e}"))?;
         Ok(OK)
     })
 }
 
-/// The fraction of `device`'s memory its allocator is capped at (1.0: no cap), or -1.0.
+/// The fraction of `device`'s memory its allocator is capped at (1.0: no cap), or -1.0; a
+/// device not used yet is not opened: the configuration's fraction.
 pub(crate) fn memory_fraction(device: c_int) -> f64 {
     guard(-1.0, || {
-        let dev = registry::device(device).map_err(|e| format!("cudalloc_memory_fraction: {e}"))?;
-        dev.alloc
-            .memory_fraction()
-            .map_err(|e| format!("cudalloc_memory_fraction(device {device}): {e}"))
+        let what = format!("cudalloc_memory_fraction(device {device})");
+        match registry::device_if_used(device).map_err(|e| format!("{what}: {e}"))? {
+            Some(dev) => dev
+                .alloc
+                .memory_fraction()
+                .map_err(|e| format!("{what}: {e}")),
+            None => registry::configured_fraction(device).map_err(|e| format!("{what}: {e}")),
+        }
     })
 }
 

@@ -165,7 +165,9 @@ pub extern "C" fn cudalloc_reset_accumulated_stats(device: c_int) -> c_int {
 /// device `peer` too: the pages mapped already and those mapped from now on (PyTorch's
 /// `enablePeerAccess(peer, device)`, which a kernel on `peer` reading `device`'s memory needs
 /// under the expandable policies; `peer`'s context must have peer access to `device` enabled,
-/// `cudaDeviceEnablePeerAccess`). 0, or -1 on failure (a peer that cannot access `device`).
+/// `cudaDeviceEnablePeerAccess`). 0, or -1 on failure: a peer that does not exist, is `device`
+/// or cannot access it is refused and changes nothing; a grant the driver refuses leaves the
+/// peers as they were.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_enable_peer_access(device: c_int, peer: c_int) -> c_int {
@@ -174,7 +176,7 @@ pub extern "C" fn cudalloc_enable_peer_access(device: c_int, peer: c_int) -> c_i
 
 /// The fraction of `device`'s memory its allocator is capped at (its limit over the device's
 /// total memory; 1.0 without a cap), as PyTorch's `get_per_process_memory_fraction` reads it;
-/// -1.0 on failure.
+/// for a device not used yet (not opened) the configuration's fraction; -1.0 on failure.
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `api`.
 #[no_mangle]
 pub extern "C" fn cudalloc_memory_fraction(device: c_int) -> f64 {

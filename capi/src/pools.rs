@@ -450,7 +450,8 @@ impl<D: Device> Pools<D> {
     }
 
     /// Sets every pool's peer devices (the device's: `CachingAllocator::set_peer_access`): each
-    /// pool is set even after one fails to grant its pages' access; the first error is returned.
+    /// pool is tried even after one fails to grant its pages' access (that one keeps its
+    /// peers); the first error is returned.
     pub fn set_peer_access(&self, peers: &[usize]) -> Result<(), AllocError> {
         let mut first = Ok(());
         for p in self.all() {

@@ -55,15 +55,13 @@ impl Dev {
     /// included), the reserved peak the exact one of them together, the accumulated values
     /// counted from the last [`Dev::reset_accumulated_stats`].
     pub fn torch_values(&self) -> Vec<i64> {
-        let mut values = self.raw_torch_values();
-        self.accumulated.rebase(&mut values);
-        values
+        self.accumulated.rebased(|| self.raw_torch_values())
     }
 
     /// PyTorch's `reset_accumulated_memory_stats`: [`Dev::torch_values`]' accumulated entries
     /// count from zero again.
     pub fn reset_accumulated_stats(&self) {
-        self.accumulated.reset(&self.raw_torch_values());
+        self.accumulated.reset(|| self.raw_torch_values());
     }
 
     fn raw_torch_values(&self) -> Vec<i64> {
@@ -88,8 +86,9 @@ impl Dev {
 
     /// Makes every page of this device's allocator and of its private pools accessible from
     /// device `peer` too (PyTorch's `enablePeerAccess(peer, this device)`): those mapped
-    /// already and those mapped from now on. Every allocator is set even after one fails to
-    /// grant; the first error is returned.
+    /// already and those mapped from now on. Every allocator is tried even after one fails to
+    /// grant (that one keeps its peers, so the same call again grants it); the first error is
+    /// returned.
     pub fn add_peer(&self, peer: usize) -> Result<(), AllocError> {
         let _one_at_a_time = self.peers_lock.lock();
         let mut peers = self.alloc.peer_access();
@@ -158,6 +157,13 @@ fn slot(device: c_int) -> Result<(&'static Slot, &'static Config, usize), String
             )
         })?;
     Ok((&slots[ordinal], cfg, ordinal))
+}
+
+/// The memory fraction an allocator of `device` starts with: the configuration's
+/// `per_process_memory_fraction`, 1.0 without one. Errors as [`device_if_used`].
+pub(crate) fn configured_fraction(device: c_int) -> Result<f64, String> {
+    let (_, cfg, _) = slot(device)?;
+    Ok(cfg.pool().memory_fraction.unwrap_or(1.0))
 }
 
 /// The allocator of device `device` if a call has made it; None if none has (a valid device

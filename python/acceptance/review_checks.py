@@ -69,15 +69,15 @@ def _settle(torch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Methods the backend does not override (CUDAPluggableAllocator's TORCH_CHECK(false, ...) stubs)
+# Members CUDAPluggableAllocator leaves as TORCH_CHECK(false, ...) stubs: the backend overrides
+# them (each raised or read PyTorch's unused allocator before it did)
 # ---------------------------------------------------------------------------------------------
 
 
 def check_get_memory_fraction():
-    """torch.cuda.get_per_process_memory_fraction() after set_per_process_memory_fraction(0.5).
-    backend.cpp overrides setMemoryFraction but not getMemoryFraction: the base
-    CUDAPluggableAllocator::getMemoryFraction raises "does not yet support getMemoryFraction".
-    PyTorch's allocator returns the fraction set (1.0 when none). Wrong result (raises)."""
+    """torch.cuda.get_per_process_memory_fraction() after set_per_process_memory_fraction(0.5)
+    returns 0.5, as PyTorch's allocator does (getMemoryFraction; the pluggable base raises
+    "does not yet support getMemoryFraction")."""
     torch = _torch()
     if not hasattr(torch.cuda, "get_per_process_memory_fraction"):
         raise Skip("this torch has no torch.cuda.get_per_process_memory_fraction")
@@ -94,9 +94,9 @@ def check_get_memory_fraction():
 
 
 def check_reset_accumulated_stats():
-    """torch.cuda.reset_accumulated_memory_stats(): resetAccumulatedStats is not overridden
-    (CUDAPluggableAllocator's raises). PyTorch's allocator zeroes the "allocated"/"freed"
-    counters, num_alloc_retries and num_ooms. Wrong result (raises)."""
+    """torch.cuda.reset_accumulated_memory_stats() zeroes the "allocated"/"freed" counters,
+    num_alloc_retries and num_ooms, as PyTorch's allocator does (resetAccumulatedStats; the
+    pluggable base raises)."""
     torch = _torch()
     a = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
     del a
@@ -116,9 +116,9 @@ def check_reset_accumulated_stats():
 
 def check_oom_observer():
     """torch._C._cuda_attach_out_of_memory_observer(fn) (the documented recipe that dumps a
-    memory snapshot on OOM): attachOutOfMemoryObserver is not overridden, so attaching raises;
-    and checked_malloc (backend.cpp:197-213) never calls observers before it throws
-    c10::OutOfMemoryError. PyTorch's allocator calls every observer, then raises. Wrong result."""
+    memory snapshot on OOM): attaching works and the observer is called before
+    torch.OutOfMemoryError is raised, as PyTorch's allocator calls every observer
+    (attachOutOfMemoryObserver; the pluggable base raises)."""
     torch = _torch()
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if attach is None:
@@ -144,12 +144,10 @@ def check_oom_observer():
 
 def check_accelerator_api():
     """torch.accelerator's memory functions go through c10::getDeviceAllocator(kCUDA), i.e.
-    c10::GetAllocator(kCUDA). torch.cuda.memory.change_current_allocator
-    (CUDAPluggableAllocator.cpp changeCurrentAllocator) stores the new allocator in
-    CUDACachingAllocator::allocator only, not in c10's allocator table (the XPU version calls
-    c10::SetAllocator), and make_allocator (backend.cpp:564-599) does not either: those
-    functions then report PyTorch's unused native allocator (zeros; empty_cache a no-op).
-    Wrong result, if this torch has these functions."""
+    c10::GetAllocator(kCUDA). torch.cuda.memory.change_current_allocator stores the new
+    allocator in CUDACachingAllocator::allocator only, not in c10's allocator table, so the
+    backend registers itself there too (register_device_allocator); without it those
+    functions report PyTorch's unused native allocator (zeros; empty_cache a no-op)."""
     torch = _torch()
     acc = getattr(torch, "accelerator", None)
     if acc is None or not hasattr(acc, "memory_allocated"):
@@ -182,14 +180,13 @@ def check_accelerator_api():
 
 def check_peer_copy():
     """Cross-device copies of cudalloc memory (needs 2 GPUs). PyTorch's copy kernel calls
-    CUDAAllocator::memcpyAsync and, once get_p2p_access() enables P2P, enablePeerAccess; the
-    backend overrides neither, so CUDAPluggableAllocator's run: enablePeerAccess only calls
-    cudaDeviceEnablePeerAccess (PyTorch's own allocator also maps its expandable segments for the
-    peer, addPeerAccess -> cuMemSetAccess) and memcpyAsync is a plain cudaMemcpyAsync (PyTorch's
-    uses cudaMemcpyPeerAsync for cuMemMap'd memory without P2P). cudalloc's expandable policies
-    map pages with cuMemMap and set access for the peers given to set_peer_access only, which
-    the C ABI does not expose. Expected on cudalloc: a failed copy or an illegal memory access
-    (crash), or wrong bytes."""
+    CUDAAllocator::memcpyAsync and, once get_p2p_access() enables P2P, enablePeerAccess.
+    cudalloc's expandable policies map pages with cuMemMap, accessible only from the devices
+    named, so the backend's enablePeerAccess grants the peer access to every page
+    (cudalloc_enable_peer_access), as PyTorch's own allocator does for its expandable segments
+    (addPeerAccess), and its memcpyAsync uses cudaMemcpyPeerAsync without P2P; with the
+    pluggable base's (cudaDeviceEnablePeerAccess only, a plain cudaMemcpyAsync) a copy fails,
+    faults or gives wrong bytes."""
     torch = _torch()
     _need_gpus(torch, 2)
     p2p = torch.cuda.can_device_access_peer(0, 1)
@@ -226,11 +223,12 @@ def check_peer_copy():
 
 def check_empty_cache_in_use_mem_pool():
     """torch.cuda.empty_cache() while a torch.cuda.use_mem_pool block is open, on this thread
-    or on another: backend.cpp:323-329 returns without releasing anything whenever any
-    allocation route exists (a use_mem_pool of any thread is one). PyTorch's allocator releases
-    the device's cached blocks (its emptyCache is not blocked by captures_underway). Wrong result
-    (memory stays reserved). A control run outside any pool first shows the cache is releasable;
-    when it is not (the policy gave the memory back at the free), the check is SKIP."""
+    or on another: backend.cpp returns without releasing anything whenever any
+    allocation route exists (a use_mem_pool of any thread is one). Read from PyTorch's source,
+    its allocator would release the device's cached blocks; measured on an H100 with torch 2.11
+    (2026-12-07), it released nothing either (FAIL under --baseline too), so the backend's
+    behaviour is PyTorch's there. A control run outside any pool first shows the cache is
+    releasable; when it is not (the policy gave the memory back at the free), the check is SKIP."""
     torch = _torch()
 
     def cached_then_empty(ctx):
@@ -278,7 +276,7 @@ def check_empty_cache_in_use_mem_pool():
 
 def check_release_pool_with_live_blocks():
     """A MemPool deleted while a tensor allocated in it is alive (MemPool::~MemPool calls
-    releasePool then emptyCache(id); backend.cpp:480-484 and 313-322). The tensor must stay
+    releasePool then emptyCache(id)). The tensor must stay
     valid and untouched, new allocations must not overlap it, and once it is freed its memory
     must go back at empty_cache, as with PyTorch's allocator (the pool becomes freeable and is
     dropped when empty). Crash/corruption if the bytes are reused; wrong result if the memory
@@ -311,7 +309,7 @@ def check_release_pool_with_live_blocks():
 
 
 def check_mempool_use_count():
-    """MemPool.use_count() (getPoolUseCount, backend.cpp:508-514): 1 after MemPool(), 2 inside
+    """MemPool.use_count() (getPoolUseCount): 1 after MemPool(), 2 inside
     use_mem_pool, 1 after, as PyTorch's allocator counts. Wrong result if it differs."""
     torch = _torch()
     pool = torch.cuda.MemPool()
@@ -326,7 +324,7 @@ def check_mempool_use_count():
 def check_pool_oom_is_out_of_memory_error():
     """An allocation in a MemPool that cannot fit raises torch.OutOfMemoryError (PyTorch's
     allocator raises it for pool allocations too), not RuntimeError: checked_malloc
-    (backend.cpp:207) relies on cudalloc_last_error_kind() after cudalloc_pool_malloc."""
+    relies on cudalloc_last_error_kind() after cudalloc_pool_malloc."""
     torch = _torch()
     total = torch.cuda.get_device_properties(0).total_memory
     pool = torch.cuda.MemPool()
@@ -348,7 +346,7 @@ def check_pool_oom_is_out_of_memory_error():
 def check_record_stream_other_device():
     """Tensor.record_stream with a stream of another device (needs 2 GPUs). PyTorch's
     allocator accepts it (insert_events switches to the stream's device to record the event);
-    backend.cpp:270 passes it to cudalloc_record_stream, which refuses a stream of another
+    backend.cpp passes it to cudalloc_record_stream, which refuses a stream of another
     device, and check() raises. Wrong result (RuntimeError where PyTorch works)."""
     torch = _torch()
     _need_gpus(torch, 2)
@@ -396,7 +394,7 @@ def check_stats_second_device():
 def check_history_current_device():
     """torch.cuda.memory._record_memory_history on a program that runs on cuda:1 (needs 2
     GPUs; torchrun's ranks other than 0 do this after set_device(local_rank)). The library keeps
-    device 0's history only (backend.cpp:390-394, cudalloc.h "Device 0's allocation history"), so
+    device 0's history only (cudalloc.h "Device 0's allocation history"), so
     the snapshot's device_traces[1] is empty; PyTorch's allocator records every device. Wrong
     result (known limitation, documented in the code)."""
     torch = _torch()
@@ -419,7 +417,7 @@ def check_history_current_device():
 def check_free_first_in_capture():
     """Frees inside a CUDA graph capture before the capture's first allocation. The library is
     told of a capture (cudalloc_capture_begin) only at the first allocation on the captured
-    stream (backend.cpp:182-194, tell_capture); until then cudalloc_free runs its normal path:
+    stream (tell_capture); until then cudalloc_free runs its normal path:
     a record_stream'ed block records its event on the stream being captured (PyTorch defers that
     event while captures_underway is non-empty, insert_events_deferred_until_no_capture, and
     CUDAGraph::capture_begin calls beginAllocateToPool before cudaStreamBeginCapture precisely so
@@ -506,7 +504,7 @@ def check_snapshot_tools():
 
 def check_cudnn_benchmark_cache_info():
     """cuDNN benchmark mode asks the allocator for the largest block it could hand out
-    (cacheInfo, backend.cpp:342-366, parses cudalloc_stats_json). A conv forward and backward
+    (cacheInfo parses cudalloc_stats_json). A conv forward and backward
     must run."""
     torch = _torch()
     torch.backends.cudnn.benchmark = True
@@ -520,7 +518,7 @@ def check_cudnn_benchmark_cache_info():
 def check_ipc_share_raises_cleanly():
     """Sharing a CUDA tensor with another process (Storage._share_cuda_, what
     torch.multiprocessing's reduction calls): the backend's shareIpcHandle raises a
-    RuntimeError (backend.cpp:429-435); the process must go on. PASS on PyTorch's allocator too
+    RuntimeError; the process must go on. PASS on PyTorch's allocator too
     (it returns a handle)."""
     torch = _torch()
     t = torch.ones(1 << 20, device="cuda")

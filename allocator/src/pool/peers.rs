@@ -14,23 +14,21 @@ use cudalloc_sys::Device;
 impl<D: Device> Core<D> {
     /// Sets the peer devices. When the list adds a device, every chunk mapped already is made
     /// accessible from it too; chunks mapped from now on are as they are mapped. On a failure
-    /// the list holds all the same, the other chunks are still granted, and the first error is
-    /// returned.
+    /// the list stays what it was and the error is returned, so a later call with the same
+    /// list grants every chunk again (a grant given twice is harmless) and a device that
+    /// cannot be granted does not fail every later mapping.
     pub fn set_peers(&mut self, peers: Vec<usize>) -> Result<(), AllocError> {
         let added = peers.iter().any(|p| !self.peers.contains(p));
-        self.peers = peers;
         if !added {
+            self.peers = peers;
             return Ok(());
         }
-        let mut first = Ok(());
         for seg in self.segments.iter().flatten() {
             for (&at, chunk) in &seg.chunks {
-                let granted = self.device.set_access(at, chunk.size, &self.peers);
-                if let (Err(e), true) = (granted, first.is_ok()) {
-                    first = Err(AllocError::from(e));
-                }
+                self.device.set_access(at, chunk.size, &peers)?;
             }
         }
-        first
+        self.peers = peers;
+        Ok(())
     }
 }

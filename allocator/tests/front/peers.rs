@@ -74,3 +74,42 @@ fn a_peer_added_later_gets_access_to_the_chunks_mapped_before() {
         }
     }
 }
+
+/// A grant that failed leaves the list as it was: asking again grants every chunk mapped
+/// before (a retry of `cudalloc_enable_peer_access` included).
+#[test]
+fn a_failed_grant_is_granted_when_asked_again() {
+    for policy in [Policy::Default, Policy::TorchExpandable] {
+        let sim = Arc::new(SimDevice::new(SimConfig::with_capacity(4 << 30)));
+        let log = Arc::new(LogCalls::new(sim.clone()));
+        let alloc = CachingAllocator::new(log.clone(), Config::for_policy(policy));
+        let a = alloc.allocate(90 * MIB, S).unwrap();
+        let mapped = log
+            .take_lines()
+            .iter()
+            .filter(|l| l.starts_with("set_access"))
+            .count();
+        assert!(mapped >= 1);
+
+        sim.fail_next(); // the first grant of the chunks mapped before fails
+        assert!(alloc.set_peer_access(&[1]).is_err(), "{policy:?}");
+        let failed = log.take_lines();
+        let granted_then = failed
+            .iter()
+            .filter(|l| l.starts_with("set_access") && !l.contains("err"))
+            .count();
+
+        // The caller retries: every chunk not granted yet must be granted now.
+        alloc.set_peer_access(&[1]).unwrap();
+        let again = log.take_lines();
+        let granted_now = again
+            .iter()
+            .filter(|l| l.starts_with("set_access") && l.contains("peers [1]"))
+            .count();
+        assert!(
+            granted_then + granted_now >= mapped,
+            "{policy:?}: {mapped} chunk(s) mapped, the retry granted {granted_now}: {failed:?} then {again:?}"
+        );
+        alloc.free(a).unwrap();
+    }
+}

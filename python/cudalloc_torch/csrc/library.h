@@ -95,7 +95,8 @@ inline std::string pool_name(const c10::cuda::MempoolId_t& id) {
   return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
 }
 
-// For failures in destructors' paths, where throwing would end the process.
+// Raises a library call's failure (rc != 0) as a RuntimeError naming the call. Not for
+// destructors' paths, where throwing would end the process: those report() instead.
 inline void check(int rc, const char* what) {
   if (rc != 0) {
     fail(CUDALLOC_HERE, std::string(what) + " failed: " + last_error());
