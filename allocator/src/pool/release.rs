@@ -140,11 +140,15 @@ impl<D: Device> Core<D> {
         self.stats.num_sync_all_streams += 1;
     }
 
+    /// Gives back every free block of `pool` that can go (`release_all_cached`'s last step). A
+    /// block whose release the device refuses stays cached and the others still go: the first
+    /// error is returned.
     fn release_blocks<P: Observer>(
         &mut self,
         policy: &mut P,
         pool: PoolKind,
     ) -> Result<(), DeviceError> {
+        let mut first = Ok(());
         let ids: Vec<BlockId> = self.index(pool).all_free().collect();
         let mut to_unmap = Vec::new();
         for id in ids {
@@ -152,14 +156,18 @@ impl<D: Device> Core<D> {
             if b.is_expandable() {
                 to_unmap.push(id);
             } else if !b.is_split() {
-                self.release_block(id)?;
+                keep_first(&mut first, self.release_block(id).map(drop));
             }
         }
         for id in to_unmap {
-            let id = self.unmap_block(id)?;
-            let b = &self.blocks[id];
-            if !b.is_split() && !b.mapped {
-                self.release_expandable_segment(policy, id)?;
+            match self.unmap_block(id) {
+                Ok(id) => {
+                    let b = &self.blocks[id];
+                    if !b.is_split() && !b.mapped {
+                        keep_first(&mut first, self.release_expandable_segment(policy, id));
+                    }
+                }
+                Err(e) => keep_first(&mut first, Err(e)),
             }
         }
         // Segments left entirely unmapped earlier (a growth that failed after reserving).
@@ -169,8 +177,15 @@ impl<D: Device> Core<D> {
             .filter(|&id| !self.blocks[id].is_split())
             .collect();
         for id in empty {
-            self.release_expandable_segment(policy, id)?;
+            keep_first(&mut first, self.release_expandable_segment(policy, id));
         }
-        Ok(())
+        first
+    }
+}
+
+/// Keeps the first error of a sequence of releases in `first`.
+fn keep_first(first: &mut Result<(), DeviceError>, r: Result<(), DeviceError>) {
+    if let (Err(e), true) = (r, first.is_ok()) {
+        *first = Err(e);
     }
 }

@@ -222,3 +222,39 @@ fn a_refused_release_in_one_shard_stops_no_other_shard() {
     a.empty_cache().unwrap();
     assert_eq!(sim.outstanding_bytes(), 0);
 }
+
+/// `empty_cache` of one pool whose first release the driver refuses: the pool's other cached
+/// blocks still go back (blocks in use between them keep them apart), the error is returned,
+/// and the next `empty_cache` gives back the rest.
+#[test]
+fn a_refused_release_in_one_pool_stops_none_of_its_other_blocks() {
+    const BLOCK: u64 = 700 << 20;
+    for policy in Policy::ALL {
+        let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
+            cudalloc_sys::SimConfig::with_capacity(8 << 30),
+        ));
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        let mut held: Vec<_> = (0..4)
+            .map(|_| pool.allocate(BLOCK, StreamId(0)).unwrap())
+            .collect();
+        let kept = [held.remove(3), held.remove(1)];
+        for x in held {
+            pool.free(x).unwrap();
+        }
+        let before = sim.outstanding_bytes();
+        sim.fail_release(1);
+        let r = pool.empty_cache();
+        sim.clear_faults();
+        assert!(r.is_err(), "{policy:?}: the refused release is the error");
+        let gone = before - sim.outstanding_bytes();
+        assert!(
+            gone >= BLOCK,
+            "{policy:?}: the other cached block went back: {gone} of {before} bytes"
+        );
+        for x in kept {
+            pool.free(x).unwrap();
+        }
+        pool.empty_cache().unwrap();
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}");
+    }
+}
