@@ -10,8 +10,8 @@
  *
  * Devices and configuration
  *   There is one allocator per CUDA device, made on that device's first cudalloc_malloc,
- *   cudalloc_set_memory_fraction, cudalloc_enable_peer_access or JSON call. It uses the device's primary context (the one
- *   the CUDA runtime and PyTorch use); a call that needs the driver makes that context current
+ *   cudalloc_set_memory_fraction, cudalloc_enable_peer_access or JSON call. It uses the
+ *   device's primary context (the one the CUDA runtime and PyTorch use); a call that needs the driver makes that context current
  *   and, before it returns, makes the calling thread's own context current again (none, if it
  *   had none), as PyTorch's allocator restores the device it found: no call changes which
  *   device the caller's CUDA work goes to. The configuration is read once per process, on the first call, from
@@ -127,8 +127,9 @@ int cudalloc_reset_accumulated_stats(int device);
  * device); a kernel on peer reading device's memory needs it under the expandable policies,
  * whose pages are accessible only from the devices named). peer's context must have peer
  * access to device enabled (cudaDeviceEnablePeerAccess). 0 or -1: a peer that does not exist,
- * is device itself or cannot access it (cuDeviceCanAccessPeer) is refused and changes nothing;
- * a grant the driver refuses leaves the peers as they were (call it again to grant them all). */
+ * is device itself or cannot access it (cuDeviceCanAccessPeer) is refused, the peers as they
+ * were; a grant the driver refuses leaves the peers as they were (call it again to grant
+ * them all). */
 int cudalloc_enable_peer_access(int device, int peer);
 
 /* The fraction of device's memory its allocator is capped at: the cap over the device's total

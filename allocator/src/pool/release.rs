@@ -106,8 +106,9 @@ impl<D: Device> Core<D> {
             self.stats.device_waits += 1;
             self.device.synchronize_device()?;
         }
-        self.release_blocks(policy, PoolKind::Large)?;
-        self.release_blocks(policy, PoolKind::Small)
+        let large = self.release_blocks(policy, PoolKind::Large);
+        let small = self.release_blocks(policy, PoolKind::Small);
+        large.and(small)
     }
 
     /// Gives back everything cached without waiting for events: for a pool being dropped during
@@ -142,7 +143,8 @@ impl<D: Device> Core<D> {
 
     /// Gives back every free block of `pool` that can go (`release_all_cached`'s last step). A
     /// block whose release the device refuses stays cached and the others still go: the first
-    /// error is returned.
+    /// error is returned, unless a later try of the same call (a segment's release retries its
+    /// pages) left nothing behind.
     fn release_blocks<P: Observer>(
         &mut self,
         policy: &mut P,
@@ -179,7 +181,25 @@ impl<D: Device> Core<D> {
         for id in empty {
             keep_first(&mut first, self.release_expandable_segment(policy, id));
         }
+        if first.is_err() && !self.holds_what_a_release_gives_back(pool) {
+            return Ok(());
+        }
         first
+    }
+
+    /// True when `pool` still holds what [`Core::release_blocks`] gives back (a free fixed
+    /// segment, free mapped pages, an unmapped segment), or the device holds stray pages.
+    fn holds_what_a_release_gives_back(&self, pool: PoolKind) -> bool {
+        let idx = match pool {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        self.strays > 0
+            || idx.all_free().any(|id| {
+                let b = &self.blocks[id];
+                b.is_expandable() || !b.is_split()
+            })
+            || idx.all_unmapped().any(|id| !self.blocks[id].is_split())
     }
 }
 

@@ -258,3 +258,60 @@ fn a_refused_release_in_one_pool_stops_none_of_its_other_blocks() {
         assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}");
     }
 }
+
+/// `empty_cache` of one pool whose large-pool release the driver refuses still gives back the
+/// pool's cached small-pool blocks.
+#[test]
+fn a_refused_large_release_stops_no_small_release() {
+    const LARGE: u64 = 700 << 20;
+    const SMALL: u64 = 4 << 10;
+    let mut stayed = Vec::new();
+    for policy in Policy::ALL {
+        let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
+            cudalloc_sys::SimConfig::with_capacity(8 << 30),
+        ));
+        let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
+        let l = pool.allocate(LARGE, StreamId(0)).unwrap();
+        let s = pool.allocate(SMALL, StreamId(0)).unwrap();
+        pool.free(l).unwrap();
+        pool.free(s).unwrap();
+        let before = sim.outstanding_bytes();
+        // The first release call (the large pool goes first) fails.
+        sim.fail_release(1);
+        let r = pool.empty_cache();
+        sim.clear_faults();
+        assert!(r.is_err(), "{policy:?}: the refused release is the error");
+        let left = sim.outstanding_bytes();
+        if !(left < before && left <= LARGE) {
+            stayed.push(format!("{policy:?}: {left} of {before} bytes left"));
+        }
+        pool.empty_cache().unwrap();
+        assert_eq!(sim.outstanding_bytes(), 0, "{policy:?}");
+    }
+    assert!(
+        stayed.is_empty(),
+        "the small pool's cached block stayed: {stayed:?}"
+    );
+}
+
+/// A page release refused once and let through by the same `empty_cache`'s second try (its
+/// segment's release) leaves nothing cached: no error then (PyTorch's `empty_cache` would
+/// raise, a drop would wait for the device and sweep again).
+#[test]
+fn an_error_is_returned_only_when_something_stayed() {
+    let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
+        cudalloc_sys::SimConfig::with_capacity(1 << 30),
+    ));
+    let a =
+        cudalloc::CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+    let x = a.allocate(20 * MIB, StreamId(1)).unwrap();
+    a.free(x).unwrap();
+    sim.fail_release(2); // the page's release after its unmap
+    let r = a.empty_cache();
+    sim.clear_faults();
+    let left = sim.outstanding_bytes();
+    assert!(
+        r.is_ok() || left > 0,
+        "empty_cache returned {r:?} though the device holds {left} bytes of it"
+    );
+}
