@@ -198,11 +198,8 @@ fn pages_whose_unmap_fails_count_as_taken_back() {
 /// back the rest.
 #[test]
 fn a_refused_release_in_one_shard_stops_no_other_shard() {
-    let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
-        cudalloc_sys::SimConfig::with_capacity(1 << 30),
-    ));
-    let a =
-        cudalloc::CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+    let sim = shared_sim(1 << 30);
+    let a = expandable_front(&sim);
     for s in [StreamId(0), StreamId(1)] {
         let x = a.allocate(40 << 20, s).unwrap();
         a.free(x).unwrap();
@@ -230,9 +227,7 @@ fn a_refused_release_in_one_shard_stops_no_other_shard() {
 fn a_refused_release_in_one_pool_stops_none_of_its_other_blocks() {
     const BLOCK: u64 = 700 << 20;
     for policy in Policy::ALL {
-        let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
-            cudalloc_sys::SimConfig::with_capacity(8 << 30),
-        ));
+        let sim = shared_sim(8 << 30);
         let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
         let mut held: Vec<_> = (0..4)
             .map(|_| pool.allocate(BLOCK, StreamId(0)).unwrap())
@@ -241,12 +236,8 @@ fn a_refused_release_in_one_pool_stops_none_of_its_other_blocks() {
         for x in held {
             pool.free(x).unwrap();
         }
-        let before = sim.outstanding_bytes();
-        sim.fail_release(1);
-        let r = pool.empty_cache();
-        sim.clear_faults();
-        assert!(r.is_err(), "{policy:?}: the refused release is the error");
-        let gone = before - sim.outstanding_bytes();
+        let (before, after) = empty_refusing_the_first_release(&sim, &mut pool, policy);
+        let gone = before - after;
         assert!(
             gone >= BLOCK,
             "{policy:?}: the other cached block went back: {gone} of {before} bytes"
@@ -267,21 +258,14 @@ fn a_refused_large_release_stops_no_small_release() {
     const SMALL: u64 = 4 << 10;
     let mut stayed = Vec::new();
     for policy in Policy::ALL {
-        let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
-            cudalloc_sys::SimConfig::with_capacity(8 << 30),
-        ));
+        let sim = shared_sim(8 << 30);
         let mut pool = Pool::new(sim.clone(), Config::for_policy(policy));
         let l = pool.allocate(LARGE, StreamId(0)).unwrap();
         let s = pool.allocate(SMALL, StreamId(0)).unwrap();
         pool.free(l).unwrap();
         pool.free(s).unwrap();
-        let before = sim.outstanding_bytes();
         // The first release call (the large pool goes first) fails.
-        sim.fail_release(1);
-        let r = pool.empty_cache();
-        sim.clear_faults();
-        assert!(r.is_err(), "{policy:?}: the refused release is the error");
-        let left = sim.outstanding_bytes();
+        let (before, left) = empty_refusing_the_first_release(&sim, &mut pool, policy);
         if !(left < before && left <= LARGE) {
             stayed.push(format!("{policy:?}: {left} of {before} bytes left"));
         }
@@ -299,11 +283,8 @@ fn a_refused_large_release_stops_no_small_release() {
 /// raise, a drop would wait for the device and sweep again).
 #[test]
 fn an_error_is_returned_only_when_something_stayed() {
-    let sim = std::sync::Arc::new(cudalloc_sys::SimDevice::new(
-        cudalloc_sys::SimConfig::with_capacity(1 << 30),
-    ));
-    let a =
-        cudalloc::CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable));
+    let sim = shared_sim(1 << 30);
+    let a = expandable_front(&sim);
     let x = a.allocate(20 * MIB, StreamId(1)).unwrap();
     a.free(x).unwrap();
     sim.fail_release(2); // the page's release after its unmap
@@ -314,4 +295,33 @@ fn an_error_is_returned_only_when_something_stayed() {
         r.is_ok() || left > 0,
         "empty_cache returned {r:?} though the device holds {left} bytes of it"
     );
+}
+
+/// A simulated device of `bytes`, to share with an allocator.
+fn shared_sim(bytes: u64) -> std::sync::Arc<cudalloc_sys::SimDevice> {
+    std::sync::Arc::new(cudalloc_sys::SimDevice::new(
+        cudalloc_sys::SimConfig::with_capacity(bytes),
+    ))
+}
+
+/// A `torch-expandable` `CachingAllocator` on `sim`.
+fn expandable_front(
+    sim: &std::sync::Arc<cudalloc_sys::SimDevice>,
+) -> cudalloc::CachingAllocator<std::sync::Arc<cudalloc_sys::SimDevice>> {
+    cudalloc::CachingAllocator::new(sim.clone(), Config::for_policy(Policy::TorchExpandable))
+}
+
+/// `pool.empty_cache()` with the device's first release refused: it must fail; the bytes the
+/// device held before and after.
+fn empty_refusing_the_first_release(
+    sim: &cudalloc_sys::SimDevice,
+    pool: &mut Pool<std::sync::Arc<cudalloc_sys::SimDevice>>,
+    policy: Policy,
+) -> (u64, u64) {
+    let before = sim.outstanding_bytes();
+    sim.fail_release(1);
+    let r = pool.empty_cache();
+    sim.clear_faults();
+    assert!(r.is_err(), "{policy:?}: the refused release is the error");
+    (before, sim.outstanding_bytes())
 }
