@@ -338,7 +338,11 @@ int cudalloc_capture_end(int device);
  * device's cudalloc_malloc runs out of memory (then it retries once), never inside a release,
  * a free or a pool allocation (a pool allocation that does not fit fails, giving nothing back).
  * cudalloc_pool_empty_cache on a device the library has not opened does nothing (nor opens
- * it; an ordinal no device has is still an error once the devices are counted). All 0 or -1.
+ * it; an ordinal no device has is still an error once the devices are counted).
+ * cudalloc_pool_set_use_on_oom (PyTorch's MemPool(use_on_oom=True)): with on not 0, a pool in
+ * use lends its cached memory: an allocation elsewhere on the device that runs out of memory
+ * gives the pool's cached blocks back to the driver and retries once (its live blocks stay;
+ * nothing goes back during a capture); a released pool used again lends nothing. All 0 or -1.
  * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in
@@ -354,6 +358,8 @@ int cudalloc_pool_acquire(int device, unsigned long long id0, unsigned long long
 int cudalloc_pool_release(int device, unsigned long long id0, unsigned long long id1);
 int cudalloc_pool_use_count(int device, unsigned long long id0, unsigned long long id1);
 int cudalloc_pool_empty_cache(int device, unsigned long long id0, unsigned long long id1);
+int cudalloc_pool_set_use_on_oom(int device, unsigned long long id0, unsigned long long id1,
+                                 int on);
 void *cudalloc_pool_malloc(size_t size, int device, cudalloc_stream_t stream,
                            unsigned long long id0, unsigned long long id1);
 long long cudalloc_pool_live(int device, unsigned long long id0, unsigned long long id1,

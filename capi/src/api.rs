@@ -59,7 +59,7 @@ fn address(ptr: *mut c_void) -> u64 {
 /// out-of-memory event in the statistics and in a trace).
 fn allocate(dev: &Dev, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
     let tag = tags::current();
-    let release = || dev.pools.release_retired();
+    let release = || dev.pools.release_for_retry();
     if dev.ordinal == 0 {
         TRACER.allocate_releasing(&dev.alloc, size, stream, tag.as_deref(), &release)
     } else {

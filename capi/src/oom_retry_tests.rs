@@ -5,7 +5,7 @@
 
 use crate::json::{torch_values, TORCH_VALUES};
 use crate::pools::{PoolId, Pools};
-use cudalloc_core::{CachingAllocator, Config};
+use cudalloc_core::{Allocation, CachingAllocator, Config};
 use cudalloc_sys::{SimConfig, SimDevice, StreamId};
 
 const S: StreamId = StreamId(7);
@@ -148,8 +148,77 @@ fn a_wake_that_fits_after_a_release_succeeds() {
     let e = crate::tags::wake(&device, &names, S, &nothing).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");
     assert!(device.is_asleep("kv"));
-    let release = || pools.release_retired();
+    let release = || pools.release_for_retry();
     crate::tags::wake(&device, &names, S, &release).expect("the retired pool's cache went back");
     assert!(!device.is_asleep("kv"));
     device.free(kv).unwrap();
+}
+
+/// `POOL` in use with 40 MiB cached and 1 MiB live, on a 64 MiB device.
+fn pool_caching_40_mib() -> (Alloc, Pools<SimDevice>, Allocation) {
+    let (device, pools) = with_pool(64 << 20);
+    let a = pools.allocate(POOL, 40 << 20, S).unwrap();
+    let live = pools.allocate(POOL, 1 << 20, S).unwrap();
+    pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
+    (device, pools, live)
+}
+
+/// A pool in use keeps its cache from an allocation elsewhere that runs out of memory, unless
+/// set to lend it (`MemPool(use_on_oom=True)`): then the allocation's second try maps the
+/// pool's cached bytes, and the pool's live block stays.
+#[test]
+fn a_pool_set_to_lend_gives_its_cache_to_an_allocation_out_of_memory() {
+    let (device, pools, live) = pool_caching_40_mib();
+    let release = || pools.release_for_retry();
+    let kept = crate::tags::allocate(&device, 40 << 20, S, None, &release);
+    assert!(
+        kept.unwrap_err().is_out_of_memory(),
+        "a pool in use lends nothing by default"
+    );
+    pools.set_use_on_oom(POOL, true).unwrap();
+    let a = crate::tags::allocate(&device, 40 << 20, S, None, &release);
+    assert!(a.is_ok(), "the pool's 40 MiB cache went back: {a:?}");
+    assert_eq!(
+        num_ooms(&device, &pools),
+        1,
+        "the first, refused allocation only"
+    );
+    assert_eq!(pools.live_allocations(POOL).unwrap(), vec![live.ptr()]);
+    pools
+        .with_owner(live.ptr(), |p| p.free_ptr(live.ptr()))
+        .unwrap();
+}
+
+/// Nothing is lent during a capture the pools were told of (giving memory back waits for the
+/// device), and a released pool used again lends nothing until set again.
+#[test]
+fn a_lending_pool_lends_nothing_during_a_capture_nor_once_used_again() {
+    let (device, pools, live) = pool_caching_40_mib();
+    pools.set_use_on_oom(POOL, true).unwrap();
+    pools.begin_capture(&device);
+    assert!(
+        !pools.release_for_retry(),
+        "a capture holds the pool's cache"
+    );
+    pools.end_capture(&device).unwrap();
+    pools.release(POOL).unwrap();
+    pools
+        .acquire(POOL, || unreachable!("the retired pool comes back"))
+        .unwrap();
+    let release = || pools.release_for_retry();
+    let kept = crate::tags::allocate(&device, 40 << 20, S, None, &release);
+    assert!(
+        kept.unwrap_err().is_out_of_memory(),
+        "used again, it lends nothing"
+    );
+    pools
+        .with_owner(live.ptr(), |p| p.free_ptr(live.ptr()))
+        .unwrap();
+}
+
+#[test]
+fn only_a_pool_in_use_can_be_set_to_lend() {
+    let pools = Pools::<SimDevice>::default();
+    let e = pools.set_use_on_oom(POOL, true).unwrap_err();
+    assert!(e.contains("no private pool (0, 1) in use"), "{e}");
 }

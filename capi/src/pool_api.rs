@@ -36,6 +36,16 @@ pub(crate) fn release(device_: c_int, id: PoolId) -> c_int {
     })
 }
 
+pub(crate) fn set_use_on_oom(device_: c_int, id: PoolId, on: c_int) -> c_int {
+    guard(FAILED, || {
+        let dev = device("cudalloc_pool_set_use_on_oom", device_)?;
+        dev.pools.set_use_on_oom(id, on != 0).map_err(|e| {
+            format!("cudalloc_pool_set_use_on_oom(device {device_}, {id:?}, {on}): {e}")
+        })?;
+        Ok(OK)
+    })
+}
+
 pub(crate) fn use_count(device_: c_int, id: PoolId) -> c_int {
     guard(FAILED, || {
         let dev = device("cudalloc_pool_use_count", device_)?;
@@ -66,7 +76,7 @@ pub(crate) fn malloc(size: usize, device_: c_int, stream: *mut c_void, id: PoolI
                 // again unless the allocator refused to release at all (a capture).
                 let refused = dev.alloc.empty_cache();
                 let cached = !matches!(refused, Err(AllocError::DuringCapture { .. }));
-                let retired = dev.pools.release_retired();
+                let retired = dev.pools.release_for_retry();
                 if cached || retired {
                     dev.pools.allocate_again(id, size as u64, stream)
                 } else {

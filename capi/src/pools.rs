@@ -11,7 +11,11 @@
 //! - a pool is named by its device and PyTorch's `MempoolId_t` (two integers); `acquire` makes it
 //!   or counts one more use, `release` counts one use less;
 //! - a pool in use keeps every byte it holds, freed blocks included, whatever `empty_cache` is
-//!   asked (a graph's replays write its freed intermediates);
+//!   asked (a graph's replays write its freed intermediates), unless it was set to *lend*
+//!   (`MemPool(use_on_oom=True)`, [`Pools::set_use_on_oom`]): then an allocation elsewhere on
+//!   the device that runs out of memory gives the pool's cached blocks back to the driver
+//!   before its second try ([`Pools::release_for_retry`]), so that it can map them; the
+//!   pool's live blocks stay;
 //! - a pool with no use left is *retired*: it serves no new allocation, its live allocations can
 //!   still be freed (and `record_stream`ed), and its memory goes back to the driver only in
 //!   [`Pools::empty_retired`] (the device's `empty_cache`, a pool's own `empty_cache`, or the
@@ -34,6 +38,7 @@ use cudalloc_core::{AllocError, Allocation, CachingAllocator, Snapshot};
 use cudalloc_sys::{CaptureMode, Device, StreamId};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The mode the allocators are told a capture runs in: relaxed, since the caller makes the
@@ -51,6 +56,9 @@ pub(crate) type PoolId = (u64, u64);
 struct Private<D: Device> {
     alloc: CachingAllocator<D>,
     busy: RwLock<()>,
+    /// Whether an allocation elsewhere that runs out of memory may take this pool's cached
+    /// memory while it is in use (`MemPool(use_on_oom=True)`).
+    use_on_oom: AtomicBool,
 }
 
 type Shared<D> = Arc<Private<D>>;
@@ -133,7 +141,12 @@ impl<D: Device> Pools<D> {
         }
         let mut retired = self.retired.lock();
         let pool = match retired.iter().position(|(r, _)| *r == id) {
-            Some(i) => retired.swap_remove(i).1,
+            Some(i) => {
+                // Used again, it starts as a new pool would: lending nothing.
+                let pool = retired.swap_remove(i).1;
+                pool.use_on_oom.store(false, Ordering::Relaxed);
+                pool
+            }
             None => {
                 let alloc = open()?;
                 for _ in 0..*captures {
@@ -142,6 +155,7 @@ impl<D: Device> Pools<D> {
                 Arc::new(Private {
                     alloc,
                     busy: RwLock::new(()),
+                    use_on_oom: AtomicBool::new(false),
                 })
             }
         };
@@ -308,12 +322,37 @@ impl<D: Device> Pools<D> {
         first_error.map_or(Ok(retired > 0), Err)
     }
 
-    /// Gives the cached memory of every retired pool back, for a second try of an allocation
-    /// that ran out of memory: true when a pool's cache went back, whether or not another's
-    /// release failed.
-    pub fn release_retired(&self) -> bool {
+    /// Gives the cached memory of every retired pool, and of every pool in use set to lend
+    /// it ([`Pools::set_use_on_oom`]), back, for a second try of an allocation that ran out of
+    /// memory: true when a pool's cache went back, whether or not another's release failed (a
+    /// pool told of a capture refuses: nothing is given back during one).
+    pub fn release_for_retry(&self) -> bool {
         let (_, emptied, _) = self.empty_each(None);
-        emptied > 0
+        let lending: Vec<Shared<D>> = self
+            .active
+            .lock()
+            .values()
+            .filter(|(p, _)| p.use_on_oom.load(Ordering::Relaxed))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let lent = lending
+            .iter()
+            .filter(|p| p.alloc.empty_cache().is_ok())
+            .count();
+        emptied + lent > 0
+    }
+
+    /// Sets whether pool `id`, which must be in use, lends its cached memory to allocations
+    /// elsewhere on the device that run out of memory (PyTorch's `MemPool(use_on_oom=True)`):
+    /// they give it back to the driver and map it ([`Pools::release_for_retry`]). A retired
+    /// pool used again lends nothing until set again.
+    pub fn set_use_on_oom(&self, id: PoolId, on: bool) -> Result<(), String> {
+        let active = self.active.lock();
+        let (pool, _) = active
+            .get(&id)
+            .ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
+        pool.use_on_oom.store(on, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The work of [`Pools::empty_retired`]: how many pools were retired, how many of them

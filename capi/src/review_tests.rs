@@ -1,6 +1,6 @@
 //! Private pools retired and given back under faults and concurrent readers: a retired pool
 //! whose release fails stops neither the others' release nor the second try of an allocation
-//! that ran out of memory ([`Pools::empty_retired`], [`Pools::release_retired`]); the
+//! that ran out of memory ([`Pools::empty_retired`], [`Pools::release_for_retry`]); the
 //! statistics of the pools, dropped ones included, never go backwards while pools are dropped
 //! ([`Pools::add_torch_values`], [`Pools::figures`]).
 
@@ -81,7 +81,7 @@ fn a_retired_pool_whose_release_fails_does_not_keep_the_others_memory() {
 /// An allocation of the device that runs out of memory gets its second try when a retired
 /// pool's cache went back, even though another retired pool's release failed
 /// (`cudalloc_malloc`, and a wake: `api::allocate` and `tag_api::wake` release through
-/// [`Pools::release_retired`]).
+/// [`Pools::release_for_retry`]).
 #[test]
 fn a_failed_release_of_one_retired_pool_still_lets_the_allocation_try_again() {
     let (sim, device, pools) = setup(100 * MIB);
@@ -89,7 +89,7 @@ fn a_failed_release_of_one_retired_pool_still_lets_the_allocation_try_again() {
     retire_with_cached(&device, &pools, P2, 40 * MIB);
     let release = || {
         sim.fail_release(1); // P1's first unmap
-        let released = pools.release_retired();
+        let released = pools.release_for_retry();
         sim.clear_faults();
         released
     };

@@ -78,7 +78,7 @@ pub(crate) fn wake(device: c_int, tag_list: CStrArg<'_>, stream: *mut c_void) ->
         let Some(dev) = registry::device_if_used(device).map_err(fail)? else {
             return Ok(OK); // no allocator: no tag sleeps
         };
-        let release = || dev.pools.release_retired();
+        let release = || dev.pools.release_for_retry();
         tags::wake(&dev.alloc, &names, stream, &release).map_err(|e| Failure {
             kind: sleep_error_kind(&e),
             message: format!("cudalloc_wake({}, device {device}): {e}", names.join(",")),

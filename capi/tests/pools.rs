@@ -7,10 +7,11 @@ use cudalloc_capi::{
     cudalloc_capture_begin, cudalloc_capture_end, cudalloc_device_stats, cudalloc_empty_cache,
     cudalloc_free, cudalloc_last_error_kind, cudalloc_malloc, cudalloc_pool_acquire,
     cudalloc_pool_allocate_at, cudalloc_pool_blocks, cudalloc_pool_empty_cache, cudalloc_pool_live,
-    cudalloc_pool_malloc, cudalloc_pool_release, cudalloc_pool_use_count, last_error_message,
-    with_c_buffer, CUDALLOC_ERROR_OTHER,
+    cudalloc_pool_malloc, cudalloc_pool_release, cudalloc_pool_set_use_on_oom,
+    cudalloc_pool_use_count, cudalloc_set_memory_fraction, last_error_message, with_c_buffer,
+    CUDALLOC_ERROR_OTHER,
 };
-use cudalloc_sys::CudaDevice;
+use cudalloc_sys::{CudaDevice, Device};
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
 
@@ -43,6 +44,8 @@ fn without_a_gpu_pool_calls_fail_with_the_reason() {
         -1
     );
     assert!(last_error_message().starts_with("cudalloc_pool_allocate_at: no CUDA device"));
+    assert_eq!(cudalloc_pool_set_use_on_oom(0, 0, 1, 1), -1);
+    assert!(last_error_message().starts_with("cudalloc_pool_set_use_on_oom: no CUDA device"));
 }
 
 /// The live blocks of a pool (address, block bytes, requested, stream), as a checkpoint lists
@@ -223,5 +226,54 @@ fn a_capture_told_through_the_c_abi_holds_every_release_back() {
     );
     assert_eq!(cudalloc_capture_end(0), 0, "{}", last_error_message());
     assert_eq!(cudalloc_capture_end(0), -1, "no capture left to end");
+    assert_eq!(cudalloc_empty_cache(0), 0, "{}", last_error_message());
+}
+
+/// A pool set to lend (PyTorch's `MemPool(use_on_oom=True)`) gives its cached memory to an
+/// allocation outside it that runs out of memory under the device's cap; by default a pool in
+/// use keeps it. A pool not in use cannot be set.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_lending_pool_gives_its_cache_to_an_allocation_out_of_memory_on_a_gpu() {
+    let _g = serial();
+    let (p0, p1) = (79u64, 0u64);
+    assert_eq!(cudalloc_pool_set_use_on_oom(0, p0, p1, 1), -1, "not in use");
+    assert!(
+        last_error_message().contains("no private pool (79, 0) in use"),
+        "{}",
+        last_error_message()
+    );
+    assert_eq!(
+        cudalloc_pool_acquire(0, p0, p1),
+        0,
+        "{}",
+        last_error_message()
+    );
+    const BIG: usize = 512 << 20;
+    let cached = cudalloc_pool_malloc(BIG, 0, null(), p0, p1);
+    assert!(!cached.is_null(), "{}", last_error_message());
+    cudalloc_free(cached, 0, -1, null());
+    assert_eq!(cudalloc_empty_cache(0), 0, "{}", last_error_message());
+    // A cap 128 MiB above what the device's allocator and its pools hold (the pool's cache
+    // included): BIG more fits only with the pool's cache given back.
+    let total = CudaDevice::new(0).and_then(|d| d.mem_info()).unwrap().1;
+    let cap = stats()[60] as u64 + BIG as u64 + (128 << 20); // reserved_bytes.all.current
+    assert_eq!(
+        cudalloc_set_memory_fraction(cap as f64 / total as f64, 0),
+        0
+    );
+    let refused = cudalloc_malloc(BIG, 0, null());
+    assert!(refused.is_null(), "the pool in use keeps its cache");
+    assert_eq!(
+        cudalloc_pool_set_use_on_oom(0, p0, p1, 1),
+        0,
+        "{}",
+        last_error_message()
+    );
+    let lent = cudalloc_malloc(BIG, 0, null());
+    assert!(!lent.is_null(), "{}", last_error_message());
+    cudalloc_free(lent, 0, -1, null());
+    assert_eq!(cudalloc_set_memory_fraction(1.0, 0), 0);
+    assert_eq!(cudalloc_pool_release(0, p0, p1), 0);
     assert_eq!(cudalloc_empty_cache(0), 0, "{}", last_error_message());
 }

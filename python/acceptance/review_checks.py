@@ -25,7 +25,6 @@ process, one after another (faster; a crash ends the run). Exit status 1 when a 
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import subprocess
@@ -34,38 +33,20 @@ import threading
 import time
 import traceback
 
+import pool_checks
+from check_base import MiB, Skip
+from check_base import cuda_torch as _torch
+from check_base import line as _line
+from check_base import settle as _settle
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
-MiB = 1 << 20
 MARK = "REVIEW_CHECK_RESULT "
-
-
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-def _line(e):
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
-
-
-def _torch():
-    import torch
-
-    torch.cuda.init()
-    return torch
 
 
 def _need_gpus(torch, n):
     if torch.cuda.device_count() < n:
         raise Skip(f"needs {n} GPUs, this machine has {torch.cuda.device_count()}")
-
-
-def _settle(torch):
-    gc.collect()
-    for d in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(d)
-    torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,6 +551,7 @@ CHECKS = {
     "cudnn_benchmark_cache_info": check_cudnn_benchmark_cache_info,
     "ipc_share_raises_cleanly": check_ipc_share_raises_cleanly,
     "caching_allocator_enable": check_caching_allocator_enable,
+    **pool_checks.CHECKS,
 }
 
 

@@ -41,6 +41,7 @@ FUNCTIONS = (
     "cudalloc_pool_blocks",
     "cudalloc_pool_allocate_at",
     "cudalloc_pool_empty_cache",
+    "cudalloc_pool_set_use_on_oom",
     "cudalloc_memory_snapshot",
     "cudalloc_capture_begin",
     "cudalloc_capture_end",

@@ -522,14 +522,36 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     }
   }
 
-  // MemPool(use_on_oom=True) lets PyTorch's allocator take a pool's free memory when the rest
-  // is exhausted; cudalloc keeps pools apart, so only the default (false, which MemPool's
-  // destructor also sets) is accepted.
-  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t pool, bool use_on_oom) override {
-    if (use_on_oom) {
-      fail(CUDALLOC_HERE, "MemPool(use_on_oom=True) is not supported: pool " + pool_name(pool) +
-                              "'s memory serves only allocations made to the pool");
+  // MemPool(use_on_oom=True) lets an allocation outside the pool that runs out of memory use
+  // the pool's free memory: cudalloc gives the pool's cached blocks back to the driver for
+  // that allocation's second try (cudalloc_pool_set_use_on_oom). MemPool's constructor sets it
+  // after createOrIncrefPool: a failure there gives that use back (a constructor that throws
+  // runs no destructor to release it). Its destructor clears it, where a throw would end the
+  // process: that failure is reported instead.
+  void setUseOnOOM(c10::DeviceIndex device, c10::cuda::MempoolId_t pool, bool use_on_oom) override {
+    if (lib.pool_set_use_on_oom(device, pool.first, pool.second, use_on_oom ? 1 : 0) == 0) {
+      return;
     }
+    const std::string why = "pool_set_use_on_oom failed: " + last_error();
+    if (!use_on_oom) {
+      report(why);
+      return;
+    }
+    if (lib.pool_release(device, pool.first, pool.second) != 0) {
+      report("pool_release failed: " + last_error());
+    }
+    fail(CUDALLOC_HERE, why);
+  }
+
+  // MemPool(no_split=True): cudalloc has no pool whose blocks are never split. Called only by
+  // MemPool's constructor, after createOrIncrefPool: the use it took is given back before the
+  // error, since a constructor that throws runs no destructor to release it.
+  void setNoSplit(c10::DeviceIndex device, c10::cuda::MempoolId_t pool) override {
+    if (lib.pool_release(device, pool.first, pool.second) != 0) {
+      report("pool_release failed: " + last_error());
+    }
+    fail(CUDALLOC_HERE, "MemPool(no_split=True) is not supported: pool " + pool_name(pool) +
+                            " would split its blocks as any other");
   }
 
   void createOrIncrefPool(
@@ -636,6 +658,8 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.pool_blocks, get("cudalloc_pool_blocks"), "cudalloc_pool_blocks");
   set(lib.pool_allocate_at, get("cudalloc_pool_allocate_at"), "cudalloc_pool_allocate_at");
   set(lib.pool_empty_cache, get("cudalloc_pool_empty_cache"), "cudalloc_pool_empty_cache");
+  set(lib.pool_set_use_on_oom, get("cudalloc_pool_set_use_on_oom"),
+      "cudalloc_pool_set_use_on_oom");
   set(lib.memory_snapshot, get("cudalloc_memory_snapshot"), "cudalloc_memory_snapshot");
   set(lib.capture_begin, get("cudalloc_capture_begin"), "cudalloc_capture_begin");
   set(lib.capture_end, get("cudalloc_capture_end"), "cudalloc_capture_end");

@@ -35,6 +35,7 @@ struct Library {
   int64_t (*pool_blocks)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int (*pool_allocate_at)(int, uint64_t, uint64_t, void*, size_t, size_t, void*) = nullptr;
   int (*pool_empty_cache)(int, uint64_t, uint64_t) = nullptr;
+  int (*pool_set_use_on_oom)(int, uint64_t, uint64_t, int) = nullptr;
   size_t (*memory_snapshot)(int, uint64_t, uint64_t, char*, size_t) = nullptr;
   int (*capture_begin)(int) = nullptr;
   int (*capture_end)(int) = nullptr;
