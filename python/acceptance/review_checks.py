@@ -25,6 +25,7 @@ process, one after another (faster; a crash ends the run). Exit status 1 when a 
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import subprocess
