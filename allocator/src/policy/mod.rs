@@ -44,6 +44,8 @@ pub mod default;
 pub(crate) mod front;
 pub mod torch;
 mod torch_expandable;
+#[cfg(test)]
+mod torch_tests;
 
 use crate::pool::Observer;
 use cudalloc_sys::{Device, DeviceError};

@@ -19,10 +19,11 @@
 //! (`expandable_segments_`), so that [`super::TorchExpandable`] and `default` share them.
 
 use super::Policy;
-use crate::pool::block::{Arena, BlockId, NIL};
+use crate::pool::block::{Arena, Block, BlockId, NIL};
 use crate::pool::{Core, Request};
 use crate::sizes::{PoolKind, MIN_BLOCK, SMALL_SIZE};
 use cudalloc_sys::{Device, DeviceError};
+use smallvec::SmallVec;
 
 /// PyTorch's caching allocator with fixed segments. It keeps no state.
 #[derive(Clone, Copy, Debug, Default)]
@@ -83,12 +84,18 @@ pub fn get_free_block<D: Device>(
         let mut it = idx.at_least(req.stream.0, req.size);
         let (mut size, mut id) = it.next()?;
         if expandable && blocks[id].is_expandable() {
-            let grow = |b: BlockId| expandable_size(blocks, b);
+            let mut top = expandable_size(blocks, id);
             for (next_size, next) in it {
-                if grow(next) >= grow(id) {
+                // A block grows to at least its size: one of `top` bytes or more grows to no
+                // less, and its block need not be read.
+                if next_size >= top {
                     break;
                 }
-                (size, id) = (next_size, next);
+                let g = expandable_size(blocks, next);
+                if g >= top {
+                    break;
+                }
+                (size, id, top) = (next_size, next, g);
             }
         }
         (size, id)
@@ -96,6 +103,82 @@ pub fn get_free_block<D: Device>(
     if !serves(req, size, mss, rounding) {
         return None;
     }
+    let removed = idx.remove(&blocks[id]);
+    debug_assert!(removed);
+    Some(id)
+}
+
+/// [`get_free_block`] over the blocks `may_take` accepts: the answer (and the garbage-collection
+/// clock) of taking each block it found and `may_take` refused out of the index and searching
+/// again, the refused blocks put back afterwards, in one walk over the index. (It keeps the
+/// walk to go back along it, which the plain search has no need of.)
+///
+/// The search with `expandable` walks from the first fit on while each block could grow to
+/// less than the one before it (`run`, a stack); a refused block is the top of that walk, and
+/// the search without it walks the same blocks up to the one below it, then goes on from the
+/// block after the refused one, which is where the walk stopped (`rest.peek()`).
+pub fn get_free_block_where<D: Device>(
+    core: &mut Core<D>,
+    req: &Request,
+    expandable: bool,
+    mut may_take: impl FnMut(&Block) -> bool,
+) -> Option<BlockId> {
+    let gc = core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0;
+    let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
+    let blocks = &core.blocks;
+    let idx = match req.pool {
+        PoolKind::Small => &mut core.small,
+        PoolKind::Large => &mut core.large,
+    };
+    let grow = |b: BlockId| expandable_size(blocks, b);
+    let (found, searches) = {
+        let mut rest = idx.at_least(req.stream.0, req.size).peekable();
+        // (size, block, what it could grow to) of each block of the walk.
+        let mut run: SmallVec<[(u64, BlockId, u64); 8]> = SmallVec::new();
+        let mut searches = 1;
+        let found = loop {
+            let walk = match run.first() {
+                Some(&(_, bottom, _)) => expandable && blocks[bottom].is_expandable(),
+                None => match rest.next() {
+                    Some((size, id)) => {
+                        let walk = expandable && blocks[id].is_expandable();
+                        run.push((size, id, if walk { grow(id) } else { 0 }));
+                        walk
+                    }
+                    None => break None,
+                },
+            };
+            let (mut size, mut id, mut top) = run[run.len() - 1];
+            if walk {
+                while let Some(&(next_size, next)) = rest.peek() {
+                    // As in `get_free_block`: no block grows to less than its size.
+                    if next_size >= top {
+                        break;
+                    }
+                    let g = grow(next);
+                    if g >= top {
+                        break;
+                    }
+                    (size, id, top) = (next_size, next, g);
+                    run.push((size, id, top));
+                    rest.next();
+                }
+            }
+            if !serves(req, size, mss, rounding) {
+                break None;
+            }
+            if may_take(&blocks[id]) {
+                break Some(id);
+            }
+            run.pop();
+            searches += 1;
+        };
+        (found, searches)
+    };
+    if gc {
+        idx.searches += searches;
+    }
+    let id = found?;
     let removed = idx.remove(&blocks[id]);
     debug_assert!(removed);
     Some(id)

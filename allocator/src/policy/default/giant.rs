@@ -63,7 +63,6 @@ use crate::pool::block::{Block, BlockId};
 use crate::pool::{Core, Request};
 use crate::sizes::PoolKind;
 use cudalloc_sys::{Device, DeviceError, StreamId};
-use smallvec::SmallVec;
 
 /// A large-pool request of at least this many chunk windows (`max_chunk_mb`; 320 MiB at the
 /// default 40 MiB), and of at least [`GIANT_MIN_BYTES`], grows on a range of its own under a
@@ -125,47 +124,37 @@ impl DefaultPolicy {
         self.giant.contains(&segment)
     }
 
-    /// Whether free block `id` may serve `req`: any block outside giant ranges, and a block of
-    /// one only for a request of the capped giant size that leaves at most one chunk window of it
-    /// unused (while behind, for any such request), and not under a memory cap with
-    /// `repage_under_cap` off (a range made before the cap was set: such a pool promises
-    /// single-page chunks, whose free pages can all go back).
-    fn may_take<D: Device>(&self, core: &Core<D>, id: BlockId, req: &Request) -> bool {
-        self.may_serve(&core.blocks[id], req, self.giant_blocks_serve(core))
-    }
-
     /// Whether blocks of giant ranges may serve requests in `core` at all (see
-    /// [`DefaultPolicy::may_take`]).
+    /// [`DefaultPolicy::may_serve`]).
     pub(super) fn giant_blocks_serve<D: Device>(&self, core: &Core<D>) -> bool {
         core.limit().is_none() || self.cfg.repage_under_cap
     }
 
-    /// [`DefaultPolicy::may_take`] for the block itself (also a releasing one, which a growth
-    /// may take back), with [`DefaultPolicy::giant_blocks_serve`] as `giant_serve`.
+    /// Whether free block `b` (also a releasing one, which a growth may take back) may serve
+    /// `req`: any block outside giant ranges, and a block of one only for a request of the capped
+    /// giant size that leaves at most one chunk window of it unused (while behind, for any such
+    /// request), and only when `giant_serve` ([`DefaultPolicy::giant_blocks_serve`]: not under a
+    /// memory cap with `repage_under_cap` off, a range made before the cap was set: such a pool
+    /// promises single-page chunks, whose free pages can all go back).
     pub(super) fn may_serve(&self, b: &Block, req: &Request, giant_serve: bool) -> bool {
+        if !self.is_giant(b.segment) {
+            return true;
+        }
         let waste = b.size - req.size.min(b.size);
         let giant = req.size >= self.giant_min();
         let giant_fits = giant && waste <= self.cfg.max_chunk;
-        !self.is_giant(b.segment) || (giant_serve && (giant_fits || (giant && self.behind)))
+        giant_serve && (giant_fits || (giant && self.behind))
     }
 
-    /// PyTorch's best fit ([`torch::get_free_block`]) over the blocks `req` may take: a block
-    /// of a giant range it may not take is set aside while the search goes on, then put back.
+    /// PyTorch's best fit ([`torch::get_free_block`]) over the blocks `req` may take: the
+    /// answer of setting aside each block of a giant range it may not take while the search goes
+    /// on ([`torch::get_free_block_where`], which walks the index once instead).
     pub(super) fn best_fit<D: Device>(&self, core: &mut Core<D>, req: &Request) -> Option<BlockId> {
         if self.giant.is_empty() || req.pool != PoolKind::Large {
             return torch::get_free_block(core, req, true);
         }
-        let mut aside: SmallVec<[BlockId; 8]> = SmallVec::new();
-        let found = loop {
-            match torch::get_free_block(core, req, true) {
-                Some(id) if !self.may_take(core, id, req) => aside.push(id),
-                other => break other,
-            }
-        };
-        for id in aside {
-            core.large.insert(id, &core.blocks[id]);
-        }
-        found
+        let giant_serve = self.giant_blocks_serve(core);
+        torch::get_free_block_where(core, req, true, |b| self.may_serve(b, req, giant_serve))
     }
 
     /// A giant growth for `req` (see the module docs): `Ok(None)` when `req` does not grow on a

@@ -65,14 +65,27 @@ pub const MAX_SEARCH_WORK: u64 = 1 << 18;
 /// `max_work` steps (the best packing found by then, if any); also the steps it took, the unit of
 /// [`EVALUATION_WORK_PER_ALLOC`](super::plan::EVALUATION_WORK_PER_ALLOC). The search runs only when
 /// an order packed within `bound`. `rules` says which orders are tried, and whether the search
-/// runs.
+/// runs. (The policy, which knows the live peak already, runs [`pack_within_peak`].)
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn pack_within(
     lifetimes: &[Lifetime],
     bound: u64,
     max_work: u64,
     rules: &Rules,
 ) -> (Option<Plan>, u64) {
-    let floor = live_peak(lifetimes);
+    pack_within_peak(lifetimes, live_peak(lifetimes), bound, max_work, rules)
+}
+
+/// [`pack_within`] given the live peak of `lifetimes` (`floor`, [`live_peak`]; [`best_fit`]
+/// finds it on its way), so that it is not computed again.
+pub(crate) fn pack_within_peak(
+    lifetimes: &[Lifetime],
+    floor: u64,
+    bound: u64,
+    max_work: u64,
+    rules: &Rules,
+) -> (Option<Plan>, u64) {
+    debug_assert_eq!(floor, live_peak(lifetimes));
     let Some(overlaps) = Overlaps::of(lifetimes, max_work) else {
         return (None, max_work);
     };

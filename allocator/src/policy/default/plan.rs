@@ -67,7 +67,7 @@
 
 use super::footprint::{Footprint, Kept};
 pub(crate) use super::lifetime::{Lifetime, Plan};
-use super::packing::{best_fit, pack_within};
+use super::packing::{best_fit, pack_within_peak};
 use super::DefaultPolicy;
 use crate::pool::block::BlockId;
 use crate::pool::{Core, Request};
@@ -449,7 +449,8 @@ impl DefaultPolicy {
         self.plans.plan = None;
         if fit.live_peak <= bound {
             let left = MAX_EVALUATION_WORK.saturating_sub(work);
-            let (plan, steps) = pack_within(closed, bound, left, &self.cfg.rules);
+            let (plan, steps) =
+                pack_within_peak(closed, fit.live_peak, bound, left, &self.cfg.rules);
             work += steps;
             self.plans.plan = plan;
         }
