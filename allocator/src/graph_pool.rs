@@ -12,8 +12,9 @@
 //! PyTorch private pool keeps its whole `cudaMalloc` segment) and, out of memory, no rung
 //! of the ladder but growth (an allocation that does not fit fails, the blocks it holds free
 //! stay; PyTorch's allocator, with its default settings, keeps a private pool in use whole
-//! too). Only its `empty_cache`,
-//! called once its graphs are gone, gives memory back. Several graphs captured one
+//! too). Only its `empty_cache` gives memory back: called once its graphs are gone, or, for a
+//! `MemPool(use_on_oom=True)` of the C library that no capture allocated from, when an
+//! allocation elsewhere runs out of memory. Several graphs captured one
 //! after another, and replayed one at a time, may share one pool; dropping the pool (after its
 //! graphs) gives its memory back.
 //!

@@ -334,15 +334,18 @@ int cudalloc_capture_end(int device);
  * its pool); cudalloc_pool_release counts one use less, and at none the pool takes no new
  * allocation. A pool in use keeps all its memory, freed blocks included (a graph's replays
  * write them): cudalloc_empty_cache leaves it alone. The memory of a pool out of use goes back
- * to the driver at cudalloc_empty_cache, at cudalloc_pool_empty_cache of that pool, or when the
- * device's cudalloc_malloc runs out of memory (then it retries once), never inside a release,
- * a free or a pool allocation (a pool allocation that does not fit fails, giving nothing back).
+ * to the driver at cudalloc_empty_cache, at cudalloc_pool_empty_cache of that pool, or when a
+ * cudalloc_malloc or cudalloc_pool_malloc runs out of memory (then it retries once; a pool
+ * allocation also empties the device allocator's cache first), never inside a release or a
+ * free.
  * cudalloc_pool_empty_cache on a device the library has not opened does nothing (nor opens
  * it; an ordinal no device has is still an error once the devices are counted).
  * cudalloc_pool_set_use_on_oom (PyTorch's MemPool(use_on_oom=True)): with on not 0, a pool in
- * use lends its cached memory: an allocation elsewhere on the device that runs out of memory
- * gives the pool's cached blocks back to the driver and retries once (its live blocks stay;
- * nothing goes back during a capture); a released pool used again lends nothing. All 0 or -1.
+ * use lends its cached memory: an allocation on the device (in a pool too) that runs out of
+ * memory gives the pool's cached growths back to the driver and retries once (a growth that
+ * holds a live block stays; nothing goes back during a capture, nor from a pool an allocation
+ * during a capture came from, whose freed blocks a graph's replays write); a released pool used
+ * again lends nothing. All 0 or -1.
  * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in

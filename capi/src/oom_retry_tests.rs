@@ -222,3 +222,24 @@ fn only_a_pool_in_use_can_be_set_to_lend() {
     let e = pools.set_use_on_oom(POOL, true).unwrap_err();
     assert!(e.contains("no private pool (0, 1) in use"), "{e}");
 }
+
+/// A lending pool that a capture allocated from lends nothing while in use (a graph's replays
+/// write the blocks its capture freed), and a lending pool with nothing cached is no reason
+/// for a second try.
+#[test]
+fn a_pool_a_capture_allocated_from_lends_nothing() {
+    let (device, pools) = with_pool(64 << 20);
+    pools.set_use_on_oom(POOL, true).unwrap();
+    assert!(!pools.release_for_retry(), "nothing cached, nothing lent");
+    pools.begin_capture(&device);
+    let a = pools.allocate(POOL, 40 << 20, S).unwrap();
+    pools.end_capture(&device).unwrap();
+    pools.with_owner(a.ptr(), |p| p.free_ptr(a.ptr())).unwrap();
+    assert!(
+        !pools.release_for_retry(),
+        "the capture's freed block stays"
+    );
+    let release = || pools.release_for_retry();
+    let kept = crate::tags::allocate(&device, 40 << 20, S, None, &release);
+    assert!(kept.unwrap_err().is_out_of_memory());
+}

@@ -12,10 +12,11 @@
 //!   or counts one more use, `release` counts one use less;
 //! - a pool in use keeps every byte it holds, freed blocks included, whatever `empty_cache` is
 //!   asked (a graph's replays write its freed intermediates), unless it was set to *lend*
-//!   (`MemPool(use_on_oom=True)`, [`Pools::set_use_on_oom`]): then an allocation elsewhere on
-//!   the device that runs out of memory gives the pool's cached blocks back to the driver
-//!   before its second try ([`Pools::release_for_retry`]), so that it can map them; the
-//!   pool's live blocks stay;
+//!   (`MemPool(use_on_oom=True)`, [`Pools::set_use_on_oom`]) and never handed out an
+//!   allocation during a capture the pools were told of: then an allocation on the device
+//!   (outside the pool, or in it) that runs out of memory gives the pool's cached growths back
+//!   to the driver before its second try ([`Pools::release_for_retry`]), so that it can map
+//!   them; the pool's live blocks stay, and so does a growth that holds one;
 //! - a pool with no use left is *retired*: it serves no new allocation, its live allocations can
 //!   still be freed (and `record_stream`ed), and its memory goes back to the driver only in
 //!   [`Pools::empty_retired`] (the device's `empty_cache`, a pool's own `empty_cache`, or the
@@ -28,8 +29,9 @@
 //!   bound of the peak of the sum, but for `reserved_bytes.all.peak`, the exact peak of the
 //!   device's allocator and its pools together (`CachingAllocator::group_reserved_peak`);
 //! - under the `default` policy a pool follows `torch-expandable`'s rules, each growth mapped as
-//!   one chunk (`Config::for_graph_pool`), and gives nothing back while in use, so that a graph's pages stay mapped while it may
-//!   be replayed (the `default` policy's budget gives back free pages, which a capture frees).
+//!   one chunk (`Config::for_graph_pool`), and gives nothing back while in use (but what it
+//!   lends), so that a graph's pages stay mapped while it may be replayed (the `default`
+//!   policy's budget gives back free pages, which a capture frees).
 
 use crate::error::Failure;
 use crate::json::TORCH_VALUES;
@@ -59,6 +61,16 @@ struct Private<D: Device> {
     /// Whether an allocation elsewhere that runs out of memory may take this pool's cached
     /// memory while it is in use (`MemPool(use_on_oom=True)`).
     use_on_oom: AtomicBool,
+    /// Whether it handed out an allocation during a capture the pools were told of: a graph's
+    /// replays may then write its freed blocks, and it lends nothing while in use.
+    captured: AtomicBool,
+}
+
+impl<D: Device> Private<D> {
+    /// Whether an allocation that runs out of memory may take its cached memory now.
+    fn lends(&self) -> bool {
+        self.use_on_oom.load(Ordering::Relaxed) && !self.captured.load(Ordering::Relaxed)
+    }
 }
 
 type Shared<D> = Arc<Private<D>>;
@@ -142,9 +154,11 @@ impl<D: Device> Pools<D> {
         let mut retired = self.retired.lock();
         let pool = match retired.iter().position(|(r, _)| *r == id) {
             Some(i) => {
-                // Used again, it starts as a new pool would: lending nothing.
+                // Used again, it starts as a new pool would: lending nothing, and held by no
+                // graph (a retired pool has no use left).
                 let pool = retired.swap_remove(i).1;
                 pool.use_on_oom.store(false, Ordering::Relaxed);
+                pool.captured.store(false, Ordering::Relaxed);
                 pool
             }
             None => {
@@ -156,6 +170,7 @@ impl<D: Device> Pools<D> {
                     alloc,
                     busy: RwLock::new(()),
                     use_on_oom: AtomicBool::new(false),
+                    captured: AtomicBool::new(false),
                 })
             }
         };
@@ -230,16 +245,32 @@ impl<D: Device> Pools<D> {
         self.allocate_in(id, |a| a.allocate_again(size, stream))
     }
 
+    /// Marks `pool`, about to hand out an allocation, as allocated from during a capture when
+    /// `capturing` (read before the `active` lock, [`Pools::capturing`]).
+    fn mark_captured(pool: &Private<D>, capturing: bool) {
+        if capturing {
+            pool.captured.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a capture the pools were told of is underway (`captures` is locked before
+    /// `active`: read it first).
+    fn capturing(&self) -> bool {
+        *self.captures.lock() > 0
+    }
+
     /// Runs `f` on pool `id`'s allocator while the pool is in use.
     fn allocate_in(
         &self,
         id: PoolId,
         f: impl FnOnce(&CachingAllocator<D>) -> Result<Allocation, AllocError>,
     ) -> Result<Allocation, Failure> {
+        let capturing = self.capturing();
         let active = self.active.lock();
         let pool = active.get(&id).map(|(p, _)| p.clone()).ok_or_else(|| {
             Failure::from(format!("no private pool {id:?} in use on this device"))
         })?;
+        Self::mark_captured(&pool, capturing);
         // Taken while the pool is still in use (the `active` lock held), so that no
         // `empty_retired` can drop it between the lookup and the allocation.
         let _in_flight = pool.busy.read();
@@ -294,11 +325,13 @@ impl<D: Device> Pools<D> {
         [ptr, size, requested]: [u64; 3],
         stream: StreamId,
     ) -> Result<Allocation, String> {
+        let capturing = self.capturing();
         let active = self.active.lock();
         let pool = active
             .get(&id)
             .map(|(p, _)| p.clone())
             .ok_or_else(|| format!("no private pool {id:?} in use on this device"))?;
+        Self::mark_captured(&pool, capturing);
         let _in_flight = pool.busy.read();
         drop(active);
         pool.alloc
@@ -322,30 +355,31 @@ impl<D: Device> Pools<D> {
         first_error.map_or(Ok(retired > 0), Err)
     }
 
-    /// Gives the cached memory of every retired pool, and of every pool in use set to lend
-    /// it ([`Pools::set_use_on_oom`]), back, for a second try of an allocation that ran out of
-    /// memory: true when a pool's cache went back, whether or not another's release failed (a
-    /// pool told of a capture refuses: nothing is given back during one).
+    /// Gives the cached memory of every retired pool, and of every pool in use that lends it
+    /// ([`Pools::set_use_on_oom`]; not one a capture allocated from), back, for a second try of
+    /// an allocation that ran out of memory: true when a retired pool's cache went back, or a
+    /// lending pool gave back any bytes, whether or not another's release failed (a pool told
+    /// of a capture refuses: nothing is given back during one).
     pub fn release_for_retry(&self) -> bool {
         let (_, emptied, _) = self.empty_each(None);
         let lending: Vec<Shared<D>> = self
             .active
             .lock()
             .values()
-            .filter(|(p, _)| p.use_on_oom.load(Ordering::Relaxed))
+            .filter(|(p, _)| p.lends())
             .map(|(p, _)| p.clone())
             .collect();
-        let lent = lending
-            .iter()
-            .filter(|p| p.alloc.empty_cache().is_ok())
-            .count();
-        emptied + lent > 0
+        let lent = lending.iter().filter(|p| {
+            let before = p.alloc.reserved_bytes();
+            p.alloc.empty_cache().is_ok() && p.alloc.reserved_bytes() < before
+        });
+        emptied > 0 || lent.count() > 0
     }
 
-    /// Sets whether pool `id`, which must be in use, lends its cached memory to allocations
-    /// elsewhere on the device that run out of memory (PyTorch's `MemPool(use_on_oom=True)`):
-    /// they give it back to the driver and map it ([`Pools::release_for_retry`]). A retired
-    /// pool used again lends nothing until set again.
+    /// Sets whether pool `id`, which must be in use, lends its cached memory to allocations on
+    /// the device that run out of memory (PyTorch's `MemPool(use_on_oom=True)`): they give it
+    /// back to the driver and map it ([`Pools::release_for_retry`]); not once a capture
+    /// allocated from it. A retired pool used again lends nothing until set again.
     pub fn set_use_on_oom(&self, id: PoolId, on: bool) -> Result<(), String> {
         let active = self.active.lock();
         let (pool, _) = active
