@@ -208,14 +208,17 @@ impl Bins {
             self.used.resize(b / 64 + 1, 0);
         }
         let bin = &mut self.bins[b];
-        match bin.binary_search_by_key(&k, |e| e.0) {
-            Ok(_) => false,
-            Err(at) => {
-                bin.insert(at, (k, id));
-                self.used[b / 64] |= 1 << (b % 64);
-                true
+        // Most bins hold one block or none: a key after the last one is pushed without a search.
+        if bin.last().is_none_or(|e| e.0 < k) {
+            bin.push((k, id));
+        } else {
+            match bin.binary_search_by_key(&k, |e| e.0) {
+                Ok(_) => return false,
+                Err(at) => bin.insert(at, (k, id)),
             }
         }
+        self.used[b / 64] |= 1 << (b % 64);
+        true
     }
 
     fn remove(&mut self, k: u128) -> bool {
@@ -223,13 +226,14 @@ impl Bins {
         let Some(bin) = self.bins.get_mut(b) else {
             return false;
         };
-        let Ok(at) = bin.binary_search_by_key(&k, |e| e.0) else {
-            return false;
-        };
-        // Most bins hold one block: popping the last entry spares a call to move none.
-        if at + 1 == bin.len() {
+        // Most bins hold one block: popping the last entry spares a search and a call to move
+        // none.
+        if bin.last().is_some_and(|e| e.0 == k) {
             bin.pop();
         } else {
+            let Ok(at) = bin.binary_search_by_key(&k, |e| e.0) else {
+                return false;
+            };
             bin.remove(at);
         }
         if bin.is_empty() {
