@@ -20,6 +20,7 @@
 
 use super::Policy;
 use crate::pool::block::{Arena, Block, BlockId, NIL};
+use crate::pool::index::FreeIndex;
 use crate::pool::{Core, Request};
 use crate::sizes::{PoolKind, MIN_BLOCK, SMALL_SIZE};
 use cudalloc_sys::{Device, DeviceError};
@@ -62,6 +63,32 @@ pub fn serves(req: &Request, size: u64, mss: u64, rounding: u64) -> bool {
         && !(req.size >= mss && size >= req.size.saturating_add(rounding))
 }
 
+/// What a best-fit search reads of the pool: whether the garbage-collection clock runs, the
+/// oversize settings, the blocks, and the request's free index.
+struct Search<'a> {
+    gc: bool,
+    mss: u64,
+    rounding: u64,
+    blocks: &'a Arena,
+    idx: &'a mut FreeIndex,
+}
+
+impl<'a> Search<'a> {
+    fn of<D: Device>(core: &'a mut Core<D>, req: &Request) -> Search<'a> {
+        let idx = match req.pool {
+            PoolKind::Small => &mut core.small,
+            PoolKind::Large => &mut core.large,
+        };
+        Search {
+            gc: core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0,
+            mss: core.cfg.max_split_size,
+            rounding: core.cfg.max_non_split_rounding,
+            blocks: &core.blocks,
+            idx,
+        }
+    }
+}
+
 /// Best fit from the request's free index, with PyTorch's oversize rules; the block is taken out
 /// of the index. With `expandable`, a block's unmapped tail counts as part of its size, so a
 /// block at the end of an expandable segment is chosen only when nothing else fits.
@@ -70,13 +97,13 @@ pub fn get_free_block<D: Device>(
     req: &Request,
     expandable: bool,
 ) -> Option<BlockId> {
-    let gc = core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0;
-    let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
-    let blocks = &core.blocks;
-    let idx = match req.pool {
-        PoolKind::Small => &mut core.small,
-        PoolKind::Large => &mut core.large,
-    };
+    let Search {
+        gc,
+        mss,
+        rounding,
+        blocks,
+        idx,
+    } = Search::of(core, req);
     if gc {
         idx.searches += 1;
     }
@@ -123,13 +150,13 @@ pub fn get_free_block_where<D: Device>(
     expandable: bool,
     mut may_take: impl FnMut(&Block) -> bool,
 ) -> Option<BlockId> {
-    let gc = core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0;
-    let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
-    let blocks = &core.blocks;
-    let idx = match req.pool {
-        PoolKind::Small => &mut core.small,
-        PoolKind::Large => &mut core.large,
-    };
+    let Search {
+        gc,
+        mss,
+        rounding,
+        blocks,
+        idx,
+    } = Search::of(core, req);
     let grow = |b: BlockId| expandable_size(blocks, b);
     let (found, searches) = {
         let mut rest = idx.at_least(req.stream.0, req.size).peekable();
