@@ -64,29 +64,19 @@ pub fn serves(req: &Request, size: u64, mss: u64, rounding: u64) -> bool {
 }
 
 /// What a best-fit search reads of the pool: whether the garbage-collection clock runs, the
-/// oversize settings, the blocks, and the request's free index.
-struct Search<'a> {
-    gc: bool,
-    mss: u64,
-    rounding: u64,
-    blocks: &'a Arena,
-    idx: &'a mut FreeIndex,
-}
-
-impl<'a> Search<'a> {
-    fn of<D: Device>(core: &'a mut Core<D>, req: &Request) -> Search<'a> {
-        let idx = match req.pool {
-            PoolKind::Small => &mut core.small,
-            PoolKind::Large => &mut core.large,
-        };
-        Search {
-            gc: core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0,
-            mss: core.cfg.max_split_size,
-            rounding: core.cfg.max_non_split_rounding,
-            blocks: &core.blocks,
-            idx,
-        }
-    }
+/// oversize settings (`max_split_size`, `max_non_split_rounding`), the blocks, and the
+/// request's free index.
+fn search_parts<'a, D: Device>(
+    core: &'a mut Core<D>,
+    req: &Request,
+) -> (bool, u64, u64, &'a Arena, &'a mut FreeIndex) {
+    let idx = match req.pool {
+        PoolKind::Small => &mut core.small,
+        PoolKind::Large => &mut core.large,
+    };
+    let gc = core.limit.is_some() && core.cfg.garbage_collection_threshold > 0.0;
+    let (mss, rounding) = (core.cfg.max_split_size, core.cfg.max_non_split_rounding);
+    (gc, mss, rounding, &core.blocks, idx)
 }
 
 /// Best fit from the request's free index, with PyTorch's oversize rules; the block is taken out
@@ -97,13 +87,7 @@ pub fn get_free_block<D: Device>(
     req: &Request,
     expandable: bool,
 ) -> Option<BlockId> {
-    let Search {
-        gc,
-        mss,
-        rounding,
-        blocks,
-        idx,
-    } = Search::of(core, req);
+    let (gc, mss, rounding, blocks, idx) = search_parts(core, req);
     if gc {
         idx.searches += 1;
     }
@@ -150,13 +134,7 @@ pub fn get_free_block_where<D: Device>(
     expandable: bool,
     mut may_take: impl FnMut(&Block) -> bool,
 ) -> Option<BlockId> {
-    let Search {
-        gc,
-        mss,
-        rounding,
-        blocks,
-        idx,
-    } = Search::of(core, req);
+    let (gc, mss, rounding, blocks, idx) = search_parts(core, req);
     let grow = |b: BlockId| expandable_size(blocks, b);
     let (found, searches) = {
         let mut rest = idx.at_least(req.stream.0, req.size).peekable();
