@@ -14,7 +14,7 @@
 //! stay; PyTorch's allocator, with its default settings, keeps a private pool in use whole
 //! too). Only its `empty_cache` gives memory back: called once its graphs are gone, or, for a
 //! `MemPool(use_on_oom=True)` of the C library that no capture allocated from, when an
-//! allocation elsewhere runs out of memory. Several graphs captured one
+//! allocation on the device (in that pool too) runs out of memory. Several graphs captured one
 //! after another, and replayed one at a time, may share one pool; dropping the pool (after its
 //! graphs) gives its memory back.
 //!

@@ -349,8 +349,8 @@ pub extern "C" fn cudalloc_pool_empty_cache(device: c_int, id0: u64, id1: u64) -
 
 /// Sets whether private pool `(id0, id1)`, which must be in use, lends its cached memory
 /// (PyTorch's `MemPool(use_on_oom=True)`): when `on` is not 0, an allocation on the device
-/// that runs out of memory gives the pool's cached growths back to the driver and tries once
-/// more (a growth holding a live block stays; nothing is given back during a capture, nor by a
+/// that runs out of memory gives the pool's whole free chunks back to the driver and tries once
+/// more (a chunk holding a live block stays; nothing is given back during a capture, nor by a
 /// pool a capture allocated from). A retired pool used again lends nothing until set again.
 /// 0, or -1 on failure (a pool not in use).
 #[allow(unsafe_code)] // `#[no_mangle]` only: the body is one call into `pool_api`.

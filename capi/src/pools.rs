@@ -14,14 +14,15 @@
 //!   asked (a graph's replays write its freed intermediates), unless it was set to *lend*
 //!   (`MemPool(use_on_oom=True)`, [`Pools::set_use_on_oom`]) and never handed out an
 //!   allocation during a capture the pools were told of: then an allocation on the device
-//!   (outside the pool, or in it) that runs out of memory gives the pool's cached growths back
-//!   to the driver before its second try ([`Pools::release_for_retry`]), so that it can map
-//!   them; the pool's live blocks stay, and so does a growth that holds one;
+//!   (outside the pool, or in it) that runs out of memory gives the pool's whole free chunks
+//!   back to the driver before its second try ([`Pools::release_for_retry`]), so that it can
+//!   map them; the pool's live blocks stay, and so does a chunk that holds one (under
+//!   `default` a pool's growth is one chunk);
 //! - a pool with no use left is *retired*: it serves no new allocation, its live allocations can
 //!   still be freed (and `record_stream`ed), and its memory goes back to the driver only in
 //!   [`Pools::empty_retired`] (the device's `empty_cache`, a pool's own `empty_cache`, or the
-//!   out-of-memory path of the device's allocator), never inside `release`, a free or an
-//!   allocation, which must not wait for the device;
+//!   out-of-memory path of an allocation, from the device's allocator or a pool), never inside
+//!   `release`, a free or an allocation that fits, which must not wait for the device;
 //! - a pool is dropped only after its memory went back, under its write guard, with nothing
 //!   live and no allocation in flight (allocations hold the read guard);
 //! - the counters of a dropped pool are kept (`folded`), so that cumulative statistics and
