@@ -342,10 +342,10 @@ int cudalloc_capture_end(int device);
  * it; an ordinal no device has is still an error once the devices are counted).
  * cudalloc_pool_set_use_on_oom (PyTorch's MemPool(use_on_oom=True)): with on not 0, a pool in
  * use lends its cached memory: an allocation on the device (in a pool too) that runs out of
- * memory gives the pool's whole free chunks back to the driver and retries once (a chunk that
- * holds a live block stays, under "default" a whole growth; nothing goes back during a
- * capture, nor from a pool an allocation during a capture came from, whose freed blocks a
- * graph's replays write); a released pool used again lends nothing. All 0 or -1.
+ * memory gives the pool's whole free chunks back to the driver and retries once. A chunk that
+ * holds a live block stays (under "default" a chunk is a whole growth); nothing goes back
+ * during a capture, nor from a pool an allocation during a capture came from, whose freed
+ * blocks a graph's replays write; a released pool used again lends nothing. All 0 or -1.
  * cudalloc_pool_use_count: the uses (0: not in use), or -1. cudalloc_pool_malloc: like
  * cudalloc_malloc, from a pool in use; it never aborts (NULL, with the kind in
  * cudalloc_last_error_kind). cudalloc_pool_live: the number of live allocations of a pool in

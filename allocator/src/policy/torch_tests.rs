@@ -86,7 +86,10 @@ proptest! {
         // Refuse blocks by address: some of every walk, sometimes all of them.
         let may_take = |b: &Block| !(b.addr >> 21).is_multiple_of(refuse_every + 1);
         for want in wants {
-            let req = request(want * MIB / 8);
+            // With the free pages given back, what is left free is pieces of chunks: ask for
+            // sizes they hold, so that the walks are long.
+            let bytes = if emptied { (want % 160 + 1) * MIB / 8 } else { want * MIB / 8 };
+            let req = request(bytes);
             let searches = core.large.searches;
             let expected = set_aside_and_search_again(core, &req, may_take);
             let counted = core.large.searches - searches;

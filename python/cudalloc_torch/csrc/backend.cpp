@@ -522,9 +522,9 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     }
   }
 
-  // MemPool(use_on_oom=True) lets an allocation outside the pool that runs out of memory use
-  // the pool's free memory: cudalloc gives the pool's cached blocks back to the driver for
-  // that allocation's second try (cudalloc_pool_set_use_on_oom). MemPool's constructor sets it
+  // MemPool(use_on_oom=True) lets an allocation that runs out of memory use the pool's free
+  // memory: cudalloc gives the pool's whole free chunks back to the driver for that
+  // allocation's second try (cudalloc_pool_set_use_on_oom). MemPool's constructor sets it
   // after createOrIncrefPool: a failure there gives that use back (a constructor that throws
   // runs no destructor to release it). Its destructor clears it, where a throw would end the
   // process: that failure is reported instead.
