@@ -205,12 +205,12 @@ def check_peer_copy():
 
 def check_empty_cache_in_use_mem_pool():
     """torch.cuda.empty_cache() while a torch.cuda.use_mem_pool block is open, on this thread
-    or on another: backend.cpp returns without releasing anything whenever any
-    allocation route exists (a use_mem_pool of any thread is one). Read from PyTorch's source,
-    its allocator would release the device's cached blocks; measured on an H100 with torch 2.11
-    (2026-12-07), it released nothing either (FAIL under --baseline too), so the backend's
-    behaviour is PyTorch's there. A control run outside any pool first shows the cache is
-    releasable; when it is not (the policy gave the memory back at the free), the check is SKIP."""
+    or on another, must release the device's cached blocks (backend.cpp holds back only while
+    a capture is underway). PyTorch's allocator releases nothing there (it counts a
+    use_mem_pool as a capture underway): measured on an H100 with torch 2.11 (2026-12-07), this
+    check FAILs under --baseline, where cudalloc goes further. A control run outside any pool
+    first shows the cache is releasable; when it is not (the policy gave the memory back at
+    the free), the check is SKIP."""
     torch = _torch()
 
     def cached_then_empty(ctx):

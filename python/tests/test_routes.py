@@ -102,6 +102,22 @@ CASES = {
   CHECK(routes.find(0, 5) == std::optional<Pool>(graph));
   CHECK(routes.find(0, 9) == std::optional<Pool>(pool));
 """,
+    # empty_cache holds back only for a capture's route, not for a use_mem_pool's.
+    "only_a_captures_route_is_scoped": r"""
+  const auto me = std::this_thread::get_id();
+  CHECK(routes.begin(0, pool, [me](int) { return std::this_thread::get_id() == me; }, 0));
+  CHECK(!routes.any_scoped());
+  CHECK(routes.begin(0, graph, graph_filter(0), 5));  // capture_begin's route, before the capture
+  CHECK(routes.any_scoped());
+  routes.prune();                      // its capture failed to begin: dropped
+  CHECK(!routes.any_scoped() && routes.size() == 1);
+  captures[6] = 42;
+  std::thread([&] { CHECK(routes.begin(0, Pool{0, 8}, [](int) { return true; }, 6)); }).join();
+  CHECK(routes.any_scoped());          // a use_mem_pool begun inside a capture
+  captures[6] = 0;
+  routes.prune();
+  CHECK(!routes.any_scoped() && routes.size() == 1);
+""",
     "end_ends_only_a_route_of_the_calling_thread": r"""
   // The capture's route was pruned by another thread before endAllocateToPool, and a route to
   // the same pool was begun meanwhile by a third thread: the capture thread's end leaves it.

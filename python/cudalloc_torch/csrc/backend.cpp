@@ -316,8 +316,9 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
   }
 
   // torch.cuda.empty_cache() passes {0, 0}: the devices' cached memory and the private pools
-  // out of use go back (pools in use keep theirs). Nothing is released while an allocation
-  // route is active (a capture or use_mem_pool is underway), since releasing memory waits for
+  // out of use go back (pools in use keep theirs), inside a use_mem_pool block too (PyTorch's
+  // allocator releases nothing there). Nothing is released while a capture is underway (a
+  // capture's route, or a capture the library was told of), since releasing memory waits for
   // the device, which a capture forbids. MemPool's destructor passes its pool: that pool's
   // memory goes back if it is out of use, on whichever device it is (every device is asked, as
   // PyTorch's allocator asks each; one the library has not opened is left alone); from a
@@ -335,7 +336,7 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     {
       std::lock_guard<std::mutex> lock(routes_mutex);
       end_finished_captures();
-      if (!routes.empty()) {
+      if (routes.any_scoped() || !told.empty()) {
         return;
       }
     }

@@ -85,6 +85,11 @@ class Routes {
     }
   }
 
+  // Whether a route is a capture's (scoped): while one is, nothing may give memory back.
+  bool any_scoped() const {
+    return std::any_of(routes_.begin(), routes_.end(), [](const Route& r) { return r.scoped; });
+  }
+
   // The pool an allocation of `device` on `stream` goes to, if a route takes it.
   std::optional<Pool> find(int device, Stream stream) const {
     for (auto r = routes_.rbegin(); r != routes_.rend(); ++r) {
