@@ -1,4 +1,5 @@
-"""Review checks of ``torch.cuda.MemPool``'s options on cudalloc's extension backend, run by
+"""Review checks of ``torch.cuda.MemPool``'s options, and of ``empty_cache`` during a capture
+while a ``use_mem_pool`` block is open, on cudalloc's extension backend, run by
 ``review_checks.py`` (``--only mempool_use_on_oom,mempool_no_split``) like its own checks:
 each returns its findings (PASS), raises ``AssertionError`` (FAIL) or ``Skip``, and passes on
 PyTorch's own allocator too (``--baseline``).
@@ -10,6 +11,7 @@ raise, and no destructor gives that use back: the backend must give it back itse
 
 import os
 import sys
+import threading
 
 from check_base import MiB, Skip
 from check_base import cuda_torch as _torch
@@ -103,9 +105,73 @@ def check_mempool_no_split():
     return {"supported": True}
 
 
+def check_empty_cache_during_capture():
+    """torch.cuda.empty_cache() during a CUDA graph capture (global capture mode), from the
+    capturing thread and from another thread that holds a use_mem_pool block, with 256 MiB
+    cached on the device: nothing may be released (a release waits for the device, which
+    invalidates the capture; a use_mem_pool block alone does not hold empty_cache back on
+    cudalloc), the capture must end and the graph replay to the right result. Fails with the
+    capture's error if a release reached the driver."""
+    torch = _torch()
+    _settle(torch)
+    a = torch.full((1 << 20,), 3.0, device="cuda")
+    x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    del x
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool()
+    inside, go, done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with torch.cuda.use_mem_pool(pool):
+            inside.set()
+            if go.wait(60):
+                try:
+                    torch.cuda.empty_cache()
+                    seen["reserved"] = torch.cuda.memory_reserved()
+                except Exception as e:  # reported below, after the capture ended
+                    seen["error"] = f"{type(e).__name__}: {e}"
+            done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        assert inside.wait(60), "the other thread did not enter use_mem_pool"
+        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            b = a * 2  # warm-up outside the capture
+            g.capture_begin()
+            try:
+                b = a * 2
+                go.set()
+                assert done.wait(60), "the other thread's empty_cache did not return"
+                torch.cuda.empty_cache()
+                during = torch.cuda.memory_reserved()
+                c = b + 1
+            finally:
+                go.set()
+                g.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
+    finally:
+        t.join()
+    assert "error" not in seen, f"empty_cache on the other thread raised: {seen['error']}"
+    a.fill_(5.0)
+    g.replay()
+    torch.cuda.synchronize()
+    found = {"cached_mib": before // MiB, "during_mib": during // MiB,
+             "other_thread_mib": seen["reserved"] // MiB}
+    assert during >= before and seen["reserved"] >= before, f"memory went back: {found}"
+    assert bool((c == 11.0).all()), f"the graph's replay gave {c[0].item()} instead of 11.0"
+    return found
+
+
 CHECKS = {
     "mempool_use_on_oom": check_mempool_use_on_oom,
     "mempool_no_split": check_mempool_no_split,
+    "empty_cache_during_capture": check_empty_cache_during_capture,
 }
 
 if __name__ == "__main__":

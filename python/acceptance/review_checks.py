@@ -17,7 +17,8 @@ failures it does not raise) are shown after the check's detail.
     PYTHONPATH=python python3 python/acceptance/review_checks.py --baseline      # PyTorch's allocator
 
 ``--baseline`` runs the same checks on PyTorch's own caching allocator (no ``enable()``): every
-check is written to PASS there (or SKIP), which validates the check itself. ``--conf`` sets
+check but ``empty_cache_in_use_mem_pool`` (which asks for more than PyTorch's allocator does)
+is written to PASS there (or SKIP), which validates the check itself. ``--conf`` sets
 ``CUDALLOC_CONF`` (default ``policy:default``); ``--lib`` the library (default: what
 ``cudalloc_torch`` finds, ``$CUDALLOC_LIB`` first); ``--in-process`` runs every check in this
 process, one after another (faster; a crash ends the run). Exit status 1 when a check failed.
@@ -206,11 +207,11 @@ def check_peer_copy():
 def check_empty_cache_in_use_mem_pool():
     """torch.cuda.empty_cache() while a torch.cuda.use_mem_pool block is open, on this thread
     or on another, must release the device's cached blocks (backend.cpp holds back only while
-    a capture is underway). PyTorch's allocator releases nothing there (it counts a
-    use_mem_pool as a capture underway): measured on an H100 with torch 2.11 (2026-12-07), this
-    check FAILs under --baseline, where cudalloc goes further. A control run outside any pool
-    first shows the cache is releasable; when it is not (the policy gave the memory back at
-    the free), the check is SKIP."""
+    a capture is underway). PyTorch's allocator keeps the device's cached blocks there (it
+    counts a use_mem_pool as a capture underway): measured on an H100 with torch 2.11
+    (2026-12-07), this check FAILs under --baseline, where cudalloc goes further. A control
+    run outside any pool first shows the cache is releasable; when it is not (the policy gave
+    the memory back at the free), the check is SKIP."""
     torch = _torch()
 
     def cached_then_empty(ctx):

@@ -118,6 +118,18 @@ CASES = {
   routes.prune();
   CHECK(!routes.any_scoped() && routes.size() == 1);
 """,
+    # A capture's route stays scoped behind later routes and across other threads' calls, and
+    # stops being so when its capture ends.
+    "a_captures_route_behind_a_mem_pool_route_is_scoped_until_its_capture_ends": r"""
+  captures[5] = 42;
+  CHECK(routes.begin(0, graph, graph_filter(42), 5));
+  std::thread([&] { CHECK(routes.begin(0, pool, [](int) { return true; }, 0)); }).join();
+  std::thread([&] { routes.prune(); }).join();
+  CHECK(routes.any_scoped() && routes.size() == 2);
+  captures[5] = 0;                     // the capture ended (endAllocateToPool not yet called)
+  std::thread([&] { routes.prune(); }).join();
+  CHECK(!routes.any_scoped() && routes.size() == 1);
+""",
     "end_ends_only_a_route_of_the_calling_thread": r"""
   // The capture's route was pruned by another thread before endAllocateToPool, and a route to
   // the same pool was begun meanwhile by a third thread: the capture thread's end leaves it.

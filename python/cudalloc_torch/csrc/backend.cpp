@@ -317,12 +317,13 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
 
   // torch.cuda.empty_cache() passes {0, 0}: the devices' cached memory and the private pools
   // out of use go back (pools in use keep theirs), inside a use_mem_pool block too (PyTorch's
-  // allocator releases nothing there). Nothing is released while a capture is underway (a
-  // capture's route, or a capture the library was told of), since releasing memory waits for
-  // the device, which a capture forbids. MemPool's destructor passes its pool: that pool's
-  // memory goes back if it is out of use, on whichever device it is (every device is asked, as
-  // PyTorch's allocator asks each; one the library has not opened is left alone); from a
-  // destructor, a failure is reported, not thrown.
+  // allocator keeps the device's cached blocks there). Nothing is released while a capture is
+  // underway (a capture's route, or a capture the library was told of), since releasing
+  // memory waits for the device, which a capture forbids; a capture begun outside
+  // torch.cuda.graph that has allocated nothing yet is seen by neither. MemPool's destructor
+  // passes its pool: that pool's memory goes back if it is out of use, on whichever device it
+  // is (every device is asked, as PyTorch's allocator asks each; one the library has not
+  // opened is left alone); from a destructor, a failure is reported, not thrown.
   void emptyCache(c10::cuda::MempoolId_t pool) override {
     if (pool.first != 0 || pool.second != 0) {
       const int n = c10::cuda::device_count();
@@ -333,12 +334,11 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
       }
       return;
     }
-    {
-      std::lock_guard<std::mutex> lock(routes_mutex);
-      end_finished_captures();
-      if (routes.any_scoped() || !told.empty()) {
-        return;
-      }
+    // The lock is held through the release, so that no capture begins its route meanwhile.
+    std::lock_guard<std::mutex> lock(routes_mutex);
+    end_finished_captures();
+    if (routes.any_scoped() || !told.empty()) {
+      return;
     }
     const int n = c10::cuda::device_count();
     for (int d = 0; d < n; ++d) {
