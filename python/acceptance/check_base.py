@@ -1,10 +1,16 @@
-"""What every review check shares (``review_checks.py``, ``pool_checks.py``): the ``Skip``
-exception a check raises when the machine or the torch version cannot run it, and small
-helpers."""
+"""What every review check shares (``review_checks.py``, ``pool_checks.py``, ``ipc_checks.py``):
+the ``Skip`` exception a check raises when the machine or the torch version cannot run it, how
+the checks are run (``RUN``), and small helpers."""
 
 import gc
 
 MiB = 1 << 20
+
+# How review_checks.py runs the checks (set before the first): the config string, the library,
+# the backend, whether on PyTorch's own allocator, and the directory of cudalloc_torch; for a
+# check that starts processes of its own.
+RUN = {"conf": "policy:default", "lib": None, "backend": "extension", "baseline": False,
+       "python_dir": None}
 
 
 class Skip(Exception):

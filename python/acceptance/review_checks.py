@@ -35,8 +35,9 @@ import threading
 import time
 import traceback
 
+import ipc_checks
 import pool_checks
-from check_base import MiB, Skip
+from check_base import RUN, MiB, Skip
 from check_base import cuda_torch as _torch
 from check_base import line as _line
 from check_base import settle as _settle
@@ -500,9 +501,9 @@ def check_cudnn_benchmark_cache_info():
 
 def check_ipc_share_raises_cleanly():
     """Sharing a CUDA tensor with another process (Storage._share_cuda_, what
-    torch.multiprocessing's reduction calls): the backend's shareIpcHandle raises a
-    RuntimeError; the process must go on. PASS on PyTorch's allocator too
-    (it returns a handle)."""
+    torch.multiprocessing's reduction calls) without shareable_segments:True in the config:
+    the backend's shareIpcHandle raises a RuntimeError naming the key, and the process must go
+    on. PASS on PyTorch's allocator too (it returns a handle); ipc_share_tensor shares one."""
     torch = _torch()
     t = torch.ones(1 << 20, device="cuda")
     try:
@@ -510,6 +511,8 @@ def check_ipc_share_raises_cleanly():
         outcome = "shared"
     except RuntimeError as e:
         outcome = f"RuntimeError: {_line(e)}"
+        if "cudalloc" in str(e):  # not PyTorch's own error on the pluggable fallback
+            assert "shareable_segments" in str(e), f"the error names no config key: {outcome}"
     u = torch.ones(1 << 20, device="cuda")
     assert float(u.sum()) == float(1 << 20)
     return {"outcome": outcome}
@@ -554,6 +557,7 @@ CHECKS = {
     "ipc_share_raises_cleanly": check_ipc_share_raises_cleanly,
     "caching_allocator_enable": check_caching_allocator_enable,
     **pool_checks.CHECKS,
+    **ipc_checks.CHECKS,
 }
 
 
@@ -565,6 +569,8 @@ CHECKS = {
 def enable_backend(args):
     """cudalloc_torch.enable() as python/acceptance/run.py does it (nothing with --baseline).
     Returns the backend's name."""
+    RUN.update(conf=args.conf, lib=args.lib, backend=args.backend, baseline=args.baseline,
+               python_dir=PYTHON_DIR)
     if args.baseline:
         return "torch"
     sys.path.insert(0, PYTHON_DIR)

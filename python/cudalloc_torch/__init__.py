@@ -570,6 +570,9 @@ def sleep(tags, offload=(), device=None):
     :class:`SleepIncompleteError` when some pages stayed mapped (the tag sleeps anyway),
     :class:`CudallocError` otherwise (the tags before the failed one sleep, those after it do
     not). Needs the ``default`` or ``torch-expandable`` policy."""
+    from . import _backend
+
+    _backend.forget_shared()  # descriptors kept for other processes would hold the pages
     _check_sleep(
         _device_lib().cudalloc_sleep(current_device(device), _tag_list(tags, "tags"), _tag_list(offload, "offload"))
     )

@@ -50,20 +50,25 @@ FUNCTIONS = (
     "cudalloc_history_clear",
     "cudalloc_history_enabled",
     "cudalloc_memory_history",
+    "cudalloc_share",
+    "cudalloc_open_shared",
+    "cudalloc_close_shared",
 )
 
 # What a program loses on the pluggable fallback, for the warning that announces it.
 LOST_ON_FALLBACK = (
     "Tensor.record_stream does not reach cudalloc (memory used on a side stream may be reused "
     "too early), an out-of-memory aborts the process instead of raising "
-    "torch.OutOfMemoryError, and torch.cuda.memory_stats/max_memory_reserved/empty_cache/"
-    "set_per_process_memory_fraction raise or do nothing (use cudalloc_torch's own functions)"
+    "torch.OutOfMemoryError, torch.cuda.memory_stats/max_memory_reserved/empty_cache/"
+    "set_per_process_memory_fraction raise or do nothing (use cudalloc_torch's own functions), "
+    "and CUDA tensors cannot be shared with other processes (torch.multiprocessing)"
 )
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCE = os.path.join(CSRC, "backend.cpp")
 # The headers backend.cpp includes; with it, they make the extension's source.
-HEADERS = ("library.h", "snapshot.h", "checkpoint.h", "routes.h", "observers.h")
+HEADERS = ("library.h", "snapshot.h", "checkpoint.h", "routes.h", "observers.h", "ipc.h",
+           "sharing.h")
 
 
 class BuildError(RuntimeError):
@@ -135,6 +140,14 @@ def make_allocator(torch, lib, verbose=False):
         raise BuildError(f"loading cudalloc's PyTorch extension failed: {e}") from e
     _made = module
     return allocator
+
+
+def forget_shared():
+    """Before ``cudalloc_sleep``: the extension closes the page descriptors it keeps for CUDA
+    tensors shared with other processes, so that their pages can go (nothing without the
+    extension)."""
+    if _made is not None:
+        _made.forget_shared()
 
 
 def register_device_allocator():

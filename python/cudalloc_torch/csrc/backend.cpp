@@ -31,7 +31,8 @@
 //
 // library.h holds the library's function table and the error helpers, snapshot.h the
 // translation of the snapshot and history documents, checkpoint.h the checkpoints of private
-// pools (CUDA graph trees), observers.h the out-of-memory observers; the five make one
+// pools (CUDA graph trees), observers.h the out-of-memory observers, sharing.h and ipc.h the
+// sharing of tensors between processes (torch.multiprocessing); with routes.h they make one
 // translation unit.
 //
 // It derives from PyTorch's CUDAPluggableAllocator for the members it does not override (those
@@ -65,9 +66,11 @@
 #include <vector>
 
 #include "library.h"
+#include "ipc.h"
 #include "checkpoint.h"
 #include "observers.h"
 #include "routes.h"
+#include "sharing.h"
 #include "snapshot.h"
 
 namespace cudalloc_torch {
@@ -463,21 +466,13 @@ class Allocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAlloc
     return on == 1;
   }
 
-  // torch.multiprocessing's CUDA tensor sharing: PyTorch's handle is bytes alone, and
-  // cudalloc's pages travel as file descriptors (cudalloc_share in the C ABI, with the
-  // shareable_segments key), which this backend does not carry yet: a clear error instead.
-  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void*) override {
-    fail(CUDALLOC_HERE,
-         "sharing a CUDA tensor with another process (torch.multiprocessing) is not supported "
-         "by cudalloc's PyTorch backend yet; the C library shares allocations as file "
-         "descriptors (cudalloc_share, with CUDALLOC_CONF=shareable_segments:True), or run "
-         "the sharing process on PyTorch's own allocator");
+  // torch.multiprocessing's CUDA tensor sharing (sharing.h).
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
+    return share_tensor(ptr);
   }
 
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    fail(CUDALLOC_HERE,
-         "opening a CUDA tensor shared by another process (torch.multiprocessing) is not "
-         "supported by cudalloc's PyTorch backend yet");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    return open_tensor(handle);
   }
 
   std::string name() override {
@@ -669,6 +664,9 @@ std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> make_allocator(
   set(lib.history_clear, get("cudalloc_history_clear"), "cudalloc_history_clear");
   set(lib.history_enabled, get("cudalloc_history_enabled"), "cudalloc_history_enabled");
   set(lib.memory_history, get("cudalloc_memory_history"), "cudalloc_memory_history");
+  set(lib.share, get("cudalloc_share"), "cudalloc_share");
+  set(lib.open_shared, get("cudalloc_open_shared"), "cudalloc_open_shared");
+  set(lib.close_shared, get("cudalloc_close_shared"), "cudalloc_close_shared");
   auto allocator = std::make_shared<Allocator>();
   allocator->init(c10::cuda::device_count());
   made = allocator;
@@ -694,4 +692,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "cudalloc's c10 CUDA allocator over the library functions at the given addresses");
   m.def("register_device_allocator", &cudalloc_torch::register_device_allocator,
         "makes the allocator c10's CUDA allocator too, after change_current_allocator");
+  m.def("forget_shared", &cudalloc_torch::forget_shared,
+        "closes the descriptors kept for tensors shared with other processes (before a sleep)");
 }

@@ -11,7 +11,16 @@
 #include <cstdio>
 #include <string>
 
+#include "ipc.h"
+
 namespace cudalloc_torch {
+
+// cudalloc_shared_t of the C ABI.
+struct Shared {
+  int device;
+  unsigned long long segment, offset, size;
+  size_t num_pages;
+};
 
 // The C ABI's functions (capi/include/cudalloc.h), set once by install().
 struct Library {
@@ -44,6 +53,10 @@ struct Library {
   int (*history_clear)() = nullptr;
   int (*history_enabled)() = nullptr;
   size_t (*memory_history)(char*, size_t) = nullptr;
+  long long (*share)(void*, int, Shared*, int*, unsigned long long*, size_t) = nullptr;
+  void* (*open_shared)(int, const Shared*, const int*, const unsigned long long*, size_t) =
+      nullptr;
+  int (*close_shared)(void*, int) = nullptr;
 };
 
 inline Library lib;
@@ -67,9 +80,11 @@ inline std::string last_error() {
   return e ? std::string(e) : std::string();
 }
 
-// Frees memory of this allocator given its pointer alone (the DataPtr deleter).
+// Frees memory of this allocator given its pointer alone (the DataPtr deleter); the page
+// descriptors kept for another process that opened it (ipc.h) are closed first.
 inline void free_pointer(void* ptr) {
   if (ptr != nullptr) {
+    ipc::forget(ptr);
     lib.free(ptr, 0, kAnyDevice, nullptr);
   }
 }
