@@ -152,36 +152,32 @@ inline void set_timeouts(int fd) {
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof t);
 }
 
-inline bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
+// Moves `n` bytes at `p` by `step` (a send or a receive of at most the bytes it is given),
+// again after EINTR; false on an error or once the peer has closed.
+template <class Step>
+bool move_all(char* p, size_t n, Step step) {
   while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) {
+    const ssize_t k = step(p, n);
+    if (k < 0 && errno == EINTR) {
       continue;
     }
-    if (w <= 0) {
+    if (k <= 0) {
       return false;
     }
-    p += w;
-    n -= static_cast<size_t>(w);
+    p += k;
+    n -= static_cast<size_t>(k);
   }
   return true;
 }
 
+inline bool write_all(int fd, const void* data, size_t n) {
+  char* p = const_cast<char*>(static_cast<const char*>(data));  // only read by send
+  return move_all(p, n, [fd](char* q, size_t k) { return ::send(fd, q, k, MSG_NOSIGNAL); });
+}
+
 inline bool read_all(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) {
-      continue;
-    }
-    if (r <= 0) {
-      return false;
-    }
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
+  return move_all(static_cast<char*>(data), n,
+                  [fd](char* q, size_t k) { return ::recv(fd, q, k, 0); });
 }
 
 // Sends `fds` in messages of at most kFdsPerMessage descriptors, one byte of data each.
