@@ -180,18 +180,29 @@ inline bool read_all(int fd, void* data, size_t n) {
                   [fd](char* q, size_t k) { return ::recv(fd, q, k, 0); });
 }
 
-// Sends `fds` in messages of at most kFdsPerMessage descriptors, one byte of data each.
-inline bool send_fds(int conn, const std::vector<int>& fds) {
-  for (size_t at = 0; at < fds.size(); at += kFdsPerMessage) {
-    const size_t n = std::min(kFdsPerMessage, fds.size() - at);
-    std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-    char byte = 0;
-    iovec io{&byte, 1};
-    msghdr m{};
+// A message of one byte of data with room for `n` descriptors (SCM_RIGHTS).
+struct FdMessage {
+  explicit FdMessage(size_t n) : control(CMSG_SPACE(sizeof(int) * n)) {
     m.msg_iov = &io;
     m.msg_iovlen = 1;
     m.msg_control = control.data();
     m.msg_controllen = control.size();
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  char byte = 0;
+  iovec io{&byte, 1};
+  std::vector<char> control;
+  msghdr m{};
+};
+
+// Sends `fds` in messages of at most kFdsPerMessage descriptors, one byte of data each.
+inline bool send_fds(int conn, const std::vector<int>& fds) {
+  for (size_t at = 0; at < fds.size(); at += kFdsPerMessage) {
+    const size_t n = std::min(kFdsPerMessage, fds.size() - at);
+    FdMessage msg(n);
+    msghdr& m = msg.m;
     cmsghdr* c = CMSG_FIRSTHDR(&m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -440,15 +451,8 @@ inline void forget(const void* ptr) {
 // Receives up to `want - got.size()` descriptors from one message into `got`; `cut` says
 // whether the kernel cut descriptors off (MSG_CTRUNC).
 inline bool receive_fds(int s, std::vector<int>& got, size_t want, bool& cut) {
-  const size_t n = std::min(kFdsPerMessage, want - got.size());
-  std::vector<char> control(CMSG_SPACE(sizeof(int) * n));
-  char byte;
-  iovec io{&byte, 1};
-  msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control.data();
-  m.msg_controllen = control.size();
+  FdMessage msg(std::min(kFdsPerMessage, want - got.size()));
+  msghdr& m = msg.m;
   ssize_t r;
   do {
     r = ::recvmsg(s, &m, MSG_CMSG_CLOEXEC);
