@@ -67,7 +67,8 @@ def _sender(run, result):
             return
         wrote = bool((t == torch.arange(ELEMENTS, device="cuda", dtype=torch.int32) + 1).all())
         result.put({"receiver_saw_values": got["saw_values"], "one_storage": got["one_storage"],
-                    "sender_saw_write": wrote, "receiver_exit": p.exitcode})
+                    "sender_saw_write": wrote, "receiver_busy": got["busy"],
+                    "receiver_exit": p.exitcode})
     except Exception as e:
         result.put({"error": f"sender: {type(e).__name__}: {line(e)}"})
     finally:
@@ -86,7 +87,7 @@ def check_ipc_share_tensor():
     p = ctx.Process(target=_sender, args=(dict(RUN), result))
     p.start()
     try:
-        r = result.get(timeout=100)
+        r = result.get(timeout=150)  # beyond the sender's own waits, so that it says why
     finally:
         p.join(20)
         if p.is_alive():
@@ -95,6 +96,7 @@ def check_ipc_share_tensor():
     assert r["receiver_saw_values"], f"the receiver saw other values: {r}"
     assert r["one_storage"], f"the tensor and its view opened two storages: {r}"
     assert r["sender_saw_write"], f"the sender did not see the receiver's write: {r}"
+    assert r["receiver_busy"] == 2.0 * ELEMENTS, f"the work queued before the del: {r}"
     assert r["receiver_exit"] == 0, f"the receiver exited with {r['receiver_exit']}"
     return r
 

@@ -106,8 +106,9 @@ def check_mempool_no_split():
 
 
 def check_empty_cache_during_capture():
-    """torch.cuda.empty_cache() during a CUDA graph capture (global capture mode), from the
-    capturing thread and from another thread that holds a use_mem_pool block, with 256 MiB
+    """torch.cuda.empty_cache() during a CUDA graph capture (global capture mode), from another
+    thread that holds a use_mem_pool block before the capture's first allocation (only the
+    capture's route holds it back) and from the capturing thread after it, with 256 MiB
     cached on the device: nothing may be released (a release waits for the device, which
     invalidates the capture; a use_mem_pool block alone does not hold empty_cache back on
     cudalloc), the capture must end and the graph replay to the right result. Fails with the
@@ -127,7 +128,7 @@ def check_empty_cache_during_capture():
     def other():
         with torch.cuda.use_mem_pool(pool):
             inside.set()
-            if go.wait(60):
+            if go.wait(60):  # the capture's route begun, nothing allocated in it yet
                 try:
                     torch.cuda.empty_cache()
                     seen["reserved"] = torch.cuda.memory_reserved()
@@ -145,10 +146,10 @@ def check_empty_cache_during_capture():
             b = a * 2  # warm-up outside the capture
             g.capture_begin()
             try:
-                b = a * 2
                 go.set()
                 assert done.wait(60), "the other thread's empty_cache did not return"
-                torch.cuda.empty_cache()
+                b = a * 2
+                torch.cuda.empty_cache()  # the capture allocated: the library knows of it
                 during = torch.cuda.memory_reserved()
                 c = b + 1
             finally:

@@ -20,7 +20,8 @@ PRELUDE = r"""
 #include <cstdio>
 using namespace cudalloc_torch::ipc;
 int fails = 0;
-#define CHECK(c) do { if (!(c)) { std::printf("FAILED line %d: %s\n", __LINE__, #c); ++fails; } } while (0)
+#define CHECK(c) \
+  do { if (!(c)) { std::printf("FAILED line %d: %s\n", __LINE__, #c); ++fails; } } while (0)
 // A memory file holding the number i.
 int page(uint64_t i) {
   int fd = memfd_create("page", MFD_CLOEXEC);
@@ -90,6 +91,13 @@ CASES = {
   CHECK(registry().size() == 0 && !registry().handle_of(&x).has_value());
   for (int fd : fds) CHECK(closed(fd));
   CHECK(child(h, 3, "no longer holds") == 3);
+  // Shared by two threads at once: the second add keeps the first handle and closes its own.
+  std::vector<int> again = pages(1), twice = pages(1);
+  const std::string first = registry().add(&x, again, wire(1));
+  CHECK(registry().add(&x, twice, wire(1)) == first);
+  CHECK(closed(twice[0]) && !closed(again[0]) && registry().size() == 1);
+  registry().forget(&x);
+  CHECK(closed(again[0]) && registry().size() == 0);
 """,
     "hundreds_of_pages_travel_in_several_messages": r"""
   int x = 0;

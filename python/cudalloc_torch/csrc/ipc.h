@@ -4,10 +4,12 @@
 //
 // cudalloc exports an allocation's pages as file descriptors (cudalloc_share in the C ABI), and
 // PyTorch's handle for a shared tensor is bytes alone. So the sending process keeps the
-// descriptors (Registry) and serves them on a Unix socket of the abstract namespace (Server);
-// the handle (Wire) names the socket, a random key for the allocation and the page sizes; the
+// descriptors and serves them on a Unix socket of the abstract namespace (Registry); the
+// handle (Wire) names the socket, a random key for the allocation and the page sizes; the
 // receiving process connects, sends the key, and gets the descriptors back by SCM_RIGHTS
 // (fetch). Only a process of the same user is served (SO_PEERCRED), and only with the key.
+// Closing the sender's descriptors lets the pages go only where nothing else holds them: a
+// receiver's mapping, or a copy a child forked without exec inherited, keeps them.
 //
 // Invariants:
 //   - The registry owns every descriptor it holds: each is closed exactly once, when the
@@ -254,11 +256,16 @@ class Registry {
     return by_key_.at(it->second).handle;
   }
 
-  // Takes `fds` (closed here from now on, also when this throws) for the allocation at `ptr`,
-  // which must not be held, and returns its handle: `w` with its key and the socket filled in.
-  // Starts the server on first use.
+  // Takes `fds` (closed here from now on, also when this throws) for the allocation at `ptr`
+  // and returns its handle: `w` with its key and the socket filled in, or the handle it holds
+  // already (another thread shared it meanwhile: `fds` are closed). Starts the server on
+  // first use.
   std::string add(const void* ptr, std::vector<int> fds, Wire w) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = by_ptr_.find(ptr); it != by_ptr_.end()) {
+      close_all(fds);
+      return by_key_.at(it->second).handle;
+    }
     try {
       start();
       do {
@@ -331,13 +338,13 @@ class Registry {
     if (listener_ >= 0) {
       return;
     }
+    char tail[17];
+    std::snprintf(tail, sizeof tail, "%016llx", static_cast<unsigned long long>(random64()));
+    const std::string name = "cudalloc-ipc-" + std::to_string(::getpid()) + "-" + tail;
     const int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) {
       throw std::runtime_error(errno_text("cudalloc: socket for sharing CUDA tensors"));
     }
-    char tail[17];
-    std::snprintf(tail, sizeof tail, "%016llx", static_cast<unsigned long long>(random64()));
-    const std::string name = "cudalloc-ipc-" + std::to_string(::getpid()) + "-" + tail;
     auto [a, len] = address(name);
     if (::bind(s, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(s, 64) != 0) {
       const std::string e = errno_text("cudalloc: bind or listen on @" + name);

@@ -88,12 +88,18 @@ inline std::shared_ptr<void> open_tensor(const std::string& handle) {
     fail(CUDALLOC_HERE, "opening a CUDA tensor shared by another process (cudalloc_open_shared): " +
                             last_error());
   }
-  // The unmap is not ordered with the streams: kernels queued on the mapping finish first.
+  // The unmap is not ordered with the streams: kernels queued on the mapping finish first (a
+  // synchronize, which a capture underway would not allow, as PyTorch's own IPC deleter
+  // does not). A deleter must not throw: failures are reported.
   return std::shared_ptr<void>(p, [device](void* q) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      (void)cudaGetLastError();
-      report("cudaDeviceSynchronize before closing a shared tensor failed");
+    try {
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        (void)cudaGetLastError();
+        report("cudaDeviceSynchronize before closing a shared tensor failed");
+      }
+    } catch (const std::exception& e) {
+      report(std::string("closing a shared tensor: ") + e.what());
     }
     if (lib.close_shared(q, device) != 0) {
       report("cudalloc_close_shared failed: " + last_error());
