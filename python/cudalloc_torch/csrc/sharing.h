@@ -88,9 +88,10 @@ inline std::shared_ptr<void> open_tensor(const std::string& handle) {
     fail(CUDALLOC_HERE, "opening a CUDA tensor shared by another process (cudalloc_open_shared): " +
                             last_error());
   }
-  // The unmap is not ordered with the streams: kernels queued on the mapping finish first (a
-  // synchronize, which a capture underway would not allow, as PyTorch's own IPC deleter
-  // does not). A deleter must not throw: failures are reported.
+  // The unmap is not ordered with the streams, so the device's queued work finishes first (a
+  // device synchronize: during a capture it would invalidate the capture, as the stream
+  // synchronize of PyTorch's own IPC deleter would). A deleter must not throw: failures are
+  // reported.
   return std::shared_ptr<void>(p, [device](void* q) {
     try {
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -106,10 +107,6 @@ inline std::shared_ptr<void> open_tensor(const std::string& handle) {
     }
   });
 }
-
-}  // namespace cudalloc_torch
-
-namespace cudalloc_torch {
 
 // Before cudalloc_sleep: the shared allocations' descriptors are closed, so that their pages
 // can go; a receiver that has not opened a tensor yet is then told the sender no longer holds
