@@ -47,7 +47,7 @@ own (``run.py`` starts them) after the allocator was chosen, and returns a dict 
   then under caps of 1.10x and 1.03x its live peak (``capped.py``): the steps each cap lets
   complete, their step time and device waits, and the capped losses held to the uncapped ones.
 - ``graphed_callables``, ``decode_graphs``, ``checkpoint_fp16``, ``fsdp_train``, ``ddp_train``: see
-  ``patterns.py``.
+  ``patterns.py``; ``threaded_serve``, ``cudnn_near_cap``: see ``concurrency.py``.
 """
 
 import gc
@@ -57,6 +57,7 @@ import time
 import torch
 
 from capped import timed_step, train_near_cap
+from concurrency import cudnn_near_cap, threaded_serve
 from patterns import checkpoint_fp16, ddp_train, decode_graphs, fsdp_train, graphed_callables
 from serving import generate_kv, serve_loop
 
@@ -666,4 +667,6 @@ PROGRAMS = {
     "checkpoint_fp16": checkpoint_fp16,
     "fsdp_train": fsdp_train,
     "ddp_train": ddp_train,
+    "threaded_serve": threaded_serve,
+    "cudnn_near_cap": cudnn_near_cap,
 }

@@ -204,7 +204,8 @@ def compare(result, ref):
                         "max_abs_diff", "max_rel_diff", "uses", "reused_in_pool", "grew_after_warmup_mib",
                         "restores", "restores_that_changed_the_pool", "differing_runs",
                         "live_peak_mib", "given_back_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
-                        "syncs_1.03x", "step_ms_1.03x", "skipped_steps")
+                        "syncs_1.03x", "step_ms_1.03x", "skipped_steps",
+                        "differing_from_alone", "capped_reserved_mib", "cap_mib")
             if k in result]
     figures = ", ".join(f"{k}={result[k]}" for k in keys)
     # Outputs that changed from run to run more often than on PyTorch's allocator could be an
