@@ -5,7 +5,7 @@
 //! rank.
 //!
 //! The first call checks, once per process, that `libnccl` is present and has every entry point
-//! [`SYMBOLS`] lists (inside `catch_unwind`, as cudarc panics on a missing library or symbol);
+//! `SYMBOLS` lists (inside `catch_unwind`, as cudarc panics on a missing library or symbol);
 //! without it every call returns [`NcclError::Unavailable`], none panics, so that the
 //! workspace builds and its tests run where NCCL is absent. Device pointers and streams are
 //! numbers, as everywhere in this crate.
@@ -59,7 +59,7 @@ impl std::fmt::Display for NcclError {
 
 impl std::error::Error for NcclError {}
 
-/// Ok once `libnccl` and every symbol of [`SYMBOLS`] were found (checked once per process).
+/// Ok once `libnccl` and every symbol of `SYMBOLS` were found (checked once per process).
 pub fn available() -> Result<(), NcclError> {
     static STATE: OnceLock<Result<(), String>> = OnceLock::new();
     STATE

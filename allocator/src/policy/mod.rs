@@ -110,7 +110,7 @@ pub trait Policy {
 
     /// True when a front with one pool per stream may give back, without waiting, the cached
     /// memory of a pool whose stream stopped allocating while other pools grew by at least as
-    /// much ([`Core::give_back_idle`]): memory a finished stream keeps serves no other stream.
+    /// much (`Core::give_back_idle`): memory a finished stream keeps serves no other stream.
     /// False unless a policy says otherwise (PyTorch's rules keep a stream's cache until
     /// `empty_cache`).
     fn gives_back_idle(&self) -> bool {

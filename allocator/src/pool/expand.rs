@@ -370,7 +370,7 @@ impl<D: Device> Core<D> {
     /// Releases the range whose single block, unmapped, is `id`, for a policy's `grow` (as
     /// `release_expandable_segment` does, pages whose release failed keeping it): its index is
     /// queued, and the pool tells its policy (adaptors included) once the policy's next `grow`
-    /// returns ([`Core::take_released_ranges`]); until then no new range gets the index.
+    /// returns (`Core::take_released_ranges`); until then no new range gets the index.
     pub fn release_empty_range(&mut self, id: BlockId) -> Result<(), DeviceError> {
         let mut queue = ReleasedRanges(Vec::new());
         let released = self.release_expandable_segment(&mut queue, id);

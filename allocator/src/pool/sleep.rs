@@ -104,7 +104,7 @@ impl Slumber {
 }
 
 impl<D: Device> Core<D> {
-    /// True while the pool sleeps (between a successful [`Core::sleep`] and [`Core::wake`]).
+    /// True while the pool sleeps (between a successful `Core::sleep` and `Core::wake`).
     pub fn asleep(&self) -> bool {
         self.slumber.is_some()
     }

@@ -196,7 +196,8 @@ pub struct ReplayResult {
 /// How many of the units holding the most pinned bytes [`PeakPinning`] keeps.
 pub const PINNING_SHOWN: usize = 5;
 
-/// What held the pinned bytes at the reserved peak ([`Core::pinning`](crate::pool::Core::pinning)).
+/// What held the pinned bytes at the reserved peak (the pool's `Core::pinning`, as
+/// [`PinnedUnit`]s).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeakPinning {
     /// Units (chunks or `cudaMalloc` segments) holding pinned bytes then.

@@ -96,7 +96,7 @@ pub struct Rules {
     /// unless its device runs behind (`cudalloc replay --device-lag`).
     pub move_pages: bool,
     /// A memory limit that is far (at least
-    /// [`FAR_LIMIT_WIDE_CEILINGS`](super::budget::FAR_LIMIT_WIDE_CEILINGS) times the capped
+    /// `FAR_LIMIT_WIDE_CEILINGS` (`policy/default/budget.rs`) times the capped
     /// mode's wide ceiling, once an episode of the layout plans has been evaluated, with
     /// `repage_under_cap` on) runs the uncapped rules; the limit itself and the ladder's last
     /// resort still hold (`DefaultPolicy::note_limit`).
