@@ -6,11 +6,12 @@ library that catches out-of-memory errors itself (the registry and the other pro
   its own, as a threaded inference server runs them. A worker makes its request's input and runs
   the model on its stream, then hands the output tensor to the main thread through a queue and
   drops it; the main thread reads it on its own stream (``wait_event``, ``record_stream``) behind
-  a long matrix product, and frees it there. So tensors are freed on another thread than the one
-  that allocated them, while another stream may still read them, and the workers' next requests
-  allocate meanwhile. Each output's sums must equal those of the same request run alone on the
-  default stream before the threads start (an allocator that hands out memory still in use
-  overwrites them), and the run must match PyTorch's allocator's.
+  a long matrix product, and frees it there, calling ``torch.cuda.empty_cache()`` after every
+  eighth. So tensors are freed on another thread than the one that allocated them, while another
+  stream may still read them, and the workers' next requests allocate meanwhile. Each output's
+  sums must equal those of the same request run alone on the default stream before the threads
+  start (an allocator that hands out memory still in use overwrites them), and the run must
+  match PyTorch's allocator's.
 - ``cudnn_near_cap``: a ResNet-18 trained on images whose size changes every step with
   ``torch.backends.cudnn.benchmark`` on, first without a cap and then under
   ``set_per_process_memory_fraction`` at 1.15 times the first run's peak allocated bytes on new
@@ -92,6 +93,8 @@ def threaded_serve(quick):
         busy = weight @ weight  # the main stream falls behind the workers' streams
         got[i] = sums(y) + 0 * busy[0, 0]
         del y, busy  # freed on this thread while the main stream may still read them
+        if len(got) % 8 == 0:  # as servers that release the cache between requests do
+            torch.cuda.empty_cache()
     for t in threads:
         t.join()
     if errors:
