@@ -37,7 +37,8 @@ def threaded_serve(quick):
     model = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).cuda().eval()
     rng = random.Random(0)
     longest = 64 if quick else 512
-    requests = [(rng.choice([1, 2, 4, 8]), rng.randint(16, longest)) for _ in range(24 if quick else 96)]
+    count = 24 if quick else 96
+    requests = [(rng.choice([1, 2, 4, 8]), rng.randint(16, longest)) for _ in range(count)]
 
     def run(i):
         batch, length = requests[i]
@@ -146,5 +147,6 @@ def cudnn_near_cap(quick):
     torch.cuda.set_per_process_memory_fraction(1.0)
     if reserved > cap:
         raise RuntimeError(f"{reserved} bytes reserved under a cap of {cap}")
-    return {"losses": losses, "cap_mib": round(cap / MiB), "capped_reserved_mib": round(reserved / MiB),
+    return {"losses": losses, "cap_mib": round(cap / MiB),
+            "capped_reserved_mib": round(reserved / MiB),
             "ooms": torch.cuda.memory_stats().get("num_ooms", 0)}
