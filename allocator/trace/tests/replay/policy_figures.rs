@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 55] = [
+const FIGURES: [(&str, u64, u64, u64); 57] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -197,6 +197,8 @@ const FIGURES: [(&str, u64, u64, u64); 55] = [
         633,
     ),
     ("programs/fsdp_train", 6_011_508_744, 6_125_780_992, 479),
+    ("programs/threaded_serve", 865_087_744, 1_115_684_864, 1_122),
+    ("programs/cudnn_near_cap", 4_752_729_448, 4_844_421_120, 279),
 ];
 
 fn trace_path(name: &str) -> PathBuf {
