@@ -30,7 +30,8 @@ import sys
 # what a trace does not hold (docs/pytorch.md, "Acceptance programs").
 NOT_WHOLE = ("train_near_cap", "oom_recover", "oom_batch_search", "pool_under_cap", "memory_api",
              "failed_capture", "graph_capture", "compile_reduce_overhead", "mem_pool",
-             "compile_train_eval", "compile_tree_paths", "memory_snapshot", "memory_history")
+             "compile_train_eval", "compile_tree_paths", "memory_snapshot", "memory_history",
+             "threaded_serve", "cudnn_near_cap")
 
 MiB = 1 << 20
 

@@ -205,7 +205,7 @@ def compare(result, ref):
                         "restores", "restores_that_changed_the_pool", "differing_runs",
                         "live_peak_mib", "given_back_mib", "steps_1.10x", "steps_1.03x", "syncs_1.10x",
                         "syncs_1.03x", "step_ms_1.03x", "skipped_steps",
-                        "differing_from_alone", "capped_reserved_mib", "cap_mib")
+                        "differing_from_alone", "capped_reserved_mib", "cap_mib", "ooms")
             if k in result]
     figures = ", ".join(f"{k}={result[k]}" for k in keys)
     # Outputs that changed from run to run more often than on PyTorch's allocator could be an

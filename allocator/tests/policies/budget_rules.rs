@@ -3,7 +3,8 @@
 //! end of its segment's mapped pages, or of more chunks between blocks in use, gives back only
 //! the chunks at its end that the excess needs; under a memory cap it keeps ten budgets of
 //! cached memory, within the cap; a pool that has never freed a block (loading weights) maps a
-//! page ahead in the large pool, which saves driver calls; a first small-pool growth takes at
+//! page ahead in the large pool, which saves driver calls, and under a cap a loading growth may
+//! take one budget of the cap as slack; a first small-pool growth takes at
 //! most one budget of slack; and a small-pool growth may pass the budget by a page
 //! (`small_overshoot`) rather than give cached chunks back.
 
@@ -487,4 +488,60 @@ fn a_first_small_growth_takes_at_most_one_budget_of_slack() {
     let (_weights, maps) = load(&sim, &mut pool, 40, 4 * MIB);
     assert!(maps <= 8, "{maps} maps for 40 weights of 4 MiB");
     check(&sim, &pool);
+}
+
+/// `default` without layout plans on a 4 GiB device, `loading_slack_under_cap` on or off.
+fn loading_pool(on: bool) -> (Sim, Pool<Sim>) {
+    let mut d = DefaultConfig {
+        layout_plans: false,
+        ..DefaultConfig::default()
+    };
+    d.rules.loading_slack_under_cap = on;
+    let cfg = Config::default().with_policy(PolicyConfig::Default(d));
+    pool_with(cfg.expect("a valid config"), 4 * GIB)
+}
+
+/// Under a cap of 2 GiB, 40 weights of 2.25 MiB and 40 of 0.5 MiB (the small pool), loaded
+/// in turn, after a free when `past` (no longer loading); returns the maps they took and the
+/// bytes mapped beyond them.
+fn load_under_cap(on: bool, past: bool) -> (u64, u64) {
+    let (sim, mut pool) = loading_pool(on);
+    if past {
+        past_loading(&mut pool);
+    }
+    pool.set_limit(Some(2 * GIB));
+    let maps = sim.calls(Call::Map);
+    let mut weights = Vec::new();
+    for _ in 0..40 {
+        weights.push(alloc(&mut pool, 2_359_296, S0));
+        weights.push(alloc(&mut pool, 512 * KIB, S0));
+        check(&sim, &pool);
+    }
+    let live = 40 * (2_359_296 + 512 * KIB);
+    (sim.calls(Call::Map) - maps, sim.mapped_bytes() - live)
+}
+
+/// With `loading_slack_under_cap` a loading growth maps to its chunk window's end, as the room
+/// one budget of the cap gives (41 MiB) holds that, and the next weights fit without a call;
+/// without it the capped budget's room over the few MiB loaded so far holds no window, and
+/// nearly every weight maps. What is left mapped beyond the weights is at most one budget of
+/// the cap per pool. Once a block was freed the rule is over.
+#[test]
+fn under_a_cap_a_loading_growth_may_take_one_budget_of_the_cap() {
+    let (with, slack) = load_under_cap(true, false);
+    let (without, _) = load_under_cap(false, false);
+    println!("{with} maps with the rule, {without} without; {slack} bytes of slack");
+    assert!(
+        with * 4 <= without,
+        "{with} maps with the rule, {without} without"
+    );
+    assert!(
+        slack <= 2 * (2 * GIB / 50 + PAGE),
+        "{slack} bytes mapped beyond the weights"
+    );
+    assert_eq!(
+        load_under_cap(true, true).0,
+        load_under_cap(false, true).0,
+        "past the loading the rule changes nothing"
+    );
 }

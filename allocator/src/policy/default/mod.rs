@@ -3,7 +3,8 @@
 //! - grow (`budget`): expandable ranges per stream and pool, pages of the device's
 //!   granularity mapped in chunks of up to `max_chunk_mb`, after giving back cached chunks
 //!   beyond a fragmentation budget over the peak requested bytes; a page ahead while nothing
-//!   was freed yet (loading); a giant request on a range of its own, mapped as one chunk
+//!   was freed yet (loading), and under a memory cap slack of up to one budget of the cap
+//!   then; a giant request on a range of its own, mapped as one chunk
 //!   (`giant`; the threshold is lower under a memory cap); the free blocks of giant ranges
 //!   given back first;
 //! - place (`plan`, `placement`, `footprint`, `packing`, `search`): a repeated sequence of large

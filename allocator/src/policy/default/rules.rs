@@ -28,6 +28,10 @@ pub struct Rules {
     /// memory cap only where a next tensor of the same size then fits without a call, a page
     /// of the cap stays free and chunks are more than a page).
     pub page_ahead: bool,
+    /// Under a memory cap, while nothing was freed yet (loading), a growth's slack may take up
+    /// to one fragmentation budget of the cap, as far as the cap leaves room, rather than only
+    /// the capped budget's room over the live bytes loaded so far (`budget::loading_room`).
+    pub loading_slack_under_cap: bool,
     /// A small-pool growth's slack is at most one budget of the peak live bytes or
     /// `SMALL_SLACK_HELD_MULTIPLE` times what the small pool holds, whichever is more.
     pub small_slack_cap: bool,
@@ -115,6 +119,7 @@ impl Rules {
         give_back_tail: true,
         window_slack: true,
         page_ahead: true,
+        loading_slack_under_cap: true,
         small_slack_cap: true,
         small_overshoot: true,
         small_partial_slack: true,
@@ -148,6 +153,9 @@ impl Rules {
             ("give_back_tail", |r| &mut r.give_back_tail),
             ("window_slack", |r| &mut r.window_slack),
             ("page_ahead", |r| &mut r.page_ahead),
+            ("loading_slack_under_cap", |r| {
+                &mut r.loading_slack_under_cap
+            }),
             ("small_slack_cap", |r| &mut r.small_slack_cap),
             ("small_overshoot", |r| &mut r.small_overshoot),
             ("small_partial_slack", |r| &mut r.small_partial_slack),
