@@ -53,7 +53,8 @@
 //! While the job has freed no block (it is loading its weights; with `CachingAllocator`, a
 //! free into any shard or thread cache counts), a large-pool growth maps one page more than
 //! it needs, so the next tensor often fits without a driver call; the ceiling above may then
-//! be passed by that page, per pool. Under a memory cap only where it lets a next tensor of
+//! be passed by that page, per pool (under a cap, by the loading slack below). Under a memory
+//! cap only where it lets a next tensor of
 //! the same size fit without a driver call, chunks are more than a page, and the cap leaves a
 //! page free after it. The page shares a chunk with the tensor before it, so the last one
 //! stays mapped (and unusable by other pools) until that tensor is freed; a growth whose page
@@ -284,33 +285,33 @@ impl DefaultPolicy {
         if let Some(l) = core.limit {
             room = room.min(l.saturating_sub(core.total_reserved() + need));
         }
-        Ok(room.max(self.loading_room(core, need)))
+        Ok(room.max(self.loading_room(core, need)?))
     }
 
     /// The room for slack of a growth while a capped pool loads (nothing freed yet,
-    /// `loading_slack_under_cap`): one fragmentation budget of the cap, as far as the cap leaves
-    /// room; 0 otherwise. What a job loads it keeps, so the next tensors fill the chunk window
-    /// a growth maps to its end; the capped budget's room alone (ten budgets over the bytes
-    /// loaded so far) is a few pages early in the load, and each tensor then took a call. What
-    /// is left mapped when loading ends is at most one budget of the cap. Measured
-    /// (`tools/capped_table.py --min-capacity`, the 53 bundled traces, caps of 1.03x and 1.10x
-    /// their peak live bytes): within 3x `segment_alloc` on 47 of 51 and 49 of 53 (45 and 48
-    /// without), 8,853 and 8,051 driver calls (9,171 and 8,378), no trace more than 1% more,
-    /// min capacity / live 1.0072 as before. At three quarters of a budget or one and a
-    /// quarter the same traces cross; at two, `resnet_infer_dynamic` makes 91 and 96 calls
-    /// instead of 74 and 73 (a 36 MiB small-pool chunk stays mapped under a cap of 0.86 GB);
-    /// with the whole room the cap leaves, 97 and 113.
-    fn loading_room<D: Device>(&self, core: &Core<D>, need: u64) -> u64 {
+    /// `loading_slack_under_cap`; the capped mode, so under any limit while loading): one
+    /// fragmentation budget of the cap, as far as the cap leaves room with a page free after
+    /// it (another pool's or shard's next growth); 0 otherwise. What a job loads it keeps, so
+    /// the next tensors fill the chunk window a growth maps to its end; the capped budget's
+    /// room alone (ten budgets over the bytes loaded so far) is a few pages early in the load,
+    /// and each tensor then took a call. What is left mapped when loading ends is at most one
+    /// budget of the cap per stream and pool. Found and sized on held-out traces, so its capped
+    /// figures there are in-sample (`docs/policies.md`, "Slack while loading under a cap"); at
+    /// two budgets `resnet_infer_dynamic` passes 3x `segment_alloc` (a 36 MiB small-pool chunk
+    /// mapped while loading stays mapped under a cap of 0.86 GB).
+    fn loading_room<D: Device>(&self, core: &Core<D>, need: u64) -> Result<u64, DeviceError> {
         match core.limit {
             Some(l)
                 if self.cfg.rules.loading_slack_under_cap
                     && self.capped
                     && core.nothing_freed() =>
             {
+                let page = core.device.granularity()?;
                 let budget = (self.cfg.fragmentation_budget * l as f64) as u64;
-                l.saturating_sub(core.total_reserved() + need).min(budget)
+                Ok(l.saturating_sub(core.total_reserved() + need + page)
+                    .min(budget))
             }
-            _ => 0,
+            _ => Ok(0),
         }
     }
 

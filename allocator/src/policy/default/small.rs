@@ -23,7 +23,8 @@
 //!
 //! Invariants: what a small-pool growth maps beyond its need is whole pages, within the room
 //! `budget_room` returned (which for a small-pool request reaches at most one page past the
-//! ceiling, the overshoot it may pass it by anyway), within the unmapped block it grows into,
+//! ceiling, the overshoot it may pass it by anyway, or under a cap while loading one budget of
+//! the cap: `loading_room`), within the unmapped block it grows into,
 //! and, with `small_slack_cap` on, within [`DefaultPolicy::small_slack`]; the large pool's
 //! growths are not changed.
 
