@@ -50,14 +50,13 @@
 //! the last one still mapped. A free block holding a piece of a split footprint may give back the
 //! rest of its pages before that.
 //!
-//! While the job has freed no block (it is loading its weights; with `CachingAllocator`, a
-//! free into any shard or thread cache counts), a large-pool growth maps one page more than
-//! it needs, so the next tensor often fits without a driver call; the ceiling above may then
-//! be passed by that page, per pool (under a cap, by the loading slack below). Under a memory
-//! cap only where it lets a next tensor of
-//! the same size fit without a driver call, chunks are more than a page, and the cap leaves a
-//! page free after it. The page shares a chunk with the tensor before it, so the last one
-//! stays mapped (and unusable by other pools) until that tensor is freed; a growth whose page
+//! While the job has freed no block (it is loading its weights; with `CachingAllocator`, a free
+//! into any shard or thread cache counts), a large-pool growth maps one page more than it needs, so
+//! the next tensor often fits without a driver call; the ceiling above may then be passed by that
+//! page, per pool (under a cap, by the loading slack below). Under a memory cap only where it lets
+//! a next tensor of the same size fit without a driver call, chunks are more than a page, and the
+//! cap leaves a page free after it. The page shares a chunk with the tensor before it, so the last
+//! one stays mapped (and unusable by other pools) until that tensor is freed; a growth whose page
 //! ahead or slack does not fit on the device or under the cap maps only what it needs
 //! (`map_growth`). Under a cap, while loading, a growth's slack may also take up to one
 //! fragmentation budget of the cap (`loading_room`).
