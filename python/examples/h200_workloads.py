@@ -29,9 +29,11 @@ run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
 ``h200_fourth_set.py``, recorded on an H100); ``lora_train_varlen``, ``bart_train_varlen``,
 ``maskrcnn_train_dynamic`` and ``qwen2_accum_train`` (a fifth set, ``h200_fifth_set.py``);
 ``segformer_infer_dynamic``, ``dinov2_infer_dynamic``, ``marian_generate`` and
-``qwen2_sample_generate`` (a sixth set, ``h200_sixth_set.py``). When each was recorded:
-``docs/archive.md``, and for the fourth to sixth sets ``docs/policies.md`` ("A fourth set", "A
-fifth set", "A sixth set") and ``traces/split.json``.
+``qwen2_sample_generate`` (a sixth set, ``h200_sixth_set.py``); ``distill_train_varlen``,
+``video_infer_dynamic`` and ``train_eval_cycle`` (an eighth set, ``h200_eighth_set.py``; the
+seventh is two acceptance programs, ``traces/programs/``). When each was recorded:
+``docs/archive.md``, and for the fourth to eighth sets ``docs/policies.md`` ("A fourth set" to
+"An eighth set") and ``traces/split.json``.
 """
 import collections
 import math
@@ -42,6 +44,7 @@ import torch
 
 from h200_fifth_set import FIFTH_SET
 from h200_sixth_set import SIXTH_SET
+from h200_eighth_set import EIGHTH_SET
 from h200_fourth_set import FOURTH_SET
 
 
@@ -660,6 +663,7 @@ WORKLOADS = {name: fn for name, fn in globals().items() if callable(fn) and not 
 WORKLOADS.update(FOURTH_SET)
 WORKLOADS.update(FIFTH_SET)
 WORKLOADS.update(SIXTH_SET)
+WORKLOADS.update(EIGHTH_SET)
 
 
 def main():
