@@ -25,7 +25,7 @@ type Capped = (&'static str, Option<(u64, u64)>, Option<(u64, u64)>);
 type FigureOf = fn(&Capped) -> Option<(u64, u64)>;
 
 /// The figures the capped replays of the bundled traces are held to (see the module docs).
-const CAPPED_FIGURES: [Capped; 53] = [
+const CAPPED_FIGURES: [Capped; 56] = [
     ("bart_train_varlen", Some((383, 0)), Some((363, 0))),
     ("beam_search_generate", Some((69, 0)), Some((61, 0))),
     ("bert_dynamic", Some((33, 0)), Some((30, 0))),
@@ -36,6 +36,7 @@ const CAPPED_FIGURES: [Capped; 53] = [
     ("deeplab_infer_dynamic", Some((304, 28)), Some((265, 9))),
     ("diffusion_train", Some((67, 6)), Some((56, 0))),
     ("dinov2_infer_dynamic", Some((48, 0)), Some((48, 0))),
+    ("distill_train_varlen", Some((151, 0)), Some((145, 0))),
     ("dlrm_train_dynamic", Some((94, 11)), Some((68, 0))),
     ("fasterrcnn_infer_dynamic", Some((179, 14)), Some((131, 0))),
     ("fcn_train", Some((96, 0)), Some((96, 0))),
@@ -74,7 +75,9 @@ const CAPPED_FIGURES: [Capped; 53] = [
     ("speculative_decode", Some((110, 0)), Some((43, 0))),
     ("swin_infer_dynamic", Some((84, 6)), Some((65, 0))),
     ("t5_generate", Some((171, 33)), Some((147, 23))),
+    ("train_eval_cycle", Some((287, 18)), Some((117, 0))),
     ("unet_infer_dynamic", None, Some((246, 36))),
+    ("video_infer_dynamic", Some((77, 0)), Some((72, 0))),
     ("vit_infer_dynamic", Some((57, 5)), Some((43, 0))),
     ("vit_train", Some((140, 0)), Some((133, 0))),
     ("wav2vec2_infer_dynamic", Some((88, 7)), Some((86, 7))),

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 57] = [
+const FIGURES: [(&str, u64, u64, u64); 60] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -196,6 +196,19 @@ const FIGURES: [(&str, u64, u64, u64); 57] = [
         4_215_275_520,
         633,
     ),
+    (
+        "h200/distill_train_varlen",
+        8_424_286_604,
+        8_585_740_288,
+        391,
+    ),
+    (
+        "h200/video_infer_dynamic",
+        1_711_707_728,
+        1_772_093_440,
+        166,
+    ),
+    ("h200/train_eval_cycle", 4_633_576_160, 4_760_535_040, 260),
     ("programs/fsdp_train", 6_011_508_744, 6_125_780_992, 479),
     ("programs/threaded_serve", 865_087_744, 1_115_684_864, 1_122),
     ("programs/cudnn_near_cap", 4_752_729_448, 4_844_421_120, 279),
