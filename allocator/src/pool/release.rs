@@ -90,7 +90,7 @@ impl<D: Device> Core<D> {
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
     /// pages of expandable segments. Waits for pending stream events and releasing blocks
     /// first, and for the device before it unmaps free pages (work queued on them may still
-    /// run); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
+    /// run; no wait when no free block holds a whole chunk); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
     /// each wait counts in `device_waits`. Refused during a capture (`capture`).
     pub(crate) fn release_all_cached<P: Observer>(
         &mut self,
@@ -129,11 +129,21 @@ impl<D: Device> Core<D> {
         large.and(small)
     }
 
-    /// True when a free block of an expandable segment is cached (its pages could go back).
+    /// True when a free block of an expandable segment holds a whole chunk, which
+    /// [`Core::release_blocks`] would unmap. A free block inside chunks that live blocks also
+    /// use gives nothing back, so the device is not waited for on its account (under a cap the
+    /// ladder's rung of every cached block met this on each growth that only re-paging could
+    /// serve: a wait for nothing before the re-paging's own).
     fn holds_free_pages(&self) -> bool {
-        [&self.small, &self.large]
-            .iter()
-            .any(|idx| idx.all_free().any(|id| self.blocks[id].is_expandable()))
+        [&self.small, &self.large].iter().any(|idx| {
+            idx.all_free().any(|id| {
+                let b = &self.blocks[id];
+                b.is_expandable()
+                    && self.segments[b.segment as usize]
+                        .as_ref()
+                        .is_some_and(|s| s.whole_chunks(b.addr, b.size).is_some())
+            })
+        })
     }
 
     /// Counts one wait for all streams (PyTorch's `num_sync_all_streams`).

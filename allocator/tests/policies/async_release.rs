@@ -390,3 +390,35 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
     }
     check(&sim, &pool);
 }
+
+/// `empty_cache` waits for the device only when it has a whole chunk to unmap: a free block
+/// inside a chunk a live block also uses gives nothing back, and no wait is made for it.
+#[test]
+fn empty_cache_waits_only_when_a_whole_chunk_can_go() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:8");
+    past_loading(&mut pool);
+    let maps = sim.calls(Call::Map);
+    let whole = alloc(&mut pool, 6 * MIB, S0);
+    assert_eq!(sim.calls(Call::Map) - maps, 1, "one chunk");
+    let mapped = sim.mapped_bytes();
+    free(&mut pool, whole);
+    // Half of the chunk's free block is handed out again; the other half stays free in it.
+    let a = alloc(&mut pool, 3 * MIB, S0);
+    assert_eq!(sim.calls(Call::Map) - maps, 1, "no growth");
+    let (before, counted) = (waits(&sim), pool.stats().device_waits);
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(
+        sim.mapped_bytes(),
+        mapped,
+        "the chunk stays: a live block uses it"
+    );
+    assert_eq!(waits(&sim), before, "a wait with nothing to give back");
+    assert_eq!(pool.stats().device_waits, counted);
+    free(&mut pool, a);
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(sim.mapped_bytes(), 0);
+    assert_eq!(waits(&sim), before + 1, "one wait before the chunk goes");
+    assert_eq!(pool.stats().device_waits, counted + 1);
+}
