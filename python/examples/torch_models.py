@@ -54,8 +54,8 @@ H200_FILES = ("h200_workloads.py", "h200_fourth_set.py", "h200_fifth_set.py",
 
 def _h200_workloads():
     """The jobs recorded in traces/h200/: the public functions of h200_workloads.py and of the
-    fourth, fifth, sixth and eighth sets it takes in, read without importing them (they import torch, which
-    the parent need not have)."""
+    fourth, fifth, sixth and eighth sets it takes in, read without importing them (they import
+    torch, which the parent need not have)."""
     import ast
 
     names = []

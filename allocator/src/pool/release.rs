@@ -90,8 +90,9 @@ impl<D: Device> Core<D> {
     /// Releases every cached block that can go: unsplit fixed segments, and the fully free
     /// pages of expandable segments. Waits for pending stream events and releasing blocks
     /// first, and for the device before it unmaps free pages (work queued on them may still
-    /// run; no wait when no free block holds a whole chunk); the caller counts the wait for all streams ([`Core::count_sync_all_streams`]),
-    /// each wait counts in `device_waits`. Refused during a capture (`capture`).
+    /// run; no wait when no free block holds a whole chunk); the caller counts the wait for all
+    /// streams ([`Core::count_sync_all_streams`]), each wait counts in `device_waits`. Refused
+    /// during a capture (`capture`).
     pub(crate) fn release_all_cached<P: Observer>(
         &mut self,
         policy: &mut P,
@@ -102,7 +103,7 @@ impl<D: Device> Core<D> {
         }
         self.synchronize_and_free_events(policy)?;
         self.finish_releasing()?;
-        if self.holds_free_pages() {
+        if self.holds_whole_free_chunk() {
             self.stats.device_waits += 1;
             self.device.synchronize_device()?;
         }
@@ -134,7 +135,7 @@ impl<D: Device> Core<D> {
     /// use gives nothing back, so the device is not waited for on its account (under a cap the
     /// ladder's rung of every cached block met this on each growth that only re-paging could
     /// serve: a wait for nothing before the re-paging's own).
-    fn holds_free_pages(&self) -> bool {
+    fn holds_whole_free_chunk(&self) -> bool {
         [&self.small, &self.large].iter().any(|idx| {
             idx.all_free().any(|id| {
                 let b = &self.blocks[id];

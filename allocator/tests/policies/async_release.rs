@@ -392,9 +392,12 @@ fn a_request_takes_back_its_own_streams_pages_on_their_way_back() {
 }
 
 /// `empty_cache` waits for the device only when it has a whole chunk to unmap: a free block
-/// inside a chunk a live block also uses gives nothing back, and no wait is made for it.
+/// inside a chunk a live block also uses gives nothing back, and no wait is made for it (work
+/// queued on the device stays pending); once a whole chunk is free, the device is waited for
+/// before it goes.
 #[test]
 fn empty_cache_waits_only_when_a_whole_chunk_can_go() {
+    use cudalloc_sys::Device;
     let (sim, mut pool) = default_with(",max_chunk_mb:8");
     past_loading(&mut pool);
     let maps = sim.calls(Call::Map);
@@ -405,7 +408,14 @@ fn empty_cache_waits_only_when_a_whole_chunk_can_go() {
     // Half of the chunk's free block is handed out again; the other half stays free in it.
     let a = alloc(&mut pool, 3 * MIB, S0);
     assert_eq!(sim.calls(Call::Map) - maps, 1, "no growth");
-    let (before, counted) = (waits(&sim), pool.stats().device_waits);
+    // Work queued on the block's stream, still running.
+    sim.set_auto_complete(false);
+    let work = sim.create_event().unwrap();
+    sim.record_event(work, S0).unwrap();
+    let (syncs, counted) = (
+        sim.calls(Call::SynchronizeDevice),
+        pool.stats().device_waits,
+    );
     pool.empty_cache().unwrap();
     check(&sim, &pool);
     assert_eq!(
@@ -413,12 +423,29 @@ fn empty_cache_waits_only_when_a_whole_chunk_can_go() {
         mapped,
         "the chunk stays: a live block uses it"
     );
-    assert_eq!(waits(&sim), before, "a wait with nothing to give back");
+    assert_eq!(
+        sim.calls(Call::SynchronizeDevice),
+        syncs,
+        "a wait with nothing to give back"
+    );
     assert_eq!(pool.stats().device_waits, counted);
+    assert!(
+        !sim.query_event(work).unwrap(),
+        "the queued work was waited for"
+    );
     free(&mut pool, a);
     pool.empty_cache().unwrap();
     check(&sim, &pool);
     assert_eq!(sim.mapped_bytes(), 0);
-    assert_eq!(waits(&sim), before + 1, "one wait before the chunk goes");
+    assert_eq!(
+        sim.calls(Call::SynchronizeDevice),
+        syncs + 1,
+        "one wait before the chunk goes"
+    );
     assert_eq!(pool.stats().device_waits, counted + 1);
+    assert!(
+        sim.query_event(work).unwrap(),
+        "the chunk went before the work completed"
+    );
+    sim.destroy_event(work).unwrap();
 }
