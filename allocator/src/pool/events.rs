@@ -160,24 +160,35 @@ impl<D: Device> Core<D> {
     }
 
     /// Waits for every pending event and returns their blocks to the pools (the caller counts
-    /// the wait: [`Core::count_sync_all_streams`]).
+    /// the wait: [`Core::count_sync_all_streams`]). An event the device reports completed is
+    /// not waited for, and only a wait counts in `device_waits`; any other answer to the query
+    /// (not yet, or an error) leads to the wait.
     pub(crate) fn synchronize_and_free_events<P: Observer>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
-                self.stats.device_waits += 1;
-                if let Err(e) = self.device.synchronize_event(ev) {
-                    if !self.record_event_again(ev, s, &e) {
-                        return Err(e);
-                    }
-                    self.device.synchronize_event(ev)?;
+                if !matches!(self.device.query_event(ev), Ok(true)) {
+                    self.wait_for_event(ev, s)?;
                 }
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
                 self.event_done(policy, ev, id);
             }
             self.pending.remove(&s);
+        }
+        Ok(())
+    }
+
+    /// Waits for pending event `ev` of `stream`, counted in `device_waits`; recorded again and
+    /// waited for once more when the wait fails ([`Core::record_event_again`]).
+    fn wait_for_event(&mut self, ev: EventHandle, stream: StreamId) -> Result<(), DeviceError> {
+        self.stats.device_waits += 1;
+        if let Err(e) = self.device.synchronize_event(ev) {
+            if !self.record_event_again(ev, stream, &e) {
+                return Err(e);
+            }
+            self.device.synchronize_event(ev)?;
         }
         Ok(())
     }

@@ -449,3 +449,35 @@ fn empty_cache_waits_only_when_a_whole_chunk_can_go() {
     );
     sim.destroy_event(work).unwrap();
 }
+
+/// `empty_cache` waits only for the events of blocks used on other streams whose work has not
+/// completed: one the device reports done is not waited for, nor counted in `device_waits`.
+#[test]
+fn empty_cache_waits_only_for_events_not_yet_completed() {
+    let (sim, mut pool) = default_with("");
+    past_loading(&mut pool);
+    let keep = alloc(&mut pool, 4 * MIB, S0);
+    sim.set_auto_complete(false);
+    let [done, running] = [0, 1].map(|_| {
+        let a = alloc(&mut pool, 4 * MIB, S0);
+        pool.record_stream(&a, S1).unwrap();
+        a
+    });
+    free(&mut pool, done);
+    sim.complete_all(); // the first block's event completes
+    free(&mut pool, running);
+    assert_eq!(pool.pending_events(), 2);
+    let (before, counted) = (sim.calls(Call::SynchronizeEvent), pool.stats().device_waits);
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.pending_events(), 0);
+    assert_eq!(
+        sim.calls(Call::SynchronizeEvent) - before,
+        1,
+        "a wait for an event already completed"
+    );
+    // The running block's event, and the device before the free chunk's pages go.
+    assert_eq!(pool.stats().device_waits - counted, 2);
+    free(&mut pool, keep);
+    check(&sim, &pool);
+}
