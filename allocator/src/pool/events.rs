@@ -169,9 +169,7 @@ impl<D: Device> Core<D> {
     ) -> Result<(), DeviceError> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
-                if !matches!(self.device.query_event(ev), Ok(true)) {
-                    self.wait_for_event(ev, s)?;
-                }
+                self.wait_unless_done(ev, s)?;
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
                 self.event_done(policy, ev, id);
             }
@@ -180,9 +178,17 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
-    /// Waits for pending event `ev` of `stream`, counted in `device_waits`; recorded again and
-    /// waited for once more when the wait fails ([`Core::record_event_again`]).
-    fn wait_for_event(&mut self, ev: EventHandle, stream: StreamId) -> Result<(), DeviceError> {
+    /// Waits for event `ev` of `stream` unless the device reports it completed (any other
+    /// answer, an error included, leads to the wait), counted in `device_waits`; recorded again
+    /// and waited for once more when the wait fails ([`Core::record_event_again`]).
+    pub(super) fn wait_unless_done(
+        &mut self,
+        ev: EventHandle,
+        stream: StreamId,
+    ) -> Result<(), DeviceError> {
+        if matches!(self.device.query_event(ev), Ok(true)) {
+            return Ok(());
+        }
         self.stats.device_waits += 1;
         if let Err(e) = self.device.synchronize_event(ev) {
             if !self.record_event_again(ev, stream, &e) {

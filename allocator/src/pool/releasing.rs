@@ -234,7 +234,8 @@ impl<D: Device> Core<D> {
     }
 
     /// Waits for the events of every releasing block and unmaps them, in the order they started
-    /// releasing: for the synchronizing paths only (each wait counted in `device_waits`). An
+    /// releasing: for the synchronizing paths only (each wait counted in `device_waits`; no
+    /// wait for an event the device reports completed). An
     /// event that cannot be waited for is recorded again and waited for once more (not while
     /// the pool is dropped, `Core::dropping`: its error is returned at once); the error of a
     /// second failure is returned and the block stays releasing. A moved block whose unmap
@@ -250,13 +251,7 @@ impl<D: Device> Core<D> {
                 i += 1;
                 continue;
             }
-            self.stats.device_waits += 1;
-            if let Err(e) = self.device.synchronize_event(ev) {
-                if !self.record_again(ev, id, &e) {
-                    return Err(e);
-                }
-                self.device.synchronize_event(ev)?;
-            }
+            self.wait_unless_done(ev, stream)?;
             if !moved {
                 self.releasing.remove(i);
                 self.finish_one(ev, id)?;

@@ -481,3 +481,31 @@ fn empty_cache_waits_only_for_events_not_yet_completed() {
     free(&mut pool, keep);
     check(&sim, &pool);
 }
+
+/// Pages on their way back whose stream's work has completed are unmapped without a wait:
+/// `empty_cache` waits only for the device before the free block's pages go.
+#[test]
+fn empty_cache_does_not_wait_for_pages_whose_work_completed() {
+    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let (_large, _small, keep) = layout_with_excess(&mut pool);
+    let grown = alloc(&mut pool, 34 * MIB, S0);
+    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    sim.complete_all();
+    let (events, counted) = (sim.calls(Call::SynchronizeEvent), pool.stats().device_waits);
+    pool.empty_cache().unwrap();
+    check(&sim, &pool);
+    assert_eq!(pool.releasing_bytes(), 0);
+    assert_eq!(
+        sim.calls(Call::SynchronizeEvent),
+        events,
+        "a wait for pages whose work had completed"
+    );
+    assert_eq!(pool.stats().device_waits, counted + 1, "the device, once");
+    assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
+    for a in keep.into_iter().chain([grown]) {
+        free(&mut pool, a);
+    }
+    check(&sim, &pool);
+}
