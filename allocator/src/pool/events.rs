@@ -159,17 +159,17 @@ impl<D: Device> Core<D> {
             .unwrap_or_default()
     }
 
-    /// Waits for every pending event and returns their blocks to the pools (the caller counts
-    /// the wait: [`Core::count_sync_all_streams`]). An event the device reports completed is
-    /// not waited for, and only a wait counts in `device_waits`; any other answer to the query
-    /// (not yet, or an error) leads to the wait.
+    /// Waits for every pending event not yet completed and returns their blocks to the pools
+    /// (the caller counts the wait: [`Core::count_sync_all_streams`]): an event the device
+    /// reports completed is not waited for, and only a wait counts in `device_waits`; any other
+    /// answer to the query (not yet, or an error) leads to the wait.
     pub(crate) fn synchronize_and_free_events<P: Observer>(
         &mut self,
         policy: &mut P,
     ) -> Result<(), DeviceError> {
         while let Some((&s, _)) = self.pending.iter().next() {
             while let Some(&(ev, id)) = self.pending[&s].front() {
-                self.wait_unless_done(ev, s)?;
+                self.wait_unless_completed(ev, s)?;
                 self.pending.get_mut(&s).expect("stream queue").pop_front();
                 self.event_done(policy, ev, id);
             }
@@ -181,7 +181,7 @@ impl<D: Device> Core<D> {
     /// Waits for event `ev` of `stream` unless the device reports it completed (any other
     /// answer, an error included, leads to the wait), counted in `device_waits`; recorded again
     /// and waited for once more when the wait fails ([`Core::record_event_again`]).
-    pub(super) fn wait_unless_done(
+    pub(super) fn wait_unless_completed(
         &mut self,
         ev: EventHandle,
         stream: StreamId,

@@ -9,12 +9,11 @@
 //! pages are unmapped when the event has completed. Work of other streams needs no event
 //! here: a block used by other streams reached its pool only after their events completed
 //! (`events`). The synchronizing paths ([`Core::finish_releasing`]: `empty_cache`, the
-//! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events
-//! instead; each wait counts in [`crate::stats::Stats::device_waits`] (a pool dropped while
-//! the device refuses the waits unmaps without them: `Core::finish_unwaited`). Nothing else
-//! waits: a
-//! policy that must bound the bytes on their way back gives back no more while too many are
-//! (the `default` policy's budget). A policy about to map pages for a
+//! out-of-memory ladder when a growth does not fit, dropping the pool) wait for the events not
+//! yet completed instead; each wait counts in [`crate::stats::Stats::device_waits`] (a pool
+//! dropped while the device refuses the waits unmaps without them: `Core::finish_unwaited`).
+//! Nothing else waits: a policy that must bound the bytes on their way back gives back no
+//! more while too many are (the `default` policy's budget). A policy about to map pages for a
 //! request may first take back a releasing block of the request's own stream
 //! ([`Core::reclaim_releasing`]): stream order puts the queued work before the new use, so
 //! neither a wait nor a map is needed. `Core::releasing` is in the order the blocks' events were
@@ -224,7 +223,7 @@ impl<D: Device> Core<D> {
         }
     }
 
-    /// Records the event of releasing block `id` again after a query or wait of it failed with
+    /// Records the event of releasing block `id` again after a query of it failed with
     /// `error` (it may have been recorded into a capture the pool was not told of), unless the
     /// failure came from a capture refusing the call (the event is fine then) or the block's
     /// stream is being captured now (the new record would join the graph too). True when it
@@ -235,10 +234,10 @@ impl<D: Device> Core<D> {
 
     /// Waits for the events of every releasing block and unmaps them, in the order they started
     /// releasing: for the synchronizing paths only (each wait counted in `device_waits`; no
-    /// wait for an event the device reports completed). An
-    /// event that cannot be waited for is recorded again and waited for once more (not while
-    /// the pool is dropped, `Core::dropping`: its error is returned at once); the error of a
-    /// second failure is returned and the block stays releasing. A moved block whose unmap
+    /// wait for an event the device reports completed). An event that cannot be waited for is
+    /// recorded again and waited for once more (not while the pool is dropped,
+    /// `Core::dropping`: its error is returned at once); the error of a second failure is
+    /// returned and the block stays releasing. A moved block whose unmap
     /// fails stays (it holds no memory of its own), and so do the later blocks of its stream
     /// (see [`Core::poll_releasing`]); the rest go on, and its error is returned at the end.
     pub(crate) fn finish_releasing(&mut self) -> Result<(), DeviceError> {
@@ -251,7 +250,7 @@ impl<D: Device> Core<D> {
                 i += 1;
                 continue;
             }
-            self.wait_unless_done(ev, stream)?;
+            self.wait_unless_completed(ev, stream)?;
             if !moved {
                 self.releasing.remove(i);
                 self.finish_one(ev, id)?;

@@ -107,14 +107,21 @@ fn the_budget_gives_pages_back_once_their_stream_is_done_and_never_waits() {
     check(&sim, &pool);
 }
 
-#[test]
-fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
+/// A pool whose budget gave back 6 MiB for a growth on a device that has not run the work
+/// queued before them (those pages on their way back), with the live allocations.
+fn pages_on_their_way_back() -> (Sim, Pool<Sim>, Vec<Allocation>) {
     let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
     past_loading(&mut pool);
     sim.set_auto_complete(false);
-    let (_large, _small, keep) = layout_with_excess(&mut pool);
-    let grown = alloc(&mut pool, 34 * MIB, S0);
+    let (_large, _small, mut live) = layout_with_excess(&mut pool);
+    live.push(alloc(&mut pool, 34 * MIB, S0));
     assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    (sim, pool, live)
+}
+
+#[test]
+fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
+    let (sim, mut pool, live) = pages_on_their_way_back();
     let counted = pool.stats().device_waits;
     pool.empty_cache().unwrap();
     check(&sim, &pool);
@@ -123,7 +130,7 @@ fn empty_cache_waits_for_pages_on_their_way_back_and_counts_it() {
     // block's pages go.
     assert_eq!(pool.stats().device_waits, counted + 2);
     assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
-    for a in keep.into_iter().chain([grown]) {
+    for a in live {
         free(&mut pool, a);
     }
     pool.empty_cache().unwrap();
@@ -486,12 +493,7 @@ fn empty_cache_waits_only_for_events_not_yet_completed() {
 /// `empty_cache` waits only for the device before the free block's pages go.
 #[test]
 fn empty_cache_does_not_wait_for_pages_whose_work_completed() {
-    let (sim, mut pool) = default_with(",max_chunk_mb:2,fragmentation_budget:0.75");
-    past_loading(&mut pool);
-    sim.set_auto_complete(false);
-    let (_large, _small, keep) = layout_with_excess(&mut pool);
-    let grown = alloc(&mut pool, 34 * MIB, S0);
-    assert_eq!(pool.releasing_bytes(), 6 * MIB);
+    let (sim, mut pool, live) = pages_on_their_way_back();
     sim.complete_all();
     let (events, counted) = (sim.calls(Call::SynchronizeEvent), pool.stats().device_waits);
     pool.empty_cache().unwrap();
@@ -504,7 +506,7 @@ fn empty_cache_does_not_wait_for_pages_whose_work_completed() {
     );
     assert_eq!(pool.stats().device_waits, counted + 1, "the device, once");
     assert_eq!(sim.mapped_bytes(), 38 * MIB, "the live blocks' pages only");
-    for a in keep.into_iter().chain([grown]) {
+    for a in live {
         free(&mut pool, a);
     }
     check(&sim, &pool);
