@@ -511,3 +511,25 @@ fn empty_cache_does_not_wait_for_pages_whose_work_completed() {
     }
     check(&sim, &pool);
 }
+
+/// A query the device fails leads to the wait, as before queries were asked: the event of a
+/// block used on another stream is waited for even when its work has completed.
+#[test]
+fn a_failed_query_still_leads_to_the_wait() {
+    let (sim, mut pool) = default_with("");
+    past_loading(&mut pool);
+    sim.set_auto_complete(false);
+    let a = alloc(&mut pool, 4 * MIB, S0);
+    pool.record_stream(&a, S1).unwrap();
+    free(&mut pool, a);
+    sim.complete_all();
+    sim.fail_always(Call::QueryEvent);
+    let (before, counted) = (sim.calls(Call::SynchronizeEvent), pool.stats().device_waits);
+    pool.empty_cache().unwrap();
+    sim.clear_faults();
+    check(&sim, &pool);
+    assert_eq!(pool.pending_events(), 0);
+    assert_eq!(sim.calls(Call::SynchronizeEvent) - before, 1, "no wait");
+    assert!(pool.stats().device_waits > counted);
+    assert_eq!(sim.mapped_bytes(), 0);
+}
