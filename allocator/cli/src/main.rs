@@ -14,6 +14,7 @@ mod bundled;
 mod calls;
 mod error;
 mod json;
+mod notes;
 mod plot;
 mod progress;
 mod replay_cmd;

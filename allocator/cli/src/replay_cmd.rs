@@ -7,7 +7,7 @@ use crate::progress::{Progress, LONG_OPS};
 use crate::report::{Report, Run};
 use crate::split::Split;
 use crate::sweep::GARBAGE_COLLECTION_KEY;
-use crate::{bundled, calls, json, plot, summary, table};
+use crate::{bundled, calls, json, notes, plot, summary, table};
 use cudalloc::fmt::bytes;
 use cudalloc::{Config, Policy};
 use cudalloc_trace::replay::{
@@ -73,7 +73,8 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let split = split.map_err(CliError::msg)?;
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
-    warn_if_empty(&traces);
+    notes::warn_if_empty(&traces);
+    notes::note_streams(&traces, args.shards || args.answers);
     if args.answers {
         check_answers_recorded(&traces, &paths)?;
     }
@@ -322,17 +323,6 @@ fn name_apart(traces: &mut [Trace], paths: &[PathBuf]) {
         if names.iter().filter(|n| **n == t.name).count() > 1 {
             t.name = p.display().to_string();
         }
-    }
-}
-
-/// Says on stderr which traces hold no allocation to replay (an empty file, a header alone).
-pub fn warn_if_empty(traces: &[Trace]) {
-    for t in traces.iter().filter(|t| t.ops.is_empty()) {
-        say!(
-            "warning: {} holds no allocation or free to replay ({} trace lines read)",
-            t.name,
-            t.events
-        );
     }
 }
 

@@ -29,7 +29,7 @@ pub fn run(args: &StatsArgs) -> Result<ExitCode, CliError> {
     crate::replay_cmd::check_no_thread_cache_keys(&variant)?;
     crate::replay_cmd::check_garbage_collection(&variant, false, STATS_CAP)?;
     let mut read = crate::replay_cmd::read_all(std::slice::from_ref(&args.trace), args.device)?;
-    crate::replay_cmd::warn_if_empty(&read);
+    crate::notes::warn_if_empty(&read);
     let t = read.pop().expect("one trace read");
     if let Some(a) = table::anomalies(&t.anomalies, t.position) {
         say!("warning: {}: anomalies: {a}", t.name);
