@@ -1,9 +1,11 @@
-//! What `cudalloc replay` and `cudalloc stats` say on stderr about the traces read, before any
-//! replay: traces with nothing to replay, and traces of several streams replayed in one pool
-//! (whose figures a program's stream shards may not reach). Notes only: none changes a figure
-//! or the exit status.
+//! What `cudalloc replay` says on stderr about the traces it read, before any replay: traces
+//! with nothing to replay (`cudalloc stats` says this too), and traces of several streams that
+//! a `default` replay models as one pool, where a program's stream shards may reserve more.
+//! Notes only: none changes a figure or the exit status.
 
 use crate::error::say;
+use cudalloc::config::PolicyConfig;
+use cudalloc::Config;
 use cudalloc_trace::Trace;
 
 /// Says on stderr which traces hold no allocation to replay (an empty file, a header alone).
@@ -17,18 +19,27 @@ pub fn warn_if_empty(traces: &[Trace]) {
     }
 }
 
-/// Says on stderr which traces use several streams when they replay in one pool (`shards`
-/// false): one pool's budget gives back the cache of any stream, where a program's allocator
-/// holds a pool per shard of streams, each with a budget of its own, and may reserve more
-/// (`--shards` replays those; `docs/threads.md`).
-pub fn note_streams(traces: &[Trace], shards: bool) {
-    if shards {
+/// Says on stderr which traces use several streams, when `configs` run the `default` policy in
+/// one pool and `--shards` could replay them instead (`shardable`: on the simulated device,
+/// without `--shards`, `--answers`, `--device-lag` or `--min-capacity`). One pool's budget
+/// gives back the cached blocks of any stream, where a program's allocator holds a pool per
+/// shard of streams, each with a budget of its own, and may reserve more (`docs/threads.md`).
+/// PyTorch's rules have no budget: their figures are the same either way.
+pub fn note_streams<'a>(
+    traces: &[Trace],
+    mut configs: impl Iterator<Item = &'a Config>,
+    shardable: bool,
+) {
+    let budget = configs.any(|c| matches!(c.policy_config(), PolicyConfig::Default(_)));
+    if !shardable || !budget {
         return;
     }
     for t in traces.iter().filter(|t| t.streams.len() > 1) {
         say!(
-            "note: {} uses {} streams; replayed in one pool, whose budget gives back any \
-             stream's cache: a program's stream shards may reserve more (--shards replays them)",
+            "note: {} uses {} streams; replayed in one pool, where the default policy's budget \
+             gives back the cached blocks of any stream, but a program's allocator has a pool per \
+             shard of streams, each with its own budget, and may reserve more (--shards replays \
+             those)",
             t.name,
             t.streams.len()
         );

@@ -74,7 +74,9 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     notes::warn_if_empty(&traces);
-    notes::note_streams(&traces, args.shards || args.answers);
+    let shardable = !(args.cuda || args.shards || args.answers || args.min_capacity)
+        && args.device_lag.is_none();
+    notes::note_streams(&traces, variants.iter().map(|v| &v.cfg), shardable);
     if args.answers {
         check_answers_recorded(&traces, &paths)?;
     }
