@@ -3,9 +3,10 @@
 //! simulated device runs 10 operations behind) replays to the run's own figures, and the JSON
 //! row and the table say how many answers the replay gave (and, when it gave fewer than were
 //! recorded, why that may be); `--shards` drives the same stream shards on a device that keeps
-//! up, where one pool's budget would give back another stream's cache.
+//! up, where one pool's budget would give back another stream's cache, and a replay in one pool
+//! of a trace of several streams says so on stderr.
 
-use super::run::{bundled, csv_trace, cudalloc, json_lines, scratch, stderr, stdout};
+use super::run::{bert, bundled, csv_trace, cudalloc, json_lines, scratch, stderr, stdout};
 use cudalloc::record::Recorder;
 use cudalloc::{CachingAllocator, Config};
 use cudalloc_sys::wrap::RecordAnswers;
@@ -166,4 +167,39 @@ fn through_the_shards_a_finished_stream_keeps_its_cache_longer_than_in_one_pool(
         "{}",
         stdout(&o)
     );
+}
+
+/// A trace of several streams replayed in one pool under `default` gets a note saying that a
+/// program's stream shards may reserve more and how to replay them; with `--shards`, under
+/// PyTorch's rules alone (no budget) or with one stream, none.
+#[test]
+fn a_trace_of_several_streams_notes_the_shards() {
+    let lines = "alloc,4096,1048576,0,1\nalloc,8192,2097152,7,2\nfree_completed,4096,1048576,0,3\n\
+                 free_completed,8192,2097152,7,4\n";
+    let two = csv_trace("note-streams", "two.trace.csv", lines);
+    let two = two.to_str().unwrap();
+    let o = cudalloc(&["replay", "--policy", "default", two]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("two.trace.csv uses 2 streams") && stderr(&o).contains("--shards"),
+        "{}",
+        stderr(&o)
+    );
+    let quiet: [&[&str]; 2] = [
+        &["--policy", "default", "--shards"],
+        &["--policy", "torch", "--policy", "torch-expandable"],
+    ];
+    for flags in quiet {
+        let args: Vec<&str> = ["replay"]
+            .iter()
+            .chain(flags)
+            .chain([&two])
+            .copied()
+            .collect();
+        let o = cudalloc(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("streams"), "{flags:?}: {}", stderr(&o));
+    }
+    let o = cudalloc(&["replay", "--policy", "default", &bert()]);
+    assert!(!stderr(&o).contains("streams"), "{}", stderr(&o));
 }
