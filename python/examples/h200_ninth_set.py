@@ -18,6 +18,18 @@ import random
 import torch
 
 
+def _train(opt, steps, loss_of_step):
+    """`steps` training steps under bf16 autocast: each takes the loss `loss_of_step()` makes
+    (drawing its batch's shapes), then a backward pass, a step and gradients set to None."""
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of_step()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+
 def speech_ctc_train_varlen():
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
     torch.manual_seed(90); random.seed(90)
@@ -26,18 +38,14 @@ def speech_ctc_train_varlen():
     cfg = Wav2Vec2Config(vocab_size=32, pad_token_id=0, ctc_loss_reduction="mean",
                          mask_time_prob=0.0)
     m = Wav2Vec2ForCTC(cfg).cuda().train()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    for _ in range(24):
+
+    def step():
         b = random.randint(2, 8); seconds = random.uniform(1.0, 12.0)
         audio = torch.randn(b, int(16000 * seconds), device="cuda")
         # About 12 characters a second: well under the model's 50 frames a second.
         labels = torch.randint(1, cfg.vocab_size, (b, max(4, int(12 * seconds))), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = m(audio, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+        return m(audio, labels=labels).loss
+    _train(torch.optim.AdamW(m.parameters(), lr=1e-4), 24, step)
 
 
 def segmentation_train_multiscale():
@@ -45,17 +53,13 @@ def segmentation_train_multiscale():
     torch.manual_seed(91); random.seed(91)
     m = torchvision.models.segmentation.deeplabv3_resnet50(
         weights=None, weights_backbone=None, num_classes=21).cuda().train()
-    opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
-    for _ in range(24):
+
+    def step():
         b = random.randint(2, 8); side = 32 * random.randint(8, 20)
         x = torch.randn(b, 3, side, side, device="cuda")
         y = torch.randint(0, 21, (b, side, side), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(m(x)["out"], y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+        return torch.nn.functional.cross_entropy(m(x)["out"], y)
+    _train(torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9), 24, step)
 
 
 def chunked_prefill_generate():
