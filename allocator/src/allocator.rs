@@ -42,6 +42,7 @@
 use crate::config::Config;
 use crate::error::AllocError;
 use crate::ladder::Pool;
+use crate::lend::Lending;
 use crate::live::{Entry, LiveMap};
 use crate::policy::front::FrontRules;
 use crate::pool::{Allocation, Handle};
@@ -72,6 +73,8 @@ pub struct CachingAllocator<D: Device> {
     pub(crate) caches: Option<Caches>,
     /// The thread-cache rules the policies set, with the per-shard state they read.
     pub(crate) rules: FrontRules,
+    /// Whether free blocks are lent across streams, and which shards may lend (`lend`).
+    pub(crate) lending: Lending,
     /// Shared by every shard's pool: true until the first free, wherever it goes (a pool or a
     /// thread cache): a fact the policies may read ([`crate::pool::Core::nothing_freed`]).
     pub(crate) unfreed: Arc<AtomicBool>,
@@ -128,7 +131,8 @@ impl<D: Device> CachingAllocator<D> {
                 pool.share_unfreed(unfreed.clone());
                 CachePadded::new(Mutex::new(pool))
             })
-            .collect();
+            .collect::<Box<[Shard<D>]>>();
+        let lending = Lending::new(shards[0].lock().lends_blocks());
         let caches = cfg.thread_cache_on().then(|| {
             let front = cfg.front();
             Caches::new(
@@ -146,6 +150,7 @@ impl<D: Device> CachingAllocator<D> {
             reserved_peak,
             live: LiveMap::new(caches.as_ref().map_or(u64::MAX, Caches::small_part_limit)),
             rules: FrontRules::new(SHARDS),
+            lending,
             unfreed,
             caches,
             cfg,
@@ -201,6 +206,9 @@ impl<D: Device> CachingAllocator<D> {
             if let Some(a) = self.allocate_through_caches(c, size, stream)? {
                 return Ok(a);
             }
+        }
+        if let Some(a) = self.lend_before_growth(size, stream)? {
+            return Ok(a);
         }
         match self.try_allocate(size, stream, Try::Grow) {
             Err(e) if e.is_out_of_memory() => {
@@ -292,7 +300,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// A pool allocation from cached blocks only (`None`: the pool would have to grow).
-    fn try_allocate_cached(
+    pub(crate) fn try_allocate_cached(
         &self,
         size: u64,
         stream: StreamId,
@@ -336,6 +344,7 @@ impl<D: Device> CachingAllocator<D> {
         };
         let b = pool.block(a.0.block).expect("allocated block");
         self.live.insert(Entry::live(a.0, b.size, b.pool));
+        self.lending.note_used(shard_of(stream));
         self.note_watched(stream, &pool);
         let grew = pool.reserved().saturating_sub(before);
         self.rules.note_allocation(shard_of(stream), grew);
@@ -382,7 +391,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// Tells the rules whether the stream's pool watches its large blocks, after an operation
     /// on it.
-    fn note_watched(&self, stream: StreamId, pool: &Pool<Arc<D>>) {
+    pub(crate) fn note_watched(&self, stream: StreamId, pool: &Pool<Arc<D>>) {
         self.rules
             .note_watched(shard_of(stream), pool.watches_large_blocks());
     }
@@ -525,10 +534,10 @@ impl<D: Device> CachingAllocator<D> {
     /// Frees live entry `e` if it was made on `stream`.
     fn free_entry(&self, e: Entry, stream: StreamId) -> Result<(), AllocError> {
         let ptr = e.alloc.ptr;
-        if e.alloc.stream != stream {
+        if !e.made_for(stream) {
             return Err(AllocError::WrongStream {
                 ptr,
-                allocated_on: e.alloc.stream,
+                allocated_on: e.lent_to.unwrap_or(e.alloc.stream),
                 freed_on: stream,
             });
         }
@@ -553,8 +562,10 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// Starts (or stops) keeping, in every shard, the addresses of frees that waited for other
-    /// streams' work when each completes ([`crate::pool::Core::track_completions`]; a trace recorder's).
+    /// streams' work when each completes ([`crate::pool::Core::track_completions`]; a trace
+    /// recorder's). While kept, no block is lent across streams (`lend`).
     pub fn track_completions(&self, on: bool) {
+        self.lending.pause(on);
         self.shards
             .iter()
             .for_each(|s| s.lock().track_completions(on));

@@ -411,7 +411,7 @@ impl<D: Device, P: Policy> Pool<D, P> {
     }
 
     /// The request `size` bytes on `stream` make: rounded, in the pool of their rounded size.
-    fn request(&self, size: u64, stream: StreamId) -> Request {
+    pub(crate) fn request(&self, size: u64, stream: StreamId) -> Request {
         let rounded = self.core.cfg.round_size(size);
         Request {
             stream,

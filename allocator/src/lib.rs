@@ -50,6 +50,7 @@ pub mod hooks;
 mod idle;
 pub mod interop;
 mod ladder;
+mod lend;
 mod live;
 pub mod policy;
 mod pool;

@@ -26,6 +26,7 @@ use crate::error::{AllocError, Invariant, InvariantError};
 use crate::pool::Handle;
 use crate::sizes::PoolKind;
 use crate::sync::{AtomicUsize, CachePadded, Mutex, MutexGuard, Ordering};
+use cudalloc_sys::StreamId;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -84,6 +85,9 @@ pub(crate) struct Entry {
     /// Owned by a `Buffer`: freed only when the buffer gives it back, never by address
     /// (`CachingAllocator::free_ptr`), which would let a second buffer share the block.
     pub buffer: bool,
+    /// The stream its caller asked for, when that is not the block's own (`alloc.stream`): a
+    /// block of another stream lent to it (`crate::lend`), which may be freed on either.
+    pub lent_to: Option<StreamId>,
 }
 
 impl Entry {
@@ -97,7 +101,24 @@ impl Entry {
             token: 0,
             recorded: false,
             buffer: false,
+            lent_to: None,
         }
+    }
+
+    /// An entry for a block of another stream lent to `borrower`, whose use the block's pool
+    /// has recorded: it goes back through its pool's events, never a thread cache.
+    pub fn lent(alloc: Handle, block_size: u64, pool: PoolKind, borrower: StreamId) -> Entry {
+        Entry {
+            recorded: true,
+            lent_to: Some(borrower),
+            ..Entry::live(alloc, block_size, pool)
+        }
+    }
+
+    /// Whether a free on `stream` is a free on the stream the allocation was made for: its
+    /// block's own, or the one it was lent to.
+    pub fn made_for(&self, stream: StreamId) -> bool {
+        self.alloc.stream == stream || self.lent_to == Some(stream)
     }
 
     /// Held in a thread cache rather than by a caller.

@@ -207,6 +207,15 @@ pub struct Stats {
     /// partly moved block whose event could not be recorded; and pages whose unmap failed,
     /// free in the cache again). Not one of PyTorch's keys.
     pub taken_back_bytes: u64,
+    /// Free blocks of this pool's streams lent to another stream's request that would have
+    /// made its own pool grow (`lend_blocks`, `default` only): allocations of this pool,
+    /// counted here, and returned to it after the borrowing stream's work. Not one of
+    /// PyTorch's keys.
+    pub lent_blocks: u64,
+    /// Times a lend was given up because the lending stream had work not yet completed (the
+    /// event recorded to check was not done at once; nothing waits for it). Not one of
+    /// PyTorch's keys.
+    pub lends_refused_busy: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts
     /// those; a growth that takes moved pages and maps new ones too counts two).
@@ -286,6 +295,8 @@ impl Stats {
         self.pages_moved += s.pages_moved;
         self.given_back_bytes += s.given_back_bytes;
         self.taken_back_bytes += s.taken_back_bytes;
+        self.lent_blocks += s.lent_blocks;
+        self.lends_refused_busy += s.lends_refused_busy;
         self.num_device_alloc += s.num_device_alloc;
         self.num_device_free += s.num_device_free;
         self.calls.mallocs += s.calls.mallocs;

@@ -11,7 +11,8 @@
 //! - `"driver_calls"`: mallocs, frees, maps, unmaps and their total, the device waits, the
 //!   pages moved (`Stats::pages_moved`), and the bytes given back and taken back before the
 //!   device caught up with them or after their unmap failed (`Stats::given_back_bytes`,
-//!   `Stats::taken_back_bytes`);
+//!   `Stats::taken_back_bytes`), and the blocks lent across streams and the lends given up on
+//!   a busy stream (`Stats::lent_blocks`, `Stats::lends_refused_busy`);
 //! - `"excess"`: where the reserved bytes are now ([`cudalloc_core::Excess`], read after the
 //!   rest): `reserved`, `live` (what the live allocations asked for; blocks held in thread
 //!   caches count as live here, as the pools handed them out, though the torch keys count them
@@ -84,6 +85,8 @@ pub fn stats<D: Device>(
             "pages_moved": snap.stats.pages_moved,
             "given_back_bytes": snap.stats.given_back_bytes,
             "taken_back_bytes": snap.stats.taken_back_bytes,
+            "lent_blocks": snap.stats.lent_blocks,
+            "lends_refused_busy": snap.stats.lends_refused_busy,
         }),
     );
     let e = alloc.excess();
@@ -263,10 +266,15 @@ mod tests {
             "torch's rules have no thread caches"
         );
         assert!(v["driver_calls"]["total"].as_u64().unwrap() >= 2);
-        for key in ["pages_moved", "given_back_bytes", "taken_back_bytes"] {
+        for key in [
+            "pages_moved",
+            "given_back_bytes",
+            "taken_back_bytes",
+            "lent_blocks",
+        ] {
             assert_eq!(
                 v["driver_calls"][key], 0,
-                "{key}: torch's rules give nothing back"
+                "{key}: torch's rules give nothing back and lend nothing"
             );
         }
 

@@ -31,11 +31,11 @@ run of the acceptance program ``train_near_cap``); ``swin_infer_dynamic``,
 ``segformer_infer_dynamic``, ``dinov2_infer_dynamic``, ``marian_generate`` and
 ``qwen2_sample_generate`` (a sixth set, ``h200_sixth_set.py``); ``distill_train_varlen``,
 ``video_infer_dynamic`` and ``train_eval_cycle`` (an eighth set, ``h200_eighth_set.py``; the
-seventh is two acceptance programs, ``traces/programs/``); ``speech_ctc_train_varlen``,
-``segmentation_train_multiscale`` and ``chunked_prefill_generate`` (a ninth set,
-``h200_ninth_set.py``, not recorded yet). When each was recorded:
-``docs/archive.md``, and for the fourth to eighth sets ``docs/policies.md`` ("A fourth set" to
-"An eighth set") and ``traces/split.json``.
+seventh is two acceptance programs, ``traces/programs/``); ``speech_ctc_train_varlen`` and
+``segmentation_train_multiscale`` (a ninth set, ``h200_ninth_set.py``); ``chunked_prefill_generate``
+(a tenth set, ``h200_tenth_set.py``, not recorded yet). When each was recorded:
+``docs/archive.md``, and for the fourth to ninth sets ``docs/policies.md`` ("A fourth set" to
+"A ninth set") and ``traces/split.json``.
 """
 import collections
 import math
@@ -48,6 +48,7 @@ from h200_fifth_set import FIFTH_SET
 from h200_sixth_set import SIXTH_SET
 from h200_eighth_set import EIGHTH_SET
 from h200_ninth_set import NINTH_SET
+from h200_tenth_set import TENTH_SET
 from h200_fourth_set import FOURTH_SET
 
 
@@ -668,6 +669,7 @@ WORKLOADS.update(FIFTH_SET)
 WORKLOADS.update(SIXTH_SET)
 WORKLOADS.update(EIGHTH_SET)
 WORKLOADS.update(NINTH_SET)
+WORKLOADS.update(TENTH_SET)
 
 
 def main():

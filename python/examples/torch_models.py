@@ -49,12 +49,12 @@ WORKLOADS = ["gpt2", "llama"]
 
 
 H200_FILES = ("h200_workloads.py", "h200_fourth_set.py", "h200_fifth_set.py",
-              "h200_sixth_set.py", "h200_eighth_set.py")
+              "h200_sixth_set.py", "h200_eighth_set.py", "h200_ninth_set.py")
 
 
 def _h200_workloads():
     """The jobs recorded in traces/h200/: the public functions of h200_workloads.py and of the
-    fourth, fifth, sixth and eighth sets it takes in, read without importing them (they import
+    fourth, fifth, sixth, eighth and ninth sets it takes in, read without importing them (they import
     torch, which the parent need not have)."""
     import ast
 

@@ -22,6 +22,7 @@
 //! | `max_chunk_mb` | even integer >= 2 (whole 2 MiB pages) | `default` policy: largest physical chunk mapped in one call (the memory vs driver-call knob), but for a giant request that finds no cached block (16 chunks and 640 MiB or more; under a memory cap 8 and 320 MiB, with `repage_under_cap` on), mapped as one chunk on a range of its own |
 //! | `layout_plans` | `True`/`False` | `default` policy: place a sequence of large allocations that repeats at another scale by a packing of its last repetition (default: on) |
 //! | `repage_under_cap` | `True`/`False` | `default` policy under a memory cap: when a growth still does not fit at the end of the out-of-memory ladder, make chunks that live blocks keep mapped again from their live pages only, so their free pages go back (waits for the device and copies live bytes device to device; default: on). Off: a capped pool maps single pages instead and never moves bytes; turn it off when other threads may launch work on this allocator's memory while one allocates (a kernel could then fault or lose its writes; docs/policies.md) |
+//! | `lend_blocks` | `True`/`False` | `default` policy: a request that would make its stream's pool grow may take a free block cached for another stream instead, when that stream has completed all its work (checked with an event, never waited for); the block returns to its own stream's cache once the borrowing stream's work before the free completes (default: off: on a GPU it reserved more on both programs of several streams it was run on, docs/threads.md) |
 //! | `shareable_segments` | `True`/`False` | create expandable segments' pages exportable as POSIX file descriptors, so that an allocation can be shared with another process (`CachingAllocator::share`; default off; refused with `policy:torch`, and by `CachingAllocator::try_new` on a device that cannot export) |
 //! | `thread_cache` | `True`/`False` | keep a few freed blocks per thread and reuse them without locking (default: on for `default`, off for the PyTorch policies) |
 //! | `thread_cache_mb` | integer | bytes a thread cache's small part holds at most (default 2); cached blocks count as allocated, so more is faster but reserves more, and the `default` policy's placement changes (docs/threads.md) |
@@ -38,8 +39,8 @@
 //!
 //! An unknown key, a missing value or a bad value is a [`ConfigError`] that names the key; so
 //! is an entry written `key=value` (the error says to write `key:value`), and a key of the
-//! `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`, `repage_under_cap`) in
-//! a string that picks another policy, which would ignore it.
+//! `default` policy (`fragmentation_budget`, `max_chunk_mb`, `layout_plans`, `repage_under_cap`,
+//! `lend_blocks`) in a string that picks another policy, which would ignore it.
 
 mod parse;
 
@@ -186,11 +187,12 @@ impl Default for Config {
 
 /// Keys that only the `default` policy reads: a config string that gives one of them and
 /// picks another policy is an error.
-pub const DEFAULT_ONLY_KEYS: [&str; 4] = [
+pub const DEFAULT_ONLY_KEYS: [&str; 5] = [
     "fragmentation_budget",
     "max_chunk_mb",
     "layout_plans",
     "repage_under_cap",
+    "lend_blocks",
 ];
 
 impl Config {

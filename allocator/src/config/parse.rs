@@ -141,6 +141,7 @@ impl Draft {
             }
             "layout_plans" => self.default.layout_plans = p.boolean(key)?,
             "repage_under_cap" => self.default.repage_under_cap = p.boolean(key)?,
+            "lend_blocks" => self.default.lend_blocks = p.boolean(key)?,
             "shareable_segments" => self.pool.shareable_segments = p.boolean(key)?,
             "thread_cache" => self.front.thread_cache = Some(p.boolean(key)?),
             "thread_cache_mb" => {

@@ -117,6 +117,13 @@ pub trait Policy {
         false
     }
 
+    /// True when a front with one pool per stream may lend a free block of this pool's streams
+    /// to another stream's request that would otherwise grow its own pool (`crate::lend`).
+    /// False unless a policy says otherwise (PyTorch's rules reuse a block only on its stream).
+    fn lends_blocks(&self) -> bool {
+        false
+    }
+
     /// Block `id` was just handed out.
     fn on_alloc<D: Device>(&mut self, _core: &mut Core<D>, _id: BlockId) {}
 
@@ -269,6 +276,10 @@ impl Policy for Builtin {
 
     fn gives_back_idle(&self) -> bool {
         each!(self, p => p.gives_back_idle())
+    }
+
+    fn lends_blocks(&self) -> bool {
+        each!(self, p => p.lends_blocks())
     }
 
     #[inline]

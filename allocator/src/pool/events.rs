@@ -199,6 +199,22 @@ impl<D: Device> Core<D> {
         Ok(())
     }
 
+    /// Whether all work queued on `stream` so far has completed: an event recorded on it now
+    /// and reported completed at once. Never waits; a stream being captured, an error or any
+    /// other answer is "not idle".
+    pub(crate) fn stream_idle(&mut self, stream: StreamId) -> bool {
+        if !matches!(self.device.is_capturing(stream), Ok(false)) {
+            return false;
+        }
+        let Ok(ev) = self.take_event() else {
+            return false;
+        };
+        let idle = self.device.record_event(ev, stream).is_ok()
+            && matches!(self.device.query_event(ev), Ok(true));
+        self.spare_events.push(ev);
+        idle
+    }
+
     /// Returns every block waiting for events to its pool without waiting for them: for a pool
     /// being dropped without waits ([`Core::release_all_unwaited`]).
     pub(crate) fn forget_pending<P: Observer>(&mut self, policy: &mut P) {

@@ -90,6 +90,16 @@ impl FreeIndex {
             .map(|(_, id)| *id)
     }
 
+    /// The streams with a free block of at least `size` bytes (in no particular order).
+    pub fn streams_with_at_least(&self, size: u64) -> impl Iterator<Item = u64> + '_ {
+        let first = self.first.map(|f| (f, &self.free));
+        first
+            .into_iter()
+            .chain(self.others.iter().map(|(&s, m)| (s, m)))
+            .filter(move |(_, m)| m.from(key(size, 0)).next().is_some())
+            .map(|(s, _)| s)
+    }
+
     /// Every free block id in (stream, size, address) order, as PyTorch's block set.
     pub fn all_free(&self) -> impl Iterator<Item = BlockId> + '_ {
         let split = self.first.unwrap_or(0);

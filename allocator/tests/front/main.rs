@@ -33,6 +33,7 @@ mod hooks;
 mod hooks_wake;
 mod hunt_streams;
 mod idle;
+mod lend;
 mod oom_ladder_review;
 mod peers;
 mod restore;

@@ -295,6 +295,15 @@ fn layout_plans_key() {
     assert!(!defaults(&Config::parse("repage_under_cap:False").unwrap()).repage_under_cap);
     let e = Config::parse("policy:torch,repage_under_cap:True").unwrap_err();
     assert_eq!(e.key, "repage_under_cap");
+    assert!(
+        !defaults(&Config::default()).lend_blocks,
+        "off under `default`"
+    );
+    assert!(defaults(&Config::parse("lend_blocks:True").unwrap()).lend_blocks);
+    let e = Config::parse("policy:torch-expandable,lend_blocks:True").unwrap_err();
+    assert_eq!(e.key, "lend_blocks");
+    let e = Config::parse("lend_blocks:often").unwrap_err();
+    assert_eq!(e.key, "lend_blocks");
     // The thread caches' small part takes the small pool's blocks only (1 MiB).
     assert_eq!(Config::default().front().thread_cache_block, 1 << 20);
 }

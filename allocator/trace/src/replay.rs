@@ -241,7 +241,8 @@ pub struct ReplayOptions {
     /// ([`Trace::answers`]): each query of operation `i` gets the first answer not given yet
     /// that was recorded in it about its event's stream, a query with none the simulated
     /// device's (done) (`PlayAnswers`). The replay then drives a `CachingAllocator` with the
-    /// config's settings and thread caches off, from one thread (its stream shards, as a
+    /// config's settings and thread caches off, and under `default` no block lent across
+    /// streams (a traced run lends none), from one thread (its stream shards, as a
     /// program ran it), not one pool: its allocated peak is the sum of its shards' peaks, its
     /// time includes the front's locks, and under a cap its out-of-memory fallback (every
     /// other shard's cache given back, one more try) may wait for the device once more.

@@ -86,6 +86,11 @@ pub struct DefaultConfig {
     /// Under a memory cap, make pinned chunks again from their live pages at the end of the
     /// out-of-memory ladder (`pool::repage`). Key `repage_under_cap`.
     pub repage_under_cap: bool,
+    /// Lend a free block of one stream to another stream's request that would otherwise grow
+    /// its pool, once the lender's stream has completed its work (`crate::lend`). Off by
+    /// default: on a GPU it reserved more on both programs of several streams it was run on
+    /// (`docs/threads.md`). Key `lend_blocks`.
+    pub lend_blocks: bool,
     /// Switches for the policy's other rules, all on unless a measurement turns one off
     /// ([`Rules`]).
     pub rules: Rules,
@@ -98,6 +103,7 @@ impl Default for DefaultConfig {
             max_chunk: DEFAULT_MAX_CHUNK,
             layout_plans: true,
             repage_under_cap: true,
+            lend_blocks: false,
             rules: Rules::ALL,
         }
     }
@@ -301,6 +307,10 @@ impl Policy for DefaultPolicy {
 
     fn gives_back_idle(&self) -> bool {
         self.cfg.rules.give_back // with it off, reserved memory only grows
+    }
+
+    fn lends_blocks(&self) -> bool {
+        self.cfg.lend_blocks
     }
 
     fn on_alloc<D: Device>(&mut self, core: &mut Core<D>, id: BlockId) {

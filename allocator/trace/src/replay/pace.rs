@@ -12,7 +12,7 @@
 use super::target::Front;
 use super::{replay_in, simulated_device, trace_streams, ReplayOptions, ReplayResult, Span};
 use crate::Trace;
-use cudalloc::config::Config;
+use cudalloc::config::{Config, Policy};
 use cudalloc::{CachingAllocator, Pool};
 use cudalloc_sys::wrap::PlayAnswers;
 use cudalloc_sys::{SimDevice, StreamId};
@@ -57,6 +57,12 @@ pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions)
     let device = Arc::new(PlayAnswers::new(sim, recorded));
     let cfg = Config::parse_onto(cfg.clone(), "thread_cache:False")
         .expect("thread_cache:False holds on any valid config");
+    // A traced run lends no block across streams (`lend`): nor does its replay with answers.
+    let cfg = if opts.answers && cfg.policy() == Policy::Default {
+        Config::parse_onto(cfg, "lend_blocks:False").expect("a key of `default`")
+    } else {
+        cfg
+    };
     let mut front = Front::new(CachingAllocator::new(device.clone(), cfg));
     let mut r = replay_in(
         &mut front,

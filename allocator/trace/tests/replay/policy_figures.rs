@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const SLACK: f64 = 0.01;
 
 /// (trace under `traces/`, peak live bytes, peak reserved bytes, driver calls).
-const FIGURES: [(&str, u64, u64, u64); 60] = [
+const FIGURES: [(&str, u64, u64, u64); 62] = [
     ("bert_dynamic", 615_862_208, 639_631_360, 82),
     ("gpt2_train", 7_701_353_160, 7_876_902_912, 376),
     ("llama_train_varlen", 14_895_838_060, 15_191_769_088, 561),
@@ -209,6 +209,18 @@ const FIGURES: [(&str, u64, u64, u64); 60] = [
         166,
     ),
     ("h200/train_eval_cycle", 4_633_576_160, 4_760_535_040, 260),
+    (
+        "h200/speech_ctc_train_varlen",
+        5_011_391_506,
+        5_104_467_968,
+        1_145,
+    ),
+    (
+        "h200/segmentation_train_multiscale",
+        7_966_178_320,
+        8_109_686_784,
+        461,
+    ),
     ("programs/fsdp_train", 6_011_508_744, 6_125_780_992, 479),
     ("programs/threaded_serve", 865_087_744, 1_115_684_864, 1_122),
     ("programs/cudnn_near_cap", 4_752_729_448, 4_844_421_120, 279),
