@@ -111,7 +111,9 @@ def child(args):
 def device_calls(cudalloc_torch):
     """The run's calls to the device's allocator, private pools (CUDA graphs, ``MemPool``)
     included: on cudalloc its driver calls (mallocs, frees, maps and unmaps: ``driver_calls``)
-    and device waits; on PyTorch's allocator its ``cudaMalloc`` and ``cudaFree`` counts
+    and device waits, and the blocks its stream shards lent each other and the lends given up
+    on a busy stream (``lent_blocks``, ``lends_refused_busy``: ``lend_blocks:True``); on
+    PyTorch's allocator its ``cudaMalloc`` and ``cudaFree`` counts
     (``num_device_alloc``, ``num_device_free``; with expandable segments, its mapping and
     unmapping steps)."""
     import torch
@@ -120,7 +122,9 @@ def device_calls(cudalloc_torch):
         s = cudalloc_torch.stats(torch.cuda.current_device())
         own, pools = s["driver_calls"], s["capi"]["private_pools"]
         return {"driver_calls": own["total"] + pools["driver_calls"],
-                "device_waits": own["device_waits"] + pools["device_waits"]}
+                "device_waits": own["device_waits"] + pools["device_waits"],
+                "lent_blocks": own.get("lent_blocks"),
+                "lends_refused_busy": own.get("lends_refused_busy")}
     s = torch.cuda.memory_stats()
     return {"num_device_alloc": s.get("num_device_alloc"),
             "num_device_free": s.get("num_device_free")}

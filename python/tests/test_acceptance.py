@@ -183,11 +183,13 @@ class Compare(unittest.TestCase):
         torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
             current_device=lambda: 0,
             memory_stats=lambda: {"num_device_alloc": 40, "num_device_free": 3}))
-        stats = {"driver_calls": {"total": 100, "device_waits": 1},
+        stats = {"driver_calls": {"total": 100, "device_waits": 1, "lent_blocks": 7,
+                                  "lends_refused_busy": 4},
                  "capi": {"private_pools": {"driver_calls": 23, "device_waits": 2}}}
         lib = types.SimpleNamespace(stats=lambda device: stats)
         with mock.patch.dict(sys.modules, {"torch": torch}):
-            self.assertEqual(run.device_calls(lib), {"driver_calls": 123, "device_waits": 3})
+            self.assertEqual(run.device_calls(lib), {"driver_calls": 123, "device_waits": 3,
+                                                     "lent_blocks": 7, "lends_refused_busy": 4})
             self.assertEqual(run.device_calls(None),
                              {"num_device_alloc": 40, "num_device_free": 3})
 
