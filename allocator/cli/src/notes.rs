@@ -21,7 +21,7 @@ pub fn warn_if_empty(traces: &[Trace]) {
 
 /// Says on stderr which traces use several streams, when `configs` run the `default` policy in
 /// one pool and `--shards` could replay them instead (`shardable`: on the simulated device,
-/// without `--shards`, `--answers`, `--device-lag` or `--min-capacity`). One pool's budget
+/// without `--shards`, `--answers` or `--min-capacity`). One pool's budget
 /// gives back the cached blocks of any stream, where a program's allocator holds a pool per
 /// shard of streams, each with a budget of its own, and may reserve more (`docs/threads.md`).
 /// PyTorch's rules have no budget: their figures are the same either way.

@@ -74,8 +74,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode, CliError> {
     let mut traces = read_all(&paths, args.device)?;
     name_apart(&mut traces, &paths);
     notes::warn_if_empty(&traces);
-    let shardable = !(args.cuda || args.shards || args.answers || args.min_capacity)
-        && args.device_lag.is_none();
+    let shardable = !(args.cuda || args.shards || args.answers || args.min_capacity);
     notes::note_streams(&traces, variants.iter().map(|v| &v.cfg), shardable);
     if args.answers {
         check_answers_recorded(&traces, &paths)?;
@@ -355,8 +354,9 @@ fn check_device_lag(args: &ReplayArgs) -> Result<(), CliError> {
 }
 
 /// Refuses --answers and --shards where they cannot hold: through the driver (the GPU answers
-/// there; the shards replay on the simulated device), with --device-lag (another model of the
-/// device's pace) and with --min-capacity (its probes replay one pool).
+/// there; the shards replay on the simulated device), --answers with --device-lag (another
+/// model of the device's pace; --shards takes it) and with --min-capacity (its probes replay
+/// one pool).
 fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
     let flag = match (args.answers, args.shards) {
         (false, false) => return Ok(()),
@@ -367,7 +367,7 @@ fn check_answers_flags(args: &ReplayArgs) -> Result<(), CliError> {
         "--cuda (the GPU answers there)"
     } else if args.cuda {
         "--cuda (the shards replay on the simulated device)"
-    } else if let Some(lag) = args.device_lag {
+    } else if let Some(lag) = args.device_lag.filter(|_| args.answers) {
         &format!("--device-lag {lag} (another model of how far the device runs behind)")
     } else if args.min_capacity {
         "--min-capacity (its probes replay one pool, the device keeping up)"

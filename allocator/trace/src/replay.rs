@@ -249,9 +249,10 @@ pub struct ReplayOptions {
     /// Simulated device and [`replay`] only, as `device_lag`, which it overrides.
     pub answers: bool,
     /// Drive a `CachingAllocator`'s stream shards, as `answers` does, on a device that keeps
-    /// up (every event query answered done): the figures a program's allocator gives where
-    /// one pool's budget would act across streams. Implied by `answers`; simulated device and
-    /// [`replay`] only, as `device_lag`, which it overrides.
+    /// up (every event query answered done), or with `device_lag` one that runs behind: the
+    /// figures a program's allocator gives where one pool's budget would act across streams.
+    /// Implied by `answers` (which overrides `device_lag`); simulated device and [`replay`]
+    /// only.
     pub shards: bool,
 }
 

@@ -152,8 +152,8 @@ fn conflicting_or_impossible_options_exit_2_naming_them() {
             "records no answer to an event query",
         ),
         (
-            vec!["replay", "--shards", "--device-lag", "2"],
-            "--shards cannot be used with --device-lag 2",
+            vec!["replay", "--shards", "--answers", "--device-lag", "2"],
+            "--answers cannot be used with --device-lag 2",
         ),
         (
             vec!["replay", "--shards", "--min-capacity"],

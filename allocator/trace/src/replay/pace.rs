@@ -46,15 +46,21 @@ pub(super) fn replay_lagging(
 /// Replays `trace` through a [`CachingAllocator`] without thread caches (its stream shards, as
 /// a program ran it, one thread making every call) on a simulated device that answers the
 /// allocator's event queries as the recording's device did ([`ReplayOptions::answers`]), or,
-/// without `answers`, keeps up ([`ReplayOptions::shards`]: every query answered done).
+/// without `answers`, keeps up ([`ReplayOptions::shards`]: every query answered done), or runs
+/// `device_lag` operations behind ([`Lagging`]; `shards` without `answers` only).
 pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions) -> ReplayResult {
-    let sim = simulated_device(trace);
+    let sim = Arc::new(simulated_device(trace));
     let recorded = if opts.answers {
         trace.answers.clone()
     } else {
         Vec::new()
     };
-    let device = Arc::new(PlayAnswers::new(sim, recorded));
+    let lag = opts.device_lag.filter(|&n| n > 0 && !opts.answers);
+    let mut lagging = lag.map(|n| {
+        sim.set_auto_complete(false);
+        Lagging::new(sim.clone(), n)
+    });
+    let device = Arc::new(PlayAnswers::new(sim.clone(), recorded));
     let cfg = Config::parse_onto(cfg.clone(), "thread_cache:False")
         .expect("thread_cache:False holds on any valid config");
     // A traced run lends no block across streams (`lend`): nor does its replay with answers.
@@ -73,8 +79,15 @@ pub(super) fn replay_answered(trace: &Trace, cfg: &Config, opts: &ReplayOptions)
             start: || {},
             end: || device.finish(),
         },
-        |i| device.at_op(i as u64),
+        |i| {
+            if let Some(l) = lagging.as_mut() {
+                l.tick();
+            }
+            device.at_op(i as u64)
+        },
     );
+    // What is still queued completes before the allocator is dropped.
+    sim.complete_all();
     r.answers = opts.answers.then(|| device.usage());
     r.shards = true;
     r

@@ -81,3 +81,35 @@ fn default_completes_with_a_lagging_device_without_waiting() {
         assert_eq!(r.device_waits, 0, "{name}");
     }
 }
+
+/// Through the stream shards (`shards`) the device runs behind too: on a side-stream pipeline
+/// pages given back while the device is behind move to growths of their stream
+/// (`pages_moved`, none while it keeps up), nothing waits, and a shard may lend no block
+/// (`lend_blocks:True`): a freshly recorded event never completes at once on this device.
+#[test]
+fn the_stream_shards_replay_with_a_lagging_device() {
+    let trace = bundled("h200/side_stream_prefetch1");
+    let run = |lag, config: &str| {
+        let opts = ReplayOptions {
+            shards: true,
+            device_lag: Some(lag),
+            ..ReplayOptions::default()
+        };
+        replay(&trace, &Config::parse(config).unwrap(), &opts)
+    };
+    let keeping_up = run(0, "policy:default");
+    let behind = run(20, "policy:default");
+    for r in [&keeping_up, &behind] {
+        assert!(r.failure.is_none(), "{:?}", r.failure);
+        assert!(r.shards);
+        assert_eq!(r.device_waits, 0);
+    }
+    assert_eq!(keeping_up.pages_moved, 0);
+    assert!(behind.pages_moved > 0, "the lag reached the shards");
+    let lending = run(20, "policy:default,lend_blocks:True");
+    assert_eq!(
+        (lending.peak_reserved_bytes, lending.driver_calls()),
+        (behind.peak_reserved_bytes, behind.driver_calls()),
+        "no stream is ever idle at once on a lagging device"
+    );
+}
