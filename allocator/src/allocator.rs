@@ -1,6 +1,7 @@
 //! The thread-safe front: [`CachingAllocator`].
 //!
-//! Blocks belong to a stream and are reused only by it, so the allocator is split into shards by
+//! Blocks belong to a stream and are reused only by it (but for the blocks one shard lends
+//! another under `lend_blocks:True`: `lend`), so the allocator is split into shards by
 //! stream: each shard is a [`Pool`] behind its own lock, and a stream's shard is chosen by a hash
 //! of the stream (64 shards), so threads working on different streams wait for each other only
 //! when their streams share a shard. All shards count their reserved bytes into one shared counter, to

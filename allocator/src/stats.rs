@@ -212,9 +212,10 @@ pub struct Stats {
     /// counted here, and returned to it after the borrowing stream's work. Not one of
     /// PyTorch's keys.
     pub lent_blocks: u64,
-    /// Times a lend was given up because the lending stream had work not yet completed (the
-    /// event recorded to check was not done at once; nothing waits for it). Not one of
-    /// PyTorch's keys.
+    /// Streams of this pool found not idle when asked to lend (one per candidate stream per
+    /// request: its work not completed when the event recorded to check was queried at once,
+    /// the stream captured, or the event not recorded; nothing waits for it), whether or not
+    /// its blocks would have served the request. Not one of PyTorch's keys.
     pub lends_refused_busy: u64,
     /// Device allocations as PyTorch counts them: `malloc` calls, or for expandable policies
     /// mapping steps (one per growth, whatever number of chunks it maps: `calls.maps` counts

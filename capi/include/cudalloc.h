@@ -156,10 +156,12 @@ double cudalloc_memory_fraction(int device);
  *                     "utilisation", "mapped_bytes", "virtual_bytes",
  *                     "free_histogram": [[bucket_bytes, count, bytes], ...]};
  *   "driver_calls":  {"mallocs", "frees", "maps", "unmaps", "total", "device_waits",
- *                     "pages_moved", "given_back_bytes", "taken_back_bytes"}: driver calls,
+ *                     "pages_moved", "given_back_bytes", "taken_back_bytes",
+ *                     "lent_blocks", "lends_refused_busy"}: driver calls,
  *                    waits for the device, pages moved to a growth, bytes given back in
  *                    stream order and taken back before the device caught up (or
- *                    after their unmap failed);
+ *                    after their unmap failed), blocks lent across streams and lends
+ *                    given up on a stream not found idle (lend_blocks:True);
  *   "excess":        {"reserved", "live", "rounding", "pending", "releasable", "pinned",
  *                     "stray", "pinned_pages"}: where the reserved bytes are now (read after
  *                    the rest): what live allocations asked for (blocks held in thread caches

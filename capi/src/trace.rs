@@ -166,6 +166,13 @@ impl Recording {
             recorder: Recorder::to_sink(out),
             tracking: false,
         };
+        // Kept from the start where the allocator exists: its first recorded allocation must
+        // lend no block across streams either (`track_completions` pauses lending). One made
+        // later holds nothing to lend before its first allocation.
+        if let Some(a) = alloc {
+            a.track_completions(true);
+            r.tracking = true;
+        }
         for seg in alloc.map(|a| a.snapshot().segments).unwrap_or_default() {
             let allocated = seg
                 .blocks

@@ -587,3 +587,33 @@ fn a_retry_failing_otherwise_writes_the_first_tries_oom() {
         .count();
     assert_eq!((ooms, alloc.stats().num_ooms), (1, 1));
 }
+
+/// A trace started on an allocator that lends blocks across streams (`lend_blocks:True`)
+/// pauses lending from its start: the first allocation it records, on a stream whose pool is
+/// empty while another stream's holds a block that fits, grows its own pool, as the replay
+/// with the run's answers (which lends nothing) does.
+#[test]
+fn a_trace_lends_nothing_from_its_first_allocation() {
+    let dir = std::env::temp_dir().join(format!("cudalloc-capi-lend-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lend.csv");
+    let alloc = CachingAllocator::new(
+        RecordAnswers::new(SimDevice::new(SimConfig::with_capacity(8 << 30))),
+        Config::parse("policy:default,lend_blocks:True,thread_cache:False").unwrap(),
+    );
+    let t = Tracer::new();
+    let a = t.allocate(&alloc, 64 << 20, StreamId(1), None).unwrap();
+    let cached = a.ptr();
+    t.free(&alloc, cached).unwrap();
+    t.start(&path, Some(&alloc)).unwrap();
+    let b = t.allocate(&alloc, 64 << 20, StreamId(3), None).unwrap();
+    assert_ne!(
+        b.ptr(),
+        cached,
+        "stream 1's block lent while a trace is recorded"
+    );
+    assert_eq!(alloc.stats().lent_blocks, 0);
+    t.free(&alloc, b.ptr()).unwrap();
+    t.stop(Some(&alloc)).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -53,8 +53,8 @@ pub struct ReplayArgs {
     /// cap: --capacity, --min-capacity or per_process_memory_fraction),
     /// per_process_memory_fraction (a cap at that fraction of the device, as --capacity sets
     /// one; with both, the lower), expandable_segments, fragmentation_budget,
-    /// max_chunk_mb, layout_plans and repage_under_cap (the last four for the `default` policy
-    /// only; values and
+    /// max_chunk_mb, layout_plans, repage_under_cap and lend_blocks (the last five for the
+    /// `default` policy only; lend_blocks acts only with --shards; values and
     /// meanings: docs/policies.md and the `cudalloc::config` module docs). The thread_cache keys
     /// are refused: a replay drives the pool on one thread, without thread caches.
     #[arg(long = "config", value_name = "STR", value_parser = parse_variant)]
